@@ -1,0 +1,372 @@
+"""The catalog's rules: what a model and its profiles are, and what makes them valid.
+
+Pure: no Django, no clock. Services turn rows into these and back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+ENGINES = ("llamacpp", "vllm", "sim")
+CLASSES = ("critical", "standard", "opportunistic")
+CLASS_RANK = {"critical": 3, "standard": 2, "opportunistic": 1}
+ROUTING_PROFILES = ("chat", "completion", "embedding")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,126}$")
+SCOPE_RE = re.compile(r"^(org|team|project):[0-9]+$")
+
+
+class CatalogError(ValueError):
+    """A model or catalog that cannot be accepted; the message says why, in a sentence."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One way a model may run (domain.md, Catalog: Profile)."""
+
+    name: str
+    engine: str
+    gpu_class: str = ""
+    tp: int = 1
+    pp: int = 1
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    min_memory_gb: float | None = None
+    cpu_cores: int | None = None
+    min_disk_gb: float | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    weight: int = 1
+    priority: int = 0
+    startup_timeout_s: int = 600
+
+    @property
+    def cpu_only(self) -> bool:
+        return not self.gpu_class
+
+    @property
+    def gpus_on_each_node(self) -> int:
+        """GPUs a shard takes on each node: given, else tp × pp spread over the nodes."""
+        if self.cpu_only:
+            return 0
+        if self.gpus_per_node is not None:
+            return self.gpus_per_node
+        return max(1, (self.tp * self.pp) // self.nodes)
+
+    @property
+    def reserved_cores(self) -> int | None:
+        """Cores reserved per shard: only CPU-only profiles reserve cores."""
+        return self.cpu_cores if self.cpu_only else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["args"] = list(self.args)
+        d["env"] = dict(self.env)
+        d["node_selector"] = dict(self.node_selector)
+        return d
+
+    def fingerprint(self) -> str:
+        """A hash of the profile's canonical JSON: a replica started with another is outdated."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as the rules see it (domain.md, Catalog: Model and Scaling)."""
+
+    name: str
+    profiles: tuple[Profile, ...]
+    min_replicas: int = 1
+    max_replicas: int = 1
+    idle_timeout_s: int = 600
+    capacity_class: str = ""
+    owner: str = ""
+    source: str = ""
+    aliases: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+    description: str = ""
+    routing_profile: str = "chat"
+    declared: bool = False
+
+    @property
+    def on_demand(self) -> bool:
+        """Nothing runs until asked for, and it stops after idle_timeout unused."""
+        return self.min_replicas == 0 and self.max_replicas > 0
+
+    @property
+    def effective_class(self) -> str:
+        """Empty is opportunistic for an on-demand model and standard otherwise."""
+        if self.capacity_class:
+            return self.capacity_class
+        return "opportunistic" if self.on_demand else "standard"
+
+    @property
+    def class_rank(self) -> int:
+        return CLASS_RANK[self.effective_class]
+
+    def profile(self, name: str) -> Profile | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+
+def _int(
+    data: Mapping, key: str, default: int | None, *, where: str, minimum: int = 0
+) -> int | None:
+    # A key given with no value (YAML's `tp:`) is left out, not a crash further on.
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CatalogError(f"{where}: {key} must be a whole number, not {value!r}.")
+    if value < minimum:
+        raise CatalogError(f"{where}: {key} must be at least {minimum}, not {value}.")
+    return value
+
+
+def _float(data: Mapping, key: str, *, where: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise CatalogError(f"{where}: {key} must be a number, not {value!r}.")
+    if value <= 0:
+        raise CatalogError(f"{where}: {key} must be more than 0, not {value}.")
+    return float(value)
+
+
+def _strings(data: Mapping, key: str, *, where: str) -> tuple[str, ...]:
+    value = data.get(key) or []
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise CatalogError(f"{where}: {key} must be a list of strings.")
+    return tuple(value)
+
+
+def _string_map(data: Mapping, key: str, *, where: str) -> dict[str, str]:
+    value = data.get(key) or {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise CatalogError(f"{where}: {key} must map strings to strings.")
+    return dict(value)
+
+
+_PROFILE_FIELDS = {f for f in Profile.__dataclass_fields__} | {"startup_timeout"}
+_MODEL_FIELDS = {
+    "name",
+    "aliases",
+    "description",
+    "source",
+    "profiles",
+    "scaling",
+    "class",
+    "owner",
+    "fallbacks",
+    "routing_profile",
+    "slo",
+    "context_length",
+    "max_output",
+}
+
+
+def parse_profile(data: Mapping, *, model: str) -> Profile:
+    """Check one profile's fields and return it; raise CatalogError naming the field."""
+    if not isinstance(data, Mapping):
+        raise CatalogError(f"model {model}: each profile must be an object.")
+    name = data.get("name")
+    where = f"model {model}, profile {name}"
+    if not isinstance(name, str) or not PROFILE_NAME_RE.match(name):
+        raise CatalogError(
+            f"model {model}: a profile needs a name of letters, digits, '.', '_' or '-', not {name!r}."
+        )
+    unknown = sorted(set(data) - _PROFILE_FIELDS)
+    if unknown:
+        raise CatalogError(f"{where}: unknown field {unknown[0]!r}.")
+    engine = data.get("engine")
+    if engine not in ENGINES:
+        raise CatalogError(f"{where}: engine must be one of {', '.join(ENGINES)}, not {engine!r}.")
+    gpu_class = data.get("gpu_class") or ""
+    if not isinstance(gpu_class, str) or (
+        gpu_class and not re.match(r"^[a-z0-9][a-z0-9.-]*$", gpu_class)
+    ):
+        raise CatalogError(f"{where}: gpu_class must look like h100-80g, not {gpu_class!r}.")
+    tp = _int(data, "tp", 1, where=where, minimum=1)
+    pp = _int(data, "pp", 1, where=where, minimum=1)
+    nodes = _int(data, "nodes", 1, where=where, minimum=1)
+    gpus_per_node = _int(data, "gpus_per_node", None, where=where, minimum=1)
+    if not gpu_class and (tp > 1 or pp > 1 or gpus_per_node):
+        raise CatalogError(
+            f"{where}: tp, pp and gpus_per_node need a gpu_class; a CPU profile has none."
+        )
+    if gpu_class and gpus_per_node is None and (tp * pp) % nodes:
+        raise CatalogError(f"{where}: tp × pp ({tp * pp}) does not divide over {nodes} nodes.")
+    cpu_cores = _int(data, "cpu_cores", None, where=where, minimum=1)
+    timeout = data.get("startup_timeout_s", data.get("startup_timeout", 600))
+    selector = _string_map(data, "node_selector", where=where)
+    for k in selector:
+        if not LABEL_RE.match(k):
+            raise CatalogError(f"{where}: node_selector label {k!r} is not a valid label name.")
+    return Profile(
+        name=name,
+        engine=engine,
+        gpu_class=gpu_class,
+        tp=tp,
+        pp=pp,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        args=_strings(data, "args", where=where),
+        env=_string_map(data, "env", where=where),
+        min_memory_gb=_float(data, "min_memory_gb", where=where),
+        cpu_cores=cpu_cores,
+        min_disk_gb=_float(data, "min_disk_gb", where=where),
+        node_selector=selector,
+        weight=_int(data, "weight", 1, where=where, minimum=0),
+        priority=_int(data, "priority", 0, where=where, minimum=-1000),
+        startup_timeout_s=_int(
+            {"t": timeout}, "t", 600, where=f"{where}: startup_timeout", minimum=1
+        ),
+    )
+
+
+def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
+    """Check a model's fields (domain.md, Catalog) and return it, or raise CatalogError."""
+    if not isinstance(data, Mapping):
+        raise CatalogError("A model must be an object.")
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise CatalogError(
+            "A model's name must be lowercase letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit, at most 64 long, not {name!r}."
+        )
+    where = f"model {name}"
+    unknown = sorted(set(data) - _MODEL_FIELDS)
+    if unknown:
+        raise CatalogError(f"{where}: unknown field {unknown[0]!r}.")
+    raw_profiles = data.get("profiles")
+    if not isinstance(raw_profiles, list) or not raw_profiles:
+        raise CatalogError(f"{where}: at least one profile is needed.")
+    profiles = tuple(parse_profile(p, model=name) for p in raw_profiles)
+    seen: set[str] = set()
+    for p in profiles:
+        if p.name in seen:
+            raise CatalogError(f"{where}: two profiles are named {p.name}.")
+        seen.add(p.name)
+    scaling = data.get("scaling") or {}
+    if not isinstance(scaling, Mapping):
+        raise CatalogError(f"{where}: scaling must be an object with min, max and idle_timeout.")
+    lo, hi, idle = parse_scaling(scaling, where=where, current=(1, None, 600))
+    klass = data.get("class") or ""
+    if klass not in ("", *CLASSES):
+        raise CatalogError(f"{where}: class must be one of {', '.join(CLASSES)}, not {klass!r}.")
+    owner = data.get("owner") or ""
+    if not isinstance(owner, str) or (owner and not SCOPE_RE.match(owner)):
+        raise CatalogError(f"{where}: owner must be org:ID, team:ID or project:ID, not {owner!r}.")
+    routing = data.get("routing_profile") or "chat"
+    if routing not in ROUTING_PROFILES:
+        raise CatalogError(
+            f"{where}: routing_profile must be one of {', '.join(ROUTING_PROFILES)}."
+        )
+    source = data.get("source") or ""
+    if not isinstance(source, str):
+        raise CatalogError(f"{where}: source must be a string.")
+    aliases = _strings(data, "aliases", where=where)
+    for a in aliases:
+        if not NAME_RE.match(a):
+            raise CatalogError(f"{where}: alias {a!r} is not a valid model name.")
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        raise CatalogError(f"{where}: description must be a string.")
+    return ModelSpec(
+        name=name,
+        profiles=profiles,
+        min_replicas=lo,
+        max_replicas=hi,
+        idle_timeout_s=idle,
+        capacity_class=klass,
+        owner=owner,
+        source=source,
+        aliases=aliases,
+        fallbacks=_strings(data, "fallbacks", where=where),
+        description=description,
+        routing_profile=routing,
+        declared=declared,
+    )
+
+
+def parse_scaling(
+    data: Mapping, *, where: str, current: tuple[int, int | None, int]
+) -> tuple[int, int, int]:
+    """Min, max and idle timeout: max left out follows min; max < min is refused."""
+    lo = _int(data, "min", current[0], where=where)
+    hi = _int(data, "max", None, where=where)
+    if hi is None:
+        hi = lo if current[1] is None or "min" in data else max(current[1], lo)
+    idle = _int(data, "idle_timeout", current[2], where=where, minimum=1)
+    if hi < lo:
+        raise CatalogError(f"{where}: max ({hi}) is below min ({lo}).")
+    return lo, hi, idle
+
+
+def new_model_warnings_as_errors(model: ModelSpec) -> None:
+    """Refuse what a stored model may carry but a new one may not: a CPU profile without memory."""
+    for p in model.profiles:
+        if p.cpu_only and p.min_memory_gb is None:
+            raise CatalogError(
+                f"model {model.name}, profile {p.name}: a CPU profile must declare min_memory_gb, "
+                "or placement cannot tell when a node is full."
+            )
+
+
+def reservation_warnings(model: ModelSpec, measured_memory_gb: float | None = None) -> list[str]:
+    """What an operator should fix about a model's reservations (domain.md, Reservation warnings)."""
+    warnings = []
+    for p in model.profiles:
+        if p.cpu_only and p.min_memory_gb is None:
+            warnings.append(
+                f"profile {p.name} runs on CPU and reserves no memory: "
+                f"set it with llmgw ctl model resources {model.name} --memory GB"
+            )
+    if len(model.profiles) == 1 and measured_memory_gb is not None:
+        reserved = model.profiles[0].min_memory_gb
+        # Resident memory counts mapped weights the kernel can take back, hence the tenth of slack.
+        if reserved and measured_memory_gb > reserved * 1.1:
+            warnings.append(
+                f"replicas use {measured_memory_gb:.1f} GB but reserve {reserved:g} GB: "
+                f"raise it with llmgw ctl model resources {model.name} --memory GB"
+            )
+    return warnings
+
+
+def validate_catalog(models: Iterable[ModelSpec]) -> None:
+    """Check what spans models: unique names and aliases, fallbacks that exist, no cycles."""
+    models = list(models)
+    names: dict[str, str] = {}
+    for m in models:
+        for n in (m.name, *m.aliases):
+            if n in names:
+                owner = names[n]
+                what = "name" if n == owner else f"alias of {owner}"
+                raise CatalogError(f"model {m.name}: {n} is already the {what}.")
+            names[n] = m.name
+    by_name = {m.name: m for m in models}
+    for m in models:
+        for f in m.fallbacks:
+            if f == m.name:
+                raise CatalogError(f"model {m.name}: a model cannot fall back to itself.")
+            if f not in by_name:
+                raise CatalogError(f"model {m.name}: fallback {f} is not a model.")
+    for m in models:
+        _check_no_cycle(m.name, by_name, ())
+
+
+def _check_no_cycle(name: str, by_name: Mapping[str, ModelSpec], path: Sequence[str]) -> None:
+    if name in path:
+        cycle = " → ".join([*path[path.index(name) :], name])
+        raise CatalogError(f"fallbacks go round in a circle: {cycle}.")
+    for f in by_name[name].fallbacks:
+        _check_no_cycle(f, by_name, (*path, name))

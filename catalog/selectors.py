@@ -1,0 +1,61 @@
+"""Catalog reads: rows into the frozen specs the rules take."""
+
+from __future__ import annotations
+
+from llmgw.errors import NotFound
+
+from .domain import ModelSpec, Profile
+from .models import Model, Profile as ProfileRow
+
+
+def profile_from_row(row: ProfileRow) -> Profile:
+    return Profile(
+        name=row.name,
+        engine=row.engine,
+        gpu_class=row.gpu_class,
+        tp=row.tp,
+        pp=row.pp,
+        nodes=row.nodes,
+        gpus_per_node=row.gpus_per_node,
+        args=tuple(row.args or ()),
+        env=dict(row.env or {}),
+        min_memory_gb=row.min_memory_gb,
+        cpu_cores=row.cpu_cores,
+        min_disk_gb=row.min_disk_gb,
+        node_selector=dict(row.node_selector or {}),
+        weight=row.weight,
+        priority=row.priority,
+        startup_timeout_s=row.startup_timeout_s,
+    )
+
+
+def spec_from_row(row: Model) -> ModelSpec:
+    return ModelSpec(
+        name=row.name,
+        profiles=tuple(profile_from_row(p) for p in row.profiles.all()),
+        min_replicas=row.min_replicas,
+        max_replicas=row.max_replicas,
+        idle_timeout_s=row.idle_timeout_s,
+        capacity_class=row.capacity_class,
+        owner=row.owner,
+        source=row.source,
+        aliases=tuple(row.aliases or ()),
+        fallbacks=tuple(row.fallbacks or ()),
+        description=row.description,
+        routing_profile=row.routing_profile,
+        declared=row.declared,
+    )
+
+
+def catalog_load() -> dict[str, ModelSpec]:
+    """Every model with its profiles, in two queries."""
+    rows = Model.objects.prefetch_related("profiles").order_by("name")
+    return {row.name: spec_from_row(row) for row in rows}
+
+
+def model_get(*, name: str) -> Model:
+    """The model row by name; raises NotFound with a sentence."""
+    row = Model.objects.prefetch_related("profiles").filter(name=name).first()
+    if row is None:
+        raise NotFound(f"There is no model {name!r}.")
+    return row

@@ -1,0 +1,173 @@
+"""Catalog writes: every change to a model goes through one path that re-validates the catalog."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+
+from django.db import transaction
+
+from llmgw.errors import Conflict, Invalid, NotFound
+from tenancy.services import audit_record
+
+from . import domain
+from .domain import CatalogError, ModelSpec
+from .models import Model, Profile as ProfileRow
+from .selectors import catalog_load
+
+log = logging.getLogger("llmgw.catalog")
+
+DECLARED = (
+    "model {name} is declared in the catalog file; edit that file and restart llmgw serve, "
+    "since the file would undo a change made here on the next start"
+)
+
+
+def _write(spec: ModelSpec, *, actor: str, row: Model | None = None) -> Model:
+    """Store a spec over `row` (or as a new row), profiles replaced in catalog order."""
+    row = row or Model(name=spec.name)
+    row.aliases = list(spec.aliases)
+    row.description = spec.description
+    row.source = spec.source
+    row.min_replicas = spec.min_replicas
+    row.max_replicas = spec.max_replicas
+    row.idle_timeout_s = spec.idle_timeout_s
+    row.capacity_class = spec.capacity_class
+    row.owner = spec.owner
+    row.fallbacks = list(spec.fallbacks)
+    row.routing_profile = spec.routing_profile
+    row.declared = spec.declared
+    row.updated_by = actor
+    row.save()
+    ProfileRow.objects.filter(model=row).delete()
+    ProfileRow.objects.bulk_create(
+        ProfileRow(
+            model=row,
+            position=i,
+            name=p.name,
+            engine=p.engine,
+            gpu_class=p.gpu_class,
+            tp=p.tp,
+            pp=p.pp,
+            nodes=p.nodes,
+            gpus_per_node=p.gpus_per_node,
+            args=list(p.args),
+            env=dict(p.env),
+            min_memory_gb=p.min_memory_gb,
+            cpu_cores=p.cpu_cores,
+            min_disk_gb=p.min_disk_gb,
+            node_selector=dict(p.node_selector),
+            weight=p.weight,
+            priority=p.priority,
+            startup_timeout_s=p.startup_timeout_s,
+        )
+        for i, p in enumerate(spec.profiles)
+    )
+    return row
+
+
+def _validated(catalog: dict[str, ModelSpec], spec: ModelSpec) -> None:
+    try:
+        domain.validate_catalog({**catalog, spec.name: spec}.values())
+    except CatalogError as exc:
+        raise Invalid(str(exc)) from None
+
+
+def _runtime_spec(name: str) -> tuple[dict[str, ModelSpec], ModelSpec]:
+    catalog = catalog_load()
+    spec = catalog.get(name)
+    if spec is None:
+        raise NotFound(f"There is no model {name!r}.")
+    if spec.declared:
+        raise Conflict(DECLARED.format(name=name))
+    return catalog, spec
+
+
+def model_add(*, data: Mapping, actor: str) -> ModelSpec:
+    """Add a runtime model; raises Invalid with the reason, Conflict when the name is taken."""
+    try:
+        spec = domain.parse_model(data)
+        domain.new_model_warnings_as_errors(spec)
+    except CatalogError as exc:
+        raise Invalid(str(exc)) from None
+    with transaction.atomic():
+        catalog = catalog_load()
+        if spec.name in catalog:
+            raise Conflict(f"A model named {spec.name} already exists.")
+        _validated(catalog, spec)
+        _write(spec, actor=actor)
+        audit_record(actor=actor, action="model.add", target=spec.name, detail=dict(data))
+    return spec
+
+
+def model_update(*, name: str, actor: str, action: str, detail: dict, change) -> ModelSpec:
+    """Apply `change(spec) -> spec` to a runtime model after re-validating the whole catalog."""
+    with transaction.atomic():
+        catalog, spec = _runtime_spec(name)
+        try:
+            new = change(spec)
+        except CatalogError as exc:
+            raise Invalid(str(exc)) from None
+        _validated(catalog, new)
+        _write(new, actor=actor, row=Model.objects.get(name=name))
+        audit_record(actor=actor, action=action, target=name, detail=detail)
+    return new
+
+
+def model_scale(*, name: str, actor: str, scaling: Mapping) -> ModelSpec:
+    """Set min, max and idle timeout; max left out follows min; max < min is refused."""
+
+    def change(spec: ModelSpec) -> ModelSpec:
+        lo, hi, idle = domain.parse_scaling(
+            scaling,
+            where=f"model {name}",
+            current=(spec.min_replicas, spec.max_replicas, spec.idle_timeout_s),
+        )
+        return replace(spec, min_replicas=lo, max_replicas=hi, idle_timeout_s=idle)
+
+    return model_update(
+        name=name, actor=actor, action="model.scale", detail=dict(scaling), change=change
+    )
+
+
+def model_remove(*, name: str, actor: str) -> None:
+    """Remove a runtime model; the reconciler stops its replicas on the next pass."""
+    with transaction.atomic():
+        catalog, _ = _runtime_spec(name)
+        users = sorted(m.name for m in catalog.values() if name in m.fallbacks)
+        if users:
+            raise Conflict(
+                f"model {name} is a fallback of {', '.join(users)}; remove it there first."
+            )
+        Model.objects.filter(name=name).delete()
+        audit_record(actor=actor, action="model.remove", target=name)
+
+
+def declared_sync(*, specs: list[ModelSpec]) -> list[str]:
+    """Make the declared models exactly those of the catalog file; return what changed."""
+    changes = []
+    with transaction.atomic():
+        catalog = catalog_load()
+        runtime = {n: s for n, s in catalog.items() if not s.declared}
+        try:
+            domain.validate_catalog(
+                [*specs, *(s for n, s in runtime.items() if n not in {x.name for x in specs})]
+            )
+        except CatalogError as exc:
+            raise Invalid(f"The catalog file cannot be loaded: {exc}") from None
+        for spec in specs:
+            spec = replace(spec, declared=True)
+            if catalog.get(spec.name) != spec:
+                _write(spec, actor="catalog file", row=Model.objects.filter(name=spec.name).first())
+                changes.append(
+                    f"model {spec.name} {'updated' if spec.name in catalog else 'added'} from the catalog file"
+                )
+        wanted = {s.name for s in specs}
+        for name, spec in catalog.items():
+            if spec.declared and name not in wanted:
+                Model.objects.filter(name=name).delete()
+                changes.append(f"model {name} removed: it is no longer in the catalog file")
+    for line in changes:
+        log.info(line)
+    return changes

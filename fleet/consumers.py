@@ -1,0 +1,167 @@
+"""The agents' websocket (`/ws/agent/`): authenticate, validate each frame, call one service, answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from llmgw import clock
+from tenancy.models import Token
+from tenancy.selectors import token_find
+
+from . import events
+from .dispatch import Command, node_group
+from .live import LIVE, OutOfOrder
+from .services import node_disconnected, node_live_flush, node_register, shard_status_record
+
+log = logging.getLogger("llmgw.agents")
+
+# Invalid frames in a row after which the connection is closed: a broken or hostile agent.
+MAX_INVALID_IN_A_ROW = 10
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_INVALID = 4400
+CLOSE_SUPERSEDED = 4409
+FLUSH_EVERY_S = 1.0
+
+_flusher: asyncio.Task | None = None
+
+
+def _bearer(scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            text = value.decode("latin-1")
+            if text[:7].lower() == "bearer ":
+                return text[7:].strip()
+    return ""
+
+
+async def _flush_forever() -> None:
+    """Write heartbeats behind: every second, one bulk write of the nodes that are due."""
+    while True:
+        await asyncio.sleep(FLUSH_EVERY_S)
+        writes = LIVE.due()
+        if writes:
+            try:
+                await database_sync_to_async(node_live_flush)(writes=writes, now=clock.now())
+            except Exception:
+                log.exception(
+                    "could not write %d nodes' heartbeats; they are written on the next one",
+                    len(writes),
+                )
+
+
+def ensure_flusher() -> None:
+    global _flusher
+    if _flusher is None or _flusher.done():
+        _flusher = asyncio.get_running_loop().create_task(_flush_forever())
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    """One agent's connection. The first message must be `register`."""
+
+    node_id: str | None = None
+
+    async def connect(self):
+        token = await database_sync_to_async(token_find)(
+            secret=_bearer(self.scope), kind=Token.AGENT
+        )
+        if token is None:
+            # Refused before accept: the handshake fails with 403 and nothing says why.
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        self.session = uuid.uuid4().hex
+        self.invalid = 0
+        ensure_flusher()
+        await self.accept()
+
+    async def disconnect(self, code):
+        if self.node_id is None:
+            return
+        await self.channel_layer.group_discard(node_group(self.node_id), self.channel_name)
+        LIVE.disconnected(self.node_id, self.session)
+        await database_sync_to_async(node_disconnected)(
+            node_id=self.node_id, session=self.session, now=clock.now()
+        )
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if text_data is None:
+            await self._reject("frames must be JSON text, not binary")
+            return
+        try:
+            msg = events.parse(text_data)
+        except events.BadMessage as exc:
+            await self._reject(str(exc))
+            return
+        if self.node_id is None and msg.type != "register":
+            await self._reject(f"{msg.type} before register; the first message must be register")
+            return
+        if msg.type == "register" and self.node_id not in (None, msg.node_id):
+            await self._reject(f"this connection registered as {self.node_id}, not {msg.node_id}")
+            return
+        try:
+            await getattr(self, f"on_{msg.type}")(msg)
+        except OutOfOrder as exc:
+            await self._reject(str(exc))
+            return
+        self.invalid = 0
+
+    async def _reject(self, detail: str) -> None:
+        """Answer an invalid frame with an error, change nothing, and close on a run of them."""
+        self.invalid += 1
+        await self.send(text_data=json.dumps({"type": "error", "detail": detail}))
+        if self.invalid >= MAX_INVALID_IN_A_ROW:
+            log.warning(
+                "closing agent %s: %d invalid messages in a row", self.node_id or "?", self.invalid
+            )
+            await self.close(code=CLOSE_INVALID)
+
+    async def _send_commands(self, commands: list[Command]) -> None:
+        for cmd in commands:
+            await self.send(text_data=json.dumps(cmd.payload))
+
+    async def on_register(self, msg: events.Register) -> None:
+        group = node_group(msg.node_id)
+        if self.node_id is None:
+            # An older connection of the same node, here or in another process, gives way.
+            await self.channel_layer.group_send(
+                group, {"type": "agent.superseded", "session": self.session}
+            )
+            await self.channel_layer.group_add(group, self.channel_name)
+        now = clock.now()
+        commands = await database_sync_to_async(node_register)(
+            msg=msg, session=self.session, now=now
+        )
+        self.node_id = msg.node_id
+        LIVE.connected(msg.node_id, self.session, now)
+        await self.send(text_data=json.dumps({"type": "registered", "node_id": msg.node_id}))
+        await self._send_commands(commands)
+
+    async def on_heartbeat(self, msg: events.Heartbeat) -> None:
+        if LIVE.heartbeat(self.node_id, msg, clock.now()):
+            # Memory or CPUs changed: placement must see that now, not in a few seconds.
+            writes = LIVE.due(only=self.node_id)
+            await database_sync_to_async(node_live_flush)(writes=writes, now=clock.now())
+
+    async def on_engine_load(self, msg: events.EngineLoad) -> None:
+        LIVE.engine_load(
+            self.node_id, msg, {s.shard_id: s.shard_id.rsplit("-", 1)[0] for s in msg.shards}
+        )
+
+    async def on_shard_status(self, msg: events.ShardStatus) -> None:
+        commands = await database_sync_to_async(shard_status_record)(
+            node_id=self.node_id, msg=msg, now=clock.now()
+        )
+        await self._send_commands(commands)
+
+    async def agent_command(self, event) -> None:
+        await self.send(text_data=json.dumps(event["payload"]))
+
+    async def agent_superseded(self, event) -> None:
+        if event["session"] != self.session:
+            log.info("agent %s connected again; closing its older connection", self.node_id)
+            await self.close(code=CLOSE_SUPERSEDED)

@@ -1,0 +1,42 @@
+"""Commands to agents go through the channel layer, to a group per node, after the commit."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+log = logging.getLogger("llmgw.fleet")
+
+
+@dataclass(frozen=True)
+class Command:
+    node_id: str
+    payload: dict
+
+
+def node_group(node_id: str) -> str:
+    return f"node.{node_id}"
+
+
+async def send_commands(commands: list[Command]) -> None:
+    layer = get_channel_layer()
+    for cmd in commands:
+        await layer.group_send(
+            node_group(cmd.node_id), {"type": "agent.command", "payload": cmd.payload}
+        )
+
+
+def dispatch(commands: list[Command]) -> None:
+    """Send commands from sync code; called from transaction.on_commit so nothing leaves early."""
+    if not commands:
+        return
+    try:
+        async_to_sync(send_commands)(commands)
+    except Exception:  # the channel layer being away must not undo a committed pass
+        log.exception(
+            "could not send %d commands to agents; they are sent again on re-register",
+            len(commands),
+        )

@@ -1,0 +1,1 @@
+"""The fleet's rules as pure functions over frozen dataclasses: no Django, no clock, no I/O."""

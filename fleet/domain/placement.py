@@ -1,0 +1,259 @@
+"""Where a replica can run: filters that refuse nodes in sentences, then an order to pick by.
+
+`Inventory` is the free room on each node, built from the snapshot and updated
+as replicas are placed in a pass, so each placement sees what the previous took.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from catalog.domain import Profile
+
+from .types import FABRIC_LABEL, HOLDING, NodeView, ReplicaView, ShardView
+
+PORT_BASE = 20000
+MAX_REASONS_PER_PROFILE = 25
+
+
+@dataclass
+class NodeRoom:
+    """What one node has left, as placement counts it."""
+
+    node: NodeView
+    free_gpus: dict[str, list[int]] = field(default_factory=dict)  # class -> free healthy indices
+    memory_reserved: float = 0.0
+    cores_reserved: int = 0
+    shards: int = 0
+    ports: set[int] = field(default_factory=set)
+
+    # Zero is unknown, never a reading (domain.md): a node reporting 0 constrains nothing.
+    @property
+    def memory_free(self) -> float | None:
+        if not self.node.memory_gb:
+            return None
+        return self.node.memory_gb - self.memory_reserved
+
+    @property
+    def cores_free(self) -> int | None:
+        if not self.node.cpu_count:
+            return None
+        return self.node.cpu_count - self.cores_reserved
+
+    def next_port(self) -> int:
+        port = PORT_BASE
+        while port in self.ports:
+            port += 1
+        return port
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    node_id: str
+    rank: int
+    gpu_indices: tuple[int, ...]
+    memory_gb: float | None
+    cpu_cores: int | None
+    http_port: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    profile: Profile
+    shards: tuple[ShardPlan, ...]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why no profile could be placed: per profile, a sentence per node (or one for all)."""
+
+    reasons: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def as_explanation(self) -> list[dict]:
+        return [{"profile": p, "reasons": list(r)} for p, r in self.reasons]
+
+    def summary(self) -> str:
+        first = next((r[0] for _, r in self.reasons if r), "no profile fits")
+        return first
+
+
+class Inventory:
+    """Free GPUs, memory, cores and ports per node, after what holding replicas take."""
+
+    def __init__(self, nodes: Mapping[str, NodeView], replicas: Iterable[ReplicaView]):
+        self.rooms: dict[str, NodeRoom] = {}
+        self.model_nodes: dict[str, set[str]] = defaultdict(set)
+        for node in nodes.values():
+            free: dict[str, list[int]] = defaultdict(list)
+            for gpu in node.gpus:
+                if gpu.healthy:
+                    free[gpu.gpu_class].append(gpu.index)
+            self.rooms[node.id] = NodeRoom(node=node, free_gpus=dict(free))
+        for replica in replicas:
+            if replica.state in HOLDING:
+                for shard in replica.shards:
+                    self._take(shard)
+                    self.model_nodes[replica.model].add(shard.node_id)
+
+    def _take(self, shard: ShardView | ShardPlan) -> None:
+        room = self.rooms.get(shard.node_id)
+        if room is None:
+            return
+        taken = set(shard.gpu_indices)
+        for cls, indices in room.free_gpus.items():
+            room.free_gpus[cls] = [i for i in indices if i not in taken]
+        room.memory_reserved += shard.memory_gb or 0.0
+        room.cores_reserved += shard.cpu_cores or 0
+        room.shards += 1
+        room.ports.add(shard.http_port)
+
+    def reserve(self, model: str, placement: Placement) -> None:
+        """Take a placement's room so the next placement in this pass sees it gone."""
+        for shard in placement.shards:
+            self._take(shard)
+            self.model_nodes[model].add(shard.node_id)
+
+    def place(
+        self,
+        profiles: Sequence[Profile],
+        *,
+        avoid: frozenset[str] = frozenset(),
+        weights_source: str = "",
+    ) -> Placement | Refusal:
+        """The first profile, in the order given, that fits; else why each did not."""
+        reasons = []
+        for profile in profiles:
+            result = self._place_profile(profile, avoid, weights_source)
+            if isinstance(result, Placement):
+                return result
+            reasons.append((profile.name, tuple(result)))
+        return Refusal(tuple(reasons))
+
+    def _place_profile(
+        self, profile: Profile, avoid: frozenset[str], source: str
+    ) -> Placement | list[str]:
+        eligible: list[NodeRoom] = []
+        refused: list[str] = []
+        for room in self.rooms.values():
+            why = refuse(room, profile, avoid, source)
+            if why is None:
+                eligible.append(room)
+            else:
+                refused.append(why)
+        eligible.sort(key=lambda r: _preference(r, profile, source))
+        if profile.nodes == 1:
+            if eligible:
+                return Placement(profile, (self._shard(eligible[0], profile, 0),))
+            return _cap(refused) or ["there are no nodes"]
+        chosen = _fabric_group(eligible, profile.nodes)
+        if chosen is None:
+            groups = defaultdict(int)
+            for room in eligible:
+                if FABRIC_LABEL in room.node.labels:
+                    groups[room.node.labels[FABRIC_LABEL]] += 1
+            largest = max(groups.values(), default=0)
+            refused.append(
+                f"no {FABRIC_LABEL} group has {profile.nodes} eligible nodes (the largest has {largest})"
+            )
+            return _cap(refused)
+        return Placement(profile, tuple(self._shard(r, profile, i) for i, r in enumerate(chosen)))
+
+    def _shard(self, room: NodeRoom, profile: Profile, rank: int) -> ShardPlan:
+        need = profile.gpus_on_each_node
+        indices = tuple(sorted(room.free_gpus.get(profile.gpu_class, []))[:need]) if need else ()
+        return ShardPlan(
+            node_id=room.node.id,
+            rank=rank,
+            gpu_indices=indices,
+            memory_gb=profile.min_memory_gb,
+            cpu_cores=profile.reserved_cores,
+            http_port=room.next_port(),
+        )
+
+
+def _cap(reasons: list[str]) -> list[str]:
+    if len(reasons) <= MAX_REASONS_PER_PROFILE:
+        return reasons
+    more = len(reasons) - MAX_REASONS_PER_PROFILE
+    return [*reasons[:MAX_REASONS_PER_PROFILE], f"and {more} more nodes"]
+
+
+def _gb(x: float) -> str:
+    return f"{x:g}" if x == int(x) else f"{x:.1f}"
+
+
+def refuse(room: NodeRoom, profile: Profile, avoid: frozenset[str], source: str) -> str | None:
+    """Why this node cannot take a shard of this profile now, in a sentence; None when it can."""
+    node = room.node
+    if node.state != "ready":
+        return f"node {node.id} is {node.state}"
+    if node.draining:
+        return f"node {node.id} is draining"
+    if node.cordoned:
+        return f"node {node.id} is cordoned"
+    if node.id in avoid:
+        return f"node {node.id} already runs a replica of this model"
+    for key, value in profile.node_selector.items():
+        if node.labels.get(key) != value:
+            return f"node {node.id} lacks the label {key}={value}"
+    if node.engines is not None and profile.engine not in node.engines:
+        return f"node {node.id} has no {profile.engine} engine installed"
+    need = profile.gpus_on_each_node
+    if need:
+        total = sum(1 for g in node.gpus if g.gpu_class == profile.gpu_class)
+        free = len(room.free_gpus.get(profile.gpu_class, []))
+        if total == 0:
+            return f"node {node.id} has no {profile.gpu_class} GPUs"
+        if free < need:
+            return (
+                f"node {node.id} has {free} free {profile.gpu_class} GPUs of {total}, needs {need}"
+            )
+    free_memory = room.memory_free
+    if (
+        profile.min_memory_gb is not None
+        and free_memory is not None
+        and free_memory < profile.min_memory_gb
+    ):
+        return (
+            f"node {node.id} has {_gb(node.memory_gb)} GB of memory with "
+            f"{_gb(max(free_memory, 0))} GB free, needs {_gb(profile.min_memory_gb)}"
+        )
+    cores = profile.reserved_cores
+    if cores and room.cores_free is not None and room.cores_free < cores:
+        return f"node {node.id} has {node.cpu_count} CPUs with {max(room.cores_free, 0)} free, needs {cores}"
+    if (
+        profile.min_disk_gb is not None
+        and node.disk_free_gb is not None
+        and not (source and source in node.weights)
+        and node.disk_free_gb < profile.min_disk_gb
+    ):
+        return (
+            f"node {node.id} has {_gb(node.disk_free_gb)} GB of disk free, "
+            f"needs {_gb(profile.min_disk_gb)}"
+        )
+    return None
+
+
+def _preference(room: NodeRoom, profile: Profile, source: str) -> tuple:
+    """Weights already there first; then pack GPUs (fewest free) or spread CPU replicas; then id."""
+    has_weights = bool(source) and source in room.node.weights
+    if profile.cpu_only:
+        spread = room.shards
+    else:
+        spread = len(room.free_gpus.get(profile.gpu_class, []))
+    return (not has_weights, spread, room.node.id)
+
+
+def _fabric_group(eligible: list[NodeRoom], count: int) -> list[NodeRoom] | None:
+    groups: dict[str, list[NodeRoom]] = defaultdict(list)
+    for room in eligible:
+        fabric = room.node.labels.get(FABRIC_LABEL)
+        if fabric:
+            groups[fabric].append(room)
+    # Groups keep the preference order of `eligible`; ties between fabrics go by name.
+    for fabric in sorted(groups):
+        if len(groups[fabric]) >= count:
+            return groups[fabric][:count]
+    return None

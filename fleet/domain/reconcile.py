@@ -1,0 +1,404 @@
+"""One reconciler pass as a pure function: `decide(snapshot, now, timings)` returns a Plan.
+
+The shell loads the snapshot, applies the plan in one transaction and sends
+the agents their commands after the commit. Nothing here reads a clock, a
+setting or the database, so every rule is a table test.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from catalog.domain import ModelSpec, Profile
+from llmgw.config import Timings
+
+from .placement import Inventory, Placement, ShardPlan
+from .types import ACTIVE, HOLDING, ModelState, NodeView, ReplicaView, Snapshot
+
+SETTLING = "waiting for agents to report their shards after a control plane restart"
+
+
+def duration(seconds: float) -> str:
+    """Seconds as the seed writes durations: 5m0s, 1h2m3s, 30s."""
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    if h:
+        return f"{h}h{m}m{s}s"
+    if m:
+        return f"{m}m{s}s"
+    return f"{s}s"
+
+
+@dataclass(frozen=True)
+class Start:
+    replica_id: str
+    model: str
+    profile: Profile
+    shards: tuple[tuple[str, ShardPlan], ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Drain:
+    replica_id: str
+    deadline: datetime
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    replica_id: str
+    grace_s: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Forget:
+    """Remove a replica that no longer runs (stopped, failed, or on a lost node)."""
+
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Retire:
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    node_id: str
+    state: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    """What one pass decided: actions, the new per-model state, and a line per decision."""
+
+    starts: list[Start] = field(default_factory=list)
+    drains: list[Drain] = field(default_factory=list)
+    stops: list[Stop] = field(default_factory=list)
+    forgets: list[Forget] = field(default_factory=list)
+    retires: list[Retire] = field(default_factory=list)
+    node_changes: list[NodeChange] = field(default_factory=list)
+    states: dict[str, ModelState] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.starts
+            or self.drains
+            or self.stops
+            or self.forgets
+            or self.retires
+            or self.node_changes
+        )
+
+
+def new_replica_id(model: str) -> str:
+    return f"{model}-{secrets.token_hex(3)}"
+
+
+def decide(
+    snap: Snapshot,
+    now: datetime,
+    t: Timings,
+    new_id: Callable[[str], str] = new_replica_id,
+) -> Plan:
+    """Compare what should run with what runs, and say what to do about it."""
+    plan = Plan()
+    nodes = _liveness(snap, now, t, plan)
+    states = {name: snap.states.get(name) or ModelState(model=name) for name in snap.models}
+    alive = _housekeeping(snap, nodes, now, t, plan, states)
+    inventory = Inventory(nodes, alive)
+    by_model: dict[str, list[ReplicaView]] = {}
+    for r in alive:
+        by_model.setdefault(r.model, []).append(r)
+    for name in sorted(by_model.keys() - snap.models.keys()):
+        for r in by_model[name]:
+            if r.state not in ("stopping",):
+                plan.stops.append(Stop(r.id, t_grace(t), f"model {name} was removed"))
+    order = sorted(snap.models.values(), key=lambda m: (-m.class_rank, m.name))
+    for model in order:
+        states[model.name] = _reconcile_model(
+            model,
+            by_model.get(model.name, []),
+            states[model.name],
+            nodes,
+            inventory,
+            snap,
+            now,
+            t,
+            plan,
+            new_id,
+        )
+    plan.states = states
+    return plan
+
+
+def t_grace(t: Timings) -> int:
+    return int(t.preempt_grace)
+
+
+def _liveness(snap: Snapshot, now: datetime, t: Timings, plan: Plan) -> dict[str, NodeView]:
+    """Unreachable after a short silence, lost after a long one, counted from the floor."""
+    nodes = {}
+    for node in snap.nodes.values():
+        seen = node.last_seen or now
+        if snap.silence_floor is not None and seen < snap.silence_floor:
+            seen = snap.silence_floor
+        silent = (now - seen).total_seconds()
+        state = node.state
+        if state != "lost" and silent >= t.lost:
+            state = "lost"
+        elif state == "ready" and silent >= t.unreachable:
+            state = "unreachable"
+        if state != node.state:
+            why = f"nothing heard for {duration(silent)}"
+            plan.node_changes.append(NodeChange(node.id, state, why))
+            plan.events.append(f"node {node.id} is {state}: {why}")
+            node = replace(node, state=state)
+        nodes[node.id] = node
+    return nodes
+
+
+def _record_failure(state: ModelState, now: datetime, reason: str, t: Timings) -> ModelState:
+    failures = state.failures + 1
+    backoff = min(t.backoff_base * 2 ** (failures - 1), t.backoff_max)
+    parked = failures >= t.park_after
+    return replace(
+        state,
+        failures=failures,
+        last_failure_at=now,
+        backoff_until=now + timedelta(seconds=backoff),
+        parked_since=state.parked_since or (now if parked else None),
+        parked_reason=reason if parked and not state.parked_since else state.parked_reason,
+    )
+
+
+def _housekeeping(
+    snap: Snapshot,
+    nodes: dict[str, NodeView],
+    now: datetime,
+    t: Timings,
+    plan: Plan,
+    states: dict[str, ModelState],
+) -> list[ReplicaView]:
+    """Forget what no longer runs, count failures, time out slow starts; return what still holds room."""
+    alive = []
+    for r in snap.replicas:
+        lost = sorted(
+            s.node_id
+            for s in r.shards
+            if s.node_id not in nodes or nodes[s.node_id].state == "lost"
+        )
+        if r.state == "stopped":
+            plan.forgets.append(Forget(r.id, "stopped"))
+            continue
+        if lost:
+            if any(s.node_id not in lost for s in r.shards) and r.state != "failed":
+                plan.stops.append(Stop(r.id, 0, f"node {lost[0]} was lost"))
+            plan.forgets.append(Forget(r.id, f"node {lost[0]} was lost"))
+            plan.events.append(f"replica {r.id} of {r.model} lost with node {lost[0]}")
+            continue
+        if r.state == "failed":
+            plan.forgets.append(Forget(r.id, r.reason or "failed"))
+            if r.counts_as_failure and r.model in states:
+                states[r.model] = _record_failure(states[r.model], now, r.reason or "failed", t)
+                plan.events.append(
+                    f"replica {r.id} of {r.model} failed: {r.reason or 'no reason given'}"
+                )
+            continue
+        model = snap.models.get(r.model)
+        profile = model.profile(r.profile) if model else None
+        timeout = profile.startup_timeout_s if profile else 600
+        if r.state in ("pending", "starting") and (now - r.created_at).total_seconds() > timeout:
+            reason = f"replica {r.id} did not become ready within {duration(timeout)}"
+            plan.stops.append(Stop(r.id, 0, reason))
+            plan.events.append(reason)
+            if r.model in states:
+                states[r.model] = _record_failure(states[r.model], now, reason, t)
+            r = replace(r, state="stopping")
+        alive.append(r)
+    return alive
+
+
+def _ordered_profiles(model: ModelSpec) -> list[Profile]:
+    """Higher priority first; the catalog's order among equals (stable sort)."""
+    return sorted(model.profiles, key=lambda p: -p.priority)
+
+
+def desired_replicas(
+    model: ModelSpec, state: ModelState, now: datetime, last_used: datetime | None = None
+) -> int:
+    """min plus what load added, at most max; an on-demand model wants one while asked for.
+
+    `last_used` is when any of its replicas was last used: a replica its engine reports
+    busy is in use even when nobody has asked for the model since (domain.md, Replica use).
+    """
+    if model.on_demand:
+        asked = max((t for t in (state.last_requested_at, last_used) if t), default=None)
+        recent = asked is not None and (now - asked).total_seconds() < model.idle_timeout_s
+        return 1 if recent else 0
+    return min(model.min_replicas + state.extra, model.max_replicas)
+
+
+def _reconcile_model(
+    model: ModelSpec,
+    replicas: list[ReplicaView],
+    state: ModelState,
+    nodes: dict[str, NodeView],
+    inv: Inventory,
+    snap: Snapshot,
+    now: datetime,
+    t: Timings,
+    plan: Plan,
+    new_id: Callable[[str], str],
+) -> ModelState:
+    name = model.name
+    state = _clear_failures_once_ready(replicas, state)
+    last_used = max((r.last_used_at for r in replicas if r.last_used_at), default=None)
+    desired = desired_replicas(model, state, now, last_used)
+
+    # Replicas on a node being drained retire: a replacement first, then they drain.
+    retiring = {r.id for r in replicas if r.retiring}
+    for r in replicas:
+        if r.state in ACTIVE and r.id not in retiring and any(nodes[n].draining for n in r.nodes):
+            retiring.add(r.id)
+            plan.retires.append(Retire(r.id, "its node is draining"))
+    state = _restart_in_turn(model, replicas, state, retiring, plan)
+
+    active = [r for r in replicas if r.state in ACTIVE and r.id not in retiring]
+    ready = [r for r in active if r.state == "ready"]
+    replaced = len(ready) >= desired
+
+    for r in replicas:
+        if r.id in retiring and r.state in ("pending", "starting"):
+            plan.stops.append(Stop(r.id, 0, f"replica {r.id} retired before it was ready"))
+        elif r.id in retiring and r.state == "ready" and replaced:
+            # Its replacement is ready: the stop's grace lets requests in flight finish.
+            plan.stops.append(Stop(r.id, int(t.preempt_grace), f"replica {r.id} is replaced"))
+        elif r.state == "draining":
+            if r.id in retiring and replaced:
+                plan.stops.append(
+                    Stop(
+                        r.id,
+                        r.stop_grace_s,
+                        f"stopping drained replica {r.id}: its replacement is ready",
+                    )
+                )
+            elif r.drain_deadline is not None and now >= r.drain_deadline:
+                plan.stops.append(
+                    Stop(
+                        r.id,
+                        r.stop_grace_s,
+                        f"stopping drained replica {r.id}: no replacement after {duration(t.drain_grace)}",
+                    )
+                )
+
+    if len(active) > desired:
+        for r in sorted(active, key=lambda r: r.created_at, reverse=True)[: len(active) - desired]:
+            if r.state != "ready" or (model.on_demand and desired == 0):
+                why = "idle past its idle timeout" if model.on_demand else "scaled down"
+                plan.stops.append(Stop(r.id, int(t.preempt_grace), f"replica {r.id} {why}"))
+            else:
+                deadline = now + timedelta(seconds=t.drain_grace)
+                plan.drains.append(
+                    Drain(r.id, deadline, f"replica {r.id} drains: {name} scaled down to {desired}")
+                )
+
+    missing = desired - len(active)
+    unplaceable, explanation = False, state.explanation if state.unplaceable else ()
+    if missing > 0:
+        blocked = _why_not_now(state, snap, now)
+        if blocked:
+            explanation = ({"profile": "", "reasons": [blocked]},)
+        else:
+            explanation = ()
+            for _ in range(missing):
+                placed = _place(model, inv)
+                if not isinstance(placed, Placement):
+                    unplaceable, explanation = True, tuple(placed)
+                    if not state.unplaceable:
+                        plan.events.append(
+                            f"model {name} cannot be placed: {placed[0]['reasons'][0] if placed and placed[0]['reasons'] else 'no profile fits'}"
+                        )
+                    break
+                replica_id = new_id(name)
+                shards = tuple((f"{replica_id}-{s.rank}", s) for s in placed.shards)
+                inv.reserve(name, placed)
+                where = ", ".join(s.node_id for s in placed.shards)
+                plan.starts.append(
+                    Start(replica_id, name, placed.profile, shards, f"placed on {where}")
+                )
+                plan.events.append(
+                    f"replica {replica_id} of {name} placed on {where} ({placed.profile.name})"
+                )
+    return replace(state, desired=desired, unplaceable=unplaceable, explanation=tuple(explanation))
+
+
+def _clear_failures_once_ready(replicas: list[ReplicaView], state: ModelState) -> ModelState:
+    """A replica that became ready since the last failure clears the count and the backoff."""
+    if not state.failures:
+        return state
+    since = state.last_failure_at
+    if any(
+        r.state == "ready" and (since is None or (r.ready_at and r.ready_at >= since))
+        for r in replicas
+    ):
+        return replace(state, failures=0, backoff_until=None)
+    return state
+
+
+def _why_not_now(state: ModelState, snap: Snapshot, now: datetime) -> str:
+    if state.parked_since:
+        return f"parked after {state.failures} failures in a row: {state.parked_reason}; llmgw ctl retry to try again"
+    if state.backoff_until and now < state.backoff_until:
+        wait = (state.backoff_until - now).total_seconds()
+        return f"backing off after {state.failures} failures; next try in {duration(wait)}"
+    if snap.settling:
+        return SETTLING
+    return ""
+
+
+def _place(model: ModelSpec, inv: Inventory) -> Placement | list[dict]:
+    """Spread over nodes that do not run the model yet; give that up when it is the only obstacle."""
+    profiles = _ordered_profiles(model)
+    avoid = frozenset(inv.model_nodes.get(model.name, ()))
+    placed = inv.place(profiles, avoid=avoid, weights_source=model.source)
+    if isinstance(placed, Placement) or not avoid:
+        return placed if isinstance(placed, Placement) else placed.as_explanation()
+    again = inv.place(profiles, weights_source=model.source)
+    return again if isinstance(again, Placement) else again.as_explanation()
+
+
+def _restart_in_turn(
+    model: ModelSpec, replicas: list[ReplicaView], state: ModelState, retiring: set[str], plan: Plan
+) -> ModelState:
+    """Retire one replica started before the restart was asked for at a time, replacement first."""
+    asked = state.restart_requested_at
+    if asked is None:
+        return state
+    if any(r.id in retiring and r.state in HOLDING for r in replicas):
+        return state
+    older = sorted(
+        (
+            r
+            for r in replicas
+            if r.state in ACTIVE and r.created_at <= asked and r.id not in retiring
+        ),
+        key=lambda r: r.created_at,
+    )
+    if not older:
+        plan.events.append(f"model {model.name} restarted")
+        return replace(state, restart_requested_at=None)
+    retiring.add(older[0].id)
+    plan.retires.append(Retire(older[0].id, "restart"))
+    return state

@@ -1,0 +1,127 @@
+"""What the reconciler sees of the fleet in one pass, as frozen snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from catalog.domain import ModelSpec
+
+FABRIC_LABEL = "llmgw.io/fabric"
+
+# Replica states that hold capacity on their nodes until the engine is confirmed gone.
+HOLDING = frozenset({"pending", "starting", "ready", "draining", "stopping"})
+# Replica states that count toward a model's desired replicas (unless retiring).
+ACTIVE = frozenset({"pending", "starting", "ready"})
+
+
+@dataclass(frozen=True)
+class GpuView:
+    index: int
+    gpu_class: str
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node as placement sees it. None for a figure means the node did not report it."""
+
+    id: str
+    state: str = "ready"
+    last_seen: datetime | None = None
+    cordoned: bool = False
+    draining: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+    memory_gb: float | None = None
+    cpu_count: int | None = None
+    gpus: tuple[GpuView, ...] = ()
+    # None: the agent never probed for engines, so engines constrain nothing.
+    engines: frozenset[str] | None = None
+    disk_free_gb: float | None = None
+    weights: frozenset[str] = frozenset()
+
+    @property
+    def shown_state(self) -> str:
+        """What an operator sees: lost and unreachable win, then draining, then cordoned."""
+        if self.state != "ready":
+            return self.state
+        if self.draining:
+            return "draining"
+        if self.cordoned:
+            return "cordoned"
+        return "ready"
+
+
+@dataclass(frozen=True)
+class ShardView:
+    id: str
+    node_id: str
+    rank: int = 0
+    gpu_indices: tuple[int, ...] = ()
+    memory_gb: float | None = None
+    cpu_cores: int | None = None
+    http_port: int = 0
+    state: str = "pending"
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    id: str
+    model: str
+    profile: str
+    profile_fp: str
+    state: str
+    created_at: datetime
+    state_since: datetime
+    shards: tuple[ShardView, ...] = ()
+    ready_at: datetime | None = None
+    last_used_at: datetime | None = None
+    retiring: bool = False
+    drain_deadline: datetime | None = None
+    stop_grace_s: int = 30
+    preempted_for: str = ""
+    reason: str = ""
+    counts_as_failure: bool = True
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return frozenset(s.node_id for s in self.shards)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """The controller's memory of one model between passes."""
+
+    model: str
+    desired: int = 0
+    extra: int = 0
+    failures: int = 0
+    last_failure_at: datetime | None = None
+    backoff_until: datetime | None = None
+    parked_since: datetime | None = None
+    parked_reason: str = ""
+    unplaceable: bool = False
+    explanation: tuple[dict, ...] = ()
+    last_requested_at: datetime | None = None
+    restart_requested_at: datetime | None = None
+    held_until: datetime | None = None
+    held_for: str = ""
+    preempted: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one pass decides on, loaded at once.
+
+    `silence_floor` is when the reconciler (re)started: a node's silence is counted
+    from then at the earliest, so a control plane that was down does not find
+    every node lost when it comes back.
+    """
+
+    nodes: Mapping[str, NodeView]
+    models: Mapping[str, ModelSpec]
+    replicas: tuple[ReplicaView, ...]
+    states: Mapping[str, ModelState]
+    settling: bool = False
+    silence_floor: datetime | None = None

@@ -1,0 +1,175 @@
+"""The agent protocol's messages (interfaces.md, Agent protocol), validated on arrival.
+
+Every frame an agent sends is parsed into one of these; anything that does not
+fit is answered with an `error` frame and changes nothing. Fields may be
+absent: absent is unknown, never zero. Unknown fields are ignored so newer
+agents can talk to older control planes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+
+MAX_FRAME_BYTES = 256 * 1024
+
+NodeId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+ShardId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,89}$")]
+Short = Annotated[str, StringConstraints(max_length=255)]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=127)]
+Count = Annotated[int, Field(ge=0, le=1_000_000)]
+Positive = Annotated[int, Field(gt=0, le=1 << 50)]
+Reading = Annotated[float, Field(ge=-300, le=1_000_000)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+ShardState = Literal["pending", "starting", "ready", "failed", "stopped"]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class GpuInfo(_Message):
+    index: Annotated[int, Field(ge=0, le=1023)]
+    uuid: Short = ""
+    name: Short = ""
+    memory_total_mb: Positive | None = None
+
+
+class Disk(_Message):
+    free_gb: Annotated[float, Field(ge=0)] | None = None
+    total_gb: Annotated[float, Field(ge=0)] | None = None
+
+
+class Weight(_Message):
+    source: Annotated[str, StringConstraints(max_length=500)]
+    digest: Short = ""
+    size: Count | None = None
+
+
+class RunningShard(_Message):
+    shard_id: ShardId
+    replica_id: ShardId
+    model: Short
+    profile: Short
+    profile_fp: Short = ""
+    gpu_indices: Annotated[list[Annotated[int, Field(ge=0, le=1023)]], Field(max_length=64)] = []
+    endpoint: Short = ""
+    state: ShardState = "ready"
+
+
+class Register(_Message):
+    type: Literal["register"]
+    node_id: NodeId
+    hostname: Short = ""
+    mgmt_addr: Short = ""
+    labels: Annotated[dict[Label, Short], Field(max_length=64)] = {}
+    agent_version: Short = ""
+    memory_total_mb: Positive | None = None
+    cpu_count: Annotated[int, Field(gt=0, le=100_000)] | None = None
+    gpus: Annotated[list[GpuInfo], Field(max_length=64)] = []
+    engines: Annotated[dict[Label, Short], Field(max_length=16)] = {}
+    engines_probed: bool = False
+    disk: Disk | None = None
+    weights: Annotated[list[Weight], Field(max_length=1000)] = []
+    shards: Annotated[list[RunningShard], Field(max_length=1000)] = []
+
+
+class GpuLoad(_Message):
+    index: Annotated[int, Field(ge=0, le=1023)]
+    temp_c: Reading | None = None
+    memory_temp_c: Reading | None = None
+    power_w: Reading | None = None
+    power_limit_w: Reading | None = None
+    throttle: Annotated[list[Short], Field(max_length=16)] = []
+    utilization: Annotated[float, Field(ge=0, le=100)] | None = None
+    memory_used_mb: Count | None = None
+
+
+class ShardUse(_Message):
+    cpu_cores: Annotated[float, Field(ge=0, le=100_000)] | None = None
+    rss_bytes: Annotated[int, Field(ge=0)] | None = None
+
+
+class Load(_Message):
+    cpu_percent: Annotated[float, Field(ge=0, le=100)] | None = None
+    load1: Annotated[float, Field(ge=0)] | None = None
+    load5: Annotated[float, Field(ge=0)] | None = None
+    load15: Annotated[float, Field(ge=0)] | None = None
+    memory_used_bytes: Annotated[int, Field(ge=0)] | None = None
+    memory_available_bytes: Annotated[int, Field(ge=0)] | None = None
+    shards: Annotated[dict[ShardId, ShardUse], Field(max_length=1000)] = {}
+    cpu_temp_c: Reading | None = None
+    cpu_power_w: Reading | None = None
+    inlet_temp_c: Reading | None = None
+    gpus: Annotated[list[GpuLoad], Field(max_length=64)] = []
+
+
+class ShardSeen(_Message):
+    shard_id: ShardId
+    state: ShardState
+
+
+class Heartbeat(_Message):
+    type: Literal["heartbeat"]
+    seq: Annotated[int, Field(ge=0)]
+    memory_total_mb: Positive | None = None
+    cpu_count: Annotated[int, Field(gt=0, le=100_000)] | None = None
+    load: Load | None = None
+    shards: Annotated[list[ShardSeen], Field(max_length=1000)] = []
+
+
+class ShardStatus(_Message):
+    type: Literal["shard_status"]
+    shard_id: ShardId
+    state: Literal["starting", "ready", "failed", "stopped"]
+    endpoint: Short = ""
+    detail: Annotated[str, StringConstraints(max_length=4000)] = ""
+    exit_code: int | None = None
+
+
+class EngineShardLoad(_Message):
+    shard_id: ShardId
+    running: Count | None = None
+    waiting: Count | None = None
+    kv_cache: Fraction | None = None
+
+
+class EngineLoad(_Message):
+    type: Literal["engine_load"]
+    shards: Annotated[list[EngineShardLoad], Field(max_length=1000)] = []
+
+
+AgentMessage = Annotated[
+    Register | Heartbeat | ShardStatus | EngineLoad, Field(discriminator="type")
+]
+_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
+
+
+class BadMessage(ValueError):
+    """A frame that is not a valid message; the text is what the agent is told."""
+
+
+def parse(text: str) -> Register | Heartbeat | ShardStatus | EngineLoad:
+    """Validate one frame into its message, or raise BadMessage with a one-line reason."""
+    if len(text) > MAX_FRAME_BYTES:
+        raise BadMessage(f"message of {len(text)} bytes is larger than {MAX_FRAME_BYTES}")
+    try:
+        return _adapter.validate_json(text)
+    except ValidationError as exc:
+        raise BadMessage(_first_error(exc)) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "json_invalid":
+        return "not a JSON object"
+    if err["type"] in (
+        "union_tag_invalid",
+        "union_tag_not_found",
+        "model_attributes_type",
+        "model_type",
+    ):
+        return "expected an object with type register, heartbeat, shard_status or engine_load"
+    return f"{where}: {err['msg']}" if where else err["msg"]

@@ -1,0 +1,126 @@
+"""Nodes' live state in this process: heartbeats land here, the database gets a coalesced copy.
+
+An unchanged heartbeat must not cost a database write (architecture.md, Hot
+paths). Each `llmgw serve` process keeps the nodes whose agents it serves and
+writes their last_seen and load behind, at most every `write_every` seconds
+per node, in one bulk statement per flush. The reconciler reads the database,
+so it sees every process's nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .events import EngineLoad, Heartbeat
+
+
+@dataclass
+class LiveNode:
+    node_id: str
+    session: str
+    last_seq: int = -1
+    last_seen: datetime | None = None
+    load: dict = field(default_factory=dict)
+    memory_total_mb: int | None = None
+    cpu_count: int | None = None
+    engines: dict[str, dict] = field(default_factory=dict)
+    used_replicas: set[str] = field(default_factory=set)
+    written_at: float = 0.0
+    dirty: bool = False
+
+
+@dataclass(frozen=True)
+class NodeWrite:
+    """What one flush writes for one node."""
+
+    node_id: str
+    session: str
+    last_seen: datetime
+    load: dict
+    memory_total_mb: int | None
+    cpu_count: int | None
+    used_replicas: frozenset[str]
+
+
+class OutOfOrder(ValueError):
+    pass
+
+
+class LiveFleet:
+    """The nodes this process holds connections for, keyed by node id."""
+
+    def __init__(self, write_every: float = 5.0):
+        self.write_every = write_every
+        self.nodes: dict[str, LiveNode] = {}
+
+    def connected(self, node_id: str, session: str, now: datetime) -> None:
+        self.nodes[node_id] = LiveNode(
+            node_id=node_id, session=session, last_seen=now, written_at=time.monotonic()
+        )
+
+    def disconnected(self, node_id: str, session: str) -> None:
+        live = self.nodes.get(node_id)
+        if live is not None and live.session == session:
+            del self.nodes[node_id]
+
+    def heartbeat(self, node_id: str, hb: Heartbeat, now: datetime) -> bool:
+        """Record a heartbeat; return True when it changed a figure the database must get now."""
+        live = self.nodes[node_id]
+        if hb.seq <= live.last_seq:
+            raise OutOfOrder(f"heartbeat seq {hb.seq} is not after {live.last_seq}; ignored")
+        live.last_seq = hb.seq
+        live.last_seen = now
+        if hb.load is not None:
+            live.load = hb.load.model_dump(exclude_none=True, exclude_defaults=False)
+        live.dirty = True
+        changed = (
+            hb.memory_total_mb is not None and hb.memory_total_mb != live.memory_total_mb
+        ) or (hb.cpu_count is not None and hb.cpu_count != live.cpu_count)
+        if hb.memory_total_mb is not None:
+            live.memory_total_mb = hb.memory_total_mb
+        if hb.cpu_count is not None:
+            live.cpu_count = hb.cpu_count
+        return changed
+
+    def engine_load(self, node_id: str, msg: EngineLoad, replica_of: dict[str, str]) -> None:
+        """Keep the engines' running and waiting counts; a shard with requests running was used."""
+        live = self.nodes[node_id]
+        for s in msg.shards:
+            live.engines[s.shard_id] = s.model_dump(exclude_none=True, exclude={"shard_id"})
+            if s.running and s.shard_id in replica_of:
+                live.used_replicas.add(replica_of[s.shard_id])
+        live.dirty = True
+
+    def due(self, *, only: str | None = None) -> list[NodeWrite]:
+        """Take the nodes whose write is due (or `only` that node, now), marking them written."""
+        now = time.monotonic()
+        writes = []
+        candidates = (
+            [self.nodes[only]] if only in self.nodes else [] if only else self.nodes.values()
+        )
+        for live in candidates:
+            if not live.dirty or (only is None and now - live.written_at < self.write_every):
+                continue
+            load = dict(live.load)
+            if live.engines:
+                load["engines"] = dict(live.engines)
+            writes.append(
+                NodeWrite(
+                    node_id=live.node_id,
+                    session=live.session,
+                    last_seen=live.last_seen,
+                    load=load,
+                    memory_total_mb=live.memory_total_mb,
+                    cpu_count=live.cpu_count,
+                    used_replicas=frozenset(live.used_replicas),
+                )
+            )
+            live.dirty = False
+            live.written_at = now
+            live.used_replicas = set()
+        return writes
+
+
+LIVE = LiveFleet()

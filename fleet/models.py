@@ -1,0 +1,156 @@
+"""The fleet: nodes and their GPUs, replicas and their shards, the controller's state."""
+
+from django.db import models
+
+
+class Node(models.Model):
+    """A machine running `llmgw agent`, as it registered and last reported.
+
+    `state` is what the control plane knows of its connection (ready,
+    unreachable, lost); `cordoned` and `draining` are what an operator set.
+    Figures a node did not report are null: unknown, never zero.
+    """
+
+    READY = "ready"
+    UNREACHABLE = "unreachable"
+    LOST = "lost"
+    STATES = [(READY, READY), (UNREACHABLE, UNREACHABLE), (LOST, LOST)]
+
+    id = models.CharField(primary_key=True, max_length=64)
+    hostname = models.CharField(max_length=255, blank=True)
+    mgmt_addr = models.CharField(max_length=255, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    agent_version = models.CharField(max_length=40, blank=True)
+    memory_total_mb = models.PositiveBigIntegerField(null=True, blank=True)
+    cpu_count = models.PositiveIntegerField(null=True, blank=True)
+    engines = models.JSONField(default=dict, blank=True)
+    engines_probed = models.BooleanField(default=False)
+    disk_free_gb = models.FloatField(null=True, blank=True)
+    disk_total_gb = models.FloatField(null=True, blank=True)
+    weights = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=16, choices=STATES, default=READY, db_index=True)
+    state_since = models.DateTimeField()
+    cordoned = models.BooleanField(default=False)
+    draining = models.BooleanField(default=False)
+    load = models.JSONField(default=dict, blank=True)
+    session = models.CharField(max_length=32, blank=True)
+    registered_at = models.DateTimeField()
+    last_seen = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Gpu(models.Model):
+    """One GPU of a node, with the class placement matches profiles against."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=100, blank=True)
+    name = models.CharField(max_length=100, blank=True)
+    memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    gpu_class = models.CharField(max_length=40, blank=True)
+    healthy = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_index_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} GPU {self.index} ({self.gpu_class})"
+
+
+class Replica(models.Model):
+    """One running copy of a model, made of one shard per node it spans."""
+
+    STATES = [
+        (s, s)
+        for s in ("pending", "starting", "ready", "draining", "stopping", "stopped", "failed")
+    ]
+
+    id = models.CharField(primary_key=True, max_length=80)
+    model = models.CharField(max_length=64, db_index=True)
+    profile = models.CharField(max_length=64)
+    profile_fp = models.CharField(max_length=16)
+    state = models.CharField(max_length=16, choices=STATES, default="pending", db_index=True)
+    state_since = models.DateTimeField()
+    created_at = models.DateTimeField()
+    ready_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    retiring = models.BooleanField(default=False)
+    drain_deadline = models.DateTimeField(null=True, blank=True)
+    stop_grace_s = models.PositiveIntegerField(default=30)
+    preempted_for = models.CharField(max_length=64, blank=True)
+    reason = models.CharField(max_length=500, blank=True)
+    counts_as_failure = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["model", "created_at"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Shard(models.Model):
+    """A replica's allocation on one node: its GPUs, reserved memory and cores, and its engine."""
+
+    STATES = [(s, s) for s in ("pending", "starting", "ready", "failed", "stopped")]
+
+    id = models.CharField(primary_key=True, max_length=90)
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="shards")
+    rank = models.PositiveIntegerField(default=0)
+    gpu_indices = models.JSONField(default=list, blank=True)
+    memory_gb = models.FloatField(null=True, blank=True)
+    cpu_cores = models.PositiveIntegerField(null=True, blank=True)
+    http_port = models.PositiveIntegerField()
+    endpoint = models.CharField(max_length=255, blank=True)
+    state = models.CharField(max_length=16, choices=STATES, default="pending")
+    detail = models.TextField(blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["replica", "rank"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class ModelState(models.Model):
+    """The controller's memory of a model between passes: failures, backoff, parking, why not."""
+
+    model = models.CharField(primary_key=True, max_length=64)
+    desired = models.PositiveIntegerField(default=0)
+    extra = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
+    backoff_until = models.DateTimeField(null=True, blank=True)
+    parked_since = models.DateTimeField(null=True, blank=True)
+    parked_reason = models.TextField(blank=True)
+    unplaceable = models.BooleanField(default=False)
+    explanation = models.JSONField(default=list, blank=True)
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+    last_requested_at = models.DateTimeField(null=True, blank=True)
+    restart_requested_at = models.DateTimeField(null=True, blank=True)
+    held_until = models.DateTimeField(null=True, blank=True)
+    held_for = models.CharField(max_length=64, blank=True)
+    preempted = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.model
+
+
+class Lease(models.Model):
+    """A named lease with an expiry: one reconciler pass at a time across all processes."""
+
+    name = models.CharField(primary_key=True, max_length=40)
+    holder = models.CharField(max_length=100, blank=True)
+    expires_at = models.DateTimeField()
+    last_pass_at = models.DateTimeField(null=True, blank=True)
+    settle_until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,132 @@
+"""The reconciler's shell: take the lease, load, decide, apply in one transaction, dispatch.
+
+The same `reconcile_once` runs from Celery beat (production) and from the loop
+inside `llmgw serve` (embedded). A lease row with an expiry, taken by
+compare-and-set, keeps it to one pass at a time across every process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from datetime import datetime, timedelta
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+
+from llmgw import clock
+
+from .dispatch import dispatch
+from .domain.reconcile import decide
+from .models import Lease
+from .selectors import snapshot_load
+from .services import plan_apply
+
+log = logging.getLogger("llmgw.reconciler")
+
+LEASE = "reconciler"
+LEASE_SECONDS = 60
+
+
+def _holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def lease_take(*, holder: str, now: datetime, seconds: float = LEASE_SECONDS) -> bool:
+    """Take the reconciler lease if it is free, expired or ours; True when taken."""
+    until = now + timedelta(seconds=seconds)
+    taken = (
+        Lease.objects.filter(pk=LEASE)
+        .filter(Q(expires_at__lte=now) | Q(holder=holder) | Q(holder=""))
+        .update(holder=holder, expires_at=until)
+    )
+    if taken:
+        return True
+    try:
+        with transaction.atomic():
+            Lease.objects.create(name=LEASE, holder=holder, expires_at=until)
+        return True
+    except IntegrityError:
+        return False
+
+
+def lease_release(*, holder: str) -> None:
+    Lease.objects.filter(pk=LEASE, holder=holder).update(holder="")
+
+
+def _settle_window(now: datetime, fresh_start: bool) -> tuple[bool, datetime]:
+    """Whether we are settling, and since when silence counts.
+
+    A pass that finds no pass ran for a while (or is the first of a new
+    process) starts a settle period: agents get time to reconnect and report
+    their shards before anything is placed.
+    """
+    t = settings.LLMGW.timings
+    lease = Lease.objects.get(pk=LEASE)
+    stale_after = max(3 * t.reconcile_interval, 15.0)
+    if (
+        fresh_start
+        or lease.last_pass_at is None
+        or (now - lease.last_pass_at).total_seconds() > stale_after
+    ):
+        lease.settle_until = now + timedelta(seconds=t.settle)
+        log.info("reconciler (re)started: no placement for %s s while agents report", t.settle)
+    lease.last_pass_at = now
+    lease.save(update_fields=["settle_until", "last_pass_at"])
+    floor = lease.settle_until - timedelta(seconds=t.settle)
+    return now < lease.settle_until, floor
+
+
+def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) -> dict:
+    """Run one pass; return what it did: `{"ran", "events", "starts", "stops", ...}`."""
+    now = now or clock.now()
+    holder = _holder()
+    if not lease_take(holder=holder, now=now):
+        return {"ran": False, "detail": "another reconciler pass is running", "events": []}
+    try:
+        settling, floor = _settle_window(now, fresh_start)
+        snap = snapshot_load(settling=settling, silence_floor=floor)
+        plan = decide(snap, now, settings.LLMGW.timings)
+        if not plan.empty or any(snap.states.get(n) != s for n, s in plan.states.items()):
+            with transaction.atomic():
+                commands = plan_apply(
+                    plan=plan, now=now, before={"catalog": snap.models, "states": snap.states}
+                )
+                transaction.on_commit(lambda: dispatch(commands))
+        for line in plan.events:
+            log.info(line)
+        return {
+            "ran": True,
+            "settling": settling,
+            "events": plan.events,
+            "starts": len(plan.starts),
+            "stops": len(plan.stops),
+            "drains": len(plan.drains),
+            "forgets": len(plan.forgets),
+        }
+    finally:
+        lease_release(holder=holder)
+
+
+async def run_forever(interval: float) -> None:
+    """The embedded reconciler: a loop on the serving process's own event loop.
+
+    The pass itself runs in a thread (it uses the ORM); the commands it sends
+    are handed back to this loop by async_to_sync, where the in-memory channel
+    layer lives.
+    """
+    first = True
+    while True:
+        try:
+            await sync_to_async(reconcile_once, thread_sensitive=False)(fresh_start=first)
+            first = False
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reconciler pass failed; trying again in %s s", interval)
+        await asyncio.sleep(interval)

@@ -1,0 +1,66 @@
+"""The fleet API's shapes (interfaces.md, REST API)."""
+
+from __future__ import annotations
+
+from ninja import Schema
+
+
+class NodeOut(Schema):
+    id: str
+    hostname: str
+    state: str
+    labels: dict
+    gpu_total: int
+    gpu_free: int
+    gpu_class: str | None
+    gpus: list[dict]
+    memory_gb: float | None
+    cpu_count: int | None
+    engines: dict
+    disk: dict
+    replicas: list[str]
+    load: dict
+    agent_version: str
+    mgmt_addr: str
+    last_seen: str | None
+    registered_at: str | None
+
+
+class ShardOut(Schema):
+    id: str
+    node: str
+    rank: int
+    gpu_indices: list[int]
+    memory_gb: float | None
+    cpu_cores: int | None
+
+
+class ReplicaOut(Schema):
+    id: str
+    model: str
+    profile: str
+    state: str
+    shards: list[ShardOut]
+    endpoint: str
+    created_at: str | None
+    ready_at: str | None
+    last_used_at: str | None
+    preempted_for: str
+    reason: str
+    retiring: bool
+    outdated: bool
+
+
+class DetailOut(Schema):
+    detail: str
+
+
+class ReconcileOut(Schema):
+    ran: bool
+    settling: bool = False
+    events: list[str]
+    starts: int = 0
+    stops: int = 0
+    drains: int = 0
+    forgets: int = 0
+    detail: str = ""

@@ -1,0 +1,479 @@
+"""Fleet writes: what agents report, what operators ask, and applying a reconciler plan.
+
+Each public service is one transaction; the commands it returns go to agents
+only after that transaction has committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from urllib.parse import urlparse
+
+from django.conf import settings
+from django.db import transaction
+
+from catalog.domain import ModelSpec
+from catalog.selectors import catalog_load
+from llmgw.errors import NotFound
+from llmgw.secrets import engine_key
+from tenancy.services import audit_record
+
+from .dispatch import Command
+from .domain.gpuclass import gpu_class
+from .domain.reconcile import Plan
+from .events import Register, ShardStatus
+from .live import NodeWrite
+from .models import Gpu, ModelState, Node, Replica, Shard
+
+log = logging.getLogger("llmgw.fleet")
+
+
+def start_command(shard: Shard, replica: Replica, spec: ModelSpec | None) -> Command | None:
+    """The start_shard message for a shard; None when its model or profile is gone."""
+    profile = spec.profile(replica.profile) if spec else None
+    if profile is None:
+        return None
+    return Command(
+        shard.node_id,
+        {
+            "type": "start_shard",
+            "shard_id": shard.id,
+            "replica_id": replica.id,
+            "rank": shard.rank,
+            "model": replica.model,
+            "profile": profile.to_dict(),
+            "profile_fp": replica.profile_fp,
+            "source": spec.source,
+            "gpu_indices": list(shard.gpu_indices or ()),
+            "http_port": shard.http_port,
+            "api_key": engine_key(settings.SECRET_KEY, replica.id),
+            "threads": shard.cpu_cores or 0,
+            "startup_timeout_s": profile.startup_timeout_s,
+        },
+    )
+
+
+def stop_command(node_id: str, shard_id: str, grace_s: int) -> Command:
+    return Command(node_id, {"type": "stop_shard", "shard_id": shard_id, "grace_s": grace_s})
+
+
+def _sync_gpus(node: Node, msg: Register) -> None:
+    wanted = {
+        g.index: (g.uuid, g.name, g.memory_total_mb, gpu_class(g.name, g.memory_total_mb))
+        for g in msg.gpus
+    }
+    have = {g.index: (g.uuid, g.name, g.memory_mb, g.gpu_class) for g in node.gpus.all()}
+    if wanted == have:
+        return
+    node.gpus.all().delete()
+    Gpu.objects.bulk_create(
+        Gpu(node=node, index=i, uuid=u, name=n, memory_mb=m, gpu_class=c)
+        for i, (u, n, m, c) in sorted(wanted.items())
+    )
+    if have:
+        log.info(
+            "node %s now reports %d GPUs (was %d)",
+            node.id,
+            len(wanted),
+            len(have),
+            extra={"node": node.id},
+        )
+
+
+def _believe_figures(node: Node, memory_total_mb: int | None, cpu_count: int | None) -> None:
+    """A node that reports less memory or more CPUs than before is believed, and the change logged."""
+    for attr, value, unit in (
+        ("memory_total_mb", memory_total_mb, "MB of memory"),
+        ("cpu_count", cpu_count, "CPUs"),
+    ):
+        old = getattr(node, attr)
+        if value is not None and old is not None and value != old:
+            log.info(
+                "node %s reports %s %s (was %s)", node.id, value, unit, old, extra={"node": node.id}
+            )
+        if value is not None:
+            setattr(node, attr, value)
+
+
+def _replica_state_from_shards(replica: Replica, now: datetime) -> bool:
+    """A replica is ready once all its shards are; starting while any starts. True when it became ready."""
+    states = {s.state for s in replica.shards.all()}
+    if states == {"ready"} and replica.state in ("pending", "starting"):
+        replica.state = "ready"
+        replica.ready_at = replica.state_since = now
+        return True
+    if "starting" in states and replica.state == "pending":
+        replica.state = "starting"
+        replica.state_since = now
+    return False
+
+
+def node_register(*, msg: Register, session: str, now: datetime) -> list[Command]:
+    """Create or refresh a node from its registration and reconcile the shards it runs.
+
+    Shards the database knows are kept (or stopped again when they should be
+    stopping); unknown shards of a known model and profile are adopted; the rest
+    are stopped. Shards it should run but does not report are started again,
+    or failed when they had been running. Returns the commands for this agent.
+    """
+    commands: list[Command] = []
+    with transaction.atomic():
+        node = Node.objects.filter(pk=msg.node_id).first()
+        if node is None:
+            node = Node(id=msg.node_id, registered_at=now, state_since=now, last_seen=now)
+            log.info("node %s registered", msg.node_id, extra={"node": msg.node_id})
+        elif node.state != Node.READY:
+            log.info(
+                "node %s is ready again (was %s)", node.id, node.state, extra={"node": node.id}
+            )
+            node.state_since = now
+        node.hostname = msg.hostname
+        node.mgmt_addr = msg.mgmt_addr
+        node.labels = dict(msg.labels)
+        node.agent_version = msg.agent_version
+        _believe_figures(node, msg.memory_total_mb, msg.cpu_count)
+        node.engines = dict(msg.engines)
+        node.engines_probed = msg.engines_probed
+        node.disk_free_gb = msg.disk.free_gb if msg.disk else None
+        node.disk_total_gb = msg.disk.total_gb if msg.disk else None
+        node.weights = [w.model_dump() for w in msg.weights]
+        node.state = Node.READY
+        node.session = session
+        node.last_seen = now
+        node.save()
+        _sync_gpus(node, msg)
+        commands = _reconcile_reported_shards(node, msg, now)
+    return commands
+
+
+def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list[Command]:
+    commands: list[Command] = []
+    catalog = catalog_load()
+    known = {s.id: s for s in Shard.objects.filter(node=node).select_related("replica")}
+    reported = {s.shard_id: s for s in msg.shards}
+    for shard_id, rep in reported.items():
+        shard = known.get(shard_id)
+        if shard is not None:
+            replica = shard.replica
+            if replica.state in ("stopping", "stopped", "failed"):
+                commands.append(stop_command(node.id, shard_id, replica.stop_grace_s))
+                continue
+            shard.state = rep.state if rep.state != "pending" else shard.state
+            shard.endpoint = rep.endpoint or shard.endpoint
+            shard.save(update_fields=["state", "endpoint"])
+            _replica_state_from_shards(replica, now)
+            replica.save()
+            continue
+        spec = catalog.get(rep.model)
+        profile = spec.profile(rep.profile) if spec else None
+        if profile is None or rep.state not in ("starting", "ready"):
+            why = (
+                "its model is not in the catalog"
+                if spec is None
+                else "its profile is not in the catalog"
+            )
+            log.info(
+                "stopping shard %s on node %s: %s", shard_id, node.id, why, extra={"node": node.id}
+            )
+            commands.append(stop_command(node.id, shard_id, 0))
+            continue
+        _adopt(node, rep, profile, now)
+    for shard_id, shard in known.items():
+        if shard_id in reported:
+            continue
+        replica = shard.replica
+        if replica.state in ("stopping", "stopped", "failed"):
+            shard.state = "stopped"
+            shard.save(update_fields=["state"])
+            if not replica.shards.exclude(state__in=("stopped", "failed")).exists():
+                Replica.objects.filter(pk=replica.pk, state="stopping").update(
+                    state="stopped", state_since=now
+                )
+        elif shard.state in ("pending", "starting") and replica.state in ("pending", "starting"):
+            # It may never have received start_shard while it was away: start_shard is idempotent.
+            cmd = start_command(shard, replica, catalog.get(replica.model))
+            if cmd:
+                commands.append(cmd)
+        else:
+            reason = f"shard {shard_id} was not running when node {node.id} registered again"
+            Replica.objects.filter(pk=replica.pk).exclude(state__in=("stopped", "failed")).update(
+                state="failed", state_since=now, reason=reason
+            )
+            log.info(reason, extra={"node": node.id, "replica": replica.id})
+    return commands
+
+
+def _adopt(node: Node, rep, profile, now: datetime) -> None:
+    """Take over a running shard this control plane did not know, so nothing runs twice."""
+    replica, created = Replica.objects.get_or_create(
+        pk=rep.replica_id,
+        defaults={
+            "model": rep.model,
+            "profile": rep.profile,
+            "profile_fp": rep.profile_fp,
+            "state": rep.state,
+            "state_since": now,
+            "created_at": now,
+            "ready_at": now if rep.state == "ready" else None,
+            "counts_as_failure": True,
+        },
+    )
+    rank = int(rep.shard_id.rsplit("-", 1)[1]) if rep.shard_id.rsplit("-", 1)[-1].isdigit() else 0
+    port = urlparse(rep.endpoint).port or 0 if rep.endpoint else 0
+    Shard.objects.create(
+        id=rep.shard_id,
+        replica=replica,
+        node=node,
+        rank=rank,
+        gpu_indices=list(rep.gpu_indices),
+        memory_gb=profile.min_memory_gb,
+        cpu_cores=profile.reserved_cores,
+        http_port=port,
+        endpoint=rep.endpoint,
+        state=rep.state,
+    )
+    log.info(
+        "adopted shard %s of %s on node %s",
+        rep.shard_id,
+        rep.model,
+        node.id,
+        extra={"node": node.id, "replica": replica.id, "created": created},
+    )
+
+
+def node_disconnected(*, node_id: str, session: str, now: datetime) -> None:
+    """The agent's connection closed: unreachable at once, unless it already reconnected elsewhere."""
+    changed = Node.objects.filter(pk=node_id, session=session, state=Node.READY).update(
+        state=Node.UNREACHABLE, state_since=now
+    )
+    if changed:
+        log.info("node %s is unreachable: its connection closed", node_id, extra={"node": node_id})
+
+
+def node_live_flush(*, writes: list[NodeWrite], now: datetime) -> None:
+    """Write heartbeats behind in bulk: last_seen and load per node, last use per replica."""
+    if not writes:
+        return
+    by_id = {w.node_id: w for w in writes}
+    with transaction.atomic():
+        nodes = list(
+            Node.objects.filter(pk__in=by_id).only("id", "session", "memory_total_mb", "cpu_count")
+        )
+        for node in nodes:
+            w = by_id[node.id]
+            if node.session != w.session:
+                continue
+            node.last_seen = w.last_seen
+            node.load = w.load
+            _believe_figures(node, w.memory_total_mb, w.cpu_count)
+        Node.objects.bulk_update(
+            nodes, ["last_seen", "load", "memory_total_mb", "cpu_count"], batch_size=500
+        )
+        used = set().union(*(w.used_replicas for w in writes))
+        if used:
+            Replica.objects.filter(pk__in=used).update(last_used_at=now)
+
+
+def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> list[Command]:
+    """Record what an agent says of one shard, and move its replica along."""
+    with transaction.atomic():
+        shard = (
+            Shard.objects.select_related("replica").filter(pk=msg.shard_id, node_id=node_id).first()
+        )
+        if shard is None:
+            if msg.state in ("starting", "ready"):
+                # Nobody here runs this: a leftover of a replica already forgotten.
+                return [stop_command(node_id, msg.shard_id, 0)]
+            return []
+        replica = shard.replica
+        shard.state = msg.state
+        shard.endpoint = msg.endpoint or shard.endpoint
+        shard.detail = msg.detail
+        shard.exit_code = msg.exit_code
+        shard.save(update_fields=["state", "endpoint", "detail", "exit_code"])
+        if msg.state in ("failed", "stopped"):
+            _shard_ended(shard, replica, msg, now)
+        else:
+            if _replica_state_from_shards(replica, now):
+                log.info(
+                    "replica %s of %s is ready",
+                    replica.id,
+                    replica.model,
+                    extra={"replica": replica.id},
+                )
+            replica.save()
+    return []
+
+
+def _shard_ended(shard: Shard, replica: Replica, msg: ShardStatus, now: datetime) -> None:
+    if replica.state in ("stopping", "stopped"):
+        if not replica.shards.exclude(state__in=("stopped", "failed")).exists():
+            Replica.objects.filter(pk=replica.pk).update(state="stopped", state_since=now)
+        return
+    if replica.state == "failed":
+        return
+    code = f" (exit code {msg.exit_code})" if msg.exit_code is not None else ""
+    detail = f": {msg.detail}" if msg.detail else ""
+    verb = "failed" if msg.state == "failed" else "stopped by itself"
+    reason = f"shard {shard.id} on node {shard.node_id} {verb}{code}{detail}"[:500]
+    Replica.objects.filter(pk=replica.pk).update(state="failed", state_since=now, reason=reason)
+    log.info(reason, extra={"replica": replica.id, "model": replica.model})
+
+
+def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
+    """Write a plan in the caller's transaction; return the commands to send after commit."""
+    commands: list[Command] = []
+    t = settings.LLMGW.timings
+    for change in plan.node_changes:
+        q = Node.objects.filter(pk=change.node_id).exclude(state=change.state)
+        if change.state != Node.LOST:
+            # A heartbeat written since the snapshot means it is not silent after all.
+            q = q.filter(last_seen__lt=now - timedelta(seconds=t.unreachable))
+        q.update(state=change.state, state_since=now)
+    for forget in plan.forgets:
+        Replica.objects.filter(pk=forget.replica_id).delete()
+    for retire in plan.retires:
+        Replica.objects.filter(pk=retire.replica_id).update(retiring=True)
+    for drain in plan.drains:
+        Replica.objects.filter(pk=drain.replica_id, state="ready").update(
+            state="draining",
+            state_since=now,
+            drain_deadline=drain.deadline,
+            reason=drain.reason[:500],
+        )
+    shards_of = _shards_of([s.replica_id for s in plan.stops])
+    for stop in plan.stops:
+        Replica.objects.filter(pk=stop.replica_id).exclude(state__in=("stopped", "failed")).update(
+            state="stopping", state_since=now, stop_grace_s=stop.grace_s, reason=stop.reason[:500]
+        )
+        for node_id, shard_id in shards_of.get(stop.replica_id, ()):
+            commands.append(stop_command(node_id, shard_id, stop.grace_s))
+    catalog = before["catalog"]
+    for start in plan.starts:
+        replica = Replica.objects.create(
+            id=start.replica_id,
+            model=start.model,
+            profile=start.profile.name,
+            profile_fp=start.profile.fingerprint(),
+            state="pending",
+            state_since=now,
+            created_at=now,
+            reason=start.reason,
+        )
+        for shard_id, sp in start.shards:
+            shard = Shard.objects.create(
+                id=shard_id,
+                replica=replica,
+                node_id=sp.node_id,
+                rank=sp.rank,
+                gpu_indices=list(sp.gpu_indices),
+                memory_gb=sp.memory_gb,
+                cpu_cores=sp.cpu_cores,
+                http_port=sp.http_port,
+            )
+            cmd = start_command(shard, replica, catalog.get(start.model))
+            if cmd:
+                commands.append(cmd)
+    _write_states(plan, before["states"])
+    return commands
+
+
+def _shards_of(replica_ids: list[str]) -> dict[str, list[tuple[str, str]]]:
+    out: dict[str, list[tuple[str, str]]] = {}
+    for replica_id, node_id, shard_id in Shard.objects.filter(
+        replica_id__in=replica_ids
+    ).values_list("replica_id", "node_id", "id"):
+        out.setdefault(replica_id, []).append((node_id, shard_id))
+    return out
+
+
+def _write_states(plan: Plan, before: dict) -> None:
+    """Write only the model states that changed: a pass with nothing to do writes nothing."""
+    changed = [s for name, s in plan.states.items() if before.get(name) != s]
+    if not changed:
+        return
+    fields = [f.name for f in ModelState._meta.fields if f.name not in ("model", "updated_at")]
+    existing = set(
+        ModelState.objects.filter(pk__in=[s.model for s in changed]).values_list("pk", flat=True)
+    )
+    rows = []
+    for s in changed:
+        values = {f: getattr(s, f) for f in fields}
+        values["explanation"] = list(values["explanation"])
+        rows.append(ModelState(model=s.model, **values))
+    ModelState.objects.bulk_create([r for r in rows if r.model not in existing])
+    ModelState.objects.bulk_update([r for r in rows if r.model in existing], fields, batch_size=500)
+
+
+def _node(node_id: str) -> Node:
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None:
+        raise NotFound(f"There is no node {node_id!r}.")
+    return node
+
+
+def node_set_schedule(*, node_id: str, action: str, actor: str) -> str:
+    """Cordon (no new placements), uncordon, or drain (cordon, and move its replicas away)."""
+    with transaction.atomic():
+        node = _node(node_id)
+        fields = {
+            "cordon": {"cordoned": True},
+            "uncordon": {"cordoned": False, "draining": False},
+            "drain": {"cordoned": True, "draining": True},
+        }[action]
+        Node.objects.filter(pk=node.pk).update(**fields)
+        if action == "uncordon":
+            Replica.objects.filter(
+                shards__node=node, retiring=True, state__in=("pending", "starting", "ready")
+            ).update(retiring=False)
+        audit_record(actor=actor, action=f"node.{action}", target=node_id)
+    log.info(
+        "node %s %s by %s",
+        node_id,
+        {"drain": "draining"}.get(action, action + "ed"),
+        actor,
+        extra={"node": node_id},
+    )
+    return {
+        "cordon": f"node {node_id} cordoned: nothing new is placed on it",
+        "uncordon": f"node {node_id} uncordoned",
+        "drain": f"node {node_id} draining: its replicas move elsewhere, a replacement first",
+    }[action]
+
+
+def _state_for(name: str) -> ModelState:
+    if name not in catalog_load():
+        raise NotFound(f"There is no model {name!r}.")
+    state, _ = ModelState.objects.get_or_create(pk=name)
+    return state
+
+
+def model_restart(*, name: str, actor: str, now: datetime) -> str:
+    """Retire every replica in turn: a replacement beside each, the old one drained once it is ready."""
+    with transaction.atomic():
+        _state_for(name)
+        ModelState.objects.filter(pk=name).update(restart_requested_at=now)
+        audit_record(actor=actor, action="model.restart", target=name)
+    return f"model {name} restarting: each replica is replaced, one at a time"
+
+
+def model_retry(*, name: str, actor: str) -> str:
+    """Unpark a model and forget its failures, so the next pass tries it again."""
+    with transaction.atomic():
+        state = _state_for(name)
+        was = state.parked_since is not None
+        ModelState.objects.filter(pk=name).update(
+            parked_since=None, parked_reason="", failures=0, backoff_until=None
+        )
+        audit_record(actor=actor, action="model.retry", target=name)
+    return (
+        f"model {name} unparked: trying again"
+        if was
+        else f"model {name} was not parked; its failures are cleared"
+    )
+
+
+def model_requested(*, name: str, now: datetime) -> None:
+    """An on-demand model was asked for: it wants a replica until its idle timeout passes."""
+    ModelState.objects.update_or_create(pk=name, defaults={"last_requested_at": now})

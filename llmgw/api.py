@@ -1,0 +1,102 @@
+"""The one REST API object: auth, one error shape, and a router per app under /api/v1/."""
+
+from __future__ import annotations
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.security import HttpBearer, SessionAuthIsStaff
+
+from llmgw import __version__
+from llmgw.errors import ServiceError
+from tenancy.models import Token
+from tenancy.selectors import token_find
+
+ACTOR_HEADER = "HTTP_X_LLMGW_ACTOR"
+
+
+class AdminToken(HttpBearer):
+    """`Authorization: Bearer <admin token>`; the actor is X-Llmgw-Actor, else the token's name."""
+
+    def authenticate(self, request: HttpRequest, token: str):
+        found = token_find(secret=token, kind=Token.ADMIN)
+        if found is None:
+            return None
+        given = request.META.get(ACTOR_HEADER, "").strip()[:150]
+        request.actor = given or found.name
+        return found
+
+
+class StaffSession(SessionAuthIsStaff):
+    """A logged-in staff user of the pages (CSRF checked on writes)."""
+
+    def authenticate(self, request: HttpRequest, key):
+        user = super().authenticate(request, key)
+        if user is not None:
+            request.actor = user.get_username()
+        return user
+
+
+def actor(request: HttpRequest) -> str:
+    return getattr(request, "actor", "") or "unknown"
+
+
+api = NinjaAPI(
+    title="llmgw",
+    version=__version__,
+    description="The llmgw control plane: nodes, models, replicas and the reconciler.",
+    auth=[AdminToken(), StaffSession()],
+    urls_namespace="api",
+)
+
+
+def _detail(request, text: str, status: int):
+    return api.create_response(request, {"detail": text}, status=status)
+
+
+@api.exception_handler(ServiceError)
+def _service_error(request, exc: ServiceError):
+    return _detail(request, str(exc), exc.status)
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthorized(request, exc):
+    return _detail(
+        request,
+        "An admin token is needed: Authorization: Bearer <token> (llmgw createtoken NAME).",
+        401,
+    )
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, exc):
+    return _detail(request, "The request body is too large.", 413)
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc: HttpError):
+    return _detail(request, str(exc), exc.status_code)
+
+
+@api.exception_handler(ValidationError)
+def _invalid(request, exc: ValidationError):
+    """Pydantic's errors as one sentence naming the field, so a caller knows what to fix."""
+    err = exc.errors[0] if exc.errors else {}
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "payload", "query", "path")]
+    where = ".".join(loc)
+    msg = err.get("msg", "invalid request")
+    if err.get("type") == "json_invalid":
+        return _detail(request, "The body is not valid JSON.", 400)
+    return _detail(request, f"{where}: {msg}" if where else msg, 400)
+
+
+def _routers() -> None:
+    from catalog.api import router as catalog_router
+    from fleet.api import router as fleet_router
+
+    api.add_router("/", fleet_router)
+    api.add_router("/", catalog_router)
+
+
+_routers()

@@ -1,0 +1,78 @@
+"""`llmgw`: the one command an operator runs, dispatching to its subcommands."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+USAGE = """usage: llmgw COMMAND [ARGS]
+
+commands:
+  serve         run the control plane (pages, REST API, agents' websocket, reconciler when embedded)
+  agent         run a node's agent: register the machine, start and stop engines
+  sim-engine    run the simulated OpenAI-compatible engine
+  demo          run a whole simulated cluster on this machine
+  createtoken   create an admin token (or with --agent, an agent join token)
+  migrate       create or update the database tables
+  ctl           talk to a running control plane's REST API (llmgw ctl --help)
+  version       print llmgw's version
+"""
+
+
+def _django() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
+    import django
+
+    django.setup()
+
+
+def _manage(args: list[str]) -> int:
+    _django()
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    try:
+        call_command(*args)
+    except CommandError as exc:
+        sys.stderr.write(f"llmgw: {exc}\n")
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        from .serve import main as serve
+
+        return serve(rest)
+    if command == "agent":
+        from fleet.agent.main import main as agent
+
+        return agent(rest)
+    if command == "sim-engine":
+        from llmgw.simengine import main as sim
+
+        return sim(rest)
+    if command == "demo":
+        from .demo import main as demo
+
+        return demo(rest)
+    if command == "ctl":
+        from .ctl import main as ctl
+
+        return ctl(rest)
+    if command == "createtoken":
+        return _manage(["createtoken", *rest])
+    if command == "migrate":
+        return _manage(["migrate", "--noinput", *rest])
+    if command == "version":
+        from llmgw import __version__
+
+        print(__version__)
+        return 0
+    sys.stderr.write(f"llmgw: unknown command {command!r}\n\n{USAGE}")
+    return 2

@@ -1,0 +1,89 @@
+"""`llmgw serve`: daphne serving the control plane; embedded, the reconciler runs on its loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+log = logging.getLogger("llmgw.serve")
+
+
+def _prepare(embedded: bool) -> None:
+    """Tables and the catalog file before the first request: a bad catalog stops the start."""
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    if embedded:
+        call_command("migrate", interactive=False, verbosity=0)
+    else:
+        executor = MigrationExecutor(connection)
+        if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+            raise SystemExit("llmgw: the database needs migrating first: run llmgw migrate")
+    if settings.LLMGW.catalog is not None:
+        from catalog.declared import read_catalog_file
+        from catalog.domain import CatalogError
+        from catalog.services import declared_sync
+        from llmgw.errors import Invalid
+
+        try:
+            declared_sync(specs=read_catalog_file(settings.LLMGW.catalog))
+        except (CatalogError, Invalid) as exc:
+            raise SystemExit(f"llmgw: LLMGW_CATALOG: {exc}") from None
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="llmgw serve", description="Run the llmgw control plane.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+
+    # daphne installs Twisted's asyncio reactor when imported: it must come first.
+    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.server import Server
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    cfg = settings.LLMGW
+    _prepare(cfg.embedded)
+
+    from llmgw.asgi import application
+
+    def ready() -> None:
+        from twisted.internet import reactor
+
+        def start() -> None:
+            if cfg.embedded:
+                from fleet.reconciler import run_forever
+
+                asyncio.get_event_loop().create_task(run_forever(cfg.timings.reconcile_interval))
+
+        reactor.callWhenRunning(start)
+        mode = (
+            f"embedded: SQLite in {cfg.home}, reconciler in this process"
+            if cfg.embedded
+            else "production: PostgreSQL and Redis; run Celery worker and beat for the reconciler"
+        )
+        sys.stderr.write(f"llmgw serving on http://{args.host}:{args.port}/ ({mode})\n")
+        sys.stderr.flush()
+
+    Server(
+        application=application,
+        endpoints=build_endpoint_description_strings(host=args.host, port=args.port),
+        signal_handlers=True,
+        verbosity=0,
+        # Agents stay connected for weeks: no wall-clock limit on a websocket, only pings.
+        websocket_timeout=-1,
+        ping_interval=20,
+        ping_timeout=30,
+        ready_callable=ready,
+    ).run()
+    return 0

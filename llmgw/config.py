@@ -1,0 +1,154 @@
+"""Settings read from the environment, checked once at start.
+
+Every figure has a default (interfaces.md, Settings) and every name is fixed.
+A bad value stops the start with a sentence that names the variable, rather
+than surfacing later as a stack trace from deep inside Django or Celery.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+
+class SettingError(Exception):
+    """A setting in the environment cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Timings:
+    """The reconciler's figures in seconds (and counts), as domain.md names them."""
+
+    reconcile_interval: float = 5.0
+    settle: float = 30.0
+    unreachable: float = 15.0
+    lost: float = 60.0
+    min_lifetime: float = 300.0
+    preempt_grace: float = 30.0
+    preempt_hold: float = 300.0
+    drain_grace: float = 300.0
+    eviction_grace: float = 120.0
+    scale_up_after: float = 60.0
+    scale_down_after: float = 600.0
+    backoff_base: float = 10.0
+    backoff_max: float = 300.0
+    park_after: int = 5
+
+
+_TIMING_VARS = {
+    "reconcile_interval": "LLMGW_RECONCILE_INTERVAL_SECONDS",
+    "settle": "LLMGW_SETTLE_SECONDS",
+    "unreachable": "LLMGW_UNREACHABLE_SECONDS",
+    "lost": "LLMGW_LOST_SECONDS",
+    "min_lifetime": "LLMGW_MIN_LIFETIME_SECONDS",
+    "preempt_grace": "LLMGW_PREEMPT_GRACE_SECONDS",
+    "preempt_hold": "LLMGW_PREEMPT_HOLD_SECONDS",
+    "drain_grace": "LLMGW_DRAIN_GRACE_SECONDS",
+    "eviction_grace": "LLMGW_EVICTION_GRACE_SECONDS",
+    "scale_up_after": "LLMGW_SCALE_UP_AFTER_SECONDS",
+    "scale_down_after": "LLMGW_SCALE_DOWN_AFTER_SECONDS",
+    "backoff_base": "LLMGW_BACKOFF_BASE_SECONDS",
+    "backoff_max": "LLMGW_BACKOFF_MAX_SECONDS",
+    "park_after": "LLMGW_PARK_AFTER",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    home: Path
+    database_url: str | None
+    redis_url: str | None
+    secret_key: str
+    catalog: Path | None
+    timings: Timings
+    log_format: str
+    debug: bool
+
+    @property
+    def embedded(self) -> bool:
+        """Embedded mode: no Redis, so the reconciler runs inside `llmgw serve`."""
+        return self.redis_url is None
+
+
+def _number(env: dict[str, str], name: str, default: float, *, integer: bool) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "a whole number" if integer else "a number of seconds"
+        raise SettingError(f"{name} must be {kind}, not {raw!r}.") from None
+    if value < 0 or (integer and value < 1) or value != value:
+        raise SettingError(f"{name} must be positive, not {raw!r}.")
+    return value
+
+
+def _url(env: dict[str, str], name: str, schemes: tuple[str, ...]) -> str | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    parsed = urlparse(raw)
+    if parsed.scheme not in schemes or not (parsed.hostname or parsed.path):
+        wanted = " or ".join(f"{s}://…" for s in schemes)
+        raise SettingError(f"{name} must be a {wanted} URL, not {raw!r}.")
+    return raw
+
+
+def _secret(env: dict[str, str], home: Path) -> str:
+    given = env.get("LLMGW_SECRET_KEY", "").strip()
+    if given:
+        if len(given) < 32:
+            raise SettingError("LLMGW_SECRET_KEY must be at least 32 characters long.")
+        return given
+    path = home / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    key = secrets.token_urlsafe(48)
+    # Written once with owner-only permissions: it signs sessions and derives engine keys.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
+    return key
+
+
+def load(env: dict[str, str] | None = None) -> Config:
+    """Read and check every llmgw setting; raise SettingError naming the first bad one."""
+    env = dict(os.environ if env is None else env)
+    home = Path(env.get("LLMGW_HOME", "").strip() or "./var").resolve()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SettingError(f"LLMGW_HOME {str(home)!r} cannot be created: {exc.strerror}.") from None
+    catalog_raw = env.get("LLMGW_CATALOG", "").strip()
+    catalog = Path(catalog_raw).resolve() if catalog_raw else None
+    if catalog is not None and not catalog.is_file():
+        raise SettingError(f"LLMGW_CATALOG names {catalog_raw!r}, which is not a file.")
+    timings = Timings(
+        **{
+            field: _number(env, var, getattr(Timings, field), integer=field == "park_after")
+            for field, var in _TIMING_VARS.items()
+        }
+    )
+    if timings.reconcile_interval <= 0:
+        raise SettingError("LLMGW_RECONCILE_INTERVAL_SECONDS must be more than 0.")
+    if timings.lost <= timings.unreachable:
+        raise SettingError("LLMGW_LOST_SECONDS must be longer than LLMGW_UNREACHABLE_SECONDS.")
+    log_format = env.get("LLMGW_LOG_FORMAT", "text").strip() or "text"
+    if log_format not in ("text", "json"):
+        raise SettingError(f"LLMGW_LOG_FORMAT must be text or json, not {log_format!r}.")
+    return Config(
+        home=home,
+        database_url=_url(env, "DATABASE_URL", ("postgres", "postgresql")),
+        redis_url=_url(env, "REDIS_URL", ("redis", "rediss", "unix")),
+        secret_key=_secret(env, home),
+        catalog=catalog,
+        timings=timings,
+        log_format=log_format,
+        debug=env.get("LLMGW_DEBUG", "") in ("1", "true", "yes"),
+    )

@@ -1,0 +1,23 @@
+"""Errors services raise, each a sentence for the operator; the API maps them to HTTP once."""
+
+
+class ServiceError(Exception):
+    status = 400
+
+
+class Invalid(ServiceError):
+    """Something the caller can fix: a bad field or value (400)."""
+
+    status = 400
+
+
+class NotFound(ServiceError):
+    """An unknown name or id (404)."""
+
+    status = 404
+
+
+class Conflict(ServiceError):
+    """The request clashes with what exists: a duplicate, a declared model (409)."""
+
+    status = 409

@@ -1,0 +1,145 @@
+"""Django settings, all from the environment through llmgw.config.
+
+Embedded by default (SQLite in LLMGW_HOME, in-memory channel layer, the
+reconciler inside `llmgw serve`); production when DATABASE_URL and REDIS_URL
+are set (PostgreSQL, channels_redis, Celery beat and worker).
+"""
+
+import sys
+
+import dj_database_url
+
+from llmgw import config as _config
+
+try:
+    LLMGW = _config.load()
+except _config.SettingError as exc:
+    sys.stderr.write(f"llmgw: {exc}\n")
+    raise SystemExit(2) from None
+
+BASE_DIR = _config.Path(__file__).resolve().parent.parent
+SECRET_KEY = LLMGW.secret_key
+DEBUG = LLMGW.debug
+ALLOWED_HOSTS = ["*"]
+CSRF_TRUSTED_ORIGINS = ["http://127.0.0.1", "http://localhost"]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "template_partials",
+    "tenancy",
+    "catalog",
+    "fleet",
+    "mirror",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "llmgw.urls"
+ASGI_APPLICATION = "llmgw.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if LLMGW.database_url:
+    DATABASES = {"default": dj_database_url.parse(LLMGW.database_url, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": LLMGW.home / "llmgw.sqlite3",
+            "OPTIONS": {
+                # WAL lets readers go on while the reconciler writes; IMMEDIATE
+                # takes the write lock at BEGIN so two writers queue instead of
+                # deadlocking on a lock upgrade.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
+            "TEST": {"NAME": LLMGW.home / "test.sqlite3"},
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if LLMGW.redis_url:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [LLMGW.redis_url], "capacity": 1000, "expiry": 30},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = LLMGW.redis_url or "memory://"
+CELERY_TASK_ALWAYS_EAGER = LLMGW.redis_url is None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BEAT_SCHEDULE = {
+    "reconcile": {
+        "task": "fleet.tasks.reconcile",
+        "schedule": LLMGW.timings.reconcile_interval,
+        # A pass that could not run in time is skipped, not queued behind the next.
+        "options": {"expires": LLMGW.timings.reconcile_interval},
+    },
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = LLMGW.home / "static"
+
+# Agents' and API bodies are small; anything larger is refused before parsing.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "llmgw.logs.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LLMGW.log_format}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+    },
+}

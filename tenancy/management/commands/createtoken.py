@@ -1,0 +1,20 @@
+"""`llmgw createtoken [--agent] NAME`: a new admin (or agent join) token, printed once."""
+
+from django.core.management.base import BaseCommand
+
+from tenancy.models import Token
+from tenancy.services import token_create
+
+
+class Command(BaseCommand):
+    help = "Create an admin token for the REST API (or, with --agent, a join token for agents)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name", help="who or what uses the token; recorded beside its changes")
+        parser.add_argument("--agent", action="store_true", help="a join token for llmgw agent")
+
+    def handle(self, *args, name, agent, **options):
+        kind = Token.AGENT if agent else Token.ADMIN
+        _, secret = token_create(name=name, kind=kind)
+        self.stdout.write(f"Created {kind} token {name!r}. It is shown once; keep it now:")
+        self.stdout.write(secret)

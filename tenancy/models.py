@@ -1,0 +1,170 @@
+"""Tenancy: organizations, teams, projects, API keys, limits, usage, capacity quotas, tokens."""
+
+from django.db import models
+
+
+class Organization(models.Model):
+    """The top of the tenancy tree: contains teams."""
+
+    name = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Team(models.Model):
+    """A team within an organization: contains projects."""
+
+    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="teams")
+    name = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["org__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["org", "name"], name="team_name_unique_in_org")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.org.name}/{self.name}"
+
+
+class Project(models.Model):
+    """A project within a team: API keys belong to a project."""
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="projects")
+    name = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team__org__name", "team__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="project_name_unique_in_team")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team.org.name}/{self.team.name}/{self.name}"
+
+
+class ApiKey(models.Model):
+    """A key for the OpenAI-compatible gateway. Only a hash of the secret is stored."""
+
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, db_index=True)
+    secret_hash = models.CharField(max_length=64, unique=True)
+    models_allowed = models.JSONField(default=list, blank=True)
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class ScopeLimit(models.Model):
+    """Request and token limits per minute for a scope (org, team or project)."""
+
+    scope = models.CharField(max_length=40, unique=True, help_text="org:ID, team:ID or project:ID")
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+
+    def __str__(self) -> str:
+        return self.scope
+
+
+class Usage(models.Model):
+    """Requests, tokens and errors per key, project and model in one-minute buckets."""
+
+    bucket = models.DateTimeField()
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="usage")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="usage")
+    model = models.CharField(max_length=64)
+    requests = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    latency_ms_total = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["bucket", "api_key", "model"], name="usage_one_row_per_bucket"
+            )
+        ]
+        indexes = [models.Index(fields=["project", "bucket"])]
+
+    def __str__(self) -> str:
+        return f"{self.bucket:%Y-%m-%d %H:%M} {self.model}"
+
+
+class CapacityQuota(models.Model):
+    """A scope's guarantee and limit of GPUs, CPU cores and memory GB.
+
+    A resource left null is not governed; zero is a limit of nothing.
+    """
+
+    scope = models.CharField(max_length=40, unique=True, help_text="org:ID, team:ID or project:ID")
+    guarantee_gpus = models.PositiveIntegerField(null=True, blank=True)
+    guarantee_cpu_cores = models.PositiveIntegerField(null=True, blank=True)
+    guarantee_memory_gb = models.PositiveIntegerField(null=True, blank=True)
+    limit_gpus = models.PositiveIntegerField(null=True, blank=True)
+    limit_cpu_cores = models.PositiveIntegerField(null=True, blank=True)
+    limit_memory_gb = models.PositiveIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+
+    def __str__(self) -> str:
+        return self.scope
+
+
+class Token(models.Model):
+    """An operator's admin token (REST API) or an agent's cluster join token.
+
+    Only the SHA-256 of the secret is kept; the secret is printed once.
+    """
+
+    ADMIN = "admin"
+    AGENT = "agent"
+    KINDS = [(ADMIN, "admin"), (AGENT, "agent")]
+
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=KINDS, default=ADMIN)
+    prefix = models.CharField(max_length=16)
+    secret_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+class AuditEvent(models.Model):
+    """Who changed what and when: one row per change made through the API, CLI or pages."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=60)
+    target = models.CharField(max_length=200)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
