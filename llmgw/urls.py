@@ -1,9 +1,12 @@
 from django.contrib import admin
 from django.urls import path
+from django.views.generic import RedirectView
 
 from llmgw.api import api
 
 urlpatterns = [
+    # The cluster pages arrive with the admin console; until then, Django admin.
+    path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
 ]

@@ -1,0 +1,44 @@
+# llmgw: `make demo` runs a whole simulated cluster; `make test` runs every test.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-fast lint format check bench clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install llmgw with its test tools
+
+demo: $(STAMP) ## run the control plane and three simulated nodes until Ctrl-C
+	$(BIN)/llmgw demo
+
+test: $(STAMP) ## run the whole test suite (PostgreSQL and Redis when DATABASE_URL and REDIS_URL are set)
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP) ## the tests without the end-to-end ones
+	$(BIN)/python -m pytest -m "not e2e"
+
+lint: $(STAMP) ## ruff, Django's checks, and migrations up to date
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python manage.py check
+	$(BIN)/python manage.py makemigrations --check --dry-run
+
+format: $(STAMP) ## format the code with ruff
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP) ## measure the hot paths; one JSON line per figure
+	$(BIN)/python benchmarks/run.py
+
+clean: ## remove .venv and the embedded state in var/
+	rm -rf $(VENV) var

@@ -1,0 +1,343 @@
+"""The agent's websocket session with the control plane.
+
+One connection at a time: ``register``, wait for ``registered``, then
+heartbeats and engine load on a timer, shard status as it changes, and the
+control plane's ``start_shard`` / ``stop_shard`` as they come. Any
+disconnect is followed by a reconnect with backoff; engines keep running
+meanwhile and are listed in the next ``register``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus, WebSocketException
+
+from fleet.agent import AGENT_VERSION
+from fleet.agent.discovery import LoadSampler, Machine
+from fleet.agent.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+REGISTER_TIMEOUT_S = 30.0
+FLUSH_ON_EXIT_S = 2.0
+
+
+class RegisterRefused(Exception):
+    """The control plane answered ``register`` with an ``error``."""
+
+
+@dataclass
+class AgentSettings:
+    """How this agent reaches the control plane and what it calls itself."""
+
+    ws_url: str
+    token: str
+    node_id: str
+    advertise_addr: str
+    labels: dict[str, str] = field(default_factory=dict)
+    heartbeat_interval_s: float = 5.0
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+
+
+class Backoff:
+    """Exponential backoff with jitter: base, doubling, up to max."""
+
+    def __init__(self, base_s: float, max_s: float) -> None:
+        self.base_s, self.max_s = base_s, max_s
+        self._next = base_s
+
+    def reset(self) -> None:
+        """Start again from the base delay."""
+        self._next = self.base_s
+
+    def delay(self) -> float:
+        """The next delay to wait, and double the one after."""
+        d = self._next
+        self._next = min(self._next * 2, self.max_s)
+        # Half fixed, half random: agents cut off together (a control plane
+        # restart) come back spread out instead of all at once.
+        return d / 2 + random.uniform(0, d / 2)
+
+
+class Agent:
+    """Keeps one session with the control plane and serves its commands."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        machine: Machine,
+        supervisor: Supervisor,
+        load_sampler: LoadSampler | None = None,
+    ) -> None:
+        self.settings = settings
+        self.machine = machine
+        self.supervisor = supervisor
+        self.load_sampler = load_sampler or LoadSampler(include_memory=not machine.memory_simulated)
+        self.supervisor.on_change = self._queue_status
+        # shard_status messages not yet sent; kept across disconnects.
+        self._outbox: deque[dict[str, Any]] = deque()
+        self._outbox_ready = asyncio.Event()
+        self._ws: ClientConnection | None = None
+        self._send_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.connected = asyncio.Event()  # set while registered
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set, then stop every engine and return."""
+        session = asyncio.create_task(self.connect_forever(), name="agent-session")
+        try:
+            await stop.wait()
+        finally:
+            log.info("stopping: stopping every engine first")
+            await self.supervisor.stop_all()
+            await self._flush(FLUSH_ON_EXIT_S)
+            if self._ws is not None:
+                # A clean goodbye, so the control plane marks the node
+                # unreachable now rather than after a missed heartbeat.
+                with contextlib.suppress(WebSocketException, OSError):
+                    await asyncio.wait_for(self._ws.close(1001, "agent stopping"), 2.0)
+            session.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await session
+            for task in list(self._tasks):
+                task.cancel()
+            await self.supervisor.close()
+
+    async def connect_forever(self) -> None:
+        """Connect, serve the session, and reconnect with backoff, forever."""
+        backoff = Backoff(self.settings.backoff_base_s, self.settings.backoff_max_s)
+        headers = {"Authorization": f"Bearer {self.settings.token}"}
+        while True:
+            registered = False
+            try:
+                async with connect(self.settings.ws_url, additional_headers=headers) as ws:
+                    registered = await self._session(ws)
+            except RegisterRefused as exc:
+                log.error("the control plane refused to register this node: %s", exc)
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                if status in (401, 403):
+                    log.error("the control plane refused this agent's token (HTTP %d)", status)
+                else:
+                    log.warning("control plane %s answered HTTP %d", self.settings.ws_url, status)
+            except (OSError, WebSocketException, TimeoutError) as exc:
+                log.warning("control plane %s: %s", self.settings.ws_url, exc or type(exc).__name__)
+            except Exception:
+                # A bug in one session must not leave the node silent for good.
+                log.exception("the session with the control plane failed")
+            finally:
+                self._ws = None
+                self.connected.clear()
+            if registered:
+                backoff.reset()
+            delay = backoff.delay()
+            log.info("reconnecting in %.1f s", delay)
+            await asyncio.sleep(delay)
+
+    async def _session(self, ws: ClientConnection) -> bool:
+        """One connection's life; whether it got as far as ``registered``."""
+        self._ws = ws
+        # Built and sent before anything else can change the shards, so the
+        # outbox is trimmed against exactly the list the server is given.
+        register = self.register_message()
+        self._trim_outbox({s["shard_id"] for s in register["shards"]})
+        await self._send(register)
+        try:
+            await self._await_registered(ws)
+        except (RegisterRefused, TimeoutError):
+            # Say goodbye properly rather than as a crash (1011).
+            with contextlib.suppress(WebSocketException, OSError):
+                await ws.close()
+            raise
+        log.info("registered as %s with %s", self.settings.node_id, self.settings.ws_url)
+        self.connected.set()
+        workers = [
+            asyncio.create_task(self._heartbeats(), name="heartbeats"),
+            asyncio.create_task(self._send_statuses(), name="statuses"),
+        ]
+        for task in workers:
+            task.add_done_callback(lambda t: _close_on_failure(t, ws))
+        try:
+            async for raw in ws:
+                msg = _decode(raw)
+                if msg is not None:
+                    await self._dispatch(msg)
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        return True
+
+    async def _await_registered(self, ws: ClientConnection) -> None:
+        async with asyncio.timeout(REGISTER_TIMEOUT_S):
+            while True:
+                msg = _decode(await ws.recv())
+                if msg is None:
+                    continue
+                if msg.get("type") == "registered":
+                    return
+                if msg.get("type") == "error":
+                    raise RegisterRefused(msg.get("detail") or "no detail given")
+                log.warning("ignoring %r before registered", msg.get("type"))
+
+    def register_message(self) -> dict[str, Any]:
+        """The ``register`` message for this node as it is now."""
+        m = self.machine
+        msg: dict[str, Any] = {
+            "type": "register",
+            "node_id": self.settings.node_id,
+            "hostname": m.hostname,
+            "mgmt_addr": self.settings.advertise_addr,
+            "labels": dict(self.settings.labels),
+            "agent_version": AGENT_VERSION,
+            "gpus": [g.to_message() for g in m.gpus],
+            "engines": dict(m.engines),
+            "engines_probed": True,
+            "weights": [],
+            "shards": [s.register_entry() for s in self.supervisor.shards()],
+        }
+        _put_known(msg, memory_total_mb=m.memory_total_mb(), cpu_count=m.cpu_count(), disk=m.disk())
+        return msg
+
+    def heartbeat_message(self, seq: int) -> dict[str, Any]:
+        """The ``heartbeat`` message number ``seq`` of this connection."""
+        msg: dict[str, Any] = {
+            "type": "heartbeat",
+            "seq": seq,
+            "load": self.load_sampler.sample_load(),
+            "shards": [
+                {"shard_id": s.spec.shard_id, "state": s.state} for s in self.supervisor.shards()
+            ],
+        }
+        _put_known(
+            msg, memory_total_mb=self.machine.memory_total_mb(), cpu_count=self.machine.cpu_count()
+        )
+        return msg
+
+    async def _heartbeats(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.settings.heartbeat_interval_s
+        next_at = loop.time()
+        seq = 0
+        while True:
+            seq += 1
+            await self._send(self.heartbeat_message(seq))
+            loads = await self.supervisor.engine_loads()
+            if loads:
+                await self._send({"type": "engine_load", "shards": loads})
+            # On a fixed beat, so slow metrics do not stretch the interval.
+            next_at = max(next_at + interval, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    async def _dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "start_shard":
+            await self.supervisor.start(msg)
+        elif kind == "stop_shard":
+            shard_id = msg.get("shard_id")
+            if not isinstance(shard_id, str) or not shard_id:
+                log.warning("stop_shard without a shard_id: %r", msg)
+                return
+            grace = _float(msg.get("grace_s"), default=10.0)
+            # A stop waits out its grace; the session must keep reading.
+            self._spawn(self.supervisor.stop(shard_id, grace), f"stop-{shard_id}")
+        elif kind == "error":
+            log.warning("control plane error: %s", msg.get("detail"))
+        elif kind == "registered":
+            pass
+        else:
+            log.debug("ignoring a %r message", kind)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _queue_status(self, msg: dict[str, Any]) -> None:
+        self._outbox.append(msg)
+        self._outbox_ready.set()
+
+    def _trim_outbox(self, listed: set[str]) -> None:
+        """Keep, for shards the register does not list, only their last status.
+
+        A listed shard's state is in the register already; one that ended
+        while we were away is reported by its final status alone.
+        """
+        last: dict[str, dict[str, Any]] = {}
+        for msg in self._outbox:
+            if msg["shard_id"] not in listed:
+                last.pop(msg["shard_id"], None)
+                last[msg["shard_id"]] = msg
+        self._outbox = deque(last.values())
+
+    async def _send_statuses(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            while self._outbox:
+                # Removed only once sent: one lost with the connection is
+                # sent again after the next register.
+                await self._send(self._outbox[0])
+                self._outbox.popleft()
+
+    async def _flush(self, timeout_s: float) -> None:
+        """Give queued statuses a moment to reach the control plane."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._outbox and self.connected.is_set() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _send(self, msg: dict[str, Any]) -> None:
+        ws = self._ws
+        if ws is None:
+            raise ConnectionError("not connected")
+        async with self._send_lock:
+            await ws.send(json.dumps(msg))
+
+
+def _close_on_failure(task: asyncio.Task[Any], ws: ClientConnection) -> None:
+    # A sender that died leaves a session that looks alive but says nothing;
+    # closing it makes the agent reconnect and start afresh.
+    if task.cancelled() or task.exception() is None:
+        return
+    exc = task.exception()
+    if not isinstance(exc, WebSocketException | ConnectionError):
+        log.error("%s failed", task.get_name(), exc_info=exc)
+    asyncio.ensure_future(ws.close())
+
+
+def _put_known(msg: dict[str, Any], **values: Any) -> None:
+    # Unknown figures are left out: the control plane reads absent as
+    # unknown, and a zero as a machine with none.
+    for key, value in values.items():
+        if value is not None:
+            msg[key] = value
+
+
+def _float(value: Any, *, default: float) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _decode(raw: str | bytes) -> dict[str, Any] | None:
+    try:
+        msg = json.loads(raw)
+    except ValueError:
+        log.warning("ignoring a frame that is not JSON")
+        return None
+    if not isinstance(msg, dict):
+        log.warning("ignoring a frame that is not an object")
+        return None
+    return msg

@@ -1,0 +1,288 @@
+"""Engine command lines, and reading each engine's own load figures.
+
+``build_command`` is a pure function from a shard's spec to the argv and
+environment its engine runs with. The engine's API key goes in the
+environment only: a command line is readable by every user of the node.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
+SIM_COMMAND: tuple[str, ...] = (sys.executable, "-m", "llmgw", "sim-engine")
+
+# Where each engine takes its API key from.
+KEY_VARIABLES = {"llamacpp": "LLAMA_API_KEY", "vllm": "VLLM_API_KEY", "sim": "LLMGW_ENGINE_API_KEY"}
+
+
+class EngineError(ValueError):
+    """A shard that cannot be started as given; the message is a sentence."""
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """What ``start_shard`` asks for."""
+
+    shard_id: str
+    model: str
+    profile: dict[str, Any]
+    replica_id: str | None = None
+    rank: int = 0
+    profile_fp: str | None = None
+    source: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+    http_port: int | None = None
+    api_key: str | None = None
+    threads: int | None = None
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+
+    @property
+    def engine(self) -> str:
+        """The profile's engine name."""
+        return str(self.profile.get("engine") or "")
+
+    @property
+    def profile_name(self) -> str | None:
+        """The profile's name, as ``register`` reports it."""
+        name = self.profile.get("name")
+        return str(name) if name is not None else None
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any]) -> ShardSpec:
+        """Read a ``start_shard`` message; raises EngineError when it is unusable."""
+        shard_id = msg.get("shard_id")
+        if not isinstance(shard_id, str) or not shard_id:
+            raise EngineError("start_shard has no shard_id.")
+        profile = msg.get("profile")
+        if not isinstance(profile, dict):
+            raise EngineError(f"start_shard for {shard_id} has no profile.")
+        model = msg.get("model")
+        if not isinstance(model, str) or not model:
+            raise EngineError(f"start_shard for {shard_id} has no model.")
+        try:
+            gpu_indices = tuple(int(i) for i in msg.get("gpu_indices") or ())
+            http_port = int(msg["http_port"]) if msg.get("http_port") else None
+            threads = int(msg["threads"]) if msg.get("threads") else None
+            timeout = float(msg.get("startup_timeout_s") or DEFAULT_STARTUP_TIMEOUT_S)
+            rank = int(msg.get("rank") or 0)
+        except (TypeError, ValueError) as exc:
+            raise EngineError(f"start_shard for {shard_id} has a malformed field: {exc}.") from exc
+        return cls(
+            shard_id=shard_id,
+            model=model,
+            profile=profile,
+            replica_id=_str_or_none(msg.get("replica_id")),
+            rank=rank,
+            profile_fp=_str_or_none(msg.get("profile_fp")),
+            source=_str_or_none(msg.get("source")),
+            gpu_indices=gpu_indices,
+            http_port=http_port,
+            api_key=_str_or_none(msg.get("api_key")),
+            threads=threads,
+            startup_timeout_s=timeout,
+        )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return str(value) if value not in (None, "") else None
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """An engine's argv and the variables to set on top of the agent's env."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What the node adds to a shard's spec to make its command line."""
+
+    port: int
+    cpu_count: int | None
+    bind_host: str = "0.0.0.0"
+    sim_command: Sequence[str] = SIM_COMMAND
+
+
+def build_command(spec: ShardSpec, node: NodeContext) -> EngineCommand:
+    """The argv and env that run ``spec`` on this node.
+
+    Raises EngineError for an engine the agent does not know.
+    """
+    builder = _BUILDERS.get(spec.engine)
+    if builder is None:
+        known = ", ".join(sorted(_BUILDERS))
+        raise EngineError(
+            f"The engine {spec.engine or '(none)'!r} of profile "
+            f"{spec.profile_name or '(unnamed)'} is not one this agent runs ({known})."
+        )
+    argv = builder(spec, node)
+    return EngineCommand(argv=argv, env=_engine_env(spec))
+
+
+def _profile_args(spec: ShardSpec) -> list[str]:
+    return [str(a) for a in spec.profile.get("args") or []]
+
+
+def has_flag(args: Sequence[str], *names: str) -> bool:
+    """Whether ``args`` sets any of ``names``, as ``--x v``, ``--x=v`` or ``-xV``."""
+    for arg in args:
+        for name in names:
+            if arg == name or arg.startswith(name + "="):
+                return True
+            # Short options take their value attached: -t8.
+            if len(name) == 2 and arg.startswith(name) and arg[2:].isdigit():
+                return True
+    return False
+
+
+def cpu_threads(spec: ShardSpec, cpu_count: int | None) -> int:
+    """Threads for a CPU engine: what placement reserved, else half the CPUs.
+
+    Placement's figure wins because the node's other replicas were placed
+    around it; half the machine leaves room for another replica.
+    """
+    if spec.threads and spec.threads > 0:
+        return spec.threads
+    return max((cpu_count or 0) // 2, 1)
+
+
+def _llamacpp(spec: ShardSpec, node: NodeContext) -> list[str]:
+    args = _profile_args(spec)
+    argv = ["llama-server", "--host", node.bind_host, "--port", str(node.port)]
+    argv += ["-m", spec.source or spec.model, "--metrics"]
+    if spec.gpu_indices:
+        argv += ["--n-gpu-layers", "999"]
+    elif not has_flag(args, "--threads", "-t"):
+        argv += ["--threads", str(cpu_threads(spec, node.cpu_count))]
+    return argv + args
+
+
+def _vllm(spec: ShardSpec, node: NodeContext) -> list[str]:
+    tp = int(spec.profile.get("tp") or 1)
+    pp = int(spec.profile.get("pp") or 1)
+    argv = ["vllm", "serve", spec.source or spec.model, "--host", node.bind_host]
+    argv += ["--port", str(node.port)]
+    argv += ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
+    return argv + _profile_args(spec)
+
+
+def _sim(spec: ShardSpec, node: NodeContext) -> list[str]:
+    args = _profile_args(spec)
+    argv = [*node.sim_command, "--host", node.bind_host, "--port", str(node.port)]
+    argv += ["--model", spec.model]
+    if not has_flag(args, "--threads"):
+        argv += ["--threads", str(cpu_threads(spec, node.cpu_count))]
+    return argv + args
+
+
+_BUILDERS: dict[str, Callable[[ShardSpec, NodeContext], list[str]]] = {
+    "llamacpp": _llamacpp,
+    "vllm": _vllm,
+    "sim": _sim,
+}
+
+
+def _engine_env(spec: ShardSpec) -> dict[str, str]:
+    env = {str(k): str(v) for k, v in (spec.profile.get("env") or {}).items()}
+    # Set after the profile's env so a profile cannot move a shard onto GPUs
+    # placement did not give it, nor replace the key the gateway uses.
+    # NVML numbers GPUs in PCI bus order, CUDA by default fastest first:
+    # without PCI_BUS_ID the indices placement chose are not the cards used.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
+    if spec.api_key:
+        env[KEY_VARIABLES[spec.engine]] = spec.api_key
+    return env
+
+
+# Per engine, each load figure and the metric names that carry it, in order
+# of preference (vLLM renamed its KV cache gauge in v1).
+LOAD_METRICS: dict[str, dict[str, tuple[str, ...]]] = {
+    "llamacpp": {
+        "running": ("llamacpp:requests_processing",),
+        "waiting": ("llamacpp:requests_deferred",),
+    },
+    "vllm": {
+        "running": ("vllm:num_requests_running",),
+        "waiting": ("vllm:num_requests_waiting",),
+        "kv_cache": ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"),
+    },
+    "sim": {
+        "running": ("llmgw_sim:requests_running",),
+        "waiting": ("llmgw_sim:requests_waiting",),
+        "kv_cache": ("llmgw_sim:kv_cache_usage_perc",),
+    },
+}
+
+
+def parse_prometheus(text: str) -> dict[str, list[float]]:
+    """Sample values per metric name in Prometheus text format.
+
+    Labels are dropped (an engine may label by model); values that are not
+    finite numbers are skipped.
+    """
+    samples: dict[str, list[float]] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, rest = _split_name(line)
+        if not name:
+            continue
+        parts = rest.split()
+        if not parts:
+            continue
+        try:
+            value = float(parts[0])
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            samples.setdefault(name, []).append(value)
+    return samples
+
+
+def _split_name(line: str) -> tuple[str, str]:
+    brace = line.find("{")
+    space = len(line) if " " not in line else line.index(" ")
+    if brace == -1 or brace > space:
+        return line[:space], line[space:]
+    # Skip the label set, whose quoted values may hold braces and spaces.
+    quoted = escaped = False
+    for i in range(brace + 1, len(line)):
+        ch = line[i]
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == "}" and not quoted:
+            return line[:brace], line[i + 1 :]
+    return "", ""
+
+
+def engine_load(engine: str, metrics_text: str) -> dict[str, int | float]:
+    """``running``, ``waiting`` and ``kv_cache`` from an engine's metrics.
+
+    A figure the engine does not expose is left out. Request counts are
+    summed over label sets; the KV cache use is the fullest one.
+    """
+    wanted = LOAD_METRICS.get(engine, {})
+    samples = parse_prometheus(metrics_text)
+    figures: dict[str, int | float] = {}
+    for figure, names in wanted.items():
+        values = next((samples[n] for n in names if n in samples), None)
+        if values is None:
+            continue
+        if figure == "kv_cache":
+            figures[figure] = max(values)
+        else:
+            figures[figure] = int(round(sum(values)))
+    return figures

@@ -1,0 +1,229 @@
+"""``llmgw agent``: the command line, and running the agent until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import secrets
+import shlex
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from fleet.agent import AGENT_VERSION
+from fleet.agent.client import Agent, AgentSettings
+from fleet.agent.discovery import Machine, advertise_address, parse_gpu_spec, simulated_gpus
+from fleet.agent.supervisor import Supervisor
+
+log = logging.getLogger("fleet.agent")
+
+# Replaces `python -m llmgw sim-engine` for the sim engine (tests, demos).
+SIM_COMMAND_ENV = "LLMGW_AGENT_SIM_COMMAND"
+
+T = TypeVar("T")
+
+
+def ws_url(server: str) -> str:
+    """The agent websocket URL for a server URL: http→ws, https→wss, path /ws/agent/."""
+    parts = urlsplit(server if "://" in server else f"http://{server}")
+    schemes = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
+    if parts.scheme not in schemes or not parts.hostname:
+        raise ValueError(f"{server!r} is not an http(s) URL of the control plane")
+    path = parts.path.rstrip("/") + "/ws/agent/"
+    return urlunsplit((schemes[parts.scheme], parts.netloc, path, "", ""))
+
+
+def parse_labels(values: list[str]) -> dict[str, str]:
+    """``["a=1,b=2", "c=3"]`` → ``{"a": "1", "b": "2", "c": "3"}``."""
+    labels: dict[str, str] = {}
+    for value in values:
+        for item in value.split(","):
+            if not item.strip():
+                continue
+            key, sep, val = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"label {item!r} is not key=value")
+            labels[key.strip()] = val.strip()
+    return labels
+
+
+def parse_port_range(value: str) -> tuple[int, int]:
+    """``"20000-29999"`` → ``(20000, 29999)``."""
+    m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", value)
+    if not m:
+        raise ValueError(f"{value!r} is not a port range such as 20000-29999")
+    low, high = int(m.group(1)), int(m.group(2))
+    if not 1 <= low <= high <= 65535:
+        raise ValueError(f"{value!r} is not a port range within 1-65535")
+    return low, high
+
+
+def node_id_for(state_dir: Path, given: str | None) -> str:
+    """The node id: given, else the one kept in ``<state-dir>/node-id``, made once."""
+    if given:
+        return given
+    path = state_dir / "node-id"
+    try:
+        existing = path.read_text().strip()
+    except FileNotFoundError:
+        existing = ""
+    if existing:
+        return existing
+    host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-") or "node"
+    node_id = f"{host}-{secrets.token_hex(3)}"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(node_id + "\n")
+    return node_id
+
+
+def _arg(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from a parser that raises ValueError with a sentence."""
+
+    def convert(value: str) -> T:
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return convert
+
+
+def _gpu_spec(value: str) -> str:
+    parse_gpu_spec(value)  # only to refuse a bad one at the command line
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``llmgw agent`` argument parser."""
+    home = os.environ.get("LLMGW_HOME")
+    p = argparse.ArgumentParser(
+        prog="llmgw agent",
+        description="Run this machine as a node of an llmgw cluster.",
+    )
+    p.add_argument(
+        "--server",
+        default=os.environ.get("LLMGW_SERVER", "http://127.0.0.1:8000"),
+        help="control plane URL (env LLMGW_SERVER; default %(default)s)",
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get("LLMGW_TOKEN"),
+        help="cluster join token (env LLMGW_TOKEN)",
+    )
+    p.add_argument("--node-id", help="default: kept in <state-dir>/node-id, made once")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(home) / "agent" if home else Path("var/agent"),
+        help="node id, engine logs (default $LLMGW_HOME/agent or ./var/agent)",
+    )
+    p.add_argument(
+        "--advertise-addr",
+        help="address engines are reached at (default: the one that reaches the server)",
+    )
+    p.add_argument(
+        "--labels", action="append", default=[], metavar="K=V[,K=V]", help="node labels; repeatable"
+    )
+    p.add_argument(
+        "--simulate-gpus",
+        metavar="SPEC",
+        type=_arg(_gpu_spec),
+        help="pretend to have these GPUs, e.g. 8xh100-80g or 2xa100-80g,1xl40s-48g",
+    )
+    p.add_argument("--memory-gb", type=float, help="pretend to have this much memory")
+    p.add_argument("--cpus", type=int, help="pretend to have this many CPUs")
+    p.add_argument("--disk-gb", type=float, help="pretend to have this much disk, all free")
+    p.add_argument("--heartbeat-interval", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument(
+        "--port-range",
+        type=_arg(parse_port_range),
+        default=(20000, 29999),
+        help="ports for engines (default 20000-29999)",
+    )
+    p.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``llmgw agent``; the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # Health and metrics polls every few seconds would drown what the agent decides.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    if not args.token:
+        print(
+            "llmgw agent needs the cluster's join token: pass --token or set LLMGW_TOKEN "
+            "(`llmgw createtoken --agent NAME` makes one).",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        url = ws_url(args.server)
+        labels = parse_labels(args.labels)
+    except ValueError as exc:
+        print(f"llmgw agent: {exc}.", file=sys.stderr)
+        return 2
+    for name in ("memory_gb", "cpus", "disk_gb", "heartbeat_interval"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            print(f"llmgw agent: --{name.replace('_', '-')} must be more than 0.", file=sys.stderr)
+            return 2
+
+    state_dir: Path = args.state_dir
+    node_id = node_id_for(state_dir, args.node_id)
+    server = urlsplit(url)
+    advertise = args.advertise_addr or advertise_address(server.hostname or "", server.port or 80)
+    machine = Machine(
+        state_dir,
+        gpus=simulated_gpus(args.simulate_gpus, node_id) if args.simulate_gpus else None,
+        memory_gb=args.memory_gb,
+        cpus=args.cpus,
+        disk_gb=args.disk_gb,
+    )
+    sim_command = shlex.split(os.environ.get(SIM_COMMAND_ENV, "")) or None
+    supervisor = Supervisor(
+        state_dir,
+        advertise_addr=advertise,
+        port_range=args.port_range,
+        cpu_count=machine.cpu_count(),
+        sim_command=sim_command,
+    )
+    settings = AgentSettings(
+        ws_url=url,
+        token=args.token,
+        node_id=node_id,
+        advertise_addr=advertise,
+        labels=labels,
+        heartbeat_interval_s=args.heartbeat_interval,
+    )
+    log.info(
+        "llmgw agent %s: node %s, %d GPUs, engines %s, advertising %s, server %s",
+        AGENT_VERSION,
+        node_id,
+        len(machine.gpus),
+        ", ".join(machine.engines),
+        advertise,
+        url,
+    )
+    asyncio.run(_run(Agent(settings, machine, supervisor)))
+    return 0
+
+
+async def _run(agent: Agent) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await agent.run(stop)

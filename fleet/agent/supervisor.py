@@ -1,0 +1,424 @@
+"""Engine processes: one per shard, started, watched and stopped.
+
+Each engine runs in its own process group, so stopping it reaches the
+workers it forks too (vLLM's), and logs to ``<state-dir>/logs/<shard>.log``.
+Every state change is handed to ``on_change`` as a ``shard_status`` message;
+the supervisor does not know about connections, so engines keep running
+while the agent is away from the control plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import random
+import re
+import signal
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fleet.agent.discovery import is_loopback
+from fleet.agent.engines import (
+    SIM_COMMAND,
+    EngineError,
+    NodeContext,
+    ShardSpec,
+    build_command,
+    engine_load,
+)
+
+log = logging.getLogger(__name__)
+
+STARTING, READY, FAILED, STOPPED = "starting", "ready", "failed", "stopped"
+HEALTH_POLL_S = 0.5
+SHUTDOWN_GRACE_S = 10.0
+LOG_TAIL_LINES = 10
+
+# Variables of the agent's own that an engine must not inherit: the join
+# token would let any engine (running a model's own code) pose as the node.
+_WITHHELD_ENV = ("LLMGW_TOKEN", "LLAMA_API_KEY", "VLLM_API_KEY", "LLMGW_ENGINE_API_KEY")
+
+
+def can_bind(port: int) -> bool:
+    """Whether a listener on ``port`` (all addresses) could start now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As the engines do, so a port with only TIME_WAIT connections left
+        # counts as free while one with a listener (on any address) does not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_port(requested: int | None, port_range: tuple[int, int], taken: set[int]) -> int:
+    """``requested`` when it is in ``port_range`` and can be bound now, else a free port there.
+
+    Several agents may share a machine (simulated nodes), so the control
+    plane's choice is checked by binding. The scan starts at a random place
+    so agents on one machine rarely race for the same port. Raises OSError
+    when the range is full.
+    """
+    low, high = port_range
+    # Only inside the range: agents sharing a machine are given disjoint ranges,
+    # and the control plane's choice does not know about the other agents here.
+    if requested and low <= requested <= high and requested not in taken and can_bind(requested):
+        return requested
+    size = high - low + 1
+    start = random.randrange(size)
+    for i in range(size):
+        port = low + (start + i) % size
+        if port not in taken and can_bind(port):
+            return port
+    raise OSError(errno.EADDRINUSE, f"no free port in {low}-{high}")
+
+
+def _host_for_url(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr else addr
+
+
+def _log_name(shard_id: str) -> str:
+    # Shard ids come from the control plane; keep them inside logs/.
+    return re.sub(r"[^A-Za-z0-9._-]", "_", shard_id) + ".log"
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of an engine's log, for a failure's detail."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - 8192, 0))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+@dataclass
+class Shard:
+    """One engine process and what the control plane knows of it."""
+
+    spec: ShardSpec
+    state: str = STARTING
+    port: int | None = None
+    endpoint: str | None = None
+    process: asyncio.subprocess.Process | None = None
+    log_path: Path | None = None
+    watcher: asyncio.Task[None] | None = None
+    stop_task: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The engine's pid, which is also its process group."""
+        return self.process.pid if self.process else None
+
+    def register_entry(self) -> dict[str, Any]:
+        """The shard's entry in ``register.shards``."""
+        entry = {
+            "shard_id": self.spec.shard_id,
+            "replica_id": self.spec.replica_id,
+            "model": self.spec.model,
+            "profile": self.spec.profile_name,
+            "profile_fp": self.spec.profile_fp,
+            "gpu_indices": list(self.spec.gpu_indices),
+            "endpoint": self.endpoint,
+            "state": self.state,
+        }
+        return {k: v for k, v in entry.items() if v is not None}
+
+
+def status_message(
+    shard_id: str,
+    state: str,
+    *,
+    endpoint: str | None = None,
+    detail: str | None = None,
+    exit_code: int | None = None,
+) -> dict[str, Any]:
+    """A ``shard_status`` message; what is unknown is left out."""
+    msg: dict[str, Any] = {"type": "shard_status", "shard_id": shard_id, "state": state}
+    for key, value in (("endpoint", endpoint), ("detail", detail), ("exit_code", exit_code)):
+        if value is not None:
+            msg[key] = value
+    return msg
+
+
+class Supervisor:
+    """Starts, watches and stops the engines of this node's shards."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        advertise_addr: str,
+        port_range: tuple[int, int] = (20000, 29999),
+        cpu_count: int | None = None,
+        sim_command: Sequence[str] | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.advertise_addr = advertise_addr
+        self.port_range = port_range
+        self.cpu_count = cpu_count
+        self.sim_command = tuple(sim_command) if sim_command else SIM_COMMAND
+        # Called with every shard_status message; the client sets it.
+        self.on_change: Callable[[dict[str, Any]], None] = lambda msg: None
+        self._shards: dict[str, Shard] = {}
+        self._http: httpx.AsyncClient | None = None
+        self._closing = False
+
+    @property
+    def bind_host(self) -> str:
+        """Where the sim engine listens: loopback only when advertised so."""
+        return "127.0.0.1" if is_loopback(self.advertise_addr) else "0.0.0.0"
+
+    def shards(self) -> list[Shard]:
+        """The shards whose engines run now (starting or ready)."""
+        return list(self._shards.values())
+
+    def get(self, shard_id: str) -> Shard | None:
+        """The running shard with this id, if any."""
+        return self._shards.get(shard_id)
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            # Engines are on this machine: a proxy from the environment
+            # would only get in the way.
+            self._http = httpx.AsyncClient(timeout=2.0, trust_env=False)
+        return self._http
+
+    def _emit(self, shard: Shard, **extra: Any) -> None:
+        self.on_change(
+            status_message(shard.spec.shard_id, shard.state, endpoint=shard.endpoint, **extra)
+        )
+
+    async def start(self, msg: dict[str, Any]) -> None:
+        """Start the shard a ``start_shard`` message describes.
+
+        A shard already running is re-reported, not started twice. What
+        cannot be started is reported ``failed`` with a sentence.
+        """
+        try:
+            spec = ShardSpec.from_message(msg)
+        except EngineError as exc:
+            shard_id = msg.get("shard_id")
+            log.warning("start_shard refused: %s", exc)
+            if isinstance(shard_id, str) and shard_id:
+                self.on_change(status_message(shard_id, FAILED, detail=str(exc)))
+            return
+        if self._closing:
+            self.on_change(status_message(spec.shard_id, FAILED, detail="The agent is stopping."))
+            return
+        existing = self._shards.get(spec.shard_id)
+        if existing is not None:
+            log.info("shard %s already runs here (%s)", spec.shard_id, existing.state)
+            self._emit(existing)
+            return
+        shard = Shard(spec=spec)
+        self._shards[spec.shard_id] = shard
+        try:
+            await self._spawn(shard)
+        except (EngineError, OSError) as exc:
+            self._finish(shard, FAILED, detail=_spawn_failure(spec, exc))
+            return
+        if shard.stop_task is not None:
+            # Stopped while it was being spawned: stop() has reported it.
+            assert shard.process is not None
+            await _terminate(shard.process, grace_s=0)
+            return
+        self._emit(shard)
+        shard.watcher = asyncio.create_task(self._watch(shard), name=f"watch-{spec.shard_id}")
+
+    async def _spawn(self, shard: Shard) -> None:
+        spec = shard.spec
+        taken = {s.port for s in self._shards.values() if s.port is not None}
+        port = choose_port(spec.http_port, self.port_range, taken)
+        if spec.http_port and port != spec.http_port:
+            log.info("port %d is taken here; shard %s gets %d", spec.http_port, spec.shard_id, port)
+        node = NodeContext(
+            port=port,
+            cpu_count=self.cpu_count,
+            bind_host=self.bind_host,
+            sim_command=self.sim_command,
+        )
+        command = build_command(spec, node)
+        shard.port = port
+        shard.endpoint = f"http://{_host_for_url(self.advertise_addr)}:{port}"
+        logs = self.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        shard.log_path = logs / _log_name(spec.shard_id)
+        env = {k: v for k, v in os.environ.items() if k not in _WITHHELD_ENV}
+        env.update(command.env)
+        with open(shard.log_path, "ab") as out:
+            shard.process = await asyncio.create_subprocess_exec(
+                *command.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        log.info(
+            "shard %s: started %s (pid %d, port %d)",
+            spec.shard_id,
+            command.argv[0],
+            shard.process.pid,
+            port,
+        )
+
+    async def _watch(self, shard: Shard) -> None:
+        """Poll /health until ready, then wait for the engine to exit."""
+        proc = shard.process
+        assert proc is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + shard.spec.startup_timeout_s
+        exited = asyncio.ensure_future(proc.wait())
+        while not exited.done():
+            if shard.state != STARTING:
+                await asyncio.wait({exited})
+            elif await self._healthy(shard):
+                shard.state = READY
+                log.info("shard %s is ready at %s", shard.spec.shard_id, shard.endpoint)
+                self._emit(shard)
+            elif loop.time() >= deadline:
+                timeout = shard.spec.startup_timeout_s
+                shard.stop_task = asyncio.current_task()  # so stop() does not race us
+                code = await _terminate(proc, grace_s=5.0)
+                self._finish(
+                    shard,
+                    FAILED,
+                    exit_code=code,
+                    detail=f"The engine did not answer /health within {timeout:g} s.",
+                )
+                return
+            else:
+                await asyncio.wait({exited}, timeout=HEALTH_POLL_S)
+        if shard.stop_task is not None:
+            return  # being stopped: stop() reports it
+        code = proc.returncode
+        _kill_group(proc.pid)  # what it forked and left behind
+        tail = log_tail(shard.log_path) if shard.log_path else ""
+        detail = f"The engine exited with code {code}."
+        self._finish(shard, FAILED, exit_code=code, detail=f"{detail}\n{tail}" if tail else detail)
+
+    async def _healthy(self, shard: Shard) -> bool:
+        headers = {"Authorization": f"Bearer {shard.spec.api_key}"} if shard.spec.api_key else {}
+        try:
+            r = await self._client().get(f"http://127.0.0.1:{shard.port}/health", headers=headers)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    def _finish(self, shard: Shard, state: str, **extra: Any) -> None:
+        shard.state = state
+        if self._shards.get(shard.spec.shard_id) is shard:
+            del self._shards[shard.spec.shard_id]
+        log.info(
+            "shard %s %s%s",
+            shard.spec.shard_id,
+            state,
+            f": {extra['detail']}" if extra.get("detail") else "",
+        )
+        self._emit(shard, **extra)
+
+    async def stop(self, shard_id: str, grace_s: float) -> None:
+        """Stop a shard: SIGTERM to its group, SIGKILL after ``grace_s``, then ``stopped``.
+
+        A shard that does not run here is reported ``stopped`` at once, so the
+        control plane's view converges either way.
+        """
+        shard = self._shards.get(shard_id)
+        if shard is None:
+            self.on_change(status_message(shard_id, STOPPED, detail="Not running on this node."))
+            return
+        if shard.stop_task is None:
+            shard.stop_task = asyncio.create_task(self._stop(shard, grace_s))
+        await asyncio.shield(shard.stop_task)
+
+    async def _stop(self, shard: Shard, grace_s: float) -> None:
+        # No process yet: start() is still spawning it, and kills it after.
+        code = await _terminate(shard.process, grace_s) if shard.process else None
+        if shard.watcher is not None:
+            shard.watcher.cancel()
+        self._finish(shard, STOPPED, exit_code=code)
+
+    async def stop_all(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Stop every engine, each given at most ``grace_s`` before SIGKILL.
+
+        Nothing is started after this is called.
+        """
+        self._closing = True
+
+        async def one(shard: Shard) -> None:
+            if shard.stop_task is None:
+                await self.stop(shard.spec.shard_id, grace_s)
+                return
+            # Already stopping, perhaps with a longer grace: hold it to ours.
+            try:
+                await asyncio.wait_for(asyncio.shield(shard.stop_task), grace_s)
+            except TimeoutError:
+                if shard.process is not None:
+                    _kill_group(shard.process.pid)
+                await shard.stop_task
+
+        await asyncio.gather(*(one(s) for s in self.shards()), return_exceptions=True)
+
+    async def engine_loads(self) -> list[dict[str, Any]]:
+        """``engine_load`` entries for ready shards whose metrics could be read."""
+        ready = [s for s in self.shards() if s.state == READY]
+        loads = await asyncio.gather(*(self._engine_load(s) for s in ready))
+        return [entry for entry in loads if entry is not None]
+
+    async def _engine_load(self, shard: Shard) -> dict[str, Any] | None:
+        headers = {"Authorization": f"Bearer {shard.spec.api_key}"} if shard.spec.api_key else {}
+        try:
+            r = await self._client().get(f"http://127.0.0.1:{shard.port}/metrics", headers=headers)
+        except httpx.HTTPError as exc:
+            log.debug("shard %s: metrics unreadable: %s", shard.spec.shard_id, exc)
+            return None
+        if r.status_code != 200:
+            return None
+        figures = engine_load(shard.spec.engine, r.text)
+        return {"shard_id": shard.spec.shard_id, **figures} if figures else None
+
+    async def close(self) -> None:
+        """Release the HTTP client."""
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+
+def _spawn_failure(spec: ShardSpec, exc: Exception) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return f"The {spec.engine} engine is not installed on this node ({exc.filename} not found)."
+    if isinstance(exc, EngineError):
+        return str(exc)
+    return f"The engine could not be started: {exc}."
+
+
+def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> int | None:
+    """SIGTERM the process group, SIGKILL it after ``grace_s``; the exit code."""
+    if proc.returncode is None:
+        _kill_group(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), max(grace_s, 0.0))
+        except TimeoutError:
+            log.warning("pid %d outlived its %g s grace; killing it", proc.pid, grace_s)
+            _kill_group(proc.pid)
+            await proc.wait()
+    # The leader is gone; whatever it forked into the group goes with it.
+    _kill_group(proc.pid)
+    return proc.returncode

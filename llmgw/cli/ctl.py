@@ -1,0 +1,1061 @@
+"""``llmgw ctl``: the operator's command line for the REST API under ``/api/v1/``.
+
+Each command makes one or two HTTP calls and shows the answer as a table or a
+few sentences; ``--json`` prints the server's JSON as it came instead. The
+server is the only judge of what is valid: this module checks only what it
+needs to build a request, and shows the server's own sentence when it refuses.
+
+Exit status: 0 done; 1 the server refused or could not be reached; 2 the
+command line was wrong (including no token), so nothing was sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import yaml
+
+from llmgw import __version__
+from llmgw.cli.tables import DASH, age, cell, joined, key_values, number, outline, render
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT_S = 30.0
+API_PREFIX = "/api/v1"
+CLASSES = ("critical", "standard", "opportunistic", "default")
+
+
+class CtlError(Exception):
+    """A failure to report as ``error: <message>`` and exit with ``code``, never a traceback."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+# The HTTP client
+
+
+def error_detail(response: httpx.Response) -> str:
+    """The server's sentence for a refusal: ``{"detail": ...}``, else the status line.
+
+    django-ninja answers a body that fails its schema with a list of problems
+    under ``detail`` rather than a sentence; those are joined into one line.
+    """
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, str) and detail.strip():
+        return detail.strip()
+    if isinstance(detail, list) and detail:
+        return "; ".join(_problem(item) for item in detail)
+    return f"{response.status_code} {response.reason_phrase}".strip()
+
+
+def _problem(item: Any) -> str:
+    """One entry of a validation error list as ``where: what``."""
+    if not isinstance(item, dict):
+        return str(item)
+    where = ".".join(str(part) for part in item.get("loc") or () if part != "body")
+    message = str(item.get("msg") or item)
+    return f"{where}: {message}" if where else message
+
+
+class Api:
+    """A thin synchronous client for ``/api/v1``: sends the token and actor, raises CtlError."""
+
+    def __init__(
+        self,
+        *,
+        server: str,
+        token: str,
+        actor: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.server = server
+        self.timeout = timeout
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Accept": "application/json",
+            "User-Agent": f"llmgw-ctl/{__version__}",
+        }
+        if actor:
+            headers["X-Llmgw-Actor"] = actor
+        try:
+            self._client = httpx.Client(
+                base_url=server.rstrip("/") + API_PREFIX,
+                headers=headers,
+                timeout=timeout,
+                transport=transport,
+            )
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise CtlError(f"{server} is not a URL llmgw ctl can use: {exc}", 2) from None
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+    ) -> Any:
+        """Send one request and return the decoded JSON answer (None for an empty one)."""
+        content = None
+        headers = {}
+        if body is not None:
+            # Serialised here, not by httpx, so a YAML date in `model add` becomes
+            # a string instead of a TypeError.
+            content = json.dumps(body, default=str)
+            headers["Content-Type"] = "application/json"
+        try:
+            response = self._client.request(
+                method, path, params=params, content=content, headers=headers
+            )
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            raise CtlError(f"{self.server} is not a URL llmgw ctl can use: {exc}", 2) from None
+        except httpx.ConnectTimeout:
+            raise CtlError(
+                f"cannot reach llmgw at {self.server}: no connection within "
+                f"{number(self.timeout)} s"
+            ) from None
+        except httpx.TimeoutException:
+            raise CtlError(
+                f"llmgw at {self.server} did not answer within {number(self.timeout)} s"
+            ) from None
+        except httpx.TransportError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise CtlError(f"cannot reach llmgw at {self.server}: {reason}") from None
+        if not response.is_success:
+            raise CtlError(error_detail(response))
+        if not response.content.strip():
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise CtlError(
+                f"the answer from {self.server} is not JSON; is --server the llmgw control plane?"
+            ) from None
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: Any = None) -> Any:
+        # An action with nothing to say still sends `{}`, which every handler can parse.
+        return self.request("POST", path, body={} if body is None else body)
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
+
+def segment(value: str) -> str:
+    """A name or id made safe as one path segment."""
+    return quote(value, safe="")
+
+
+# Output
+
+
+class Output:
+    """Where a command's results go: a rendering for people, or the JSON under ``--json``."""
+
+    def __init__(self, *, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def show(self, data: Any, rendering: Callable[[Any], str]) -> None:
+        """Print the answer: as JSON with ``--json``, else as ``rendering(data)``."""
+        if self.as_json:
+            if data is not None:
+                print(json.dumps(data, indent=2, ensure_ascii=False))
+            return
+        try:
+            text = rendering(data)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise CtlError(
+                f"the server's answer is not what this llmgw ctl expects ({exc}); "
+                "--json prints it as it came"
+            ) from None
+        if text:
+            print(text)
+
+    def say(self, sentence: str) -> None:
+        """A line for people. Under ``--json`` it goes to stderr, so stdout stays one document."""
+        print(sentence, file=sys.stderr if self.as_json else sys.stdout)
+
+
+def said(answer: Any, default: str) -> str:
+    """The answer's own sentence (``detail``) when it has one, else ``default``."""
+    if isinstance(answer, dict) and isinstance(answer.get("detail"), str) and answer["detail"]:
+        return answer["detail"]
+    return default
+
+
+# Formatting shared by several views
+
+
+def known(value: Any) -> Any:
+    """A figure a node reports, or None: zero from an agent means it did not say."""
+    if value is None or isinstance(value, bool):
+        return None
+    return value if value else None
+
+
+def gb(value: Any) -> str:
+    """``16`` → ``16 GB``; absent → ``-``."""
+    return DASH if value is None else f"{number(value)} GB"
+
+
+def names(items: Any) -> str:
+    """Comma-joined names of a list of strings or of objects with ``name``."""
+    out = []
+    for item in items or ():
+        out.append(item.get("name") if isinstance(item, dict) else item)
+    return joined(out)
+
+
+def gpus_cell(node: Mapping[str, Any]) -> str:
+    """``6/8 h100-80g``: free over total and the class; ``-`` for a node with no GPUs."""
+    total = node.get("gpu_total")
+    if not total:
+        return DASH
+    text = f"{cell(node.get('gpu_free'))}/{total}"
+    if node.get("gpu_class"):
+        text += f" {node['gpu_class']}"
+    return text
+
+
+def node_load(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The node's latest load, or an empty mapping when it has none."""
+    load = node.get("load")
+    return load if isinstance(load, dict) else {}
+
+
+def load_text(load: Mapping[str, Any]) -> str:
+    """``cpu 12%, load 0.50 0.40 0.30, memory 20.1 of 512 GB used``; ``-`` when none is known."""
+    parts = []
+    if load.get("cpu_percent") is not None:
+        parts.append(f"cpu {number(load['cpu_percent'])}%")
+    averages = [load.get(k) for k in ("load1", "load5", "load15")]
+    if any(v is not None for v in averages):
+        parts.append("load " + " ".join(DASH if v is None else f"{v:.2f}" for v in averages))
+    used, available = load.get("memory_used_bytes"), load.get("memory_available_bytes")
+    if used is not None and available is not None and used + available > 0:
+        parts.append(
+            f"memory {number(used / 2**30)} of {number((used + available) / 2**30)} GB used"
+        )
+    elif load.get("memory_percent") is not None:
+        parts.append(f"memory {number(load['memory_percent'])}% used")
+    return ", ".join(parts) or DASH
+
+
+def sensors_of(load: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The node's sensor readings, whether nested under ``sensors`` or beside the load."""
+    nested = load.get("sensors")
+    return nested if isinstance(nested, dict) else load
+
+
+def sensors_text(load: Mapping[str, Any]) -> str:
+    """``cpu 55 °C, cpu 120 W, inlet 24 °C``: only the sensors the node has."""
+    s = sensors_of(load)
+    parts = []
+    if s.get("cpu_temp_c") is not None:
+        parts.append(f"cpu {number(s['cpu_temp_c'])} °C")
+    if s.get("cpu_power_w") is not None:
+        parts.append(f"cpu {number(s['cpu_power_w'])} W")
+    if s.get("inlet_temp_c") is not None:
+        parts.append(f"inlet {number(s['inlet_temp_c'])} °C")
+    return ", ".join(parts) or DASH
+
+
+def mapping_text(value: Any, sep: str = "=") -> str:
+    """``{"a": "1"}`` → ``a=1``; a list is joined as it is."""
+    if isinstance(value, dict):
+        return joined(f"{k}{sep}{v}" if v not in (None, "") else str(k) for k, v in value.items())
+    return joined(value) if isinstance(value, list) else cell(value)
+
+
+def disk_text(disk: Any) -> str:
+    """``800 of 1000 GB free``; ``-`` when the node did not say."""
+    if not isinstance(disk, dict) or disk.get("total_gb") in (None, 0):
+        return DASH
+    return f"{number(disk.get('free_gb'))} of {number(disk['total_gb'])} GB free"
+
+
+# Nodes
+
+
+def render_nodes(nodes: list[dict[str, Any]]) -> str:
+    """``ctl nodes``: a row per node."""
+    if not nodes:
+        return "No nodes have registered."
+    rows = []
+    for n in nodes:
+        load1 = node_load(n).get("load1")
+        rows.append(
+            [
+                n.get("id"),
+                n.get("state"),
+                gpus_cell(n),
+                gb(known(n.get("memory_gb"))),
+                known(n.get("cpu_count")),
+                DASH if load1 is None else f"{load1:.2f}",
+                len(n["replicas"]) if isinstance(n.get("replicas"), list) else None,
+                age(n.get("last_seen")),
+            ]
+        )
+    headers = ["NODE", "STATE", "GPUS", "MEMORY", "CPUS", "LOAD", "REPLICAS", "LAST SEEN"]
+    return render(headers, rows)
+
+
+def render_node(n: dict[str, Any]) -> str:
+    """``ctl node show``: its fields as ``key: value`` lines, then its GPUs."""
+    load = node_load(n)
+    seen = age(n.get("last_seen"))
+    pairs: list[tuple[str, Any]] = [
+        ("node", n.get("id")),
+        ("hostname", n.get("hostname")),
+        ("state", n.get("state")),
+    ]
+    # Not in the interface table, but worth showing when a server sends them.
+    for key, label in (("mgmt_addr", "address"), ("agent_version", "agent")):
+        if n.get(key):
+            pairs.append((label, n[key]))
+    pairs += [
+        ("labels", mapping_text(n.get("labels"))),
+        ("gpus", gpus_cell(n)),
+        ("memory", gb(known(n.get("memory_gb")))),
+        ("cpus", known(n.get("cpu_count"))),
+        ("engines", mapping_text(n.get("engines"), sep=" ")),
+        ("disk", disk_text(n.get("disk"))),
+        ("replicas", joined(n.get("replicas"))),
+        ("load", load_text(load)),
+        ("sensors", sensors_text(load)),
+        ("last seen", DASH if seen == DASH else f"{seen} ago ({n['last_seen']})"),
+    ]
+    text = key_values(pairs)
+    gpus = render_node_gpus(n)
+    return f"{text}\n\n{gpus}" if gpus else text
+
+
+def render_node_gpus(n: dict[str, Any]) -> str:
+    """A row per GPU: what the node registered, with its latest sensor readings beside it."""
+    cards = [g for g in n.get("gpus") or () if isinstance(g, dict)]
+    sensors = {
+        s.get("index"): s
+        for s in sensors_of(node_load(n)).get("gpu_sensors") or ()
+        if isinstance(s, dict)
+    }
+    indices = [g.get("index") for g in cards] or sorted(sensors, key=lambda i: (i is None, i))
+    if not indices:
+        return ""
+    by_index = {g.get("index"): g for g in cards}
+    rows = []
+    for index in indices:
+        g, s = by_index.get(index, {}), sensors.get(index, {})
+        memory_mb = g.get("memory_total_mb", g.get("memory_mb"))
+        power, limit = s.get("power_w"), s.get("power_limit_w")
+        if power is None:
+            power_text = DASH
+        else:
+            power_text = f"{number(power)}/{number(limit)} W" if limit else f"{number(power)} W"
+        # An empty throttle list is a reading ("nothing holds it back"); a missing one is not.
+        throttle = s.get("throttle")
+        rows.append(
+            [
+                index,
+                g.get("name"),
+                g.get("gpu_class", g.get("class")),
+                DASH if not memory_mb else gb(memory_mb / 1024),
+                g.get("health"),
+                _unit(s.get("temp_c"), " °C"),
+                _unit(s.get("memory_temp_c"), " °C"),
+                power_text,
+                "none" if throttle == [] else joined(throttle),
+                _unit(s.get("utilization"), "%"),
+            ]
+        )
+    headers = [
+        "GPU",
+        "NAME",
+        "CLASS",
+        "MEMORY",
+        "HEALTH",
+        "TEMP",
+        "MEM TEMP",
+        "POWER",
+        "THROTTLE",
+        "UTIL",
+    ]
+    return render(headers, rows)
+
+
+def _unit(value: Any, unit: str) -> str:
+    """``54 °C``; ``-`` when not measured."""
+    return DASH if value is None else f"{number(value)}{unit}"
+
+
+def cmd_nodes(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get("/nodes"), render_nodes)
+
+
+def cmd_node_show(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get(f"/nodes/{segment(args.node)}"), render_node)
+
+
+NODE_ACTIONS = {"cordon": "cordoned", "uncordon": "uncordoned", "drain": "draining"}
+
+
+def cmd_node_action(api: Api, args: argparse.Namespace, out: Output) -> None:
+    answer = api.post(f"/nodes/{segment(args.node)}/{args.action}")
+    out.show(answer, lambda a: said(a, f"node {args.node} {NODE_ACTIONS[args.action]}"))
+
+
+# Models
+
+
+def model_status(m: Mapping[str, Any]) -> str:
+    """The server's status; for a server that sends none, what the flags say."""
+    if m.get("status"):
+        return m["status"]
+    if m.get("parked"):
+        return "parked"
+    if m.get("held_for"):
+        return f"gave room to {m['held_for']}"
+    if m.get("unplaceable"):
+        return "cannot place"
+    return DASH
+
+
+def reserves(m: Mapping[str, Any]) -> str:
+    """What one replica reserves, with the most one was measured using: ``16 GB, 4 cores (5.1 GB used)``."""
+    parts = []
+    if m.get("memory_gb"):
+        parts.append(gb(m["memory_gb"]))
+    cores = m.get("cpu_cores")
+    if cores:
+        parts.append(f"{number(cores)} core{'' if cores == 1 else 's'}")
+    text = ", ".join(parts) or DASH
+    if m.get("measured_memory_gb"):
+        text += f" ({number(m['measured_memory_gb'])} GB used)"
+    return text
+
+
+def replicas_cell(m: Mapping[str, Any]) -> str:
+    """``2/2``: ready over desired."""
+    return f"{cell(m.get('ready'))}/{cell(m.get('desired'))}"
+
+
+def serving(m: Mapping[str, Any]) -> str:
+    """``yes`` when at least one replica is ready."""
+    ready = m.get("ready")
+    if ready is None:
+        return DASH
+    return "yes" if ready > 0 else "no"
+
+
+def warning_lines(models: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``warning: <model>: <warning>`` for each warning of each model."""
+    return [f"warning: {m.get('name')}: {w}" for m in models for w in m.get("warnings") or ()]
+
+
+def render_models(models: list[dict[str, Any]]) -> str:
+    """``ctl models``: a row per model, then its warnings under the table."""
+    if not models:
+        return "No models in the catalog."
+    headers = [
+        "MODEL",
+        "SERVING",
+        "REPLICAS",
+        "STATUS",
+        "CLASS",
+        "RESERVES",
+        "ALIASES",
+        "PROFILES",
+        "FALLBACKS",
+    ]
+    rows = [
+        [
+            m.get("name"),
+            serving(m),
+            replicas_cell(m),
+            model_status(m),
+            m.get("class"),
+            reserves(m),
+            joined(m.get("aliases")),
+            names(m.get("profiles")),
+            joined(m.get("fallbacks")),
+        ]
+        for m in models
+    ]
+    return "\n".join([render(headers, rows), *warning_lines(models)])
+
+
+def render_model(m: dict[str, Any]) -> str:
+    """``ctl model show``: its fields, a row per profile, and its warnings."""
+    scaling = f"{cell(m.get('ready'))} ready of {cell(m.get('desired'))} wanted"
+    scaling += f" (min {cell(m.get('min'))}, max {cell(m.get('max'))})"
+    owner = m.get("owner")
+    pairs: list[tuple[str, Any]] = [
+        ("model", m.get("name")),
+        ("aliases", joined(m.get("aliases"))),
+        ("status", model_status(m)),
+        ("replicas", scaling),
+        ("class", m.get("class")),
+        # An empty owner is a statement (shared); a missing one is not.
+        ("owner", "shared" if owner == "" else owner),
+        ("reserves", reserves(m)),
+        ("fallbacks", joined(m.get("fallbacks"))),
+        ("declared", _declared(m.get("declared"))),
+    ]
+    if m.get("parked"):
+        pairs.append(("parked", m.get("reason") or "yes"))
+    elif m.get("unplaceable"):
+        pairs.append(("cannot place", m.get("reason") or "yes"))
+    if m.get("held_for"):
+        pairs.append(("holding room for", m["held_for"]))
+    if m.get("preempted"):
+        pairs.append(("preempted", f"{m['preempted']} replica(s) lost to a higher class"))
+    blocks = [key_values(pairs)]
+    profiles = [p for p in m.get("profiles") or () if isinstance(p, dict)]
+    if profiles:
+        rows = [
+            [
+                p.get("name"),
+                p.get("engine"),
+                p.get("gpu_class") or ("cpu only" if "gpu_class" in p else None),
+                p.get("tp"),
+                gb(p.get("min_memory_gb", p.get("memory_gb"))),
+                p.get("cpu_cores"),
+            ]
+            for p in profiles
+        ]
+        blocks.append(render(["PROFILE", "ENGINE", "GPU CLASS", "TP", "MEMORY", "CORES"], rows))
+    warnings = warning_lines([m])
+    if warnings:
+        blocks.append("\n".join(warnings))
+    return "\n\n".join(blocks)
+
+
+def _declared(value: Any) -> str:
+    """Whether the model comes from the catalog file, which is where it must be changed."""
+    if value is None:
+        return DASH
+    return "yes, in the catalog file (change it there)" if value else "no, added at runtime"
+
+
+def cmd_models(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get("/models"), render_models)
+
+
+def cmd_model_show(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get(f"/models/{segment(args.name)}"), render_model)
+
+
+def read_model_file(path: str) -> dict[str, Any]:
+    """One model object from a YAML or JSON file (``-`` reads stdin); CtlError(2) otherwise."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CtlError(f"cannot read {path}: {exc}", 2) from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        kind = "JSON" if path.endswith(".json") else "YAML"
+        raise CtlError(f"{path} is not valid {kind}: {exc}", 2) from None
+    if not isinstance(data, dict):
+        raise CtlError(f"{path} must hold one model object (name, source, profiles, ...)", 2)
+    return data
+
+
+def cmd_model_add(api: Api, args: argparse.Namespace, out: Output) -> None:
+    model = read_model_file(args.file)
+    answer = api.post("/models", model)
+    name = answer.get("name") if isinstance(answer, dict) else None
+    out.show(answer, lambda a: said(a, f"model {name or model.get('name')} added"))
+
+
+def cmd_model_remove(api: Api, args: argparse.Namespace, out: Output) -> None:
+    answer = api.delete(f"/models/{segment(args.name)}")
+    out.show(answer, lambda a: said(a, f"model {args.name} removed"))
+
+
+def render_explain(e: dict[str, Any]) -> str:
+    """``ctl model explain``: each profile with the reasons it was not placed."""
+    model = e.get("model")
+    explanation = e.get("explanation") or []
+    if e.get("unplaceable"):
+        head = f"{model} cannot be placed"
+    elif explanation:
+        head = f"{model}: its last placement failed"
+    else:
+        head = f"{model}: no failed placement to explain"
+    if e.get("reason"):
+        head += f": {e['reason']}"
+    lines = [head]
+    for item in explanation:
+        lines.append(f"profile {item.get('profile')}:")
+        reasons = item.get("reasons") or []
+        lines += [f"  - {r}" for r in reasons] or ["  - (no reason given)"]
+    return "\n".join(lines)
+
+
+def cmd_model_explain(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get(f"/models/{segment(args.name)}/explain"), render_explain)
+
+
+def render_resources(answer: Any, name: str) -> str:
+    """What each profile now reserves, and that running replicas keep the old figures."""
+    restart = (
+        f"Running replicas keep their old figures until restarted: llmgw ctl restart --model {name}"
+    )
+    lines = []
+    if isinstance(answer, dict) and answer.get("detail"):
+        lines.append(answer["detail"])
+    elif isinstance(answer, dict) and isinstance(answer.get("profiles"), list):
+        for p in answer["profiles"]:
+            if isinstance(p, dict):
+                memory = p.get("min_memory_gb", p.get("memory_gb"))
+                lines.append(
+                    f"{name}/{p.get('name')}: {gb(memory)} memory, {cell(p.get('cpu_cores'))} cores"
+                )
+    if not lines:
+        lines.append(f"model {name}: resources set")
+    return "\n".join([*lines, restart])
+
+
+def cmd_model_resources(api: Api, args: argparse.Namespace, out: Output) -> None:
+    if args.memory is None and args.cores is None:
+        raise CtlError("give --memory GB, --cores N, or both", 2)
+    # A figure not given is left out, so the server keeps what the model has.
+    body: dict[str, Any] = {}
+    if args.profile:
+        body["profile"] = args.profile
+    if args.memory is not None:
+        body["memory_gb"] = _whole(args.memory)
+    if args.cores is not None:
+        body["cpu_cores"] = args.cores
+    answer = api.post(f"/models/{segment(args.name)}/resources", body)
+    out.show(answer, lambda a: render_resources(a, args.name))
+
+
+def cmd_model_class(api: Api, args: argparse.Namespace, out: Output) -> None:
+    wanted = "" if args.cls == "default" else args.cls
+    answer = api.post(f"/models/{segment(args.name)}/class", {"class": wanted})
+
+    def sentence(a: Any) -> str:
+        got = a if isinstance(a, dict) else {}
+        return said(a, f"{got.get('model', args.name)} is {got.get('class') or wanted or DASH}")
+
+    out.show(answer, sentence)
+
+
+def cmd_model_owner(api: Api, args: argparse.Namespace, out: Output) -> None:
+    wanted = "" if args.scope == "shared" else args.scope
+    answer = api.post(f"/models/{segment(args.name)}/owner", {"owner": wanted})
+
+    def sentence(a: Any) -> str:
+        got = a if isinstance(a, dict) else {}
+        owner = got.get("owner", wanted)
+        model = got.get("model", args.name)
+        return said(a, f"{model} is shared" if not owner else f"{model} counts against {owner}")
+
+    out.show(answer, sentence)
+
+
+def render_target(t: dict[str, Any]) -> str:
+    """``ctl model target``: replicas needed, running, and whether the rest fit."""
+    lines = [
+        f"{t.get('model')}: {number(t.get('tok_per_sec'), 0)} tokens/s needs "
+        f"{cell(t.get('needed'))} replicas at {number(t.get('per_replica_tok_per_sec'))} each "
+        f"(measured on {cell(t.get('profile'))}); {cell(t.get('current'))} running"
+    ]
+    more = t.get("more") or 0
+    if more == 0:
+        lines.append("It already has them.")
+    elif t.get("fits"):
+        lines.append(f"{more} more, and there is room for them.")
+    else:
+        lines.append(f"{more} more, and there is room for {cell(t.get('room'))}:")
+        lines += [f"  {b}" for b in t.get("blocked") or ()]
+    return "\n".join(lines)
+
+
+def cmd_model_target(api: Api, args: argparse.Namespace, out: Output) -> None:
+    name = segment(args.name)
+    target = api.get(f"/models/{name}/target", tokens_per_sec=_whole(args.tokens_per_sec))
+    out.show(target, render_target)
+    if not args.apply:
+        return
+    if not target.get("fits"):
+        raise CtlError("not applied: the cluster has no room for them")
+    needed = target["needed"]
+    model = api.get(f"/models/{name}")
+    if model.get("min") == needed:
+        out.say(f"Not applied: {args.name} already runs at least {needed}.")
+        return
+    # Raising min must not lower the ceiling an operator set for load.
+    top = max(needed, model.get("max") or needed)
+    api.post(f"/models/{name}/scale", {"min": needed, "max": top})
+    out.say(f"Applied: {args.name} runs {needed} (up to {top} under load).")
+
+
+def render_headroom(h: dict[str, Any]) -> str:
+    """``ctl model headroom``: how many more fit, where, and why not one more."""
+    more = h.get("more") or 0
+    head = f"{h.get('model')}: {cell(h.get('current'))} running; room for {more} more"
+    if h.get("limited"):
+        head += " (stopped at the limit asked; there may be more)"
+    lines = [head]
+    for i, nodes in enumerate(h.get("nodes") or (), start=1):
+        lines.append(f"  +{i} on {joined(nodes) if isinstance(nodes, list) else cell(nodes)}")
+    if h.get("tok_per_sec"):
+        lines.append(f"One more would serve {number(h['tok_per_sec'])} tokens/s, as measured.")
+    blocked = h.get("blocked") or []
+    if blocked:
+        lines.append("Why not one more:")
+        lines += [f"  - {b}" for b in blocked]
+    return "\n".join(lines)
+
+
+def cmd_model_headroom(api: Api, args: argparse.Namespace, out: Output) -> None:
+    answer = api.get(f"/models/{segment(args.name)}/headroom", limit=args.limit)
+    out.show(answer, render_headroom)
+
+
+def cmd_model_preemption(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get(f"/models/{segment(args.name)}/preemption"), outline)
+
+
+# Scaling and lifecycle
+
+
+def cmd_scale(api: Api, args: argparse.Namespace, out: Output) -> None:
+    body: dict[str, Any] = {"min": args.min}
+    if args.max is not None:
+        body["max"] = args.max
+    if args.idle_timeout is not None:
+        body["idle_timeout"] = args.idle_timeout
+    answer = api.post(f"/models/{segment(args.name)}/scale", body)
+
+    def sentence(a: Any) -> str:
+        got = a if isinstance(a, dict) else {}
+        lo, hi = got.get("min", args.min), got.get("max", args.max)
+        return said(a, f"{args.name}: min {lo}, max {cell(hi)}")
+
+    out.show(answer, sentence)
+
+
+def cmd_restart(api: Api, args: argparse.Namespace, out: Output) -> None:
+    answer = api.post(f"/models/{segment(args.model)}/restart")
+    default = f"restarting {args.model}: each replica is replaced in turn, a new one first"
+    out.show(answer, lambda a: said(a, default))
+
+
+def cmd_retry(api: Api, args: argparse.Namespace, out: Output) -> None:
+    answer = api.post(f"/models/{segment(args.name)}/retry")
+    out.show(answer, lambda a: said(a, f"{args.name}: failures cleared; it will be placed again"))
+
+
+# Replicas and the reconciler
+
+
+def shard_gpus(shards: Sequence[Mapping[str, Any]]) -> str:
+    """``n1:0,1,2,3 n2:0,1,2,3``: each shard's node and GPU indices; ``-`` for CPU replicas."""
+    parts = [
+        f"{s.get('node')}:{','.join(str(i) for i in s['gpu_indices'])}"
+        for s in shards
+        if s.get("gpu_indices")
+    ]
+    return " ".join(parts) or DASH
+
+
+def render_replicas(replicas: list[dict[str, Any]]) -> str:
+    """``ctl replicas``: a row per replica with its shards' nodes and GPUs."""
+    if not replicas:
+        return "No replicas."
+    rows = []
+    for r in replicas:
+        shards = sorted(
+            (s for s in r.get("shards") or () if isinstance(s, dict)),
+            key=lambda s: (s.get("rank") is None, s.get("rank") or 0),
+        )
+        nodes = list(dict.fromkeys(s.get("node") for s in shards if s.get("node")))
+        state = cell(r.get("state"))
+        if r.get("outdated"):
+            state += " (outdated)"
+        rows.append(
+            [
+                r.get("id"),
+                r.get("model"),
+                r.get("profile"),
+                state,
+                joined(nodes),
+                shard_gpus(shards),
+                r.get("endpoint"),
+                age(r.get("created_at")),
+            ]
+        )
+    headers = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES", "GPUS", "ENDPOINT", "AGE"]
+    return render(headers, rows)
+
+
+def cmd_replicas(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get("/replicas", model=args.model), render_replicas)
+
+
+def event_line(event: Any) -> str:
+    """One reconciler event as a line, whether the server sent a sentence or an object."""
+    if isinstance(event, dict):
+        for key in ("message", "detail", "event"):
+            if isinstance(event.get(key), str):
+                return event[key]
+        return " ".join(f"{k}={v}" for k, v in event.items())
+    return str(event)
+
+
+def render_reconcile(answer: Any) -> str:
+    """``ctl reconcile``: what the pass did, or that there was nothing to do."""
+    events = answer.get("events") if isinstance(answer, dict) else None
+    if not events:
+        return said(answer, "nothing to do")
+    return "\n".join(event_line(e) for e in events)
+
+
+def cmd_reconcile(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.post("/reconcile"), render_reconcile)
+
+
+# The command line
+
+
+def _whole(value: float) -> int | float:
+    """``16.0`` → ``16``, so a whole figure goes out as an integer."""
+    return int(value) if float(value).is_integer() else value
+
+
+def _count(text: str) -> int:
+    """argparse type: a whole number, zero or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is below zero")
+    return value
+
+
+def _positive(text: str) -> float:
+    """argparse type: a number above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"{text!r} must be above zero")
+    return value
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h)?\s*$")
+
+
+def _duration(text: str) -> int:
+    """``600``, ``600s``, ``10m`` or ``1h`` as seconds, what the API's idle_timeout takes."""
+    match = _DURATION.match(text)
+    if not match or int(match.group(1)) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 600, 90s, 10m or 1h")
+    return int(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]
+
+
+def _global_options() -> argparse.ArgumentParser:
+    """The options every command takes, before or after its name.
+
+    Their defaults are SUPPRESS so a subcommand's parser does not overwrite a
+    value given before the subcommand; :func:`settings` fills in the defaults.
+    """
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("global options")
+    g.add_argument(
+        "--server",
+        default=argparse.SUPPRESS,
+        help=f"the control plane's URL (env LLMGW_SERVER, else {DEFAULT_SERVER})",
+    )
+    g.add_argument(
+        "--token",
+        default=argparse.SUPPRESS,
+        help="an admin token from `llmgw createtoken NAME` (env LLMGW_TOKEN)",
+    )
+    g.add_argument(
+        "--actor",
+        default=argparse.SUPPRESS,
+        help="who is acting, recorded beside each change (default: the token's name)",
+    )
+    g.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the server's JSON as it came instead of a table",
+    )
+    g.add_argument(
+        "--timeout",
+        type=_positive,
+        default=argparse.SUPPRESS,
+        help=f"seconds to wait for the server (default {number(DEFAULT_TIMEOUT_S)})",
+    )
+    return common
+
+
+Handler = Callable[[Api, argparse.Namespace, Output], None]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``llmgw ctl`` argument parser, every command with its handler."""
+    common = _global_options()
+    parser = argparse.ArgumentParser(
+        prog="llmgw ctl",
+        description="Operate an llmgw control plane through its REST API.",
+        parents=[common],
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(group: Any, name: str, help: str, handler: Handler | None = None) -> Any:
+        sub = group.add_parser(name, help=help, description=help, parents=[common])
+        if handler:
+            sub.set_defaults(handler=handler)
+        return sub
+
+    add(commands, "nodes", "list nodes: state, GPUs, memory, CPUs, load", cmd_nodes)
+    node = add(commands, "node", "show, cordon, uncordon or drain one node")
+    node_actions = node.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add(node_actions, "show", "one node in full, with its GPUs", cmd_node_show).add_argument("node")
+    for action, help in (
+        ("cordon", "place nothing new on a node"),
+        ("uncordon", "let placement use a node again"),
+        ("drain", "cordon a node and move its replicas elsewhere"),
+    ):
+        add(node_actions, action, help, cmd_node_action).add_argument("node")
+
+    add(commands, "models", "list models: replicas, status, class, reservations", cmd_models)
+    _add_model_commands(add, commands)
+
+    scale = add(commands, "scale", "set how many replicas a model runs", cmd_scale)
+    scale.add_argument("name")
+    scale.add_argument("--min", type=_count, required=True, help="replicas it always runs")
+    scale.add_argument("--max", type=_count, help="the most under load (left out: follows --min)")
+    scale.add_argument(
+        "--idle-timeout",
+        type=_duration,
+        help="how long an on-demand model stays up unused: seconds, or 90s, 10m, 1h",
+    )
+    restart = add(commands, "restart", "replace a model's replicas one at a time", cmd_restart)
+    restart.add_argument("--model", required=True)
+    retry = add(commands, "retry", "clear a parked model's failures and place it again", cmd_retry)
+    retry.add_argument("name")
+
+    replicas = add(commands, "replicas", "list replicas and where they run", cmd_replicas)
+    replicas.add_argument("--model", help="only this model's")
+    add(commands, "reconcile", "run one reconciler pass now and show what it did", cmd_reconcile)
+    return parser
+
+
+def _add_model_commands(add: Callable[..., Any], commands: Any) -> None:
+    """The ``model`` subcommands."""
+    model = add(commands, "model", "show, add, remove or change one model")
+    actions = model.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    add(actions, "show", "one model in full", cmd_model_show).add_argument("name")
+    adding = add(actions, "add", "add a runtime model from a YAML or JSON file", cmd_model_add)
+    adding.add_argument("--file", required=True, help="one model object; - reads stdin")
+    add(actions, "remove", "remove a runtime model", cmd_model_remove).add_argument("name")
+    add(actions, "explain", "why its last placement failed", cmd_model_explain).add_argument("name")
+
+    res = add(actions, "resources", "set what one replica reserves", cmd_model_resources)
+    res.add_argument("name")
+    res.add_argument("--profile", help="one profile; every profile when left out")
+    res.add_argument("--memory", type=_positive, metavar="GB", help="host memory a replica needs")
+    res.add_argument("--cores", type=_count, metavar="N", help="CPU cores; 0 reserves none")
+
+    cls = add(actions, "class", "set its capacity class", cmd_model_class)
+    cls.add_argument("name")
+    cls.add_argument("cls", metavar="CLASS", choices=CLASSES, help=" | ".join(CLASSES))
+
+    owner = add(actions, "owner", "set whose quota it counts against", cmd_model_owner)
+    owner.add_argument("name")
+    owner.add_argument("scope", metavar="SCOPE", help="org:Acme, team:Acme/ml, ... or shared")
+
+    target = add(actions, "target", "replicas needed for a throughput", cmd_model_target)
+    target.add_argument("name")
+    target.add_argument("--tokens-per-sec", type=_positive, required=True, metavar="N")
+    target.add_argument("--apply", action="store_true", help="set min to it if they fit")
+
+    headroom = add(actions, "headroom", "how many more replicas fit now", cmd_model_headroom)
+    headroom.add_argument("name")
+    headroom.add_argument("--limit", type=_count, help="try at most this many")
+
+    add(
+        actions, "preemption", "what would be stopped to place it now", cmd_model_preemption
+    ).add_argument("name")
+
+
+def settings(args: argparse.Namespace) -> tuple[str, str, str | None, float, bool]:
+    """Server, token, actor, timeout and --json, from the options, else the environment."""
+    server = getattr(args, "server", None) or os.environ.get("LLMGW_SERVER") or DEFAULT_SERVER
+    if "://" not in server:
+        server = f"http://{server}"
+    token = getattr(args, "token", None) or os.environ.get("LLMGW_TOKEN") or ""
+    return (
+        server.rstrip("/"),
+        token.strip(),
+        getattr(args, "actor", None) or None,
+        getattr(args, "timeout", DEFAULT_TIMEOUT_S),
+        getattr(args, "json", False),
+    )
+
+
+def main(argv: list[str] | None = None, *, transport: httpx.BaseTransport | None = None) -> int:
+    """Run ``llmgw ctl`` with ``argv`` (the arguments after ``ctl``) and return the exit status.
+
+    ``transport`` replaces httpx's network transport, so tests can answer with
+    ``httpx.MockTransport``.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse has already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    server, token, actor, timeout, as_json = settings(args)
+    if not token:
+        print(
+            "error: no token: set LLMGW_TOKEN or pass --token "
+            "(an admin token, made with `llmgw createtoken NAME`)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        with Api(
+            server=server, token=token, actor=actor, timeout=timeout, transport=transport
+        ) as api:
+            args.handler(api, args, Output(as_json=as_json))
+    except CtlError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return exc.code
+    return 0
+
+
+__all__ = ["Api", "CtlError", "build_parser", "main"]

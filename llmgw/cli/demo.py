@@ -1,0 +1,229 @@
+"""`llmgw demo`: the embedded control plane and three simulated nodes on this machine.
+
+Real processes all the way down: `llmgw serve`, three `llmgw agent`s simulating
+two 8 × h100-80g nodes and one 16-CPU node, and `llmgw sim-engine` replicas of a
+sample catalog. Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+CATALOG = """\
+# The demo's declared models: edit this file and restart the demo to change them.
+models:
+  - name: chat-70b
+    description: General chat for every team; two replicas on four GPUs each
+    source: meta-llama/Llama-3.3-70B-Instruct
+    aliases: [chat]
+    class: critical
+    scaling: {min: 2, max: 3}
+    profiles:
+      - name: tp4
+        engine: sim
+        gpu_class: h100-80g
+        tp: 4
+        min_memory_gb: 32
+        args: [--ttft-ms, "120", --tokens-per-sec, "45", --slots, "16"]
+  - name: embed-small
+    description: Embeddings on CPU for search
+    source: BAAI/bge-small-en-v1.5
+    routing_profile: embedding
+    scaling: {min: 1}
+    profiles:
+      - name: cpu
+        engine: sim
+        min_memory_gb: 8
+        cpu_cores: 4
+        args: [--ttft-ms, "10", --tokens-per-sec, "200"]
+  - name: code-7b
+    description: Code completion, started when someone asks for it
+    source: Qwen/Qwen2.5-Coder-7B-Instruct
+    scaling: {min: 0, max: 1, idle_timeout: 600}
+    fallbacks: [chat-70b]
+    profiles:
+      - name: one-gpu
+        engine: sim
+        gpu_class: h100-80g
+        tp: 1
+        args: [--ttft-ms, "60", --tokens-per-sec, "90"]
+"""
+
+NODES = (  # fmt: skip
+    (
+        "gpu-a",
+        [
+            "--simulate-gpus",
+            "8xh100-80g",
+            "--memory-gb",
+            "1024",
+            "--cpus",
+            "96",
+            "--labels",
+            "zone=a",
+        ],
+    ),
+    (
+        "gpu-b",
+        [
+            "--simulate-gpus",
+            "8xh100-80g",
+            "--memory-gb",
+            "1024",
+            "--cpus",
+            "96",
+            "--labels",
+            "zone=b",
+        ],
+    ),
+    ("cpu-1", ["--memory-gb", "64", "--cpus", "16", "--labels", "zone=a,kind=cpu"]),
+)
+
+
+def _setup(home: Path) -> tuple[str, str, str]:
+    """Migrate, and make the admin login and tokens; return (password, admin token, agent token)."""
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from tenancy.models import Token
+    from tenancy.services import token_create
+
+    call_command("migrate", interactive=False, verbosity=0)
+    password_file = home / "admin-password"
+    if not password_file.exists():
+        password_file.write_text(secrets.token_urlsafe(12))
+    password = password_file.read_text().strip()
+    User = get_user_model()
+    user, _ = User.objects.get_or_create(
+        username="admin", defaults={"is_staff": True, "is_superuser": True}
+    )
+    user.is_staff = user.is_superuser = True
+    user.set_password(password)
+    user.save()
+    Token.objects.filter(name__in=("demo", "demo-agents")).delete()
+    _, admin = token_create(name="demo")
+    _, agent = token_create(name="demo-agents", kind=Token.AGENT)
+    return password, admin, agent
+
+
+def _wait_up(url: str, proc: subprocess.Popen, seconds: float = 60) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            httpx.get(url, timeout=1)
+            return True
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    return False
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Agents first (they stop their engines), then the server; SIGKILL what lingers."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="llmgw demo", description="Run a whole simulated cluster here."
+    )
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--home", default=os.environ.get("LLMGW_DEMO_HOME", "var/demo"))
+    args = parser.parse_args(argv)
+
+    home = Path(args.home).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "catalog.yaml").write_text(CATALOG)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(
+        LLMGW_HOME=str(home),
+        LLMGW_CATALOG=str(home / "catalog.yaml"),
+        LLMGW_SETTLE_SECONDS=env.get("LLMGW_SETTLE_SECONDS", "3"),
+        DJANGO_SETTINGS_MODULE="llmgw.settings",
+    )
+    os.environ.clear()
+    os.environ.update(env)
+    password, admin_token, agent_token = _setup(home)
+
+    server = f"http://127.0.0.1:{args.port}"
+    llmgw = [sys.executable, "-m", "llmgw"]
+    logs = home / "logs"
+    logs.mkdir(exist_ok=True)
+    procs: list[subprocess.Popen] = []
+
+    def spawn(cmd: list[str], log_name: str) -> subprocess.Popen:
+        out = open(logs / log_name, "ab")  # noqa: SIM115 - the child owns it for its life
+        p = subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        procs.append(p)
+        return p
+
+    serve = spawn([*llmgw, "serve", "--port", str(args.port)], "serve.log")
+    try:
+        if not _wait_up(f"{server}/api/v1/openapi.json", serve):
+            sys.stderr.write(
+                f"llmgw demo: the control plane did not start; see {logs / 'serve.log'}\n"
+            )
+            return 1
+        for node_id, flags in NODES:
+            spawn(
+                [*llmgw, "agent", "--server", server, "--token", agent_token, "--node-id", node_id,
+                 "--state-dir", str(home / "agents" / node_id), *flags],
+                f"agent-{node_id}.log",
+            )  # fmt: skip
+        print(
+            f"""
+llmgw demo is running: a control plane and three simulated nodes (gpu-a, gpu-b: 8 × h100-80g; cpu-1: 16 CPUs, 64 GB).
+
+  console   {server}/admin/   login admin / {password}
+  REST API  {server}/api/v1/  (OpenAPI at {server}/api/v1/docs)
+
+Try:
+  export LLMGW_SERVER={server} LLMGW_TOKEN={admin_token}
+  .venv/bin/llmgw ctl models
+  .venv/bin/llmgw ctl nodes
+  .venv/bin/llmgw ctl replicas
+
+Logs are in {logs}. Ctrl-C stops everything.
+""",
+            flush=True,
+        )
+        signal.signal(signal.SIGTERM, _interrupt)
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        dead = next(p for p in procs if p.poll() is not None)
+        sys.stderr.write(
+            f"llmgw demo: {' '.join(dead.args[2:4])} exited ({dead.returncode}); stopping\n"
+        )
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping the demo…", flush=True)
+        return 0
+    finally:
+        _stop(list(reversed(procs)))

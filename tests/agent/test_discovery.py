@@ -1,0 +1,207 @@
+"""What the agent finds on the machine, what it simulates, and its CLI."""
+
+import sys
+import types
+
+import pytest
+
+from fleet.agent import discovery
+from fleet.agent.discovery import (
+    LoadSampler,
+    Machine,
+    advertise_address,
+    nvml_gpus,
+    parse_version_output,
+    simulated_gpus,
+)
+from fleet.agent.main import main, node_id_for, parse_labels, parse_port_range, ws_url
+
+
+def test_simulated_h100s_carry_the_real_cards_name_and_memory():
+    gpus = simulated_gpus("8xh100-80g", "node-a")
+    assert len(gpus) == 8
+    assert [g.index for g in gpus] == list(range(8))
+    assert gpus[5].uuid == "SIM-node-a-5"
+    assert {(g.name, g.memory_total_mb) for g in gpus} == {("NVIDIA H100 80GB HBM3", 81559)}
+
+
+def test_mixed_simulated_gpus_are_numbered_across_the_spec():
+    gpus = simulated_gpus("2xa100-80g,rtx4090-24g, 1xt4-16g", "n")
+    assert [(g.index, g.name, g.memory_total_mb) for g in gpus] == [
+        (0, "NVIDIA A100-SXM4-80GB", 81920),
+        (1, "NVIDIA A100-SXM4-80GB", 81920),
+        (2, "NVIDIA GeForce RTX 4090", 24564),
+        # Not in the table: named so the server derives t4-16g back.
+        (3, "NVIDIA T4", 16384),
+    ]
+
+
+@pytest.mark.parametrize("bad", ["8x", "h100", "0xh100-80g", "8xh100-80"])
+def test_a_malformed_gpu_spec_is_refused(bad):
+    with pytest.raises(ValueError):
+        simulated_gpus(bad, "n")
+
+
+def test_a_malformed_gpu_spec_stops_the_cli_with_status_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--token", "t", "--simulate-gpus", "lots"])
+    assert exc.value.code == 2
+    assert "'lots' is not a GPU spec" in capsys.readouterr().err
+
+
+def _fake_nvml(init_error=None, devices=()):
+    class NVMLError(Exception):
+        pass
+
+    mod = types.ModuleType("pynvml")
+    mod.NVMLError = NVMLError
+
+    def init():
+        if init_error:
+            raise NVMLError(init_error)
+
+    mod.nvmlInit = init
+    mod.nvmlShutdown = lambda: None
+    mod.nvmlDeviceGetCount = lambda: len(devices)
+    mod.nvmlDeviceGetHandleByIndex = lambda i: devices[i]
+    mod.nvmlDeviceGetUUID = lambda d: d["uuid"]
+    mod.nvmlDeviceGetName = lambda d: d["name"]
+    mod.nvmlDeviceGetMemoryInfo = lambda d: types.SimpleNamespace(total=d["bytes"])
+    return mod
+
+
+def test_no_driver_means_no_gpus(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(init_error="Driver Not Loaded"))
+    assert nvml_gpus() == []
+
+
+def test_no_nvml_package_means_no_gpus(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
+    assert nvml_gpus() == []
+
+
+def test_nvml_gpus_are_listed_with_memory_in_mib(monkeypatch):
+    devices = [
+        {"uuid": b"GPU-aaaa", "name": b"NVIDIA H100 80GB HBM3", "bytes": 81559 * 1024 * 1024},
+        {"uuid": "GPU-bbbb", "name": "NVIDIA H100 80GB HBM3", "bytes": 81559 * 1024 * 1024},
+    ]
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(devices=devices))
+    gpus = nvml_gpus()
+    assert [(g.index, g.uuid, g.memory_total_mb) for g in gpus] == [
+        (0, "GPU-aaaa", 81559),
+        (1, "GPU-bbbb", 81559),
+    ]
+    assert gpus[0].name == "NVIDIA H100 80GB HBM3"
+
+
+def test_an_nvml_error_while_listing_means_no_gpus(monkeypatch):
+    mod = _fake_nvml(devices=[{}])
+
+    def broken(_):
+        raise mod.NVMLError("GPU is lost")
+
+    mod.nvmlDeviceGetHandleByIndex = broken
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    assert nvml_gpus() == []
+
+
+MEMINFO = "MemTotal:       65536000 kB\nMemFree:         1000000 kB\nMemAvailable:   16384000 kB\n"
+
+
+def test_the_machine_reads_memory_cpus_and_disk(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(MEMINFO)
+    m = Machine(tmp_path / "state", gpus=[], engines={}, meminfo_path=str(meminfo))
+    assert m.memory_total_mb() == 64000
+    assert m.cpu_count() and m.cpu_count() >= 1
+    disk = m.disk()
+    assert disk and 0 < disk["free_gb"] <= disk["total_gb"]
+
+
+def test_simulation_flags_replace_what_they_name(tmp_path):
+    m = Machine(tmp_path, gpus=[], engines={}, memory_gb=512, cpus=96, disk_gb=2000)
+    assert (m.memory_total_mb(), m.cpu_count()) == (512 * 1024, 96)
+    assert m.disk() == {"free_gb": 2000.0, "total_gb": 2000.0}
+
+
+def test_unreadable_memory_is_unknown_not_zero(tmp_path):
+    m = Machine(tmp_path, gpus=[], engines={}, meminfo_path=str(tmp_path / "missing"))
+    assert m.memory_total_mb() is None
+
+
+def test_the_sim_engine_is_always_installed(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert list(discovery.probe_engines()) == ["sim"]
+
+
+def test_engine_versions_are_read_from_their_output():
+    out = "ggml_cuda_init: found 1 CUDA devices\nversion: 4589 (a1b2c3d)\nbuilt with cc\n"
+    assert parse_version_output(out) == "4589 (a1b2c3d)"
+    assert parse_version_output("0.6.3.post1\n") == "0.6.3.post1"
+    assert parse_version_output("") is None
+
+
+def _stat(busy, idle):
+    return f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 1 2 3 4\n"
+
+
+def test_cpu_percent_needs_two_samples(tmp_path):
+    stat, meminfo = tmp_path / "stat", tmp_path / "meminfo"
+    meminfo.write_text(MEMINFO)
+    stat.write_text(_stat(100, 900))
+    sampler = LoadSampler(stat_path=str(stat), meminfo_path=str(meminfo))
+    first = sampler.sample_load()
+    assert "cpu_percent" not in first
+    assert first["memory_available_bytes"] == 16384000 * 1024
+    assert first["memory_used_bytes"] == (65536000 - 16384000) * 1024
+    assert {"load1", "load5", "load15"} <= first.keys()
+    stat.write_text(_stat(130, 990))
+    assert sampler.sample_load()["cpu_percent"] == 25.0
+
+
+def test_simulated_memory_leaves_the_real_machines_figures_out(tmp_path):
+    sampler = LoadSampler(include_memory=False)
+    assert not {"memory_used_bytes", "memory_available_bytes"} & sampler.sample_load().keys()
+
+
+def test_labels_are_repeatable_and_comma_separated():
+    assert parse_labels(["rack=r1,row=a", "llmgw.io/fabric=nvl-1"]) == {
+        "rack": "r1",
+        "row": "a",
+        "llmgw.io/fabric": "nvl-1",
+    }
+    with pytest.raises(ValueError, match="not key=value"):
+        parse_labels(["rack"])
+
+
+def test_the_websocket_url_follows_the_servers_scheme():
+    assert ws_url("http://127.0.0.1:8000") == "ws://127.0.0.1:8000/ws/agent/"
+    assert ws_url("https://llmgw.example.com/") == "wss://llmgw.example.com/ws/agent/"
+    assert ws_url("https://example.com/llmgw") == "wss://example.com/llmgw/ws/agent/"
+    with pytest.raises(ValueError):
+        ws_url("ftp://example.com")
+
+
+def test_port_ranges():
+    assert parse_port_range("20000-29999") == (20000, 29999)
+    with pytest.raises(ValueError):
+        parse_port_range("30000-20000")
+
+
+def test_the_node_id_is_made_once_and_kept(tmp_path):
+    first = node_id_for(tmp_path, None)
+    assert first == (tmp_path / "node-id").read_text().strip()
+    assert node_id_for(tmp_path, None) == first
+    assert node_id_for(tmp_path, "given") == "given"
+
+
+def test_a_server_on_loopback_is_reached_on_loopback():
+    assert advertise_address("127.0.0.1", 8000) == "127.0.0.1"
+    assert advertise_address("localhost", 8000) == "127.0.0.1"
+    assert advertise_address("::1", 8000) == "127.0.0.1"
+
+
+def test_without_a_token_the_agent_says_so_and_exits_2(monkeypatch, capsys):
+    monkeypatch.delenv("LLMGW_TOKEN", raising=False)
+    assert main([]) == 2
+    assert "--token or set LLMGW_TOKEN" in capsys.readouterr().err

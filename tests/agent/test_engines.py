@@ -1,0 +1,242 @@
+"""Engine command lines and the load figures read from engines' metrics."""
+
+import pytest
+
+from fleet.agent.engines import (
+    EngineError,
+    NodeContext,
+    ShardSpec,
+    build_command,
+    engine_load,
+    parse_prometheus,
+)
+
+KEY = "sk-engine-7f3a9c"
+
+
+def spec(engine="llamacpp", *, gpus=(), threads=None, args=(), env=None, **profile):
+    return ShardSpec(
+        shard_id="s1",
+        model="qwen-7b",
+        source="/weights/qwen-7b.gguf",
+        profile={"name": "p", "engine": engine, "args": list(args), "env": env or {}, **profile},
+        gpu_indices=tuple(gpus),
+        api_key=KEY,
+        threads=threads,
+    )
+
+
+def node(port=20001, cpus=16, **kw):
+    return NodeContext(port=port, cpu_count=cpus, **kw)
+
+
+def flag_value(argv, name):
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_llama_server_on_cpu_gets_the_model_metrics_and_threads():
+    cmd = build_command(spec(args=["--ctx-size", "4096"]), node())
+    assert cmd.argv == [
+        "llama-server",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "20001",
+        "-m",
+        "/weights/qwen-7b.gguf",
+        "--metrics",
+        "--threads",
+        "8",
+        "--ctx-size",
+        "4096",
+    ]
+    assert cmd.env["LLAMA_API_KEY"] == KEY
+    assert cmd.env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_llama_server_on_gpus_offloads_every_layer_and_sets_no_threads():
+    cmd = build_command(spec(gpus=[2, 3], threads=4), node())
+    assert flag_value(cmd.argv, "--n-gpu-layers") == "999"
+    assert "--threads" not in cmd.argv
+    assert cmd.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    # NVML's indices are in PCI bus order; CUDA must count the same way.
+    assert cmd.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_the_cores_placement_reserved_are_the_threads():
+    cmd = build_command(spec(threads=3), node(cpus=16))
+    assert flag_value(cmd.argv, "--threads") == "3"
+
+
+def test_a_cpu_shard_leaves_half_the_machine_for_another():
+    assert flag_value(build_command(spec(), node(cpus=16)).argv, "--threads") == "8"
+    assert flag_value(build_command(spec(), node(cpus=1)).argv, "--threads") == "1"
+    assert flag_value(build_command(spec(), node(cpus=None)).argv, "--threads") == "1"
+
+
+@pytest.mark.parametrize("args", [["--threads", "6"], ["-t", "6"], ["--threads=6"], ["-t6"]])
+def test_threads_in_the_profile_args_win(args):
+    cmd = build_command(spec(threads=3, args=args), node())
+    assert cmd.argv[-len(args) :] == args
+    assert cmd.argv.count("--threads") == args.count("--threads")
+
+
+def test_a_model_without_source_is_served_by_its_name():
+    s = ShardSpec(shard_id="s1", model="/models/m.gguf", profile={"engine": "llamacpp"})
+    assert flag_value(build_command(s, node()).argv, "-m") == "/models/m.gguf"
+
+
+def test_vllm_serves_the_source_with_the_profiles_parallelism():
+    cmd = build_command(
+        spec("vllm", gpus=[0, 1, 2, 3], tp=4, pp=1, args=["--max-model-len", "8192"]),
+        node(port=20002),
+    )
+    assert cmd.argv == [
+        "vllm",
+        "serve",
+        "/weights/qwen-7b.gguf",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "20002",
+        "--tensor-parallel-size",
+        "4",
+        "--pipeline-parallel-size",
+        "1",
+        "--max-model-len",
+        "8192",
+    ]
+    assert cmd.env["VLLM_API_KEY"] == KEY
+    assert cmd.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def test_sim_runs_llmgw_sim_engine_or_the_command_given():
+    cmd = build_command(
+        spec("sim", threads=2, args=["--tokens-per-s", "50"]), node(bind_host="127.0.0.1")
+    )
+    assert cmd.argv[1:] == [
+        "-m",
+        "llmgw",
+        "sim-engine",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "20001",
+        "--model",
+        "qwen-7b",
+        "--threads",
+        "2",
+        "--tokens-per-s",
+        "50",
+    ]
+    assert cmd.env["LLMGW_ENGINE_API_KEY"] == KEY
+    other = build_command(spec("sim"), node(sim_command=["/bin/fake-sim"]))
+    assert other.argv[:3] == ["/bin/fake-sim", "--host", "0.0.0.0"]
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm", "sim"])
+def test_the_api_key_is_never_on_the_command_line(engine):
+    cmd = build_command(spec(engine, gpus=[0]), node())
+    assert not any(KEY in arg for arg in cmd.argv)
+    assert KEY in cmd.env.values()
+
+
+def test_the_profile_env_is_merged_but_cannot_replace_the_key_or_the_gpus():
+    s = spec(
+        env={"LLAMA_API_KEY": "mine", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "OMP_PROC_BIND": "1"},
+        gpus=[1],
+    )
+    env = build_command(s, node()).env
+    assert env["OMP_PROC_BIND"] == "1"
+    assert env["LLAMA_API_KEY"] == KEY
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_an_unknown_engine_is_refused_with_a_sentence():
+    with pytest.raises(EngineError, match="'tgi' of profile p is not one this agent runs"):
+        build_command(spec("tgi"), node())
+
+
+def test_start_shard_is_read_into_a_spec():
+    s = ShardSpec.from_message(
+        {
+            "type": "start_shard",
+            "shard_id": "s9",
+            "replica_id": "r9",
+            "rank": 0,
+            "model": "m",
+            "profile": {"name": "cpu", "engine": "sim"},
+            "profile_fp": "fp",
+            "source": None,
+            "gpu_indices": [0, 1],
+            "http_port": 21000,
+            "api_key": "k",
+            "threads": 0,
+            "startup_timeout_s": 120,
+        }
+    )
+    assert (s.shard_id, s.gpu_indices, s.http_port, s.threads, s.startup_timeout_s) == (
+        "s9",
+        (0, 1),
+        21000,
+        None,
+        120.0,
+    )
+    with pytest.raises(EngineError, match="no profile"):
+        ShardSpec.from_message({"shard_id": "s9", "model": "m"})
+
+
+LLAMA_METRICS = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 1234
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 2
+# HELP llamacpp:requests_deferred Number of requests deferred.
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 5
+"""
+
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen2.5-7B"} 7.0
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen2.5-7B"} 3.0
+vllm:gpu_cache_usage_perc{engine="0",model_name="Qwen/Qwen2.5-7B"} 0.42
+vllm:iteration_tokens_total_bucket{le="+Inf",model_name="Qwen/Qwen2.5-7B"} 9
+"""
+
+SIM_METRICS = """\
+llmgw_sim:requests_running{model="m"} 1
+llmgw_sim:requests_waiting{model="m"} 0
+llmgw_sim:kv_cache_usage_perc{model="m"} 0.125 1712345678000
+"""
+
+
+def test_llama_server_load_has_no_kv_cache_figure():
+    assert engine_load("llamacpp", LLAMA_METRICS) == {"running": 2, "waiting": 5}
+
+
+def test_vllm_load_reads_running_waiting_and_kv_cache():
+    assert engine_load("vllm", VLLM_METRICS) == {"running": 7, "waiting": 3, "kv_cache": 0.42}
+
+
+def test_vllm_v1s_renamed_kv_cache_gauge_is_read_too():
+    text = "vllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.5\n"
+    assert engine_load("vllm", text) == {"running": 1, "kv_cache": 0.5}
+
+
+def test_sim_load_and_a_zero_reading_is_kept():
+    # Zero waiting is a reading here, not an unknown: the engine said so.
+    assert engine_load("sim", SIM_METRICS) == {"running": 1, "waiting": 0, "kv_cache": 0.125}
+
+
+def test_a_missing_figure_is_left_out():
+    assert engine_load("sim", "llmgw_sim:requests_waiting 4\n") == {"waiting": 4}
+    assert engine_load("vllm", "") == {}
+
+
+def test_prometheus_labels_may_hold_braces_spaces_and_quotes():
+    text = 'x{a="} {",b="say \\"hi\\""} 3\nx{a="2"} 4\nbad line\ny NaN\nz +Inf\n'
+    assert parse_prometheus(text) == {"x": [3.0, 4.0]}

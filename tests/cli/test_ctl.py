@@ -1,0 +1,890 @@
+"""``llmgw ctl``: what each command asks the REST API, and what it shows of the answer."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from llmgw.cli import ctl
+from llmgw.cli.tables import age, key_values, number, outline, render
+
+TOKEN = "adm-s3cret"
+
+NODES_HEADERS = ["NODE", "STATE", "GPUS", "MEMORY", "CPUS", "LOAD", "REPLICAS", "LAST SEEN"]
+MODELS_HEADERS = [
+    "MODEL",
+    "SERVING",
+    "REPLICAS",
+    "STATUS",
+    "CLASS",
+    "RESERVES",
+    "ALIASES",
+    "PROFILES",
+    "FALLBACKS",
+]
+REPLICAS_HEADERS = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES", "GPUS", "ENDPOINT", "AGE"]
+
+
+def ago(seconds: float) -> str:
+    return (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
+
+
+class FakeServer:
+    """A control plane that answers ``(method, path)`` from a table and records each request."""
+
+    def __init__(self, routes: dict[tuple[str, str], tuple[int, Any]] | None = None) -> None:
+        self.routes = routes or {}
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        key = (request.method, request.url.path)
+        if key not in self.routes:
+            return httpx.Response(404, json={"detail": f"Not Found: {request.url.path}"})
+        status, body = self.routes[key]
+        if body is None:
+            return httpx.Response(status)
+        if isinstance(body, str | bytes):
+            return httpx.Response(status, content=body)
+        return httpx.Response(status, json=body)
+
+    @property
+    def last(self) -> httpx.Request:
+        return self.requests[-1]
+
+    def body(self, index: int = -1) -> Any:
+        return json.loads(self.requests[index].content)
+
+
+@pytest.fixture(autouse=True)
+def environment(monkeypatch):
+    monkeypatch.setenv("LLMGW_TOKEN", TOKEN)
+    monkeypatch.delenv("LLMGW_SERVER", raising=False)
+
+
+def run(capsys, server: FakeServer | None, *argv: str) -> tuple[int, str, str]:
+    transport = httpx.MockTransport(server) if server is not None else None
+    code = ctl.main(list(argv), transport=transport)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def table(text: str) -> list[list[str]]:
+    """A rendered table's lines split into cells (columns are two or more spaces apart)."""
+    return [re.split(r"\s{2,}", line.strip()) for line in text.strip().splitlines()]
+
+
+def row_for(rows: list[list[str]], first: str) -> list[str]:
+    return next(r for r in rows if r[0] == first)
+
+
+# Requests: method, path, headers
+
+
+def test_every_request_carries_the_token_and_goes_under_api_v1(capsys):
+    server = FakeServer({("GET", "/api/v1/nodes"): (200, [])})
+    code, _, _ = run(capsys, server, "nodes")
+    assert code == 0
+    request = server.last
+    assert request.url == "http://127.0.0.1:8000/api/v1/nodes"
+    assert request.headers["Authorization"] == f"Bearer {TOKEN}"
+    assert "X-Llmgw-Actor" not in request.headers
+
+
+def test_the_actor_is_sent_only_when_given(capsys):
+    server = FakeServer({("POST", "/api/v1/nodes/n1/cordon"): (200, {})})
+    run(capsys, server, "node", "cordon", "n1", "--actor", "alice")
+    assert server.last.headers["X-Llmgw-Actor"] == "alice"
+
+
+def test_server_and_token_come_from_the_environment_and_options_win(capsys, monkeypatch):
+    monkeypatch.setenv("LLMGW_SERVER", "https://llmgw.example:9443/")
+    server = FakeServer({("GET", "/api/v1/models"): (200, [])})
+    run(capsys, server, "models")
+    assert str(server.last.url) == "https://llmgw.example:9443/api/v1/models"
+    run(capsys, server, "models", "--server", "http://other:8000", "--token", "another")
+    assert str(server.last.url) == "http://other:8000/api/v1/models"
+    assert server.last.headers["Authorization"] == "Bearer another"
+
+
+def test_global_options_work_before_the_command_too(capsys):
+    server = FakeServer({("GET", "/api/v1/models"): (200, [])})
+    run(capsys, server, "--server", "http://before:1", "--actor", "bob", "models")
+    assert server.last.url.host == "before"
+    assert server.last.headers["X-Llmgw-Actor"] == "bob"
+
+
+# nodes and node
+
+
+def nodes() -> list[dict[str, Any]]:
+    """Two nodes, built when asked so their ages are measured from now."""
+    return [
+        {
+            "id": "gpu-1",
+            "hostname": "gpu-1.lab",
+            "state": "ready",
+            "labels": {"rack": "r1"},
+            "gpu_total": 8,
+            "gpu_free": 6,
+            "gpu_class": "h100-80g",
+            "memory_gb": 1024,
+            "cpu_count": 96,
+            "engines": {"vllm": "0.6.3"},
+            "disk": {"free_gb": 800, "total_gb": 1000},
+            "replicas": ["r-a", "r-b"],
+            "load": {"cpu_percent": 12.5, "load1": 3.5, "load5": 2.0, "load15": 1.25},
+            "last_seen": ago(3),
+        },
+        {
+            # A new CPU node whose agent has not said its memory or CPUs: unknown, not zero.
+            "id": "cpu-1",
+            "hostname": "cpu-1.lab",
+            "state": "unreachable",
+            "labels": {},
+            "gpu_total": 0,
+            "gpu_free": 0,
+            "memory_gb": 0,
+            "cpu_count": None,
+            "engines": {},
+            "disk": {},
+            "replicas": [],
+            "load": None,
+            "last_seen": ago(150),
+        },
+    ]
+
+
+def test_nodes_shows_free_gpus_memory_load_replicas_and_last_seen(capsys):
+    server = FakeServer({("GET", "/api/v1/nodes"): (200, nodes())})
+    code, out, err = run(capsys, server, "nodes")
+    assert (code, err) == (0, "")
+    rows = table(out)
+    assert rows[0] == NODES_HEADERS
+    assert row_for(rows, "gpu-1") == [
+        "gpu-1",
+        "ready",
+        "6/8 h100-80g",
+        "1024 GB",
+        "96",
+        "3.50",
+        "2",
+        "3s",
+    ]
+
+
+def test_a_node_that_did_not_report_a_figure_shows_a_dash_never_zero(capsys):
+    server = FakeServer({("GET", "/api/v1/nodes"): (200, nodes())})
+    _, out, _ = run(capsys, server, "nodes")
+    assert row_for(table(out), "cpu-1") == ["cpu-1", "unreachable", "-", "-", "-", "-", "0", "2m"]
+
+
+def test_node_show_lists_its_fields_and_a_row_per_gpu_with_sensors(capsys):
+    node = {
+        **nodes()[0],
+        "gpu_total": 2,
+        "gpu_free": 1,
+        "gpus": [
+            {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81920},
+            {"index": 1, "name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81920},
+        ],
+        "load": {
+            "load1": 0.5,
+            "cpu_temp_c": 61,
+            "gpu_sensors": [
+                {"index": 0, "temp_c": 54, "power_w": 310, "power_limit_w": 700, "throttle": []},
+                {"index": 1, "temp_c": 88, "throttle": ["hw_slowdown"]},
+            ],
+        },
+    }
+    server = FakeServer({("GET", "/api/v1/nodes/gpu-1"): (200, node)})
+    code, out, _ = run(capsys, server, "node", "show", "gpu-1")
+    assert code == 0
+    assert "hostname:  gpu-1.lab" in out
+    assert "labels:    rack=r1" in out
+    assert "disk:      800 of 1000 GB free" in out
+    assert "sensors:   cpu 61 °C" in out
+    gpu_table = table(out.split("\n\n")[1])
+    assert gpu_table[0][:4] == ["GPU", "NAME", "CLASS", "MEMORY"]
+    assert gpu_table[1] == [
+        "0",
+        "NVIDIA H100 80GB HBM3",
+        "-",
+        "80 GB",
+        "-",
+        "54 °C",
+        "-",
+        "310/700 W",
+        "none",
+        "-",
+    ]
+    assert gpu_table[2][7:9] == ["-", "hw_slowdown"]
+
+
+@pytest.mark.parametrize(
+    ("action", "sentence"),
+    [
+        ("cordon", "node n1 cordoned"),
+        ("uncordon", "node n1 uncordoned"),
+        ("drain", "node n1 draining"),
+    ],
+)
+def test_node_actions_post_to_the_node_and_say_what_was_done(capsys, action, sentence):
+    server = FakeServer({("POST", f"/api/v1/nodes/n1/{action}"): (200, {"id": "n1"})})
+    code, out, _ = run(capsys, server, "node", action, "n1")
+    assert code == 0
+    assert server.last.method == "POST"
+    assert out.strip() == sentence
+
+
+def test_a_node_action_prints_the_servers_own_sentence_when_it_has_one(capsys):
+    answer = {"detail": "node n1 is draining: 3 replicas are being moved"}
+    server = FakeServer({("POST", "/api/v1/nodes/n1/drain"): (200, answer)})
+    _, out, _ = run(capsys, server, "node", "drain", "n1")
+    assert out.strip() == answer["detail"]
+
+
+# models and model
+
+
+MODELS = [
+    {
+        "name": "llama-70b",
+        "aliases": ["llama", "chat"],
+        "ready": 2,
+        "desired": 2,
+        "min": 2,
+        "max": 4,
+        "status": "serving",
+        "class": "critical",
+        "owner": "team:3",
+        "memory_gb": None,
+        "cpu_cores": None,
+        "measured_memory_gb": None,
+        "warnings": [],
+        "profiles": [
+            {"name": "tp4", "engine": "vllm", "gpu_class": "h100-80g", "tp": 4},
+            {"name": "tp8", "engine": "vllm", "gpu_class": "a100-80g", "tp": 8},
+        ],
+        "fallbacks": ["qwen-7b"],
+        "declared": True,
+    },
+    {
+        "name": "qwen-7b",
+        "aliases": [],
+        "ready": 0,
+        "desired": 1,
+        "min": 1,
+        "max": 1,
+        "status": "cannot place",
+        "class": "standard",
+        "owner": "",
+        "memory_gb": 16,
+        "cpu_cores": 4,
+        "measured_memory_gb": 18.04,
+        "warnings": [
+            "uses 18.0 GB and reserves 16: raise it, or nodes will be filled past their memory"
+        ],
+        "unplaceable": True,
+        "reason": "no node has 4 free cores",
+        "profiles": [{"name": "cpu", "engine": "llamacpp", "gpu_class": "", "min_memory_gb": 16}],
+        "fallbacks": [],
+        "declared": False,
+    },
+]
+
+
+def test_models_has_the_seeds_columns_and_one_row_per_model(capsys):
+    server = FakeServer({("GET", "/api/v1/models"): (200, MODELS)})
+    code, out, _ = run(capsys, server, "models")
+    assert code == 0
+    rows = table(out)
+    assert rows[0] == MODELS_HEADERS
+    assert row_for(rows, "llama-70b") == [
+        "llama-70b",
+        "yes",
+        "2/2",
+        "serving",
+        "critical",
+        "-",
+        "llama, chat",
+        "tp4, tp8",
+        "qwen-7b",
+    ]
+    assert row_for(rows, "qwen-7b") == [
+        "qwen-7b",
+        "no",
+        "0/1",
+        "cannot place",
+        "standard",
+        "16 GB, 4 cores (18 GB used)",
+        "-",
+        "cpu",
+        "-",
+    ]
+
+
+def test_model_warnings_are_printed_under_the_table(capsys):
+    server = FakeServer({("GET", "/api/v1/models"): (200, MODELS)})
+    _, out, _ = run(capsys, server, "models")
+    lines = out.strip().splitlines()
+    assert lines[-1] == f"warning: qwen-7b: {MODELS[1]['warnings'][0]}"
+    # The table ends before the warnings: header plus one row per model.
+    assert all(not line.startswith("warning:") for line in lines[:3])
+    assert len(lines) == 4
+
+
+def test_model_show_gives_its_state_profiles_and_warnings(capsys):
+    server = FakeServer({("GET", "/api/v1/models/qwen-7b"): (200, MODELS[1])})
+    code, out, _ = run(capsys, server, "model", "show", "qwen-7b")
+    assert code == 0
+    assert "replicas:     0 ready of 1 wanted (min 1, max 1)" in out
+    assert "owner:        shared" in out
+    assert "cannot place: no node has 4 free cores" in out
+    profiles = table(out.split("\n\n")[1])
+    assert profiles[0] == ["PROFILE", "ENGINE", "GPU CLASS", "TP", "MEMORY", "CORES"]
+    assert profiles[1] == ["cpu", "llamacpp", "cpu only", "-", "16 GB", "-"]
+    assert out.strip().endswith(MODELS[1]["warnings"][0])
+
+
+def test_model_add_posts_the_yaml_file_as_one_model(capsys, tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "name: phi-3\nsource: microsoft/phi-3\nscaling: {min: 1}\n"
+        "profiles:\n  - {name: cpu, engine: llamacpp, min_memory_gb: 8, cpu_cores: 4}\n"
+    )
+    server = FakeServer({("POST", "/api/v1/models"): (201, {"name": "phi-3"})})
+    code, out, _ = run(capsys, server, "model", "add", "--file", str(path))
+    assert code == 0
+    assert server.body() == {
+        "name": "phi-3",
+        "source": "microsoft/phi-3",
+        "scaling": {"min": 1},
+        "profiles": [{"name": "cpu", "engine": "llamacpp", "min_memory_gb": 8, "cpu_cores": 4}],
+    }
+    assert server.last.headers["Content-Type"] == "application/json"
+    assert out.strip() == "model phi-3 added"
+
+
+def test_model_add_reads_json_and_shows_the_servers_refusal(capsys, tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"name": "phi-3", "profiles": []}))
+    refusal = {"detail": "model phi-3 exists; remove it first or pick another name."}
+    server = FakeServer({("POST", "/api/v1/models"): (409, refusal)})
+    code, out, err = run(capsys, server, "model", "add", "--file", str(path))
+    assert server.body() == {"name": "phi-3", "profiles": []}
+    assert (code, out) == (1, "")
+    assert err.strip() == f"error: {refusal['detail']}"
+
+
+def test_model_add_refuses_a_file_that_is_not_one_model_without_asking_the_server(capsys, tmp_path):
+    path = tmp_path / "two.yaml"
+    path.write_text("- name: a\n- name: b\n")
+    server = FakeServer()
+    code, _, err = run(capsys, server, "model", "add", "--file", str(path))
+    assert code == 2
+    assert "must hold one model object" in err
+    code, _, err = run(capsys, server, "model", "add", "--file", str(tmp_path / "missing.yaml"))
+    assert code == 2
+    assert err.startswith("error: cannot read")
+    assert server.requests == []
+
+
+def test_model_remove_deletes_it(capsys):
+    server = FakeServer({("DELETE", "/api/v1/models/phi-3"): (204, None)})
+    code, out, _ = run(capsys, server, "model", "remove", "phi-3")
+    assert code == 0
+    assert server.last.method == "DELETE"
+    assert out.strip() == "model phi-3 removed"
+
+
+def test_model_explain_lists_each_profiles_reasons(capsys):
+    answer = {
+        "model": "llama-70b",
+        "unplaceable": True,
+        "reason": "no profile fits any node",
+        "explanation": [
+            {
+                "profile": "tp4",
+                "reasons": [
+                    "node gpu-1 has 2 free h100-80g GPUs, needs 4",
+                    "node gpu-2 is cordoned",
+                ],
+            },
+            {"profile": "tp8", "reasons": ["no ready node has a100-80g GPUs"]},
+        ],
+    }
+    server = FakeServer({("GET", "/api/v1/models/llama-70b/explain"): (200, answer)})
+    code, out, _ = run(capsys, server, "model", "explain", "llama-70b")
+    assert code == 0
+    assert out.splitlines() == [
+        "llama-70b cannot be placed: no profile fits any node",
+        "profile tp4:",
+        "  - node gpu-1 has 2 free h100-80g GPUs, needs 4",
+        "  - node gpu-2 is cordoned",
+        "profile tp8:",
+        "  - no ready node has a100-80g GPUs",
+    ]
+
+
+def test_model_resources_sends_the_figures_given(capsys):
+    answer = {"name": "qwen-7b", "profiles": [{"name": "cpu", "min_memory_gb": 20, "cpu_cores": 6}]}
+    server = FakeServer({("POST", "/api/v1/models/qwen-7b/resources"): (200, answer)})
+    code, out, _ = run(
+        capsys, server, "model", "resources", "qwen-7b", "--memory", "20", "--cores", "6"
+    )
+    assert code == 0
+    assert server.body() == {"memory_gb": 20, "cpu_cores": 6}
+    assert out.splitlines() == [
+        "qwen-7b/cpu: 20 GB memory, 6 cores",
+        "Running replicas keep their old figures until restarted: llmgw ctl restart --model qwen-7b",
+    ]
+    run(capsys, server, "model", "resources", "qwen-7b", "--profile", "cpu", "--cores", "2")
+    # A figure not given is left out, so the server keeps the model's own.
+    assert server.body() == {"profile": "cpu", "cpu_cores": 2}
+
+
+def test_model_resources_with_no_figure_asks_nothing(capsys):
+    server = FakeServer()
+    code, _, err = run(capsys, server, "model", "resources", "qwen-7b")
+    assert code == 2
+    assert "--memory" in err
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(("given", "sent"), [("critical", "critical"), ("default", "")])
+def test_model_class_sends_the_class_and_default_as_empty(capsys, given, sent):
+    answer = {"model": "qwen-7b", "class": sent or "standard"}
+    server = FakeServer({("POST", "/api/v1/models/qwen-7b/class"): (200, answer)})
+    code, out, _ = run(capsys, server, "model", "class", "qwen-7b", given)
+    assert code == 0
+    assert server.body() == {"class": sent}
+    assert out.strip() == f"qwen-7b is {answer['class']}"
+
+
+def test_model_class_refuses_a_class_that_does_not_exist(capsys):
+    server = FakeServer()
+    code, _, err = run(capsys, server, "model", "class", "qwen-7b", "urgent")
+    assert code == 2
+    assert "invalid choice" in err
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("given", "sent", "sentence"),
+    [
+        ("team:Acme/ml", "team:Acme/ml", "qwen-7b counts against team:3"),
+        ("shared", "", "qwen-7b is shared"),
+    ],
+)
+def test_model_owner_sends_the_scope_and_shared_as_empty(capsys, given, sent, sentence):
+    answer = {"model": "qwen-7b", "owner": "team:3" if sent else ""}
+    server = FakeServer({("POST", "/api/v1/models/qwen-7b/owner"): (200, answer)})
+    _, out, _ = run(capsys, server, "model", "owner", "qwen-7b", given)
+    assert server.body() == {"owner": sent}
+    assert out.strip() == sentence
+
+
+TARGET = {
+    "model": "llama-70b",
+    "tok_per_sec": 3000,
+    "per_replica_tok_per_sec": 812.5,
+    "profile": "tp4",
+    "needed": 4,
+    "current": 2,
+    "more": 2,
+    "room": 3,
+    "fits": True,
+    "blocked": [],
+}
+
+
+def test_model_target_asks_for_the_throughput_and_says_what_it_takes(capsys):
+    server = FakeServer({("GET", "/api/v1/models/llama-70b/target"): (200, TARGET)})
+    code, out, _ = run(capsys, server, "model", "target", "llama-70b", "--tokens-per-sec", "3000")
+    assert code == 0
+    assert server.last.url.params["tokens_per_sec"] == "3000"
+    assert out.splitlines() == [
+        "llama-70b: 3000 tokens/s needs 4 replicas at 812.5 each (measured on tp4); 2 running",
+        "2 more, and there is room for them.",
+    ]
+    assert [r.method for r in server.requests] == ["GET"]
+
+
+def test_model_target_apply_raises_min_and_keeps_a_higher_max(capsys):
+    server = FakeServer(
+        {
+            ("GET", "/api/v1/models/llama-70b/target"): (200, TARGET),
+            ("GET", "/api/v1/models/llama-70b"): (200, {**MODELS[0], "min": 2, "max": 6}),
+            ("POST", "/api/v1/models/llama-70b/scale"): (200, {"min": 4, "max": 6}),
+        }
+    )
+    code, out, _ = run(
+        capsys, server, "model", "target", "llama-70b", "--tokens-per-sec", "3000", "--apply"
+    )
+    assert code == 0
+    assert server.last.url.path == "/api/v1/models/llama-70b/scale"
+    assert server.body() == {"min": 4, "max": 6}
+    assert out.splitlines()[-1] == "Applied: llama-70b runs 4 (up to 6 under load)."
+
+
+def test_model_target_apply_changes_nothing_when_they_do_not_fit(capsys):
+    blocked = {**TARGET, "more": 2, "room": 1, "fits": False, "blocked": ["node gpu-2 is cordoned"]}
+    server = FakeServer({("GET", "/api/v1/models/llama-70b/target"): (200, blocked)})
+    code, out, err = run(
+        capsys, server, "model", "target", "llama-70b", "--tokens-per-sec", "3000", "--apply"
+    )
+    assert code == 1
+    assert "2 more, and there is room for 1:\n  node gpu-2 is cordoned" in out
+    assert err.strip() == "error: not applied: the cluster has no room for them"
+    assert [r.method for r in server.requests] == ["GET"]
+
+
+def test_model_headroom_passes_the_limit_and_says_why_not_more(capsys):
+    answer = {
+        "model": "qwen-7b",
+        "current": 1,
+        "more": 2,
+        "nodes": [["cpu-1"], ["cpu-2"]],
+        "limited": False,
+        "blocked": ["node cpu-3 has 8 CPUs with 2 free, needs 4"],
+        "tok_per_sec": 41.5,
+    }
+    server = FakeServer({("GET", "/api/v1/models/qwen-7b/headroom"): (200, answer)})
+    code, out, _ = run(capsys, server, "model", "headroom", "qwen-7b", "--limit", "5")
+    assert code == 0
+    assert server.last.url.params["limit"] == "5"
+    assert out.splitlines() == [
+        "qwen-7b: 1 running; room for 2 more",
+        "  +1 on cpu-1",
+        "  +2 on cpu-2",
+        "One more would serve 41.5 tokens/s, as measured.",
+        "Why not one more:",
+        "  - node cpu-3 has 8 CPUs with 2 free, needs 4",
+    ]
+    run(capsys, server, "model", "headroom", "qwen-7b")
+    assert "limit" not in server.last.url.params
+
+
+def test_a_command_whose_endpoint_is_not_there_yet_shows_the_servers_404(capsys):
+    server = FakeServer()  # answers 404 {"detail": "Not Found: ..."} to everything
+    code, out, err = run(capsys, server, "model", "preemption", "llama-70b")
+    assert server.last.url.path == "/api/v1/models/llama-70b/preemption"
+    assert (code, out) == (1, "")
+    assert err.strip() == "error: Not Found: /api/v1/models/llama-70b/preemption"
+
+
+def test_model_preemption_shows_the_dry_run_as_an_outline(capsys):
+    answer = {
+        "model": "llama-70b",
+        "victims": [{"replica": "qwen-7b-1a2", "reason": "standard gives way to critical"}],
+        "protected": [],
+    }
+    server = FakeServer({("GET", "/api/v1/models/llama-70b/preemption"): (200, answer)})
+    _, out, _ = run(capsys, server, "model", "preemption", "llama-70b")
+    assert out.splitlines() == [
+        "model: llama-70b",
+        "victims:",
+        "  - replica: qwen-7b-1a2",
+        "    reason: standard gives way to critical",
+        "protected: -",
+    ]
+
+
+# scale, restart, retry
+
+
+def test_scale_sends_min_max_and_the_idle_timeout_in_seconds(capsys):
+    server = FakeServer({("POST", "/api/v1/models/qwen-7b/scale"): (200, {"min": 0, "max": 3})})
+    code, out, _ = run(
+        capsys, server, "scale", "qwen-7b", "--min", "0", "--max", "3", "--idle-timeout", "10m"
+    )
+    assert code == 0
+    assert server.body() == {"min": 0, "max": 3, "idle_timeout": 600}
+    assert out.strip() == "qwen-7b: min 0, max 3"
+    run(capsys, server, "scale", "qwen-7b", "--min", "2")
+    assert server.body() == {"min": 2}
+
+
+def test_scale_refuses_a_negative_count_before_asking(capsys):
+    server = FakeServer()
+    code, _, _ = run(capsys, server, "scale", "qwen-7b", "--min", "-1")
+    assert code == 2
+    assert server.requests == []
+
+
+def test_restart_and_retry_post_to_the_model(capsys):
+    server = FakeServer(
+        {
+            ("POST", "/api/v1/models/qwen-7b/restart"): (200, {}),
+            ("POST", "/api/v1/models/qwen-7b/retry"): (200, {"detail": "qwen-7b unparked"}),
+        }
+    )
+    code, out, _ = run(capsys, server, "restart", "--model", "qwen-7b")
+    assert code == 0
+    assert server.last.url.path == "/api/v1/models/qwen-7b/restart"
+    assert out.startswith("restarting qwen-7b")
+    code, out, _ = run(capsys, server, "retry", "qwen-7b")
+    assert code == 0
+    assert server.last.url.path == "/api/v1/models/qwen-7b/retry"
+    assert out.strip() == "qwen-7b unparked"
+
+
+# replicas and reconcile
+
+
+def replicas() -> list[dict[str, Any]]:
+    """Two replicas, built when asked so their ages are measured from now."""
+    return [
+        {
+            "id": "llama-70b-9f1",
+            "model": "llama-70b",
+            "profile": "tp8",
+            "state": "ready",
+            "shards": [
+                {"id": "s2", "node": "gpu-2", "rank": 1, "gpu_indices": [0, 1, 2, 3]},
+                {"id": "s1", "node": "gpu-1", "rank": 0, "gpu_indices": [4, 5, 6, 7]},
+            ],
+            "endpoint": "http://10.0.0.1:20001",
+            "created_at": ago(7200),
+            "outdated": True,
+        },
+        {
+            "id": "qwen-7b-1a2",
+            "model": "qwen-7b",
+            "profile": "cpu",
+            "state": "starting",
+            "shards": [{"id": "s3", "node": "cpu-1", "rank": 0, "gpu_indices": []}],
+            "endpoint": None,
+            "created_at": ago(42),
+            "outdated": False,
+        },
+    ]
+
+
+def test_replicas_shows_shard_nodes_gpus_and_outdated(capsys):
+    server = FakeServer({("GET", "/api/v1/replicas"): (200, replicas())})
+    code, out, _ = run(capsys, server, "replicas")
+    assert code == 0
+    rows = table(out)
+    assert rows[0] == REPLICAS_HEADERS
+    assert row_for(rows, "llama-70b-9f1") == [
+        "llama-70b-9f1",
+        "llama-70b",
+        "tp8",
+        "ready (outdated)",
+        "gpu-1, gpu-2",
+        "gpu-1:4,5,6,7 gpu-2:0,1,2,3",
+        "http://10.0.0.1:20001",
+        "2h",
+    ]
+    assert row_for(rows, "qwen-7b-1a2") == [
+        "qwen-7b-1a2",
+        "qwen-7b",
+        "cpu",
+        "starting",
+        "cpu-1",
+        "-",
+        "-",
+        "42s",
+    ]
+
+
+def test_replicas_of_one_model_asks_the_server_to_filter(capsys):
+    server = FakeServer({("GET", "/api/v1/replicas"): (200, replicas()[1:])})
+    run(capsys, server, "replicas", "--model", "qwen-7b")
+    assert server.last.url.params["model"] == "qwen-7b"
+
+
+def test_reconcile_prints_what_the_pass_did_or_that_there_was_nothing(capsys):
+    events = ["placed qwen-7b-1a2 on cpu-1", "stopped llama-70b-0c3: too many"]
+    server = FakeServer({("POST", "/api/v1/reconcile"): (200, {"events": events})})
+    code, out, _ = run(capsys, server, "reconcile")
+    assert code == 0
+    assert out.splitlines() == events
+    server.routes[("POST", "/api/v1/reconcile")] = (200, {"events": []})
+    _, out, _ = run(capsys, server, "reconcile")
+    assert out.strip() == "nothing to do"
+
+
+# --json
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("--json", "models"), ("models", "--json")],
+    ids=["before the command", "after the command"],
+)
+def test_json_prints_the_servers_answer_as_it_came(capsys, argv):
+    server = FakeServer({("GET", "/api/v1/models"): (200, MODELS)})
+    code, out, _ = run(capsys, server, *argv)
+    assert code == 0
+    assert json.loads(out) == MODELS
+    assert "MODEL" not in out.splitlines()[0]
+
+
+def test_json_on_target_apply_keeps_stdout_one_document(capsys):
+    server = FakeServer(
+        {
+            ("GET", "/api/v1/models/llama-70b/target"): (200, TARGET),
+            ("GET", "/api/v1/models/llama-70b"): (200, {**MODELS[0], "min": 2, "max": 2}),
+            ("POST", "/api/v1/models/llama-70b/scale"): (200, {}),
+        }
+    )
+    code, out, err = run(
+        capsys,
+        server,
+        "model",
+        "target",
+        "llama-70b",
+        "--tokens-per-sec",
+        "3000",
+        "--apply",
+        "--json",
+    )
+    assert code == 0
+    assert json.loads(out) == TARGET
+    assert "Applied: llama-70b runs 4 (up to 4 under load)." in err
+
+
+# Errors
+
+
+@pytest.mark.parametrize(
+    ("status", "detail"),
+    [
+        (400, "max (1) is below min (2)."),
+        (404, "no model called nope"),
+        (409, "model llama-70b is declared in the catalog file; edit the file instead."),
+    ],
+)
+def test_a_refusal_prints_the_servers_sentence_on_stderr_and_exits_1(capsys, status, detail):
+    server = FakeServer({("POST", "/api/v1/models/nope/scale"): (status, {"detail": detail})})
+    code, out, err = run(capsys, server, "scale", "nope", "--min", "2", "--max", "1")
+    assert (code, out) == (1, "")
+    assert err == f"error: {detail}\n"
+
+
+def test_a_refusal_without_a_sentence_prints_the_status_line(capsys):
+    server = FakeServer({("GET", "/api/v1/nodes"): (502, "<html>Bad Gateway</html>")})
+    code, _, err = run(capsys, server, "nodes")
+    assert code == 1
+    assert err == "error: 502 Bad Gateway\n"
+
+
+def test_a_schema_refusal_lists_each_problem_in_one_line(capsys):
+    detail = [{"loc": ["body", "payload", "min"], "msg": "Input should be a valid integer"}]
+    server = FakeServer({("POST", "/api/v1/models/m/scale"): (422, {"detail": detail})})
+    code, _, err = run(capsys, server, "scale", "m", "--min", "1")
+    assert code == 1
+    assert err == "error: payload.min: Input should be a valid integer\n"
+
+
+def test_no_token_exits_2_with_a_sentence_and_sends_nothing(capsys, monkeypatch):
+    monkeypatch.delenv("LLMGW_TOKEN")
+    server = FakeServer()
+    code, out, err = run(capsys, server, "nodes")
+    assert (code, out) == (2, "")
+    assert "LLMGW_TOKEN" in err and "--token" in err
+    assert "Traceback" not in err
+    assert server.requests == []
+
+
+def test_a_server_that_cannot_be_reached_is_said_so(capsys):
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    code, out, err = run(capsys, refuse, "nodes", "--server", "http://10.9.9.9:8000")
+    assert (code, out) == (1, "")
+    assert (
+        err == "error: cannot reach llmgw at http://10.9.9.9:8000: [Errno 111] Connection refused\n"
+    )
+
+
+def test_a_closed_port_on_this_machine_is_a_cannot_reach_not_a_traceback(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Bound then closed: nothing listens there now, so the connection is refused.
+    code, _, err = run(capsys, None, "nodes", "--server", f"http://127.0.0.1:{port}")
+    assert code == 1
+    assert err.startswith(f"error: cannot reach llmgw at http://127.0.0.1:{port}: ")
+    assert "Traceback" not in err
+
+
+def test_a_server_that_does_not_answer_in_time_is_said_so(capsys):
+    def hang(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    code, _, err = run(capsys, hang, "nodes", "--timeout", "2.5")
+    assert code == 1
+    assert err == "error: llmgw at http://127.0.0.1:8000 did not answer within 2.5 s\n"
+
+
+def test_an_answer_that_is_not_json_is_an_error_not_a_traceback(capsys):
+    server = FakeServer({("GET", "/api/v1/nodes"): (200, "<html>login</html>")})
+    code, _, err = run(capsys, server, "nodes")
+    assert code == 1
+    assert "is not JSON" in err
+
+
+def test_help_and_usage_errors_return_a_status_instead_of_exiting(capsys):
+    assert ctl.main(["--help"]) == 0
+    assert "nodes" in capsys.readouterr().out
+    assert ctl.main(["frobnicate"]) == 2
+    assert ctl.main(["node"]) == 2
+
+
+# The table helpers
+
+
+def test_render_sizes_columns_to_fit_and_shows_absent_values_as_a_dash():
+    text = render(["name", "free gpus"], [["a-long-name", 0], ["b", None], ["c", ""]])
+    assert text.splitlines() == [
+        "NAME         FREE GPUS",
+        "a-long-name  0",
+        "b            -",
+        "c            -",
+    ]
+
+
+def test_key_values_line_the_values_up():
+    assert key_values([("node", "n1"), ("last seen", None)]).splitlines() == [
+        "node:      n1",
+        "last seen: -",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(3, "3s"), (59, "59s"), (150, "2m"), (7200, "2h"), (3 * 86400, "3d")]
+)
+def test_age_is_the_largest_whole_unit(seconds, text):
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    assert age((now - timedelta(seconds=seconds)).isoformat(), now) == text
+
+
+def test_age_of_an_unknown_or_future_time():
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    assert age(None, now) == "-"
+    assert age("not a time", now) == "-"
+    assert age((now + timedelta(seconds=5)).isoformat(), now) == "0s"
+
+
+def test_number_drops_a_trailing_zero_but_keeps_a_real_zero():
+    assert [number(16.0), number(5.25), number(0), number(None)] == ["16", "5.2", "0", "-"]
+
+
+def test_outline_nests_mappings_and_lists():
+    assert outline({"a": 1, "b": {"c": [1, 2]}}).splitlines() == [
+        "a: 1",
+        "b:",
+        "  c:",
+        "    - 1",
+        "    - 2",
+    ]

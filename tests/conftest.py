@@ -1,0 +1,47 @@
+"""Shared fixtures: tokens, an authenticated API client, and a clean channel layer."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def admin_token(db) -> str:
+    from tenancy.services import token_create
+
+    return token_create(name="ops")[1]
+
+
+@pytest.fixture
+def agent_token(db) -> str:
+    from tenancy.models import Token
+    from tenancy.services import token_create
+
+    return token_create(name="agents", kind=Token.AGENT)[1]
+
+
+@pytest.fixture
+def api(admin_token):
+    """A Django test client that sends the admin token and JSON bodies."""
+    from django.test import Client
+
+    class ApiClient(Client):
+        def call(self, method: str, path: str, body=None, **headers):
+            kwargs = {"HTTP_AUTHORIZATION": f"Bearer {admin_token}", **headers}
+            if body is not None:
+                import json
+
+                kwargs["data"] = body if isinstance(body, str | bytes) else json.dumps(body)
+                kwargs["content_type"] = "application/json"
+            return getattr(self, method.lower())(f"/api/v1{path}", **kwargs)
+
+    return ApiClient()
+
+
+@pytest.fixture
+def no_settle(settings):
+    """The reconciler places at once instead of waiting LLMGW_SETTLE_SECONDS after a start."""
+    from dataclasses import replace
+
+    settings.LLMGW = replace(settings.LLMGW, timings=replace(settings.LLMGW.timings, settle=0))
+    return settings.LLMGW.timings
