@@ -1,0 +1,461 @@
+"""`llmgw sim-engine`: an OpenAI-compatible server that answers with made-up tokens.
+
+It stands in for llama-server or vLLM on machines with no GPU and no weights:
+demos, tests and benchmarks. Each request waits for one of `slots` in FIFO
+order, waits `ttft_ms`, then produces a token every `1 / tokens_per_sec`
+seconds. The words come from a small vocabulary seeded by the prompt, so the
+same prompt always gets the same answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import functools
+import hashlib
+import hmac
+import itertools
+import json
+import math
+import os
+import random
+import signal
+import struct
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+API_KEY_ENV = "LLMGW_ENGINE_API_KEY"
+MAX_BODY_BYTES = 1024 * 1024
+_WORDS = "the a of and to in is it that was for on are with as be at by this from or have an they"
+VOCABULARY = tuple(_WORDS.split())
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What one sim engine serves and how fast."""
+
+    model: str = "sim"
+    ttft_ms: float = 50.0
+    tokens_per_sec: float = 50.0
+    slots: int = 4
+    max_tokens: int = 16
+    threads: int = 0
+    embedding_dim: int = 16
+    api_key: str | None = None
+
+
+class BadRequest(Exception):
+    """A request the OpenAI API would refuse with 400."""
+
+
+class Slots:
+    """`size` places handed out first come, first served.
+
+    The queue is kept by hand rather than with asyncio.Semaphore, whose
+    fairness changed within 3.11 and which does not say how many wait.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.running = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Wait for a slot, hold it for the block, and always give it back."""
+        if self.running < self.size and not self._waiters:
+            self.running += 1
+        else:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._release()  # handed the slot, then cancelled: pass it on
+                elif waiter in self._waiters:  # a release may have dropped it already
+                    self._waiters.remove(waiter)
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        # The slot goes straight to the next waiter, so `running` stays put
+        # and nobody arriving in between can take it.
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.running -= 1
+
+
+class Engine:
+    """The state the handlers share: config, slots and a request counter."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.slots = Slots(config.slots)
+        self.requests_total = 0
+        self.created = int(time.time())
+
+
+ENGINE = web.AppKey("engine", Engine)
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
+    """An error in the OpenAI shape, which clients turn into typed exceptions."""
+    error = {"message": message, "type": kind, "param": None, "code": None}
+    return web.json_response({"error": error}, status=status)
+
+
+def count_words(text: str) -> int:
+    """The sim's token count: whitespace-separated words, at least 1."""
+    return max(len(text.split()), 1)
+
+
+def _rng(text: str) -> random.Random:
+    # surrogatepass: JSON may carry lone surrogates, which must not become a 500.
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def generate_words(prompt: str) -> Iterator[str]:
+    """Endless words from the vocabulary, the same ones for the same prompt.
+
+    Lazy, so a huge `max_tokens` costs time, not memory, when streamed.
+    """
+    rng = _rng(prompt)
+    while True:
+        yield rng.choice(VOCABULARY)
+
+
+def embed(text: str, dim: int) -> list[float]:
+    """A unit-length vector of `dim` floats that depends only on `text`."""
+    rng = _rng(text)
+    vector = [rng.gauss(0.0, 1.0) for _ in range(dim)]
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def chat_prompt(body: dict[str, Any]) -> str:
+    """The text of all messages; BadRequest when `messages` is not usable."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    texts = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest("each message must be an object with a 'role'")
+        content = message.get("content")
+        if isinstance(content, list):  # multimodal parts: only the text counts
+            content = " ".join(p["text"] for p in content if isinstance(p.get("text"), str))
+        if content is not None and not isinstance(content, str):
+            raise BadRequest("message content must be a string, a list of parts or null")
+        texts.append(content or "")
+    return "\n".join(texts)
+
+
+def completion_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    """The prompt text and its token count; token ids count one each."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt, count_words(prompt)
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        return " ".join(map(str, prompt)), len(prompt)
+    raise BadRequest("'prompt' must be a string, one string in a list, or a list of token ids")
+
+
+def requested_tokens(body: dict[str, Any], keys: tuple[str, ...], default: int) -> tuple[int, bool]:
+    """How many tokens to produce, and whether the client set that limit."""
+    for key in keys:
+        value = body.get(key)
+        if value is not None:
+            if not _is_int(value) or value < 0:
+                raise BadRequest(f"'{key}' must be a non-negative integer")
+            return value, True
+    return default, False
+
+
+async def read_body(request: web.Request) -> dict[str, Any]:
+    """The JSON object in the body; BadRequest when it is not one."""
+    raw = await request.read()  # past client_max_size this raises 413, shaped by guard()
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise BadRequest(f"invalid JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The key check on /v1/*, and 400 and 413 errors in the OpenAI shape."""
+    key = request.app[ENGINE].config.api_key
+    if key and request.path.startswith("/v1/"):
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+            return error_response(401, "invalid or missing API key", "authentication_error")
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return error_response(400, str(exc))
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(413, f"the body is over {MAX_BODY_BYTES} bytes")
+
+
+async def health(request: web.Request) -> web.Response:
+    """GET /health: liveness and load, polled by the agent."""
+    engine = request.app[ENGINE]
+    slots, config = engine.slots, engine.config
+    return web.json_response(
+        {
+            "status": "ok",
+            "model": config.model,
+            "running": slots.running,
+            "waiting": slots.waiting,
+            "slots": slots.size,
+            "threads": config.threads,
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text, the sim's version of vLLM's load gauges."""
+    engine = request.app[ENGINE]
+    slots = engine.slots
+    model = engine.config.model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    series = [
+        ("requests_running", "gauge", "Requests holding a slot.", slots.running),
+        ("requests_waiting", "gauge", "Requests queued for a slot.", slots.waiting),
+        ("kv_cache_usage_perc", "gauge", "Share of slots in use.", slots.running / slots.size),
+        ("requests_total", "counter", "Inference requests accepted.", engine.requests_total),
+    ]
+    lines = []
+    for name, kind, help_text, value in series:
+        lines.append(f"# HELP llmgw_sim:{name} {help_text}\n# TYPE llmgw_sim:{name} {kind}\n")
+        lines.append(f'llmgw_sim:{name}{{model_name="{model}"}} {value}\n')
+    content_type = {"Content-Type": "text/plain; version=0.0.4"}
+    return web.Response(body="".join(lines).encode(), headers=content_type)
+
+
+async def models(request: web.Request) -> web.Response:
+    """GET /v1/models: the one model this engine serves."""
+    engine = request.app[ENGINE]
+    model = {"id": engine.config.model, "object": "model", "created": engine.created}
+    return web.json_response({"object": "list", "data": [model | {"owned_by": "llmgw-sim"}]})
+
+
+async def _sleep_until(deadline: float) -> None:
+    # Sleeping to an absolute time keeps the rate even when the loop is busy;
+    # summed relative sleeps would let every late wake-up push the rest back.
+    await asyncio.sleep(max(0.0, deadline - asyncio.get_running_loop().time()))
+
+
+async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    """POST /v1/chat/completions or /v1/completions: wait for a slot, then answer.
+
+    The answer is streamed as server-sent events or sent whole at the time the
+    last token would have been streamed.
+    """
+    body = await read_body(request)
+    engine = request.app[ENGINE]
+    if chat:
+        prompt = chat_prompt(body)
+        prompt_tokens = count_words(prompt)
+        keys: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+    else:
+        prompt, prompt_tokens = completion_prompt(body)
+        keys = ("max_tokens",)
+    count, limited = requested_tokens(body, keys, engine.config.max_tokens)
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise BadRequest("only n=1 is supported")
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+    engine.requests_total += 1
+    words = itertools.islice(generate_words(prompt), count)
+    tokens = (w if i == 0 else " " + w for i, w in enumerate(words))
+    # A limit the client chose was reached; under the default the "model" chose to stop.
+    finish = "length" if limited else "stop"
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count}
+    usage["total_tokens"] = prompt_tokens + count
+    model = body.get("model")
+    meta = {
+        "id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model if isinstance(model, str) else engine.config.model,
+    }
+    first = engine.config.ttft_ms / 1000.0
+    step = 1.0 / engine.config.tokens_per_sec
+
+    def chunk(content: str | None, reason: str | None = None, **delta: Any) -> dict[str, Any]:
+        if chat:
+            if content is not None:
+                delta["content"] = content
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": reason}
+        return meta | {"choices": [choice]}
+
+    async with engine.slots.hold():
+        start = asyncio.get_running_loop().time()
+        if not stream:
+            await _sleep_until(start + first + step * max(count - 1, 0))
+            text = "".join(tokens)
+            if chat:
+                message = {"role": "assistant", "content": text}
+                choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+                answer = meta | {"object": "chat.completion", "choices": [choice]}
+            else:
+                answer = chunk(text, finish)
+            return web.json_response(answer | {"usage": usage})
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        # With include_usage, OpenAI marks every chunk but the last "usage": null.
+        extra = {"usage": None} if include_usage else {}
+
+        async def send(event: dict[str, Any]) -> None:
+            event = event if "usage" in event else event | extra
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+
+        try:
+            await _sleep_until(start + first)
+            if chat:
+                await send(chunk("", role="assistant"))
+            for k, token in enumerate(tokens):
+                await _sleep_until(start + first + k * step)
+                await send(chunk(token))
+            await send(chunk(None if chat else "", finish))
+            if include_usage:
+                await send(meta | {"choices": [], "usage": usage})
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away; leaving the block frees the slot
+        return resp
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """POST /v1/embeddings: one deterministic unit vector per input."""
+    body = await read_body(request)
+    engine = request.app[ENGINE]
+    inputs = body.get("input")
+    inputs = [inputs] if isinstance(inputs, str) else inputs
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):
+        raise BadRequest("'input' must be a string or a non-empty list of strings")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise BadRequest("'encoding_format' must be 'float' or 'base64'")
+    engine.requests_total += 1
+    data = []
+    for index, text in enumerate(inputs):
+        vector: Any = embed(text, engine.config.embedding_dim)
+        if encoding == "base64":  # the openai client's default: little-endian float32
+            vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        data.append({"object": "embedding", "index": index, "embedding": vector})
+    tokens = sum(count_words(text) for text in inputs)
+    model = body.get("model") if isinstance(body.get("model"), str) else engine.config.model
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return web.json_response({"object": "list", "data": data, "model": model, "usage": usage})
+
+
+def build_app(config: SimConfig) -> web.Application:
+    """The aiohttp application for one engine."""
+    app = web.Application(middlewares=[guard], client_max_size=MAX_BODY_BYTES)
+    app[ENGINE] = Engine(config)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", functools.partial(complete, chat=True))
+    app.router.add_post("/v1/completions", functools.partial(complete, chat=False))
+    app.router.add_post("/v1/embeddings", embeddings)
+    return app
+
+
+async def start_server(
+    config: SimConfig, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, int]:
+    """Serve on host:port (0: any free port); returns the runner and the bound port.
+
+    `await runner.cleanup()` stops it, cutting requests still in flight.
+    """
+    # handler_cancellation: a client that hangs up while queued or while a
+    # whole answer is "generating" gives its slot back at once.
+    app = build_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner, runner.addresses[0][1]
+
+
+async def _serve(config: SimConfig, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    runner, bound = await start_server(config, host, port)
+    print(f"llmgw sim-engine: {config.model} on http://{host}:{bound}", file=sys.stderr, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _at_least(low: float, kind: type = int, strict: bool = False) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}")
+        return value
+
+    return parse
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `llmgw sim-engine` until SIGTERM or SIGINT; returns the exit code, 0."""
+    parser = argparse.ArgumentParser(prog="llmgw sim-engine", description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--host", default="127.0.0.1")
+    add("--port", type=_at_least(0), required=True, help="0 picks a free port")
+    add("--model", default="sim", help="the model name it serves")
+    add("--ttft-ms", type=_at_least(0, float), default=50.0, help="time to first token")
+    add("--tokens-per-sec", type=_at_least(0, float, strict=True), default=50.0, help="per request")
+    add("--slots", type=_at_least(1), default=4, help="requests served at once; more wait, FIFO")
+    add("--max-tokens", type=_at_least(0), default=16, help="when a request sets none")
+    add("--threads", type=_at_least(0), default=0, help="reserved CPU cores (0: unknown)")
+    add("--embedding-dim", type=_at_least(1), default=16)
+    add("--api-key", help=f"for manual use; the agent passes the key in ${API_KEY_ENV}")
+    args = vars(parser.parse_args(argv))
+    host, port = args.pop("host"), args.pop("port")
+    args["api_key"] = args["api_key"] or os.environ.get(API_KEY_ENV) or None
+    asyncio.run(_serve(SimConfig(**args), host, port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
