@@ -206,7 +206,8 @@ def parse_profile(data: Mapping, *, model: str) -> Profile:
     if gpu_class and gpus_per_node is None and (tp * pp) % nodes:
         raise CatalogError(f"{where}: tp × pp ({tp * pp}) does not divide over {nodes} nodes.")
     cpu_cores = _int(data, "cpu_cores", None, where=where, minimum=1)
-    timeout = data.get("startup_timeout_s", data.get("startup_timeout", 600))
+    # The spec's name is startup_timeout; startup_timeout_s is the dataclass's, also accepted.
+    timeout_key = "startup_timeout_s" if "startup_timeout_s" in data else "startup_timeout"
     selector = _string_map(data, "node_selector", where=where)
     for k in selector:
         if not LABEL_RE.match(k):
@@ -227,9 +228,7 @@ def parse_profile(data: Mapping, *, model: str) -> Profile:
         node_selector=selector,
         weight=_int(data, "weight", 1, where=where, minimum=0),
         priority=_int(data, "priority", 0, where=where, minimum=-1000),
-        startup_timeout_s=_int(
-            {"t": timeout}, "t", 600, where=f"{where}: startup_timeout", minimum=1
-        ),
+        startup_timeout_s=_int(data, timeout_key, 600, where=where, minimum=1),
     )
 
 

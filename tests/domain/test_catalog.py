@@ -1,0 +1,340 @@
+"""The catalog's rules: names, scaling, profiles, classes, fingerprints, warnings (domain.md, Catalog)."""
+
+import pytest
+
+from catalog.domain import (
+    CatalogError,
+    new_model_warnings_as_errors,
+    parse_model,
+    parse_profile,
+    parse_scaling,
+    reservation_warnings,
+    validate_catalog,
+)
+
+
+def gpu(**kw):
+    return {"name": "tp1", "engine": "vllm", "gpu_class": "h100-80g", **kw}
+
+
+def cpu(**kw):
+    return {"name": "cpu", "engine": "llamacpp", **kw}
+
+
+def a_model(name="chat", **kw):
+    return {"name": name, "profiles": [gpu()], **kw}
+
+
+def refused(data, match):
+    with pytest.raises(CatalogError, match=match):
+        parse_model(data)
+
+
+# Names
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen2_5", "7b", "a" * 64])
+def test_lowercase_names_of_letters_digits_dots_dashes_and_underscores_are_accepted(name):
+    assert parse_model(a_model(name)).name == name
+
+
+@pytest.mark.parametrize(
+    "name", ["Llama", "-chat", ".chat", "_chat", "chat model", "chat/7b", "", "a" * 65, None, 7]
+)
+def test_bad_names_are_refused_with_what_a_name_may_be(name):
+    refused(a_model(name), "lowercase letters, digits")
+
+
+def test_an_alias_must_be_a_valid_name_too():
+    refused(a_model(aliases=["Chat"]), "alias 'Chat' is not a valid model name")
+
+
+def test_an_unknown_field_is_named():
+    refused(a_model(replicas=2), "unknown field 'replicas'")
+
+
+def test_a_model_needs_at_least_one_profile():
+    refused({"name": "chat", "profiles": []}, "at least one profile")
+    refused({"name": "chat"}, "at least one profile")
+
+
+def test_two_profiles_of_one_model_may_not_share_a_name():
+    refused(a_model(profiles=[gpu(), gpu(tp=2)]), "two profiles are named tp1")
+
+
+# Scaling
+
+
+def test_max_left_out_follows_min():
+    m = parse_model(a_model(scaling={"min": 3}))
+    assert (m.min_replicas, m.max_replicas) == (3, 3)
+
+
+def test_scaling_left_out_is_one_replica():
+    m = parse_model(a_model())
+    assert (m.min_replicas, m.max_replicas) == (1, 1)
+
+
+def test_max_below_min_is_refused():
+    refused(a_model(scaling={"min": 3, "max": 2}), r"max \(2\) is below min \(3\)")
+
+
+def test_negative_min_is_refused():
+    refused(a_model(scaling={"min": -1}), "min must be at least 0")
+
+
+def test_changing_only_the_idle_timeout_keeps_min_and_max():
+    assert parse_scaling({"idle_timeout": 60}, where="m", current=(1, 4, 600)) == (1, 4, 60)
+
+
+def test_changing_min_alone_takes_max_with_it():
+    assert parse_scaling({"min": 2}, where="m", current=(1, 4, 600)) == (2, 2, 600)
+
+
+def test_min_zero_with_a_max_is_on_demand_and_keeps_its_idle_timeout():
+    m = parse_model(a_model(scaling={"min": 0, "max": 2, "idle_timeout": 120}))
+    assert m.on_demand
+    assert m.idle_timeout_s == 120
+
+
+def test_min_zero_and_max_zero_is_not_on_demand_but_off():
+    m = parse_model(a_model(scaling={"min": 0}))
+    assert (m.min_replicas, m.max_replicas, m.on_demand) == (0, 0, False)
+
+
+# Class
+
+
+@pytest.mark.parametrize(
+    ("klass", "scaling", "effective", "rank"),
+    [
+        ("", {"min": 1}, "standard", 2),
+        ("", {"min": 0, "max": 1}, "opportunistic", 1),
+        ("critical", {"min": 0, "max": 1}, "critical", 3),
+        ("opportunistic", {"min": 2}, "opportunistic", 1),
+    ],
+)
+def test_an_empty_class_is_opportunistic_on_demand_and_standard_otherwise(
+    klass, scaling, effective, rank
+):
+    m = parse_model(a_model(scaling=scaling, **{"class": klass}))
+    assert (m.effective_class, m.class_rank) == (effective, rank)
+
+
+def test_an_unknown_class_is_refused():
+    refused(a_model(**{"class": "gold"}), "class must be one of critical, standard, opportunistic")
+
+
+@pytest.mark.parametrize("owner", ["team:7", "org:1", "project:42", ""])
+def test_an_owner_is_a_scope_id_or_empty(owner):
+    assert parse_model(a_model(owner=owner)).owner == owner
+
+
+@pytest.mark.parametrize("owner", ["team:Acme/ml", "group:1", "team:", "7"])
+def test_an_owner_that_is_not_a_scope_id_is_refused(owner):
+    refused(a_model(owner=owner), "owner must be org:ID, team:ID or project:ID")
+
+
+# Profiles
+
+
+def test_gpus_per_node_defaults_to_tp_times_pp_over_the_nodes():
+    p = parse_profile(gpu(tp=4, pp=2, nodes=2), model="m")
+    assert p.gpus_on_each_node == 4
+
+
+def test_a_given_gpus_per_node_wins():
+    assert parse_profile(gpu(tp=2, gpus_per_node=4), model="m").gpus_on_each_node == 4
+
+
+def test_tp_times_pp_that_does_not_divide_over_the_nodes_is_refused():
+    with pytest.raises(CatalogError, match=r"tp × pp \(3\) does not divide over 2 nodes"):
+        parse_profile(gpu(tp=3, nodes=2), model="m")
+
+
+def test_a_cpu_profile_takes_no_gpus_and_reserves_its_cores():
+    p = parse_profile(cpu(min_memory_gb=6, cpu_cores=3), model="m")
+    assert (p.cpu_only, p.gpus_on_each_node, p.reserved_cores) == (True, 0, 3)
+
+
+def test_a_gpu_profile_reserves_no_cores_even_when_it_names_some():
+    p = parse_profile(gpu(cpu_cores=3), model="m")
+    assert p.reserved_cores is None
+
+
+def test_tensor_parallelism_without_a_gpu_class_is_refused():
+    with pytest.raises(CatalogError, match="need a gpu_class"):
+        parse_profile(cpu(tp=2), model="m")
+
+
+def test_an_unknown_engine_is_refused():
+    with pytest.raises(CatalogError, match="engine must be one of llamacpp, vllm, sim"):
+        parse_profile(gpu(engine="tgi"), model="m")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("tp", 0, "tp must be at least 1"),
+        ("tp", "2", "tp must be a whole number"),
+        ("tp", True, "tp must be a whole number"),
+        ("min_memory_gb", 0, "min_memory_gb must be more than 0"),
+        ("min_memory_gb", "8", "min_memory_gb must be a number"),
+        ("cpu_cores", 0, "cpu_cores must be at least 1"),
+        ("gpu_class", "H100 80GB", "gpu_class must look like h100-80g"),
+        ("node_selector", {"zone": 1}, "node_selector must map strings to strings"),
+        ("args", "--flag", "args must be a list of strings"),
+    ],
+)
+def test_a_bad_profile_figure_is_refused_naming_the_field(field, value, match):
+    with pytest.raises(CatalogError, match=match):
+        parse_profile(gpu(**{field: value}), model="m")
+
+
+@pytest.mark.parametrize("field", ["tp", "pp", "nodes", "weight", "priority", "startup_timeout"])
+def test_a_figure_left_empty_takes_its_default(field):
+    # YAML's `tp:` with nothing after it is None: the default, not a crash.
+    p = parse_profile(gpu(**{field: None}), model="m")
+    assert (p.tp, p.pp, p.nodes, p.weight, p.priority, p.startup_timeout_s) == (1, 1, 1, 1, 0, 600)
+
+
+def test_an_empty_scaling_figure_takes_its_default():
+    m = parse_model(a_model(scaling={"min": None, "max": 3}))
+    assert (m.min_replicas, m.max_replicas) == (1, 3)
+
+
+@pytest.mark.parametrize("field", ["startup_timeout", "startup_timeout_s"])
+def test_a_startup_timeout_that_is_not_whole_seconds_is_refused_naming_it(field):
+    with pytest.raises(
+        CatalogError, match=f"profile tp1: {field} must be a whole number, not '10m'"
+    ):
+        parse_profile(gpu(**{field: "10m"}), model="m")
+
+
+@pytest.mark.parametrize("name", ["", "-gpu", "gpu profile", None])
+def test_a_profile_needs_a_name_of_letters_digits_and_dashes(name):
+    with pytest.raises(CatalogError, match="a profile needs a name"):
+        parse_profile(gpu(name=name), model="m")
+
+
+def test_the_startup_timeout_is_read_under_its_spec_name():
+    assert parse_profile(gpu(startup_timeout=120), model="m").startup_timeout_s == 120
+
+
+# Fingerprints
+
+
+def test_a_profile_fingerprint_is_stable_for_the_same_profile():
+    a = parse_profile(gpu(env={"A": "1", "B": "2"}), model="m")
+    b = parse_profile(gpu(env={"B": "2", "A": "1"}), model="m")
+    assert a.fingerprint() == b.fingerprint()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tp": 2},
+        {"args": ["--max-model-len", "8192"]},
+        {"env": {"VLLM_X": "1"}},
+        {"min_memory_gb": 40},
+        {"node_selector": {"zone": "a"}},
+        {"engine": "sim"},
+    ],
+)
+def test_the_fingerprint_changes_when_a_profile_changes(change):
+    before = parse_profile(gpu(), model="m").fingerprint()
+    assert parse_profile(gpu(**change), model="m").fingerprint() != before
+
+
+# Across the catalog
+
+
+def test_a_name_used_twice_is_refused():
+    with pytest.raises(CatalogError, match="model chat: chat is already the name"):
+        validate_catalog([parse_model(a_model("chat")), parse_model(a_model("chat"))])
+
+
+def test_an_alias_that_is_another_models_name_is_refused():
+    with pytest.raises(CatalogError, match="model code: chat is already the name"):
+        validate_catalog(
+            [parse_model(a_model("chat")), parse_model(a_model("code", aliases=["chat"]))]
+        )
+
+
+def test_an_alias_two_models_claim_is_refused_naming_the_first():
+    models = [
+        parse_model(a_model("chat", aliases=["default"])),
+        parse_model(a_model("code", aliases=["default"])),
+    ]
+    with pytest.raises(CatalogError, match="model code: default is already the alias of chat"):
+        validate_catalog(models)
+
+
+def test_a_fallback_must_be_a_model():
+    with pytest.raises(CatalogError, match="fallback nope is not a model"):
+        validate_catalog([parse_model(a_model("chat", fallbacks=["nope"]))])
+
+
+def test_a_model_cannot_fall_back_to_itself():
+    with pytest.raises(CatalogError, match="cannot fall back to itself"):
+        validate_catalog([parse_model(a_model("chat", fallbacks=["chat"]))])
+
+
+def test_fallbacks_that_go_round_in_a_circle_are_refused_showing_the_circle():
+    models = [
+        parse_model(a_model("a", fallbacks=["b"])),
+        parse_model(a_model("b", fallbacks=["c"])),
+        parse_model(a_model("c", fallbacks=["a"])),
+    ]
+    with pytest.raises(CatalogError, match="fallbacks go round in a circle: a → b → c → a"):
+        validate_catalog(models)
+
+
+def test_fallbacks_that_share_a_target_are_not_a_circle():
+    models = [
+        parse_model(a_model("a", fallbacks=["b", "c"])),
+        parse_model(a_model("b", fallbacks=["c"])),
+        parse_model(a_model("c")),
+    ]
+    validate_catalog(models)  # raises if it took the diamond for a circle
+
+
+# Memory and reservation warnings
+
+
+def test_a_cpu_model_added_now_must_say_how_much_memory_it_needs():
+    m = parse_model({"name": "bare", "profiles": [cpu()]})
+    with pytest.raises(CatalogError, match="profile cpu: a CPU profile must declare min_memory_gb"):
+        new_model_warnings_as_errors(m)
+
+
+def test_a_new_cpu_model_with_memory_and_a_new_gpu_model_without_are_accepted():
+    new_model_warnings_as_errors(parse_model({"name": "c", "profiles": [cpu(min_memory_gb=6)]}))
+    new_model_warnings_as_errors(parse_model(a_model("g")))
+
+
+def test_a_stored_cpu_model_without_memory_still_loads_and_carries_a_warning():
+    m = parse_model({"name": "bare", "profiles": [cpu()]})
+    [warning] = reservation_warnings(m)
+    assert "profile cpu runs on CPU and reserves no memory" in warning
+    assert "llmgw ctl model resources bare --memory GB" in warning
+
+
+def test_a_reservation_measured_past_a_tenth_over_is_said_with_both_figures():
+    m = parse_model({"name": "m", "profiles": [cpu(min_memory_gb=6)]})
+    [warning] = reservation_warnings(m, measured_memory_gb=8.2)
+    assert "use 8.2 GB but reserve 6 GB" in warning
+
+
+def test_within_a_tenth_over_is_mapped_weights_not_a_wrong_figure():
+    m = parse_model({"name": "m", "profiles": [cpu(min_memory_gb=6)]})
+    assert reservation_warnings(m, measured_memory_gb=6.4) == []
+
+
+def test_a_gpu_model_needs_no_host_memory_figure():
+    assert reservation_warnings(parse_model(a_model("g")), measured_memory_gb=3) == []
+
+
+def test_a_model_of_several_profiles_is_not_judged_on_one_measurement():
+    m = parse_model({"name": "m", "profiles": [cpu(min_memory_gb=6), gpu(min_memory_gb=6)]})
+    assert reservation_warnings(m, measured_memory_gb=20) == []
