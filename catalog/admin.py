@@ -10,7 +10,15 @@ class ProfileInline(admin.StackedInline):
 
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "min_replicas", "max_replicas", "capacity_class", "owner", "declared", "updated_by"]
+    list_display = [
+        "name",
+        "min_replicas",
+        "max_replicas",
+        "capacity_class",
+        "owner",
+        "declared",
+        "updated_by",
+    ]
     list_filter = ["declared", "capacity_class"]
     search_fields = ["name", "description", "source"]
     inlines = [ProfileInline]
@@ -18,5 +26,12 @@ class ModelAdmin(admin.ModelAdmin):
 
 @admin.register(Measurement)
 class MeasurementAdmin(admin.ModelAdmin):
-    list_display = ["model", "profile", "max_concurrency", "tok_per_sec", "measured_at", "measured_by"]
+    list_display = [
+        "model",
+        "profile",
+        "max_concurrency",
+        "tok_per_sec",
+        "measured_at",
+        "measured_by",
+    ]
     list_select_related = ["model"]

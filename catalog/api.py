@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ninja import Router
+from ninja import Router, Status
 
 from fleet import selectors as fleet_selectors, services as fleet_services
 from llmgw import clock
@@ -15,6 +15,11 @@ from . import services
 from .schemas import ExplainOut, ModelOut, ScaleIn
 
 router = Router(tags=["models"])
+
+
+def _not_json(constant: str):
+    # Python's json reads NaN and Infinity, which JSON has not; a figure of either breaks every rule.
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _view(name: str) -> dict:
@@ -35,11 +40,11 @@ def model_get(request, name: str):
 def model_add(request):
     """Add a runtime model (domain.md's field names); 400 with the reason, 409 when it exists."""
     try:
-        data = json.loads(request.body or b"null")
-    except (ValueError, UnicodeDecodeError):
+        data = json.loads(request.body or b"null", parse_constant=_not_json)
+    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         raise Invalid("The body is not valid JSON.") from None
     spec = services.model_add(data=data, actor=actor(request))
-    return 201, _view(spec.name)
+    return Status(201, _view(spec.name))
 
 
 @router.delete("/models/{name}", response={200: dict})

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from django.db import transaction
 
@@ -67,7 +68,69 @@ def _write(spec: ModelSpec, *, actor: str, row: Model | None = None) -> Model:
     return row
 
 
+# The largest whole number the database columns hold (Django's IntegerField, on every backend).
+_INT_MAX = 2**31 - 1
+
+
+def _storable(spec: ModelSpec) -> None:
+    """Refuse figures no column can hold, which the database would answer with a crash."""
+    where = f"model {spec.name}"
+    figures = [
+        (where, name, getattr(spec, field))
+        for name, field in (
+            ("min", "min_replicas"),
+            ("max", "max_replicas"),
+            ("idle_timeout", "idle_timeout_s"),
+        )
+    ]
+    for p in spec.profiles:
+        for field in (
+            "tp",
+            "pp",
+            "nodes",
+            "gpus_per_node",
+            "cpu_cores",
+            "weight",
+            "priority",
+            "startup_timeout_s",
+            "min_memory_gb",
+            "min_disk_gb",
+        ):
+            figures.append((f"{where}, profile {p.name}", field, getattr(p, field)))
+    for place, name, value in figures:
+        if value is None:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise Invalid(f"{place}: {name} must be a finite number, not {value}.")
+        if abs(value) > _INT_MAX:
+            raise Invalid(f"{place}: {name} is too large ({value:g}); at most {_INT_MAX}.")
+    texts = [(where, "source", spec.source, Model), (where, "owner", spec.owner, Model)]
+    texts += [
+        (f"{where}, profile {p.name}", "gpu_class", p.gpu_class, ProfileRow) for p in spec.profiles
+    ]
+    for place, name, value, row in texts:
+        longest = row._meta.get_field(name).max_length
+        if len(value) > longest:
+            raise Invalid(f"{place}: {name} is longer than {longest} characters.")
+    _no_nul(asdict(spec), where=where)
+
+
+def _no_nul(value, *, where: str) -> None:
+    """PostgreSQL cannot store a NUL character in text or JSON: refuse it as bad input."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise Invalid(f"{where}: text may not contain NUL characters.")
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            _no_nul(k, where=where)
+            _no_nul(v, where=where)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _no_nul(v, where=where)
+
+
 def _validated(catalog: dict[str, ModelSpec], spec: ModelSpec) -> None:
+    _storable(spec)
     try:
         domain.validate_catalog({**catalog, spec.name: spec}.values())
     except CatalogError as exc:
@@ -86,6 +149,8 @@ def _runtime_spec(name: str) -> tuple[dict[str, ModelSpec], ModelSpec]:
 
 def model_add(*, data: Mapping, actor: str) -> ModelSpec:
     """Add a runtime model; raises Invalid with the reason, Conflict when the name is taken."""
+    # Before parsing: fields kept only in the audit record must be storable too.
+    _no_nul(data, where="the model")
     try:
         spec = domain.parse_model(data)
         domain.new_model_warnings_as_errors(spec)
@@ -150,6 +215,11 @@ def declared_sync(*, specs: list[ModelSpec]) -> list[str]:
     with transaction.atomic():
         catalog = catalog_load()
         runtime = {n: s for n, s in catalog.items() if not s.declared}
+        for spec in specs:
+            try:
+                _storable(spec)
+            except Invalid as exc:
+                raise Invalid(f"The catalog file cannot be loaded: {exc}") from None
         try:
             domain.validate_catalog(
                 [*specs, *(s for n, s in runtime.items() if n not in {x.name for x in specs})]

@@ -7,8 +7,11 @@ import json
 import logging
 import uuid
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
+from django.conf import settings
 
 from llmgw import clock
 from tenancy.models import Token
@@ -47,7 +50,8 @@ async def _flush_forever() -> None:
         writes = LIVE.due()
         if writes:
             try:
-                await database_sync_to_async(node_live_flush)(writes=writes, now=clock.now())
+                lost = await database_sync_to_async(node_live_flush)(writes=writes, now=clock.now())
+                await _ask_to_register_again(lost)
             except Exception:
                 log.exception(
                     "could not write %d nodes' heartbeats; they are written on the next one",
@@ -55,8 +59,18 @@ async def _flush_forever() -> None:
                 )
 
 
+async def _ask_to_register_again(node_ids: list[str]) -> None:
+    """Close these nodes' connections: their agents reconnect and report what they run."""
+    layer = get_channel_layer()
+    for node_id in node_ids:
+        log.info("node %s was lost but is still connected; asking it to register again", node_id)
+        await layer.group_send(node_group(node_id), {"type": "agent.superseded", "session": ""})
+
+
 def ensure_flusher() -> None:
     global _flusher
+    # Written often enough that the database never looks silent to the reconciler.
+    LIVE.write_every = min(5.0, settings.LLMGW.timings.unreachable / 4)
     if _flusher is None or _flusher.done():
         _flusher = asyncio.get_running_loop().create_task(_flush_forever())
 
@@ -65,6 +79,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
     """One agent's connection. The first message must be `register`."""
 
     node_id: str | None = None
+
+    async def dispatch(self, message):
+        """Channels closes stale DB connections in a thread before every message; heartbeats
+        touch no database, and every service call here (database_sync_to_async) closes them
+        itself, so that thread hop per frame is skipped."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def connect(self):
         token = await database_sync_to_async(token_find)(
@@ -137,7 +160,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
             msg=msg, session=self.session, now=now
         )
         self.node_id = msg.node_id
-        LIVE.connected(msg.node_id, self.session, now)
+        # Seeded with the registered figures, so a heartbeat repeating them is not a change.
+        LIVE.connected(
+            msg.node_id,
+            self.session,
+            now,
+            memory_total_mb=msg.memory_total_mb,
+            cpu_count=msg.cpu_count,
+        )
         await self.send(text_data=json.dumps({"type": "registered", "node_id": msg.node_id}))
         await self._send_commands(commands)
 
@@ -145,7 +175,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if LIVE.heartbeat(self.node_id, msg, clock.now()):
             # Memory or CPUs changed: placement must see that now, not in a few seconds.
             writes = LIVE.due(only=self.node_id)
-            await database_sync_to_async(node_live_flush)(writes=writes, now=clock.now())
+            lost = await database_sync_to_async(node_live_flush)(writes=writes, now=clock.now())
+            await _ask_to_register_again(lost)
 
     async def on_engine_load(self, msg: events.EngineLoad) -> None:
         LIVE.engine_load(

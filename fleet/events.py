@@ -16,8 +16,14 @@ MAX_FRAME_BYTES = 256 * 1024
 
 NodeId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 ShardId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,89}$")]
-Short = Annotated[str, StringConstraints(max_length=255)]
-Label = Annotated[str, StringConstraints(min_length=1, max_length=127)]
+ReplicaId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")]
+# Text may not hold NUL: PostgreSQL can store it neither in text nor in JSON.
+_TEXT = r"^[^\x00]*$"
+Short = Annotated[str, StringConstraints(max_length=255, pattern=_TEXT)]
+# Lengths and sizes the columns they are stored in can hold.
+Name = Annotated[str, StringConstraints(max_length=100, pattern=_TEXT)]
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=127, pattern=_TEXT)]
 Count = Annotated[int, Field(ge=0, le=1_000_000)]
 Positive = Annotated[int, Field(gt=0, le=1 << 50)]
 Reading = Annotated[float, Field(ge=-300, le=1_000_000)]
@@ -26,14 +32,15 @@ ShardState = Literal["pending", "starting", "ready", "failed", "stopped"]
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # NaN and Infinity are not JSON: PostgreSQL's JSON refuses them and every reading compares false.
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
 
 class GpuInfo(_Message):
     index: Annotated[int, Field(ge=0, le=1023)]
-    uuid: Short = ""
-    name: Short = ""
-    memory_total_mb: Positive | None = None
+    uuid: Name = ""
+    name: Name = ""
+    memory_total_mb: Annotated[int, Field(gt=0, le=2**31 - 1)] | None = None
 
 
 class Disk(_Message):
@@ -42,17 +49,17 @@ class Disk(_Message):
 
 
 class Weight(_Message):
-    source: Annotated[str, StringConstraints(max_length=500)]
+    source: Annotated[str, StringConstraints(max_length=500, pattern=_TEXT)]
     digest: Short = ""
     size: Count | None = None
 
 
 class RunningShard(_Message):
     shard_id: ShardId
-    replica_id: ShardId
-    model: Short
-    profile: Short
-    profile_fp: Short = ""
+    replica_id: ReplicaId
+    model: Annotated[str, StringConstraints(max_length=64)]
+    profile: Annotated[str, StringConstraints(max_length=64)]
+    profile_fp: Annotated[str, StringConstraints(max_length=16)] = ""
     gpu_indices: Annotated[list[Annotated[int, Field(ge=0, le=1023)]], Field(max_length=64)] = []
     endpoint: Short = ""
     state: ShardState = "ready"
@@ -64,7 +71,7 @@ class Register(_Message):
     hostname: Short = ""
     mgmt_addr: Short = ""
     labels: Annotated[dict[Label, Short], Field(max_length=64)] = {}
-    agent_version: Short = ""
+    agent_version: Annotated[str, StringConstraints(max_length=40, pattern=_TEXT)] = ""
     memory_total_mb: Positive | None = None
     cpu_count: Annotated[int, Field(gt=0, le=100_000)] | None = None
     gpus: Annotated[list[GpuInfo], Field(max_length=64)] = []
@@ -124,8 +131,8 @@ class ShardStatus(_Message):
     shard_id: ShardId
     state: Literal["starting", "ready", "failed", "stopped"]
     endpoint: Short = ""
-    detail: Annotated[str, StringConstraints(max_length=4000)] = ""
-    exit_code: int | None = None
+    detail: Annotated[str, StringConstraints(max_length=4000, pattern=_TEXT)] = ""
+    exit_code: Int32 | None = None
 
 
 class EngineShardLoad(_Message):

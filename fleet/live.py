@@ -55,9 +55,23 @@ class LiveFleet:
         self.write_every = write_every
         self.nodes: dict[str, LiveNode] = {}
 
-    def connected(self, node_id: str, session: str, now: datetime) -> None:
+    def connected(
+        self,
+        node_id: str,
+        session: str,
+        now: datetime,
+        *,
+        memory_total_mb: int | None = None,
+        cpu_count: int | None = None,
+    ) -> None:
+        """A node registered: its figures are those it registered with, already written."""
         self.nodes[node_id] = LiveNode(
-            node_id=node_id, session=session, last_seen=now, written_at=time.monotonic()
+            node_id=node_id,
+            session=session,
+            last_seen=now,
+            memory_total_mb=memory_total_mb,
+            cpu_count=cpu_count,
+            written_at=time.monotonic(),
         )
 
     def disconnected(self, node_id: str, session: str) -> None:

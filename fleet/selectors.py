@@ -253,10 +253,9 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
 
 
 def _status(
-    spec: ModelSpec, state: ModelStateView | None, ready: int, starting: int
+    spec: ModelSpec, state: ModelStateView | None, desired: int, ready: int, starting: int
 ) -> tuple[str, str]:
     """A model's one-word status and the sentence behind it."""
-    desired = state.desired if state else 0
     if state and state.parked_since:
         return "parked", state.parked_reason
     if desired == 0:

@@ -60,7 +60,8 @@ def stop_command(node_id: str, shard_id: str, grace_s: int) -> Command:
 
 def _sync_gpus(node: Node, msg: Register) -> None:
     wanted = {
-        g.index: (g.uuid, g.name, g.memory_total_mb, gpu_class(g.name, g.memory_total_mb))
+        # Cut to the column's length: only an odd product name makes a class that long.
+        g.index: (g.uuid, g.name, g.memory_total_mb, gpu_class(g.name, g.memory_total_mb)[:40])
         for g in msg.gpus
     }
     have = {g.index: (g.uuid, g.name, g.memory_mb, g.gpu_class) for g in node.gpus.all()}
@@ -178,6 +179,18 @@ def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list
             )
             commands.append(stop_command(node.id, shard_id, 0))
             continue
+        holder = Shard.objects.filter(pk=shard_id).values_list("node_id", flat=True).first()
+        if holder is not None:
+            # Another node holds this shard: adopting it here would run it twice.
+            log.info(
+                "stopping shard %s on node %s: node %s holds it",
+                shard_id,
+                node.id,
+                holder,
+                extra={"node": node.id},
+            )
+            commands.append(stop_command(node.id, shard_id, 0))
+            continue
         _adopt(node, rep, profile, now)
     for shard_id, shard in known.items():
         if shard_id in reported:
@@ -220,7 +233,10 @@ def _adopt(node: Node, rep, profile, now: datetime) -> None:
         },
     )
     rank = int(rep.shard_id.rsplit("-", 1)[1]) if rep.shard_id.rsplit("-", 1)[-1].isdigit() else 0
-    port = urlparse(rep.endpoint).port or 0 if rep.endpoint else 0
+    try:
+        port = urlparse(rep.endpoint).port or 0
+    except ValueError:  # a port out of range: the shard is still taken over, not left running
+        port = 0
     Shard.objects.create(
         id=rep.shard_id,
         replica=replica,
@@ -238,7 +254,8 @@ def _adopt(node: Node, rep, profile, now: datetime) -> None:
         rep.shard_id,
         rep.model,
         node.id,
-        extra={"node": node.id, "replica": replica.id, "created": created},
+        # Not "created": that is a LogRecord attribute, and logging refuses to overwrite it.
+        extra={"node": node.id, "replica": replica.id, "new_replica": created},
     )
 
 
@@ -251,28 +268,46 @@ def node_disconnected(*, node_id: str, session: str, now: datetime) -> None:
         log.info("node %s is unreachable: its connection closed", node_id, extra={"node": node_id})
 
 
-def node_live_flush(*, writes: list[NodeWrite], now: datetime) -> None:
-    """Write heartbeats behind in bulk: last_seen and load per node, last use per replica."""
+def node_live_flush(*, writes: list[NodeWrite], now: datetime) -> list[str]:
+    """Write heartbeats behind in bulk: last_seen and load per node, last use per replica.
+
+    A node marked unreachable for silence that has been heard from since is ready again.
+    Returns the nodes found lost while still connected: their replicas were given up, so
+    their agents must register again to say what they run.
+    """
     if not writes:
-        return
+        return []
     by_id = {w.node_id: w for w in writes}
     with transaction.atomic():
-        nodes = list(
-            Node.objects.filter(pk__in=by_id).only("id", "session", "memory_total_mb", "cpu_count")
-        )
+        nodes = [
+            node
+            for node in Node.objects.filter(pk__in=by_id).only(
+                "id", "session", "state", "state_since", "memory_total_mb", "cpu_count"
+            )
+            # A node that registered again elsewhere is that connection's to write.
+            if node.session == by_id[node.id].session
+        ]
+        heard_again = []
+        lost = [node.id for node in nodes if node.state == Node.LOST]
         for node in nodes:
             w = by_id[node.id]
-            if node.session != w.session:
-                continue
             node.last_seen = w.last_seen
             node.load = w.load
             _believe_figures(node, w.memory_total_mb, w.cpu_count)
+            if node.state == Node.UNREACHABLE and node.state_since < w.last_seen:
+                heard_again.append(node.id)
         Node.objects.bulk_update(
             nodes, ["last_seen", "load", "memory_total_mb", "cpu_count"], batch_size=500
         )
+        if heard_again:
+            Node.objects.filter(pk__in=heard_again, state=Node.UNREACHABLE).update(
+                state=Node.READY, state_since=now
+            )
+            log.info("nodes heard from again, ready: %s", ", ".join(sorted(heard_again)))
         used = set().union(*(w.used_replicas for w in writes))
         if used:
             Replica.objects.filter(pk__in=used).update(last_used_at=now)
+    return lost
 
 
 def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> list[Command]:
@@ -329,7 +364,8 @@ def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
         q = Node.objects.filter(pk=change.node_id).exclude(state=change.state)
         if change.state != Node.LOST:
             # A heartbeat written since the snapshot means it is not silent after all.
-            q = q.filter(last_seen__lt=now - timedelta(seconds=t.unreachable))
+            # At the threshold, as the rules count it: silent for `unreachable` seconds or more.
+            q = q.filter(last_seen__lte=now - timedelta(seconds=t.unreachable))
         q.update(state=change.state, state_since=now)
     for forget in plan.forgets:
         Replica.objects.filter(pk=forget.replica_id).delete()

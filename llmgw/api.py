@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.core.exceptions import RequestDataTooBig
+from django.db import DataError
 from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -12,6 +15,8 @@ from llmgw import __version__
 from llmgw.errors import ServiceError
 from tenancy.models import Token
 from tenancy.selectors import token_find
+
+log = logging.getLogger("llmgw.api")
 
 ACTOR_HEADER = "HTTP_X_LLMGW_ACTOR"
 
@@ -72,6 +77,18 @@ def _unauthorized(request, exc):
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request, exc):
     return _detail(request, "The request body is too large.", 413)
+
+
+@api.exception_handler(DataError)
+def _unstorable(request, exc: DataError):
+    """A value the database refuses (a NUL character, a number out of range) is bad input."""
+    log.warning("refused %s %s: %s", request.method, request.path, str(exc).splitlines()[0])
+    return _detail(
+        request,
+        "The request holds a value the database cannot take: a number out of range "
+        "or a character such as NUL.",
+        400,
+    )
 
 
 @api.exception_handler(HttpError)

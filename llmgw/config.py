@@ -73,6 +73,9 @@ class Config:
         return self.redis_url is None
 
 
+_LONGEST = 10 * 365 * 86400
+
+
 def _number(env: dict[str, str], name: str, default: float, *, integer: bool) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -84,6 +87,9 @@ def _number(env: dict[str, str], name: str, default: float, *, integer: bool) ->
         raise SettingError(f"{name} must be {kind}, not {raw!r}.") from None
     if value < 0 or (integer and value < 1) or value != value:
         raise SettingError(f"{name} must be positive, not {raw!r}.")
+    if value > _LONGEST:
+        # Infinity, or so long that adding it to a date overflows deep inside a pass.
+        raise SettingError(f"{name} must be at most {_LONGEST} (ten years), not {raw!r}.")
     return value
 
 
@@ -106,14 +112,30 @@ def _secret(env: dict[str, str], home: Path) -> str:
         return given
     path = home / "secret_key"
     try:
-        return path.read_text().strip()
+        key = path.read_text().strip()
     except FileNotFoundError:
         pass
+    else:
+        if len(key) < 32:
+            # A write cut short: Django would refuse an empty key with a stack trace.
+            raise SettingError(
+                f"{path} is too short to be the secret key; delete it to have a new one made."
+            )
+        return key
     key = secrets.token_urlsafe(48)
     # Written once with owner-only permissions: it signs sessions and derives engine keys.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    # Written whole beside it, then linked into place: a process starting at the same time
+    # (serve and a Celery worker) never reads half a key, and the first one to link wins.
+    tmp = home / f".secret_key.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        key = path.read_text().strip()
+    finally:
+        tmp.unlink()
     return key
 
 

@@ -37,8 +37,15 @@ class ApiKeyAdmin(admin.ModelAdmin):
 @admin.register(CapacityQuota)
 class CapacityQuotaAdmin(admin.ModelAdmin):
     list_display = [
-        "scope", "guarantee_gpus", "limit_gpus", "guarantee_cpu_cores", "limit_cpu_cores",
-        "guarantee_memory_gb", "limit_memory_gb", "updated_by", "updated_at",
+        "scope",
+        "guarantee_gpus",
+        "limit_gpus",
+        "guarantee_cpu_cores",
+        "limit_cpu_cores",
+        "guarantee_memory_gb",
+        "limit_memory_gb",
+        "updated_by",
+        "updated_at",
     ]
     search_fields = ["scope"]
 

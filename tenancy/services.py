@@ -17,6 +17,8 @@ def token_create(*, name: str, kind: str = Token.ADMIN) -> tuple[Token, str]:
     """Store a new token's hash and return it with the secret, which is not kept anywhere."""
     if not name.strip():
         raise ValueError("A token needs a name.")
+    if len(name.strip()) > Token._meta.get_field("name").max_length:
+        raise ValueError("A token's name is at most 100 characters long.")
     secret = new_secret("llmgw_agt_" if kind == Token.AGENT else "llmgw_adm_")
     token = Token.objects.create(
         name=name.strip(), kind=kind, prefix=secret[:14], secret_hash=digest(secret)

@@ -1,6 +1,6 @@
 """`llmgw createtoken [--agent] NAME`: a new admin (or agent join) token, printed once."""
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from tenancy.models import Token
 from tenancy.services import token_create
@@ -15,6 +15,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, name, agent, **options):
         kind = Token.AGENT if agent else Token.ADMIN
-        _, secret = token_create(name=name, kind=kind)
+        try:
+            _, secret = token_create(name=name, kind=kind)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(f"Created {kind} token {name!r}. It is shown once; keep it now:")
         self.stdout.write(secret)

@@ -1,0 +1,342 @@
+"""Models over the REST API: one validated path for every change, sentences for every refusal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from catalog.domain import parse_model
+from catalog.models import Model
+from catalog.services import declared_sync
+from fleet.models import ModelState
+from llmgw import clock
+from tenancy.models import AuditEvent
+from tests.fleet.builders import cpu_model, gpu_model, node_add
+
+pytestmark = pytest.mark.django_db
+
+
+def detail(response) -> str:
+    body = response.json()
+    assert set(body) == {"detail"}
+    assert body["detail"]
+    return body["detail"]
+
+
+def test_adding_a_model_answers_201_with_its_view(api):
+    response = api.call("POST", "/models", gpu_model("llama", scaling={"min": 2, "max": 3}))
+
+    assert response.status_code == 201
+    view = response.json()
+    assert (view["name"], view["min"], view["max"], view["desired"]) == ("llama", 2, 3, 2)
+    assert (view["class"], view["declared"], view["status"]) == ("standard", False, "waiting")
+    assert view["profiles"][0]["gpu_class"] == "h100-80g"
+    assert Model.objects.get().updated_by == "ops"
+    assert AuditEvent.objects.get().action == "model.add"
+
+
+def test_adding_a_model_that_exists_is_a_conflict(api):
+    api.call("POST", "/models", gpu_model("llama"))
+
+    response = api.call("POST", "/models", cpu_model("llama"))
+
+    assert response.status_code == 409
+    assert "llama" in detail(response)
+    assert Model.objects.get().profiles.get().name == "gpu"
+
+
+def test_an_alias_may_not_take_another_models_name(api):
+    api.call("POST", "/models", gpu_model("llama"))
+
+    response = api.call("POST", "/models", gpu_model("mistral", aliases=["llama"]))
+
+    assert response.status_code == 400
+    assert "llama" in detail(response)
+    assert Model.objects.count() == 1
+
+
+INVALID_MODELS = {
+    "a name with capitals and a space": (gpu_model("Llama 3"), "name"),
+    "no name": ({"profiles": [{"name": "p", "engine": "sim"}]}, "name"),
+    "an unknown field": (gpu_model("llama", gpus=2), "unknown field 'gpus'"),
+    "no profiles": ({"name": "llama", "profiles": []}, "profile"),
+    "an unknown engine": (
+        {"name": "llama", "profiles": [{"name": "p", "engine": "tensorrt", "gpu_class": "a"}]},
+        "engine",
+    ),
+    "max below min": (gpu_model("llama", scaling={"min": 3, "max": 1}), "max (1) is below min (3)"),
+    "a negative min": (gpu_model("llama", scaling={"min": -1}), "min"),
+    "a min that is text": (gpu_model("llama", scaling={"min": "a"}), "min"),
+    "a CPU profile without memory": (
+        {"name": "tiny", "profiles": [{"name": "cpu", "engine": "sim", "cpu_cores": 2}]},
+        "min_memory_gb",
+    ),
+    "an unknown class": (gpu_model("llama", **{"class": "urgent"}), "class"),
+    "an owner that is not a scope": (gpu_model("llama", owner="acme"), "owner"),
+    "a fallback that is not a model": (gpu_model("llama", fallbacks=["ghost"]), "ghost"),
+    "tp on a CPU profile": (
+        {
+            "name": "tiny",
+            "profiles": [{"name": "cpu", "engine": "sim", "tp": 2, "min_memory_gb": 2}],
+        },
+        "gpu_class",
+    ),
+    "a list": ([gpu_model("llama")], "object"),
+}
+
+
+@pytest.mark.parametrize("body, says", INVALID_MODELS.values(), ids=INVALID_MODELS.keys())
+def test_an_invalid_model_is_refused_with_a_sentence_and_nothing_is_written(api, body, says):
+    response = api.call("POST", "/models", body)
+
+    assert response.status_code == 400
+    assert says in detail(response)
+    assert Model.objects.count() == 0
+    assert AuditEvent.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "llama", ',
+        "\xff\xfe",
+        '{"name": NaN}',
+        '{"name": "x", "scaling": {"min": Infinity}}',
+    ],
+)
+def test_a_body_that_is_not_json_is_400(api, body):
+    response = api.call("POST", "/models", body)
+
+    assert response.status_code == 400
+    assert "JSON" in detail(response)
+    assert Model.objects.count() == 0
+
+
+def test_scaling_a_model_changes_min_and_max(api):
+    api.call("POST", "/models", gpu_model("llama"))
+
+    response = api.call(
+        "POST", "/models/llama/scale", {"min": 2, "max": 4}, HTTP_X_LLMGW_ACTOR="dan"
+    )
+
+    assert response.status_code == 200
+    assert (response.json()["min"], response.json()["max"]) == (2, 4)
+    row = Model.objects.get()
+    assert (row.min_replicas, row.max_replicas, row.updated_by) == (2, 4, "dan")
+    assert AuditEvent.objects.filter(action="model.scale", actor="dan").exists()
+
+
+@pytest.mark.parametrize(
+    "scaling, says",
+    [
+        ({"min": 5, "max": 2}, "below min"),
+        ({"max": 0, "min": 1}, "below min"),
+        ({}, "min, max or idle_timeout"),
+        ({"min": -1}, "min"),
+        ({"replicas": 3}, "replicas"),
+        ({"idle_timeout": 0}, "idle_timeout"),
+    ],
+)
+def test_a_bad_scale_is_400_and_changes_nothing(api, scaling, says):
+    api.call("POST", "/models", gpu_model("llama", scaling={"min": 1, "max": 2}))
+
+    response = api.call("POST", "/models/llama/scale", scaling)
+
+    assert response.status_code == 400
+    assert says in detail(response)
+    row = Model.objects.get()
+    assert (row.min_replicas, row.max_replicas) == (1, 2)
+
+
+def test_removing_a_model_forgets_it(api):
+    api.call("POST", "/models", gpu_model("llama"))
+
+    response = api.call("DELETE", "/models/llama")
+
+    assert response.status_code == 200
+    assert "llama" in detail(response)
+    assert api.call("GET", "/models/llama").status_code == 404
+    assert AuditEvent.objects.filter(action="model.remove", target="llama").exists()
+
+
+def test_a_model_another_falls_back_to_cannot_be_removed(api):
+    api.call("POST", "/models", gpu_model("small"))
+    api.call("POST", "/models", gpu_model("large", fallbacks=["small"]))
+
+    response = api.call("DELETE", "/models/small")
+
+    assert response.status_code == 409
+    assert "large" in detail(response)
+    assert Model.objects.filter(name="small").exists()
+
+
+def test_restart_asks_for_every_replica_to_be_replaced(api):
+    api.call("POST", "/models", gpu_model("llama"))
+
+    response = api.call("POST", "/models/llama/restart")
+
+    assert response.status_code == 200
+    assert "llama" in detail(response)
+    assert ModelState.objects.get(pk="llama").restart_requested_at is not None
+
+
+def test_retry_unparks_a_parked_model(api):
+    api.call("POST", "/models", gpu_model("llama"))
+    ModelState.objects.create(
+        model="llama", failures=5, parked_since=clock.now(), parked_reason="engine crashed"
+    )
+    assert api.call("GET", "/models/llama").json()["status"] == "parked"
+
+    response = api.call("POST", "/models/llama/retry")
+
+    assert response.status_code == 200
+    assert "unparked" in detail(response)
+    view = api.call("GET", "/models/llama").json()
+    assert (view["parked"], view["failures"]) == (False, 0)
+
+
+def test_explain_says_why_a_model_cannot_be_placed(api, no_settle):
+    api.call("POST", "/models", gpu_model("big", gpu_class="b200-192g"))
+    node_add("gpu-a", now=clock.now())
+    api.call("POST", "/reconcile")
+
+    response = api.call("GET", "/models/big/explain")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["model"], body["unplaceable"]) == ("big", True)
+    reasons = [r for e in body["explanation"] for r in e["reasons"]]
+    assert reasons and body["reason"] in reasons
+    assert api.call("GET", "/models/big").json()["status"] == "unplaceable"
+
+
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("GET", "/models/ghost", None),
+        ("DELETE", "/models/ghost", None),
+        ("POST", "/models/ghost/scale", {"min": 1}),
+        ("POST", "/models/ghost/restart", None),
+        ("POST", "/models/ghost/retry", None),
+        ("GET", "/models/ghost/explain", None),
+    ],
+)
+def test_an_unknown_model_is_404(api, method, path, body):
+    response = api.call(method, path, body)
+
+    assert response.status_code == 404
+    assert "ghost" in detail(response)
+    assert AuditEvent.objects.count() == 0
+
+
+@pytest.fixture
+def declared(db):
+    declared_sync(specs=[parse_model(gpu_model("llama"), declared=True)])
+
+
+@pytest.mark.parametrize(
+    "method, path, body",
+    [("POST", "/models/llama/scale", {"min": 3}), ("DELETE", "/models/llama", None)],
+)
+def test_a_declared_model_refuses_changes_and_points_at_the_file(api, declared, method, path, body):
+    response = api.call(method, path, body)
+
+    assert response.status_code == 409
+    assert "edit that file" in detail(response)
+    row = Model.objects.get()
+    assert (row.min_replicas, row.declared) == (1, True)
+    assert api.call("GET", "/models/llama").json()["declared"] is True
+
+
+def test_a_declared_model_cannot_be_added_again_over_the_api(api, declared):
+    response = api.call("POST", "/models", gpu_model("llama", scaling={"min": 4}))
+
+    assert response.status_code == 409
+    assert Model.objects.get().min_replicas == 1
+
+
+class Raw(str):
+    """A body sent as it is, not as JSON."""
+
+
+HOSTILE = [
+    Raw("[" * 100_000 + "]" * 100_000),
+    Raw('{"min": NaN, "max": Infinity}'),
+    [],
+    "x",
+    None,
+    {"min": -1},
+    {"min": "a"},
+    {"min": 10**30, "max": 10**30},
+    {"min": 1e308},
+    {"name": "x" * 10_000, "profiles": [{"name": "p", "engine": "sim"}]},
+    {"name": "huge", "profiles": [{"name": "p", "engine": "sim", "tp": 10**30, "gpu_class": "a"}]},
+    {
+        "name": "huge",
+        "profiles": [{"name": "p", "engine": "sim", "cpu_cores": 10**20, "min_memory_gb": 10**300}],
+    },
+    {"name": "huge", "profiles": [{"name": "p", "engine": "sim", "min_memory_gb": 1}]}
+    | {"scaling": {"min": 10**12, "max": 10**12, "idle_timeout": 10**15}},
+    {
+        "name": "huge",
+        "profiles": [
+            {"name": "p", "engine": "sim", "min_memory_gb": 1, "startup_timeout_s": 10**12}
+        ],
+    },
+    {"name": "deep", "profiles": [{"name": "p", "engine": "sim", "env": {"a": {"b": []}}}]},
+    {"name": "nul\x00", "profiles": [{"name": "p", "engine": "sim"}]},
+    gpu_model("nul", description="a\x00b"),
+    gpu_model("nul", source="hf://x\x00"),
+    gpu_model("long", source="hf://" + "x" * 5000),
+    gpu_model("long", gpu_class="a" * 500),
+    gpu_model("long", owner="org:" + "1" * 500),
+    {
+        "name": "env",
+        "profiles": [{"name": "p", "engine": "sim", "gpu_class": "a", "env": {"A": "\x00"}}],
+    },
+]
+
+
+def test_no_hostile_body_makes_any_post_endpoint_fail_with_a_500(api):
+    api.call("POST", "/models", gpu_model("llama"))
+    node_add("gpu-a", now=clock.now())
+    paths = [
+        "/models",
+        "/models/llama/scale",
+        "/models/llama/restart",
+        "/models/llama/retry",
+        "/nodes/gpu-a/cordon",
+        "/nodes/gpu-a/uncordon",
+        "/nodes/gpu-a/drain",
+        "/reconcile",
+    ]
+    seen = {}
+    for path in paths:
+        for body in HOSTILE:
+            response = api.call("POST", path, body if isinstance(body, Raw) else json.dumps(body))
+            seen[(path, json.dumps(body)[:60])] = response.status_code
+            assert response.status_code < 500, (path, body)
+            if response.status_code >= 400:
+                detail(response)
+    assert seen[("/models", "[]")] == 400
+    assert Model.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "name", ["%00", "a%00b", "x" * 5000, "..%2F..%2Fetc", "%F0%9F%A6%99", "%ff"]
+)
+def test_no_hostile_name_in_a_path_makes_an_endpoint_fail_with_a_500(api, name):
+    for method, path in [
+        ("GET", f"/models/{name}"),
+        ("GET", f"/models/{name}/explain"),
+        ("DELETE", f"/models/{name}"),
+        ("POST", f"/models/{name}/restart"),
+        ("POST", f"/models/{name}/retry"),
+        ("POST", f"/models/{name}/scale"),
+        ("GET", f"/nodes/{name}"),
+        ("POST", f"/nodes/{name}/drain"),
+        ("GET", f"/replicas?model={name}"),
+    ]:
+        response = api.call(method, path, {"min": 1} if path.endswith("scale") else None)
+        assert response.status_code < 500, (method, path)

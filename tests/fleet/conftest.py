@@ -1,0 +1,101 @@
+"""Fixtures for the agent websocket: a clean live fleet and channel layer, and connected agents."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.db import connections
+
+from fleet import consumers
+from fleet.live import LIVE
+
+
+@pytest.fixture
+def live():
+    """The process's live fleet, empty before and after each test."""
+    LIVE.nodes.clear()
+    yield LIVE
+    LIVE.nodes.clear()
+
+
+@pytest.fixture
+async def layer():
+    """The channel layer with no groups or messages left over from another test."""
+    layer = get_channel_layer()
+    await layer.flush()
+    # Each test has its own event loop: a flusher task from another loop can never run again.
+    consumers._flusher = None
+    yield layer
+    if consumers._flusher is not None:
+        consumers._flusher.cancel()
+        consumers._flusher = None
+    await layer.flush()
+    # The consumers' database thread keeps its connection, which would keep the test
+    # database from being dropped at the end of the run.
+    await database_sync_to_async(connections.close_all)()
+
+
+class Agents:
+    """Opens agent connections against the real ASGI application and closes them afterwards."""
+
+    def __init__(self, token: str):
+        self.token = token
+        self.open: list[WebsocketCommunicator] = []
+
+    async def connect(self, token: str | None = None, *, headers=None) -> WebsocketCommunicator:
+        from llmgw.asgi import application
+
+        if headers is None:
+            headers = [(b"authorization", f"Bearer {token or self.token}".encode())]
+        comm = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+        connected, code = await comm.connect(timeout=5)
+        self.open.append(comm)
+        comm.refused = None if connected else code
+        return comm
+
+    async def registered(self, frame: dict) -> WebsocketCommunicator:
+        """A connection that has registered with `frame` and been answered `registered`."""
+        comm = await self.connect()
+        assert comm.refused is None
+        await comm.send_json_to(frame)
+        assert await comm.receive_json_from(timeout=5) == {
+            "type": "registered",
+            "node_id": frame["node_id"],
+        }
+        return comm
+
+    async def close_all(self) -> None:
+        for comm in self.open:
+            if comm.future.done():  # a receive that timed out cancels the application
+                continue
+            try:
+                await comm.disconnect(timeout=5)
+            except (Exception, asyncio.CancelledError):
+                comm.future.cancel()
+
+
+@pytest.fixture
+async def agents(agent_token, live, layer):
+    a = Agents(agent_token)
+    yield a
+    await a.close_all()
+
+
+async def answer(comm: WebsocketCommunicator) -> dict:
+    return await comm.receive_json_from(timeout=5)
+
+
+async def barrier(comm: WebsocketCommunicator) -> None:
+    """Wait until the consumer has handled every frame sent before: frames are handled in order."""
+    await comm.send_json_to({"type": "barrier"})
+    reply = await answer(comm)
+    assert reply["type"] == "error"
+
+
+def in_db(fn):
+    """Run ORM code from an async test."""
+    return database_sync_to_async(fn)()

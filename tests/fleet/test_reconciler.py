@@ -1,0 +1,317 @@
+"""The reconciler's shell over real rows: passes at a given `now`, the lease, the settle period."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from catalog.services import model_remove, model_scale
+from fleet import reconciler
+from fleet.events import ShardStatus
+from fleet.live import NodeWrite
+from fleet.models import ModelState, Node, Replica, Shard
+from fleet.reconciler import lease_release, lease_take, reconcile_once
+from fleet.services import node_live_flush, node_set_schedule, shard_status_record
+
+from .builders import gpu_model, model_added, node_add
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def heard(node_id: str, now: datetime, **figures) -> None:
+    """The write-behind of a heartbeat from the node's current connection."""
+    node_live_flush(
+        writes=[
+            NodeWrite(
+                node_id=node_id,
+                session=f"session-{node_id}",
+                last_seen=now,
+                load={},
+                memory_total_mb=figures.get("memory_total_mb"),
+                cpu_count=figures.get("cpu_count"),
+                used_replicas=frozenset(),
+            )
+        ],
+        now=now,
+    )
+
+
+def ready(replica: Replica, now: datetime) -> None:
+    for shard in replica.shards.all():
+        shard_status_record(
+            node_id=shard.node_id,
+            msg=ShardStatus(type="shard_status", shard_id=shard.id, state="ready"),
+            now=now,
+        )
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The commands passes send to agents, recorded when their transaction commits."""
+    commands = []
+    monkeypatch.setattr(reconciler, "dispatch", commands.extend)
+    return commands
+
+
+@pytest.fixture
+def committed(sent, django_capture_on_commit_callbacks):
+    """Run a pass and its after-commit work, as outside a test's transaction."""
+
+    def run(now: datetime) -> dict:
+        with django_capture_on_commit_callbacks(execute=True):
+            return reconcile_once(now=now)
+
+    return run
+
+
+def test_a_pass_places_a_missing_replica_and_records_the_models_state(no_settle):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+
+    result = reconcile_once(now=T0)
+
+    assert (result["ran"], result["settling"], result["starts"]) == (True, False, 1)
+    replica = Replica.objects.get()
+    assert (replica.model, replica.state, replica.created_at) == ("llama", "pending", T0)
+    assert replica.shards.get().node_id == "gpu-a"
+    assert ModelState.objects.get(pk="llama").desired == 1
+
+
+def test_start_commands_are_sent_only_when_the_pass_commits(
+    no_settle, sent, django_capture_on_commit_callbacks
+):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        reconcile_once(now=T0)
+    assert sent == []
+
+    for callback in callbacks:
+        callback()
+    assert [(c.node_id, c.payload["type"]) for c in sent] == [("gpu-a", "start_shard")]
+
+
+def test_a_lost_nodes_replica_is_forgotten_and_replaced_elsewhere(no_settle):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    node_add("gpu-b", now=T0)
+    reconcile_once(now=T0)
+    first = Replica.objects.get()
+    ready(first, T0)
+    gone = first.shards.get().node_id
+    kept = ({"gpu-a", "gpu-b"} - {gone}).pop()
+
+    events = []
+    for second in range(5, 70, 5):
+        heard(kept, at(second))
+        events += reconcile_once(now=at(second))["events"]
+        if second == 15:
+            assert Node.objects.get(pk=gone).state == Node.UNREACHABLE
+            assert Replica.objects.get(pk=first.pk).state == "ready"
+
+    assert Node.objects.get(pk=gone).state == Node.LOST
+    assert not Replica.objects.filter(pk=first.pk).exists()
+    replacement = Replica.objects.get()
+    assert replacement.shards.get().node_id == kept
+    assert any(f"lost with node {gone}" in line for line in events)
+    # A lost node is not the model's fault: nothing counts against it.
+    assert ModelState.objects.get(pk="llama").failures == 0
+
+
+def test_an_unreachable_node_heard_from_again_is_ready_again(no_settle):
+    node_add("gpu-a", now=T0)
+    for second in (0, 5, 10, 15):
+        reconcile_once(now=at(second))
+    assert Node.objects.get(pk="gpu-a").state == Node.UNREACHABLE
+
+    heard("gpu-a", at(18))
+    reconcile_once(now=at(20))
+
+    assert Node.objects.get(pk="gpu-a").state == Node.READY
+
+
+def test_a_heartbeat_of_an_older_connection_is_not_written(no_settle):
+    node_add("gpu-a", now=T0)
+
+    node_live_flush(
+        writes=[
+            NodeWrite(
+                node_id="gpu-a",
+                session="an-older-session",
+                last_seen=at(30),
+                load={"cpu_percent": 99},
+                memory_total_mb=1024,
+                cpu_count=1,
+                used_replicas=frozenset(),
+            )
+        ],
+        now=at(30),
+    )
+
+    node = Node.objects.get(pk="gpu-a")
+    assert (node.last_seen, node.load, node.cpu_count) == (T0, {}, 32)
+
+
+def test_a_node_reporting_less_memory_is_believed(no_settle):
+    node_add("gpu-a", now=T0, memory_total_mb=65536)
+
+    heard("gpu-a", at(5), memory_total_mb=32768)
+
+    assert Node.objects.get(pk="gpu-a").memory_total_mb == 32768
+
+
+def test_the_lease_refuses_a_second_holder_until_it_expires():
+    assert lease_take(holder="worker-1", now=T0, seconds=60)
+
+    assert not lease_take(holder="worker-2", now=at(30), seconds=60)
+    assert lease_take(holder="worker-1", now=at(30), seconds=60)
+    assert not lease_take(holder="worker-2", now=at(89), seconds=60)
+    assert lease_take(holder="worker-2", now=at(90), seconds=60)
+
+
+def test_a_released_lease_is_free_at_once():
+    lease_take(holder="worker-1", now=T0)
+
+    lease_release(holder="worker-1")
+
+    assert lease_take(holder="worker-2", now=at(1))
+
+
+def test_a_pass_does_nothing_while_another_holds_the_lease(no_settle):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    lease_take(holder="elsewhere", now=T0)
+
+    result = reconcile_once(now=at(1))
+
+    assert result["ran"] is False
+    assert Replica.objects.count() == 0
+
+
+def test_nothing_is_placed_while_the_reconciler_settles_after_a_start():
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+
+    passes = {}
+    for second in (0, 10, 20, 29, 31):
+        heard("gpu-a", at(second))
+        passes[second] = reconcile_once(now=at(second))
+
+    assert [passes[s]["settling"] for s in (0, 10, 20, 29)] == [True] * 4
+    assert [passes[s]["starts"] for s in (0, 10, 20, 29)] == [0] * 4
+    assert (passes[31]["settling"], passes[31]["starts"]) == (False, 1)
+
+
+def test_a_pass_after_a_long_silence_settles_again_and_counts_silence_from_then():
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    for second in (0, 10, 20, 31):
+        heard("gpu-a", at(second))
+        reconcile_once(now=at(second))
+    assert Replica.objects.count() == 1
+    model_scale(name="llama", actor="test", scaling={"min": 2})
+
+    # Nobody ran a pass for two minutes, nor wrote the node's heartbeats.
+    late = reconcile_once(now=at(151))
+
+    assert (late["settling"], late["starts"]) == (True, 0)
+    assert Node.objects.get(pk="gpu-a").state == Node.READY
+    for second in (161, 171, 181):
+        heard("gpu-a", at(second))
+        after = reconcile_once(now=at(second))
+    assert (after["settling"], after["starts"]) == (False, 1)
+
+
+def test_a_pass_with_nothing_to_do_writes_nothing_but_the_lease(no_settle):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    ready(Replica.objects.get(), T0)
+    heard("gpu-a", at(5))
+    reconcile_once(now=at(5))
+    heard("gpu-a", at(10))
+
+    with CaptureQueriesContext(connection) as queries:
+        result = reconcile_once(now=at(10))
+
+    writes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))
+        and "fleet_lease" not in q["sql"]
+    ]
+    assert result["ran"] and result["events"] == []
+    assert writes == []
+
+
+def test_scaling_down_drains_the_newest_ready_replica(no_settle):
+    model_added(gpu_model("llama", scaling={"min": 2}))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    for replica in Replica.objects.all():
+        ready(replica, T0)
+    model_scale(name="llama", actor="test", scaling={"min": 1})
+
+    heard("gpu-a", at(5))
+    result = reconcile_once(now=at(5))
+
+    assert result["drains"] == 1
+    assert sorted(Replica.objects.values_list("state", flat=True)) == ["draining", "ready"]
+
+
+def test_a_removed_models_replicas_are_stopped(no_settle, sent, committed):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    replica = Replica.objects.get()
+    ready(replica, T0)
+    shard = Shard.objects.get()
+    sent.clear()
+
+    model_remove(name="llama", actor="test")
+    heard("gpu-a", at(5))
+    committed(at(5))
+
+    assert Replica.objects.get().state == "stopping"
+    assert [c.payload for c in sent] == [
+        {"type": "stop_shard", "shard_id": shard.id, "grace_s": Replica.objects.get().stop_grace_s}
+    ]
+
+
+def test_a_drained_node_gets_a_replacement_first_and_then_stops_its_replica(
+    no_settle, sent, committed
+):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    old = Replica.objects.get()
+    ready(old, T0)
+    node_add("gpu-b", now=at(1))
+
+    node_set_schedule(node_id="gpu-a", action="drain", actor="ops")
+    for node in ("gpu-a", "gpu-b"):
+        heard(node, at(5))
+    reconcile_once(now=at(5))
+
+    new = Replica.objects.exclude(pk=old.pk).get()
+    assert new.shards.get().node_id == "gpu-b"
+    assert Replica.objects.get(pk=old.pk).state == "ready"
+
+    ready(new, at(6))
+    sent.clear()
+    for node in ("gpu-a", "gpu-b"):
+        heard(node, at(10))
+    committed(at(10))
+
+    assert Replica.objects.get(pk=old.pk).state == "stopping"
+    assert [(c.node_id, c.payload["type"]) for c in sent] == [("gpu-a", "stop_shard")]
