@@ -1,0 +1,217 @@
+"""A real cluster for end-to-end tests: `llmgw serve`, `llmgw agent`s and sim engines as processes.
+
+Embedded (SQLite, reconciler in the server) always; production (PostgreSQL,
+Redis, a Celery worker and beat) when DATABASE_URL and REDIS_URL are set.
+Every wait is bounded, and everything started is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+PATIENCE_S = 60.0
+SECRET = "e2e-secret-" + "x" * 40
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(
+    what: str, check: Callable[[], object], timeout: float = PATIENCE_S, every: float = 0.2
+):
+    """Poll until `check()` is truthy and return it; fail the test naming `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (httpx.HTTPError, KeyError, IndexError) as exc:
+            last_error = exc
+        time.sleep(every)
+    raise AssertionError(
+        f"timed out waiting for {what}" + (f" (last error: {last_error})" if last_error else "")
+    )
+
+
+def listener_pid(port: int) -> int | None:
+    """The pid of the process listening on a TCP port here, read from /proc."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+class Cluster:
+    """Processes of one test cluster and an admin client for its REST API."""
+
+    def __init__(self, home: Path, *, production: bool):
+        self.home = home
+        self.production = production
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+        self.env.update(
+            LLMGW_HOME=str(home),
+            LLMGW_SECRET_KEY=SECRET,
+            LLMGW_RECONCILE_INTERVAL_SECONDS="0.5",
+            LLMGW_SETTLE_SECONDS="1",
+            LLMGW_UNREACHABLE_SECONDS="2",
+            LLMGW_LOST_SECONDS="5",
+            LLMGW_DRAIN_GRACE_SECONDS="5",
+            PYTHONUNBUFFERED="1",
+        )
+        self.database = None
+        if production:
+            self.database = f"llmgw_e2e_{secrets.token_hex(4)}"
+            base = urlparse(os.environ["DATABASE_URL"])
+            self.env["DATABASE_URL"] = base._replace(path=f"/{self.database}").geturl()
+            self.env["REDIS_URL"] = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/7"
+            self.env["LLMGW_RECONCILE_INTERVAL_SECONDS"] = "1"
+            self._admin_sql(f'CREATE DATABASE "{self.database}"')
+            import redis
+
+            redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
+        self._run("migrate")
+        self.admin_token = self._run("createtoken", "e2e").strip().splitlines()[-1]
+        self.agent_token = (
+            self._run("createtoken", "--agent", "e2e-agents").strip().splitlines()[-1]
+        )
+        self.client = httpx.Client(
+            base_url=f"{self.url}/api/v1",
+            headers={"Authorization": f"Bearer {self.admin_token}"},
+            timeout=10,
+        )
+
+    def _admin_sql(self, sql: str) -> None:
+        import psycopg
+
+        url = urlparse(os.environ["DATABASE_URL"])._replace(path="/postgres").geturl()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def _run(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "llmgw", *args],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"llmgw {' '.join(args)} failed: {done.stderr}"
+        return done.stdout
+
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - the child writes it for its life
+        proc = subprocess.Popen(
+            cmd,
+            env=self.env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.home / f"{name}.log").read_text(errors="replace")
+
+    def start_server(self) -> None:
+        proc = self._spawn(
+            "serve", [sys.executable, "-m", "llmgw", "serve", "--port", str(self.port)]
+        )
+        wait_for(
+            "llmgw serve to answer",
+            lambda: proc.poll() is None and httpx.get(f"{self.url}/api/v1/openapi.json"),
+        )
+        if self.production and "worker" not in self.procs:
+            celery = [sys.executable, "-m", "celery", "-A", "llmgw"]
+            self._spawn("worker", [*celery, "worker", "--pool", "solo", "--loglevel", "INFO"])
+            self._spawn(
+                "beat",
+                [
+                    *celery,
+                    "beat",
+                    "--loglevel",
+                    "INFO",
+                    "--schedule",
+                    str(self.home / "beat-schedule"),
+                ],
+            )
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        proc = self.procs.pop(name)
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def start_agent(self, node_id: str, *flags: str, port_range: str) -> None:
+        self._spawn(
+            f"agent-{node_id}",
+            [
+                sys.executable, "-m", "llmgw", "agent", "--server", self.url, "--token", self.agent_token,
+                "--node-id", node_id, "--state-dir", str(self.home / node_id), "--heartbeat-interval", "0.5",
+                "--port-range", port_range, *flags,
+            ],
+        )  # fmt: skip
+
+    def get(self, path: str, **params):
+        r = self.client.get(path, params=params)
+        r.raise_for_status()
+        return r.json()
+
+    def post(self, path: str, body: dict | None = None):
+        r = self.client.post(path, json=body)
+        assert r.status_code < 300, f"POST {path}: {r.status_code} {r.text}"
+        return r.json()
+
+    def ready_replicas(self, model: str) -> list[dict]:
+        return [r for r in self.get("/replicas", model=model) if r["state"] == "ready"]
+
+    def close(self) -> None:
+        for name in [n for n in self.procs if n.startswith("agent-")] + list(self.procs):
+            if name in self.procs:
+                self.stop(name)
+        self.client.close()
+        if self.database:
+            self._admin_sql(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
