@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db.models import Count, Max
+
 from llmgw.errors import NotFound
 
 from .domain import ModelSpec, Profile
@@ -47,10 +49,20 @@ def spec_from_row(row: Model) -> ModelSpec:
     )
 
 
+# The catalog changes rarely and is read by every reconciler pass: kept per process and
+# read again when the database says it changed (a model written, added or removed).
+_cache: dict = {"version": None, "catalog": {}}
+
+
 def catalog_load() -> dict[str, ModelSpec]:
-    """Every model with its profiles, in two queries."""
-    rows = Model.objects.prefetch_related("profiles").order_by("name")
-    return {row.name: spec_from_row(row) for row in rows}
+    """Every model with its profiles: one small query when unchanged, three when changed."""
+    version = Model.objects.aggregate(n=Count("id"), at=Max("updated_at"))
+    key = (version["n"], version["at"])
+    if _cache["version"] != key:
+        rows = Model.objects.prefetch_related("profiles").order_by("name")
+        _cache["catalog"] = {row.name: spec_from_row(row) for row in rows}
+        _cache["version"] = key
+    return dict(_cache["catalog"])
 
 
 def model_get(*, name: str) -> Model:

@@ -35,6 +35,9 @@ class Node(models.Model):
     load = models.JSONField(default=dict, blank=True)
     session = models.CharField(max_length=32, blank=True)
     registered_at = models.DateTimeField()
+    # When the agent last registered: what it registers (labels, engines, GPUs, disk,
+    # weights) changes only then, so the reconciler caches it per node until this moves.
+    spec_at = models.DateTimeField(null=True, blank=True)
     last_seen = models.DateTimeField()
 
     class Meta:

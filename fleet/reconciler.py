@@ -98,12 +98,18 @@ def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) ->
                     plan=plan, now=now, before={"catalog": snap.models, "states": snap.states}
                 )
                 transaction.on_commit(lambda: dispatch(commands))
-        for line in plan.events:
+        # Placements, losses and failures say so in decide; stops and drains carry their reason.
+        events = list(
+            dict.fromkeys(
+                [*plan.events, *(d.reason for d in plan.drains), *(s.reason for s in plan.stops)]
+            )
+        )
+        for line in events:
             log.info(line)
         return {
             "ran": True,
             "settling": settling,
-            "events": plan.events,
+            "events": events,
             "starts": len(plan.starts),
             "stops": len(plan.stops),
             "drains": len(plan.drains),

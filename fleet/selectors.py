@@ -7,7 +7,9 @@ instances), since a pass at 5,000 nodes and 10,000 replicas must stay cheap.
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import UTC, datetime
+
+from django.db import connection
 
 from catalog.domain import ModelSpec, reservation_warnings
 from catalog.selectors import catalog_load
@@ -27,20 +29,18 @@ from .domain.types import (
 )
 from .models import Gpu, ModelState, Node, Replica, Shard
 
-_NODE_FIELDS = (
+# What changes between registrations, read every pass; the rest is cached per node.
+_NODE_DYNAMIC = (
     "id",
     "state",
     "last_seen",
     "cordoned",
     "draining",
-    "labels",
     "memory_total_mb",
     "cpu_count",
-    "engines",
-    "engines_probed",
-    "disk_free_gb",
-    "weights",
+    "spec_at",
 )
+_NODE_STATIC = ("id", "labels", "engines", "engines_probed", "disk_free_gb", "weights")
 _REPLICA_FIELDS = (
     "id",
     "model",
@@ -58,51 +58,129 @@ _REPLICA_FIELDS = (
     "reason",
     "counts_as_failure",
 )
-_SHARD_FIELDS = (
-    "id",
-    "replica_id",
-    "node_id",
-    "rank",
-    "gpu_indices",
-    "memory_gb",
-    "cpu_cores",
-    "http_port",
-    "state",
-)
-_STATE_FIELDS = [f.name for f in ModelState._meta.fields if f.name != "updated_at"]
+_SHARD_STATIC = ("id", "node_id", "rank", "gpu_indices", "memory_gb", "cpu_cores", "http_port")
+_STATE_FIELDS = [
+    f.name for f in ModelState._meta.fields if f.name not in ("updated_at", "explanation")
+]
+_CHUNK = 500
+
+# Per-process caches of what a pass would otherwise decode again every few seconds at
+# 5,000 nodes: keyed by what the database says changed, so other processes' writes count.
+_node_static: dict[str, tuple[datetime | None, dict]] = {}
+_shard_static: dict[tuple[str, str], dict] = {}
+
+
+def _fast_values(qs, fields: tuple[str, ...]) -> list[tuple]:
+    """`qs.values_list(*fields)` without Django's per-value converters.
+
+    On SQLite those convert every datetime again in Python (they were most of a
+    pass at 10,000 replicas); here the driver's naive UTC datetimes are only
+    made aware, and booleans made bool. PostgreSQL's driver returns both typed.
+    """
+    sql, params = qs.values_list(*fields).query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    if connection.vendor != "sqlite":
+        return rows
+    kinds = [qs.model._meta.get_field(f.removesuffix("_id")).get_internal_type() for f in fields]
+    dates = [i for i, k in enumerate(kinds) if k == "DateTimeField"]
+    bools = [i for i, k in enumerate(kinds) if k == "BooleanField"]
+    out = []
+    for row in rows:
+        row = list(row)
+        for i in dates:
+            value = row[i]
+            if isinstance(value, str):
+                value = datetime.fromisoformat(value)
+            if value is not None:
+                row[i] = value.replace(tzinfo=UTC)
+        for i in bools:
+            row[i] = bool(row[i])
+        out.append(tuple(row))
+    return out
+
+
+def _chunks(ids: list[str]):
+    for i in range(0, len(ids), _CHUNK):
+        yield ids[i : i + _CHUNK]
+
+
+def _load_node_static(stale: dict[str, datetime | None]) -> None:
+    ids = list(stale)
+    gpus: dict[str, list[tuple]] = defaultdict(list)
+    rows = []
+    for chunk in _chunks(ids):
+        for row in Gpu.objects.filter(node_id__in=chunk).values_list(
+            "node_id", "index", "gpu_class", "healthy"
+        ):
+            gpus[row[0]].append(row[1:])
+        rows.extend(Node.objects.filter(pk__in=chunk).values_list(*_NODE_STATIC))
+    for row in rows:
+        d = dict(zip(_NODE_STATIC, row, strict=True))
+        labels = d["labels"] or {}
+        override = labels.get(CLASS_LABEL)
+        _node_static[d["id"]] = (
+            stale[d["id"]],
+            {
+                "labels": labels,
+                "gpus": tuple(
+                    GpuView(index=i, gpu_class=override or c, healthy=h)
+                    for i, c, h in sorted(gpus[d["id"]])
+                ),
+                "engines": frozenset(d["engines"] or ()) if d["engines_probed"] else None,
+                "disk_free_gb": d["disk_free_gb"],
+                "weights": frozenset(
+                    w.get("source", "") for w in d["weights"] or () if isinstance(w, dict)
+                ),
+            },
+        )
 
 
 def node_views() -> dict[str, NodeView]:
-    gpus: dict[str, list[GpuView]] = defaultdict(list)
-    for node_id, index, gpu_class, healthy in Gpu.objects.values_list(
-        "node_id", "index", "gpu_class", "healthy"
-    ):
-        gpus[node_id].append(GpuView(index=index, gpu_class=gpu_class, healthy=healthy))
+    """Every node as placement sees it; registered figures come from the cache when unchanged."""
+    rows = _fast_values(Node.objects.all(), _NODE_DYNAMIC)
+    stale = {r[0]: r[7] for r in rows if r[0] not in _node_static or _node_static[r[0]][0] != r[7]}
+    if stale:
+        _load_node_static(stale)
     views = {}
-    for row in Node.objects.values_list(*_NODE_FIELDS):
-        d = dict(zip(_NODE_FIELDS, row, strict=True))
-        override = (d["labels"] or {}).get(CLASS_LABEL)
-        node_gpus = tuple(
-            GpuView(index=g.index, gpu_class=override or g.gpu_class, healthy=g.healthy)
-            for g in sorted(gpus.get(d["id"], ()), key=lambda g: g.index)
+    for node_id, state, last_seen, cordoned, draining, memory_mb, cpus, _ in rows:
+        views[node_id] = NodeView(
+            id=node_id,
+            state=state,
+            last_seen=last_seen,
+            cordoned=cordoned,
+            draining=draining,
+            memory_gb=memory_mb / 1024 if memory_mb else None,
+            cpu_count=cpus or None,
+            **_node_static[node_id][1],
         )
-        views[d["id"]] = NodeView(
-            id=d["id"],
-            state=d["state"],
-            last_seen=d["last_seen"],
-            cordoned=d["cordoned"],
-            draining=d["draining"],
-            labels=d["labels"] or {},
-            memory_gb=d["memory_total_mb"] / 1024 if d["memory_total_mb"] else None,
-            cpu_count=d["cpu_count"] or None,
-            gpus=node_gpus,
-            engines=frozenset(d["engines"] or ()) if d["engines_probed"] else None,
-            disk_free_gb=d["disk_free_gb"],
-            weights=frozenset(
-                w.get("source", "") for w in d["weights"] or () if isinstance(w, dict)
-            ),
-        )
+    for gone in _node_static.keys() - views.keys():
+        del _node_static[gone]
     return views
+
+
+def _shard_views(shards) -> dict[str, list[ShardView]]:
+    """Shards by replica: where they are and what they hold never changes, so it is cached."""
+    rows = list(shards.values_list("id", "replica_id", "node_id", "state"))
+    unknown = [r[0] for r in rows if (r[0], r[2]) not in _shard_static]
+    for chunk in _chunks(unknown):
+        for row in Shard.objects.filter(pk__in=chunk).values_list(*_SHARD_STATIC):
+            d = dict(zip(_SHARD_STATIC, row, strict=True))
+            d["gpu_indices"] = tuple(d["gpu_indices"] or ())
+            _shard_static[(d.pop("id"), d.pop("node_id"))] = d
+    by_replica: dict[str, list[ShardView]] = defaultdict(list)
+    for shard_id, replica_id, node_id, state in rows:
+        by_replica[replica_id].append(
+            ShardView(
+                id=shard_id, node_id=node_id, state=state, **_shard_static[(shard_id, node_id)]
+            )
+        )
+    if len(_shard_static) > 2 * len(rows) + 1000:
+        live = {(r[0], r[2]) for r in rows}
+        for key in _shard_static.keys() - live:
+            del _shard_static[key]
+    return by_replica
 
 
 def replica_views(*, model: str | None = None) -> tuple[ReplicaView, ...]:
@@ -111,14 +189,9 @@ def replica_views(*, model: str | None = None) -> tuple[ReplicaView, ...]:
     if model:
         replicas = replicas.filter(model=model)
         shards = shards.filter(replica__model=model)
-    by_replica: dict[str, list[ShardView]] = defaultdict(list)
-    for row in shards.values_list(*_SHARD_FIELDS):
-        d = dict(zip(_SHARD_FIELDS, row, strict=True))
-        replica_id = d.pop("replica_id")
-        d["gpu_indices"] = tuple(d["gpu_indices"] or ())
-        by_replica[replica_id].append(ShardView(**d))
+    by_replica = _shard_views(shards)
     views = []
-    for row in replicas.values_list(*_REPLICA_FIELDS):
+    for row in _fast_values(replicas, _REPLICA_FIELDS):
         d = dict(zip(_REPLICA_FIELDS, row, strict=True))
         d["shards"] = tuple(sorted(by_replica.get(d["id"], ()), key=lambda s: s.rank))
         views.append(ReplicaView(**d))
@@ -126,10 +199,14 @@ def replica_views(*, model: str | None = None) -> tuple[ReplicaView, ...]:
 
 
 def model_states() -> dict[str, ModelStateView]:
+    """Every model's controller state; explanations (JSON) are read only where there is one."""
+    explanations = dict(
+        ModelState.objects.filter(unplaceable=True).values_list("model", "explanation")
+    )
     states = {}
     for row in ModelState.objects.values_list(*_STATE_FIELDS):
         d = dict(zip(_STATE_FIELDS, row, strict=True))
-        d["explanation"] = tuple(d["explanation"] or ())
+        d["explanation"] = tuple(explanations.get(d["model"]) or ())
         states[d["model"]] = ModelStateView(**d)
     return states
 

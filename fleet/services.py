@@ -142,6 +142,7 @@ def node_register(*, msg: Register, session: str, now: datetime) -> list[Command
         node.state = Node.READY
         node.session = session
         node.last_seen = now
+        node.spec_at = now
         node.save()
         _sync_gpus(node, msg)
         commands = _reconcile_reported_shards(node, msg, now)

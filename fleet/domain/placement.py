@@ -83,19 +83,37 @@ class Inventory:
     """Free GPUs, memory, cores and ports per node, after what holding replicas take."""
 
     def __init__(self, nodes: Mapping[str, NodeView], replicas: Iterable[ReplicaView]):
-        self.rooms: dict[str, NodeRoom] = {}
-        self.model_nodes: dict[str, set[str]] = defaultdict(set)
-        for node in nodes.values():
+        # Built on first use: a pass with nothing to place never needs it.
+        self._nodes = nodes
+        self._replicas = replicas
+        self._rooms: dict[str, NodeRoom] | None = None
+        self._model_nodes: dict[str, set[str]] = defaultdict(set)
+
+    @property
+    def rooms(self) -> dict[str, NodeRoom]:
+        if self._rooms is None:
+            self._build()
+        return self._rooms
+
+    @property
+    def model_nodes(self) -> dict[str, set[str]]:
+        if self._rooms is None:
+            self._build()
+        return self._model_nodes
+
+    def _build(self) -> None:
+        self._rooms = {}
+        for node in self._nodes.values():
             free: dict[str, list[int]] = defaultdict(list)
             for gpu in node.gpus:
                 if gpu.healthy:
                     free[gpu.gpu_class].append(gpu.index)
-            self.rooms[node.id] = NodeRoom(node=node, free_gpus=dict(free))
-        for replica in replicas:
+            self._rooms[node.id] = NodeRoom(node=node, free_gpus=dict(free))
+        for replica in self._replicas:
             if replica.state in HOLDING:
                 for shard in replica.shards:
                     self._take(shard)
-                    self.model_nodes[replica.model].add(shard.node_id)
+                    self._model_nodes[replica.model].add(shard.node_id)
 
     def _take(self, shard: ShardView | ShardPlan) -> None:
         room = self.rooms.get(shard.node_id)

@@ -194,11 +194,10 @@ def _housekeeping(
     """Forget what no longer runs, count failures, time out slow starts; return what still holds room."""
     alive = []
     for r in snap.replicas:
-        lost = sorted(
-            s.node_id
-            for s in r.shards
-            if s.node_id not in nodes or nodes[s.node_id].state == "lost"
-        )
+        lost = [
+            s.node_id for s in r.shards if (n := nodes.get(s.node_id)) is None or n.state == "lost"
+        ]
+        lost.sort()
         if r.state == "stopped":
             plan.forgets.append(Forget(r.id, "stopped"))
             continue
@@ -216,10 +215,9 @@ def _housekeeping(
                     f"replica {r.id} of {r.model} failed: {r.reason or 'no reason given'}"
                 )
             continue
-        model = snap.models.get(r.model)
-        profile = model.profile(r.profile) if model else None
-        timeout = profile.startup_timeout_s if profile else 600
-        if r.state in ("pending", "starting") and (now - r.created_at).total_seconds() > timeout:
+        if r.state in ("pending", "starting") and (now - r.created_at).total_seconds() > (
+            timeout := _startup_timeout(snap, r)
+        ):
             reason = f"replica {r.id} did not become ready within {duration(timeout)}"
             plan.stops.append(Stop(r.id, 0, reason))
             plan.events.append(reason)
@@ -228,6 +226,12 @@ def _housekeeping(
             r = replace(r, state="stopping")
         alive.append(r)
     return alive
+
+
+def _startup_timeout(snap: Snapshot, r: ReplicaView) -> int:
+    model = snap.models.get(r.model)
+    profile = model.profile(r.profile) if model else None
+    return profile.startup_timeout_s if profile else 600
 
 
 def _ordered_profiles(model: ModelSpec) -> list[Profile]:
@@ -341,7 +345,10 @@ def _reconcile_model(
                 plan.events.append(
                     f"replica {replica_id} of {name} placed on {where} ({placed.profile.name})"
                 )
-    return replace(state, desired=desired, unplaceable=unplaceable, explanation=tuple(explanation))
+    explanation = tuple(explanation)
+    if (state.desired, state.unplaceable, state.explanation) == (desired, unplaceable, explanation):
+        return state
+    return replace(state, desired=desired, unplaceable=unplaceable, explanation=explanation)
 
 
 def _clear_failures_once_ready(replicas: list[ReplicaView], state: ModelState) -> ModelState:

@@ -383,7 +383,7 @@ def render_node_gpus(n: dict[str, Any]) -> str:
                 g.get("name"),
                 g.get("gpu_class", g.get("class")),
                 DASH if not memory_mb else gb(memory_mb / 1024),
-                g.get("health"),
+                g.get("health") or {True: "ok", False: "unhealthy"}.get(g.get("healthy")),
                 _unit(s.get("temp_c"), " °C"),
                 _unit(s.get("memory_temp_c"), " °C"),
                 power_text,

@@ -58,34 +58,17 @@ models:
         args: [--ttft-ms, "60", --tokens-per-sec, "90"]
 """
 
-NODES = (  # fmt: skip
+# Three agents share this machine: each gets its own range of engine ports.
+NODES = (
     (
         "gpu-a",
-        [
-            "--simulate-gpus",
-            "8xh100-80g",
-            "--memory-gb",
-            "1024",
-            "--cpus",
-            "96",
-            "--labels",
-            "zone=a",
-        ],
+        "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --labels zone=a --port-range 20000-20999",
     ),
     (
         "gpu-b",
-        [
-            "--simulate-gpus",
-            "8xh100-80g",
-            "--memory-gb",
-            "1024",
-            "--cpus",
-            "96",
-            "--labels",
-            "zone=b",
-        ],
+        "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --labels zone=b --port-range 21000-21999",
     ),
-    ("cpu-1", ["--memory-gb", "64", "--cpus", "16", "--labels", "zone=a,kind=cpu"]),
+    ("cpu-1", "--memory-gb 64 --cpus 16 --labels zone=a,kind=cpu --port-range 22000-22999"),
 )
 
 
@@ -194,7 +177,7 @@ def main(argv: list[str]) -> int:
         for node_id, flags in NODES:
             spawn(
                 [*llmgw, "agent", "--server", server, "--token", agent_token, "--node-id", node_id,
-                 "--state-dir", str(home / "agents" / node_id), *flags],
+                 "--state-dir", str(home / "agents" / node_id), *flags.split()],
                 f"agent-{node_id}.log",
             )  # fmt: skip
         print(

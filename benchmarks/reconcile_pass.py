@@ -1,0 +1,117 @@
+"""A reconciler pass with nothing to do, at 5,000 nodes and 10,000 replicas; decide() alone beside it.
+
+Builds the fleet in a fresh database (SQLite under a temporary LLMGW_HOME, or
+DATABASE_URL's server when set), then times `reconcile_once` and `decide`.
+Prints one JSON line per figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+NODES = int(os.environ.get("BENCH_NODES", 5000))
+REPLICAS = int(os.environ.get("BENCH_REPLICAS", 10000))
+RUNS = int(os.environ.get("BENCH_RUNS", 7))
+
+
+def main() -> None:
+    if not os.environ.get("DATABASE_URL"):
+        os.environ["LLMGW_HOME"] = os.environ.get("BENCH_HOME") or tempfile.mkdtemp(prefix="llmgw-bench-")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from catalog.models import Model, Profile
+    from fleet.domain.reconcile import decide
+    from fleet.models import Gpu, Lease, Node, Replica, Shard
+    from fleet.reconciler import reconcile_once
+    from fleet.selectors import snapshot_load
+    from llmgw import clock
+
+    call_command("migrate", interactive=False, verbosity=0)
+    for table in (Shard, Replica, Gpu, Node, Profile, Model, Lease):
+        table.objects.all().delete()
+    now = clock.now()
+    models = REPLICAS // 2  # two replicas each, two GPUs per replica
+    Node.objects.bulk_create(
+        (Node(id=f"n{i:05d}", state="ready", state_since=now, registered_at=now, last_seen=now,
+              memory_total_mb=1024 * 1024, cpu_count=96, engines={"sim": "1"}, engines_probed=True)
+         for i in range(NODES)),
+        batch_size=1000,
+    )  # fmt: skip
+    Gpu.objects.bulk_create(
+        (Gpu(node_id=f"n{i:05d}", index=g, name="NVIDIA H100 80GB HBM3", memory_mb=81559, gpu_class="h100-80g")
+         for i in range(NODES) for g in range(8)),
+        batch_size=5000,
+    )  # fmt: skip
+    rows = Model.objects.bulk_create(
+        (Model(name=f"m{i:05d}", min_replicas=2, max_replicas=2) for i in range(models)),
+        batch_size=1000,
+    )
+    Profile.objects.bulk_create(
+        (Profile(model=m, name="tp2", engine="sim", gpu_class="h100-80g", tp=2) for m in rows),
+        batch_size=1000,
+    )
+    from catalog.selectors import catalog_load
+
+    fp = {name: spec.profiles[0].fingerprint() for name, spec in catalog_load().items()}
+    replicas, shards = [], []
+    slot = 0
+    for m in range(models):
+        for r in range(2):
+            node, first = divmod(slot, 4)
+            node %= NODES
+            rid = f"m{m:05d}-{r}"
+            replicas.append(Replica(id=rid, model=f"m{m:05d}", profile="tp2", profile_fp=fp[f"m{m:05d}"],
+                                    state="ready", state_since=now, created_at=now, ready_at=now))  # fmt: skip
+            shards.append(Shard(id=f"{rid}-0", replica_id=rid, node_id=f"n{node:05d}", gpu_indices=[first * 2, first * 2 + 1],
+                                http_port=20000 + first, state="ready"))  # fmt: skip
+            slot += 1
+    Replica.objects.bulk_create(replicas, batch_size=2000)
+    Shard.objects.bulk_create(shards, batch_size=2000)
+    # A first pass settles and records the model states; the timed ones find nothing to do.
+    Lease.objects.all().delete()
+    later = now + timedelta(seconds=settings.LLMGW.timings.settle + 1)
+    reconcile_once(now=now)
+    reconcile_once(now=later)
+
+    passes, decides = [], []
+    for i in range(RUNS):
+        t = later + timedelta(seconds=1 + i)
+        Node.objects.update(last_seen=t)
+        start = time.perf_counter()
+        result = reconcile_once(now=t)
+        passes.append(time.perf_counter() - start)
+        assert result["ran"] and not result["events"], result
+        snap = snapshot_load(settling=False, silence_floor=None)
+        start = time.perf_counter()
+        plan = decide(snap, t, settings.LLMGW.timings)
+        decides.append(time.perf_counter() - start)
+        assert plan.empty
+    db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    scale = {
+        "nodes": NODES,
+        "gpus": NODES * 8,
+        "replicas": REPLICAS,
+        "models": models,
+        "database": db,
+        "runs": RUNS,
+    }
+    for name, samples in (("reconcile_pass_idle_ms", passes), ("decide_idle_ms", decides)):
+        print(json.dumps({"figure": name, "median": round(statistics.median(samples) * 1000, 1),
+                          "max": round(max(samples) * 1000, 1), "aim": 200 if name.startswith("reconcile") else None,
+                          "scale": scale}), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main()

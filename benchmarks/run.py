@@ -1,0 +1,17 @@
+"""`make bench`: run every benchmark; each prints one JSON line per figure with its scale."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = ["heartbeats.py", "reconcile_pass.py"]
+
+if __name__ == "__main__":
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    failed = 0
+    for bench in BENCHES:
+        done = subprocess.run([sys.executable, str(HERE / bench)], env=env, cwd=HERE.parent)
+        failed += done.returncode != 0
+    sys.exit(1 if failed else 0)
