@@ -75,9 +75,11 @@ def _fast_values(qs, fields: tuple[str, ...]) -> list[tuple]:
 
     On SQLite those convert every datetime again in Python (they were most of a
     pass at 10,000 replicas); here the driver's naive UTC datetimes are only
-    made aware, and booleans made bool. PostgreSQL's driver returns both typed.
+    made aware, and booleans made bool. On PostgreSQL see _postgres_rows.
     """
     sql, params = qs.values_list(*fields).query.sql_with_params()
+    if connection.vendor == "postgresql":
+        return _postgres_rows(sql, params)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -99,6 +101,26 @@ def _fast_values(qs, fields: tuple[str, ...]) -> list[tuple]:
             row[i] = bool(row[i])
         out.append(tuple(row))
     return out
+
+
+def _postgres_rows(sql: str, params) -> list[tuple]:
+    """Rows through psycopg's own C timestamp loader.
+
+    Django registers a pure-Python loader for timestamptz on its connections;
+    at 10,000 replicas it was most of a pass. The connection's time zone is
+    UTC (Django sets it), so the datetimes come back aware, as Django's would.
+    """
+    import psycopg
+
+    connection.ensure_connection()
+    loader = psycopg.adapters.get_loader(
+        psycopg.postgres.types["timestamptz"].oid, psycopg.pq.Format.TEXT
+    )
+    # Django's error wrapper, so a bad value raises django.db.DataError as through the ORM.
+    with connection.wrap_database_errors, connection.connection.cursor() as cursor:
+        cursor.adapters.register_loader("timestamptz", loader)
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def _chunks(ids: list[str]):
@@ -160,9 +182,22 @@ def node_views() -> dict[str, NodeView]:
     return views
 
 
-def _shard_views(shards) -> dict[str, list[ShardView]]:
-    """Shards by replica: where they are and what they hold never changes, so it is cached."""
-    rows = list(shards.values_list("id", "replica_id", "node_id", "state"))
+def _memoized(name: str, rows, build):
+    """`build(rows)`, or last time's result when the rows are the same (compared in C)."""
+    hit = _memo.get(name)
+    if hit is not None and hit[0] == rows:
+        return hit[1]
+    result = build(rows)
+    _memo[name] = (rows, result)
+    return result
+
+
+_memo: dict[str, tuple] = {}
+
+
+def _group_shards(rows: list[tuple]) -> dict[str, tuple[ShardView, ...]]:
+    """Shards by replica, in rank order: where they are and what they hold never changes, so
+    it is cached by id, and only their state is read each time."""
     unknown = [r[0] for r in rows if (r[0], r[2]) not in _shard_static]
     for chunk in _chunks(unknown):
         for row in Shard.objects.filter(pk__in=chunk).values_list(*_SHARD_STATIC):
@@ -180,7 +215,28 @@ def _shard_views(shards) -> dict[str, list[ShardView]]:
         live = {(r[0], r[2]) for r in rows}
         for key in _shard_static.keys() - live:
             del _shard_static[key]
-    return by_replica
+    return {rid: tuple(sorted(v, key=lambda s: s.rank)) for rid, v in by_replica.items()}
+
+
+def _views(cache: dict, rows, key, build):
+    """Views of rows, reusing the view built last time for a row (and extra) that is unchanged."""
+    out = []
+    for row in rows:
+        k = key(row)
+        hit = cache.get(k[0])
+        if hit is None or hit[0] != k:
+            hit = (k, build(row))
+            cache[k[0]] = hit
+        out.append(hit[1])
+    if len(cache) > 2 * len(out) + 1000:
+        live = {key(r)[0] for r in rows}
+        for gone in cache.keys() - live:
+            del cache[gone]
+    return out
+
+
+_replica_cache: dict[str, tuple] = {}
+_state_cache: dict[str, tuple] = {}
 
 
 def replica_views(*, model: str | None = None) -> tuple[ReplicaView, ...]:
@@ -189,26 +245,44 @@ def replica_views(*, model: str | None = None) -> tuple[ReplicaView, ...]:
     if model:
         replicas = replicas.filter(model=model)
         shards = shards.filter(replica__model=model)
-    by_replica = _shard_views(shards)
-    views = []
-    for row in _fast_values(replicas, _REPLICA_FIELDS):
-        d = dict(zip(_REPLICA_FIELDS, row, strict=True))
-        d["shards"] = tuple(sorted(by_replica.get(d["id"], ()), key=lambda s: s.rank))
-        views.append(ReplicaView(**d))
-    return tuple(views)
+    shard_rows = _fast_values(shards, ("id", "replica_id", "node_id", "state"))
+    rows = _fast_values(replicas, _REPLICA_FIELDS)
+    if model is None:
+        # The whole fleet, as each pass reads it: the same rows give the same views.
+        return _memoized("replicas", (rows, shard_rows), lambda _: _replica_views(rows, shard_rows))
+    return _replica_views(rows, shard_rows)
+
+
+def _replica_views(rows: list[tuple], shard_rows: list[tuple]) -> tuple[ReplicaView, ...]:
+    by_replica = _group_shards(shard_rows)
+    return tuple(
+        _views(
+            _replica_cache,
+            rows,
+            key=lambda row: (row[0], row, by_replica.get(row[0], ())),
+            build=lambda row: ReplicaView(
+                **dict(zip(_REPLICA_FIELDS, row, strict=True)), shards=by_replica.get(row[0], ())
+            ),
+        )
+    )
 
 
 def model_states() -> dict[str, ModelStateView]:
     """Every model's controller state; explanations (JSON) are read only where there is one."""
     explanations = dict(
-        ModelState.objects.filter(unplaceable=True).values_list("model", "explanation")
+        ModelState.objects.exclude(explanation=[]).values_list("model", "explanation")
     )
-    states = {}
-    for row in ModelState.objects.values_list(*_STATE_FIELDS):
-        d = dict(zip(_STATE_FIELDS, row, strict=True))
-        d["explanation"] = tuple(explanations.get(d["model"]) or ())
-        states[d["model"]] = ModelStateView(**d)
-    return states
+    rows = _fast_values(ModelState.objects.all(), tuple(_STATE_FIELDS))
+    views = _views(
+        _state_cache,
+        rows,
+        key=lambda row: (row[0], row, tuple(explanations.get(row[0]) or ())),
+        build=lambda row: ModelStateView(
+            **dict(zip(_STATE_FIELDS, row, strict=True)),
+            explanation=tuple(explanations.get(row[0]) or ()),
+        ),
+    )
+    return {v.model: v for v in views}
 
 
 def snapshot_load(*, settling: bool, silence_floor: datetime | None) -> Snapshot:

@@ -274,7 +274,11 @@ def _reconcile_model(
     # Replicas on a node being drained retire: a replacement first, then they drain.
     retiring = {r.id for r in replicas if r.retiring}
     for r in replicas:
-        if r.state in ACTIVE and r.id not in retiring and any(nodes[n].draining for n in r.nodes):
+        if (
+            r.state in ACTIVE
+            and r.id not in retiring
+            and any(nodes[s.node_id].draining for s in r.shards)
+        ):
             retiring.add(r.id)
             plan.retires.append(Retire(r.id, "its node is draining"))
     state = _restart_in_turn(model, replicas, state, retiring, plan)
