@@ -1,12 +1,17 @@
-"""Heartbeats one `llmgw serve` process handles per second, over real websockets, 8-GPU payloads.
+"""Heartbeats one `llmgw serve` process handles, over real websockets, with 8-GPU payloads.
 
-Starts an embedded `llmgw serve` in a temporary LLMGW_HOME, registers AGENTS
-simulated nodes with 8 GPUs each, then has every agent send heartbeats back to
-back for SECONDS. Handling is measured with probes: every PROBE_EVERY
-heartbeats an agent repeats the last seq, which the server answers with an
-error frame only after it has handled everything before it on that
-connection, so the time from a heartbeat to that answer is an upper bound on
-its handling time, queueing included. The client runs on the same 2 cores.
+Starts an embedded `llmgw serve` in a temporary LLMGW_HOME and registers
+AGENTS simulated nodes with 8 GPUs each. Handling is observed with probes: an
+agent repeats its last seq, which the server answers with an error frame only
+after it has handled everything before it on that connection.
+
+- Saturated: every agent sends back to back for SECONDS. Throughput is
+  heartbeats over wall time, and per core is heartbeats over the CPU seconds
+  the server process used (the client runs on the same 2 cores).
+- Paced: RATE heartbeats a second spread over the agents, each followed by a
+  probe; the probe's round trip is the time to handle one, p50 and p99.
+- The same saturated run against a bare Channels consumer under daphne
+  (benchmarks/bare_consumer.py), for the ratio.
 """
 
 from __future__ import annotations
@@ -15,18 +20,20 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import websockets
 
 AGENTS = int(os.environ.get("BENCH_AGENTS", 50))
 SECONDS = float(os.environ.get("BENCH_SECONDS", 10))
+RATE = float(os.environ.get("BENCH_RATE", 1000))
 PROBE_EVERY = 20
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _free_port() -> int:
@@ -50,88 +57,146 @@ def _heartbeat(seq: int) -> str:
     )  # fmt: skip
 
 
-async def _agent(url: str, token: str, n: int, stop_at: float, latencies: list[float]) -> int:
-    register = {
-        "type": "register", "node_id": f"bench-{n:05d}", "hostname": f"bench-{n}", "mgmt_addr": "127.0.0.1",
-        "memory_total_mb": 2_063_000, "cpu_count": 192, "engines": {"sim": "1"}, "engines_probed": True,
-        "gpus": [{"index": i, "uuid": f"GPU-{n}-{i}", "name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}
-                 for i in range(8)],
-    }  # fmt: skip
-    async with websockets.connect(
+def _register(n: int) -> str:
+    return json.dumps(
+        {"type": "register", "node_id": f"bench-{n:05d}", "hostname": f"bench-{n}", "mgmt_addr": "127.0.0.1",
+         "memory_total_mb": 2_063_000, "cpu_count": 192, "engines": {"sim": "1"}, "engines_probed": True,
+         "gpus": [{"index": i, "uuid": f"GPU-{n}-{i}", "name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}
+                  for i in range(8)]}
+    )  # fmt: skip
+
+
+async def _connect(url: str, token: str, n: int):
+    ws = await websockets.connect(
         url, additional_headers={"Authorization": f"Bearer {token}"}, max_queue=None
-    ) as ws:
-        await ws.send(json.dumps(register))
-        assert json.loads(await ws.recv())["type"] == "registered"
-        seq, handled = 0, 0
+    )
+    await ws.send(_register(n))
+    assert json.loads(await ws.recv())["type"] == "registered"
+    return ws
+
+
+async def _probe(ws, seq: int) -> float:
+    sent = time.perf_counter()
+    await ws.send(_heartbeat(seq))
+    reply = json.loads(await ws.recv())
+    assert reply["type"] == "error", reply
+    return time.perf_counter() - sent
+
+
+async def _saturate(conns, seconds: float) -> int:
+    async def one(ws, start_seq: int) -> int:
+        seq, handled, stop_at = start_seq, 0, time.monotonic() + seconds
         while time.monotonic() < stop_at:
             for _ in range(PROBE_EVERY):
                 seq += 1
                 await ws.send(_heartbeat(seq))
-            sent = time.perf_counter()
-            await ws.send(
-                _heartbeat(seq)
-            )  # repeats the seq: answered once all before it are handled
-            reply = json.loads(await ws.recv())
-            assert reply["type"] == "error", reply
-            latencies.append(time.perf_counter() - sent)
+            await _probe(ws, seq)
             handled += PROBE_EVERY
         return handled
 
+    return sum(await asyncio.gather(*(one(ws, 1_000_000) for ws in conns)))
 
-async def _drive(url: str, token: str) -> tuple[int, float, list[float]]:
+
+async def _paced(conns, seconds: float, rate: float, base: int = 2_000_000) -> list[float]:
     latencies: list[float] = []
-    start = time.monotonic()
-    counts = await asyncio.gather(
-        *(_agent(url, token, n, start + SECONDS + 2, latencies) for n in range(AGENTS))
-    )
-    return sum(counts), time.monotonic() - start, latencies
+    interval = len(conns) / rate
+
+    async def one(ws, offset: float) -> None:
+        seq, start = base, time.monotonic() + offset
+        k = 0
+        while (due := start + k * interval) < start + seconds:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            seq += 1
+            await ws.send(_heartbeat(seq))
+            latencies.append(await _probe(ws, seq))
+            k += 1
+
+    await asyncio.gather(*(one(ws, i * interval / len(conns)) for i, ws in enumerate(conns)))
+    return latencies
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _run(url: str, token: str, pid: int, paced: bool) -> dict:
+    conns = [await _connect(url, token, n) for n in range(AGENTS)]
+    try:
+        before, start = _cpu_seconds(pid), time.monotonic()
+        handled = await _saturate(conns, SECONDS)
+        elapsed, cpu = time.monotonic() - start, _cpu_seconds(pid) - before
+        result = {"per_second": handled / elapsed, "per_cpu_second": handled / cpu, "server_cpu_s": cpu,
+                  "seconds": elapsed}  # fmt: skip
+        if paced:
+            result["latencies"] = sorted(await _paced(conns, SECONDS, RATE))
+        return result
+    finally:
+        for ws in conns:
+            await ws.close()
+
+
+def _wait_up(url: str, proc: subprocess.Popen, log: Path) -> None:
+    for _ in range(300):
+        if proc.poll() is not None:
+            sys.exit(f"the server exited; see {log}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    sys.exit(f"the server did not start; see {log}")
+
+
+def _serve(cmd: list[str], env: dict, log: Path, check_url: str, run) -> dict:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=out)
+        try:
+            _wait_up(check_url, proc, log)
+            return asyncio.run(run(proc.pid))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
 
 
 def main() -> None:
-    home = tempfile.mkdtemp(prefix="llmgw-bench-hb-")
+    home = Path(tempfile.mkdtemp(prefix="llmgw-bench-hb-"))
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env["LLMGW_HOME"] = home
+    env.update(LLMGW_HOME=str(home), PYTHONPATH=str(REPO))
     llmgw = [sys.executable, "-m", "llmgw"]
     subprocess.run([*llmgw, "migrate"], env=env, check=True, capture_output=True)
-    token = subprocess.run([*llmgw, "createtoken", "--agent", "bench"], env=env, check=True, capture_output=True,
-                           text=True).stdout.strip().splitlines()[-1]  # fmt: skip
+    made = subprocess.run(
+        [*llmgw, "createtoken", "--agent", "bench"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    token = made.stdout.strip().splitlines()[-1]
+
     port = _free_port()
-    serve = [*llmgw, "serve", "--port", str(port)]
-    if os.environ.get("BENCH_PROFILE"):
-        serve = [
-            sys.executable,
-            "-m",
-            "cProfile",
-            "-o",
-            os.environ["BENCH_PROFILE"],
-            "-m",
-            "llmgw",
-            *serve[3:],
-        ]
-    log = open(os.path.join(home, "serve.log"), "wb")  # noqa: SIM115 - the server writes it until the end
-    server = subprocess.Popen(serve, env=env, stdout=subprocess.DEVNULL, stderr=log)
-    try:
-        for _ in range(300):
-            if server.poll() is not None:
-                sys.exit(f"llmgw serve exited; see {home}/serve.log")
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/api/v1/openapi.json", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        handled, elapsed, latencies = asyncio.run(_drive(f"ws://127.0.0.1:{port}/ws/agent/", token))
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
-    latencies.sort()
-    p = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 1)  # noqa: E731
-    scale = {"agents": AGENTS, "gpus_per_heartbeat": 8, "seconds": round(elapsed, 1), "cores": os.cpu_count(),
-             "client_on_same_machine": True}  # fmt: skip
-    print(json.dumps({"figure": "heartbeats_per_second", "value": round(handled / elapsed),
-                      "per_core": round(handled / elapsed / (os.cpu_count() or 1)), "aim_per_core": 2500,
+    ours = _serve(
+        [*llmgw, "serve", "--port", str(port)], env, home / "serve.log", f"http://127.0.0.1:{port}/api/v1/openapi.json",
+        lambda pid: _run(f"ws://127.0.0.1:{port}/ws/agent/", token, pid, paced=True),
+    )  # fmt: skip
+    port = _free_port()
+    bare = _serve(
+        [sys.executable, "-m", "daphne", "-p", str(port), "benchmarks.bare_consumer:application"], env,
+        home / "bare.log", f"http://127.0.0.1:{port}/",
+        lambda pid: _run(f"ws://127.0.0.1:{port}/", token, pid, paced=False),
+    )  # fmt: skip
+
+    lat = ours["latencies"]
+    pct = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1000, 2)  # noqa: E731
+    scale = {"agents": AGENTS, "gpus_per_heartbeat": 8, "seconds": SECONDS, "machine_cores": os.cpu_count(),
+             "client_on_same_machine": True, "mode": "embedded"}  # fmt: skip
+    print(json.dumps({"figure": "heartbeats_per_second", "value": round(ours["per_second"]),
+                      "per_server_core": round(ours["per_cpu_second"]), "aim_per_core": 2500,
+                      "bare_channels_per_server_core": round(bare["per_cpu_second"]),
+                      "ratio_to_bare_channels": round(ours["per_cpu_second"] / bare["per_cpu_second"], 2),
                       "scale": scale}), flush=True)  # fmt: skip
-    print(json.dumps({"figure": "heartbeat_handling_ms", "p50": p(0.5), "p99": p(0.99), "aim_p99": 100,
-                      "median_of_probes": round(statistics.median(latencies) * 1000, 1), "scale": scale}), flush=True)  # fmt: skip
+    print(json.dumps({"figure": "heartbeat_handling_ms", "p50": pct(0.5), "p99": pct(0.99), "aim_p99": 100,
+                      "offered_per_second": RATE, "probes": len(lat), "scale": scale}), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ RUNS = int(os.environ.get("BENCH_RUNS", 7))
 
 def main() -> None:
     if not os.environ.get("DATABASE_URL"):
-        os.environ["LLMGW_HOME"] = os.environ.get("BENCH_HOME") or tempfile.mkdtemp(prefix="llmgw-bench-")
+        os.environ["LLMGW_HOME"] = os.environ.get("BENCH_HOME") or tempfile.mkdtemp(
+            prefix="llmgw-bench-"
+        )
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
     import django
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .events import EngineLoad, Heartbeat
+from .events import EngineLoad, Heartbeat, Load
 
 
 @dataclass
@@ -22,7 +22,7 @@ class LiveNode:
     session: str
     last_seq: int = -1
     last_seen: datetime | None = None
-    load: dict = field(default_factory=dict)
+    load: Load | None = None
     memory_total_mb: int | None = None
     cpu_count: int | None = None
     engines: dict[str, dict] = field(default_factory=dict)
@@ -38,10 +38,20 @@ class NodeWrite:
     node_id: str
     session: str
     last_seen: datetime
-    load: dict
+    sample: Load | None
+    engines: dict
     memory_total_mb: int | None
     cpu_count: int | None
     used_replicas: frozenset[str]
+
+    @property
+    def load(self) -> dict:
+        """The load as stored: turned into JSON here, in the writer's thread, not on the
+        event loop that serves the agents (it was tens of milliseconds per flush there)."""
+        load = self.sample.model_dump(exclude_none=True) if self.sample is not None else {}
+        if self.engines:
+            load["engines"] = self.engines
+        return load
 
 
 class OutOfOrder(ValueError):
@@ -87,7 +97,8 @@ class LiveFleet:
         live.last_seq = hb.seq
         live.last_seen = now
         if hb.load is not None:
-            live.load = hb.load.model_dump(exclude_none=True, exclude_defaults=False)
+            # Kept as the validated message; turned into JSON only when it is written.
+            live.load = hb.load
         live.dirty = True
         changed = (
             hb.memory_total_mb is not None and hb.memory_total_mb != live.memory_total_mb
@@ -117,15 +128,13 @@ class LiveFleet:
         for live in candidates:
             if not live.dirty or (only is None and now - live.written_at < self.write_every):
                 continue
-            load = dict(live.load)
-            if live.engines:
-                load["engines"] = dict(live.engines)
             writes.append(
                 NodeWrite(
                     node_id=live.node_id,
                     session=live.session,
                     last_seen=live.last_seen,
-                    load=load,
+                    sample=live.load,
+                    engines=dict(live.engines),
                     memory_total_mb=live.memory_total_mb,
                     cpu_count=live.cpu_count,
                     used_replicas=frozenset(live.used_replicas),

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from catalog.services import model_remove, model_scale
 from fleet import reconciler
-from fleet.events import ShardStatus
+from fleet.events import Load, ShardStatus
 from fleet.live import NodeWrite
 from fleet.models import ModelState, Node, Replica, Shard
 from fleet.reconciler import lease_release, lease_take, reconcile_once
@@ -35,7 +35,8 @@ def heard(node_id: str, now: datetime, **figures) -> None:
                 node_id=node_id,
                 session=f"session-{node_id}",
                 last_seen=now,
-                load={},
+                sample=None,
+                engines={},
                 memory_total_mb=figures.get("memory_total_mb"),
                 cpu_count=figures.get("cpu_count"),
                 used_replicas=frozenset(),
@@ -149,7 +150,8 @@ def test_a_heartbeat_of_an_older_connection_is_not_written(no_settle):
                 node_id="gpu-a",
                 session="an-older-session",
                 last_seen=at(30),
-                load={"cpu_percent": 99},
+                sample=Load(cpu_percent=99),
+                engines={},
                 memory_total_mb=1024,
                 cpu_count=1,
                 used_replicas=frozenset(),
