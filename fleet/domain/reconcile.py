@@ -125,13 +125,14 @@ def decide(
         for r in by_model[name]:
             if r.state not in ("stopping",):
                 plan.stops.append(Stop(r.id, t_grace(t), f"model {name} was removed"))
+    draining = frozenset(n.id for n in nodes.values() if n.draining)
     order = sorted(snap.models.values(), key=lambda m: (-m.class_rank, m.name))
     for model in order:
         states[model.name] = _reconcile_model(
             model,
             by_model.get(model.name, []),
             states[model.name],
-            nodes,
+            draining,
             inventory,
             snap,
             now,
@@ -258,7 +259,7 @@ def _reconcile_model(
     model: ModelSpec,
     replicas: list[ReplicaView],
     state: ModelState,
-    nodes: dict[str, NodeView],
+    draining: frozenset[str],
     inv: Inventory,
     snap: Snapshot,
     now: datetime,
@@ -268,16 +269,21 @@ def _reconcile_model(
 ) -> ModelState:
     name = model.name
     state = _clear_failures_once_ready(replicas, state)
-    last_used = max((r.last_used_at for r in replicas if r.last_used_at), default=None)
+    # Only an on-demand model's wish depends on when its replicas were last used.
+    last_used = (
+        max((r.last_used_at for r in replicas if r.last_used_at), default=None)
+        if model.on_demand
+        else None
+    )
     desired = desired_replicas(model, state, now, last_used)
 
     # Replicas on a node being drained retire: a replacement first, then they drain.
     retiring = {r.id for r in replicas if r.retiring}
-    for r in replicas:
+    for r in replicas if draining else ():
         if (
             r.state in ACTIVE
             and r.id not in retiring
-            and any(nodes[s.node_id].draining for s in r.shards)
+            and any(s.node_id in draining for s in r.shards)
         ):
             retiring.add(r.id)
             plan.retires.append(Retire(r.id, "its node is draining"))
