@@ -8,6 +8,7 @@ sample catalog. Ctrl-C stops everything it started.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import secrets
 import signal
@@ -152,6 +153,7 @@ def main(argv: list[str]) -> int:
     os.environ.clear()
     os.environ.update(env)
     password, admin_token, agent_token = _setup(home)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # our own polls while waiting for the server
 
     server = f"http://127.0.0.1:{args.port}"
     llmgw = [sys.executable, "-m", "llmgw"]

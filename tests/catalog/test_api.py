@@ -13,15 +13,9 @@ from fleet.models import ModelState
 from llmgw import clock
 from tenancy.models import AuditEvent
 from tests.fleet.builders import cpu_model, gpu_model, node_add
+from tests.helpers import detail
 
 pytestmark = pytest.mark.django_db
-
-
-def detail(response) -> str:
-    body = response.json()
-    assert set(body) == {"detail"}
-    assert body["detail"]
-    return body["detail"]
 
 
 def test_adding_a_model_answers_201_with_its_view(api):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 import openai
@@ -32,21 +33,22 @@ def _port(endpoint: str) -> int:
     return int(endpoint.rsplit(":", 1)[1])
 
 
-def _two_gpu_nodes(cluster) -> None:
+def _chat_on_two_gpu_nodes(cluster) -> list[dict]:
+    """Two simulated 8 × h100-80g nodes, the chat model added over REST, its two replicas ready."""
     cluster.start_agent("gpu-a", "--simulate-gpus", "8xh100-80g", port_range="31000-31499")
     cluster.start_agent("gpu-b", "--simulate-gpus", "8xh100-80g", port_range="31500-31999")
     wait_for(
         "two ready nodes", lambda: [n["state"] for n in cluster.get("/nodes")] == ["ready", "ready"]
     )
-
-
-def test_a_model_added_over_rest_runs_answers_with_its_key_and_survives_a_server_restart(cluster):
-    _two_gpu_nodes(cluster)
     cluster.post("/models", CHAT)
-    ready = wait_for(
+    return wait_for(
         "two ready replicas",
         lambda: len(cluster.ready_replicas("chat")) == 2 and cluster.ready_replicas("chat"),
     )
+
+
+def test_a_model_added_over_rest_runs_answers_with_its_key_and_survives_a_server_restart(cluster):
+    ready = _chat_on_two_gpu_nodes(cluster)
 
     # Spread over the nodes, four GPUs each.
     assert sorted(r["shards"][0]["node"] for r in ready) == ["gpu-a", "gpu-b"]
@@ -99,19 +101,12 @@ def test_a_model_added_over_rest_runs_answers_with_its_key_and_survives_a_server
 
 
 def test_a_killed_agents_node_goes_unreachable_then_lost_and_its_replica_moves(cluster):
-    _two_gpu_nodes(cluster)
-    cluster.post("/models", CHAT)
-    ready = wait_for(
-        "two ready replicas",
-        lambda: len(cluster.ready_replicas("chat")) == 2 and cluster.ready_replicas("chat"),
-    )
+    ready = _chat_on_two_gpu_nodes(cluster)
     on_a = next(r for r in ready if r["shards"][0]["node"] == "gpu-a")
 
     # The machine dies: its agent and its engine with it.
     engine = listener_pid(_port(on_a["endpoint"]))
     cluster.stop("agent-gpu-a", signal.SIGKILL)
-    import os
-
     os.kill(engine, signal.SIGKILL)
 
     wait_for(

@@ -11,17 +11,11 @@ from django.test import Client
 from fleet.models import Node
 from llmgw import clock
 from tenancy.models import AuditEvent
+from tests.helpers import detail
 
 from .builders import L4, gpu_model, model_added, node_add
 
 pytestmark = pytest.mark.django_db
-
-
-def detail(response) -> str:
-    body = response.json()
-    assert set(body) == {"detail"}
-    assert body["detail"]
-    return body["detail"]
 
 
 @pytest.mark.parametrize(
