@@ -12,7 +12,7 @@ from llmgw.api import actor
 from llmgw.errors import Invalid
 
 from . import services
-from .schemas import ExplainOut, ModelOut, ScaleIn
+from .schemas import ExplainOut, ModelIn, ModelOut, ScaleIn, inline_schema
 
 router = Router(tags=["models"])
 
@@ -36,7 +36,16 @@ def model_get(request, name: str):
     return _view(name)
 
 
-@router.post("/models", response={201: ModelOut}, by_alias=True)
+# Documented, not parsed, by ModelIn: parse_model judges the body, as it judges the catalog file.
+_MODEL_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": inline_schema(ModelIn)}},
+    }
+}
+
+
+@router.post("/models", response={201: ModelOut}, by_alias=True, openapi_extra=_MODEL_BODY)
 def model_add(request):
     """Add a runtime model (domain.md's field names); 400 with the reason, 409 when it exists."""
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,10 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,126}$")
 SCOPE_RE = re.compile(r"^(org|team|project):[0-9]+$")
+# Far above any real deployment, and low enough that a typo (min: 100000) is caught
+# here rather than by placement trying to find room for it.
+MAX_REPLICAS = 10_000
+MAX_IDLE_TIMEOUT_S = 30 * 86400
 
 
 class CatalogError(ValueError):
@@ -78,6 +83,20 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class Slo:
+    """What a model promises its callers, at the 95th percentile (domain.md, Catalog: Model).
+
+    A figure left out is no promise; `ctl bench` measures against those given.
+    """
+
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A model as the rules see it (domain.md, Catalog: Model and Scaling)."""
 
@@ -94,6 +113,9 @@ class ModelSpec:
     description: str = ""
     routing_profile: str = "chat"
     declared: bool = False
+    slo: Slo = Slo()
+    context_length: int | None = None
+    max_output: int | None = None
 
     @property
     def on_demand(self) -> bool:
@@ -137,7 +159,10 @@ def _float(data: Mapping, key: str, *, where: str) -> float | None:
         raise CatalogError(f"{where}: {key} must be a number, not {value!r}.")
     if value <= 0:
         raise CatalogError(f"{where}: {key} must be more than 0, not {value}.")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # a whole number of hundreds of digits, which no float holds
+        raise CatalogError(f"{where}: {key} is too large.") from None
 
 
 def _strings(data: Mapping, key: str, *, where: str) -> tuple[str, ...]:
@@ -157,6 +182,7 @@ def _string_map(data: Mapping, key: str, *, where: str) -> dict[str, str]:
 
 
 _PROFILE_FIELDS = {f for f in Profile.__dataclass_fields__} | {"startup_timeout"}
+_SLO_FIELDS = set(Slo.__dataclass_fields__)
 _MODEL_FIELDS = {
     "name",
     "aliases",
@@ -280,6 +306,12 @@ def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
     description = data.get("description") or ""
     if not isinstance(description, str):
         raise CatalogError(f"{where}: description must be a string.")
+    context_length = _int(data, "context_length", None, where=where, minimum=1)
+    max_output = _int(data, "max_output", None, where=where, minimum=1)
+    if context_length is not None and max_output is not None and max_output > context_length:
+        raise CatalogError(
+            f"{where}: max_output ({max_output}) is more than context_length ({context_length})."
+        )
     return ModelSpec(
         name=name,
         profiles=profiles,
@@ -294,18 +326,54 @@ def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
         description=description,
         routing_profile=routing,
         declared=declared,
+        slo=parse_slo(data.get("slo"), where=where),
+        context_length=context_length,
+        max_output=max_output,
     )
+
+
+def parse_slo(data: object, *, where: str) -> Slo:
+    """`{"ttft_p95_ms", "tpot_p95_ms"}`, each a positive number or left out; nothing else."""
+    if data is None:
+        return Slo()
+    if not isinstance(data, Mapping):
+        raise CatalogError(f"{where}: slo must be an object with ttft_p95_ms and tpot_p95_ms.")
+    unknown = sorted(set(data) - _SLO_FIELDS, key=str)
+    if unknown:
+        raise CatalogError(f"{where}: slo has an unknown field {unknown[0]!r}.")
+    figures = {}
+    for key in sorted(_SLO_FIELDS):
+        value = _float(data, key, where=f"{where}, slo")
+        # JSON cannot carry an infinite figure, nor can the database store one.
+        if value is not None and not math.isfinite(value):
+            raise CatalogError(f"{where}, slo: {key} must be a finite number, not {value}.")
+        figures[key] = value
+    return Slo(**figures)
 
 
 def parse_scaling(
     data: Mapping, *, where: str, current: tuple[int, int | None, int]
 ) -> tuple[int, int, int]:
-    """Min, max and idle timeout: max left out follows min; max < min is refused."""
+    """Min, max and idle timeout: max left out follows min; max < min is refused.
+
+    The one place their bounds are checked: adding a model, scaling it and the
+    catalog file all come through here.
+    """
     lo = _int(data, "min", current[0], where=where)
     hi = _int(data, "max", None, where=where)
+    for key, value in (("min", lo), ("max", hi)):
+        if value is not None and value > MAX_REPLICAS:
+            raise CatalogError(
+                f"{where}: {key} must be at most {MAX_REPLICAS} replicas, not {value}."
+            )
     if hi is None:
         hi = lo if current[1] is None or "min" in data else max(current[1], lo)
     idle = _int(data, "idle_timeout", current[2], where=where, minimum=1)
+    if idle > MAX_IDLE_TIMEOUT_S:
+        raise CatalogError(
+            f"{where}: idle_timeout must be at most {MAX_IDLE_TIMEOUT_S} seconds (30 days), "
+            f"not {idle}."
+        )
     if hi < lo:
         raise CatalogError(f"{where}: max ({hi}) is below min ({lo}).")
     return lo, hi, idle

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+from .domain import CLASSES, ENGINES, MAX_IDLE_TIMEOUT_S, MAX_REPLICAS, ROUTING_PROFILES
+
+
+class SloOut(Schema):
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
 
 
 class ModelOut(Schema):
@@ -36,14 +45,117 @@ class ModelOut(Schema):
     fallbacks: list[str]
     routing_profile: str
     declared: bool
+    slo: SloOut = Field(default_factory=SloOut)
+    context_length: int | None = None
+    max_output: int | None = None
 
 
 class ScaleIn(Schema):
+    """Types only: the bounds are catalog.domain.parse_scaling's, the same as for a new model."""
+
     model_config = ConfigDict(extra="forbid")
 
-    min: int | None = Field(default=None, ge=0, le=10_000)
-    max: int | None = Field(default=None, ge=0, le=10_000)
-    idle_timeout: int | None = Field(default=None, ge=1, le=30 * 86400)
+    min: int | None = None
+    max: int | None = None
+    idle_timeout: int | None = None
+
+
+# What `POST /models` takes, for the OpenAPI document only. The body is parsed by
+# catalog.domain.parse_model, the same rules as the catalog file, so that a refusal
+# reads the same sentence wherever the model came from; these are never used to parse.
+
+
+class _Documented(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ProfileIn(_Documented):
+    """One way the model may run."""
+
+    name: str = Field(description="unique in its model: letters, digits, '.', '_' or '-'")
+    engine: str = Field(json_schema_extra={"enum": list(ENGINES)})
+    gpu_class: str = Field("", description="for example h100-80g; empty means CPU only")
+    tp: int = Field(1, ge=1, description="tensor parallelism")
+    pp: int = Field(1, ge=1, description="pipeline parallelism")
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int | None = Field(None, ge=1, description="default: tp × pp / nodes")
+    args: list[str] = Field(default_factory=list, description="the engine's arguments")
+    env: dict[str, str] = Field(default_factory=dict, description="the engine's environment")
+    min_memory_gb: float | None = Field(
+        None, gt=0, description="host memory a replica needs; required of a CPU profile"
+    )
+    cpu_cores: int | None = Field(None, ge=1, description="cores a CPU replica reserves")
+    min_disk_gb: float | None = Field(None, gt=0)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="labels a node must carry"
+    )
+    weight: int = Field(1, ge=0, description="share of traffic")
+    priority: int = Field(0, ge=-1000, description="placement tries higher first")
+    startup_timeout: int = Field(600, ge=1, description="seconds (startup_timeout_s also read)")
+
+
+class ScalingIn(_Documented):
+    min: int = Field(1, ge=0, le=MAX_REPLICAS, description="replicas it always runs")
+    max: int | None = Field(
+        None, ge=0, le=MAX_REPLICAS, description="the most under load; left out, follows min"
+    )
+    idle_timeout: int = Field(
+        600,
+        ge=1,
+        le=MAX_IDLE_TIMEOUT_S,
+        description="seconds an on-demand model (min 0) stays up unused",
+    )
+
+
+class SloIn(_Documented):
+    ttft_p95_ms: float | None = Field(None, gt=0, description="time to first token, p95")
+    tpot_p95_ms: float | None = Field(None, gt=0, description="time per output token, p95")
+
+
+class ModelIn(_Documented):
+    """A runtime model (domain.md, Catalog); refused with a 400 and the reason when invalid."""
+
+    name: str = Field(description="lowercase [a-z0-9][a-z0-9._-]*, at most 64")
+    aliases: list[str] = Field(default_factory=list, description="unique across all names")
+    description: str = ""
+    source: str = Field("", description="a Hugging Face id org/name[:file], a path or a mirror")
+    profiles: list[ProfileIn] = Field(min_length=1)
+    scaling: ScalingIn | None = None
+    class_: str = Field(
+        "",
+        alias="class",
+        json_schema_extra={"enum": ["", *CLASSES]},
+        description="empty: opportunistic when on demand, else standard",
+    )
+    owner: str = Field("", description="org:ID, team:ID, project:ID, or empty for shared")
+    fallbacks: list[str] = Field(default_factory=list, description="other models' names")
+    routing_profile: str = Field("chat", json_schema_extra={"enum": list(ROUTING_PROFILES)})
+    slo: SloIn | None = None
+    context_length: int | None = Field(None, ge=1, description="tokens")
+    max_output: int | None = Field(None, ge=1, description="tokens; at most context_length")
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with its nested models written in place of references.
+
+    Pydantic points nested models at `#/$defs/...`, which means nothing inside an
+    OpenAPI document; inlined, the schema can sit in an operation's `openapi_extra`.
+    """
+    schema = model.model_json_schema(by_alias=True)
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                return resolve({**defs[ref.removeprefix("#/$defs/")], **rest})
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)
 
 
 class ExplainOut(Schema):

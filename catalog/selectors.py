@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Count, Max
 
-from llmgw.errors import NotFound
-
-from .domain import ModelSpec, Profile
+from .domain import ModelSpec, Profile, Slo
 from .models import Model, Profile as ProfileRow
 
 
@@ -46,6 +44,12 @@ def spec_from_row(row: Model) -> ModelSpec:
         description=row.description,
         routing_profile=row.routing_profile,
         declared=row.declared,
+        slo=Slo(
+            ttft_p95_ms=(row.slo or {}).get("ttft_p95_ms"),
+            tpot_p95_ms=(row.slo or {}).get("tpot_p95_ms"),
+        ),
+        context_length=row.context_length,
+        max_output=row.max_output,
     )
 
 
@@ -63,11 +67,3 @@ def catalog_load() -> dict[str, ModelSpec]:
         _cache["catalog"] = {row.name: spec_from_row(row) for row in rows}
         _cache["version"] = key
     return dict(_cache["catalog"])
-
-
-def model_get(*, name: str) -> Model:
-    """The model row by name; raises NotFound with a sentence."""
-    row = Model.objects.prefetch_related("profiles").filter(name=name).first()
-    if row is None:
-        raise NotFound(f"There is no model {name!r}.")
-    return row

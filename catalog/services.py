@@ -38,6 +38,10 @@ def _write(spec: ModelSpec, *, actor: str, row: Model | None = None) -> Model:
     row.owner = spec.owner
     row.fallbacks = list(spec.fallbacks)
     row.routing_profile = spec.routing_profile
+    # Only the figures given, so a stored SLO reads as what the operator wrote.
+    row.slo = {k: v for k, v in spec.slo.to_dict().items() if v is not None}
+    row.context_length = spec.context_length
+    row.max_output = spec.max_output
     row.declared = spec.declared
     row.updated_by = actor
     row.save()
@@ -81,6 +85,8 @@ def _storable(spec: ModelSpec) -> None:
             ("min", "min_replicas"),
             ("max", "max_replicas"),
             ("idle_timeout", "idle_timeout_s"),
+            ("context_length", "context_length"),
+            ("max_output", "max_output"),
         )
     ]
     for p in spec.profiles:
@@ -197,7 +203,7 @@ def model_scale(*, name: str, actor: str, scaling: Mapping) -> ModelSpec:
 
 
 def model_remove(*, name: str, actor: str) -> None:
-    """Remove a runtime model; the reconciler stops its replicas on the next pass."""
+    """Remove a runtime model and its failures and parking; its replicas stop on the next pass."""
     with transaction.atomic():
         catalog, _ = _runtime_spec(name)
         users = sorted(m.name for m in catalog.values() if name in m.fallbacks)
@@ -205,8 +211,17 @@ def model_remove(*, name: str, actor: str) -> None:
             raise Conflict(
                 f"model {name} is a fallback of {', '.join(users)}; remove it there first."
             )
-        Model.objects.filter(name=name).delete()
+        _delete(name)
         audit_record(actor=actor, action="model.remove", target=name)
+
+
+def _delete(name: str) -> None:
+    """Forget a model and the controller's memory of it, so one added again starts afresh."""
+    # Imported here: fleet reads the catalog, so a module-level import would be a cycle.
+    from fleet.models import ModelState
+
+    Model.objects.filter(name=name).delete()
+    ModelState.objects.filter(pk=name).delete()
 
 
 def declared_sync(*, specs: list[ModelSpec]) -> list[str]:
@@ -236,7 +251,7 @@ def declared_sync(*, specs: list[ModelSpec]) -> list[str]:
         wanted = {s.name for s in specs}
         for name, spec in catalog.items():
             if spec.declared and name not in wanted:
-                Model.objects.filter(name=name).delete()
+                _delete(name)
                 changes.append(f"model {name} removed: it is no longer in the catalog file")
     for line in changes:
         log.info(line)

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-from django.db import transaction
 from django.utils import timezone
 
 from llmgw.secrets import digest, new_secret
@@ -35,11 +31,3 @@ def audit_record(*, actor: str, action: str, target: str, detail: dict | None = 
     AuditEvent.objects.create(
         actor=actor[:150], action=action, target=target[:200], detail=detail or {}
     )
-
-
-@contextmanager
-def audited(*, actor: str, action: str, target: str, detail: dict | None = None) -> Iterator[None]:
-    """One transaction for a change and the record of who made it."""
-    with transaction.atomic():
-        yield
-        audit_record(actor=actor, action=action, target=target, detail=detail)

@@ -9,6 +9,8 @@ from catalog.domain import CatalogError
 from catalog.models import Model
 from catalog.selectors import catalog_load
 from catalog.services import declared_sync
+from fleet.models import ModelState
+from llmgw import clock
 from llmgw.errors import Invalid
 from tests.fleet.builders import gpu_model, model_added
 
@@ -118,6 +120,37 @@ def test_declared_sync_adds_updates_and_removes_declared_models(tmp_path):
     assert list(catalog) == ["llama"]
     assert catalog["llama"].min_replicas == 3
     assert Model.objects.get().updated_by == "catalog file"
+
+
+@pytest.mark.django_db
+def test_a_declared_model_taken_out_of_the_file_takes_its_parking_with_it(tmp_path):
+    declared_sync(specs=read_catalog_file(catalog_file(tmp_path, CATALOG)))
+    ModelState.objects.create(model="embed", failures=5, parked_since=clock.now())
+    ModelState.objects.create(model="llama", failures=1)
+
+    without_embed = CATALOG.split("  - name: embed")[0]
+    declared_sync(specs=read_catalog_file(catalog_file(tmp_path, without_embed)))
+
+    assert list(ModelState.objects.values_list("model", flat=True)) == ["llama"]
+
+
+@pytest.mark.django_db
+def test_slo_context_length_and_max_output_come_from_the_file_and_stay_unchanged(tmp_path):
+    text = CATALOG.replace(
+        "    routing_profile: embedding\n",
+        "    routing_profile: embedding\n    slo: {ttft_p95_ms: 200}\n"
+        "    context_length: 512\n    max_output: 1\n",
+    )
+    specs = read_catalog_file(catalog_file(tmp_path, text))
+    declared_sync(specs=specs)
+
+    embed = catalog_load()["embed"]
+    assert (embed.slo.ttft_p95_ms, embed.context_length, embed.max_output) == (200.0, 512, 1)
+    # Read back equal to the file, so the next start finds nothing to change.
+    assert declared_sync(specs=specs) == []
+    edited = text.replace("ttft_p95_ms: 200", "ttft_p95_ms: 150")
+    changes = declared_sync(specs=read_catalog_file(catalog_file(tmp_path, edited)))
+    assert changes == ["model embed updated from the catalog file"]
 
 
 @pytest.mark.django_db

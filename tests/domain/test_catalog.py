@@ -3,7 +3,9 @@
 import pytest
 
 from catalog.domain import (
+    MAX_REPLICAS,
     CatalogError,
+    Slo,
     new_model_warnings_as_errors,
     parse_model,
     parse_profile,
@@ -102,6 +104,84 @@ def test_min_zero_and_max_zero_is_not_on_demand_but_off():
     assert (m.min_replicas, m.max_replicas, m.on_demand) == (0, 0, False)
 
 
+@pytest.mark.parametrize("key", ["min", "max"])
+def test_more_than_ten_thousand_replicas_is_refused_naming_the_field(key):
+    with pytest.raises(CatalogError, match=f"m: {key} must be at most 10000 replicas, not 10001"):
+        parse_scaling({key: 10_001}, where="m", current=(1, None, 600))
+
+
+def test_ten_thousand_replicas_is_the_most_accepted():
+    assert MAX_REPLICAS == 10_000
+    assert parse_scaling({"min": 10_000}, where="m", current=(1, None, 600))[:2] == (10_000, 10_000)
+
+
+def test_a_new_model_takes_the_same_replica_bound_as_scaling():
+    refused(a_model(scaling={"min": 0, "max": 10**12}), "max must be at most 10000 replicas")
+
+
+def test_an_idle_timeout_over_thirty_days_is_refused():
+    with pytest.raises(CatalogError, match="idle_timeout must be at most 2592000 seconds"):
+        parse_scaling({"idle_timeout": 30 * 86400 + 1}, where="m", current=(0, 1, 600))
+
+
+# SLO, context length and longest output
+
+
+def test_slo_context_length_and_max_output_are_read():
+    m = parse_model(
+        a_model(slo={"ttft_p95_ms": 800, "tpot_p95_ms": 45.5}, context_length=8192, max_output=2048)
+    )
+    assert m.slo == Slo(ttft_p95_ms=800.0, tpot_p95_ms=45.5)
+    assert (m.context_length, m.max_output) == (8192, 2048)
+
+
+def test_slo_context_length_and_max_output_left_out_are_unknown():
+    m = parse_model(a_model(slo={"tpot_p95_ms": 40}))
+    assert m.slo.to_dict() == {"ttft_p95_ms": None, "tpot_p95_ms": 40.0}
+    assert (m.context_length, m.max_output) == (None, None)
+    assert parse_model(a_model()).slo == Slo()
+
+
+@pytest.mark.parametrize(
+    ("slo", "match"),
+    [
+        ({"ttft_p95": 800}, "slo has an unknown field 'ttft_p95'"),
+        ({"ttft_p95_ms": 0}, r"slo: ttft_p95_ms must be more than 0, not 0"),
+        ({"tpot_p95_ms": -5}, r"slo: tpot_p95_ms must be more than 0"),
+        ({"ttft_p95_ms": "800ms"}, r"slo: ttft_p95_ms must be a number, not '800ms'"),
+        ({"ttft_p95_ms": True}, r"slo: ttft_p95_ms must be a number"),
+        ({"ttft_p95_ms": float("inf")}, r"slo: ttft_p95_ms must be a finite number"),
+        ({"ttft_p95_ms": 10**400}, r"slo: ttft_p95_ms is too large"),
+        ([800], "slo must be an object"),
+        ("fast", "slo must be an object"),
+    ],
+)
+def test_a_bad_slo_is_refused_naming_the_field(slo, match):
+    refused(a_model(slo=slo), f"model chat, {match}" if match.startswith("slo:") else match)
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"context_length": 0}, "context_length must be at least 1, not 0"),
+        ({"max_output": -1}, "max_output must be at least 1"),
+        ({"context_length": 8192.5}, "context_length must be a whole number"),
+        ({"max_output": "4k"}, "max_output must be a whole number"),
+        (
+            {"context_length": 4096, "max_output": 8192},
+            r"max_output \(8192\) is more than context_length \(4096\)",
+        ),
+    ],
+)
+def test_a_bad_context_length_or_max_output_is_refused(fields, match):
+    refused(a_model(**fields), match)
+
+
+def test_max_output_may_equal_the_context_length_or_stand_alone():
+    assert parse_model(a_model(context_length=4096, max_output=4096)).max_output == 4096
+    assert parse_model(a_model(max_output=100_000)).max_output == 100_000
+
+
 # Class
 
 
@@ -180,6 +260,7 @@ def test_an_unknown_engine_is_refused():
         ("tp", True, "tp must be a whole number"),
         ("min_memory_gb", 0, "min_memory_gb must be more than 0"),
         ("min_memory_gb", "8", "min_memory_gb must be a number"),
+        ("min_memory_gb", 10**400, "min_memory_gb is too large"),
         ("cpu_cores", 0, "cpu_cores must be at least 1"),
         ("gpu_class", "H100 80GB", "gpu_class must look like h100-80g"),
         ("node_selector", {"zone": 1}, "node_selector must map strings to strings"),

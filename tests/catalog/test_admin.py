@@ -1,0 +1,74 @@
+"""Django admin shows the catalog but cannot change it: changes go through the one update path."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from catalog.models import Measurement, Model
+from tests.fleet.builders import gpu_model, model_added
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def llama(db) -> Model:
+    model_added(gpu_model("llama", scaling={"min": 2, "max": 3}))
+    return Model.objects.get(name="llama")
+
+
+def test_the_model_list_shows_the_models_and_where_to_change_them(admin_client, llama):
+    response = admin_client.get("/admin/catalog/model/?q=llama")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert f"/admin/catalog/model/{llama.pk}/change/" in page
+    assert "change models with llmgw ctl or the REST API" in page
+    assert "catalog file" in page
+    assert "/admin/catalog/model/add/" not in page
+
+
+def test_a_model_cannot_be_added_in_admin(admin_client, llama):
+    assert admin_client.get("/admin/catalog/model/add/").status_code == 403
+    response = admin_client.post("/admin/catalog/model/add/", {"name": "sneaky"})
+
+    assert response.status_code == 403
+    assert list(Model.objects.values_list("name", flat=True)) == ["llama"]
+
+
+def test_a_model_and_its_profiles_can_be_seen_but_not_changed(admin_client, llama):
+    page = admin_client.get(f"/admin/catalog/model/{llama.pk}/change/")
+    assert page.status_code == 200
+    assert 'name="_save"' not in page.content.decode()
+    assert page.context["inline_admin_formsets"][0].has_change_permission is False
+
+    response = admin_client.post(
+        f"/admin/catalog/model/{llama.pk}/change/",
+        {"name": "llama", "min_replicas": 9, "max_replicas": 9},
+    )
+
+    assert response.status_code == 403
+    llama.refresh_from_db()
+    assert (llama.min_replicas, llama.max_replicas) == (2, 3)
+
+
+def test_a_model_cannot_be_deleted_in_admin(admin_client, llama):
+    response = admin_client.post(f"/admin/catalog/model/{llama.pk}/delete/", {"post": "yes"})
+
+    assert response.status_code == 403
+    assert Model.objects.filter(pk=llama.pk).exists()
+
+
+def test_measurements_are_view_only(admin_client, llama):
+    measurement = Measurement.objects.create(
+        model=llama, profile="gpu", max_concurrency=8, tok_per_sec=400, measured_at=timezone.now()
+    )
+
+    assert admin_client.get("/admin/catalog/measurement/").status_code == 200
+    assert admin_client.get("/admin/catalog/measurement/add/").status_code == 403
+    change = f"/admin/catalog/measurement/{measurement.pk}/change/"
+    assert admin_client.post(change, {"max_concurrency": 99}).status_code == 403
+    delete = f"/admin/catalog/measurement/{measurement.pk}/delete/"
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
+    measurement.refresh_from_db()
+    assert measurement.max_concurrency == 8

@@ -1,0 +1,60 @@
+"""Django admin shows nodes and replicas but changes neither: agents, the API and the reconciler do."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.models import Node, Replica
+from llmgw import clock
+from tests.fleet.builders import node_add
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def node(db) -> Node:
+    node_add("gpu-a", now=clock.now())
+    return Node.objects.get(pk="gpu-a")
+
+
+def test_the_node_list_keeps_its_columns_and_says_where_to_cordon(admin_client, node):
+    response = admin_client.get("/admin/fleet/node/?cordoned__exact=0&q=gpu")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "/admin/fleet/node/gpu-a/change/" in page
+    assert "cordon, uncordon and drain with llmgw ctl node" in page
+    assert "/admin/fleet/node/add/" not in page
+
+
+def test_a_node_cannot_be_cordoned_added_or_deleted_in_admin(admin_client, node):
+    assert admin_client.get("/admin/fleet/node/gpu-a/change/").status_code == 200
+    changed = admin_client.post("/admin/fleet/node/gpu-a/change/", {"cordoned": "on"})
+    added = admin_client.post("/admin/fleet/node/add/", {"id": "ghost"})
+    deleted = admin_client.post("/admin/fleet/node/gpu-a/delete/", {"post": "yes"})
+
+    assert (changed.status_code, added.status_code, deleted.status_code) == (403, 403, 403)
+    node.refresh_from_db()
+    assert (node.cordoned, node.draining) == (False, False)
+    assert list(Node.objects.values_list("id", flat=True)) == ["gpu-a"]
+    assert node.gpus.count() > 0
+
+
+def test_a_replica_cannot_be_changed_or_deleted_in_admin(admin_client):
+    now = clock.now()
+    Replica.objects.create(
+        id="llama-1",
+        model="llama",
+        profile="gpu",
+        profile_fp="abc",
+        state_since=now,
+        created_at=now,
+    )
+
+    assert admin_client.get("/admin/fleet/replica/").status_code == 200
+    assert admin_client.get("/admin/fleet/replica/llama-1/change/").status_code == 200
+    changed = admin_client.post("/admin/fleet/replica/llama-1/change/", {"state": "stopped"})
+    deleted = admin_client.post("/admin/fleet/replica/llama-1/delete/", {"post": "yes"})
+
+    assert (changed.status_code, deleted.status_code) == (403, 403)
+    assert Replica.objects.get().state == "pending"
