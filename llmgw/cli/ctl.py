@@ -25,12 +25,11 @@ import httpx
 import yaml
 
 from llmgw import __version__
-from llmgw.cli.tables import DASH, age, cell, joined, key_values, number, outline, render
+from llmgw.cli.tables import DASH, age, cell, joined, key_values, number, render
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT_S = 30.0
 API_PREFIX = "/api/v1"
-CLASSES = ("critical", "standard", "opportunistic", "default")
 
 
 class CtlError(Exception):
@@ -45,15 +44,23 @@ class CtlError(Exception):
 # The HTTP client
 
 
-def error_detail(response: httpx.Response) -> str:
+def error_detail(response: httpx.Response, *, server: str) -> str:
     """The server's sentence for a refusal: ``{"detail": ...}``, else the status line.
 
     django-ninja answers a body that fails its schema with a list of problems
     under ``detail`` rather than a sentence; those are joined into one line.
+    A path the server does not know is answered by Django with an HTML page
+    instead: most likely a server older than this command.
     """
     try:
         body = response.json()
     except ValueError:
+        path = response.request.url.path
+        if response.status_code == 404:
+            return f"{server} has no {path} (404); is it an older llmgw?"
+        if response.status_code == 405:
+            method = response.request.method
+            return f"{server} does not take {method} on {path} (405); is it an older llmgw?"
         body = None
     detail = body.get("detail") if isinstance(body, dict) else None
     if isinstance(detail, str) and detail.strip():
@@ -144,7 +151,7 @@ class Api:
             reason = str(exc) or type(exc).__name__
             raise CtlError(f"cannot reach llmgw at {self.server}: {reason}") from None
         if not response.is_success:
-            raise CtlError(error_detail(response))
+            raise CtlError(error_detail(response, server=self.server))
         if not response.content.strip():
             return None
         try:
@@ -620,129 +627,6 @@ def cmd_model_explain(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(api.get(f"/models/{segment(args.name)}/explain"), render_explain)
 
 
-def render_resources(answer: Any, name: str) -> str:
-    """What each profile now reserves, and that running replicas keep the old figures."""
-    restart = (
-        f"Running replicas keep their old figures until restarted: llmgw ctl restart --model {name}"
-    )
-    lines = []
-    if isinstance(answer, dict) and answer.get("detail"):
-        lines.append(answer["detail"])
-    elif isinstance(answer, dict) and isinstance(answer.get("profiles"), list):
-        for p in answer["profiles"]:
-            if isinstance(p, dict):
-                memory = p.get("min_memory_gb", p.get("memory_gb"))
-                lines.append(
-                    f"{name}/{p.get('name')}: {gb(memory)} memory, {cell(p.get('cpu_cores'))} cores"
-                )
-    if not lines:
-        lines.append(f"model {name}: resources set")
-    return "\n".join([*lines, restart])
-
-
-def cmd_model_resources(api: Api, args: argparse.Namespace, out: Output) -> None:
-    if args.memory is None and args.cores is None:
-        raise CtlError("give --memory GB, --cores N, or both", 2)
-    # A figure not given is left out, so the server keeps what the model has.
-    body: dict[str, Any] = {}
-    if args.profile:
-        body["profile"] = args.profile
-    if args.memory is not None:
-        body["memory_gb"] = _whole(args.memory)
-    if args.cores is not None:
-        body["cpu_cores"] = args.cores
-    answer = api.post(f"/models/{segment(args.name)}/resources", body)
-    out.show(answer, lambda a: render_resources(a, args.name))
-
-
-def cmd_model_class(api: Api, args: argparse.Namespace, out: Output) -> None:
-    wanted = "" if args.cls == "default" else args.cls
-    answer = api.post(f"/models/{segment(args.name)}/class", {"class": wanted})
-
-    def sentence(a: Any) -> str:
-        got = a if isinstance(a, dict) else {}
-        return said(a, f"{got.get('model', args.name)} is {got.get('class') or wanted or DASH}")
-
-    out.show(answer, sentence)
-
-
-def cmd_model_owner(api: Api, args: argparse.Namespace, out: Output) -> None:
-    wanted = "" if args.scope == "shared" else args.scope
-    answer = api.post(f"/models/{segment(args.name)}/owner", {"owner": wanted})
-
-    def sentence(a: Any) -> str:
-        got = a if isinstance(a, dict) else {}
-        owner = got.get("owner", wanted)
-        model = got.get("model", args.name)
-        return said(a, f"{model} is shared" if not owner else f"{model} counts against {owner}")
-
-    out.show(answer, sentence)
-
-
-def render_target(t: dict[str, Any]) -> str:
-    """``ctl model target``: replicas needed, running, and whether the rest fit."""
-    lines = [
-        f"{t.get('model')}: {number(t.get('tok_per_sec'), 0)} tokens/s needs "
-        f"{cell(t.get('needed'))} replicas at {number(t.get('per_replica_tok_per_sec'))} each "
-        f"(measured on {cell(t.get('profile'))}); {cell(t.get('current'))} running"
-    ]
-    more = t.get("more") or 0
-    if more == 0:
-        lines.append("It already has them.")
-    elif t.get("fits"):
-        lines.append(f"{more} more, and there is room for them.")
-    else:
-        lines.append(f"{more} more, and there is room for {cell(t.get('room'))}:")
-        lines += [f"  {b}" for b in t.get("blocked") or ()]
-    return "\n".join(lines)
-
-
-def cmd_model_target(api: Api, args: argparse.Namespace, out: Output) -> None:
-    name = segment(args.name)
-    target = api.get(f"/models/{name}/target", tokens_per_sec=_whole(args.tokens_per_sec))
-    out.show(target, render_target)
-    if not args.apply:
-        return
-    if not target.get("fits"):
-        raise CtlError("not applied: the cluster has no room for them")
-    needed = target["needed"]
-    model = api.get(f"/models/{name}")
-    if model.get("min") == needed:
-        out.say(f"Not applied: {args.name} already runs at least {needed}.")
-        return
-    # Raising min must not lower the ceiling an operator set for load.
-    top = max(needed, model.get("max") or needed)
-    api.post(f"/models/{name}/scale", {"min": needed, "max": top})
-    out.say(f"Applied: {args.name} runs {needed} (up to {top} under load).")
-
-
-def render_headroom(h: dict[str, Any]) -> str:
-    """``ctl model headroom``: how many more fit, where, and why not one more."""
-    more = h.get("more") or 0
-    head = f"{h.get('model')}: {cell(h.get('current'))} running; room for {more} more"
-    if h.get("limited"):
-        head += " (stopped at the limit asked; there may be more)"
-    lines = [head]
-    for i, nodes in enumerate(h.get("nodes") or (), start=1):
-        lines.append(f"  +{i} on {joined(nodes) if isinstance(nodes, list) else cell(nodes)}")
-    if h.get("tok_per_sec"):
-        lines.append(f"One more would serve {number(h['tok_per_sec'])} tokens/s, as measured.")
-    blocked = h.get("blocked") or []
-    if blocked:
-        lines.append("Why not one more:")
-        lines += [f"  - {b}" for b in blocked]
-    return "\n".join(lines)
-
-
-def cmd_model_headroom(api: Api, args: argparse.Namespace, out: Output) -> None:
-    answer = api.get(f"/models/{segment(args.name)}/headroom", limit=args.limit)
-    out.show(answer, render_headroom)
-
-
-def cmd_model_preemption(api: Api, args: argparse.Namespace, out: Output) -> None:
-    out.show(api.get(f"/models/{segment(args.name)}/preemption"), outline)
-
-
 # Scaling and lifecycle
 
 
@@ -843,11 +727,6 @@ def cmd_reconcile(api: Api, args: argparse.Namespace, out: Output) -> None:
 
 
 # The command line
-
-
-def _whole(value: float) -> int | float:
-    """``16.0`` → ``16``, so a whole figure goes out as an integer."""
-    return int(value) if float(value).is_integer() else value
 
 
 def _count(text: str) -> int:
@@ -976,7 +855,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_model_commands(add: Callable[..., Any], commands: Any) -> None:
     """The ``model`` subcommands."""
-    model = add(commands, "model", "show, add, remove or change one model")
+    model = add(commands, "model", "show, add, remove or explain one model")
     actions = model.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     add(actions, "show", "one model in full", cmd_model_show).add_argument("name")
@@ -984,33 +863,6 @@ def _add_model_commands(add: Callable[..., Any], commands: Any) -> None:
     adding.add_argument("--file", required=True, help="one model object; - reads stdin")
     add(actions, "remove", "remove a runtime model", cmd_model_remove).add_argument("name")
     add(actions, "explain", "why its last placement failed", cmd_model_explain).add_argument("name")
-
-    res = add(actions, "resources", "set what one replica reserves", cmd_model_resources)
-    res.add_argument("name")
-    res.add_argument("--profile", help="one profile; every profile when left out")
-    res.add_argument("--memory", type=_positive, metavar="GB", help="host memory a replica needs")
-    res.add_argument("--cores", type=_count, metavar="N", help="CPU cores; 0 reserves none")
-
-    cls = add(actions, "class", "set its capacity class", cmd_model_class)
-    cls.add_argument("name")
-    cls.add_argument("cls", metavar="CLASS", choices=CLASSES, help=" | ".join(CLASSES))
-
-    owner = add(actions, "owner", "set whose quota it counts against", cmd_model_owner)
-    owner.add_argument("name")
-    owner.add_argument("scope", metavar="SCOPE", help="org:Acme, team:Acme/ml, ... or shared")
-
-    target = add(actions, "target", "replicas needed for a throughput", cmd_model_target)
-    target.add_argument("name")
-    target.add_argument("--tokens-per-sec", type=_positive, required=True, metavar="N")
-    target.add_argument("--apply", action="store_true", help="set min to it if they fit")
-
-    headroom = add(actions, "headroom", "how many more replicas fit now", cmd_model_headroom)
-    headroom.add_argument("name")
-    headroom.add_argument("--limit", type=_count, help="try at most this many")
-
-    add(
-        actions, "preemption", "what would be stopped to place it now", cmd_model_preemption
-    ).add_argument("name")
 
 
 def settings(args: argparse.Namespace) -> tuple[str, str, str | None, float, bool]:

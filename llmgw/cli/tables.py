@@ -7,7 +7,7 @@ unknown, so nothing here turns a missing figure into ``0``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -114,38 +114,3 @@ def age(value: Any, now: datetime | None = None) -> str:
     if seconds < 48 * 60 * 60:
         return f"{seconds // 3600}h"
     return f"{seconds // 86400}d"
-
-
-def outline(value: Any, indent: int = 0) -> str:
-    """Any JSON value as indented text, for answers without a table of their own.
-
-    Mappings become ``key: value`` lines (nested ones indented beneath their
-    key), lists of scalars ``- item`` lines, lists of mappings one block per
-    item introduced by ``-``.
-    """
-    pad = "  " * indent
-    if isinstance(value, Mapping):
-        if not value:
-            return f"{pad}{DASH}"
-        lines = []
-        for key, item in value.items():
-            if isinstance(item, Mapping | list) and item:
-                lines.append(f"{pad}{key}:")
-                lines.append(outline(item, indent + 1))
-            else:
-                lines.append(f"{pad}{key}: {cell(item)}")
-        return "\n".join(lines)
-    if isinstance(value, list):
-        if not value:
-            return f"{pad}{DASH}"
-        lines = []
-        for item in value:
-            if isinstance(item, Mapping | list) and item:
-                nested = outline(item, indent + 1).splitlines()
-                # The first line of the item's block carries its dash.
-                lines.append(f"{pad}- {nested[0].lstrip()}")
-                lines.extend(nested[1:])
-            else:
-                lines.append(f"{pad}- {cell(item)}")
-        return "\n".join(lines)
-    return f"{pad}{cell(value)}"
