@@ -19,6 +19,7 @@ from tenancy.selectors import token_find
 
 from . import events
 from .dispatch import Command, node_group
+from .domain.types import parse_shard_id
 from .live import LIVE, OutOfOrder
 from .services import node_disconnected, node_live_flush, node_register, shard_status_record
 
@@ -180,7 +181,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_engine_load(self, msg: events.EngineLoad) -> None:
         LIVE.engine_load(
-            self.node_id, msg, {s.shard_id: s.shard_id.rsplit("-", 1)[0] for s in msg.shards}
+            self.node_id, msg, {s.shard_id: parse_shard_id(s.shard_id)[0] for s in msg.shards}
         )
 
     async def on_shard_status(self, msg: events.ShardStatus) -> None:

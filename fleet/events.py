@@ -51,7 +51,7 @@ class Disk(_Message):
 class Weight(_Message):
     source: Annotated[str, StringConstraints(max_length=500, pattern=_TEXT)]
     digest: Short = ""
-    size: Count | None = None
+    size: Annotated[int, Field(ge=0, le=1 << 50)] | None = None  # bytes
 
 
 class RunningShard(_Message):

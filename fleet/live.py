@@ -26,7 +26,7 @@ class LiveNode:
     memory_total_mb: int | None = None
     cpu_count: int | None = None
     engines: dict[str, dict] = field(default_factory=dict)
-    used_replicas: set[str] = field(default_factory=set)
+    used_replicas: set[tuple[str, str]] = field(default_factory=set)  # (node, replica) pairs
     written_at: float = 0.0
     dirty: bool = False
 
@@ -42,7 +42,7 @@ class NodeWrite:
     engines: dict
     memory_total_mb: int | None
     cpu_count: int | None
-    used_replicas: frozenset[str]
+    used_replicas: frozenset[tuple[str, str]]
 
     @property
     def load(self) -> dict:
@@ -112,10 +112,13 @@ class LiveFleet:
     def engine_load(self, node_id: str, msg: EngineLoad, replica_of: dict[str, str]) -> None:
         """Keep the engines' running and waiting counts; a shard with requests running was used."""
         live = self.nodes[node_id]
+        # Each message is the whole picture: shards no longer listed no longer run.
+        live.engines = {
+            s.shard_id: s.model_dump(exclude_none=True, exclude={"shard_id"}) for s in msg.shards
+        }
         for s in msg.shards:
-            live.engines[s.shard_id] = s.model_dump(exclude_none=True, exclude={"shard_id"})
             if s.running and s.shard_id in replica_of:
-                live.used_replicas.add(replica_of[s.shard_id])
+                live.used_replicas.add((node_id, replica_of[s.shard_id]))
         live.dirty = True
 
     def due(self, *, only: str | None = None) -> list[NodeWrite]:

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Q
 
 from llmgw import clock
@@ -119,6 +119,16 @@ def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) ->
         lease_release(holder=holder)
 
 
+def _embedded_pass(*, fresh_start: bool) -> None:
+    # Celery does this around every task; here the pool thread keeps its connection between
+    # passes, and one broken by a database restart must be dropped, not used forever.
+    close_old_connections()
+    try:
+        reconcile_once(fresh_start=fresh_start)
+    finally:
+        close_old_connections()
+
+
 async def run_forever(interval: float) -> None:
     """The embedded reconciler: a loop on the serving process's own event loop.
 
@@ -129,7 +139,7 @@ async def run_forever(interval: float) -> None:
     first = True
     while True:
         try:
-            await sync_to_async(reconcile_once, thread_sensitive=False)(fresh_start=first)
+            await sync_to_async(_embedded_pass, thread_sensitive=False)(fresh_start=first)
             first = False
         except asyncio.CancelledError:
             raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import UTC, datetime
 
-from django.db import connection
+from django.db import connection, transaction
 
 from catalog.domain import ModelSpec, reservation_warnings
 from catalog.selectors import catalog_load
@@ -121,6 +121,12 @@ def _postgres_rows(sql: str, params) -> list[tuple]:
         cursor.adapters.register_loader("timestamptz", loader)
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+def caches_clear() -> None:
+    """Forget every cached view (tests reuse ids and clocks across databases)."""
+    for cache in (_node_static, _shard_static, _replica_cache, _state_cache, _memo):
+        cache.clear()
 
 
 def _chunks(ids: list[str]):
@@ -267,12 +273,11 @@ def _replica_views(rows: list[tuple], shard_rows: list[tuple]) -> tuple[ReplicaV
     )
 
 
-def model_states() -> dict[str, ModelStateView]:
-    """Every model's controller state; explanations (JSON) are read only where there is one."""
-    explanations = dict(
-        ModelState.objects.exclude(explanation=[]).values_list("model", "explanation")
-    )
-    rows = _fast_values(ModelState.objects.all(), tuple(_STATE_FIELDS))
+def model_states(*, name: str | None = None) -> dict[str, ModelStateView]:
+    """Every model's controller state (or one's); explanations (JSON) are read only where there is one."""
+    states = ModelState.objects.all() if name is None else ModelState.objects.filter(pk=name)
+    explanations = dict(states.exclude(explanation=[]).values_list("model", "explanation"))
+    rows = _fast_values(states, tuple(_STATE_FIELDS))
     views = _views(
         _state_cache,
         rows,
@@ -286,15 +291,24 @@ def model_states() -> dict[str, ModelStateView]:
 
 
 def snapshot_load(*, settling: bool, silence_floor: datetime | None) -> Snapshot:
-    """Everything a pass decides on, read at once."""
-    return Snapshot(
-        nodes=node_views(),
-        models=catalog_load(),
-        replicas=replica_views(),
-        states=model_states(),
-        settling=settling,
-        silence_floor=silence_floor,
-    )
+    """Everything a pass decides on, read as one consistent picture.
+
+    In one transaction (repeatable read on PostgreSQL), so a replica adopted between
+    reading shards and replicas cannot show up without the GPUs it holds.
+    """
+    fresh = not connection.in_atomic_block
+    with transaction.atomic():
+        if fresh and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        return Snapshot(
+            nodes=node_views(),
+            models=catalog_load(),
+            replicas=replica_views(),
+            states=model_states(),
+            settling=settling,
+            silence_floor=silence_floor,
+        )
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -333,7 +347,10 @@ def replica_out(r: ReplicaView, spec: ModelSpec | None, endpoints: dict[str, str
 
 def replicas_list(*, model: str | None = None) -> list[dict]:
     catalog = catalog_load()
-    endpoints = dict(Shard.objects.filter(rank=0).values_list("id", "endpoint"))
+    shards = Shard.objects.filter(rank=0)
+    if model:
+        shards = shards.filter(replica__model=model)
+    endpoints = dict(shards.values_list("id", "endpoint"))
     views = sorted(replica_views(model=model), key=lambda r: (r.model, r.created_at))
     return [replica_out(r, catalog.get(r.model), endpoints) for r in views]
 
@@ -429,7 +446,7 @@ def model_views(*, name: str | None = None) -> list[dict]:
         if name not in catalog:
             raise NotFound(f"There is no model {name!r}.")
         catalog = {name: catalog[name]}
-    states = model_states()
+    states = model_states(name=name)
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     replicas = Replica.objects.filter(model__in=list(catalog)) if name else Replica.objects.all()
     for model, state in replicas.values_list("model", "state"):
@@ -483,7 +500,7 @@ def model_views(*, name: str | None = None) -> list[dict]:
 def model_explain(*, name: str) -> dict:
     """Why the model's last placement failed, per profile and node."""
     view = model_views(name=name)[0]
-    state = model_states().get(name)
+    state = model_states(name=name).get(name)
     return {
         "model": name,
         "unplaceable": view["unplaceable"],

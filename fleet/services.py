@@ -22,6 +22,7 @@ from tenancy.services import audit_record
 from .dispatch import Command
 from .domain.gpuclass import gpu_class
 from .domain.reconcile import Plan
+from .domain.types import parse_shard_id
 from .events import Register, ShardStatus
 from .live import NodeWrite
 from .models import Gpu, ModelState, Node, Replica, Shard
@@ -97,17 +98,34 @@ def _believe_figures(node: Node, memory_total_mb: int | None, cpu_count: int | N
             setattr(node, attr, value)
 
 
-def _replica_state_from_shards(replica: Replica, now: datetime) -> bool:
-    """A replica is ready once all its shards are; starting while any starts. True when it became ready."""
-    states = {s.state for s in replica.shards.all()}
-    if states == {"ready"} and replica.state in ("pending", "starting"):
-        replica.state = "ready"
-        replica.ready_at = replica.state_since = now
-        return True
-    if "starting" in states and replica.state == "pending":
-        replica.state = "starting"
-        replica.state_since = now
+def _replica_progress(replica_id: str, now: datetime) -> bool:
+    """Move a replica along from its shards' states: ready once all are, starting while any
+    starts. Compare-and-set, so a stop or drain decided meanwhile is never undone. True when
+    it became ready."""
+    states = set(Shard.objects.filter(replica_id=replica_id).values_list("state", flat=True))
+    if states == {"ready"}:
+        return bool(
+            Replica.objects.filter(pk=replica_id, state__in=("pending", "starting")).update(
+                state="ready", ready_at=now, state_since=now
+            )
+        )
+    if "starting" in states:
+        Replica.objects.filter(pk=replica_id, state="pending").update(
+            state="starting", state_since=now
+        )
     return False
+
+
+def _stopped_once_all_shards_are(replica_id: str, now: datetime) -> None:
+    """A stopping replica is stopped once none of its shards runs; the reconciler then forgets it."""
+    if (
+        not Shard.objects.filter(replica_id=replica_id)
+        .exclude(state__in=("stopped", "failed"))
+        .exists()
+    ):
+        Replica.objects.filter(pk=replica_id, state="stopping").update(
+            state="stopped", state_since=now
+        )
 
 
 def node_register(*, msg: Register, session: str, now: datetime) -> list[Command]:
@@ -164,8 +182,7 @@ def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list
             shard.state = rep.state if rep.state != "pending" else shard.state
             shard.endpoint = rep.endpoint or shard.endpoint
             shard.save(update_fields=["state", "endpoint"])
-            _replica_state_from_shards(replica, now)
-            replica.save()
+            _replica_progress(replica.id, now)
             continue
         spec = catalog.get(rep.model)
         profile = spec.profile(rep.profile) if spec else None
@@ -200,10 +217,7 @@ def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list
         if replica.state in ("stopping", "stopped", "failed"):
             shard.state = "stopped"
             shard.save(update_fields=["state"])
-            if not replica.shards.exclude(state__in=("stopped", "failed")).exists():
-                Replica.objects.filter(pk=replica.pk, state="stopping").update(
-                    state="stopped", state_since=now
-                )
+            _stopped_once_all_shards_are(replica.id, now)
         elif shard.state in ("pending", "starting") and replica.state in ("pending", "starting"):
             # It may never have received start_shard while it was away: start_shard is idempotent.
             cmd = start_command(shard, replica, catalog.get(replica.model))
@@ -211,8 +225,14 @@ def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list
                 commands.append(cmd)
         else:
             reason = f"shard {shard_id} was not running when node {node.id} registered again"
+            shard.state = "failed"
+            shard.save(update_fields=["state"])
+            # Only a replica that never became ready failed to start (domain.md, Failures).
             Replica.objects.filter(pk=replica.pk).exclude(state__in=("stopped", "failed")).update(
-                state="failed", state_since=now, reason=reason
+                state="failed",
+                state_since=now,
+                reason=reason,
+                counts_as_failure=replica.state in ("pending", "starting"),
             )
             log.info(reason, extra={"node": node.id, "replica": replica.id})
     return commands
@@ -233,7 +253,7 @@ def _adopt(node: Node, rep, profile, now: datetime) -> None:
             "counts_as_failure": True,
         },
     )
-    rank = int(rep.shard_id.rsplit("-", 1)[1]) if rep.shard_id.rsplit("-", 1)[-1].isdigit() else 0
+    _, rank = parse_shard_id(rep.shard_id)
     try:
         port = urlparse(rep.endpoint).port or 0
     except ValueError:  # a port out of range: the shard is still taken over, not left running
@@ -305,7 +325,12 @@ def node_live_flush(*, writes: list[NodeWrite], now: datetime) -> list[str]:
             log.info("nodes heard from again, ready: %s", ", ".join(sorted(heard_again)))
         used = set().union(*(w.used_replicas for w in writes))
         if used:
-            Replica.objects.filter(pk__in=used).update(last_used_at=now)
+            # Only replicas with a shard on the node that said so: an agent speaks for itself.
+            held = Shard.objects.filter(
+                node_id__in={n for n, _ in used}, replica_id__in={r for _, r in used}
+            ).values_list("node_id", "replica_id")
+            mine = {replica for node, replica in held if (node, replica) in used}
+            Replica.objects.filter(pk__in=mine).update(last_used_at=now)
     return lost
 
 
@@ -350,22 +375,23 @@ def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> lis
         shard.save(update_fields=["state", "endpoint", "detail", "exit_code"])
         if msg.state in ("failed", "stopped"):
             _shard_ended(shard, replica, msg, now)
-        else:
-            if _replica_state_from_shards(replica, now):
-                log.info(
-                    "replica %s of %s is ready",
-                    replica.id,
-                    replica.model,
-                    extra={"replica": replica.id},
-                )
-            replica.save()
+        elif replica.state in ("stopping", "stopped", "failed"):
+            # An engine started again (a start_shard resent while it was away) for a replica
+            # given up meanwhile: it must not run on untracked.
+            return [stop_command(node_id, shard.id, 0)]
+        elif _replica_progress(replica.id, now):
+            log.info(
+                "replica %s of %s is ready",
+                replica.id,
+                replica.model,
+                extra={"replica": replica.id},
+            )
     return []
 
 
 def _shard_ended(shard: Shard, replica: Replica, msg: ShardStatus, now: datetime) -> None:
     if replica.state in ("stopping", "stopped"):
-        if not replica.shards.exclude(state__in=("stopped", "failed")).exists():
-            Replica.objects.filter(pk=replica.pk).update(state="stopped", state_since=now)
+        _stopped_once_all_shards_are(replica.id, now)
         return
     if replica.state == "failed":
         return
@@ -373,7 +399,16 @@ def _shard_ended(shard: Shard, replica: Replica, msg: ShardStatus, now: datetime
     detail = f": {msg.detail}" if msg.detail else ""
     verb = "failed" if msg.state == "failed" else "stopped by itself"
     reason = f"shard {shard.id} on node {shard.node_id} {verb}{code}{detail}"[:500]
-    Replica.objects.filter(pk=replica.pk).update(state="failed", state_since=now, reason=reason)
+    # Failing to start counts toward backoff and parking; a ready replica that ends (an agent
+    # restarted, an engine crashed after serving) is replaced without counting against its model.
+    Replica.objects.filter(pk=replica.pk).exclude(
+        state__in=("stopping", "stopped", "failed")
+    ).update(
+        state="failed",
+        state_since=now,
+        reason=reason,
+        counts_as_failure=replica.state in ("pending", "starting"),
+    )
     log.info(reason, extra={"replica": replica.id, "model": replica.model})
 
 
@@ -381,17 +416,28 @@ def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
     """Write a plan in the caller's transaction; return the commands to send after commit."""
     commands: list[Command] = []
     t = settings.LLMGW.timings
+    heard_meanwhile = set()
     for change in plan.node_changes:
-        q = Node.objects.filter(pk=change.node_id).exclude(state=change.state)
-        if change.state != Node.LOST:
-            # A heartbeat written since the snapshot means it is not silent after all.
-            # At the threshold, as the rules count it: silent for `unreachable` seconds or more.
-            q = q.filter(last_seen__lte=now - timedelta(seconds=t.unreachable))
-        q.update(state=change.state, state_since=now)
+        # A heartbeat written since the snapshot means it is not silent after all; at the
+        # threshold, as the rules count it: silent for that many seconds or more.
+        silent = t.lost if change.state == Node.LOST else t.unreachable
+        changed = (
+            Node.objects.filter(pk=change.node_id, last_seen__lte=now - timedelta(seconds=silent))
+            .exclude(state=change.state)
+            .update(state=change.state, state_since=now)
+        )
+        if change.state == Node.LOST and not changed:
+            heard_meanwhile.add(change.node_id)
+    # What a lost node's replicas are told, and that they are forgotten, stands only if it was lost.
+    stops = [s for s in plan.stops if s.lost_node not in heard_meanwhile]
+    shards_of = _shards_of([s.replica_id for s in stops])
     for forget in plan.forgets:
-        Replica.objects.filter(pk=forget.replica_id).delete()
+        if forget.lost_node not in heard_meanwhile:
+            Replica.objects.filter(pk=forget.replica_id).delete()
     for retire in plan.retires:
-        Replica.objects.filter(pk=retire.replica_id).update(retiring=True)
+        Replica.objects.filter(pk=retire.replica_id).update(
+            retiring=True, drain_deadline=retire.deadline
+        )
     for drain in plan.drains:
         Replica.objects.filter(pk=drain.replica_id, state="ready").update(
             state="draining",
@@ -399,9 +445,9 @@ def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
             drain_deadline=drain.deadline,
             reason=drain.reason[:500],
         )
-    shards_of = _shards_of([s.replica_id for s in plan.stops])
-    for stop in plan.stops:
-        Replica.objects.filter(pk=stop.replica_id).exclude(state__in=("stopped", "failed")).update(
+    for stop in stops:
+        # A failed replica may still have shards running elsewhere: it stops like any other.
+        Replica.objects.filter(pk=stop.replica_id).exclude(state="stopped").update(
             state="stopping", state_since=now, stop_grace_s=stop.grace_s, reason=stop.reason[:500]
         )
         for node_id, shard_id in shards_of.get(stop.replica_id, ()):
@@ -445,22 +491,36 @@ def _shards_of(replica_ids: list[str]) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+# The fields a pass decides; the rest of a model's state is the API's (restart, retry, use).
+_PASS_FIELDS = (
+    "desired", "failures", "last_failure_at", "backoff_until", "parked_since", "parked_reason",
+    "unplaceable", "explanation", "restart_requested_at",
+)  # fmt: skip
+
+
 def _write_states(plan: Plan, before: dict) -> None:
-    """Write only the model states that changed: a pass with nothing to do writes nothing."""
-    changed = [s for name, s in plan.states.items() if before.get(name) != s]
-    if not changed:
-        return
-    fields = [f.name for f in ModelState._meta.fields if f.name not in ("model", "updated_at")]
-    existing = set(
-        ModelState.objects.filter(pk__in=[s.model for s in changed]).values_list("pk", flat=True)
-    )
-    rows = []
-    for s in changed:
-        values = {f: getattr(s, f) for f in fields}
+    """Write the model states that changed, each only if the API did not change it since the
+    snapshot (compare-and-set): a retry or restart asked meanwhile wins, and the next pass
+    decides again from it. A pass with nothing to do writes nothing."""
+    created = []
+    for name, s in plan.states.items():
+        was = before.get(name)
+        if was == s:
+            continue
+        values = {f: getattr(s, f) for f in _PASS_FIELDS}
         values["explanation"] = list(values["explanation"])
-        rows.append(ModelState(model=s.model, **values))
-    ModelState.objects.bulk_create([r for r in rows if r.model not in existing])
-    ModelState.objects.bulk_update([r for r in rows if r.model in existing], fields, batch_size=500)
+        if was is None:
+            created.append(ModelState(model=name, **values))
+            continue
+        ModelState.objects.filter(
+            pk=name,
+            restart_requested_at=was.restart_requested_at,
+            parked_since=was.parked_since,
+            failures=was.failures,
+            last_requested_at=was.last_requested_at,
+        ).update(**values)
+    # A row the API created meanwhile (retry, restart, a request) is its to keep.
+    ModelState.objects.bulk_create(created, ignore_conflicts=True)
 
 
 def _node(node_id: str) -> Node:
@@ -480,10 +540,6 @@ def node_set_schedule(*, node_id: str, action: str, actor: str) -> str:
             "drain": {"cordoned": True, "draining": True},
         }[action]
         Node.objects.filter(pk=node.pk).update(**fields)
-        if action == "uncordon":
-            Replica.objects.filter(
-                shards__node=node, retiring=True, state__in=("pending", "starting", "ready")
-            ).update(retiring=False)
         audit_record(actor=actor, action=f"node.{action}", target=node_id)
     log.info(
         "node %s %s by %s",

@@ -90,15 +90,28 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Agents stay connected for months, and a group member older than group_expiry is
+# dropped without a word: commands to that node would vanish. Ten years, then.
+_GROUP_EXPIRY = 10 * 365 * 86400
 if LLMGW.redis_url:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [LLMGW.redis_url], "capacity": 1000, "expiry": 30},
+            "CONFIG": {
+                "hosts": [LLMGW.redis_url],
+                "capacity": 1000,
+                "expiry": 30,
+                "group_expiry": _GROUP_EXPIRY,
+            },
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"group_expiry": _GROUP_EXPIRY},
+        }
+    }
 
 CELERY_BROKER_URL = LLMGW.redis_url or "memory://"
 CELERY_TASK_ALWAYS_EAGER = LLMGW.redis_url is None

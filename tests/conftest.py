@@ -5,6 +5,16 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    """Each test starts with no cached views: they are keyed by ids and times tests reuse."""
+    from catalog import selectors as catalog_selectors
+    from fleet.selectors import caches_clear
+
+    caches_clear()
+    catalog_selectors._cache["version"] = None
+
+
 @pytest.fixture
 def admin_token(db) -> str:
     from tenancy.services import token_create

@@ -16,7 +16,7 @@ from catalog.domain import ModelSpec, Profile
 from llmgw.config import Timings
 
 from .placement import Inventory, Placement, ShardPlan
-from .types import ACTIVE, HOLDING, ModelState, NodeView, ReplicaView, Snapshot
+from .types import ACTIVE, HOLDING, ModelState, NodeView, ReplicaView, Snapshot, shard_id
 
 SETTLING = "waiting for agents to report their shards after a control plane restart"
 
@@ -54,6 +54,8 @@ class Stop:
     replica_id: str
     grace_s: int
     reason: str
+    # Set when the stop follows from a node found lost: undone if the node was heard meanwhile.
+    lost_node: str = ""
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,15 @@ class Forget:
 
     replica_id: str
     reason: str
+    lost_node: str = ""
 
 
 @dataclass(frozen=True)
 class Retire:
     replica_id: str
     reason: str
+    # When it stops even if no replacement became ready (a node's drain); None: it waits.
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,7 @@ def decide(
     for name in sorted(by_model.keys() - snap.models.keys()):
         for r in by_model[name]:
             if r.state not in ("stopping",):
-                plan.stops.append(Stop(r.id, t_grace(t), f"model {name} was removed"))
+                plan.stops.append(Stop(r.id, int(t.preempt_grace), f"model {name} was removed"))
     draining = frozenset(n.id for n in nodes.values() if n.draining)
     order = sorted(snap.models.values(), key=lambda m: (-m.class_rank, m.name))
     for model in order:
@@ -142,10 +147,6 @@ def decide(
         )
     plan.states = states
     return plan
-
-
-def t_grace(t: Timings) -> int:
-    return int(t.preempt_grace)
 
 
 def _liveness(snap: Snapshot, now: datetime, t: Timings, plan: Plan) -> dict[str, NodeView]:
@@ -184,6 +185,11 @@ def _record_failure(state: ModelState, now: datetime, reason: str, t: Timings) -
     )
 
 
+# A replica still stopping this long after its grace is asked again: the first stop_shard
+# may have been lost (the agent away, the channel layer down).
+STOP_AGAIN_AFTER_S = 30
+
+
 def _housekeeping(
     snap: Snapshot,
     nodes: dict[str, NodeView],
@@ -195,38 +201,54 @@ def _housekeeping(
     """Forget what no longer runs, count failures, time out slow starts; return what still holds room."""
     alive = []
     for r in snap.replicas:
-        lost = [
-            s.node_id for s in r.shards if (n := nodes.get(s.node_id)) is None or n.state == "lost"
-        ]
-        lost.sort()
         if r.state == "stopped":
             plan.forgets.append(Forget(r.id, "stopped"))
             continue
+        running = [s for s in r.shards if s.state not in ("failed", "stopped")]
+        lost = sorted(
+            s.node_id for s in r.shards if (n := nodes.get(s.node_id)) is None or n.state == "lost"
+        )
         if lost:
-            if any(s.node_id not in lost for s in r.shards) and r.state != "failed":
-                plan.stops.append(Stop(r.id, 0, f"node {lost[0]} was lost"))
-            plan.forgets.append(Forget(r.id, f"node {lost[0]} was lost"))
-            plan.events.append(f"replica {r.id} of {r.model} lost with node {lost[0]}")
+            node = lost[0]
+            if any(s.node_id not in lost for s in running):
+                plan.stops.append(Stop(r.id, 0, f"node {node} was lost", lost_node=node))
+            plan.forgets.append(Forget(r.id, f"node {node} was lost", lost_node=node))
+            plan.events.append(f"replica {r.id} of {r.model} lost with node {node}")
             continue
         if r.state == "failed":
-            plan.forgets.append(Forget(r.id, r.reason or "failed"))
+            reason = r.reason or "failed"
             if r.counts_as_failure and r.model in states:
-                states[r.model] = _record_failure(states[r.model], now, r.reason or "failed", t)
-                plan.events.append(
-                    f"replica {r.id} of {r.model} failed: {r.reason or 'no reason given'}"
-                )
-            continue
-        if r.state in ("pending", "starting") and (now - r.created_at).total_seconds() > (
-            timeout := _startup_timeout(snap, r)
-        ):
-            reason = f"replica {r.id} did not become ready within {duration(timeout)}"
-            plan.stops.append(Stop(r.id, 0, reason))
-            plan.events.append(reason)
-            if r.model in states:
                 states[r.model] = _record_failure(states[r.model], now, reason, t)
+            plan.events.append(f"replica {r.id} of {r.model} failed: {reason}")
+            if len(r.shards) < 2 or not running:
+                plan.forgets.append(Forget(r.id, reason))
+                continue
+            # One shard of a multi-node replica failed: the others stop before their room is free.
+            plan.stops.append(Stop(r.id, 0, f"replica {r.id} failed: {reason}"))
             r = replace(r, state="stopping")
+        elif (
+            r.state == "stopping"
+            and _since(r.state_since, now) > r.stop_grace_s + STOP_AGAIN_AFTER_S
+        ):
+            plan.stops.append(
+                Stop(r.id, 0, f"replica {r.id} is still stopping; asking its agents again")
+            )
+        elif r.state in ("pending", "starting") and not snap.settling:
+            # Counted from the reconciler's restart at the earliest: agents had no chance before.
+            started = max(r.created_at, snap.silence_floor) if snap.silence_floor else r.created_at
+            if _since(started, now) > (timeout := _startup_timeout(snap, r)):
+                reason = f"replica {r.id} did not become ready within {duration(timeout)}"
+                plan.stops.append(Stop(r.id, 0, reason))
+                plan.events.append(reason)
+                if r.model in states:
+                    states[r.model] = _record_failure(states[r.model], now, reason, t)
+                r = replace(r, state="stopping")
         alive.append(r)
     return alive
+
+
+def _since(then: datetime, now: datetime) -> float:
+    return (now - then).total_seconds()
 
 
 def _startup_timeout(snap: Snapshot, r: ReplicaView) -> int:
@@ -279,6 +301,7 @@ def _reconcile_model(
 
     # Replicas on a node being drained retire: a replacement first, then they drain.
     retiring = {r.id for r in replicas if r.retiring}
+    deadlines = {r.id: r.drain_deadline for r in replicas if r.retiring and r.drain_deadline}
     for r in replicas if draining else ():
         if (
             r.state in ACTIVE
@@ -286,7 +309,11 @@ def _reconcile_model(
             and any(s.node_id in draining for s in r.shards)
         ):
             retiring.add(r.id)
-            plan.retires.append(Retire(r.id, "its node is draining"))
+            # It serves until its replacement is ready, or until the drain grace runs out when
+            # no room is found for one: a node's drain always ends.
+            deadline = now + timedelta(seconds=t.drain_grace)
+            plan.retires.append(Retire(r.id, "its node is draining", deadline=deadline))
+            deadlines[r.id] = deadline
     state = _restart_in_turn(model, replicas, state, retiring, plan)
 
     active = [r for r in replicas if r.state in ACTIVE and r.id not in retiring]
@@ -299,6 +326,11 @@ def _reconcile_model(
         elif r.id in retiring and r.state == "ready" and replaced:
             # Its replacement is ready: the stop's grace lets requests in flight finish.
             plan.stops.append(Stop(r.id, int(t.preempt_grace), f"replica {r.id} is replaced"))
+        elif (
+            r.id in retiring and r.state == "ready" and r.id in deadlines and now >= deadlines[r.id]
+        ):
+            why = f"replica {r.id} stops: its node drained {duration(t.drain_grace)} with no room for a replacement"
+            plan.stops.append(Stop(r.id, int(t.preempt_grace), why))
         elif r.state == "draining":
             if r.id in retiring and replaced:
                 plan.stops.append(
@@ -346,7 +378,7 @@ def _reconcile_model(
                         )
                     break
                 replica_id = new_id(name)
-                shards = tuple((f"{replica_id}-{s.rank}", s) for s in placed.shards)
+                shards = tuple((shard_id(replica_id, s.rank), s) for s in placed.shards)
                 inv.reserve(name, placed)
                 where = ", ".join(s.node_id for s in placed.shards)
                 plan.starts.append(
@@ -378,8 +410,8 @@ def _why_not_now(state: ModelState, snap: Snapshot, now: datetime) -> str:
     if state.parked_since:
         return f"parked after {state.failures} failures in a row: {state.parked_reason}; llmgw ctl retry to try again"
     if state.backoff_until and now < state.backoff_until:
-        wait = (state.backoff_until - now).total_seconds()
-        return f"backing off after {state.failures} failures; next try in {duration(wait)}"
+        # An absolute time: a countdown would change the stored explanation every pass.
+        return f"backing off after {state.failures} failures; next try at {state.backoff_until:%H:%M:%S} UTC"
     if snap.settling:
         return SETTLING
     return ""

@@ -16,6 +16,19 @@ HOLDING = frozenset({"pending", "starting", "ready", "draining", "stopping"})
 ACTIVE = frozenset({"pending", "starting", "ready"})
 
 
+def shard_id(replica_id: str, rank: int) -> str:
+    """A shard's id: its replica's and its rank, so agents and logs show what it belongs to."""
+    return f"{replica_id}-{rank}"
+
+
+def parse_shard_id(value: str) -> tuple[str, int]:
+    """The replica id and rank in a shard id made by `shard_id`; (the id, 0) for any other."""
+    head, _, tail = value.rpartition("-")
+    if head and tail.isdigit() and len(tail) <= 3:
+        return head, int(tail)
+    return value, 0
+
+
 @dataclass(frozen=True)
 class GpuView:
     index: int

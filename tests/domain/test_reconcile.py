@@ -134,6 +134,54 @@ def test_a_multi_node_replica_losing_one_node_stops_its_other_shards_at_once():
 # Failures, backoff and parking
 
 
+def test_a_node_drain_with_no_room_for_a_replacement_ends_after_the_drain_grace():
+    on_a = replica("r", "chat", on="n1", gpus=(0, 1, 2, 3, 4, 5, 6, 7))
+    draining = gpu_node("n1", draining=True, cordoned=True)
+    plan = run(snapshot([draining], [model("chat")], [on_a]))
+    [retire] = plan.retires
+    assert (retire.replica_id, retire.deadline) == ("r", at(300))
+    assert plan.stops == []  # nowhere to put a replacement: it keeps serving for now
+    later = replace(on_a, retiring=True, drain_deadline=at(300))
+    heard = replace(draining, last_seen=at(299))
+    assert run(snapshot([heard], [model("chat")], [later]), now=at(299)).stops == []
+    [stop] = run(snapshot([heard], [model("chat")], [later]), now=at(300)).stops
+    assert stop.replica_id == "r" and "no room for a replacement" in stop.reason
+
+
+def test_a_replica_still_stopping_past_its_grace_is_asked_to_stop_again():
+    snap = snapshot(
+        [gpu_node("n1")],
+        [model("chat", min=0)],
+        [
+            replica("old", "chat", on="n1", gpus=(0,), state="stopping", state_since=ago(61)),
+            replica("new", "chat", on="n1", gpus=(1,), state="stopping", state_since=ago(59)),
+        ],
+    )
+    plan = run(snap)
+    assert [s.replica_id for s in plan.stops] == ["old"]
+
+
+def test_one_failed_shard_of_a_multi_node_replica_stops_the_others_before_its_room_is_free():
+    failed = replica(
+        "mn", "chat", on=("n1", "n2"), gpus=(0, 1), state="failed", reason="rank 1 died"
+    )
+    failed = replace(failed, shards=(failed.shards[0], replace(failed.shards[1], state="failed")))
+    snap = snapshot([gpu_node("n1"), gpu_node("n2")], [model("chat", min=0)], [failed])
+    plan = run(snap)
+    assert [s.replica_id for s in plan.stops] == ["mn"]
+    assert plan.forgets == []
+    assert plan.states["chat"].failures == 1
+
+
+def test_a_slow_start_is_not_timed_out_while_agents_are_still_reporting_after_a_restart():
+    slow = replica("s", "chat", on="n1", gpus=(0,), state="starting", created=ago(3600))
+    plan = run(snapshot([gpu_node("n1")], [model("chat")], [slow], settling=True))
+    assert plan.stops == []
+    # Once settled, the time counts from the restart, not from before it.
+    plan = run(snapshot([gpu_node("n1")], [model("chat")], [slow], silence_floor=ago(60)))
+    assert plan.stops == []
+
+
 def test_a_failed_replica_is_forgotten_counts_a_failure_and_backs_off_10s():
     snap = snapshot(
         [gpu_node("n1")],
@@ -146,7 +194,10 @@ def test_a_failed_replica_is_forgotten_counts_a_failure_and_backs_off_10s():
     assert (state.failures, state.last_failure_at, state.backoff_until) == (1, NOW, at(10))
     assert plan.starts == []
     assert state.explanation == (
-        {"profile": "", "reasons": ["backing off after 1 failures; next try in 10s"]},
+        {
+            "profile": "",
+            "reasons": [f"backing off after 1 failures; next try at {at(10):%H:%M:%S} UTC"],
+        },
     )
 
 
@@ -539,7 +590,7 @@ def test_a_removed_models_replicas_stop():
             replica("k", "kept", on="n1", gpus=(0,)),
             replica("a", "gone", on="n1", gpus=(1,)),
             replica("b", "gone", on="n1", gpus=(2,), state="draining"),
-            replica("c", "gone", on="n1", gpus=(3,), state="stopping"),
+            replica("c", "gone", on="n1", gpus=(3,), state="stopping", state_since=ago(5)),
         ],
     )
     plan = run(snap)

@@ -317,3 +317,84 @@ def test_a_drained_node_gets_a_replacement_first_and_then_stops_its_replica(
 
     assert Replica.objects.get(pk=old.pk).state == "stopping"
     assert [(c.node_id, c.payload["type"]) for c in sent] == [("gpu-a", "stop_shard")]
+
+
+def test_an_engine_reporting_ready_for_a_replica_being_stopped_is_told_to_stop(no_settle):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    replica = Replica.objects.get()
+    Replica.objects.filter(pk=replica.pk).update(state="stopping")
+    shard = replica.shards.get()
+    commands = shard_status_record(
+        node_id="gpu-a",
+        msg=ShardStatus(type="shard_status", shard_id=shard.id, state="ready"),
+        now=at(1),
+    )
+    assert [(c.node_id, c.payload["type"], c.payload["shard_id"]) for c in commands] == [
+        ("gpu-a", "stop_shard", shard.id)
+    ]
+    assert Replica.objects.get().state == "stopping", "a late ready does not undo the stop"
+
+
+def test_a_ready_replica_whose_engine_stops_is_replaced_without_counting_a_failure(no_settle):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    replica = Replica.objects.get()
+    ready(replica, at(1))
+    shard = replica.shards.get()
+    # The agent restarted and stopped its engines on the way down.
+    shard_status_record(
+        node_id="gpu-a",
+        msg=ShardStatus(type="shard_status", shard_id=shard.id, state="stopped"),
+        now=at(2),
+    )
+    heard("gpu-a", at(3))
+    reconcile_once(now=at(3))
+    assert ModelState.objects.get(pk="llama").failures == 0
+    assert Replica.objects.exclude(pk=replica.pk).count() == 1
+
+
+def test_a_retry_asked_while_a_pass_decides_is_not_overwritten(no_settle, monkeypatch):
+    model_added(
+        gpu_model("llama", gpu_class="a100-80g")
+    )  # no node has these: it keeps failing to place
+    node_add("gpu-a", now=T0)
+    ModelState.objects.create(model="llama", parked_since=T0, parked_reason="boom", failures=5)
+    from fleet import selectors
+    from fleet.services import model_retry
+
+    load = selectors.snapshot_load
+
+    def retry_after_loading(**kw):
+        snap = load(**kw)
+        model_retry(name="llama", actor="ops")  # lands between the snapshot and the write
+        return snap
+
+    monkeypatch.setattr(reconciler, "snapshot_load", retry_after_loading)
+    reconcile_once(now=at(1))
+    state = ModelState.objects.get(pk="llama")
+    assert (state.parked_since, state.failures) == (None, 0)
+
+
+def test_a_lost_multi_node_replicas_surviving_shard_is_told_to_stop(no_settle, sent, committed):
+    model_added(
+        gpu_model("big")
+        | {
+            "profiles": [
+                {"name": "gpu", "engine": "sim", "gpu_class": "h100-80g", "tp": 4, "nodes": 2}
+            ]
+        }
+    )
+    for node in ("gpu-a", "gpu-b"):
+        node_add(node, now=T0, labels={"llmgw.io/fabric": "ib"})
+    committed(T0)
+    replica = Replica.objects.get()
+    ready(replica, at(1))
+    sent.clear()
+    for second in range(10, 71, 10):  # passes go on; gpu-a says nothing more: lost after 60 s
+        heard("gpu-b", at(second))
+        committed(at(second))
+    assert ("gpu-b", "stop_shard") in [(c.node_id, c.payload["type"]) for c in sent]
+    assert not Replica.objects.filter(pk=replica.pk).exists()
