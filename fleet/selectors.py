@@ -492,6 +492,9 @@ def model_views(*, name: str | None = None) -> list[dict]:
                 "fallbacks": list(spec.fallbacks),
                 "routing_profile": spec.routing_profile,
                 "declared": spec.declared,
+                "slo": spec.slo.to_dict(),
+                "context_length": spec.context_length,
+                "max_output": spec.max_output,
             }
         )
     return out

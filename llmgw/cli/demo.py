@@ -153,7 +153,9 @@ def main(argv: list[str]) -> int:
     os.environ.clear()
     os.environ.update(env)
     password, admin_token, agent_token = _setup(home)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # our own polls while waiting for the server
+    logging.getLogger("httpx").setLevel(
+        logging.WARNING
+    )  # our own polls while waiting for the server
 
     server = f"http://127.0.0.1:{args.port}"
     llmgw = [sys.executable, "-m", "llmgw"]

@@ -135,11 +135,6 @@ def test_scaling_keeps_the_slo_context_length_and_max_output(api):
     assert (row.min_replicas, row.slo, row.context_length) == (2, {"ttft_p95_ms": 800.0}, 8192)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fleet.selectors.model_views does not put slo, context_length and max_output in "
-    "the view yet; remove this marker when it does",
-)
 def test_the_model_view_shows_the_slo_context_length_and_max_output(api):
     body = gpu_model("llama", slo={"ttft_p95_ms": 800}, context_length=8192, max_output=2048)
     api.call("POST", "/models", body)
