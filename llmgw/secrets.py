@@ -6,7 +6,7 @@ import secrets
 
 
 def new_secret(prefix: str) -> str:
-    """A new secret such as `llmgw_adm_…`; its first 12 characters identify it in lists."""
+    """A new secret such as `llmgw_adm_…`; its first 14 characters identify it in lists."""
     return f"{prefix}{secrets.token_urlsafe(32)}"
 
 

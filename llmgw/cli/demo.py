@@ -116,16 +116,16 @@ def _wait_up(url: str, proc: subprocess.Popen, seconds: float = 60) -> bool:
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
-    """Agents first (they stop their engines), then the server; SIGKILL what lingers."""
+    """Stop in the order given (agents, which stop their engines, then the server), each
+    with SIGTERM and up to 15 s, then SIGKILL to its process group."""
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    for p in procs:
         try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            p.wait(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=5)
 
 
 def _interrupt(*_) -> None:
@@ -189,7 +189,7 @@ def main(argv: list[str]) -> int:
 llmgw demo is running: a control plane and three simulated nodes (gpu-a, gpu-b: 8 × h100-80g; cpu-1: 16 CPUs, 64 GB).
 
   console   {server}/admin/   login admin / {password}
-  REST API  {server}/api/v1/  (OpenAPI at {server}/api/v1/docs)
+  REST API  {server}/api/v1/  (browse it at {server}/api/v1/docs)
 
 Try:
   export LLMGW_SERVER={server} LLMGW_TOKEN={admin_token}
