@@ -18,10 +18,16 @@ from tenancy.models import Token
 from tenancy.selectors import token_find
 
 from . import events
-from .dispatch import Command, node_group
+from .dispatch import Command, node_group, send_commands
 from .domain.types import parse_shard_id
 from .live import LIVE, OutOfOrder
-from .services import node_disconnected, node_live_flush, node_register, shard_status_record
+from .services import (
+    node_disconnected,
+    node_live_flush,
+    node_register,
+    node_running_unknown,
+    shard_status_record,
+)
 
 log = logging.getLogger("llmgw.agents")
 
@@ -51,13 +57,24 @@ async def _flush_forever() -> None:
         writes = LIVE.due()
         if writes:
             try:
-                lost = await database_sync_to_async(node_live_flush)(writes=writes, now=clock.now())
-                await _ask_to_register_again(lost)
+                await _write_behind(writes)
             except Exception:
                 log.exception(
                     "could not write %d nodes' heartbeats; they are written on the next one",
                     len(writes),
                 )
+
+
+def _flush(writes) -> tuple[list[str], list[Command]]:
+    return node_live_flush(writes=writes, now=clock.now()), node_running_unknown(writes=writes)
+
+
+async def _write_behind(writes) -> None:
+    """Write heartbeats, then act on what they showed: lost nodes register again, engines
+    nobody knows of are stopped."""
+    lost, stops = await database_sync_to_async(_flush)(writes)
+    await _ask_to_register_again(lost)
+    await send_commands(stops)
 
 
 async def _ask_to_register_again(node_ids: list[str]) -> None:
@@ -175,9 +192,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_heartbeat(self, msg: events.Heartbeat) -> None:
         if LIVE.heartbeat(self.node_id, msg, clock.now()):
             # Memory or CPUs changed: placement must see that now, not in a few seconds.
-            writes = LIVE.due(only=self.node_id)
-            lost = await database_sync_to_async(node_live_flush)(writes=writes, now=clock.now())
-            await _ask_to_register_again(lost)
+            await _write_behind(LIVE.due(only=self.node_id))
 
     async def on_engine_load(self, msg: events.EngineLoad) -> None:
         LIVE.engine_load(

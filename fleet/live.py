@@ -27,6 +27,7 @@ class LiveNode:
     cpu_count: int | None = None
     engines: dict[str, dict] = field(default_factory=dict)
     used_replicas: set[tuple[str, str]] = field(default_factory=set)  # (node, replica) pairs
+    running: frozenset[str] = frozenset()  # shards the agent last said it runs
     written_at: float = 0.0
     dirty: bool = False
 
@@ -43,6 +44,7 @@ class NodeWrite:
     memory_total_mb: int | None
     cpu_count: int | None
     used_replicas: frozenset[tuple[str, str]]
+    running: frozenset[str] = frozenset()
 
     @property
     def load(self) -> dict:
@@ -96,6 +98,7 @@ class LiveFleet:
             raise OutOfOrder(f"heartbeat seq {hb.seq} is not after {live.last_seq}; ignored")
         live.last_seq = hb.seq
         live.last_seen = now
+        live.running = frozenset(s.shard_id for s in hb.shards if s.state in ("starting", "ready"))
         if hb.load is not None:
             # Kept as the validated message; turned into JSON only when it is written.
             live.load = hb.load
@@ -141,6 +144,7 @@ class LiveFleet:
                     memory_total_mb=live.memory_total_mb,
                     cpu_count=live.cpu_count,
                     used_replicas=frozenset(live.used_replicas),
+                    running=live.running,
                 )
             )
             live.dirty = False

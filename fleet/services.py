@@ -334,6 +334,28 @@ def node_live_flush(*, writes: list[NodeWrite], now: datetime) -> list[str]:
     return lost
 
 
+def node_running_unknown(*, writes: list[NodeWrite]) -> list[Command]:
+    """Stop what agents say they run but this control plane does not know: a backstop for
+    an engine whose stop never arrived, found within a heartbeat or two."""
+    running = {(w.node_id, shard) for w in writes for shard in w.running}
+    if not running:
+        return []
+    known = set(
+        Shard.objects.filter(
+            node_id__in={n for n, _ in running}, id__in={s for _, s in running}
+        ).values_list("node_id", "id")
+    )
+    unknown = sorted(running - known)
+    for node_id, shard_id in unknown:
+        log.info(
+            "stopping shard %s on node %s: nothing here runs it",
+            shard_id,
+            node_id,
+            extra={"node": node_id},
+        )
+    return [stop_command(node_id, shard_id, 0) for node_id, shard_id in unknown]
+
+
 def _write_live(nodes: list[Node]) -> None:
     """One prepared UPDATE run for every node: bulk_update's CASE expressions cost the
     serving process milliseconds of Python per node, in a thread beside the agents' loop."""

@@ -550,3 +550,23 @@ async def test_a_shard_another_node_holds_is_stopped_not_adopted_twice(agents):
     assert await in_db(lambda: list(Shard.objects.values_list("id", "node_id"))) == [
         ("llama-0a1b2c-0", "gpu-a")
     ]
+
+
+async def test_an_engine_the_agent_runs_but_the_control_plane_does_not_know_is_stopped(
+    agents, monkeypatch
+):
+    from fleet import consumers
+
+    monkeypatch.setattr(consumers, "FLUSH_EVERY_S", 0.02)
+    comm = await agents.registered(register_frame("gpu-a"))
+    monkeypatch.setattr(LIVE, "write_every", 0.0)
+
+    await comm.send_json_to(
+        {
+            "type": "heartbeat",
+            "seq": 1,
+            "shards": [{"shard_id": "ghost-abc123-0", "state": "ready"}],
+        }
+    )
+
+    assert await answer(comm) == {"type": "stop_shard", "shard_id": "ghost-abc123-0", "grace_s": 0}

@@ -398,3 +398,27 @@ def test_a_lost_multi_node_replicas_surviving_shard_is_told_to_stop(no_settle, s
         committed(at(second))
     assert ("gpu-b", "stop_shard") in [(c.node_id, c.payload["type"]) for c in sent]
     assert not Replica.objects.filter(pk=replica.pk).exists()
+
+
+def test_an_engine_a_heartbeat_lists_but_nothing_here_runs_is_stopped(no_settle):
+    from fleet.services import node_running_unknown
+
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    known = Replica.objects.get().shards.get().id
+    write = NodeWrite(
+        node_id="gpu-a",
+        session="session-gpu-a",
+        last_seen=at(1),
+        sample=None,
+        engines={},
+        memory_total_mb=None,
+        cpu_count=None,
+        used_replicas=frozenset(),
+        running=frozenset({known, "ghost-abc123-0"}),
+    )
+    commands = node_running_unknown(writes=[write])
+    assert [(c.node_id, c.payload["type"], c.payload["shard_id"]) for c in commands] == [
+        ("gpu-a", "stop_shard", "ghost-abc123-0")
+    ]
