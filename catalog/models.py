@@ -89,3 +89,14 @@ class Measurement(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model_id}/{self.profile}: {self.max_concurrency} at once, {self.tok_per_sec:g} tok/s"
+
+
+class Revision(models.Model):
+    """The catalog's change counter, bumped by every write in the same transaction, so each
+    process knows when to read the catalog again (timestamps would depend on every host's clock)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    value = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"catalog revision {self.value}"

@@ -8,13 +8,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, replace
 
 from django.db import transaction
+from django.db.models import F
 
 from llmgw.errors import Conflict, Invalid, NotFound
 from tenancy.services import audit_record
 
 from . import domain
 from .domain import CatalogError, ModelSpec
-from .models import Model, Profile as ProfileRow
+from .models import Model, Profile as ProfileRow, Revision
 from .selectors import catalog_load
 
 log = logging.getLogger("llmgw.catalog")
@@ -69,6 +70,7 @@ def _write(spec: ModelSpec, *, actor: str, row: Model | None = None) -> Model:
         )
         for i, p in enumerate(spec.profiles)
     )
+    _bump()
     return row
 
 
@@ -222,6 +224,13 @@ def _delete(name: str) -> None:
 
     Model.objects.filter(name=name).delete()
     ModelState.objects.filter(pk=name).delete()
+    _bump()
+
+
+def _bump() -> None:
+    """Tell every process's catalog cache that the catalog changed (in the caller's transaction)."""
+    if not Revision.objects.filter(pk=1).update(value=F("value") + 1):
+        Revision.objects.get_or_create(pk=1, defaults={"value": 1})
 
 
 def declared_sync(*, specs: list[ModelSpec]) -> list[str]:
