@@ -156,7 +156,7 @@ def _liveness(snap: Snapshot, now: datetime, t: Timings, plan: Plan) -> dict[str
         seen = node.last_seen or now
         if snap.silence_floor is not None and seen < snap.silence_floor:
             seen = snap.silence_floor
-        silent = (now - seen).total_seconds()
+        silent = _since(seen, now)
         state = node.state
         if state != "lost" and silent >= t.lost:
             state = "lost"
@@ -272,7 +272,7 @@ def desired_replicas(
     """
     if model.on_demand:
         asked = max((t for t in (state.last_requested_at, last_used) if t), default=None)
-        recent = asked is not None and (now - asked).total_seconds() < model.idle_timeout_s
+        recent = asked is not None and _since(asked, now) < model.idle_timeout_s
         return 1 if recent else 0
     return min(model.min_replicas + state.extra, model.max_replicas)
 

@@ -16,17 +16,10 @@ from fleet.agent.client import Agent, AgentSettings
 from fleet.agent.discovery import LoadSampler, Machine, simulated_gpus
 from fleet.agent.supervisor import Supervisor, can_bind
 
-FAKE_ENGINE = [sys.executable, str(Path(__file__).with_name("fake_engine.py"))]
+from .helpers import FAKE_ENGINE, PATIENCE_S, free_port
+
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "join-s3cret"
-# A bound on waits so a broken agent fails the test instead of hanging it.
-PATIENCE_S = 30.0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engine_port():

@@ -3,22 +3,13 @@
 import asyncio
 import os
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
 from fleet.agent.supervisor import Supervisor, can_bind, choose_port
 
-FAKE_ENGINE = [sys.executable, str(Path(__file__).with_name("fake_engine.py"))]
-# A bound on waits so a broken agent fails the test instead of hanging it.
-PATIENCE_S = 30.0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .helpers import FAKE_ENGINE, PATIENCE_S, free_port
 
 
 def listening_socket():
