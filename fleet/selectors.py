@@ -15,8 +15,10 @@ from catalog.domain import ModelSpec, reservation_warnings
 from catalog.selectors import catalog_load
 from llmgw import clock
 from llmgw.errors import NotFound
+from tenancy.quota import Holding
 
 from .domain.gpuclass import CLASS_LABEL
+from .domain.holdings import holdings
 from .domain.reconcile import desired_replicas
 from .domain.types import (
     HOLDING,
@@ -510,3 +512,8 @@ def model_explain(*, name: str) -> dict:
         "reason": view["reason"],
         "explanation": list(state.explanation) if state else [],
     }
+
+
+def holdings_load() -> list[Holding]:
+    """What every replica holds now, and for whom (for quotas' holds and the policy)."""
+    return holdings(replica_views(), catalog_load())
