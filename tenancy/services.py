@@ -1,12 +1,25 @@
-"""Tenancy writes: tokens and the audit trail."""
+"""Tenancy writes: tokens, the tenancy tree, capacity quotas and the audit trail."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from llmgw.errors import Conflict, Invalid, NotFound
 from llmgw.secrets import digest, new_secret
 
-from .models import AuditEvent, Token
+from .models import AuditEvent, CapacityQuota, Organization, Project, Team, Token
+from .quota import RESOURCES, Resources
+from .selectors import ScopeTree, scope_find, scope_tree
+
+log = logging.getLogger("llmgw.tenancy")
+
+NAME_LENGTH = 100
+# The largest figure the quota columns hold (PositiveIntegerField, on every backend).
+_INT_MAX = 2**31 - 1
 
 
 def token_create(*, name: str, kind: str = Token.ADMIN) -> tuple[Token, str]:
@@ -31,3 +44,211 @@ def audit_record(*, actor: str, action: str, target: str, detail: dict | None = 
     AuditEvent.objects.create(
         actor=actor[:150], action=action, target=target[:200], detail=detail or {}
     )
+
+
+def _name(value: object, *, what: str) -> str:
+    """A name for the tenancy tree, stripped; Invalid with the reason when it cannot be one."""
+    name = value.strip() if isinstance(value, str) else ""
+    if not name:
+        raise Invalid(f"{what} needs a name.")
+    if len(name) > NAME_LENGTH:
+        raise Invalid(f"{what}'s name is at most {NAME_LENGTH} characters long.")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise Invalid(f"{what}'s name may not contain control characters such as NUL.")
+    if "/" in name:
+        # The separator of paths such as Acme/ml: a name holding one could not be told apart.
+        raise Invalid(f"{what}'s name may not contain '/', which separates Acme/ml/training.")
+    if name.isdigit():
+        raise Invalid(f"{what}'s name may not be digits alone, which would read as an ID.")
+    return name
+
+
+def _unique(rows, name: str, *, what: str) -> None:
+    """Names are compared without case, as scope names are: Acme and acme would be one path."""
+    taken = rows.filter(name__iexact=name).values_list("name", flat=True).first()
+    if taken is not None:
+        raise Conflict(f"there is already {what} named {taken}.")
+
+
+def _id(key: str) -> int:
+    return int(key.partition(":")[2])
+
+
+def _named(text: object, kind: str) -> str:
+    """`Acme`, `org:Acme` or an ID, as the scope name `org:Acme`."""
+    text = str(text).strip() if isinstance(text, str | int) and not isinstance(text, bool) else ""
+    if not text:
+        raise Invalid(f"Give the {kind} by its name or ID.")
+    return text if text.lower().startswith(f"{kind}:") else f"{kind}:{text}"
+
+
+def org_create(*, name: str, actor: str) -> Organization:
+    """Add an organization; Invalid for a bad name, Conflict when the name is taken."""
+    name = _name(name, what="An organization")
+    try:
+        with transaction.atomic():
+            _unique(Organization.objects.all(), name, what="an organization")
+            org = Organization.objects.create(name=name)
+            audit_record(
+                actor=actor, action="org.add", target=f"org:{org.pk}", detail={"name": name}
+            )
+    except IntegrityError:  # added by someone else between the check and the write
+        raise Conflict(f"there is already an organization named {name}.") from None
+    log.info("organization %s (org:%s) added by %s", name, org.pk, actor)
+    return org
+
+
+def team_create(*, org: str | int, name: str, actor: str) -> Team:
+    """Add a team to an organization named by name or ID; Invalid, or Conflict when taken."""
+    name = _name(name, what="A team")
+    try:
+        with transaction.atomic():
+            parent = Organization.objects.get(pk=_id(scope_find(_named(org, "org"))))
+            _unique(parent.teams.all(), name, what=f"a team in {parent.name}")
+            team = Team.objects.create(org=parent, name=name)
+            audit_record(
+                actor=actor,
+                action="team.add",
+                target=f"team:{team.pk}",
+                detail={"org": f"org:{parent.pk}", "name": name},
+            )
+    except IntegrityError:
+        raise Conflict(f"there is already a team named {name} there.") from None
+    log.info("team %s/%s (team:%s) added by %s", parent.name, name, team.pk, actor)
+    return team
+
+
+def project_create(*, team: str | int, name: str, actor: str) -> Project:
+    """Add a project to a team named `Acme/ml` or by ID; Invalid, or Conflict when taken."""
+    name = _name(name, what="A project")
+    try:
+        with transaction.atomic():
+            parent = Team.objects.select_related("org").get(
+                pk=_id(scope_find(_named(team, "team")))
+            )
+            _unique(parent.projects.all(), name, what=f"a project in {parent}")
+            project = Project.objects.create(team=parent, name=name)
+            audit_record(
+                actor=actor,
+                action="project.add",
+                target=f"project:{project.pk}",
+                detail={"team": f"team:{parent.pk}", "name": name},
+            )
+    except IntegrityError:
+        raise Conflict(f"there is already a project named {name} there.") from None
+    log.info("project %s/%s (project:%s) added by %s", parent, name, project.pk, actor)
+    return project
+
+
+def _resources(given: Mapping | None, *, what: str) -> Resources:
+    """GPUs, cores and memory GB, each a whole number of at least zero, or left out."""
+    given = given or {}
+    unknown = sorted(set(given) - set(RESOURCES), key=str)
+    if unknown:
+        raise Invalid(
+            f"{what}: unknown resource {unknown[0]!r}; it takes gpus, cpu_cores and memory_gb."
+        )
+    figures = {}
+    for r in RESOURCES:
+        value = given.get(r)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise Invalid(f"{what}: {r} must be a whole number, not {value!r}.")
+        if value < 0:
+            raise Invalid("a quota cannot be negative")
+        if value > _INT_MAX:
+            raise Invalid(f"{what}: {r} is too large ({value}); at most {_INT_MAX}.")
+        figures[r] = value
+    return Resources(**figures)
+
+
+def _described(guarantee: Resources, limit: Resources) -> str:
+    def one(res: Resources) -> str:
+        return ", ".join(f"{k} {v}" for k, v in res.as_dict().items()) or "none"
+
+    return f"guarantee {one(guarantee)}; limit {one(limit)}"
+
+
+def quota_set(*, scope: str, guarantee: Mapping | None, limit: Mapping | None, actor: str) -> str:
+    """Set a scope's guarantee and limit, replacing what it had; return its key (`team:7`).
+
+    The scope is named by path or ID. Raises Invalid when neither a guarantee nor
+    a limit is given, for a negative figure, or a guarantee above its limit.
+    """
+    wanted, most = _resources(guarantee, what="guarantee"), _resources(limit, what="limit")
+    if not wanted.any() and not most.any():
+        raise Invalid("a quota needs a guarantee or a limit; to remove one, DELETE it")
+    for r in RESOURCES:
+        g, lim = getattr(wanted, r), getattr(most, r)
+        if g is not None and lim is not None and g > lim:
+            raise Invalid(f"the guarantee of {r} ({g}) is above its limit ({lim}).")
+    with transaction.atomic():
+        tree = scope_tree()
+        key = scope_find(scope, tree=tree)
+        old = CapacityQuota.objects.filter(scope=key).first()
+        before = _described(_row_resources(old, "guarantee"), _row_resources(old, "limit"))
+        CapacityQuota.objects.update_or_create(
+            scope=key,
+            defaults={
+                **{f"guarantee_{r}": getattr(wanted, r) for r in RESOURCES},
+                **{f"limit_{r}": getattr(most, r) for r in RESOURCES},
+                "updated_by": actor,
+            },
+        )
+        audit_record(
+            actor=actor,
+            action="quota.set",
+            target=key,
+            detail={"guarantee": wanted.as_dict(), "limit": most.as_dict()},
+        )
+    log.info(
+        "quota of %s (%s) set by %s: %s (was %s)",
+        _written(tree, key),
+        key,
+        actor,
+        _described(wanted, most),
+        before if old else "no quota",
+    )
+    return key
+
+
+def _row_resources(row: CapacityQuota | None, side: str) -> Resources:
+    if row is None:
+        return Resources()
+    return Resources(**{r: getattr(row, f"{side}_{r}") for r in RESOURCES})
+
+
+def quota_clear(*, scope: str, actor: str) -> str:
+    """Remove a scope's quota; return its key. NotFound when it has none.
+
+    A quota whose scope was since deleted can still be removed by its key (`org:9`).
+    """
+    with transaction.atomic():
+        tree = scope_tree()
+        try:
+            key = scope_find(scope, tree=tree)
+        except Invalid:
+            if (
+                not isinstance(scope, str)
+                or not CapacityQuota.objects.filter(scope=scope.strip()).exists()
+            ):
+                raise
+            key = scope.strip()
+        old = CapacityQuota.objects.filter(scope=key).first()
+        if old is None:
+            raise NotFound(f"{_written(tree, key)} has no capacity quota.")
+        old.delete()
+        audit_record(actor=actor, action="quota.clear", target=key)
+    log.info(
+        "quota of %s (%s) removed by %s (was %s)",
+        _written(tree, key),
+        key,
+        actor,
+        _described(_row_resources(old, "guarantee"), _row_resources(old, "limit")),
+    )
+    return key
+
+
+def _written(tree: ScopeTree, key: str) -> str:
+    return tree.names.get(key, key)

@@ -1,0 +1,81 @@
+"""The tenancy tree and capacity quotas over REST: orgs, teams, projects, quotas."""
+
+from __future__ import annotations
+
+from ninja import Router, Status
+
+from fleet import selectors as fleet_selectors
+from llmgw.api import actor
+
+from . import selectors, services
+from .schemas import (
+    OrgIn,
+    OrgOut,
+    ProjectIn,
+    ProjectOut,
+    QuotaClearOut,
+    QuotaIn,
+    QuotaOut,
+    QuotaSetOut,
+    TeamIn,
+    TeamOut,
+)
+
+router = Router(tags=["tenancy"])
+
+
+@router.get("/orgs", response=list[OrgOut])
+def orgs_list(request):
+    return selectors.orgs_list()
+
+
+@router.post("/orgs", response={201: OrgOut})
+def org_add(request, payload: OrgIn):
+    org = services.org_create(name=payload.name, actor=actor(request))
+    return Status(201, selectors.org_view(org))
+
+
+@router.get("/teams", response=list[TeamOut])
+def teams_list(request):
+    return selectors.teams_list()
+
+
+@router.post("/teams", response={201: TeamOut})
+def team_add(request, payload: TeamIn):
+    team = services.team_create(org=payload.org, name=payload.name, actor=actor(request))
+    return Status(201, selectors.team_view(team))
+
+
+@router.get("/projects", response=list[ProjectOut])
+def projects_list(request):
+    return selectors.projects_list()
+
+
+@router.post("/projects", response={201: ProjectOut})
+def project_add(request, payload: ProjectIn):
+    project = services.project_create(team=payload.team, name=payload.name, actor=actor(request))
+    return Status(201, selectors.project_view(project))
+
+
+@router.get("/quotas", response=list[QuotaOut])
+def quotas_list(request):
+    """Every quota with what its scope holds now."""
+    return selectors.quota_views(holdings=fleet_selectors.holdings_load())
+
+
+@router.put("/quotas", response=QuotaSetOut)
+def quota_set(request, payload: QuotaIn):
+    """Set a scope's guarantee and limit, replacing what it had."""
+    key = services.quota_set(
+        scope=payload.scope,
+        guarantee=payload.guarantee.dict(exclude_none=True) if payload.guarantee else None,
+        limit=payload.limit.dict(exclude_none=True) if payload.limit else None,
+        actor=actor(request),
+    )
+    return {"scope": key}
+
+
+# `path:` so that a name written with its slashes (team:Acme/ml, or %2F) reaches the handler.
+@router.delete("/quotas/{path:scope}", response=QuotaClearOut)
+def quota_clear(request, scope: str):
+    return {"removed": services.quota_clear(scope=scope, actor=actor(request))}

@@ -1,0 +1,86 @@
+"""The tenancy API's shapes (interfaces.md, REST API: orgs, teams, projects and quotas).
+
+Types only: names and figures are judged by tenancy.services, in sentences.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ninja import Schema
+from pydantic import ConfigDict, Field, StrictInt, StrictStr
+
+
+class _In(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OrgIn(_In):
+    name: StrictStr
+
+
+class OrgOut(Schema):
+    id: int
+    name: str
+
+
+class TeamIn(_In):
+    org: StrictStr | StrictInt = Field(description="the organization's name or ID")
+    name: StrictStr
+
+
+class TeamOut(Schema):
+    id: int
+    name: str
+    org: str = Field(description="the organization's name")
+    path: str = Field(description="Acme/ml")
+
+
+class ProjectIn(_In):
+    team: StrictStr | StrictInt = Field(description="the team as Acme/ml, or its ID")
+    name: StrictStr
+
+
+class ProjectOut(Schema):
+    id: int
+    name: str
+    team: str = Field(description="the team's path, Acme/ml")
+    path: str = Field(description="Acme/ml/training")
+
+
+class ResourcesIn(_In):
+    """Each resource a whole number; one left out is not governed."""
+
+    gpus: StrictInt | None = None
+    cpu_cores: StrictInt | None = None
+    memory_gb: StrictInt | None = None
+
+
+class QuotaIn(_In):
+    scope: StrictStr = Field(description="org:Acme, team:Acme/ml, project:Acme/ml/training or ID")
+    guarantee: ResourcesIn | None = None
+    limit: ResourcesIn | None = None
+
+
+class HoldsOut(Schema):
+    gpus: int
+    cpu_cores: int
+    memory_gb: float
+
+
+class QuotaOut(Schema):
+    scope: str = Field(description="team:ID")
+    name: str = Field(description="Acme / ml")
+    guarantee: dict[str, int] = Field(description="only the governed resources")
+    limit: dict[str, int] = Field(description="only the governed resources")
+    holds: HoldsOut
+    updated_by: str
+    updated_at: datetime | None
+
+
+class QuotaSetOut(Schema):
+    scope: str
+
+
+class QuotaClearOut(Schema):
+    removed: str
