@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from catalog.domain import Profile
 
-from .types import FABRIC_LABEL, HOLDING, NodeView, ReplicaView, ShardView
+from .types import FABRIC_LABEL, HOLDING, NodeView, ReplicaView, Reservation, ShardView
 
 PORT_BASE = 20000
 MAX_REASONS_PER_PROFILE = 25
@@ -41,6 +41,25 @@ class NodeRoom:
         if not self.node.cpu_count:
             return None
         return self.node.cpu_count - self.cores_reserved
+
+    def copy(self) -> NodeRoom:
+        return NodeRoom(
+            node=self.node,
+            free_gpus={c: list(i) for c, i in self.free_gpus.items()},
+            memory_reserved=self.memory_reserved,
+            cores_reserved=self.cores_reserved,
+            shards=self.shards,
+            ports=set(self.ports),
+        )
+
+    @classmethod
+    def empty(cls, node: NodeView) -> NodeRoom:
+        """The node with nothing on it: what it could hold at best."""
+        free: dict[str, list[int]] = defaultdict(list)
+        for gpu in node.gpus:
+            if gpu.healthy:
+                free[gpu.gpu_class].append(gpu.index)
+        return cls(node=node, free_gpus=dict(free))
 
     def next_port(self) -> int:
         port = PORT_BASE
@@ -82,12 +101,37 @@ class Refusal:
 class Inventory:
     """Free GPUs, memory, cores and ports per node, after what holding replicas take."""
 
-    def __init__(self, nodes: Mapping[str, NodeView], replicas: Iterable[ReplicaView]):
+    def __init__(
+        self,
+        nodes: Mapping[str, NodeView],
+        replicas: Iterable[ReplicaView],
+        reserved: Mapping[str, Iterable[Reservation]] | None = None,
+    ):
         # Built on first use: a pass with nothing to place never needs it.
         self._nodes = nodes
         self._replicas = replicas
         self._rooms: dict[str, NodeRoom] | None = None
         self._model_nodes: dict[str, set[str]] = defaultdict(set)
+        # Per model, room freed for it by preemption, taken from everyone else meanwhile.
+        self.reserved: dict[str, list[Reservation]] = {
+            m: list(r) for m, r in (reserved or {}).items() if r
+        }
+
+    @classmethod
+    def of_rooms(cls, rooms: dict[str, NodeRoom]) -> Inventory:
+        inv = cls({}, ())
+        inv._rooms = rooms
+        return inv
+
+    def trial(self, node_ids: Iterable[str], release: Iterable[ReplicaView] = ()) -> Inventory:
+        """A copy of some nodes' room with these replicas' shards given back: what placement
+        would find there if they stopped. The inventory itself is not changed."""
+        rooms = {n: self.rooms[n].copy() for n in node_ids if n in self.rooms}
+        trial = Inventory.of_rooms(rooms)
+        for replica in release:
+            for shard in replica.shards:
+                trial._give_back(shard)
+        return trial
 
     @property
     def rooms(self) -> dict[str, NodeRoom]:
@@ -109,23 +153,64 @@ class Inventory:
                 if gpu.healthy:
                     free[gpu.gpu_class].append(gpu.index)
             self._rooms[node.id] = NodeRoom(node=node, free_gpus=dict(free))
+        holding = set()
         for replica in self._replicas:
             if replica.state in HOLDING:
+                holding.add(replica.id)
                 for shard in replica.shards:
                     self._take(shard)
                     self._model_nodes[replica.model].add(shard.node_id)
+        # A victim still draining holds its room itself; once gone, the room is kept.
+        for model, held in self.reserved.items():
+            self.reserved[model] = [r for r in held if r.replica not in holding]
+            for r in self.reserved[model]:
+                self._take(r)
 
-    def _take(self, shard: ShardView | ShardPlan) -> None:
+    def unreserve(self, model: str) -> list[Reservation]:
+        """Give a model the room kept for it (to place into); returns it, to keep it again."""
+        if self._rooms is None:  # built first: building applies the reservations
+            self._build()
+        held = self.reserved.pop(model, [])
+        for r in held:
+            self._give_back(r)
+        return held
+
+    def rereserve(self, model: str, held: list[Reservation]) -> None:
+        """Keep again room a model could not use this time."""
+        for r in held:
+            self._take(r)
+        if held:
+            self.reserved[model] = held
+
+    def _take(self, shard: ShardView | ShardPlan | Reservation) -> None:
         room = self.rooms.get(shard.node_id)
         if room is None:
             return
         taken = set(shard.gpu_indices)
-        for cls, indices in room.free_gpus.items():
-            room.free_gpus[cls] = [i for i in indices if i not in taken]
+        if taken:
+            for cls, indices in room.free_gpus.items():
+                room.free_gpus[cls] = [i for i in indices if i not in taken]
         room.memory_reserved += shard.memory_gb or 0.0
         room.cores_reserved += shard.cpu_cores or 0
-        room.shards += 1
-        room.ports.add(shard.http_port)
+        if not isinstance(shard, Reservation):
+            room.shards += 1
+            room.ports.add(shard.http_port)
+
+    def _give_back(self, shard: ShardView | Reservation) -> None:
+        room = self.rooms.get(shard.node_id)
+        if room is None:
+            return
+        given = set(shard.gpu_indices)
+        for gpu in room.node.gpus:
+            if gpu.index in given and gpu.healthy:
+                free = room.free_gpus.setdefault(gpu.gpu_class, [])
+                if gpu.index not in free:
+                    free.append(gpu.index)
+        room.memory_reserved -= shard.memory_gb or 0.0
+        room.cores_reserved -= shard.cpu_cores or 0
+        if not isinstance(shard, Reservation):
+            room.shards -= 1
+            room.ports.discard(shard.http_port)
 
     def reserve(self, model: str, placement: Placement) -> None:
         """Take a placement's room so the next placement in this pass sees it gone."""
@@ -252,6 +337,12 @@ def refuse(room: NodeRoom, profile: Profile, avoid: frozenset[str], source: str)
             f"needs {_gb(profile.min_disk_gb)}"
         )
     return None
+
+
+def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
+    """Whether the node could take a shard of this profile if nothing ran on it: the right
+    state, labels, engine, GPU class and size. Preemption looks for victims only there."""
+    return refuse(NodeRoom.empty(node), profile, frozenset(), source) is None
 
 
 def _preference(room: NodeRoom, profile: Profile, source: str) -> tuple:

@@ -8,15 +8,29 @@ setting or the database, so every rule is a table test.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from catalog.domain import ModelSpec, Profile
 from llmgw.config import Timings
+from tenancy.quota import ZERO, Amount, Policy
 
-from .placement import Inventory, Placement, ShardPlan
-from .types import ACTIVE, HOLDING, ModelState, NodeView, ReplicaView, Snapshot, shard_id
+from .holdings import holdings, placement_amount, profile_amount
+from .measured import autoscale, measured_for, ordered_profiles
+from .placement import MAX_REASONS_PER_PROFILE, Inventory, Placement, ShardPlan
+from .preemption import Context, Preemption, preempt
+from .types import (
+    ACTIVE,
+    HOLDING,
+    Measured,
+    ModelState,
+    NodeView,
+    ReplicaView,
+    Reservation,
+    Snapshot,
+    shard_id,
+)
 
 SETTLING = "waiting for agents to report their shards after a control plane restart"
 
@@ -47,6 +61,8 @@ class Drain:
     replica_id: str
     deadline: datetime
     reason: str
+    # Set when it drains to make room for that model (the preemption grace, not the drain's).
+    preempted_for: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,6 +127,23 @@ def new_replica_id(model: str) -> str:
     return f"{model}-{secrets.token_hex(3)}"
 
 
+@dataclass
+class Pass:
+    """What one pass works with: the snapshot, the room left, and what it decided so far."""
+
+    snap: Snapshot
+    now: datetime
+    t: Timings
+    plan: Plan
+    inv: Inventory
+    states: dict[str, ModelState]
+    ctx: Context
+    draining: frozenset[str]
+    new_id: Callable[[str], str]
+    # Per model, its live replicas' count as the pass goes (placements add to it).
+    live: dict[str, int] = field(default_factory=dict)
+
+
 def decide(
     snap: Snapshot,
     now: datetime,
@@ -122,7 +155,13 @@ def decide(
     nodes = _liveness(snap, now, t, plan)
     states = {name: snap.states.get(name) or ModelState(model=name) for name in snap.models}
     alive = _housekeeping(snap, nodes, now, t, plan, states)
-    inventory = Inventory(nodes, alive)
+    reserved = {}
+    for name, state in states.items():
+        if state.reserved and state.reserved_until and now < state.reserved_until:
+            reserved[name] = state.reserved
+        elif state.reserved:
+            states[name] = replace(state, reserved=(), reserved_until=None)
+    inventory = Inventory(nodes, alive, reserved)
     by_model: dict[str, list[ReplicaView]] = {}
     for r in alive:
         by_model.setdefault(r.model, []).append(r)
@@ -130,23 +169,50 @@ def decide(
         for r in by_model[name]:
             if r.state not in ("stopping",):
                 plan.stops.append(Stop(r.id, int(t.preempt_grace), f"model {name} was removed"))
-    draining = frozenset(n.id for n in nodes.values() if n.draining)
-    order = sorted(snap.models.values(), key=lambda m: (-m.class_rank, m.name))
-    for model in order:
-        states[model.name] = _reconcile_model(
-            model,
-            by_model.get(model.name, []),
-            states[model.name],
-            draining,
-            inventory,
-            snap,
-            now,
-            t,
-            plan,
-            new_id,
-        )
+    policy = snap.policy
+    held = holdings(alive, snap.models)
+    usage = policy.usage(held)
+    ctx = Context(
+        snap.models, alive, policy, usage, policy.borrowed(held) if held else set(), now, t
+    )
+    p = Pass(
+        snap=snap,
+        now=now,
+        t=t,
+        plan=plan,
+        inv=inventory,
+        states=states,
+        ctx=ctx,
+        draining=frozenset(n.id for n in nodes.values() if n.draining),
+        new_id=new_id,
+        live={
+            name: sum(1 for r in reps if r.state in ACTIVE and not r.retiring)
+            for name, reps in by_model.items()
+        },
+    )
+    for model in pass_order(snap.models.values(), policy, usage, snap.measurements):
+        states[model.name] = _reconcile_model(model, by_model.get(model.name, []), p)
     plan.states = states
     return plan
+
+
+def pass_order(
+    models: Iterable[ModelSpec],
+    policy: Policy,
+    usage: Mapping[str, Amount],
+    measurements: Mapping[tuple[str, str], Measured],
+) -> list[ModelSpec]:
+    """Higher class first; within a class, models whose placement keeps their owner within
+    its guarantee before borrowers; then by name."""
+
+    def key(m: ModelSpec) -> tuple:
+        first = ordered_profiles(m, measurements)[0] if policy.quotas else None
+        within = first is not None and policy.within_guarantee(
+            m.owner, usage, profile_amount(first)
+        )
+        return (-m.class_rank, not within, m.name)
+
+    return sorted(models, key=key)
 
 
 def _liveness(snap: Snapshot, now: datetime, t: Timings, plan: Plan) -> dict[str, NodeView]:
@@ -257,11 +323,6 @@ def _startup_timeout(snap: Snapshot, r: ReplicaView) -> int:
     return profile.startup_timeout_s if profile else 600
 
 
-def _ordered_profiles(model: ModelSpec) -> list[Profile]:
-    """Higher priority first; the catalog's order among equals (stable sort)."""
-    return sorted(model.profiles, key=lambda p: -p.priority)
-
-
 def desired_replicas(
     model: ModelSpec, state: ModelState, now: datetime, last_used: datetime | None = None
 ) -> int:
@@ -277,20 +338,23 @@ def desired_replicas(
     return min(model.min_replicas + state.extra, model.max_replicas)
 
 
-def _reconcile_model(
-    model: ModelSpec,
-    replicas: list[ReplicaView],
-    state: ModelState,
-    draining: frozenset[str],
-    inv: Inventory,
-    snap: Snapshot,
-    now: datetime,
-    t: Timings,
-    plan: Plan,
-    new_id: Callable[[str], str],
-) -> ModelState:
-    name = model.name
-    state = _clear_failures_once_ready(replicas, state)
+def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> ModelState:
+    name, now, t, plan = model.name, p.now, p.t, p.plan
+    state = _clear_failures_once_ready(replicas, p.states[name])
+    ready_count = sum(1 for r in replicas if r.state == "ready" and not r.retiring)
+    running_profiles = [r.profile for r in replicas if r.state in ACTIVE]
+    found = measured_for(model, running_profiles, p.snap.measurements)
+    state, scaled = autoscale(
+        model,
+        state,
+        p.snap.loads.get(name),
+        ready_count,
+        found[0] if found else None,
+        now,
+        t,
+    )
+    if scaled:
+        plan.events.append(scaled)
     # Only an on-demand model's wish depends on when its replicas were last used.
     last_used = (
         max((r.last_used_at for r in replicas if r.last_used_at), default=None)
@@ -302,11 +366,11 @@ def _reconcile_model(
     # Replicas on a node being drained retire: a replacement first, then they drain.
     retiring = {r.id for r in replicas if r.retiring}
     deadlines = {r.id: r.drain_deadline for r in replicas if r.retiring and r.drain_deadline}
-    for r in replicas if draining else ():
+    for r in replicas if p.draining else ():
         if (
             r.state in ACTIVE
             and r.id not in retiring
-            and any(s.node_id in draining for s in r.shards)
+            and any(s.node_id in p.draining for s in r.shards)
         ):
             retiring.add(r.id)
             # It serves until its replacement is ready, or until the drain grace runs out when
@@ -341,13 +405,13 @@ def _reconcile_model(
                     )
                 )
             elif r.drain_deadline is not None and now >= r.drain_deadline:
-                plan.stops.append(
-                    Stop(
-                        r.id,
-                        r.stop_grace_s,
-                        f"stopping drained replica {r.id}: no replacement after {duration(t.drain_grace)}",
-                    )
+                why = (
+                    f"stopping preempted replica {r.id}: it gave room to {r.preempted_for} "
+                    f"after {duration(t.preempt_grace)}"
+                    if r.preempted_for
+                    else f"stopping drained replica {r.id}: no replacement after {duration(t.drain_grace)}"
                 )
+                plan.stops.append(Stop(r.id, r.stop_grace_s, why))
 
     if len(active) > desired:
         for r in sorted(active, key=lambda r: r.created_at, reverse=True)[: len(active) - desired]:
@@ -359,38 +423,136 @@ def _reconcile_model(
                 plan.drains.append(
                     Drain(r.id, deadline, f"replica {r.id} drains: {name} scaled down to {desired}")
                 )
+        p.live[name] = desired
 
     missing = desired - len(active)
+    if missing <= 0 and state.reserved:
+        state = replace(state, reserved=(), reserved_until=None)
     unplaceable, explanation = False, state.explanation if state.unplaceable else ()
     if missing > 0:
-        blocked = _why_not_now(state, snap, now)
+        blocked = _why_not_now(state, p.snap, now) or _held(state, p)
         if blocked:
             explanation = ({"profile": "", "reasons": [blocked]},)
         else:
-            explanation = ()
-            for _ in range(missing):
-                placed = _place(model, inv)
-                if not isinstance(placed, Placement):
-                    unplaceable, explanation = True, tuple(placed)
-                    if not state.unplaceable:
-                        plan.events.append(
-                            f"model {name} cannot be placed: {placed[0]['reasons'][0] if placed and placed[0]['reasons'] else 'no profile fits'}"
-                        )
-                    break
-                replica_id = new_id(name)
-                shards = tuple((shard_id(replica_id, s.rank), s) for s in placed.shards)
-                inv.reserve(name, placed)
-                where = ", ".join(s.node_id for s in placed.shards)
-                plan.starts.append(
-                    Start(replica_id, name, placed.profile, shards, f"placed on {where}")
-                )
-                plan.events.append(
-                    f"replica {replica_id} of {name} placed on {where} ({placed.profile.name})"
-                )
+            state, unplaceable, explanation = _scale_up(model, state, missing, p)
     explanation = tuple(explanation)
     if (state.desired, state.unplaceable, state.explanation) == (desired, unplaceable, explanation):
         return state
     return replace(state, desired=desired, unplaceable=unplaceable, explanation=explanation)
+
+
+def _held(state: ModelState, p: Pass) -> str:
+    """Why a model that gave room to another may not take it back yet; "" once it may: the
+    hold has ended, or the model it gave way to has what it wants."""
+    if not state.held_until or p.now >= state.held_until:
+        return ""
+    to = p.snap.models.get(state.held_for)
+    if to is None:
+        return ""
+    wants = p.states.get(to.name)
+    if wants is not None and p.live.get(to.name, 0) >= wants.desired:
+        return ""
+    return (
+        f"gave room to {state.held_for}; held until {state.held_until:%H:%M:%S} UTC "
+        "or until it has its replicas"
+    )
+
+
+def _scale_up(
+    model: ModelSpec, state: ModelState, missing: int, p: Pass
+) -> tuple[ModelState, bool, tuple]:
+    """Place the missing replicas one after another, each seeing what the previous took;
+    when there is no room, preempt, and say why when that cannot help either."""
+    name, plan, inv, ctx = model.name, p.plan, p.inv, p.ctx
+    profiles = ordered_profiles(model, p.snap.measurements)
+    for _ in range(missing):
+        mine = inv.unreserve(name)
+        placed = _place(model, profiles, inv)
+        if isinstance(placed, Placement):
+            need = placement_amount(placed)
+            over = ctx.policy.at_limit(model.owner, ctx.usage, need) if model.owner else ""
+            if over:
+                inv.rereserve(name, mine)
+                if not state.unplaceable:
+                    plan.events.append(f"model {name} cannot be placed: {over}")
+                return state, True, ({"profile": placed.profile.name, "reasons": [over]},)
+            _start(model, placed, p)
+            for s in ctx.policy.chain(model.owner):
+                ctx.usage[s] = ctx.usage.get(s, ZERO) + need
+            state = replace(state, reserved=(), reserved_until=None)
+            continue
+        in_flight = [r.id for r in ctx.alive if r.preempted_for == name and r.state in HOLDING]
+        if in_flight or mine:
+            inv.rereserve(name, mine)
+            why = f"waiting for room being freed by {', '.join(in_flight) or 'stopped replicas'}"
+            return state, False, ({"profile": "", "reasons": [why]},)
+        result = preempt(model, profiles, p.live.get(name, 0), inv, ctx, _avoid(model, inv))
+        if result.victims:
+            return (
+                _apply_preemption(model, state, result, p),
+                False,
+                ({"profile": "", "reasons": [f"making room: stopping {_victim_list(result)}"]},),
+            )
+        lines = [*result.blocked, *(x.why for x in result.protected)]
+        explanation = tuple(placed)
+        if lines:
+            explanation += ({"profile": "preemption", "reasons": lines[:MAX_REASONS_PER_PROFILE]},)
+        if not state.unplaceable:
+            first = next((r for e in placed for r in e["reasons"]), "no profile fits")
+            plan.events.append(f"model {name} cannot be placed: {first}")
+        return state, True, explanation
+    return state, False, ()
+
+
+def _victim_list(result: Preemption) -> str:
+    return ", ".join(f"{v.replica} of {v.model}" for v in result.victims)
+
+
+def _apply_preemption(
+    model: ModelSpec, state: ModelState, result: Preemption, p: Pass
+) -> ModelState:
+    """Drain the victims with the preemption grace, hold their models, keep the room."""
+    now, t = p.now, p.t
+    deadline = now + timedelta(seconds=t.preempt_grace)
+    until = now + timedelta(seconds=t.preempt_hold)
+    victims = {v.replica for v in result.victims}
+    reserved = []
+    for r in p.ctx.alive:
+        if r.id in victims:
+            reserved.extend(
+                Reservation(r.id, s.node_id, s.gpu_indices, s.memory_gb, s.cpu_cores)
+                for s in r.shards
+            )
+    for v in result.victims:
+        why = (
+            f"replica {v.replica} of {v.model} ({v.capacity_class}) preempted for {model.name} "
+            f"({model.effective_class}): {v.why}"
+        )
+        p.plan.drains.append(Drain(v.replica, deadline, why, preempted_for=model.name))
+        held = p.states.get(v.model) or ModelState(model=v.model)
+        p.states[v.model] = replace(
+            held, held_until=until, held_for=model.name, preempted=held.preempted + 1
+        )
+        p.live[v.model] = p.live.get(v.model, 0) - 1
+    return replace(state, reserved=tuple(reserved), reserved_until=until)
+
+
+def _avoid(model: ModelSpec, inv: Inventory) -> frozenset[str]:
+    return frozenset(inv.model_nodes.get(model.name, ()))
+
+
+def _start(model: ModelSpec, placed: Placement, p: Pass) -> None:
+    replica_id = p.new_id(model.name)
+    shards = tuple((shard_id(replica_id, s.rank), s) for s in placed.shards)
+    p.inv.reserve(model.name, placed)
+    where = ", ".join(s.node_id for s in placed.shards)
+    p.plan.starts.append(
+        Start(replica_id, model.name, placed.profile, shards, f"placed on {where}")
+    )
+    p.plan.events.append(
+        f"replica {replica_id} of {model.name} placed on {where} ({placed.profile.name})"
+    )
+    p.live[model.name] = p.live.get(model.name, 0) + 1
 
 
 def _clear_failures_once_ready(replicas: list[ReplicaView], state: ModelState) -> ModelState:
@@ -417,10 +579,9 @@ def _why_not_now(state: ModelState, snap: Snapshot, now: datetime) -> str:
     return ""
 
 
-def _place(model: ModelSpec, inv: Inventory) -> Placement | list[dict]:
+def _place(model: ModelSpec, profiles: list[Profile], inv: Inventory) -> Placement | list[dict]:
     """Spread over nodes that do not run the model yet; give that up when it is the only obstacle."""
-    profiles = _ordered_profiles(model)
-    avoid = frozenset(inv.model_nodes.get(model.name, ()))
+    avoid = _avoid(model, inv)
     placed = inv.place(profiles, avoid=avoid, weights_source=model.source)
     if isinstance(placed, Placement) or not avoid:
         return placed if isinstance(placed, Placement) else placed.as_explanation()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from catalog.domain import ModelSpec
+from tenancy.quota import Policy
 
 FABRIC_LABEL = "llmgw.io/fabric"
 
@@ -103,6 +104,52 @@ class ReplicaView:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """Room being freed for a model: a victim's shard, kept for it once the victim is gone."""
+
+    replica: str
+    node_id: str
+    gpu_indices: tuple[int, ...] = ()
+    memory_gb: float | None = None
+    cpu_cores: int | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "replica": self.replica,
+            "node": self.node_id,
+            "gpu_indices": list(self.gpu_indices),
+            "memory_gb": self.memory_gb,
+            "cpu_cores": self.cpu_cores,
+        }
+
+    @classmethod
+    def of(cls, data: Mapping) -> Reservation:
+        return cls(
+            replica=str(data.get("replica", "")),
+            node_id=str(data.get("node", "")),
+            gpu_indices=tuple(int(i) for i in data.get("gpu_indices") or ()),
+            memory_gb=data.get("memory_gb"),
+            cpu_cores=data.get("cpu_cores"),
+        )
+
+
+@dataclass(frozen=True)
+class Load:
+    """Requests running and waiting for a model, summed over its replicas."""
+
+    running: int = 0
+    waiting: int = 0
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one replica on a profile was measured to serve at its SLO (`ctl bench --save`)."""
+
+    max_concurrency: int
+    tok_per_sec: float
+
+
+@dataclass(frozen=True)
 class ModelState:
     """The controller's memory of one model between passes."""
 
@@ -121,6 +168,11 @@ class ModelState:
     held_until: datetime | None = None
     held_for: str = ""
     preempted: int = 0
+    busy_since: datetime | None = None
+    quiet_since: datetime | None = None
+    # Room being freed for this model by its victims, until it is placed or the hold ends.
+    reserved: tuple[Reservation, ...] = ()
+    reserved_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -138,3 +190,7 @@ class Snapshot:
     states: Mapping[str, ModelState]
     settling: bool = False
     silence_floor: datetime | None = None
+    policy: Policy = Policy()
+    # Keyed (model, profile).
+    measurements: Mapping[tuple[str, str], Measured] = field(default_factory=dict)
+    loads: Mapping[str, Load] = field(default_factory=dict)

@@ -115,6 +115,7 @@ def model(
     capacity_class: str = "",
     source: str = "",
     idle_timeout_s: int = 600,
+    owner: str = "",
 ) -> ModelSpec:
     """A model with one GPU profile unless profiles are given; max follows min when left out."""
     return ModelSpec(
@@ -125,6 +126,7 @@ def model(
         idle_timeout_s=idle_timeout_s,
         capacity_class=capacity_class,
         source=source,
+        owner=owner,
     )
 
 
@@ -256,7 +258,7 @@ def apply(snap: Snapshot, plan: Plan, now: datetime) -> Snapshot:
     retires marked, starts recorded as pending, node states and model states kept."""
     forgotten = {f.replica_id for f in plan.forgets}
     stopping = {s.replica_id for s in plan.stops}
-    draining = {d.replica_id: d.deadline for d in plan.drains}
+    draining = {d.replica_id: d for d in plan.drains}
     retiring = {r.replica_id for r in plan.retires}
     replicas = []
     for r in snap.replicas:
@@ -265,7 +267,14 @@ def apply(snap: Snapshot, plan: Plan, now: datetime) -> Snapshot:
         if r.id in stopping:
             r = replace(r, state="stopping", state_since=now)
         elif r.id in draining:
-            r = replace(r, state="draining", state_since=now, drain_deadline=draining[r.id])
+            drain = draining[r.id]
+            r = replace(
+                r,
+                state="draining",
+                state_since=now,
+                drain_deadline=drain.deadline,
+                preempted_for=drain.preempted_for,
+            )
         if r.id in retiring:
             r = replace(r, retiring=True)
         replicas.append(r)

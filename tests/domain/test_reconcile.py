@@ -493,7 +493,10 @@ def test_a_model_with_no_room_is_unplaceable_and_says_why_once():
     why = "node n1 has 4 free h100-80g GPUs of 4, needs 8"
     assert plan.starts == []
     assert c.state("chat").unplaceable
-    assert c.state("chat").explanation == ({"profile": "gpu", "reasons": [why]},)
+    assert c.state("chat").explanation == (
+        {"profile": "gpu", "reasons": [why]},
+        {"profile": "preemption", "reasons": ["no node could run chat even if it were empty"]},
+    )
     assert plan.events == [f"model chat cannot be placed: {why}"]
     c.wait(5)
     assert c.step().events == []  # still unplaceable: not said again every pass

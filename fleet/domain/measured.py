@@ -1,0 +1,110 @@
+"""Measured capacity (domain.md): profile order and scaling from what `ctl bench --save` found."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from datetime import datetime
+
+from catalog.domain import ModelSpec, Profile
+from llmgw.config import Timings
+
+from .types import Load, Measured, ModelState
+
+# How full, of their measured capacity, the replicas left after a scale-down may be: below
+# one so that the load that was there a minute ago does not put them straight back over.
+SCALE_DOWN_HEADROOM = 0.7
+# Requests waiting per ready replica that count as busy.
+SCALE_UP_WAITING = 1.0
+
+
+def per_unit(profile: Profile, measured: Measured) -> float:
+    """Tokens per second per GPU, or per core for a CPU profile (one core if none declared)."""
+    units = profile.gpus_on_each_node * profile.nodes
+    if not units:
+        units = max(profile.cpu_cores or 1, 1) * profile.nodes
+    return measured.tok_per_sec / units
+
+
+def ordered_profiles(
+    model: ModelSpec, measurements: Mapping[tuple[str, str], Measured]
+) -> list[Profile]:
+    """By priority; among equal priorities the one measured to serve the most per GPU (or
+    core) first; unmeasured ones keep catalog order behind measured ones."""
+
+    def key(p: Profile) -> tuple:
+        m = measurements.get((model.name, p.name))
+        return (-p.priority, 0 if m else 1, -per_unit(p, m) if m else 0.0)
+
+    return sorted(model.profiles, key=key)
+
+
+def measured_for(
+    model: ModelSpec,
+    running_profiles: Iterable[str],
+    measurements: Mapping[tuple[str, str], Measured],
+) -> tuple[Measured, str] | None:
+    """The measurement that sizes a model: that of the profile its replicas run on, or, with
+    none running, of the first profile placement would try that was measured."""
+    for name in running_profiles:
+        if (m := measurements.get((model.name, name))) is not None:
+            return m, name
+    for p in ordered_profiles(model, measurements):
+        if (m := measurements.get((model.name, p.name))) is not None:
+            return m, p.name
+    return None
+
+
+def autoscale(
+    model: ModelSpec,
+    state: ModelState,
+    load: Load | None,
+    ready: int,
+    measured: Measured | None,
+    now: datetime,
+    t: Timings,
+) -> tuple[ModelState, str]:
+    """One step of scaling from load: the new state (extra replicas and the busy and quiet
+    clocks) and a sentence when the extra count changed.
+
+    Busy when, per ready replica, a request or more waits, or more run and wait than were
+    measured to meet the SLO; held busy for `scale_up_after`, one more replica. Quiet when
+    nothing waits and the replicas left would stay within 70% of what they were measured
+    to hold; held quiet for `scale_down_after`, one fewer. No figures at all is unknown,
+    not quiet: nothing changes.
+    """
+    room = model.max_replicas - model.min_replicas
+    if model.on_demand or room <= 0 or load is None:
+        if state.busy_since or state.quiet_since or state.extra > max(room, 0):
+            return replace(
+                state, busy_since=None, quiet_since=None, extra=max(min(state.extra, room), 0)
+            ), ""
+        return state, ""
+    per_replica = load.waiting / max(ready, 1)
+    in_flight = load.running + load.waiting
+    over_measured = measured is not None and in_flight > measured.max_concurrency * max(ready, 1)
+    fits_in_fewer = measured is None or load.running <= SCALE_DOWN_HEADROOM * (
+        measured.max_concurrency * max(ready - 1, 0)
+    )
+    extra = min(state.extra, room)
+    if per_replica >= SCALE_UP_WAITING or over_measured:
+        since = state.busy_since or now
+        if extra < room and (now - since).total_seconds() >= t.scale_up_after:
+            why = (
+                f"model {model.name} scales up to {model.min_replicas + extra + 1}: "
+                f"{load.waiting} waiting and {load.running} running on {ready} ready"
+            )
+            return replace(state, extra=extra + 1, busy_since=now, quiet_since=None), why
+        return replace(state, extra=extra, busy_since=since, quiet_since=None), ""
+    if load.waiting == 0 and extra > 0 and fits_in_fewer:
+        since = state.quiet_since or now
+        if (now - since).total_seconds() >= t.scale_down_after:
+            why = (
+                f"model {model.name} scales down to {model.min_replicas + extra - 1}: "
+                f"nothing waiting, {load.running} running on {ready} ready"
+            )
+            return replace(state, extra=extra - 1, quiet_since=now, busy_since=None), why
+        return replace(state, extra=extra, quiet_since=since, busy_since=None), ""
+    if state.busy_since or state.quiet_since or extra != state.extra:
+        return replace(state, extra=extra, busy_since=None, quiet_since=None), ""
+    return state, ""

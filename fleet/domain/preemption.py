@@ -1,0 +1,377 @@
+"""Preemption (domain.md, both Preemption sections): which replicas to stop so a model fits.
+
+Pure: `preempt()` takes the pass's inventory, the replicas that hold room, the
+catalog and the quota policy, and answers the victims with why each, the
+candidates it may not take with why not, and, when nothing can help, why. The
+reconciler applies the victims; the dry run (`GET /models/{name}/preemption`)
+only shows them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from catalog.domain import ModelSpec, Profile
+from llmgw.config import Timings
+from tenancy.quota import ZERO, Amount, Policy
+
+from .holdings import placement_amount, profile_amount, replica_amount
+from .placement import Inventory, Placement, could_ever_run
+from .types import ACTIVE, FABRIC_LABEL, ReplicaView
+
+MAX_VICTIMS = 3
+
+IDLE_ON_DEMAND, BORROWED, GROWN_LOWER, GROWN_SAME, MINIMUM_LOWER = range(5)
+TIER_WHY = {
+    IDLE_ON_DEMAND: "an idle on-demand replica",
+    BORROWED: "borrowed beyond its owner's guarantee",
+    GROWN_LOWER: "grown under load by a lower class",
+    GROWN_SAME: "grown under load, for a model of its class below its minimum",
+    MINIMUM_LOWER: "part of a lower class's minimum",
+}
+
+
+@dataclass(frozen=True)
+class Victim:
+    replica: str
+    model: str
+    capacity_class: str
+    node: str
+    why: str
+    amount: Amount = ZERO
+
+
+@dataclass(frozen=True)
+class Protected:
+    replica: str
+    model: str
+    why: str
+
+
+@dataclass
+class Preemption:
+    """What preemption would do for a model: victims (empty when it cannot help), the
+    candidates it may not take, and why nothing could be done when that is so."""
+
+    victims: list[Victim] = field(default_factory=list)
+    protected: list[Protected] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+    placement: Placement | None = None
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    replica: ReplicaView
+    model: ModelSpec
+    node: str
+    tier: int | None  # by class; None when only taking back a loan could take it
+    reclaimable: bool
+    idle_s: float
+    amount: Amount
+
+    @property
+    def rank(self) -> int:
+        return 1 if self.reclaimable and self.tier != IDLE_ON_DEMAND else self.tier
+
+    def order(self) -> tuple:
+        """Class inside every tier: lower class first, then longest unused, smallest, id."""
+        return (self.model.class_rank, -self.idle_s, self.amount.size_key(), self.replica.id)
+
+
+@dataclass
+class Context:
+    """What the pass knows that preemption reads: nothing here is changed by it."""
+
+    models: Mapping[str, ModelSpec]
+    alive: Sequence[ReplicaView]
+    policy: Policy
+    usage: Mapping[str, Amount]
+    borrowed: set[str]
+    now: datetime
+    t: Timings
+
+
+def _idle(r: ReplicaView, now: datetime) -> float:
+    """Seconds unused; 0 when nobody has said, which is not the same as idle."""
+    return (now - r.last_used_at).total_seconds() if r.last_used_at else 0.0
+
+
+def _above_min(alive: Iterable[ReplicaView], models: Mapping[str, ModelSpec]) -> set[str]:
+    """Per model, its newest live replicas past its minimum: room it grew into."""
+    by_model: dict[str, list[ReplicaView]] = {}
+    for r in alive:
+        if r.state in ACTIVE and not r.retiring:
+            by_model.setdefault(r.model, []).append(r)
+    out = set()
+    for name, reps in by_model.items():
+        spec = models.get(name)
+        if spec is None:
+            continue
+        reps.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+        out.update(r.id for r in reps[: max(len(reps) - spec.min_replicas, 0)])
+    return out
+
+
+def _class_tier(
+    want: ModelSpec, other: ModelSpec, above_min: bool, idle_s: float, below_min: bool, t: Timings
+) -> int | None:
+    mine, theirs = want.class_rank, other.class_rank
+    idle = other.on_demand and idle_s >= t.eviction_grace
+    if idle and (theirs < mine or (want.on_demand and theirs <= mine)):
+        return IDLE_ON_DEMAND
+    if theirs < mine and above_min:
+        return GROWN_LOWER
+    if theirs == mine and above_min and below_min:
+        return GROWN_SAME
+    if theirs < mine and other.effective_class != "critical":
+        return MINIMUM_LOWER
+    return None
+
+
+def _class_refusal(want: ModelSpec, other: ModelSpec, above_min: bool) -> str:
+    if other.effective_class == "critical" and not above_min:
+        return f"is part of critical model {other.name}'s minimum"
+    if other.class_rank > want.class_rank:
+        return f"is {other.effective_class}, above {want.name}'s {want.effective_class}"
+    if above_min:
+        return f"is {other.effective_class} like {want.name}, which is not below its minimum"
+    return f"is {other.effective_class} like {want.name}, and at its own minimum"
+
+
+def _useful_nodes(inv: Inventory, profiles: Sequence[Profile], source: str) -> set[str]:
+    return {
+        room.node.id
+        for room in inv.rooms.values()
+        if any(could_ever_run(room.node, p, source) for p in profiles)
+    }
+
+
+def _groups(
+    inv: Inventory, profiles: Sequence[Profile], useful: set[str], with_candidates: set[str]
+) -> list[tuple[str, frozenset[str]]]:
+    """Where room may be made: each node for one-node profiles, each fabric for the rest."""
+    groups: dict[str, frozenset[str]] = {}
+    if any(p.nodes == 1 for p in profiles):
+        for n in sorted(useful & with_candidates):
+            groups[n] = frozenset((n,))
+    if any(p.nodes > 1 for p in profiles):
+        fabrics: dict[str, set[str]] = {}
+        for n in useful:
+            fabric = inv.rooms[n].node.labels.get(FABRIC_LABEL)
+            if fabric:
+                fabrics.setdefault(fabric, set()).add(n)
+        for fabric, nodes in sorted(fabrics.items()):
+            if nodes & with_candidates:
+                groups[f"{FABRIC_LABEL}={fabric}"] = frozenset(nodes)
+    return list(groups.items())
+
+
+def candidates(
+    want: ModelSpec,
+    live: int,
+    ctx: Context,
+    useful: set[str],
+) -> tuple[list[_Candidate], list[Protected], list[str]]:
+    """The replicas on useful nodes that may be stopped for `want`, those that may not (and
+    why), and the multi-node replicas in the way."""
+    now, t, policy = ctx.now, ctx.t, ctx.policy
+    above = _above_min(ctx.alive, ctx.models)
+    below_min = live < want.min_replicas
+    out: list[_Candidate] = []
+    protected: list[Protected] = []
+    blocked: list[str] = []
+    for r in ctx.alive:
+        if r.model == want.name or not (r.nodes & useful):
+            continue
+        other = ctx.models.get(r.model)
+        if other is None or r.retiring or r.preempted_for or r.state not in ACTIVE:
+            continue  # on its way out already
+        if len(r.nodes) > 1:
+            blocked.append(f"blocked by multi-node replica {r.id}")
+            continue
+
+        def refuse(why: str, r=r) -> None:
+            protected.append(Protected(r.id, r.model, f"candidate {r.id} {why}"))
+
+        if r.state != "ready" or r.ready_at is None:
+            refuse("is still starting")
+            continue
+        ready_for = (now - r.ready_at).total_seconds()
+        if ready_for < t.min_lifetime:
+            until = r.ready_at + timedelta(seconds=t.min_lifetime)
+            refuse(f"is protected until {until:%H:%M} (ready {int(ready_for // 60)} min)")
+            continue
+        is_above = r.id in above
+        borrowed = r.id in ctx.borrowed
+        if policy.quotas and not borrowed and other.owner != want.owner:
+            refuse(f"is within {policy.name(other.owner)}'s guarantee")
+            continue
+        idle_s = _idle(r, now)
+        tier = _class_tier(want, other, is_above, idle_s, below_min, t)
+        reclaimable = (
+            bool(policy.quotas)
+            and borrowed
+            and other.owner != want.owner
+            and (other.effective_class != "critical" or is_above)
+        )
+        if tier is None and not reclaimable:
+            refuse(_class_refusal(want, other, is_above))
+            continue
+        node = next(iter(r.nodes))
+        out.append(_Candidate(r, other, node, tier, reclaimable, idle_s, replica_amount(r)))
+    return out, protected, blocked
+
+
+def _minus(policy: Policy, usage: Mapping[str, Amount], gone: Iterable[_Candidate]) -> dict:
+    out = dict(usage)
+    for c in gone:
+        for s in policy.chain(c.model.owner):
+            out[s] = out.get(s, ZERO) - c.amount
+    return out
+
+
+def preempt(
+    want: ModelSpec,
+    profiles: Sequence[Profile],
+    live: int,
+    inv: Inventory,
+    ctx: Context,
+    avoid: frozenset[str] = frozenset(),
+) -> Preemption:
+    """Choose the fewest, least costly replicas whose stopping lets `want` be placed.
+
+    Victim sets are built per node (per fabric for multi-node profiles) from candidates in
+    tier order, each tried on a copy of that room; then every victim not needed is dropped
+    again, and a set of more than three is refused. The owner's quota limit is checked in
+    the trial with its own victims gone, and a loan is taken back only for an owner within
+    its guarantee on the trial. Victims whose owners would drop below a guarantee are taken
+    only when nothing else makes the room, and only for an owner within its own.
+    """
+    useful = _useful_nodes(inv, profiles, want.source)
+    result = Preemption()
+    if not useful:
+        result.blocked.append(f"no node could run {want.name} even if it were empty")
+        return result
+    cands, result.protected, blocked = candidates(want, live, ctx, useful)
+    result.blocked.extend(sorted(set(blocked)))
+    if not cands:
+        if result.protected or blocked:
+            result.blocked.append("no replica in its way may be stopped for it")
+        return result
+    policy = ctx.policy
+    need_guess = _first_need(profiles)
+    owner_loans: dict[str, Amount] = {}
+    for c in cands:
+        if c.reclaimable:
+            owner_loans[c.model.owner] = owner_loans.get(c.model.owner, ZERO) + c.amount
+
+    def fits(group: frozenset[str], chosen: list[_Candidate]) -> Placement | None:
+        trial = inv.trial(group, [c.replica for c in chosen])
+        placed = trial.place(profiles, avoid=avoid & group, weights_source=want.source)
+        if not isinstance(placed, Placement) and avoid & group:
+            placed = trial.place(profiles, weights_source=want.source)
+        return placed if isinstance(placed, Placement) else None
+
+    def reclaiming(chosen: list[_Candidate], need: Amount) -> bool:
+        return policy.within_guarantee(want.owner, _minus(policy, ctx.usage, chosen), need)
+
+    def allowed(c: _Candidate, chosen: list[_Candidate], may_drop: bool) -> bool:
+        if c.tier is None and not reclaiming([*chosen, c], need_guess):
+            return False
+        if not may_drop and policy.quotas:
+            after = _minus(policy, ctx.usage, chosen)
+            if policy.drops_below_guarantee(c.model.owner, after, c.amount):
+                return False
+        return True
+
+    def still_valid(chosen: list[_Candidate], need: Amount) -> bool:
+        return all(c.tier is not None for c in chosen) or reclaiming(chosen, need)
+
+    def pick(pool: list[_Candidate], chosen: list[_Candidate]) -> _Candidate:
+        taken: dict[str, Amount] = {}
+        for c in chosen:
+            taken[c.model.owner] = taken.get(c.model.owner, ZERO) + c.amount
+
+        def key(c: _Candidate) -> tuple:
+            if c.rank == BORROWED:
+                left = owner_loans.get(c.model.owner, ZERO) - taken.get(c.model.owner, ZERO)
+                return (c.rank, tuple(-x for x in left.size_key()), c.order())
+            return (c.rank if c.rank is not None else 9, (), c.order())
+
+        return min(pool, key=key)
+
+    def build(group: frozenset[str], may_drop: bool) -> tuple | str | None:
+        pool = [c for c in cands if c.node in group]
+        chosen: list[_Candidate] = []
+        placed = None
+        while pool and placed is None:
+            c = pick(pool, chosen)
+            pool.remove(c)
+            if allowed(c, chosen, may_drop):
+                chosen.append(c)
+                placed = fits(group, chosen)
+        if placed is None:
+            return None
+        for i in reversed(range(len(chosen))):
+            fewer = chosen[:i] + chosen[i + 1 :]
+            if fewer and (p := fits(group, fewer)) and still_valid(fewer, placement_amount(p)):
+                chosen, placed = fewer, p
+        need = placement_amount(placed)
+        if may_drop and not reclaiming(chosen, need):
+            return None
+        if not still_valid(chosen, need):
+            return None
+        if len(chosen) > MAX_VICTIMS:
+            return f"would need {len(chosen)} victims (at most {MAX_VICTIMS})"
+        if want.owner:
+            own = [
+                c
+                for c in chosen
+                if set(policy.chain(c.model.owner)) & set(policy.chain(want.owner))
+            ]
+            why = policy.at_limit(want.owner, _minus(policy, ctx.usage, own), need)
+            if why:
+                return why
+        worst = max(c.rank if c.rank is not None else 9 for c in chosen)
+        size = sum((c.amount for c in chosen), ZERO).size_key()
+        score = (worst, max(c.model.class_rank for c in chosen), len(chosen), size)
+        return score, chosen, placed
+
+    groups = _groups(inv, profiles, useful, {c.node for c in cands})
+    reasons: list[str] = []
+    for may_drop in (False, True):
+        best = None
+        for name, group in groups:
+            found = build(group, may_drop)
+            if isinstance(found, str):
+                reasons.append(found)
+            elif found is not None and (best is None or (found[0], name) < best[0]):
+                best = ((found[0], name), found[1], found[2])
+        if best is not None:
+            _, chosen, placed = best
+            result.victims = [
+                Victim(
+                    c.replica.id,
+                    c.model.name,
+                    c.model.effective_class,
+                    c.node,
+                    TIER_WHY[c.rank],
+                    c.amount,
+                )
+                for c in chosen
+            ]
+            result.placement = placed
+            return result
+        if not policy.quotas:
+            break
+    if reasons:
+        result.blocked.extend(dict.fromkeys(reasons))
+    else:
+        result.blocked.append("stopping what it may stop would not make room for it")
+    return result
+
+
+def _first_need(profiles: Sequence[Profile]) -> Amount:
+    return profile_amount(profiles[0]) if profiles else ZERO
