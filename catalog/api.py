@@ -1,4 +1,5 @@
-"""Models over REST: list, get, add, remove, scale, restart, retry, explain."""
+"""Models over REST: list, get, add, remove, scale, class, owner, resources, restart, retry,
+explain, and what was measured of them."""
 
 from __future__ import annotations
 
@@ -11,8 +12,21 @@ from llmgw import clock
 from llmgw.api import actor
 from llmgw.errors import Invalid
 
-from . import services
-from .schemas import ExplainOut, ModelIn, ModelOut, ScaleIn, inline_schema
+from . import selectors, services
+from .schemas import (
+    CapacityIn,
+    ClassIn,
+    ClassOut,
+    ExplainOut,
+    MeasurementOut,
+    ModelIn,
+    ModelOut,
+    OwnerIn,
+    OwnerOut,
+    ResourcesIn,
+    ScaleIn,
+    inline_schema,
+)
 
 router = Router(tags=["models"])
 
@@ -69,6 +83,47 @@ def model_scale(request, name: str, payload: ScaleIn):
         raise Invalid("Give min, max or idle_timeout.")
     services.model_scale(name=name, actor=actor(request), scaling=given)
     return _view(name)
+
+
+@router.post("/models/{name}/class", response=ClassOut, by_alias=True)
+def model_class(request, name: str, payload: ClassIn):
+    """Set the class; "" returns to the default. Answers the effective class."""
+    spec = services.model_class_set(name=name, capacity_class=payload.class_, actor=actor(request))
+    return {"model": spec.name, "class_": spec.effective_class}
+
+
+@router.post("/models/{name}/owner", response=OwnerOut)
+def model_owner(request, name: str, payload: OwnerIn):
+    """Set whose quota it counts against, by scope name or ID; "" for shared."""
+    spec = services.model_owner_set(name=name, owner=payload.owner, actor=actor(request))
+    return {"model": spec.name, "owner": spec.owner}
+
+
+@router.post("/models/{name}/resources", response=ModelOut, by_alias=True)
+def model_resources(request, name: str, payload: ResourcesIn):
+    """Set what one profile, or every profile, reserves; running replicas keep the old figures."""
+    services.model_resources_set(
+        name=name,
+        profile=payload.profile,
+        memory_gb=payload.memory_gb,
+        cpu_cores=payload.cpu_cores,
+        actor=actor(request),
+    )
+    return _view(name)
+
+
+@router.put("/models/{name}/capacity", response=MeasurementOut)
+def model_capacity(request, name: str, payload: CapacityIn):
+    """Store a measurement for a profile, replacing the one before."""
+    measured = services.measurement_save(
+        model=name, **payload.dict(), actor=actor(request), now=clock.now()
+    )
+    return selectors.measurement_view(measured)
+
+
+@router.get("/capacity", response=list[MeasurementOut])
+def capacity_list(request):
+    return selectors.measurements_list()
 
 
 @router.post("/models/{name}/restart", response=dict)

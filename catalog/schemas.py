@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from ninja import Schema
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from .domain import CLASSES, ENGINES, MAX_IDLE_TIMEOUT_S, MAX_REPLICAS, ROUTING_PROFILES
 
@@ -58,6 +59,74 @@ class ScaleIn(Schema):
     min: int | None = None
     max: int | None = None
     idle_timeout: int | None = None
+
+
+class ClassIn(Schema):
+    """Types only: the service refuses an unknown class with the classes it takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    class_: StrictStr = Field(
+        alias="class",
+        json_schema_extra={"enum": ["", *CLASSES]},
+        description='"" returns to the default: opportunistic when on demand, else standard',
+    )
+
+
+class ClassOut(Schema):
+    model_config = ConfigDict(populate_by_name=True)
+
+    model: str
+    class_: str = Field(alias="class", description="the effective class")
+
+
+class OwnerIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    owner: StrictStr = Field(
+        description='org:Acme, team:Acme/ml, project:Acme/ml/training or with IDs; "" for shared'
+    )
+
+
+class OwnerOut(Schema):
+    model: str
+    owner: str = Field(description='team:ID and the like; "" for shared')
+
+
+class ResourcesIn(Schema):
+    """What a replica reserves of a node; judged by catalog.services.model_resources_set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: StrictStr | None = Field(None, description="one profile; every profile when left out")
+    memory_gb: StrictInt | StrictFloat = Field(description="host memory a replica needs")
+    cpu_cores: StrictInt | None = Field(
+        None,
+        description="cores a CPU-only replica reserves; 0 none; left out, each profile keeps its own",
+    )
+
+
+class CapacityIn(Schema):
+    """What `ctl bench --save` found: the most requests at once that met the SLO, and the rate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: StrictStr
+    max_concurrency: StrictInt = Field(description="at least 1")
+    tok_per_sec: StrictInt | StrictFloat = Field(description="above 0")
+    ttft_p95_ms: StrictInt | StrictFloat | None = None
+    tpot_p95_ms: StrictInt | StrictFloat | None = None
+
+
+class MeasurementOut(Schema):
+    model: str
+    profile: str
+    max_concurrency: int
+    tok_per_sec: float
+    ttft_p95_ms: float | None
+    tpot_p95_ms: float | None
+    measured_at: datetime
+    measured_by: str
 
 
 # What `POST /models` takes, for the OpenAPI document only. The body is parsed by

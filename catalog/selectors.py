@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .domain import ModelSpec, Profile, Slo
-from .models import Model, Profile as ProfileRow, Revision
+from .models import Measurement, Model, Profile as ProfileRow, Revision
 
 
 def profile_from_row(row: ProfileRow) -> Profile:
@@ -65,3 +65,32 @@ def catalog_load() -> dict[str, ModelSpec]:
         _cache["catalog"] = {row.name: spec_from_row(row) for row in rows}
         _cache["version"] = key
     return dict(_cache["catalog"])
+
+
+def measurements_load() -> dict[tuple[str, str], tuple[int, float]]:
+    """(model, profile) → (max_concurrency, tok_per_sec) of every measurement: one query."""
+    rows = Measurement.objects.values_list(
+        "model__name", "profile", "max_concurrency", "tok_per_sec"
+    )
+    return {(m, p): (c, t) for m, p, c, t in rows}
+
+
+def measurements_list() -> list[dict]:
+    """Every measurement as `GET /capacity` shows it, by model and profile: one query."""
+    return [
+        measurement_view(row)
+        for row in Measurement.objects.select_related("model").order_by("model__name", "profile")
+    ]
+
+
+def measurement_view(row: Measurement) -> dict:
+    return {
+        "model": row.model.name,
+        "profile": row.profile,
+        "max_concurrency": row.max_concurrency,
+        "tok_per_sec": row.tok_per_sec,
+        "ttft_p95_ms": row.ttft_p95_ms,
+        "tpot_p95_ms": row.tpot_p95_ms,
+        "measured_at": row.measured_at,
+        "measured_by": row.measured_by,
+    }

@@ -6,6 +6,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, replace
+from datetime import datetime
 
 from django.db import transaction
 from django.db.models import F
@@ -14,8 +15,8 @@ from llmgw.errors import Conflict, Invalid, NotFound
 from tenancy.services import audit_record
 
 from . import domain
-from .domain import CatalogError, ModelSpec
-from .models import Model, Profile as ProfileRow, Revision
+from .domain import CLASSES, CatalogError, ModelSpec
+from .models import Measurement, Model, Profile as ProfileRow, Revision
 from .selectors import catalog_load
 
 log = logging.getLogger("llmgw.catalog")
@@ -151,7 +152,8 @@ def _runtime_spec(name: str) -> tuple[dict[str, ModelSpec], ModelSpec]:
     if spec is None:
         raise NotFound(f"There is no model {name!r}.")
     if spec.declared:
-        raise Conflict(DECLARED.format(name=name))
+        # Bad input rather than a clash: the caller can fix it, in the file.
+        raise Invalid(DECLARED.format(name=name))
     return catalog, spec
 
 
@@ -202,6 +204,175 @@ def model_scale(*, name: str, actor: str, scaling: Mapping) -> ModelSpec:
     return model_update(
         name=name, actor=actor, action="model.scale", detail=dict(scaling), change=change
     )
+
+
+def model_class_set(*, name: str, capacity_class: str, actor: str) -> ModelSpec:
+    """Set a runtime model's class; "" returns it to the default its scaling implies."""
+
+    def change(spec: ModelSpec) -> ModelSpec:
+        if capacity_class not in ("", *CLASSES):
+            raise CatalogError(
+                f"model {name}: class must be one of {', '.join(CLASSES)}, "
+                f'or "" for the default, not {capacity_class!r}.'
+            )
+        return replace(spec, capacity_class=capacity_class)
+
+    spec = model_update(
+        name=name,
+        actor=actor,
+        action="model.class",
+        detail={"class": capacity_class},
+        change=change,
+    )
+    log.info("model %s is %s, set by %s", name, spec.effective_class, actor)
+    return spec
+
+
+def model_owner_set(*, name: str, owner: str, actor: str) -> ModelSpec:
+    """Set whose quota a runtime model counts against: a scope by name or ID, "" for shared.
+
+    Stored as its key (`team:7`); Invalid when the name is not a scope, names
+    none, or could be several.
+    """
+    # Imported here: tenancy's selectors are a layer the catalog reads only for this.
+    from tenancy.selectors import scope_find
+
+    def change(spec: ModelSpec) -> ModelSpec:
+        return replace(spec, owner=scope_find(owner) if owner.strip() else "")
+
+    spec = model_update(
+        name=name, actor=actor, action="model.owner", detail={"owner": owner}, change=change
+    )
+    log.info("model %s counts against %s, set by %s", name, spec.owner or "nobody", actor)
+    return spec
+
+
+def model_resources_set(
+    *,
+    name: str,
+    memory_gb: float,
+    cpu_cores: int | None = None,
+    profile: str | None = None,
+    actor: str,
+) -> ModelSpec:
+    """Set the memory (and cores, when given) one profile, or every profile, reserves.
+
+    `cpu_cores` 0 reserves none; left out, each profile keeps what it had. Only
+    CPU-only profiles reserve cores (Profile.reserved_cores), so cores on a GPU
+    profile are kept but reserve nothing. Running replicas keep the figures they
+    were started with until they are restarted.
+    """
+    if memory_gb < 0 or (cpu_cores or 0) < 0:
+        raise Invalid("memory and cores cannot be negative")
+    if not math.isfinite(memory_gb):
+        raise Invalid(f"memory_gb must be a finite number, not {memory_gb}.")
+    if memory_gb == 0:
+        raise Invalid("memory_gb must be more than 0: it is the host memory a replica needs.")
+    cores = cpu_cores or None
+
+    def change(spec: ModelSpec) -> ModelSpec:
+        if profile is not None and spec.profile(profile) is None:
+            raise CatalogError(f'model {name} has no profile "{profile}"')
+        return replace(
+            spec,
+            profiles=tuple(
+                replace(
+                    p,
+                    min_memory_gb=float(memory_gb),
+                    cpu_cores=p.cpu_cores if cpu_cores is None else cores,
+                )
+                if profile is None or p.name == profile
+                else p
+                for p in spec.profiles
+            ),
+        )
+
+    given = {"profile": profile, "memory_gb": memory_gb, "cpu_cores": cpu_cores}
+    spec = model_update(
+        name=name,
+        actor=actor,
+        action="model.resources",
+        detail={k: v for k, v in given.items() if v is not None},
+        change=change,
+    )
+    log.info(
+        "model %s reserves %s, set by %s",
+        name,
+        "; ".join(
+            f"{p.name}: {p.min_memory_gb:g} GB, {p.cpu_cores or 0} cores"
+            for p in spec.profiles
+            if profile is None or p.name == profile
+        ),
+        actor,
+    )
+    return spec
+
+
+def measurement_save(
+    *,
+    model: str,
+    profile: str,
+    max_concurrency: int,
+    tok_per_sec: float,
+    ttft_p95_ms: float | None = None,
+    tpot_p95_ms: float | None = None,
+    actor: str,
+    now: datetime,
+) -> Measurement:
+    """Store what a benchmark found for a model on a profile, replacing any earlier one.
+
+    A measurement is not a catalog change, so declared models may be measured.
+    Raises NotFound for an unknown model, Invalid for an unknown profile or a
+    figure out of range.
+    """
+    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
+        raise Invalid(f"max_concurrency must be a whole number, not {max_concurrency!r}.")
+    if not 1 <= max_concurrency <= _INT_MAX:
+        raise Invalid(f"max_concurrency must be from 1 to {_INT_MAX}, not {max_concurrency}.")
+    for key, value in (
+        ("tok_per_sec", tok_per_sec),
+        ("ttft_p95_ms", ttft_p95_ms),
+        ("tpot_p95_ms", tpot_p95_ms),
+    ):
+        if value is None and key != "tok_per_sec":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise Invalid(f"{key} must be a number, not {value!r}.")
+        if not math.isfinite(value) or value <= 0:
+            raise Invalid(f"{key} must be a finite number above 0, not {value}.")
+    with transaction.atomic():
+        row = Model.objects.filter(name=model).first()
+        if row is None:
+            raise NotFound(f"There is no model {model!r}.")
+        if not row.profiles.filter(name=profile).exists():
+            raise Invalid(f'model {model} has no profile "{profile}"')
+        measured, _ = Measurement.objects.update_or_create(
+            model=row,
+            profile=profile,
+            defaults={
+                "max_concurrency": max_concurrency,
+                "tok_per_sec": float(tok_per_sec),
+                "ttft_p95_ms": ttft_p95_ms,
+                "tpot_p95_ms": tpot_p95_ms,
+                "measured_at": now,
+                "measured_by": actor[:150],
+            },
+        )
+        audit_record(
+            actor=actor,
+            action="model.measure",
+            target=f"{model}/{profile}",
+            detail={"max_concurrency": max_concurrency, "tok_per_sec": float(tok_per_sec)},
+        )
+    log.info(
+        "model %s on %s measured by %s: %d at once, %g tokens/s",
+        model,
+        profile,
+        actor,
+        max_concurrency,
+        tok_per_sec,
+    )
+    return measured
 
 
 def model_remove(*, name: str, actor: str) -> None:

@@ -10,7 +10,7 @@ from catalog.domain import Slo, parse_model
 from catalog.models import Model
 from catalog.schemas import ModelOut
 from catalog.selectors import catalog_load
-from catalog.services import declared_sync
+from catalog.services import DECLARED, declared_sync
 from fleet.models import ModelState
 from llmgw import clock
 from tenancy.models import AuditEvent
@@ -394,13 +394,20 @@ def declared(db):
 
 @pytest.mark.parametrize(
     "method, path, body",
-    [("POST", "/models/llama/scale", {"min": 3}), ("DELETE", "/models/llama", None)],
+    [
+        ("POST", "/models/llama/scale", {"min": 3}),
+        ("POST", "/models/llama/class", {"class": "critical"}),
+        ("POST", "/models/llama/owner", {"owner": ""}),
+        ("POST", "/models/llama/resources", {"memory_gb": 8}),
+        ("DELETE", "/models/llama", None),
+    ],
 )
 def test_a_declared_model_refuses_changes_and_points_at_the_file(api, declared, method, path, body):
     response = api.call(method, path, body)
 
-    assert response.status_code == 409
-    assert "edit that file" in detail(response)
+    assert response.status_code == 400
+    assert detail(response) == DECLARED.format(name="llama")
+    assert AuditEvent.objects.count() == 0
     row = Model.objects.get()
     assert (row.min_replicas, row.declared) == (1, True)
     assert api.call("GET", "/models/llama").json()["declared"] is True
@@ -468,6 +475,9 @@ def test_no_hostile_body_makes_any_post_endpoint_fail_with_a_500(api):
     paths = [
         "/models",
         "/models/llama/scale",
+        "/models/llama/class",
+        "/models/llama/owner",
+        "/models/llama/resources",
         "/models/llama/restart",
         "/models/llama/retry",
         "/nodes/gpu-a/cordon",
@@ -498,6 +508,10 @@ def test_no_hostile_name_in_a_path_makes_an_endpoint_fail_with_a_500(api, name):
         ("POST", f"/models/{name}/restart"),
         ("POST", f"/models/{name}/retry"),
         ("POST", f"/models/{name}/scale"),
+        ("POST", f"/models/{name}/class"),
+        ("POST", f"/models/{name}/owner"),
+        ("POST", f"/models/{name}/resources"),
+        ("PUT", f"/models/{name}/capacity"),
         ("GET", f"/nodes/{name}"),
         ("POST", f"/nodes/{name}/drain"),
         ("GET", f"/replicas?model={name}"),

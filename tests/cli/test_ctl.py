@@ -593,7 +593,12 @@ def test_json_prints_the_servers_answer_as_it_came(capsys, argv):
     [
         (400, "max (1) is below min (2)."),
         (404, "no model called nope"),
-        (409, "model llama-70b is declared in the catalog file; edit the file instead."),
+        (
+            400,
+            "model llama-70b is declared in the catalog file; edit that file and restart "
+            "llmgw serve, since the file would undo a change made here on the next start",
+        ),
+        (409, "model llama-70b is a fallback of chat; remove it there first."),
     ],
 )
 def test_a_refusal_prints_the_servers_sentence_on_stderr_and_exits_1(capsys, status, detail):
