@@ -409,6 +409,24 @@ def reservation_warnings(model: ModelSpec, measured_memory_gb: float | None = No
     return warnings
 
 
+def suggested_cores(
+    memory_gb: float | None, nodes: Iterable[tuple[float | None, int | None]]
+) -> int:
+    """Cores to reserve for a CPU model (domain.md, Suggested cores).
+
+    `nodes` is (memory_gb, cpu_count) of each ready node. Half the smallest CPU
+    count among the nodes with enough memory (a node that does not say its
+    memory counts as having enough), at least 1; 0 when no such node says how
+    many CPUs it has. Zero from a node is unknown, never a reading.
+    """
+    counts = [
+        cpus
+        for memory, cpus in nodes
+        if cpus and (not memory or memory_gb is None or memory >= memory_gb)
+    ]
+    return max(min(counts) // 2, 1) if counts else 0
+
+
 def validate_catalog(models: Iterable[ModelSpec]) -> None:
     """Check what spans models: unique names and aliases, fallbacks that exist, no cycles."""
     models = list(models)
