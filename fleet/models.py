@@ -140,6 +140,12 @@ class ModelState(models.Model):
     held_until = models.DateTimeField(null=True, blank=True)
     held_for = models.CharField(max_length=64, blank=True)
     preempted = models.PositiveIntegerField(default=0)
+    busy_since = models.DateTimeField(null=True, blank=True)
+    quiet_since = models.DateTimeField(null=True, blank=True)
+    # Room being freed for this model by its preemption victims: [{replica, node, gpu_indices,
+    # memory_gb, cpu_cores}], kept for it until it is placed or reserved_until passes.
+    reserved = models.JSONField(default=list, blank=True)
+    reserved_until = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

@@ -12,17 +12,24 @@ import logging
 import os
 import socket
 import threading
+import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import DatabaseError, IntegrityError, close_old_connections, transaction
 from django.db.models import Q
 
+from catalog.selectors import measurements_load
 from llmgw import clock
+from tenancy.quota import Policy
+from tenancy.selectors import quota_policy_load
 
 from .dispatch import dispatch
 from .domain.reconcile import decide
+from .domain.types import Measured
 from .models import Lease
 from .selectors import snapshot_load
 from .services import plan_apply
@@ -82,6 +89,43 @@ def _settle_window(now: datetime, fresh_start: bool) -> tuple[bool, datetime]:
     return now < lease.settle_until, floor
 
 
+# How stale the reconciler's quotas and measurements may get (domain.md): a change takes
+# effect within this, and the store is not asked every pass.
+REFRESH_SECONDS = 30.0
+
+
+class Refreshed:
+    """A value read again once older than REFRESH_SECONDS; when a read fails, the last good
+    one is kept (a database hiccup must not drop every guarantee and limit at once)."""
+
+    def __init__(self, name: str, read: Callable[[], Any], empty: Any):
+        self.name, self.read, self.empty = name, read, empty
+        self.value: Any = None
+        self.at: float | None = None
+
+    def get(self) -> Any:
+        now = time.monotonic()
+        if self.at is not None and now - self.at < REFRESH_SECONDS:
+            return self.value
+        self.at = now  # not again on every pass while the store is down
+        try:
+            self.value = self.read()
+        except DatabaseError:
+            log.warning("could not read %s; keeping the last ones", self.name, exc_info=True)
+        return self.value if self.value is not None else self.empty
+
+    def clear(self) -> None:
+        self.value, self.at = None, None
+
+
+def _measurements() -> dict[tuple[str, str], Measured]:
+    return {k: Measured(c, t) for k, (c, t) in measurements_load().items() if c > 0 and t > 0}
+
+
+POLICY = Refreshed("capacity quotas", quota_policy_load, Policy())
+MEASUREMENTS = Refreshed("benchmark results", _measurements, {})
+
+
 def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) -> dict:
     """Run one pass; return what it did: `{"ran", "events", "starts", "stops", ...}`."""
     now = now or clock.now()
@@ -90,7 +134,12 @@ def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) ->
         return {"ran": False, "detail": "another reconciler pass is running", "events": []}
     try:
         settling, floor = _settle_window(now, fresh_start)
-        snap = snapshot_load(settling=settling, silence_floor=floor)
+        snap = snapshot_load(
+            settling=settling,
+            silence_floor=floor,
+            policy=POLICY.get(),
+            measurements=MEASUREMENTS.get(),
+        )
         plan = decide(snap, now, settings.LLMGW.timings)
         if not plan.empty or any(snap.states.get(n) != s for n, s in plan.states.items()):
             with transaction.atomic():

@@ -15,7 +15,7 @@ from catalog.domain import ModelSpec, reservation_warnings
 from catalog.selectors import catalog_load
 from llmgw import clock
 from llmgw.errors import NotFound
-from tenancy.quota import Holding
+from tenancy.quota import Holding, Policy
 
 from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
@@ -23,9 +23,12 @@ from .domain.reconcile import desired_replicas
 from .domain.types import (
     HOLDING,
     GpuView,
+    Load,
+    Measured,
     ModelState as ModelStateView,
     NodeView,
     ReplicaView,
+    Reservation,
     ShardView,
     Snapshot,
 )
@@ -62,7 +65,9 @@ _REPLICA_FIELDS = (
 )
 _SHARD_STATIC = ("id", "node_id", "rank", "gpu_indices", "memory_gb", "cpu_cores", "http_port")
 _STATE_FIELDS = [
-    f.name for f in ModelState._meta.fields if f.name not in ("updated_at", "explanation")
+    f.name
+    for f in ModelState._meta.fields
+    if f.name not in ("updated_at", "explanation", "reserved")
 ]
 _CHUNK = 500
 
@@ -279,37 +284,59 @@ def model_states(*, name: str | None = None) -> dict[str, ModelStateView]:
     """Every model's controller state (or one's); explanations (JSON) are read only where there is one."""
     states = ModelState.objects.all() if name is None else ModelState.objects.filter(pk=name)
     explanations = dict(states.exclude(explanation=[]).values_list("model", "explanation"))
+    reserved = {
+        model: tuple(Reservation.of(r) for r in rows if isinstance(r, dict))
+        for model, rows in states.exclude(reserved=[]).values_list("model", "reserved")
+    }
     rows = _fast_values(states, tuple(_STATE_FIELDS))
     views = _views(
         _state_cache,
         rows,
-        key=lambda row: (row[0], row, tuple(explanations.get(row[0]) or ())),
+        key=lambda row: (
+            row[0],
+            row,
+            tuple(explanations.get(row[0]) or ()),
+            reserved.get(row[0], ()),
+        ),
         build=lambda row: ModelStateView(
             **dict(zip(_STATE_FIELDS, row, strict=True)),
             explanation=tuple(explanations.get(row[0]) or ()),
+            reserved=reserved.get(row[0], ()),
         ),
     )
     return {v.model: v for v in views}
 
 
-def snapshot_load(*, settling: bool, silence_floor: datetime | None) -> Snapshot:
+def snapshot_load(
+    *,
+    settling: bool,
+    silence_floor: datetime | None,
+    policy: Policy | None = None,
+    measurements: dict[tuple[str, str], Measured] | None = None,
+) -> Snapshot:
     """Everything a pass decides on, read as one consistent picture.
 
     In one transaction (repeatable read on PostgreSQL), so a replica adopted between
-    reading shards and replicas cannot show up without the GPUs it holds.
+    reading shards and replicas cannot show up without the GPUs it holds. The quota policy
+    and measurements are the caller's: they are read less often than every pass.
     """
     fresh = not connection.in_atomic_block
     with transaction.atomic():
         if fresh and connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        models = catalog_load()
+        replicas = replica_views()
         return Snapshot(
             nodes=node_views(),
-            models=catalog_load(),
-            replicas=replica_views(),
+            models=models,
+            replicas=replicas,
             states=model_states(),
             settling=settling,
             silence_floor=silence_floor,
+            policy=policy if policy is not None else Policy(),
+            measurements=measurements or {},
+            loads=model_loads(replicas, models),
         )
 
 
@@ -517,3 +544,37 @@ def model_explain(*, name: str) -> dict:
 def holdings_load() -> list[Holding]:
     """What every replica holds now, and for whom (for quotas' holds and the policy)."""
     return holdings(replica_views(), catalog_load())
+
+
+def model_loads(replicas: tuple[ReplicaView, ...], models: dict[str, ModelSpec]) -> dict[str, Load]:
+    """Requests running and waiting per model, for the autoscaler: the one input it reads.
+
+    Today the engines' own counts, as their agents report them (`engine_load`), summed over
+    the ready replicas of models that can grow (max above min); the gateway's counts join
+    here when it arrives. Only nodes that host such replicas are read, and a model none of
+    whose engines said anything has no entry: unknown is not idle.
+    """
+    scalable = {n for n, m in models.items() if m.max_replicas > m.min_replicas and not m.on_demand}
+    model_of: dict[str, str] = {}
+    for r in replicas:
+        if r.model in scalable and r.state == "ready":
+            for s in r.shards:
+                model_of[s.id] = r.model
+    if not model_of:
+        return {}
+    nodes = {s.node_id for r in replicas if r.model in scalable for s in r.shards}
+    running: dict[str, int] = defaultdict(int)
+    waiting: dict[str, int] = defaultdict(int)
+    seen: set[str] = set()
+    for chunk in _chunks(sorted(nodes)):
+        for load in Node.objects.filter(pk__in=chunk, state=Node.READY).values_list(
+            "load", flat=True
+        ):
+            for shard_id, figures in ((load or {}).get("engines") or {}).items():
+                model = model_of.get(shard_id)
+                if model is None or not isinstance(figures, dict):
+                    continue
+                seen.add(model)
+                running[model] += int(figures.get("running") or 0)
+                waiting[model] += int(figures.get("waiting") or 0)
+    return {m: Load(running=running[m], waiting=waiting[m]) for m in seen}

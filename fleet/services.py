@@ -465,6 +465,7 @@ def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
             state="draining",
             state_since=now,
             drain_deadline=drain.deadline,
+            preempted_for=drain.preempted_for,
             reason=drain.reason[:500],
         )
     for stop in stops:
@@ -515,8 +516,9 @@ def _shards_of(replica_ids: list[str]) -> dict[str, list[tuple[str, str]]]:
 
 # The fields a pass decides; the rest of a model's state is the API's (restart, retry, use).
 _PASS_FIELDS = (
-    "desired", "failures", "last_failure_at", "backoff_until", "parked_since", "parked_reason",
-    "unplaceable", "explanation", "restart_requested_at",
+    "desired", "extra", "failures", "last_failure_at", "backoff_until", "parked_since",
+    "parked_reason", "unplaceable", "explanation", "restart_requested_at", "held_until",
+    "held_for", "preempted", "busy_since", "quiet_since", "reserved", "reserved_until",
 )  # fmt: skip
 
 
@@ -531,6 +533,7 @@ def _write_states(plan: Plan, before: dict) -> None:
             continue
         values = {f: getattr(s, f) for f in _PASS_FIELDS}
         values["explanation"] = list(values["explanation"])
+        values["reserved"] = [r.as_dict() for r in values["reserved"]]
         if was is None:
             created.append(ModelState(model=name, **values))
             continue

@@ -1,0 +1,155 @@
+"""Preemption, quotas, measurements and load through the reconciler's shell, over real rows."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import DatabaseError
+
+from catalog.models import Measurement, Model
+from fleet import reconciler
+from fleet.events import ShardStatus
+from fleet.models import ModelState, Node, Replica
+from fleet.reconciler import MEASUREMENTS, POLICY, Refreshed, reconcile_once
+from fleet.services import shard_status_record
+from tenancy.models import CapacityQuota, Organization, Team
+
+from .builders import gpu_model, model_added, node_add
+from .test_reconciler import heard, ready
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def stopped(replica: Replica, now: datetime) -> None:
+    for shard in replica.shards.all():
+        shard_status_record(
+            node_id=shard.node_id,
+            msg=ShardStatus(type="shard_status", shard_id=shard.id, state="stopped"),
+            now=now,
+        )
+
+
+def test_a_critical_model_takes_a_standard_replicas_gpu_and_the_room_waits_for_it(no_settle):
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    reconcile_once(now=T0)
+    for r in Replica.objects.all():
+        ready(r, at(10))
+    heard("gpu-a", at(400))
+    model_added(gpu_model("vital", **{"class": "critical"}))
+
+    result = reconcile_once(now=at(400))
+
+    victim = Replica.objects.get(state="draining")
+    freed = victim.shards.get().gpu_indices
+    assert (victim.model, victim.preempted_for) == ("chat", "vital")
+    assert victim.drain_deadline == at(430)
+    chat = ModelState.objects.get(pk="chat")
+    assert (chat.held_for, chat.preempted, chat.held_until) == ("vital", 1, at(700))
+    vital = ModelState.objects.get(pk="vital")
+    assert [r["replica"] for r in vital.reserved] == [victim.pk]
+    assert any("preempted for vital (critical)" in line for line in result["events"])
+
+    heard("gpu-a", at(431))
+    events = reconcile_once(now=at(431))["events"]
+    assert any(f"stopping preempted replica {victim.pk}: it gave room to vital" in e for e in events)
+    stopped(Replica.objects.get(pk=victim.pk), at(432))
+    heard("gpu-a", at(435))
+    reconcile_once(now=at(435))
+
+    placed = Replica.objects.get(model="vital")
+    assert placed.shards.get().gpu_indices == freed
+    assert ModelState.objects.get(pk="vital").reserved == []
+    assert Replica.objects.filter(model="chat").count() == 1
+
+
+def test_a_quota_limit_refuses_a_replica_and_says_which_scope(no_settle):
+    acme = Organization.objects.create(name="Acme")
+    team = Team.objects.create(org=acme, name="ml")
+    CapacityQuota.objects.create(scope=f"org:{acme.pk}", limit_gpus=1)
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 2}, owner=f"team:{team.pk}"))
+
+    reconcile_once(now=T0)
+
+    assert Replica.objects.count() == 1
+    state = ModelState.objects.get(pk="chat")
+    assert state.unplaceable
+    assert state.explanation[0]["reasons"] == ["org:Acme is at its capacity limit (2 GPUs of 1)"]
+
+
+def test_quotas_are_read_again_only_every_half_minute_and_kept_when_the_store_fails(
+    monkeypatch,
+):
+    reads = []
+
+    def read():
+        reads.append(1)
+        if len(reads) > 1:
+            raise DatabaseError("the database went away")
+        return "policy"
+
+    clock = [100.0]
+    monkeypatch.setattr(reconciler.time, "monotonic", lambda: clock[0])
+    cached = Refreshed("capacity quotas", read, "empty")
+    assert cached.get() == "policy"
+    clock[0] += 29
+    assert cached.get() == "policy" and len(reads) == 1
+    clock[0] += 2
+    assert cached.get() == "policy", "a failing store keeps the last good policy"
+    assert len(reads) == 2
+    assert cached.get() == "policy" and len(reads) == 2, "not asked again on every pass"
+
+
+def test_the_reconciler_takes_engine_load_and_scales_up_held_busy(no_settle, settings):
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 1, "max": 2}))
+    reconcile_once(now=T0)
+    first = Replica.objects.get()
+    ready(first, at(1))
+    shard = first.shards.get()
+    Node.objects.filter(pk="gpu-a").update(
+        load={"engines": {shard.id: {"running": 4, "waiting": 3}}}
+    )
+    for second in (5, 35, 66):
+        heard("gpu-a", at(second))
+        Node.objects.filter(pk="gpu-a").update(
+            load={"engines": {shard.id: {"running": 4, "waiting": 3}}}
+        )
+        reconcile_once(now=at(second))
+
+    assert Replica.objects.count() == 2
+    assert ModelState.objects.get(pk="chat").extra == 1
+
+
+def test_a_measured_profile_serving_more_per_gpu_is_placed_first(no_settle):
+    node_add("gpu-a", now=T0, gpus=(H100, H100, H100, H100))
+    model_added(
+        {
+            "name": "chat",
+            "source": "hf://acme/chat",
+            "profiles": [
+                {"name": "tp2", "engine": "sim", "gpu_class": "h100-80g", "tp": 2},
+                {"name": "tp1", "engine": "sim", "gpu_class": "h100-80g"},
+            ],
+        }
+    )
+    chat = Model.objects.get(name="chat")
+    for profile, tps in (("tp2", 300.0), ("tp1", 200.0)):
+        Measurement.objects.create(
+            model=chat, profile=profile, max_concurrency=8, tok_per_sec=tps, measured_at=T0
+        )
+    MEASUREMENTS.clear()
+    POLICY.clear()
+
+    reconcile_once(now=T0)
+
+    assert Replica.objects.get().profile == "tp1", "200 tokens/s per GPU beats 150"
