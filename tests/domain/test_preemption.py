@@ -190,9 +190,7 @@ def test_only_the_replicas_that_make_the_room_are_stopped():
     settle(c, 2)
     where = {r.model: r.shards[0].node_id for r in c.snap.replicas}
     assert where["chat"] == "2" and "idle" in where
-    c.change(
-        replicas=tuple(replace(r, last_used_at=c.now - _s(3600)) for r in c.snap.replicas)
-    )
+    c.change(replicas=tuple(replace(r, last_used_at=c.now - _s(3600)) for r in c.snap.replicas))
     c.wait(TIMINGS.min_lifetime + 60)
     c.change(models={"idle": idle, "chat": chat, "vital": gpu_model("vital", "critical")})
     c.step()
@@ -442,9 +440,7 @@ def test_when_preemption_cannot_help_the_explanation_says_why():
 
 
 def test_a_multi_node_replica_in_the_way_is_named():
-    train = model(
-        "train", gpu_profile("mn", tp=8, nodes=2), capacity_class="opportunistic"
-    )
+    train = model("train", gpu_profile("mn", tp=8, nodes=2), capacity_class="opportunistic")
     nodes = [gpu_node("1", fabric="ib"), gpu_node("2", fabric="ib")]
     c = fill_then_want(gpu_model("vital", "critical"), train, *nodes)
     c.step()

@@ -60,7 +60,9 @@ def test_a_critical_model_takes_a_standard_replicas_gpu_and_the_room_waits_for_i
 
     heard("gpu-a", at(431))
     events = reconcile_once(now=at(431))["events"]
-    assert any(f"stopping preempted replica {victim.pk}: it gave room to vital" in e for e in events)
+    assert any(
+        f"stopping preempted replica {victim.pk}: it gave room to vital" in e for e in events
+    )
     stopped(Replica.objects.get(pk=victim.pk), at(432))
     heard("gpu-a", at(435))
     reconcile_once(now=at(435))
