@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from ninja import Router
+import math
 
+from ninja import Query, Router
+
+from catalog.domain import MAX_REPLICAS
 from llmgw.api import actor
+from llmgw.errors import Invalid
 
 from . import selectors, services
 from .reconciler import reconcile_once
-from .schemas import DetailOut, NodeOut, ReconcileOut, ReplicaOut
+from .schemas import (
+    DetailOut,
+    HeadroomOut,
+    NodeOut,
+    PreemptionOut,
+    ReconcileOut,
+    ReplicaOut,
+    TargetOut,
+)
 
 router = Router(tags=["fleet"])
 
@@ -47,6 +59,28 @@ def node_drain(request, node_id: str):
 @router.get("/replicas", response=list[ReplicaOut])
 def replicas_list(request, model: str | None = None):
     return selectors.replicas_list(model=model or None)
+
+
+@router.get("/models/{name}/headroom", response=HeadroomOut)
+def model_headroom(request, name: str, limit: Query[int] = 10):
+    """How many more replicas fit now, placed one after another on a copy of the room."""
+    if not 1 <= limit <= MAX_REPLICAS:
+        raise Invalid(f"limit must be a whole number from 1 to {MAX_REPLICAS}.")
+    return selectors.model_headroom(name=name, limit=limit)
+
+
+@router.get("/models/{name}/target", response=TargetOut)
+def model_target(request, name: str, tokens_per_sec: Query[float]):
+    """Replicas a throughput needs, from the model's measurement, and whether they fit."""
+    if not math.isfinite(tokens_per_sec) or tokens_per_sec <= 0:
+        raise Invalid("tokens_per_sec must be a positive number.")
+    return selectors.model_target(name=name, tokens_per_sec=tokens_per_sec)
+
+
+@router.get("/models/{name}/preemption", response=PreemptionOut, by_alias=True)
+def model_preemption(request, name: str):
+    """What would be stopped now to place one more replica, and why; changes nothing."""
+    return selectors.model_preemption(name=name)
 
 
 @router.post("/reconcile", response=ReconcileOut)

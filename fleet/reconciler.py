@@ -22,16 +22,14 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, close_old_connections, transaction
 from django.db.models import Q
 
-from catalog.selectors import measurements_load
 from llmgw import clock
 from tenancy.quota import Policy
 from tenancy.selectors import quota_policy_load
 
 from .dispatch import dispatch
 from .domain.reconcile import decide
-from .domain.types import Measured
 from .models import Lease
-from .selectors import snapshot_load
+from .selectors import measured_load, snapshot_load
 from .services import plan_apply
 
 log = logging.getLogger("llmgw.reconciler")
@@ -118,12 +116,8 @@ class Refreshed:
         self.value, self.at = None, None
 
 
-def _measurements() -> dict[tuple[str, str], Measured]:
-    return {k: Measured(c, t) for k, (c, t) in measurements_load().items() if c > 0 and t > 0}
-
-
 POLICY = Refreshed("capacity quotas", quota_policy_load, Policy())
-MEASUREMENTS = Refreshed("benchmark results", _measurements, {})
+MEASUREMENTS = Refreshed("benchmark results", measured_load, {})
 
 
 def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ninja import Schema
+from ninja import Field, Schema
 
 
 class NodeOut(Schema):
@@ -64,3 +64,51 @@ class ReconcileOut(Schema):
     drains: int = 0
     forgets: int = 0
     detail: str = ""
+
+
+class HeadroomOut(Schema):
+    model: str
+    current: int
+    more: int
+    nodes: list[list[str]]
+    limited: bool
+    blocked: list[str]
+    tok_per_sec: float | None
+
+
+class TargetOut(Schema):
+    model: str
+    tok_per_sec: float
+    per_replica_tok_per_sec: float
+    profile: str
+    needed: int
+    current: int
+    more: int
+    room: int
+    fits: bool
+    blocked: list[str]
+
+
+class VictimOut(Schema):
+    replica: str
+    model: str
+    class_: str = Field(alias="class")
+    node: str
+    why: str
+
+
+class ProtectedOut(Schema):
+    replica: str
+    model: str
+    why: str
+
+
+class PreemptionOut(Schema):
+    model: str
+    class_: str = Field(alias="class")
+    wants: int
+    fits: bool
+    summary: str
+    victims: list[VictimOut]
+    protected: list[ProtectedOut]
+    blocked: list[str]

@@ -6,21 +6,27 @@ instances), since a pass at 5,000 nodes and 10,000 replicas must stay cheap.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import UTC, datetime
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from catalog.domain import ModelSpec, reservation_warnings
-from catalog.selectors import catalog_load
+from catalog.selectors import catalog_load, measurements_load
 from llmgw import clock
-from llmgw.errors import NotFound
+from llmgw.errors import Invalid, NotFound
 from tenancy.quota import Holding, Policy
+from tenancy.selectors import quota_policy_load
 
+from .domain.capacity import NotMeasured, headroom, preemption_dry_run, standing, target
 from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
+from .domain.measured import measured_for
 from .domain.reconcile import desired_replicas
 from .domain.types import (
+    ACTIVE,
     HOLDING,
     GpuView,
     Load,
@@ -578,3 +584,74 @@ def model_loads(replicas: tuple[ReplicaView, ...], models: dict[str, ModelSpec])
                 running[model] += int(figures.get("running") or 0)
                 waiting[model] += int(figures.get("waiting") or 0)
     return {m: Load(running=running[m], waiting=waiting[m]) for m in seen}
+
+
+def measured_load() -> dict[tuple[str, str], Measured]:
+    """Every usable benchmark result, keyed (model, profile)."""
+    return {k: Measured(c, t) for k, (c, t) in measurements_load().items() if c > 0 and t > 0}
+
+
+def _standing_snapshot() -> Snapshot:
+    """The fleet as it stands, with quotas and measurements read now (not the pass's cache)."""
+    return snapshot_load(
+        settling=False,
+        silence_floor=None,
+        policy=quota_policy_load(),
+        measurements=measured_load(),
+    )
+
+
+def _spec(snap: Snapshot, name: str) -> ModelSpec:
+    spec = snap.models.get(name)
+    if spec is None:
+        raise NotFound(f"There is no model {name!r}.")
+    return spec
+
+
+def model_headroom(*, name: str, limit: int) -> dict:
+    """How many more replicas of a model fit now, and why not one more (changing nothing)."""
+    snap = _standing_snapshot()
+    spec = _spec(snap, name)
+    now = clock.now()
+    st = standing(snap, now, settings.LLMGW.timings)
+    st.inv.unreserve(name)
+    room = headroom(
+        spec,
+        st.inv,
+        st.live.get(name, 0),
+        limit,
+        snap.policy,
+        st.ctx.usage,
+        snap.measurements,
+    )
+    return room.as_dict()
+
+
+def model_target(*, name: str, tokens_per_sec: float) -> dict:
+    """Replicas a throughput needs, from the model's measurement, and whether they fit."""
+    snap = _standing_snapshot()
+    spec = _spec(snap, name)
+    st = standing(snap, clock.now(), settings.LLMGW.timings)
+    st.inv.unreserve(name)
+    running = [r.profile for r in snap.replicas if r.model == name and r.state in ACTIVE]
+    try:
+        found = measured_for(spec, running, snap.measurements)
+        needed = math.ceil(tokens_per_sec / found[0].tok_per_sec) if found else 1
+        room = headroom(
+            spec,
+            st.inv,
+            st.live.get(name, 0),
+            max(needed - st.live.get(name, 0), 0),
+            snap.policy,
+            st.ctx.usage,
+            snap.measurements,
+        )
+        return target(spec, tokens_per_sec, running, snap.measurements, room)
+    except NotMeasured as exc:
+        raise Invalid(str(exc)) from None
+
+
+def model_preemption(*, name: str) -> dict:
+    """The preemption dry run: what would be stopped for one more replica, and what may not."""
+    snap = _standing_snapshot()
+    return preemption_dry_run(_spec(snap, name), snap, clock.now(), settings.LLMGW.timings)

@@ -17,7 +17,7 @@ from catalog.domain import ModelSpec, Profile
 from llmgw.config import Timings
 from tenancy.quota import ZERO, Amount, Policy
 
-from .holdings import placement_amount, profile_amount, replica_amount
+from .holdings import holdings, placement_amount, profile_amount, replica_amount
 from .placement import Inventory, Placement, could_ever_run
 from .types import ACTIVE, FABRIC_LABEL, ReplicaView
 
@@ -91,6 +91,20 @@ class Context:
     borrowed: set[str]
     now: datetime
     t: Timings
+
+
+def context(
+    models: Mapping[str, ModelSpec],
+    alive: Sequence[ReplicaView],
+    policy: Policy,
+    now: datetime,
+    t: Timings,
+) -> Context:
+    """The quota picture of the replicas holding room: what each scope holds, what is lent."""
+    held = holdings(alive, models)
+    usage = policy.usage(held)
+    borrowed = policy.borrowed(held) if held else set()
+    return Context(models, alive, policy, usage, borrowed, now, t)
 
 
 def _idle(r: ReplicaView, now: datetime) -> float:

@@ -16,10 +16,10 @@ from catalog.domain import ModelSpec, Profile
 from llmgw.config import Timings
 from tenancy.quota import ZERO, Amount, Policy
 
-from .holdings import holdings, placement_amount, profile_amount
+from .holdings import placement_amount, profile_amount
 from .measured import autoscale, measured_for, ordered_profiles
 from .placement import MAX_REASONS_PER_PROFILE, Inventory, Placement, ShardPlan
-from .preemption import Context, Preemption, preempt
+from .preemption import Context, Preemption, context, preempt
 from .types import (
     ACTIVE,
     HOLDING,
@@ -169,12 +169,7 @@ def decide(
         for r in by_model[name]:
             if r.state not in ("stopping",):
                 plan.stops.append(Stop(r.id, int(t.preempt_grace), f"model {name} was removed"))
-    policy = snap.policy
-    held = holdings(alive, snap.models)
-    usage = policy.usage(held)
-    ctx = Context(
-        snap.models, alive, policy, usage, policy.borrowed(held) if held else set(), now, t
-    )
+    ctx = context(snap.models, alive, snap.policy, now, t)
     p = Pass(
         snap=snap,
         now=now,
@@ -190,7 +185,7 @@ def decide(
             for name, reps in by_model.items()
         },
     )
-    for model in pass_order(snap.models.values(), policy, usage, snap.measurements):
+    for model in pass_order(snap.models.values(), ctx.policy, ctx.usage, snap.measurements):
         states[model.name] = _reconcile_model(model, by_model.get(model.name, []), p)
     plan.states = states
     return plan

@@ -1,0 +1,201 @@
+"""How much more of a model fits, and how many replicas a throughput needs (domain.md,
+Measured capacity: Headroom and Target). Pure: tried on a copy of the inventory."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from catalog.domain import ModelSpec
+from llmgw.config import Timings
+from tenancy.quota import ZERO, Amount, Policy
+
+from .holdings import placement_amount
+from .measured import measured_for, ordered_profiles
+from .placement import Inventory, Placement
+from .preemption import Context, context, preempt
+from .types import ACTIVE, HOLDING, Measured, Snapshot
+
+
+@dataclass
+class Headroom:
+    model: str
+    current: int
+    more: int = 0
+    # The nodes each further replica would use, one list per replica.
+    nodes: list[list[str]] = field(default_factory=list)
+    # It stopped at the number asked for, not at an edge: there may be room for more.
+    limited: bool = False
+    # Why one more than `more` does not fit: a line per node considered, or the quota limit.
+    blocked: list[str] = field(default_factory=list)
+    # What one more replica was measured to serve, on the profile it would get.
+    tok_per_sec: float | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "current": self.current,
+            "more": self.more,
+            "nodes": self.nodes,
+            "limited": self.limited,
+            "blocked": self.blocked,
+            "tok_per_sec": self.tok_per_sec,
+        }
+
+
+def headroom(
+    model: ModelSpec,
+    inv: Inventory,
+    current: int,
+    limit: int,
+    policy: Policy,
+    usage: Mapping[str, Amount],
+    measurements: Mapping[tuple[str, str], Measured],
+) -> Headroom:
+    """Place up to `limit` more replicas one after another on this inventory (a copy the
+    caller does not keep), stopping at a full cluster or at a quota limit alike."""
+    out = Headroom(model.name, current)
+    profiles = ordered_profiles(model, measurements)
+    usage = dict(usage)
+    while out.more < limit:
+        avoid = frozenset(inv.model_nodes.get(model.name, ()))
+        placed = inv.place(profiles, avoid=avoid, weights_source=model.source)
+        if not isinstance(placed, Placement) and avoid:
+            # As scaling up does: spreading is a preference, not a rule.
+            placed = inv.place(profiles, weights_source=model.source)
+        if not isinstance(placed, Placement):
+            out.blocked = list(dict.fromkeys(r for _, rs in placed.reasons for r in rs))
+            return out
+        need = placement_amount(placed)
+        if model.owner and (why := policy.at_limit(model.owner, usage, need)):
+            out.blocked = [why]
+            return out
+        for s in policy.chain(model.owner):
+            usage[s] = usage.get(s, ZERO) + need
+        if out.more == 0 and (m := measurements.get((model.name, placed.profile.name))):
+            out.tok_per_sec = m.tok_per_sec
+        inv.reserve(model.name, placed)
+        out.nodes.append([s.node_id for s in placed.shards])
+        out.more += 1
+    out.limited = True
+    return out
+
+
+class NotMeasured(ValueError):
+    """A model with no measurement cannot be sized by throughput; the message says how to."""
+
+
+def target(
+    model: ModelSpec,
+    tokens_per_sec: float,
+    running_profiles: list[str],
+    measurements: Mapping[tuple[str, str], Measured],
+    room: Headroom,
+) -> dict:
+    """Replicas needed for a throughput: ceil(asked / measured per replica), at least one;
+    how many run, how many more fit, and why not when they do not.
+
+    `room` is the model's headroom asked up to the replicas needed.
+    """
+    found = measured_for(model, running_profiles, measurements)
+    if found is None or found[0].tok_per_sec <= 0:
+        raise NotMeasured(
+            f"{model.name} has not been measured; run `llmgw ctl bench {model.name} --save` first"
+        )
+    measured, profile = found
+    needed = max(math.ceil(tokens_per_sec / measured.tok_per_sec), 1)
+    more = max(needed - room.current, 0)
+    fits = more <= room.more
+    return {
+        "model": model.name,
+        "tok_per_sec": tokens_per_sec,
+        "per_replica_tok_per_sec": measured.tok_per_sec,
+        "profile": profile,
+        "needed": needed,
+        "current": room.current,
+        "more": more,
+        "room": room.more,
+        "fits": fits,
+        "blocked": [] if fits else room.blocked,
+    }
+
+
+@dataclass
+class Standing:
+    """The room and the quota picture as a snapshot stands, for questions that change nothing."""
+
+    inv: Inventory
+    ctx: Context
+    live: dict[str, int]
+
+
+def standing(snap: Snapshot, now: datetime, t: Timings) -> Standing:
+    alive = [r for r in snap.replicas if r.state in HOLDING]
+    reserved = {
+        name: s.reserved
+        for name, s in snap.states.items()
+        if s.reserved and s.reserved_until and now < s.reserved_until
+    }
+    live: dict[str, int] = {}
+    for r in alive:
+        if r.state in ACTIVE and not r.retiring:
+            live[r.model] = live.get(r.model, 0) + 1
+    return Standing(
+        Inventory(snap.nodes, alive, reserved),
+        context(snap.models, alive, snap.policy, now, t),
+        live,
+    )
+
+
+def preemption_dry_run(model: ModelSpec, snap: Snapshot, now: datetime, t: Timings) -> dict:
+    """What would be stopped now to place one more replica of `model`, and why; which
+    candidates are protected, and why; changing nothing."""
+    st = standing(snap, now, t)
+    state = snap.states.get(model.name)
+    live = st.live.get(model.name, 0)
+    wants = max((state.desired if state else model.min_replicas) - live, 0)
+    profiles = ordered_profiles(model, snap.measurements)
+    out = {
+        "model": model.name,
+        "class": model.effective_class,
+        "wants": wants,
+        "fits": False,
+        "victims": [],
+        "protected": [],
+        "blocked": [],
+    }
+    st.inv.unreserve(model.name)
+    avoid = frozenset(st.inv.model_nodes.get(model.name, ()))
+    placed = st.inv.place(profiles, avoid=avoid, weights_source=model.source)
+    if not isinstance(placed, Placement):
+        placed = st.inv.place(profiles, weights_source=model.source)
+    more = f"{wants} more" if wants else "one more (it has the replicas it wants)"
+    if isinstance(placed, Placement):
+        out["fits"] = True
+        out["summary"] = f"{model.name} fits {more} without stopping anything"
+        return out
+    result = preempt(model, profiles, live, st.inv, st.ctx, avoid)
+    out["victims"] = [
+        {
+            "replica": v.replica,
+            "model": v.model,
+            "class": v.capacity_class,
+            "node": v.node,
+            "why": v.why,
+        }
+        for v in result.victims
+    ]
+    out["protected"] = [
+        {"replica": p.replica, "model": p.model, "why": p.why} for p in result.protected
+    ]
+    out["blocked"] = result.blocked
+    if result.victims:
+        out["summary"] = (
+            f"for {more}, {model.name} ({model.effective_class}) would stop "
+            f"{len(result.victims)} replica{'s' if len(result.victims) > 1 else ''}"
+        )
+    else:
+        out["summary"] = f"for {more}, preemption cannot make room for {model.name}"
+    return out
