@@ -168,6 +168,9 @@ class Api:
         # An action with nothing to say still sends `{}`, which every handler can parse.
         return self.request("POST", path, body={} if body is None else body)
 
+    def put(self, path: str, body: Any) -> Any:
+        return self.request("PUT", path, body=body)
+
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 
@@ -729,7 +732,7 @@ def cmd_reconcile(api: Api, args: argparse.Namespace, out: Output) -> None:
 # The command line
 
 
-def _count(text: str) -> int:
+def whole_number(text: str) -> int:
     """argparse type: a whole number, zero or more."""
     try:
         value = int(text)
@@ -740,7 +743,7 @@ def _count(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> float:
+def positive_number(text: str) -> float:
     """argparse type: a number above zero."""
     try:
         value = float(text)
@@ -793,7 +796,7 @@ def _global_options() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--timeout",
-        type=_positive,
+        type=positive_number,
         default=argparse.SUPPRESS,
         help=f"seconds to wait for the server (default {number(DEFAULT_TIMEOUT_S)})",
     )
@@ -831,12 +834,19 @@ def build_parser() -> argparse.ArgumentParser:
         add(node_actions, action, help, cmd_node_action).add_argument("node")
 
     add(commands, "models", "list models: replicas, status, class, reservations", cmd_models)
-    _add_model_commands(add, commands)
+    model_actions = _add_model_commands(add, commands)
+    # Imported here: those modules build on this one's client and output.
+    from llmgw.cli import ctl_capacity, ctl_quota
+
+    ctl_quota.register(add, commands, model_actions)
+    ctl_capacity.register(add, commands, model_actions)
 
     scale = add(commands, "scale", "set how many replicas a model runs", cmd_scale)
     scale.add_argument("name")
-    scale.add_argument("--min", type=_count, required=True, help="replicas it always runs")
-    scale.add_argument("--max", type=_count, help="the most under load (left out: follows --min)")
+    scale.add_argument("--min", type=whole_number, required=True, help="replicas it always runs")
+    scale.add_argument(
+        "--max", type=whole_number, help="the most under load (left out: follows --min)"
+    )
     scale.add_argument(
         "--idle-timeout",
         type=_duration,
@@ -853,9 +863,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_model_commands(add: Callable[..., Any], commands: Any) -> None:
-    """The ``model`` subcommands."""
-    model = add(commands, "model", "show, add, remove or explain one model")
+def _add_model_commands(add: Callable[..., Any], commands: Any) -> Any:
+    """The ``model`` subcommands; returns their group, which other modules add to."""
+    model = add(commands, "model", "show, add, remove, explain, size or change one model")
     actions = model.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     add(actions, "show", "one model in full", cmd_model_show).add_argument("name")
@@ -863,6 +873,7 @@ def _add_model_commands(add: Callable[..., Any], commands: Any) -> None:
     adding.add_argument("--file", required=True, help="one model object; - reads stdin")
     add(actions, "remove", "remove a runtime model", cmd_model_remove).add_argument("name")
     add(actions, "explain", "why its last placement failed", cmd_model_explain).add_argument("name")
+    return actions
 
 
 def settings(args: argparse.Namespace) -> tuple[str, str, str | None, float, bool]:

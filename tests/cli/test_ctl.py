@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import socket
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,8 +12,7 @@ import pytest
 
 from llmgw.cli import ctl
 from llmgw.cli.tables import age, key_values, number, render
-
-TOKEN = "adm-s3cret"
+from tests.cli.helpers import TOKEN, FakeServer, ago, row_for, run, table
 
 NODES_HEADERS = ["NODE", "STATE", "GPUS", "MEMORY", "CPUS", "LOAD", "REPLICAS", "LAST SEEN"]
 MODELS_HEADERS = [
@@ -29,59 +27,6 @@ MODELS_HEADERS = [
     "FALLBACKS",
 ]
 REPLICAS_HEADERS = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES", "GPUS", "ENDPOINT", "AGE"]
-
-
-def ago(seconds: float) -> str:
-    return (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
-
-
-class FakeServer:
-    """A control plane that answers ``(method, path)`` from a table and records each request."""
-
-    def __init__(self, routes: dict[tuple[str, str], tuple[int, Any]] | None = None) -> None:
-        self.routes = routes or {}
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        key = (request.method, request.url.path)
-        if key not in self.routes:
-            return httpx.Response(404, json={"detail": f"Not Found: {request.url.path}"})
-        status, body = self.routes[key]
-        if body is None:
-            return httpx.Response(status)
-        if isinstance(body, str | bytes):
-            return httpx.Response(status, content=body)
-        return httpx.Response(status, json=body)
-
-    @property
-    def last(self) -> httpx.Request:
-        return self.requests[-1]
-
-    def body(self, index: int = -1) -> Any:
-        return json.loads(self.requests[index].content)
-
-
-@pytest.fixture(autouse=True)
-def environment(monkeypatch):
-    monkeypatch.setenv("LLMGW_TOKEN", TOKEN)
-    monkeypatch.delenv("LLMGW_SERVER", raising=False)
-
-
-def run(capsys, server: FakeServer | None, *argv: str) -> tuple[int, str, str]:
-    transport = httpx.MockTransport(server) if server is not None else None
-    code = ctl.main(list(argv), transport=transport)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def table(text: str) -> list[list[str]]:
-    """A rendered table's lines split into cells (columns are two or more spaces apart)."""
-    return [re.split(r"\s{2,}", line.strip()) for line in text.strip().splitlines()]
-
-
-def row_for(rows: list[list[str]], first: str) -> list[str]:
-    return next(r for r in rows if r[0] == first)
 
 
 # Requests: method, path, headers
@@ -431,26 +376,6 @@ def test_model_explain_lists_each_profiles_reasons(capsys):
         "profile tp8:",
         "  - no ready node has a100-80g GPUs",
     ]
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ("model", "resources", "qwen-7b", "--memory", "20"),
-        ("model", "class", "qwen-7b", "critical"),
-        ("model", "owner", "qwen-7b", "shared"),
-        ("model", "target", "llama-70b", "--tokens-per-sec", "3000"),
-        ("model", "headroom", "qwen-7b"),
-        ("model", "preemption", "llama-70b"),
-    ],
-    ids=lambda argv: argv[1],
-)
-def test_model_commands_without_an_endpoint_yet_are_not_offered(capsys, argv):
-    server = FakeServer()
-    code, out, err = run(capsys, server, *argv)
-    assert (code, out) == (2, "")
-    assert f"invalid choice: '{argv[1]}'" in err
-    assert server.requests == []
 
 
 # scale, restart, retry

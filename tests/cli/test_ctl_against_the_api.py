@@ -1,0 +1,113 @@
+"""``llmgw ctl`` against the real REST API (through Django's test client, no sockets):
+the shapes each command sends are the ones the server takes, and back."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from django.test import Client
+
+from catalog.models import Measurement, Model
+from catalog.services import model_add
+from llmgw.cli import ctl
+from tenancy.models import CapacityQuota, Organization, Team
+from tests.cli.helpers import table
+from tests.fleet.builders import cpu_model, gpu_model
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def server(admin_token, monkeypatch):
+    """An httpx transport that hands each request to Django, as the server would."""
+    monkeypatch.setenv("LLMGW_TOKEN", admin_token)
+    client = Client()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        response = client.generic(
+            request.method,
+            request.url.raw_path.decode(),
+            data=request.content,
+            content_type=request.headers.get("Content-Type", "application/json"),
+            HTTP_AUTHORIZATION=request.headers["Authorization"],
+            **(
+                {"HTTP_X_LLMGW_ACTOR": request.headers["X-Llmgw-Actor"]}
+                if "X-Llmgw-Actor" in request.headers
+                else {}
+            ),
+        )
+        return httpx.Response(response.status_code, content=response.content)
+
+    return httpx.MockTransport(handle)
+
+
+def ctl_run(capsys, server, *argv: str) -> tuple[int, str, str]:
+    code = ctl.main(list(argv), transport=server)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def acme(db):
+    org = Organization.objects.create(name="Acme")
+    return {"org": org.pk, "ml": Team.objects.create(org=org, name="ml").pk}
+
+
+def test_a_quota_is_set_listed_and_cleared_with_ctl(capsys, server, acme):
+    team = f"team:{acme['ml']}"
+
+    code, out, err = ctl_run(
+        capsys, server, "quota", "set", "team:Acme/ml", "--gpus", "8", "--limit-gpus", "16"
+    )
+    assert (code, err) == (0, "")
+    assert out == f"{team}: set; it takes effect within half a minute\n"
+    assert CapacityQuota.objects.get().guarantee_gpus == 8
+
+    _, out, _ = ctl_run(capsys, server, "quota", "list")
+    rows = table(out.split("\n\n")[0])
+    assert rows[1] == [team, "Acme / ml", "0 / 8 (≤ 16)", "-", "-"]
+
+    code, out, _ = ctl_run(capsys, server, "quota", "clear", "team:Acme/ml")
+    assert (code, out) == (0, f"{team}: quota removed\n")
+    assert CapacityQuota.objects.count() == 0
+
+    code, _, err = ctl_run(capsys, server, "quota", "clear", "team:Acme/ml")
+    assert (code, err) == (1, "error: team:Acme/ml has no capacity quota.\n")
+
+
+def test_a_models_owner_class_and_resources_are_set_with_ctl(capsys, server, acme):
+    model_add(data=cpu_model("tiny", cores=2, memory_gb=4), actor="test")
+
+    assert ctl_run(capsys, server, "model", "owner", "tiny", "team:ml")[1] == (
+        f"tiny counts against team:{acme['ml']}\n"
+    )
+    assert ctl_run(capsys, server, "model", "owner", "tiny", "shared")[1] == "tiny is shared\n"
+    assert ctl_run(capsys, server, "model", "class", "tiny", "critical")[1] == "tiny is critical\n"
+    assert ctl_run(capsys, server, "model", "class", "tiny", "default")[1] == "tiny is standard\n"
+
+    code, out, _ = ctl_run(
+        capsys, server, "model", "resources", "tiny", "--memory", "6", "--cores", "3"
+    )
+    assert code == 0
+    assert out.splitlines() == [
+        "tiny/cpu: 6 GB memory, 3 cores",
+        "Running replicas keep their old figures until restarted: llmgw ctl restart --model tiny",
+    ]
+    row = Model.objects.get()
+    assert (row.owner, row.capacity_class, row.updated_by) == ("", "", "ops")
+    assert list(row.profiles.values_list("min_memory_gb", "cpu_cores")) == [(6.0, 3)]
+
+    code, _, err = ctl_run(capsys, server, "model", "owner", "tiny", "team:nope")
+    assert (code, err) == (1, 'error: there is no team "nope"\n')
+
+
+def test_capacity_lists_what_was_measured(capsys, server, api):
+    model_add(data=gpu_model("llama"), actor="test")
+    measured = {"profile": "gpu", "max_concurrency": 16, "tok_per_sec": 500}
+    assert api.call("PUT", "/models/llama/capacity", measured).status_code == 200
+    assert Measurement.objects.count() == 1
+
+    code, out, _ = ctl_run(capsys, server, "capacity")
+
+    assert code == 0
+    assert table(out)[1][:6] == ["llama", "gpu", "16", "500", "-", "-"]
