@@ -111,3 +111,37 @@ def test_capacity_lists_what_was_measured(capsys, server, api):
 
     assert code == 0
     assert table(out)[1][:6] == ["llama", "gpu", "16", "500", "-", "-"]
+
+
+def test_target_headroom_and_the_preemption_dry_run_read_the_servers_answers(capsys, server, api):
+    from llmgw import clock
+    from tests.fleet.builders import node_add
+
+    node_add("gpu-a", now=clock.now())  # two H100s
+    model_add(data=gpu_model("llama", scaling={"min": 0, "max": 0}), actor="test")
+    api.call(
+        "PUT",
+        "/models/llama/capacity",
+        {"profile": "gpu", "max_concurrency": 8, "tok_per_sec": 400},
+    )
+
+    code, out, err = ctl_run(capsys, server, "model", "target", "llama", "--tokens-per-sec", "1000")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "llama: 1000 tokens/s needs 3 replicas at 400.0 each (measured on gpu); 0 running",
+        "3 more, and there is room for 2:",
+        *out.splitlines()[2:],
+    ]
+    assert len(out.splitlines()) > 2, "why the third does not fit"
+
+    code, out, _ = ctl_run(capsys, server, "model", "headroom", "llama", "--limit", "1")
+    assert code == 0
+    assert out.splitlines()[:2] == [
+        "llama: 0 running; room for 1 more (at least; asked up to 1)",
+        "one more serves 400 tokens/s",
+    ]
+
+    code, out, _ = ctl_run(capsys, server, "model", "preemption", "llama")
+    assert code == 0
+    assert out.strip()
+    assert Model.objects.get().min_replicas == 0, "nothing changed"
