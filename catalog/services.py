@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import F
 
 from llmgw.errors import Conflict, Invalid, NotFound
+from tenancy.selectors import scope_find
 from tenancy.services import audit_record
 
 from . import domain
@@ -234,8 +235,6 @@ def model_owner_set(*, name: str, owner: str, actor: str) -> ModelSpec:
     Stored as its key (`team:7`); Invalid when the name is not a scope, names
     none, or could be several.
     """
-    # Imported here: tenancy's selectors are a layer the catalog reads only for this.
-    from tenancy.selectors import scope_find
 
     def change(spec: ModelSpec) -> ModelSpec:
         return replace(spec, owner=scope_find(owner) if owner.strip() else "")

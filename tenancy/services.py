@@ -70,8 +70,12 @@ def _unique(rows, name: str, *, what: str) -> None:
         raise Conflict(f"there is already {what} named {taken}.")
 
 
-def _id(key: str) -> int:
-    return int(key.partition(":")[2])
+def _found(rows, key: str):
+    """The row a resolved scope key names; Invalid if it was removed since it was resolved."""
+    found = rows.filter(pk=int(key.partition(":")[2])).first()
+    if found is None:
+        raise Invalid(f"{key} no longer exists.")
+    return found
 
 
 def _named(text: object, kind: str) -> str:
@@ -103,7 +107,7 @@ def team_create(*, org: str | int, name: str, actor: str) -> Team:
     name = _name(name, what="A team")
     try:
         with transaction.atomic():
-            parent = Organization.objects.get(pk=_id(scope_find(_named(org, "org"))))
+            parent = _found(Organization.objects, scope_find(_named(org, "org")))
             _unique(parent.teams.all(), name, what=f"a team in {parent.name}")
             team = Team.objects.create(org=parent, name=name)
             audit_record(
@@ -123,9 +127,7 @@ def project_create(*, team: str | int, name: str, actor: str) -> Project:
     name = _name(name, what="A project")
     try:
         with transaction.atomic():
-            parent = Team.objects.select_related("org").get(
-                pk=_id(scope_find(_named(team, "team")))
-            )
+            parent = _found(Team.objects.select_related("org"), scope_find(_named(team, "team")))
             _unique(parent.projects.all(), name, what=f"a project in {parent}")
             project = Project.objects.create(team=parent, name=name)
             audit_record(

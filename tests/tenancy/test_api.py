@@ -363,3 +363,18 @@ def test_no_hostile_body_makes_a_tenancy_endpoint_fail_with_a_500(api, tree):
             assert response.status_code == 400, (path, body[:40], response.content[:200])
             detail(response)
     assert nothing_written() == before
+
+
+def test_the_quota_list_takes_as_many_queries_for_ten_quotas_as_for_one(api, tree):
+    api.call("PUT", "/quotas", {"scope": "org:Acme", "limit": {"gpus": 1}})
+    api.call("GET", "/quotas")  # the token lookup's own queries, once
+    with CaptureQueriesContext(connection) as one:
+        api.call("GET", "/quotas")
+    for i in range(9):
+        api.call("POST", "/teams", {"org": "Scania", "name": f"t{i}"})
+        api.call("PUT", "/quotas", {"scope": f"team:Scania/t{i}", "guarantee": {"gpus": 1}})
+    with CaptureQueriesContext(connection) as ten:
+        views = api.call("GET", "/quotas").json()
+
+    assert len(views) == 10
+    assert len(ten) == len(one)
