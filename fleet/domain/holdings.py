@@ -13,10 +13,7 @@ from .types import HOLDING, ReplicaView
 
 def replica_amount(replica: ReplicaView) -> Amount:
     """Per shard, its GPUs, its reserved cores and its memory: what it was started with."""
-    total = ZERO
-    for s in replica.shards:
-        total = total + Amount(len(s.gpu_indices), s.cpu_cores or 0, s.memory_gb or 0.0)
-    return total
+    return replica.amount
 
 
 def placement_amount(placement: Placement) -> Amount:

@@ -6,6 +6,7 @@ as replicas are placed in a pass, so each placement sees what the previous took.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from .types import FABRIC_LABEL, HOLDING, NodeView, ReplicaView, Reservation, Sh
 
 PORT_BASE = 20000
 MAX_REASONS_PER_PROFILE = 25
+# From this many nodes, one-node GPU placements go through an index of free GPUs.
+INDEX_FROM = 64
 
 
 @dataclass
@@ -116,6 +119,10 @@ class Inventory:
         self.reserved: dict[str, list[Reservation]] = {
             m: list(r) for m, r in (reserved or {}).items() if r
         }
+        # Built on the first one-node GPU placement of a large inventory: per GPU class, the
+        # nodes by how many of those GPUs they have free (ids sorted), and who holds weights.
+        self._buckets: dict[str, dict[int, list[str]]] | None = None
+        self._weights: dict[str, list[str]] = {}
 
     @classmethod
     def of_rooms(cls, rooms: dict[str, NodeRoom]) -> Inventory:
@@ -182,14 +189,39 @@ class Inventory:
         if held:
             self.reserved[model] = held
 
+    def _index(self) -> dict[str, dict[int, list[str]]]:
+        if self._buckets is None:
+            buckets: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+            weights: dict[str, list[str]] = defaultdict(list)
+            for node_id in sorted(self.rooms):
+                room = self.rooms[node_id]
+                for cls, free in room.free_gpus.items():
+                    buckets[cls][len(free)].append(node_id)
+                for source in room.node.weights:
+                    weights[source].append(node_id)
+            self._buckets, self._weights = buckets, weights
+        return self._buckets
+
+    def _reindex(self, room: NodeRoom, before: dict[str, int]) -> None:
+        """Move a node between free-count buckets after its free GPUs changed."""
+        if self._buckets is None:
+            return
+        for cls, free in room.free_gpus.items():
+            was = before.get(cls, 0)
+            if was != len(free):
+                self._buckets[cls][was].remove(room.node.id)
+                bisect.insort(self._buckets[cls][len(free)], room.node.id)
+
     def _take(self, shard: ShardView | ShardPlan | Reservation) -> None:
         room = self.rooms.get(shard.node_id)
         if room is None:
             return
         taken = set(shard.gpu_indices)
         if taken:
+            before = {c: len(i) for c, i in room.free_gpus.items()}
             for cls, indices in room.free_gpus.items():
                 room.free_gpus[cls] = [i for i in indices if i not in taken]
+            self._reindex(room, before)
         room.memory_reserved += shard.memory_gb or 0.0
         room.cores_reserved += shard.cpu_cores or 0
         if not isinstance(shard, Reservation):
@@ -201,11 +233,14 @@ class Inventory:
         if room is None:
             return
         given = set(shard.gpu_indices)
+        before = {c: len(i) for c, i in room.free_gpus.items()}
         for gpu in room.node.gpus:
             if gpu.index in given and gpu.healthy:
                 free = room.free_gpus.setdefault(gpu.gpu_class, [])
                 if gpu.index not in free:
                     free.append(gpu.index)
+        if given:
+            self._reindex(room, before)
         room.memory_reserved -= shard.memory_gb or 0.0
         room.cores_reserved -= shard.cpu_cores or 0
         if not isinstance(shard, Reservation):
@@ -234,9 +269,38 @@ class Inventory:
             reasons.append((profile.name, tuple(result)))
         return Refusal(tuple(reasons))
 
+    def _first_fit(self, profile: Profile, avoid: frozenset[str], source: str) -> NodeRoom | None:
+        """The node a one-node GPU profile goes to, found through the index rather than by
+        judging every node: holders of the weights first, then the fewest free (pack)."""
+        buckets = self._index().get(profile.gpu_class)
+        if not buckets:
+            return None
+        need = profile.gpus_on_each_node
+        rooms = self.rooms
+        holders = [
+            rooms[n]
+            for n in self._weights.get(source, ())
+            if source
+            if refuse(rooms[n], profile, avoid, source) is None
+        ]
+        if holders:
+            return min(
+                holders, key=lambda r: (len(r.free_gpus.get(profile.gpu_class, ())), r.node.id)
+            )
+        for free in sorted(f for f, ids in buckets.items() if f >= need and ids):
+            for node_id in buckets[free]:
+                if refuse(rooms[node_id], profile, avoid, source) is None:
+                    return rooms[node_id]
+        return None
+
     def _place_profile(
         self, profile: Profile, avoid: frozenset[str], source: str
     ) -> Placement | list[str]:
+        if profile.nodes == 1 and not profile.cpu_only and len(self.rooms) >= INDEX_FROM:
+            room = self._first_fit(profile, avoid, source)
+            if room is not None:
+                return Placement(profile, (self._shard(room, profile, 0),))
+            # Nothing fits: judge every node, for the sentences saying why.
         eligible: list[NodeRoom] = []
         refused: list[str] = []
         for room in self.rooms.values():
@@ -245,11 +309,12 @@ class Inventory:
                 eligible.append(room)
             else:
                 refused.append(why)
-        eligible.sort(key=lambda r: _preference(r, profile, source))
         if profile.nodes == 1:
             if eligible:
-                return Placement(profile, (self._shard(eligible[0], profile, 0),))
+                best = min(eligible, key=lambda r: _preference(r, profile, source))
+                return Placement(profile, (self._shard(best, profile, 0),))
             return _cap(refused) or ["there are no nodes"]
+        eligible.sort(key=lambda r: _preference(r, profile, source))
         chosen = _fabric_group(eligible, profile.nodes)
         if chosen is None:
             groups = defaultdict(int)
@@ -305,8 +370,8 @@ def refuse(room: NodeRoom, profile: Profile, avoid: frozenset[str], source: str)
         return f"node {node.id} has no {profile.engine} engine installed"
     need = profile.gpus_on_each_node
     if need:
-        total = sum(1 for g in node.gpus if g.gpu_class == profile.gpu_class)
-        free = len(room.free_gpus.get(profile.gpu_class, []))
+        total = node.gpu_totals.get(profile.gpu_class, 0)
+        free = len(room.free_gpus.get(profile.gpu_class, ()))
         if total == 0:
             return f"node {node.id} has no {profile.gpu_class} GPUs"
         if free < need:
@@ -342,7 +407,26 @@ def refuse(room: NodeRoom, profile: Profile, avoid: frozenset[str], source: str)
 def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
     """Whether the node could take a shard of this profile if nothing ran on it: the right
     state, labels, engine, GPU class and size. Preemption looks for victims only there."""
-    return refuse(NodeRoom.empty(node), profile, frozenset(), source) is None
+    if node.state != "ready" or node.draining or node.cordoned:
+        return False
+    if any(node.labels.get(k) != v for k, v in profile.node_selector.items()):
+        return False
+    if node.engines is not None and profile.engine not in node.engines:
+        return False
+    need = profile.gpus_on_each_node
+    if need and sum(1 for g in node.gpus if g.healthy and g.gpu_class == profile.gpu_class) < need:
+        return False
+    if profile.min_memory_gb and node.memory_gb and node.memory_gb < profile.min_memory_gb:
+        return False
+    cores = profile.reserved_cores
+    if cores and node.cpu_count and node.cpu_count < cores:
+        return False
+    return not (
+        profile.min_disk_gb is not None
+        and node.disk_free_gb is not None
+        and not (source and source in node.weights)
+        and node.disk_free_gb < profile.min_disk_gb
+    )
 
 
 def _preference(room: NodeRoom, profile: Profile, source: str) -> tuple:

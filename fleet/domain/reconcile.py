@@ -511,6 +511,7 @@ def _apply_preemption(
     deadline = now + timedelta(seconds=t.preempt_grace)
     until = now + timedelta(seconds=t.preempt_hold)
     victims = {v.replica for v in result.victims}
+    p.ctx.taken |= victims
     reserved = []
     for r in p.ctx.alive:
         if r.id in victims:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 
 from catalog.domain import ModelSpec
-from tenancy.quota import Policy
+from tenancy.quota import Amount, Policy
 
 FABRIC_LABEL = "llmgw.io/fabric"
 
@@ -55,6 +56,14 @@ class NodeView:
     disk_free_gb: float | None = None
     weights: frozenset[str] = frozenset()
 
+    @cached_property
+    def gpu_totals(self) -> dict[str, int]:
+        """GPUs per class, healthy or not: what a profile's class could ever have here."""
+        out: dict[str, int] = {}
+        for g in self.gpus:
+            out[g.gpu_class] = out.get(g.gpu_class, 0) + 1
+        return out
+
     @property
     def shown_state(self) -> str:
         """What an operator sees: lost and unreachable win, then draining, then cordoned."""
@@ -98,9 +107,20 @@ class ReplicaView:
     reason: str = ""
     counts_as_failure: bool = True
 
-    @property
+    @cached_property
     def nodes(self) -> frozenset[str]:
         return frozenset(s.node_id for s in self.shards)
+
+    @cached_property
+    def amount(self) -> Amount:
+        """What it holds: per shard its GPUs, its reserved cores and its memory."""
+        gpus = cores = 0
+        memory = 0.0
+        for s in self.shards:
+            gpus += len(s.gpu_indices)
+            cores += s.cpu_cores or 0
+            memory += s.memory_gb or 0.0
+        return Amount(gpus, cores, memory)
 
 
 @dataclass(frozen=True)

@@ -470,3 +470,19 @@ def test_the_dry_run_says_what_would_go_and_what_is_protected_and_changes_nothin
         "candidate young is protected until 12:04 (ready 1 min)"
     ]
     assert holdings(snap.replicas, snap.models)  # the snapshot is untouched
+
+
+def test_two_models_preempting_in_one_pass_never_choose_the_same_victim():
+    chat = replace(gpu_model("chat"), min_replicas=2, max_replicas=2)
+    c = fill_then_want(
+        gpu_model("vital-a", "critical"),
+        chat,
+        gpu_node("1"),
+        gpu_node("2"),
+        others=[],
+    )
+    c.change(models={**c.snap.models, "vital-b": gpu_model("vital-b", "critical")})
+    plan = c.step()
+    victims = [d.replica_id for d in plan.drains]
+    assert len(victims) == len(set(victims)) == 2
+    assert sorted(d.preempted_for for d in plan.drains) == ["vital-a", "vital-b"]
