@@ -35,6 +35,7 @@ class ModelOut(Schema):
     owner: str
     memory_gb: float | None
     cpu_cores: int | None
+    suggested_cores: int | None = None
     measured_memory_gb: float | None
     warnings: list[str]
     preempted: int

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.db import connection, transaction
 
-from catalog.domain import ModelSpec, reservation_warnings
+from catalog.domain import ModelSpec, reservation_warnings, suggested_cores
 from catalog.selectors import catalog_load, measurements_load
 from llmgw import clock
 from llmgw.errors import Invalid, NotFound
@@ -486,6 +486,17 @@ def model_views(*, name: str | None = None) -> list[dict]:
     replicas = Replica.objects.filter(model__in=list(catalog)) if name else Replica.objects.all()
     for model, state in replicas.values_list("model", "state"):
         counts[model][state] += 1
+    measured = _measured_memory(catalog)
+    cpu_nodes = (
+        [
+            (mb / 1024 if mb else None, cpus)
+            for mb, cpus in Node.objects.filter(state=Node.READY).values_list(
+                "memory_total_mb", "cpu_count"
+            )
+        ]
+        if any(p.cpu_only for spec in catalog.values() for p in spec.profiles)
+        else []
+    )
     out = []
     for spec in catalog.values():
         state = states.get(spec.name)
@@ -516,8 +527,13 @@ def model_views(*, name: str | None = None) -> list[dict]:
                 "owner": spec.owner,
                 "memory_gb": first.min_memory_gb,
                 "cpu_cores": first.reserved_cores,
-                "measured_memory_gb": None,
-                "warnings": reservation_warnings(spec),
+                "suggested_cores": (
+                    suggested_cores(first.min_memory_gb, cpu_nodes) or None
+                    if first.cpu_only
+                    else None
+                ),
+                "measured_memory_gb": measured.get(spec.name),
+                "warnings": reservation_warnings(spec, measured.get(spec.name)),
                 "preempted": state.preempted if state else 0,
                 "held_for": state.held_for if state else "",
                 "unplaceable": bool(state and state.unplaceable),
@@ -532,6 +548,27 @@ def model_views(*, name: str | None = None) -> list[dict]:
                 "max_output": spec.max_output,
             }
         )
+    return out
+
+
+def _measured_memory(catalog: dict[str, ModelSpec]) -> dict[str, float]:
+    """The most resident memory one shard of each model was measured using, in GB, from the
+    agents' per-shard figures; a model no agent measured has no entry."""
+    model_of = dict(
+        Shard.objects.filter(replica__model__in=list(catalog), replica__state="ready").values_list(
+            "id", "replica__model"
+        )
+    )
+    if not model_of:
+        return {}
+    nodes = Shard.objects.filter(id__in=list(model_of)).values_list("node_id", flat=True)
+    out: dict[str, float] = {}
+    for load in Node.objects.filter(pk__in=set(nodes)).values_list("load", flat=True):
+        for shard_id, use in ((load or {}).get("shards") or {}).items():
+            model = model_of.get(shard_id)
+            rss = use.get("rss_bytes") if isinstance(use, dict) else None
+            if model and isinstance(rss, int) and rss > 0:
+                out[model] = max(out.get(model, 0.0), round(rss / 1024**3, 1))
     return out
 
 

@@ -163,3 +163,35 @@ def test_an_unknown_model_is_a_404(api, what):
 
     assert response.status_code == 404
     assert "nope" in detail(response)
+
+
+def test_a_model_shows_what_its_replicas_use_beside_what_they_reserve(api, no_settle):
+    node_add("a", now=clock.now(), gpus=(), cpu_count=16, memory_total_mb=64 * 1024)
+    model_added(cpu_model("coder", cores=2, memory_gb=6))
+    reconcile_once(now=clock.now())
+    replica = Replica.objects.get()
+    ready(replica, clock.now())
+    shard = replica.shards.get()
+    from fleet.models import Node
+
+    Node.objects.filter(pk="a").update(
+        load={"shards": {shard.id: {"rss_bytes": int(8.2 * 1024**3), "cpu_cores": 1.9}}}
+    )
+
+    view = api.call("GET", "/models/coder").json()
+
+    assert view["measured_memory_gb"] == 8.2
+    assert any("use 8.2 GB but reserve 6 GB" in w for w in view["warnings"])
+
+
+def test_a_model_nobody_measured_shows_no_use_and_a_cpu_model_a_suggestion(api):
+    node_add("a", now=clock.now(), gpus=(), cpu_count=16, memory_total_mb=64 * 1024)
+    node_add("b", now=clock.now(), gpus=(), cpu_count=8, memory_total_mb=8 * 1024)
+    model_added(cpu_model("coder", cores=2, memory_gb=12))
+    model_added(tp8("llama"))
+
+    views = {v["name"]: v for v in api.call("GET", "/models").json()}
+
+    assert views["coder"]["measured_memory_gb"] is None
+    assert views["coder"]["suggested_cores"] == 8, "half of a's 16: b is too small"
+    assert views["llama"]["suggested_cores"] is None
