@@ -74,7 +74,8 @@ class _Candidate:
 
     @property
     def rank(self) -> int:
-        return 1 if self.reclaimable and self.tier != IDLE_ON_DEMAND else self.tier
+        """Its tier as ordered: a loan to take back goes with the loans, unless it is idle."""
+        return BORROWED if self.reclaimable and self.tier != IDLE_ON_DEMAND else self.tier
 
     def order(self) -> tuple:
         """Class inside every tier: lower class first, then longest unused, smallest, id."""
@@ -152,7 +153,10 @@ def context(
     now: datetime,
     t: Timings,
 ) -> Context:
-    """The quota picture of the replicas holding room: what each scope holds, what is lent."""
+    """The quota picture of the replicas holding room: what each scope holds, what is lent.
+    With no quotas nobody is guaranteed or limited, and the picture is not worked out."""
+    if not policy.quotas:
+        return Context(models, alive, policy, {}, set(), now, t)
     held = holdings(alive, models)
     usage = policy.usage(held)
     borrowed = policy.borrowed(held) if held else set()
@@ -344,6 +348,7 @@ def preempt(
         return all(c.tier is not None for c in chosen) or reclaiming(chosen, need)
 
     def pick(pool: list[_Candidate], chosen: list[_Candidate]) -> _Candidate:
+        """The next candidate in tier order; among loans, from whoever still borrows most."""
         taken: dict[str, Amount] = {}
         for c in chosen:
             taken[c.model.owner] = taken.get(c.model.owner, ZERO) + c.amount
@@ -352,7 +357,7 @@ def preempt(
             if c.rank == BORROWED:
                 left = owner_loans.get(c.model.owner, ZERO) - taken.get(c.model.owner, ZERO)
                 return (c.rank, tuple(-x for x in left.size_key()), c.order())
-            return (c.rank if c.rank is not None else 9, (), c.order())
+            return (c.rank, (), c.order())
 
         return min(pool, key=key)
 
@@ -379,16 +384,13 @@ def preempt(
             return None
         if len(chosen) > MAX_VICTIMS:
             return f"would need {len(chosen)} victims (at most {MAX_VICTIMS})"
-        if want.owner:
-            own = [
-                c
-                for c in chosen
-                if set(policy.chain(c.model.owner)) & set(policy.chain(want.owner))
-            ]
-            why = policy.at_limit(want.owner, _minus(policy, ctx.usage, own), need)
-            if why:
-                return why
-        worst = max(c.rank if c.rank is not None else 9 for c in chosen)
+        # Limits first, on the trial: the victims' holds are gone, so an owner's own (or a
+        # sibling's under the same limit) count for it.
+        if want.owner and (
+            why := policy.at_limit(want.owner, _minus(policy, ctx.usage, chosen), need)
+        ):
+            return why
+        worst = max(c.rank for c in chosen)
         size = sum((c.amount for c in chosen), ZERO).size_key()
         score = (worst, max(c.model.class_rank for c in chosen), len(chosen), size)
         return score, chosen, placed

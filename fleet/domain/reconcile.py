@@ -336,20 +336,15 @@ def desired_replicas(
 def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> ModelState:
     name, now, t, plan = model.name, p.now, p.t, p.plan
     state = _clear_failures_once_ready(replicas, p.states[name])
-    ready_count = sum(1 for r in replicas if r.state == "ready" and not r.retiring)
-    running_profiles = [r.profile for r in replicas if r.state in ACTIVE]
-    found = measured_for(model, running_profiles, p.snap.measurements)
-    state, scaled = autoscale(
-        model,
-        state,
-        p.snap.loads.get(name),
-        ready_count,
-        found[0] if found else None,
-        now,
-        t,
-    )
-    if scaled:
-        plan.events.append(scaled)
+    if model.max_replicas > model.min_replicas or state.extra or state.busy_since:
+        ready_count = sum(1 for r in replicas if r.state == "ready" and not r.retiring)
+        running = [r.profile for r in replicas if r.state in ACTIVE]
+        found = measured_for(model, running, p.snap.measurements)
+        state, scaled = autoscale(
+            model, state, p.snap.loads.get(name), ready_count, found and found[0], now, t
+        )
+        if scaled:
+            plan.events.append(scaled)
     # Only an on-demand model's wish depends on when its replicas were last used.
     last_used = (
         max((r.last_used_at for r in replicas if r.last_used_at), default=None)
