@@ -93,6 +93,8 @@ class Cluster:
             LLMGW_UNREACHABLE_SECONDS="2",
             LLMGW_LOST_SECONDS="5",
             LLMGW_DRAIN_GRACE_SECONDS="5",
+            LLMGW_MIN_LIFETIME_SECONDS="1",
+            LLMGW_PREEMPT_GRACE_SECONDS="1",
             PYTHONUNBUFFERED="1",
         )
         self.database = None

@@ -126,3 +126,28 @@ def test_a_killed_agents_node_goes_unreachable_then_lost_and_its_replica_moves(c
     assert on_a["id"] not in {r["id"] for r in moved}
     model = cluster.get("/models/chat")
     assert model["failures"] == 0, "a lost node's replicas are not the model's failures"
+
+
+def test_a_critical_model_takes_a_standard_replicas_room_on_real_agents(cluster):
+    cluster.start_agent("gpu-a", "--simulate-gpus", "8xh100-80g", port_range="31000-31499")
+    wait_for("a ready node", lambda: [n["state"] for n in cluster.get("/nodes")] == ["ready"])
+    cluster.post("/models", CHAT)
+    wait_for("chat filling the node", lambda: len(cluster.ready_replicas("chat")) == 2)
+    vital = {**CHAT, "name": "vital", "class": "critical", "scaling": {"min": 0, "max": 0}}
+    cluster.post("/models", vital)
+
+    # The dry run names a victim and stops nothing.
+    dry = wait_for(
+        "a replica old enough to give way",
+        lambda: (d := cluster.get("/models/vital/preemption"))["victims"] and d,
+    )
+    assert [v["model"] for v in dry["victims"]] == ["chat"]
+    assert len(cluster.ready_replicas("chat")) == 2
+
+    cluster.post("/models/vital/scale", {"min": 1})
+    wait_for("vital ready", lambda: len(cluster.ready_replicas("vital")) == 1, timeout=60)
+    chat = cluster.get("/models/chat")
+    assert (chat["ready"], chat["preempted"], chat["held_for"]) == (1, 1, "vital")
+    assert chat["class"] == "standard"
+    # The room went to the model it was freed for, and only one replica was stopped for it.
+    assert len(cluster.get("/replicas", model="chat")) == 1
