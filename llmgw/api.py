@@ -21,6 +21,17 @@ log = logging.getLogger("llmgw.api")
 ACTOR_HEADER = "HTTP_X_LLMGW_ACTOR"
 
 
+# An actor is a name recorded beside a change, not a story: one line, printable, this long.
+ACTOR_LONGEST = 64
+
+
+def claimed_actor(header: str) -> str:
+    """The name an X-Llmgw-Actor header claims: its first line, printable characters only,
+    spaces collapsed, at most ACTOR_LONGEST characters; "" when nothing is left."""
+    first = " ".join(header.splitlines()[0].split()) if header.strip() else ""
+    return "".join(ch for ch in first if ch.isprintable())[:ACTOR_LONGEST].strip()
+
+
 class AdminToken(HttpBearer):
     """`Authorization: Bearer <admin token>`; the actor is X-Llmgw-Actor, else the token's name."""
 
@@ -28,8 +39,7 @@ class AdminToken(HttpBearer):
         found = token_find(secret=token, kind=Token.ADMIN)
         if found is None:
             return None
-        given = request.META.get(ACTOR_HEADER, "").strip()[:150]
-        request.actor = given or found.name
+        request.actor = claimed_actor(request.META.get(ACTOR_HEADER, "")) or found.name
         return found
 
 
