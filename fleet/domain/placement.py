@@ -123,6 +123,7 @@ class Inventory:
         # nodes by how many of those GPUs they have free (ids sorted), and who holds weights.
         self._buckets: dict[str, dict[int, list[str]]] | None = None
         self._weights: dict[str, list[str]] = {}
+        self._holding: dict[str, ReplicaView] = {}
 
     @classmethod
     def of_rooms(cls, rooms: dict[str, NodeRoom]) -> Inventory:
@@ -160,18 +161,47 @@ class Inventory:
                 if gpu.healthy:
                     free[gpu.gpu_class].append(gpu.index)
             self._rooms[node.id] = NodeRoom(node=node, free_gpus=dict(free))
-        holding = set()
+        self._holding = {}
         for replica in self._replicas:
             if replica.state in HOLDING:
-                holding.add(replica.id)
+                self._holding[replica.id] = replica
                 for shard in replica.shards:
                     self._take(shard)
                     self._model_nodes[replica.model].add(shard.node_id)
-        # A victim still draining holds its room itself; once gone, the room is kept.
-        for model, held in self.reserved.items():
-            self.reserved[model] = [r for r in held if r.replica not in holding]
-            for r in self.reserved[model]:
-                self._take(r)
+        for model, held in list(self.reserved.items()):
+            self.reserved.pop(model)
+            self.keep(model, held)
+
+    def keep(self, model: str, room: Iterable[Reservation]) -> None:
+        """Keep room for a model: what of it is free now is taken from everyone else; what
+        its victims still hold stays theirs until they are gone, then is kept too."""
+        kept = []
+        for r in room:
+            here = self.rooms.get(r.node_id)
+            if here is None:
+                continue
+            victims = [
+                s
+                for v in r.victims
+                if (held := self._holding.get(v)) is not None
+                for s in held.shards
+                if s.node_id == r.node_id
+            ]
+            busy = {i for s in victims for i in s.gpu_indices}
+            free = {i for ids in here.free_gpus.values() for i in ids}
+            kept.append(
+                Reservation(
+                    r.node_id,
+                    tuple(i for i in r.gpu_indices if i in free and i not in busy),
+                    max((r.memory_gb or 0.0) - sum(s.memory_gb or 0.0 for s in victims), 0.0),
+                    max((r.cpu_cores or 0) - sum(s.cpu_cores or 0 for s in victims), 0),
+                    r.victims,
+                )
+            )
+        for r in kept:
+            self._take(r)
+        if kept:
+            self.reserved.setdefault(model, []).extend(kept)
 
     def unreserve(self, model: str) -> list[Reservation]:
         """Give a model the room kept for it (to place into); returns it, to keep it again."""
@@ -183,7 +213,7 @@ class Inventory:
         return held
 
     def rereserve(self, model: str, held: list[Reservation]) -> None:
-        """Keep again room a model could not use this time."""
+        """Keep again, exactly, room a model could not use this time."""
         for r in held:
             self._take(r)
         if held:

@@ -507,13 +507,18 @@ def _apply_preemption(
     until = now + timedelta(seconds=t.preempt_hold)
     victims = {v.replica for v in result.victims}
     p.ctx.taken |= victims
-    reserved = []
-    for r in p.ctx.alive:
-        if r.id in victims:
-            reserved.extend(
-                Reservation(r.id, s.node_id, s.gpu_indices, s.memory_gb, s.cpu_cores)
-                for s in r.shards
-            )
+    # The whole placement it counted on is kept for it: the free part now, the victims'
+    # part once they are gone. Another model later in this pass cannot take the free part.
+    by_node: dict[str, list[str]] = {}
+    for v in result.victims:
+        by_node.setdefault(v.node, []).append(v.replica)
+    reserved = tuple(
+        Reservation(
+            s.node_id, s.gpu_indices, s.memory_gb, s.cpu_cores, tuple(by_node.get(s.node_id, ()))
+        )
+        for s in result.placement.shards
+    )
+    p.inv.keep(model.name, reserved)
     for v in result.victims:
         why = (
             f"replica {v.replica} of {v.model} ({v.capacity_class}) preempted for {model.name} "
@@ -525,7 +530,7 @@ def _apply_preemption(
             held, held_until=until, held_for=model.name, preempted=held.preempted + 1
         )
         p.live[v.model] = p.live.get(v.model, 0) - 1
-    return replace(state, reserved=tuple(reserved), reserved_until=until)
+    return replace(state, reserved=reserved, reserved_until=until)
 
 
 def _avoid(model: ModelSpec, inv: Inventory) -> frozenset[str]:

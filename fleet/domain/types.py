@@ -125,31 +125,32 @@ class ReplicaView:
 
 @dataclass(frozen=True)
 class Reservation:
-    """Room being freed for a model: a victim's shard, kept for it once the victim is gone."""
+    """Room kept for a model that preempted for it: one shard of the placement it counted
+    on, and the victims whose stopping frees part of it (they hold that part until gone)."""
 
-    replica: str
     node_id: str
     gpu_indices: tuple[int, ...] = ()
     memory_gb: float | None = None
     cpu_cores: int | None = None
+    victims: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return {
-            "replica": self.replica,
             "node": self.node_id,
             "gpu_indices": list(self.gpu_indices),
             "memory_gb": self.memory_gb,
             "cpu_cores": self.cpu_cores,
+            "victims": list(self.victims),
         }
 
     @classmethod
     def of(cls, data: Mapping) -> Reservation:
         return cls(
-            replica=str(data.get("replica", "")),
             node_id=str(data.get("node", "")),
             gpu_indices=tuple(int(i) for i in data.get("gpu_indices") or ()),
             memory_gb=data.get("memory_gb"),
             cpu_cores=data.get("cpu_cores"),
+            victims=tuple(str(v) for v in data.get("victims") or ()),
         )
 
 

@@ -55,7 +55,7 @@ def test_a_critical_model_takes_a_standard_replicas_gpu_and_the_room_waits_for_i
     chat = ModelState.objects.get(pk="chat")
     assert (chat.held_for, chat.preempted, chat.held_until) == ("vital", 1, at(700))
     vital = ModelState.objects.get(pk="vital")
-    assert [r["replica"] for r in vital.reserved] == [victim.pk]
+    assert [r["victims"] for r in vital.reserved] == [[victim.pk]]
     assert any("preempted for vital (critical)" in line for line in result["events"])
 
     heard("gpu-a", at(431))
