@@ -73,6 +73,22 @@ NODES = (
 )
 
 
+def _tenants() -> None:
+    """A small tenancy tree with quotas, so `ctl quota list` and the dry runs have something
+    to show: Acme's ml team is guaranteed one node, and Acme may hold at most two."""
+    from tenancy.models import CapacityQuota, Organization
+    from tenancy.services import org_create, quota_set, team_create
+
+    if Organization.objects.filter(name="Acme").exists():
+        return
+    org_create(name="Acme", actor="demo")
+    team_create(org="Acme", name="ml", actor="demo")
+    team_create(org="Acme", name="web", actor="demo")
+    if not CapacityQuota.objects.exists():
+        quota_set(scope="team:Acme/ml", guarantee={"gpus": 8}, limit=None, actor="demo")
+        quota_set(scope="org:Acme", guarantee=None, limit={"gpus": 16}, actor="demo")
+
+
 def _setup(home: Path) -> tuple[str, str, str]:
     """Migrate, and make the admin login and tokens; return (password, admin token, agent token)."""
     import django
@@ -96,6 +112,7 @@ def _setup(home: Path) -> tuple[str, str, str]:
     user.is_staff = user.is_superuser = True
     user.set_password(password)
     user.save()
+    _tenants()
     Token.objects.filter(name__in=("demo", "demo-agents")).delete()
     _, admin = token_create(name="demo")
     _, agent = token_create(name="demo-agents", kind=Token.AGENT)
@@ -196,6 +213,8 @@ Try:
   .venv/bin/llmgw ctl models
   .venv/bin/llmgw ctl nodes
   .venv/bin/llmgw ctl replicas
+  .venv/bin/llmgw ctl quota list
+  .venv/bin/llmgw ctl model preemption chat-70b
 
 Logs are in {logs}. Ctrl-C stops everything.
 """,
