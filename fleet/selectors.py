@@ -486,6 +486,12 @@ def model_views(*, name: str | None = None) -> list[dict]:
     replicas = Replica.objects.filter(model__in=list(catalog)) if name else Replica.objects.all()
     for model, state in replicas.values_list("model", "state"):
         counts[model][state] += 1
+    one = states.get(name) if name is not None else None
+    if one is not None and one.held_for and one.held_for not in states:
+        # Whether it is still held depends on the model it gave room to.
+        states = {**states, **model_states(name=one.held_for)}
+        for state in Replica.objects.filter(model=one.held_for).values_list("state", flat=True):
+            counts[one.held_for][state] += 1
     measured = _measured_memory(catalog)
     cpu_nodes = (
         [
@@ -535,7 +541,7 @@ def model_views(*, name: str | None = None) -> list[dict]:
                 "measured_memory_gb": measured.get(spec.name),
                 "warnings": reservation_warnings(spec, measured.get(spec.name)),
                 "preempted": state.preempted if state else 0,
-                "held_for": state.held_for if state else "",
+                "held_for": _held_for(state, counts, states),
                 "unplaceable": bool(state and state.unplaceable),
                 "parked": bool(state and state.parked_since),
                 "failures": state.failures if state else 0,
@@ -549,6 +555,20 @@ def model_views(*, name: str | None = None) -> list[dict]:
             }
         )
     return out
+
+
+def _held_for(state: ModelStateView | None, counts: dict, states: dict) -> str:
+    """The model this one gave room to, while it is held back: until the hold ends or that
+    model has the replicas it wants."""
+    if state is None or not state.held_for or not state.held_until:
+        return ""
+    if clock.now() >= state.held_until:
+        return ""
+    to = states.get(state.held_for)
+    live = sum(counts[state.held_for][s] for s in ("pending", "starting", "ready"))
+    if to is not None and live >= to.desired:
+        return ""
+    return state.held_for
 
 
 def _measured_memory(catalog: dict[str, ModelSpec]) -> dict[str, float]:

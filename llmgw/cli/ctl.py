@@ -453,6 +453,12 @@ def model_status(m: Mapping[str, Any]) -> str:
     return DASH
 
 
+def model_class(m: Mapping[str, Any]) -> str:
+    """Its effective class, and while it is held back, whom it gave room to."""
+    klass = m.get("class") or DASH
+    return f"{klass}, gave room to {m['held_for']}" if m.get("held_for") else klass
+
+
 def reserves(m: Mapping[str, Any]) -> str:
     """What one replica reserves, with the most one was measured using: ``16 GB, 4 cores (5.1 GB used)``."""
     parts = []
@@ -506,7 +512,7 @@ def render_models(models: list[dict[str, Any]]) -> str:
             serving(m),
             replicas_cell(m),
             model_status(m),
-            m.get("class"),
+            model_class(m),
             reserves(m),
             joined(m.get("aliases")),
             names(m.get("profiles")),
@@ -539,9 +545,9 @@ def render_model(m: dict[str, Any]) -> str:
     elif m.get("unplaceable"):
         pairs.append(("cannot place", m.get("reason") or "yes"))
     if m.get("held_for"):
-        pairs.append(("holding room for", m["held_for"]))
+        pairs.append(("gave room to", m["held_for"]))
     if m.get("preempted"):
-        pairs.append(("preempted", f"{m['preempted']} replica(s) lost to a higher class"))
+        pairs.append(("preempted", f"{m['preempted']} replica(s) stopped to make room for others"))
     blocks = [key_values(pairs)]
     profiles = [p for p in m.get("profiles") or () if isinstance(p, dict)]
     if profiles:

@@ -275,6 +275,13 @@ def test_models_has_the_seeds_columns_and_one_row_per_model(capsys):
     ]
 
 
+def test_a_held_model_says_whom_it_gave_room_to_beside_its_class(capsys):
+    held = [{**MODELS[1], "held_for": "llama-70b", "preempted": 1}]
+    server = FakeServer({("GET", "/api/v1/models"): (200, held)})
+    _, out, _ = run(capsys, server, "models")
+    assert row_for(table(out), "qwen-7b")[4] == "standard, gave room to llama-70b"
+
+
 def test_model_warnings_are_printed_under_the_table(capsys):
     server = FakeServer({("GET", "/api/v1/models"): (200, MODELS)})
     _, out, _ = run(capsys, server, "models")

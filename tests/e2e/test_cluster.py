@@ -147,7 +147,8 @@ def test_a_critical_model_takes_a_standard_replicas_room_on_real_agents(cluster)
     cluster.post("/models/vital/scale", {"min": 1})
     wait_for("vital ready", lambda: len(cluster.ready_replicas("vital")) == 1, timeout=60)
     chat = cluster.get("/models/chat")
-    assert (chat["ready"], chat["preempted"], chat["held_for"]) == (1, 1, "vital")
+    # Held only until vital had its replica: now it is simply short of room.
+    assert (chat["ready"], chat["preempted"], chat["held_for"]) == (1, 1, "")
     assert chat["class"] == "standard"
     # The room went to the model it was freed for, and only one replica was stopped for it.
     assert len(cluster.get("/replicas", model="chat")) == 1

@@ -13,6 +13,7 @@ from fleet.events import ShardStatus
 from fleet.models import ModelState, Node, Replica
 from fleet.reconciler import MEASUREMENTS, POLICY, Refreshed, reconcile_once
 from fleet.services import shard_status_record
+from llmgw import clock
 from tenancy.models import CapacityQuota, Organization, Team
 
 from .builders import gpu_model, model_added, node_add
@@ -155,3 +156,26 @@ def test_a_measured_profile_serving_more_per_gpu_is_placed_first(no_settle):
     reconcile_once(now=T0)
 
     assert Replica.objects.get().profile == "tp1", "200 tokens/s per GPU beats 150"
+
+
+def test_a_model_shows_whom_it_gave_room_to_only_while_it_is_held(no_settle, api):
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    reconcile_once(now=T0)
+    for r in Replica.objects.all():
+        ready(r, at(10))
+    heard("gpu-a", at(400))
+    model_added(gpu_model("vital", **{"class": "critical"}))
+    reconcile_once(now=at(400))
+    ModelState.objects.filter(pk="chat").update(held_until=clock.now() + timedelta(minutes=5))
+
+    held = api.call("GET", "/models/chat").json()
+    assert (held["held_for"], held["preempted"]) == ("vital", 1)
+    assert {m["name"]: m["held_for"] for m in api.call("GET", "/models").json()} == {
+        "chat": "vital",
+        "vital": "",
+    }
+
+    # The model it gave way to has what it wants: the hold is over.
+    ModelState.objects.filter(pk="vital").update(desired=0)
+    assert api.call("GET", "/models/chat").json()["held_for"] == ""
