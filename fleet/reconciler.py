@@ -27,7 +27,7 @@ from tenancy.quota import Policy
 from tenancy.selectors import quota_policy_load
 
 from .dispatch import dispatch
-from .domain.reconcile import decide
+from .domain.reconcile import Event, decide
 from .models import Lease
 from .selectors import measured_load, snapshot_load
 from .services import plan_apply
@@ -141,14 +141,21 @@ def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) ->
                     plan=plan, now=now, before={"catalog": snap.models, "states": snap.states}
                 )
                 transaction.on_commit(lambda: dispatch(commands))
-        # Placements, losses and failures say so in decide; stops and drains carry their reason.
+        # Decisions say so in decide, with their figures; stops and drains carry their reason.
+        said = set(plan.events)
         events = list(
             dict.fromkeys(
-                [*plan.events, *(d.reason for d in plan.drains), *(s.reason for s in plan.stops)]
+                [
+                    *plan.events,
+                    *(d.reason for d in plan.drains if d.reason not in said),
+                    *(s.reason for s in plan.stops),
+                ]
             )
         )
         for line in events:
-            log.info(line)
+            fields = {"event": line.kind, **line.fields} if isinstance(line, Event) else {}
+            log.info(line, extra=fields)
+        events = [str(line) for line in events]
         return {
             "ran": True,
             "settling": settling,

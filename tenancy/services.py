@@ -211,6 +211,13 @@ def quota_set(*, scope: str, guarantee: Mapping | None, limit: Mapping | None, a
         actor,
         _described(wanted, most),
         before if old else "no quota",
+        extra={
+            "event": "quota",
+            "scope": key,
+            "guarantee": wanted.as_dict(),
+            "limit": most.as_dict(),
+            "actor": actor,
+        },
     )
     return key
 
@@ -248,6 +255,7 @@ def quota_clear(*, scope: str, actor: str) -> str:
         key,
         actor,
         _described(_row_resources(old, "guarantee"), _row_resources(old, "limit")),
+        extra={"event": "quota", "scope": key, "guarantee": {}, "limit": {}, "actor": actor},
     )
     return key
 

@@ -91,6 +91,19 @@ class Retire:
     deadline: datetime | None = None
 
 
+class Event(str):
+    """A decision in a sentence, which compares and prints as the sentence, with its kind and
+    figures beside it for a structured log line (`LLMGW_LOG_FORMAT=json`)."""
+
+    kind: str
+    fields: dict
+
+    def __new__(cls, text: str, kind: str, **fields) -> Event:
+        event = super().__new__(cls, text)
+        event.kind, event.fields = kind, fields
+        return event
+
+
 @dataclass(frozen=True)
 class NodeChange:
     node_id: str
@@ -109,7 +122,7 @@ class Plan:
     retires: list[Retire] = field(default_factory=list)
     node_changes: list[NodeChange] = field(default_factory=list)
     states: dict[str, ModelState] = field(default_factory=dict)
-    events: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -187,6 +200,18 @@ def decide(
     )
     for model in pass_order(snap.models.values(), ctx.policy, ctx.usage, snap.measurements):
         states[model.name] = _reconcile_model(model, by_model.get(model.name, []), p)
+    for name, state in states.items():
+        was = snap.states.get(name)
+        if state.parked_since and not (was and was.parked_since):
+            plan.events.append(
+                Event(
+                    f"model {name} parked after {state.failures} failures in a row: "
+                    f"{state.parked_reason}; llmgw ctl retry {name} to try again",
+                    "park",
+                    model=name,
+                    failures=state.failures,
+                )
+            )
     plan.states = states
     return plan
 
@@ -226,7 +251,9 @@ def _liveness(snap: Snapshot, now: datetime, t: Timings, plan: Plan) -> dict[str
         if state != node.state:
             why = f"nothing heard for {duration(silent)}"
             plan.node_changes.append(NodeChange(node.id, state, why))
-            plan.events.append(f"node {node.id} is {state}: {why}")
+            plan.events.append(
+                Event(f"node {node.id} is {state}: {why}", "node_state", node=node.id, state=state)
+            )
             node = replace(node, state=state)
         nodes[node.id] = node
     return nodes
@@ -274,13 +301,28 @@ def _housekeeping(
             if any(s.node_id not in lost for s in running):
                 plan.stops.append(Stop(r.id, 0, f"node {node} was lost", lost_node=node))
             plan.forgets.append(Forget(r.id, f"node {node} was lost", lost_node=node))
-            plan.events.append(f"replica {r.id} of {r.model} lost with node {node}")
+            plan.events.append(
+                Event(
+                    f"replica {r.id} of {r.model} lost with node {node}",
+                    "replica_lost",
+                    replica=r.id,
+                    model=r.model,
+                    node=node,
+                )
+            )
             continue
         if r.state == "failed":
             reason = r.reason or "failed"
             if r.counts_as_failure and r.model in states:
                 states[r.model] = _record_failure(states[r.model], now, reason, t)
-            plan.events.append(f"replica {r.id} of {r.model} failed: {reason}")
+            plan.events.append(
+                Event(
+                    f"replica {r.id} of {r.model} failed: {reason}",
+                    "replica_failed",
+                    replica=r.id,
+                    model=r.model,
+                )
+            )
             if len(r.shards) < 2 or not running:
                 plan.forgets.append(Forget(r.id, reason))
                 continue
@@ -300,7 +342,7 @@ def _housekeeping(
             if _since(started, now) > (timeout := _startup_timeout(snap, r)):
                 reason = f"replica {r.id} did not become ready within {duration(timeout)}"
                 plan.stops.append(Stop(r.id, 0, reason))
-                plan.events.append(reason)
+                plan.events.append(Event(reason, "replica_failed", replica=r.id, model=r.model))
                 if r.model in states:
                     states[r.model] = _record_failure(states[r.model], now, reason, t)
                 r = replace(r, state="stopping")
@@ -344,7 +386,7 @@ def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> 
             model, state, p.snap.loads.get(name), ready_count, found and found[0], now, t
         )
         if scaled:
-            plan.events.append(scaled)
+            plan.events.append(Event(scaled, "scale", model=name, extra=state.extra))
     # Only an on-demand model's wish depends on when its replicas were last used.
     last_used = (
         max((r.last_used_at for r in replicas if r.last_used_at), default=None)
@@ -463,9 +505,9 @@ def _scale_up(
             over = ctx.policy.at_limit(model.owner, ctx.usage, need) if model.owner else ""
             if over:
                 inv.rereserve(name, mine)
-                if not state.unplaceable:
-                    plan.events.append(f"model {name} cannot be placed: {over}")
-                return state, True, ({"profile": placed.profile.name, "reasons": [over]},)
+                explanation = ({"profile": placed.profile.name, "reasons": [over]},)
+                _refusal_said(model, state, explanation, over, plan)
+                return state, True, explanation
             _start(model, placed, p)
             for s in ctx.policy.chain(model.owner):
                 ctx.usage[s] = ctx.usage.get(s, ZERO) + need
@@ -487,11 +529,21 @@ def _scale_up(
         explanation = tuple(placed)
         if lines:
             explanation += ({"profile": "preemption", "reasons": lines[:MAX_REASONS_PER_PROFILE]},)
-        if not state.unplaceable:
-            first = next((r for e in placed for r in e["reasons"]), "no profile fits")
-            plan.events.append(f"model {name} cannot be placed: {first}")
+        first = next((r for e in placed for r in e["reasons"]), "no profile fits")
+        _refusal_said(model, state, explanation, first, plan)
         return state, True, explanation
     return state, False, ()
+
+
+def _refusal_said(
+    model: ModelSpec, state: ModelState, explanation: tuple, first: str, plan: Plan
+) -> None:
+    """Say a model cannot be placed once, and again only when the reason changes."""
+    if state.unplaceable and tuple(state.explanation) == tuple(explanation):
+        return
+    plan.events.append(
+        Event(f"model {model.name} cannot be placed: {first}", "unplaceable", model=model.name)
+    )
 
 
 def _victim_list(result: Preemption) -> str:
@@ -525,6 +577,18 @@ def _apply_preemption(
             f"({model.effective_class}): {v.why}"
         )
         p.plan.drains.append(Drain(v.replica, deadline, why, preempted_for=model.name))
+        p.plan.events.append(
+            Event(
+                why,
+                "preemption",
+                replica=v.replica,
+                model=v.model,
+                model_class=v.capacity_class,
+                node=v.node,
+                preempted_for=model.name,
+                preempted_for_class=model.effective_class,
+            )
+        )
         held = p.states.get(v.model) or ModelState(model=v.model)
         p.states[v.model] = replace(
             held, held_until=until, held_for=model.name, preempted=held.preempted + 1
@@ -546,7 +610,14 @@ def _start(model: ModelSpec, placed: Placement, p: Pass) -> None:
         Start(replica_id, model.name, placed.profile, shards, f"placed on {where}")
     )
     p.plan.events.append(
-        f"replica {replica_id} of {model.name} placed on {where} ({placed.profile.name})"
+        Event(
+            f"replica {replica_id} of {model.name} placed on {where} ({placed.profile.name})",
+            "placement",
+            replica=replica_id,
+            model=model.name,
+            profile=placed.profile.name,
+            nodes=[s.node_id for s in placed.shards],
+        )
     )
     p.live[model.name] = p.live.get(model.name, 0) + 1
 
@@ -603,7 +674,7 @@ def _restart_in_turn(
         key=lambda r: r.created_at,
     )
     if not older:
-        plan.events.append(f"model {model.name} restarted")
+        plan.events.append(Event(f"model {model.name} restarted", "restart", model=model.name))
         return replace(state, restart_requested_at=None)
     retiring.add(older[0].id)
     plan.retires.append(Retire(older[0].id, "restart"))

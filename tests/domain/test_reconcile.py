@@ -235,6 +235,10 @@ def test_five_failures_in_a_row_park_the_model():
     state = c.state("chat")
     assert state.parked_since == c.now - timedelta(seconds=160)
     assert state.parked_reason == "exit code 5"
+    parked = [e for e in plan.events if e.kind == "park"]
+    assert parked == [
+        "model chat parked after 5 failures in a row: exit code 5; llmgw ctl retry chat to try again"
+    ]
     c.wait(3600)
     plan = c.step()
     assert plan.starts == []
@@ -500,6 +504,11 @@ def test_a_model_with_no_room_is_unplaceable_and_says_why_once():
     assert plan.events == [f"model chat cannot be placed: {why}"]
     c.wait(5)
     assert c.step().events == []  # still unplaceable: not said again every pass
+    # A different reason is said again: a smaller node now stands in the way.
+    c.change(nodes={"n1": gpu_node("n1", gpus=2)})
+    plan = c.step()
+    assert [e.kind for e in plan.events] == ["unplaceable"]
+    assert "node n1 has 2 free h100-80g GPUs of 2, needs 8" in plan.events[0]
 
 
 def test_a_model_that_finds_room_is_no_longer_unplaceable():

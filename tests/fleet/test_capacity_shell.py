@@ -179,3 +179,29 @@ def test_a_model_shows_whom_it_gave_room_to_only_while_it_is_held(no_settle, api
     # The model it gave way to has what it wants: the hold is over.
     ModelState.objects.filter(pk="vital").update(desired=0)
     assert api.call("GET", "/models/chat").json()["held_for"] == ""
+
+
+def test_decisions_are_logged_once_each_as_structured_lines(no_settle, caplog):
+    import json
+    import logging
+
+    from llmgw.logs import JsonFormatter
+
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    reconcile_once(now=T0)
+    for r in Replica.objects.all():
+        ready(r, at(10))
+    heard("gpu-a", at(400))
+    model_added(gpu_model("vital", **{"class": "critical"}))
+
+    with caplog.at_level(logging.INFO, logger="llmgw.reconciler"):
+        reconcile_once(now=at(400))
+
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    preemptions = [line for line in lines if line.get("event") == "preemption"]
+    assert len(preemptions) == 1
+    assert preemptions[0]["model"] == "chat"
+    assert preemptions[0]["preempted_for"] == "vital"
+    assert preemptions[0]["preempted_for_class"] == "critical"
+    assert "preempted for vital (critical)" in preemptions[0]["message"]
