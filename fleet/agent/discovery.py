@@ -1,7 +1,8 @@
 """What the machine has, and how loaded it is.
 
 Everything here is read from the machine itself: /proc, the state
-directory's filesystem, the engines on PATH and the GPUs through NVML.
+directory's filesystem, the engines on PATH and the GPUs through NVML;
+sensors.py reads heat and power, shard_use.py each engine's use.
 The ``--simulate-*`` flags replace what they name, so one machine can play
 many nodes. A figure that cannot be read is ``None`` and is left out of the
 messages: the control plane reads a zero as a machine that has nothing, and
@@ -18,11 +19,15 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fleet.agent import AGENT_VERSION
+from fleet.agent.sensors import SensorSampler
+from fleet.agent.shard_use import ShardUseSampler
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +255,9 @@ class Machine:
         self.state_dir = state_dir
         self.hostname = socket.gethostname()
         self.gpus = nvml_gpus() if gpus is None else gpus
+        # Given GPUs stand for cards this machine may not have: its real
+        # cards' sensors would describe others than the ones registered.
+        self.gpus_simulated = gpus is not None
         self.engines = probe_engines() if engines is None else engines
         self.memory_simulated = memory_gb is not None
         self._memory_gb = memory_gb
@@ -310,8 +318,11 @@ def read_cpu_times(path: str = "/proc/stat") -> CpuTimes | None:
 class LoadSampler:
     """Samples the node's load for heartbeats.
 
-    ``sample_load()`` is the seam later work extends (sensors, per-shard use):
-    it returns the heartbeat's ``load`` object with unknown figures left out.
+    ``sample_load()`` returns the heartbeat's ``load`` object with unknown
+    figures left out: the machine's CPU and memory, each engine's use
+    (``shards``) and, when given a sensor sampler, heat and power. It may
+    run in a worker thread, away from the event loop: nvidia-smi can take
+    a moment.
     """
 
     def __init__(
@@ -320,6 +331,8 @@ class LoadSampler:
         include_memory: bool = True,
         stat_path: str = "/proc/stat",
         meminfo_path: str = "/proc/meminfo",
+        sensors: SensorSampler | None = None,
+        shard_use: ShardUseSampler | None = None,
     ) -> None:
         # With simulated memory the real machine's figures would describe a
         # different total than the one registered, so they are left unknown.
@@ -327,25 +340,59 @@ class LoadSampler:
         self._stat_path = stat_path
         self._meminfo_path = meminfo_path
         self._last_cpu: CpuTimes | None = None
+        self.sensors = sensors
+        self.shard_use = shard_use if shard_use is not None else ShardUseSampler()
+        # A sample left running by a session that ended may overlap the next.
+        self._lock = threading.Lock()
+        self._failures_logged: set[str] = set()
 
-    def sample_load(self) -> dict[str, Any]:
-        """The current load; ``cpu_percent`` needs a previous sample."""
-        load: dict[str, Any] = {}
-        now = read_cpu_times(self._stat_path)
-        if now is not None and self._last_cpu is not None:
-            d_total = now.total - self._last_cpu.total
-            d_idle = now.idle - self._last_cpu.idle
-            if d_total > 0:
-                load["cpu_percent"] = round(100.0 * (d_total - d_idle) / d_total, 1)
-        self._last_cpu = now
-        with contextlib.suppress(OSError):
-            load["load1"], load["load5"], load["load15"] = os.getloadavg()
-        if self.include_memory:
-            mem = read_meminfo(self._meminfo_path)
-            if "MemTotal" in mem and "MemAvailable" in mem:
-                load["memory_available_bytes"] = mem["MemAvailable"]
-                load["memory_used_bytes"] = mem["MemTotal"] - mem["MemAvailable"]
-        return load
+    def sample_load(self, process_groups: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """The current load; ``cpu_percent`` and ``cpu_cores`` need a previous sample.
+
+        ``process_groups`` maps each running shard to its engine's pid, which
+        is also its process group.
+        """
+        with self._lock:
+            load: dict[str, Any] = {}
+            now = read_cpu_times(self._stat_path)
+            if now is not None and self._last_cpu is not None:
+                d_total = now.total - self._last_cpu.total
+                d_idle = now.idle - self._last_cpu.idle
+                if d_total > 0:
+                    load["cpu_percent"] = round(100.0 * (d_total - d_idle) / d_total, 1)
+            self._last_cpu = now
+            with contextlib.suppress(OSError):
+                load["load1"], load["load5"], load["load15"] = os.getloadavg()
+            if self.include_memory:
+                mem = read_meminfo(self._meminfo_path)
+                if "MemTotal" in mem and "MemAvailable" in mem:
+                    load["memory_available_bytes"] = mem["MemAvailable"]
+                    load["memory_used_bytes"] = mem["MemTotal"] - mem["MemAvailable"]
+            # A bug reading one of these must cost its figures, not the
+            # heartbeat that says the node is alive.
+            try:
+                shards = self.shard_use.sample(process_groups or {})
+            except Exception:
+                self._failed("each engine's use")
+            else:
+                if shards:
+                    load["shards"] = shards
+            if self.sensors is not None:
+                try:
+                    load.update(self.sensors.sample().to_load())
+                except Exception:
+                    self._failed("the sensors")
+            return load
+
+    def _failed(self, what: str) -> None:
+        if what not in self._failures_logged:
+            self._failures_logged.add(what)
+            log.exception("cannot read %s; heartbeats go without them", what)
+
+    def close(self) -> None:
+        """Release what the sensors hold (NVML)."""
+        if self.sensors is not None:
+            self.sensors.close()
 
 
 def is_loopback(host: str) -> bool:

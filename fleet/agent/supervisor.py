@@ -184,6 +184,14 @@ class Supervisor:
         """The shards whose engines run now (starting or ready)."""
         return list(self._shards.values())
 
+    def process_groups(self) -> dict[str, int]:
+        """Each running shard's engine pid, which is also its process group."""
+        return {
+            s.spec.shard_id: s.process.pid
+            for s in self._shards.values()
+            if s.process is not None and s.process.returncode is None
+        }
+
     def get(self, shard_id: str) -> Shard | None:
         """The running shard with this id, if any."""
         return self._shards.get(shard_id)
