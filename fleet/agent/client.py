@@ -23,6 +23,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 
 from fleet.agent import AGENT_VERSION
 from fleet.agent.discovery import LoadSampler, Machine
+from fleet.agent.sensors import SensorSampler
 from fleet.agent.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,10 @@ class Agent:
         self.settings = settings
         self.machine = machine
         self.supervisor = supervisor
-        self.load_sampler = load_sampler or LoadSampler(include_memory=not machine.memory_simulated)
+        self.load_sampler = load_sampler or LoadSampler(
+            include_memory=not machine.memory_simulated,
+            sensors=SensorSampler(read_gpus=not machine.gpus_simulated),
+        )
         self.supervisor.on_change = self._queue_status
         # shard_status messages not yet sent; kept across disconnects.
         self._outbox: deque[dict[str, Any]] = deque()
@@ -112,6 +116,7 @@ class Agent:
             for task in list(self._tasks):
                 task.cancel()
             await self.supervisor.close()
+            self.load_sampler.close()
 
     async def connect_forever(self) -> None:
         """Connect, serve the session, and reconnect with backoff, forever."""
@@ -209,12 +214,17 @@ class Agent:
         _put_known(msg, memory_total_mb=m.memory_total_mb(), cpu_count=m.cpu_count(), disk=m.disk())
         return msg
 
-    def heartbeat_message(self, seq: int) -> dict[str, Any]:
-        """The ``heartbeat`` message number ``seq`` of this connection."""
+    def heartbeat_message(self, seq: int, load: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``heartbeat`` message number ``seq`` of this connection.
+
+        ``load`` is a sample already taken; without it one is taken here.
+        """
+        if load is None:
+            load = self.load_sampler.sample_load(self.supervisor.process_groups())
         msg: dict[str, Any] = {
             "type": "heartbeat",
             "seq": seq,
-            "load": self.load_sampler.sample_load(),
+            "load": load,
             "shards": [
                 {"shard_id": s.spec.shard_id, "state": s.state} for s in self.supervisor.shards()
             ],
@@ -231,7 +241,12 @@ class Agent:
         seq = 0
         while True:
             seq += 1
-            await self._send(self.heartbeat_message(seq))
+            # Sampled in a thread: nvidia-smi and /proc take a moment, and
+            # the event loop serves the control plane's commands meanwhile.
+            load = await asyncio.to_thread(
+                self.load_sampler.sample_load, self.supervisor.process_groups()
+            )
+            await self._send(self.heartbeat_message(seq, load))
             loads = await self.supervisor.engine_loads()
             if loads:
                 await self._send({"type": "engine_load", "shards": loads})

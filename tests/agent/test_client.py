@@ -14,9 +14,11 @@ from websockets.asyncio.server import serve
 
 from fleet.agent.client import Agent, AgentSettings
 from fleet.agent.discovery import LoadSampler, Machine, simulated_gpus
+from fleet.agent.sensors import SensorSampler
 from fleet.agent.supervisor import Supervisor, can_bind
+from fleet.events import Heartbeat, parse
 
-from .helpers import FAKE_ENGINE, PATIENCE_S, free_port
+from .helpers import FAKE_ENGINE, PATIENCE_S, FakeNVML, free_port, put
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "join-s3cret"
@@ -99,7 +101,7 @@ class FakeControlPlane:
         return self.of(kind, conn, **match)
 
 
-def make_agent(tmp_path, url):
+def make_agent(tmp_path, url, load_sampler=None):
     machine = Machine(
         tmp_path,
         gpus=simulated_gpus("2xl40s-48g", "node-1"),
@@ -123,7 +125,7 @@ def make_agent(tmp_path, url):
         labels={"rack": "r1"},
         heartbeat_interval_s=0.2,
     )
-    return Agent(settings, machine, sup, LoadSampler(include_memory=False))
+    return Agent(settings, machine, sup, load_sampler or LoadSampler(include_memory=False))
 
 
 def start_shard(port, shard_id="s1"):
@@ -237,6 +239,62 @@ async def test_the_agent_registers_runs_a_shard_and_survives_a_control_plane_res
         stop.set()
         await running
         await cp.close()
+
+
+@pytest.mark.asyncio
+async def test_a_heartbeat_carries_the_nodes_sensors_and_each_engines_use(tmp_path):
+    sys_root = tmp_path / "sys"
+    put(sys_root, "class/hwmon/hwmon0/name", "coretemp")
+    put(sys_root, "class/hwmon/hwmon0/temp1_input", "58000")
+    put(sys_root, "class/hwmon/hwmon0/temp1_label", "Package id 0")
+    put(sys_root, "class/hwmon/hwmon1/name", "nct6775")
+    put(sys_root, "class/hwmon/hwmon1/temp1_input", "24500")
+    put(sys_root, "class/hwmon/hwmon1/temp1_label", "SYSTIN")
+    card = {"temp": 71, "power_mw": 612450, "limit_mw": 700000, "reasons": 0x4, "used": 1 << 30}
+    nvml = FakeNVML([card, {"temp": 40}])
+    sensors = SensorSampler(sys_root=sys_root, nvml=nvml)
+    cp = FakeControlPlane(token=TOKEN)
+    await cp.start()
+    agent = make_agent(tmp_path, cp.url, LoadSampler(include_memory=False, sensors=sensors))
+    stop = asyncio.Event()
+    running = asyncio.create_task(agent.run(stop))
+    try:
+        await cp.until("register")
+        await cp.send(start_shard(engine_port()))
+        await cp.until("shard_status", state="ready")
+        # The engine's CPU needs two samples of it.
+        async with asyncio.timeout(PATIENCE_S):
+            while not [
+                b
+                for b in cp.of("heartbeat")
+                if "cpu_cores" in b["load"].get("shards", {}).get("s1", {})
+            ]:
+                await asyncio.sleep(0.02)
+        beat = cp.of("heartbeat")[-1]
+        load = beat["load"]
+        assert (load["cpu_temp_c"], load["inlet_temp_c"]) == (58.0, 24.5)
+        assert "cpu_power_w" not in load  # no RAPL here: absent, not zero
+        assert load["gpus"] == [
+            {
+                "index": 0,
+                "temp_c": 71.0,
+                "power_w": 612.45,
+                "power_limit_w": 700.0,
+                "memory_used_mb": 1024,
+                "throttle": ["sw_power_cap"],
+            },
+            {"index": 1, "temp_c": 40.0},
+        ]
+        use = load["shards"]["s1"]
+        assert use["rss_bytes"] > 1 << 20 and use["cpu_cores"] >= 0
+        # The control plane takes it as it is.
+        hb = parse(json.dumps(beat))
+        assert isinstance(hb, Heartbeat) and hb.load.shards["s1"].rss_bytes == use["rss_bytes"]
+    finally:
+        stop.set()
+        await running
+        await cp.close()
+    assert nvml.shutdowns == 1, "NVML is released when the agent stops"
 
 
 @pytest.mark.asyncio
