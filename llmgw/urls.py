@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
+from fleet.metrics import metrics_view
 from llmgw.api import api
 
 urlpatterns = [
@@ -9,4 +10,6 @@ urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
+    # Prometheus scrapes this without credentials, as it does any exporter.
+    path("metrics", metrics_view),
 ]

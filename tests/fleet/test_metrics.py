@@ -1,0 +1,390 @@
+"""`/metrics`: what the collector publishes, read back with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from catalog import selectors as catalog_selectors
+from fleet import metrics, selectors
+from fleet.events import Load
+from fleet.live import NodeWrite
+from fleet.metrics import DESCS, FleetCollector, fleet_scrape, fleet_text
+from fleet.models import Lease, ModelState, Replica
+from fleet.reconciler import LEASE, reconcile_once
+from fleet.selectors import holdings_load
+from fleet.services import node_live_flush
+from llmgw import clock
+from tenancy.models import CapacityQuota, Organization, Team
+from tenancy.selectors import quota_policy_load, quota_views
+
+from .builders import H100, L4, gpu_model, model_added, node_add
+from .test_reconciler import ready
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+EXPORTED = {d.sample for d in DESCS} | {d.name for d in DESCS}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_metric_caches():
+    metrics.caches_clear()
+    yield
+    metrics.caches_clear()
+
+
+@pytest.fixture
+def at_t0(monkeypatch):
+    """The clock the view reads stands at T0 + 5 s."""
+    monkeypatch.setattr(clock, "now", lambda: T0 + timedelta(seconds=5))
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def heard(node_id: str, now: datetime, load: dict | None) -> None:
+    """A heartbeat's load written behind, as the consumer's flush writes it."""
+    node_live_flush(
+        writes=[
+            NodeWrite(
+                node_id=node_id,
+                session=f"session-{node_id}",
+                last_seen=now,
+                sample=Load.model_validate(load) if load is not None else None,
+                engines={},
+                memory_total_mb=None,
+                cpu_count=None,
+                used_replicas=frozenset(),
+            )
+        ],
+        now=now,
+    )
+
+
+def scrape(now: datetime = at(5)) -> list[str]:
+    """Every sample as `name a=1 b=2 -> value`, labels sorted, like the seed's test."""
+    return samples(fleet_scrape(now=now).text())
+
+
+def samples(text: str) -> list[str]:
+    out = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = " ".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out.append(f"{s.name} {labels} -> {s.value:g}".replace("  ", " "))
+    return out
+
+
+def names(text: str) -> set[str]:
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+SENSED = {
+    "cpu_percent": 41.5,
+    "load1": 3.5,
+    "load5": 3.0,
+    "load15": 2.0,
+    "memory_used_bytes": 100 << 30,
+    "memory_available_bytes": 150 << 30,
+    "cpu_temp_c": 58,
+    "cpu_power_w": 65,
+    "inlet_temp_c": 23.5,
+    "gpus": [
+        {"index": 0, "temp_c": 88, "memory_temp_c": 81, "power_w": 698, "power_limit_w": 700,
+         "throttle": ["sw_power_cap", "sw_thermal"], "utilization": 97, "memory_used_mb": 70000},
+        {"index": 1, "temp_c": 35, "memory_temp_c": 40, "power_w": 80, "power_limit_w": 700,
+         "utilization": 0, "memory_used_mb": 0},
+    ],
+}  # fmt: skip
+
+
+def test_sensors_are_published_fresh_and_only_when_measured():
+    node_add("g1", now=T0, gpus=(H100,))
+    node_add("vm1", now=T0, gpus=())
+    heard("g1", at(1), {"cpu_temp_c": 58, "cpu_power_w": 65, "gpus": [
+        {"index": 0, "temp_c": 88, "power_w": 698, "power_limit_w": 700,
+         "throttle": ["sw_power_cap", "sw_thermal"]}]})  # fmt: skip
+    heard("vm1", at(1), {"cpu_percent": 3})
+
+    out = scrape()
+
+    for want in (
+        "llmgw_node_cpu_temperature_celsius node=g1 -> 58",
+        "llmgw_node_cpu_power_watts node=g1 -> 65",
+        "llmgw_gpu_power_watts class=h100-80g gpu=0 node=g1 -> 698",
+        "llmgw_gpu_power_limit_watts class=h100-80g gpu=0 node=g1 -> 700",
+        "llmgw_gpu_throttled class=h100-80g gpu=0 node=g1 reason=sw_thermal -> 1",
+        "llmgw_gpu_throttled class=h100-80g gpu=0 node=g1 reason=sw_power_cap -> 1",
+        "llmgw_gpu_temperature_celsius class=h100-80g gpu=0 node=g1 -> 88",
+        "llmgw_node_cpu_percent node=vm1 -> 3",
+    ):
+        assert want in out
+    for line in out:
+        if "temperature" in line or "power" in line:
+            assert "node=vm1" not in line, f"published what was not measured: {line}"
+        assert "llmgw_node_inlet_temperature_celsius" not in line
+        assert "llmgw_gpu_memory_temperature_celsius" not in line
+
+
+def test_readings_from_a_node_not_heard_from_lately_are_not_published():
+    node_add("g1", now=T0, gpus=(H100,))
+    heard("g1", at(1), SENSED)
+    unreachable = 15  # LLMGW_UNREACHABLE_SECONDS
+
+    fresh, old = scrape(at(1 + unreachable - 1)), scrape(at(1 + unreachable))
+
+    assert "llmgw_gpu_temperature_celsius class=h100-80g gpu=0 node=g1 -> 88" in fresh
+    readings = [line for line in old if re.search("temperature|power|percent|load|used", line)]
+    assert readings == []
+    # What it registered still stands, and so does when it was last heard from.
+    assert "llmgw_node_gpus node=g1 -> 1" in old
+    assert f"llmgw_node_last_seen_timestamp_seconds node=g1 -> {at(1).timestamp():g}" in old
+
+
+def test_a_fresh_reading_replaces_the_last_one():
+    node_add("g1", now=T0, gpus=(H100,))
+    heard("g1", at(1), {"gpus": [{"index": 0, "temp_c": 40}]})
+    assert "llmgw_gpu_temperature_celsius class=h100-80g gpu=0 node=g1 -> 40" in scrape(at(2))
+
+    heard("g1", at(6), {"gpus": [{"index": 0, "temp_c": 88}]})
+
+    temps = [line for line in scrape(at(7)) if line.startswith("llmgw_gpu_temperature")]
+    assert temps == ["llmgw_gpu_temperature_celsius class=h100-80g gpu=0 node=g1 -> 88"]
+
+
+def test_a_sensor_that_reads_zero_or_nothing_has_no_series_but_an_idle_gpu_does():
+    node_add("g1", now=T0, gpus=(H100, H100))
+    heard("g1", at(1), {"cpu_percent": 0, "cpu_temp_c": 0, "gpus": [
+        {"index": 0, "temp_c": 0, "power_w": 0, "utilization": 0, "memory_used_mb": 0},
+        {"index": 1}]})  # fmt: skip
+
+    out = scrape()
+
+    assert "llmgw_node_cpu_percent node=g1 -> 0" in out
+    assert "llmgw_gpu_utilization_percent class=h100-80g gpu=0 node=g1 -> 0" in out
+    assert "llmgw_gpu_memory_used_bytes class=h100-80g gpu=0 node=g1 -> 0" in out
+    assert not [line for line in out if "gpu=1" in line and "healthy" not in line and "total" not in line]  # fmt: skip
+    assert not [line for line in out if "temperature" in line or "power" in line]
+
+
+def a_whole_cluster(no_settle) -> None:
+    """Two nodes with every sensor, a model running and one that cannot run, quotas."""
+    acme = Organization.objects.create(name="Acme")
+    ml = Team.objects.create(org=acme, name="ml")
+    CapacityQuota.objects.create(scope=f"org:{acme.pk}", guarantee_gpus=1, limit_gpus=2)
+    CapacityQuota.objects.create(scope=f"team:{ml.pk}", limit_gpus=1, limit_memory_gb=64)
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    node_add("gpu-b", now=T0, gpus=(L4,))
+    model_added(gpu_model("chat", owner=f"team:{ml.pk}"))
+    model_added(gpu_model("huge", gpu_class="b200-192g"))
+    reconcile_once(now=T0)
+    for r in Replica.objects.all():
+        ready(r, at(1))
+    ModelState.objects.filter(pk="chat").update(preempted=3)
+    ModelState.objects.filter(pk="huge").update(failures=5, parked_since=at(1))
+    heard("gpu-a", at(2), SENSED)
+    heard("gpu-b", at(2), {"gpus": [{"index": 0, "temp_c": 50}]})
+
+
+def leading(holder: str = "cp-1:42:7", until: datetime = at(60)) -> None:
+    """A reconciler pass in progress in some process: it holds the lease."""
+    Lease.objects.filter(pk=LEASE).update(holder=holder, expires_at=until)
+
+
+def test_every_metric_is_published_where_there_is_something_to_say(no_settle):
+    a_whole_cluster(no_settle)
+    leading()
+
+    text = fleet_text(now=at(5))
+
+    assert {f.name for f in text_string_to_metric_families(text)} == {d.name for d in DESCS}
+
+
+def test_the_fleet_as_it_stands(no_settle):
+    a_whole_cluster(no_settle)
+    leading()
+
+    out = scrape()
+
+    placed = Replica.objects.get(model="chat").shards.get()
+    for want in (
+        "llmgw_node_up node=gpu-a -> 1",
+        "llmgw_node_gpus node=gpu-a -> 2",
+        "llmgw_node_gpus_free node=gpu-a -> 1",
+        "llmgw_node_gpus_free node=gpu-b -> 1",
+        "llmgw_node_cpus node=gpu-a -> 32",
+        f"llmgw_node_memory_total_bytes node=gpu-a -> {256 * 1024 * 1048576:g}",
+        f"llmgw_node_memory_used_bytes node=gpu-a -> {100 << 30:g}",
+        "llmgw_node_load15 node=gpu-a -> 2",
+        "llmgw_node_inlet_temperature_celsius node=gpu-a -> 23.5",
+        f"llmgw_gpu_memory_total_bytes class=h100-80g gpu=0 node=gpu-a -> {81559 * 1048576:g}",
+        "llmgw_gpu_healthy class=l4-24g gpu=0 node=gpu-b -> 1",
+        "llmgw_gpu_memory_temperature_celsius class=h100-80g gpu=1 node=gpu-a -> 40",
+        "llmgw_gpu_utilization_percent class=h100-80g gpu=0 node=gpu-a -> 97",
+        f"llmgw_gpu_memory_used_bytes class=h100-80g gpu=0 node=gpu-a -> {70000 * 1048576:g}",
+        "llmgw_gpu_temperature_celsius class=l4-24g gpu=0 node=gpu-b -> 50",
+        "llmgw_replicas model=chat state=ready -> 1",
+        "llmgw_model_replicas_ready model=chat -> 1",
+        "llmgw_model_replicas_ready model=huge -> 0",
+        "llmgw_model_desired model=huge -> 1",
+        "llmgw_model_failures model=huge -> 5",
+        "llmgw_model_parked model=huge -> 1",
+        "llmgw_model_parked model=chat -> 0",
+        "llmgw_model_unplaceable model=huge -> 1",
+        "llmgw_model_unplaceable model=chat -> 0",
+        "llmgw_model_preempted_total class=standard model=chat -> 3",
+        "llmgw_capacity_holds resource=gpus scope=org:Acme -> 1",
+        "llmgw_capacity_guarantee resource=gpus scope=org:Acme -> 1",
+        "llmgw_capacity_limit resource=gpus scope=org:Acme -> 2",
+        "llmgw_capacity_holds resource=gpus scope=team:Acme/ml -> 1",
+        "llmgw_capacity_limit resource=memory_gb scope=team:Acme/ml -> 64",
+        "llmgw_leader holder=cp-1:42:7 -> 1",
+        f"llmgw_reconciler_last_pass_timestamp_seconds -> {T0.timestamp():g}",
+        "llmgw_reconciler_settling -> 0",
+    ):
+        assert want in out, want
+    assert placed.node_id == "gpu-a"
+    # Neither guaranteed nor limited: not governed, so not published.
+    assert not [line for line in out if "resource=cpu_cores" in line]
+    assert "llmgw_capacity_guarantee resource=gpus scope=team:Acme/ml" not in " ".join(out)
+
+
+def test_what_each_scope_holds_is_what_the_quota_list_says(no_settle):
+    a_whole_cluster(no_settle)
+    acme = Organization.objects.get(name="Acme")
+    model_added(gpu_model("more", owner=f"org:{acme.pk}", profiles=[
+        {"name": "gpu", "engine": "sim", "gpu_class": "h100-80g", "min_memory_gb": 20}]))  # fmt: skip
+    reconcile_once(now=at(3))
+    policy = quota_policy_load()
+    listed = {
+        (policy.name(q["scope"]), r): v
+        for q in quota_views(holdings=holdings_load())
+        for r, v in q["holds"].items()
+    }
+
+    published = {
+        (scope, resource): float(value)
+        for resource, scope, value in re.findall(
+            r"^llmgw_capacity_holds resource=(\S+) scope=(\S+) -> (\S+)$", "\n".join(scrape()), re.M
+        )
+    }
+
+    assert published == {
+        ("org:Acme", "gpus"): 2,
+        ("team:Acme/ml", "gpus"): 1,
+        ("team:Acme/ml", "memory_gb"): 0,
+    }
+    assert all(listed[key] == value for key, value in published.items())
+
+
+def test_the_leader_is_published_only_while_it_holds_the_lease(no_settle):
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+
+    out = scrape(at(5))
+
+    # A pass lets the lease go when it ends; when it began is what says one runs.
+    assert not [line for line in out if line.startswith("llmgw_leader")]
+    assert f"llmgw_reconciler_last_pass_timestamp_seconds -> {T0.timestamp():g}" in out
+    leading("cp-2:7:1", until=at(4))
+    assert not [line for line in scrape(at(5)) if line.startswith("llmgw_leader")]
+
+
+def test_a_scrape_costs_the_same_queries_at_any_fleet_size(no_settle):
+    def queries() -> tuple[int, int]:
+        # Cold as a process that just started: nothing cached here, nor by the selectors.
+        metrics.caches_clear()
+        selectors.caches_clear()
+        catalog_selectors._cache["version"] = None
+        with CaptureQueriesContext(connection) as cold:
+            fleet_scrape(now=at(5))
+        with CaptureQueriesContext(connection) as warm:
+            fleet_scrape(now=at(5))
+        return len(cold), len(warm)
+
+    a_whole_cluster(no_settle)
+    small = queries()
+    for i in range(40):
+        node_add(f"more-{i}", now=at(2), gpus=(H100,) * 8)
+        heard(f"more-{i}", at(3), SENSED)
+    model_added(gpu_model("chat2"))
+    reconcile_once(now=at(3))
+    large = queries()
+
+    assert small == large
+    assert large[1] <= 20
+
+
+def test_two_processes_answer_the_same(no_settle):
+    a_whole_cluster(no_settle)
+    first = fleet_text(now=at(5))
+
+    metrics.caches_clear()  # another process: nothing cached
+    second = fleet_text(now=at(5))
+
+    assert first == second
+    # What one process writes, another publishes on its next scrape.
+    heard("gpu-b", at(6), {"gpus": [{"index": 0, "temp_c": 77}]})
+    assert "llmgw_gpu_temperature_celsius class=l4-24g gpu=0 node=gpu-b -> 77" in samples(
+        fleet_text(now=at(7))
+    )
+
+
+def test_a_node_that_registers_again_is_published_with_its_new_gpus():
+    node_add("g1", now=T0, gpus=(H100, H100))
+    assert "llmgw_node_gpus node=g1 -> 2" in scrape(at(1))
+
+    node_add("g1", now=at(2), gpus=(L4,), labels={"llmgw.io/gpu-class": "l4-special"})
+
+    out = scrape(at(3))
+    assert "llmgw_node_gpus node=g1 -> 1" in out
+    gpus = [line for line in out if line.startswith("llmgw_gpu_healthy")]
+    assert gpus == ["llmgw_gpu_healthy class=l4-special gpu=0 node=g1 -> 1"]
+
+
+def test_label_values_are_escaped():
+    odd = 'a "quoted"\\class\nsplit'
+    node_add("g1", now=T0, gpus=(H100,), labels={"llmgw.io/gpu-class": odd})
+
+    families = list(text_string_to_metric_families(fleet_text(now=at(1))))
+
+    healthy = next(f for f in families if f.name == "llmgw_gpu_healthy")
+    assert healthy.samples[0].labels == {"class": odd, "gpu": "0", "node": "g1"}
+
+
+def test_the_text_is_what_prometheus_client_writes_for_the_collector(no_settle, at_t0):
+    a_whole_cluster(no_settle)
+    registry = CollectorRegistry()
+    registry.register(FleetCollector())
+
+    assert generate_latest(registry).decode() == fleet_text()
+
+
+def test_the_view_answers_without_credentials_and_gzips_when_asked(client, no_settle, at_t0):
+    a_whole_cluster(no_settle)
+
+    plain = client.get("/metrics")
+    zipped = client.get("/metrics", HTTP_ACCEPT_ENCODING="gzip, deflate")
+
+    assert plain.status_code == 200
+    assert plain["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert gzip.decompress(zipped.content) == plain.content
+    assert zipped["Content-Encoding"] == "gzip"
+    assert "llmgw_node_up" in names(plain.content.decode())
+    assert client.post("/metrics").status_code == 405
+
+
+def test_an_empty_cluster_answers_with_nothing_to_say(client):
+    response = client.get("/metrics")
+
+    assert response.status_code == 200
+    assert response.content == b""
