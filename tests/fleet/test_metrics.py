@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import shutil
 import subprocess
@@ -395,6 +396,30 @@ def test_an_empty_cluster_answers_with_nothing_to_say(client):
     assert response.content == b""
 
 
+def _exprs(panels: list[dict]) -> list[str]:
+    out = []
+    for panel in panels:
+        out.extend(t["expr"] for t in panel.get("targets", ()) if "expr" in t)
+        out.extend(_exprs(panel.get("panels", ())))
+    return out
+
+
+def test_the_dashboard_queries_only_what_the_collector_exports():
+    board = json.loads((ROOT / "docs/grafana/llmgw.json").read_text())
+
+    exprs = _exprs(board["panels"])
+    used = {m for e in exprs for m in re.findall(r"\bllmgw_[a-z0-9_]+", e)}
+
+    assert exprs and len(exprs) >= 10
+    assert used - EXPORTED == set()
+    assert any(v["type"] == "datasource" for v in board["templating"]["list"])
+    assert all(
+        p.get("datasource", {}).get("uid") == "${datasource}"
+        for p in board["panels"]
+        if p["type"] != "row"
+    )
+
+
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)"
@@ -439,3 +464,19 @@ def test_every_alert_says_what_to_do_about_series_the_collector_exports():
         used = set(re.findall(r"\bllmgw_[a-z0-9_]+", rule["expr"]))
         # Engine installs are not reported by agents yet (docs/metrics.md).
         assert used - EXPORTED <= {"llmgw_node_engine_install"}, rule["alert"]
+
+
+@pytest.mark.django_db(False)
+@needs_promtool
+def test_the_dashboards_queries_are_promql(tmp_path):
+    board = json.loads((ROOT / "docs/grafana/llmgw.json").read_text())
+    exprs = [e.replace("$resource", "gpus").replace("$node", ".*") for e in _exprs(board["panels"])]
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query{i}", "expr": e} for i, e in enumerate(exprs)]}]}  # fmt: skip
+    (tmp_path / "queries.yml").write_text(yaml.safe_dump(rules))
+
+    done = subprocess.run(
+        [PROMTOOL, "check", "rules", str(tmp_path / "queries.yml")], capture_output=True, text=True
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
