@@ -109,9 +109,12 @@ def test_an_unreadable_proc_says_nothing(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the real /proc")
 def test_a_real_process_groups_use_is_read_from_proc():
-    busy = "import time\nend = time.time() + 5\nwhile time.time() < end: pass\n"
-    child = subprocess.Popen([sys.executable, "-c", busy], start_new_session=True)
+    busy = "import time\nend = time.time() + 5\nprint(flush=True)\nwhile time.time() < end: pass\n"
+    child = subprocess.Popen(
+        [sys.executable, "-c", busy], start_new_session=True, stdout=subprocess.PIPE
+    )
     try:
+        child.stdout.readline()  # running Python, not still being exec'd
         sampler_ = LoadSampler(include_memory=False)
         first = sampler_.sample_load({"s1": child.pid})
         assert first["shards"]["s1"]["rss_bytes"] > 1 << 20
@@ -122,3 +125,4 @@ def test_a_real_process_groups_use_is_read_from_proc():
     finally:
         child.kill()
         child.wait()
+        child.stdout.close()
