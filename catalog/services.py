@@ -162,6 +162,13 @@ def model_add(*, data: Mapping, actor: str) -> ModelSpec:
     """Add a runtime model; raises Invalid with the reason, Conflict when the name is taken."""
     # Before parsing: fields kept only in the audit record must be storable too.
     _no_nul(data, where="the model")
+    owner = data.get("owner") if isinstance(data, Mapping) else None
+    if isinstance(owner, str) and owner.strip():
+        # By name or ID, as the owner endpoint takes it; stored as the scope's ID.
+        try:
+            data = {**data, "owner": scope_find(owner)}
+        except Invalid as exc:
+            raise Invalid(f"owner: {exc}") from None
     try:
         spec = domain.parse_model(data)
         domain.new_model_warnings_as_errors(spec)

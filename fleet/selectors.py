@@ -6,24 +6,29 @@ instances), since a pass at 5,000 nodes and 10,000 replicas must stay cheap.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from catalog.domain import ModelSpec, reservation_warnings, suggested_cores
+from catalog.domain import MAX_REPLICAS, ModelSpec, reservation_warnings, suggested_cores
 from catalog.selectors import catalog_load, measurements_load
 from llmgw import clock
 from llmgw.errors import Invalid, NotFound
 from tenancy.quota import Holding, Policy
 from tenancy.selectors import quota_policy_load
 
-from .domain.capacity import NotMeasured, headroom, preemption_dry_run, standing, target
+from .domain.capacity import (
+    NotMeasured,
+    headroom,
+    preemption_dry_run,
+    replicas_needed,
+    standing,
+    target,
+)
 from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
-from .domain.measured import measured_for
 from .domain.reconcile import desired_replicas
 from .domain.types import (
     ACTIVE,
@@ -574,16 +579,21 @@ def _held_for(state: ModelStateView | None, counts: dict, states: dict) -> str:
 def _measured_memory(catalog: dict[str, ModelSpec]) -> dict[str, float]:
     """The most resident memory one shard of each model was measured using, in GB, from the
     agents' per-shard figures; a model no agent measured has no entry."""
-    model_of = dict(
-        Shard.objects.filter(replica__model__in=list(catalog), replica__state="ready").values_list(
-            "id", "replica__model"
-        )
-    )
-    if not model_of:
-        return {}
-    nodes = Shard.objects.filter(id__in=list(model_of)).values_list("node_id", flat=True)
+    model_of: dict[str, str] = {}
+    nodes: set[str] = set()
+    for shard_id, node_id, model in Shard.objects.filter(replica__state="ready").values_list(
+        "id", "node_id", "replica__model"
+    ):
+        if model in catalog:
+            model_of[shard_id] = model
+            nodes.add(node_id)
     out: dict[str, float] = {}
-    for load in Node.objects.filter(pk__in=set(nodes)).values_list("load", flat=True):
+    loads = (
+        load
+        for chunk in _chunks(sorted(nodes))
+        for load in Node.objects.filter(pk__in=chunk).values_list("load", flat=True)
+    )
+    for load in loads:
         for shard_id, use in ((load or {}).get("shards") or {}).items():
             model = model_of.get(shard_id)
             rss = use.get("rss_bytes") if isinstance(use, dict) else None
@@ -692,20 +702,25 @@ def model_target(*, name: str, tokens_per_sec: float) -> dict:
     st.inv.unreserve(name)
     running = [r.profile for r in snap.replicas if r.model == name and r.state in ACTIVE]
     try:
-        found = measured_for(spec, running, snap.measurements)
-        needed = math.ceil(tokens_per_sec / found[0].tok_per_sec) if found else 1
-        room = headroom(
-            spec,
-            st.inv,
-            st.live.get(name, 0),
-            max(needed - st.live.get(name, 0), 0),
-            snap.policy,
-            st.ctx.usage,
-            snap.measurements,
-        )
-        return target(spec, tokens_per_sec, running, snap.measurements, room)
+        sized = replicas_needed(spec, tokens_per_sec, running, snap.measurements)
     except NotMeasured as exc:
         raise Invalid(str(exc)) from None
+    if sized[0] > MAX_REPLICAS:
+        raise Invalid(
+            f"{tokens_per_sec:g} tokens/s would need {sized[0]} replicas of {name} at "
+            f"{sized[1].tok_per_sec:g} each; a model may ask for at most {MAX_REPLICAS}."
+        )
+    current = st.live.get(name, 0)
+    room = headroom(
+        spec,
+        st.inv,
+        current,
+        max(sized[0] - current, 0),
+        snap.policy,
+        st.ctx.usage,
+        snap.measurements,
+    )
+    return target(spec, tokens_per_sec, sized, room)
 
 
 def model_preemption(*, name: str) -> dict:

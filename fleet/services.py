@@ -529,36 +529,52 @@ def _shards_of(replica_ids: list[str]) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-# The fields a pass decides; the rest of a model's state is the API's (restart, retry, use).
+# The fields a pass decides that the API also writes (retry, restart): written only if the
+# API did not change them since the snapshot.
+_SHARED_FIELDS = (
+    "desired", "failures", "last_failure_at", "backoff_until", "parked_since",
+    "parked_reason", "unplaceable", "explanation", "restart_requested_at",
+)  # fmt: skip
+# The fields only a pass writes: preemption's holds and kept room, the autoscaler's clocks.
+# Always written, so a retry asked meanwhile cannot drop half of a preemption.
 _PASS_FIELDS = (
-    "desired", "extra", "failures", "last_failure_at", "backoff_until", "parked_since",
-    "parked_reason", "unplaceable", "explanation", "restart_requested_at", "held_until",
-    "held_for", "preempted", "busy_since", "quiet_since", "reserved", "reserved_until",
+    "extra", "held_until", "held_for", "preempted", "busy_since", "quiet_since",
+    "reserved", "reserved_until",
 )  # fmt: skip
 
 
+def _state_values(s, fields: tuple[str, ...]) -> dict:
+    values = {f: getattr(s, f) for f in fields}
+    if "explanation" in values:
+        values["explanation"] = list(values["explanation"])
+    if "reserved" in values:
+        values["reserved"] = [r.as_dict() for r in values["reserved"]]
+    return values
+
+
 def _write_states(plan: Plan, before: dict) -> None:
-    """Write the model states that changed, each only if the API did not change it since the
-    snapshot (compare-and-set): a retry or restart asked meanwhile wins, and the next pass
-    decides again from it. A pass with nothing to do writes nothing."""
+    """Write the model states that changed. The fields the API also writes go by
+    compare-and-set: a retry or restart asked meanwhile wins, and the next pass decides
+    again from it. A pass with nothing to do writes nothing."""
     created = []
     for name, s in plan.states.items():
         was = before.get(name)
         if was == s:
             continue
-        values = {f: getattr(s, f) for f in _PASS_FIELDS}
-        values["explanation"] = list(values["explanation"])
-        values["reserved"] = [r.as_dict() for r in values["reserved"]]
         if was is None:
-            created.append(ModelState(model=name, **values))
+            created.append(
+                ModelState(model=name, **_state_values(s, _SHARED_FIELDS + _PASS_FIELDS))
+            )
             continue
-        ModelState.objects.filter(
-            pk=name,
-            restart_requested_at=was.restart_requested_at,
-            parked_since=was.parked_since,
-            failures=was.failures,
-            last_requested_at=was.last_requested_at,
-        ).update(**values)
+        if any(getattr(s, f) != getattr(was, f) for f in _SHARED_FIELDS):
+            ModelState.objects.filter(
+                pk=name,
+                restart_requested_at=was.restart_requested_at,
+                parked_since=was.parked_since,
+                failures=was.failures,
+            ).update(**_state_values(s, _SHARED_FIELDS))
+        if any(getattr(s, f) != getattr(was, f) for f in _PASS_FIELDS):
+            ModelState.objects.filter(pk=name).update(**_state_values(s, _PASS_FIELDS))
     # A row the API created meanwhile (retry, restart, a request) is its to keep.
     ModelState.objects.bulk_create(created, ignore_conflicts=True)
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 RESOURCES = ("gpus", "cpu_cores", "memory_gb")
-KINDS = ("org", "team", "project")
 
 
 def _figure(x: float) -> str:
@@ -169,14 +168,23 @@ class Policy:
         overage falls first on the children over their own guarantees. An owner
         with no guarantee along its chain (a shared model too) borrows all it holds.
         """
-        holdings = list(holdings)
-        out = {h.replica for h in holdings if not self.has_guarantee(h.owner)}
-        depth = {s: len(self.chain(s)) for s in self.quotas}
-        for scope in sorted(self.quotas, key=lambda s: (-depth[s], s)):
+        guaranteed = {s for s, q in self.quotas.items() if q.guarantee.any()}
+        out: set[str] = set()
+        # One sweep: each holding to the guaranteed scopes along its owner's chain.
+        under: dict[str, list[Holding]] = {}
+        chains: dict[str, tuple[str, ...]] = {}
+        for h in holdings:
+            chain = chains.get(h.owner)
+            if chain is None:
+                chain = chains[h.owner] = tuple(s for s in self.chain(h.owner) if s in guaranteed)
+            if not chain:
+                out.add(h.replica)
+            for scope in chain:
+                under.setdefault(scope, []).append(h)
+        depth = {s: len(self.chain(s)) for s in under}
+        for scope in sorted(under, key=lambda s: (-depth[s], s)):
             guarantee = self.quotas[scope].guarantee
-            if not guarantee.any():
-                continue
-            mine = [h for h in holdings if scope in self.chain(h.owner)]
+            mine = under[scope]
             mine.sort(key=lambda h: (h.replica in out, -h.rank, h.since, h.replica))
             total = ZERO
             for h in mine:

@@ -15,7 +15,7 @@ from tenancy.quota import ZERO, Amount, Policy
 from .holdings import placement_amount
 from .measured import measured_for, ordered_profiles
 from .placement import Inventory, Placement
-from .preemption import Context, context, preempt
+from .preemption import Context, context, live_reservations, preempt, reserved_amount
 from .types import ACTIVE, HOLDING, Measured, Snapshot
 
 
@@ -61,10 +61,7 @@ def headroom(
     usage = dict(usage)
     while out.more < limit:
         avoid = frozenset(inv.model_nodes.get(model.name, ()))
-        placed = inv.place(profiles, avoid=avoid, weights_source=model.source)
-        if not isinstance(placed, Placement) and avoid:
-            # As scaling up does: spreading is a preference, not a rule.
-            placed = inv.place(profiles, weights_source=model.source)
+        placed = inv.place_spread(profiles, avoid, model.source)
         if not isinstance(placed, Placement):
             out.blocked = list(dict.fromkeys(r for _, rs in placed.reasons for r in rs))
             return out
@@ -87,25 +84,32 @@ class NotMeasured(ValueError):
     """A model with no measurement cannot be sized by throughput; the message says how to."""
 
 
-def target(
+def replicas_needed(
     model: ModelSpec,
     tokens_per_sec: float,
     running_profiles: list[str],
     measurements: Mapping[tuple[str, str], Measured],
-    room: Headroom,
-) -> dict:
+) -> tuple[int, Measured, str]:
     """Replicas needed for a throughput: ceil(asked / measured per replica), at least one;
-    how many run, how many more fit, and why not when they do not.
-
-    `room` is the model's headroom asked up to the replicas needed.
-    """
+    with the measurement that sized it and its profile. Raises NotMeasured."""
     found = measured_for(model, running_profiles, measurements)
     if found is None or found[0].tok_per_sec <= 0:
         raise NotMeasured(
             f"{model.name} has not been measured; run `llmgw ctl bench {model.name} --save` first"
         )
     measured, profile = found
-    needed = max(math.ceil(tokens_per_sec / measured.tok_per_sec), 1)
+    return max(math.ceil(tokens_per_sec / measured.tok_per_sec), 1), measured, profile
+
+
+def target(
+    model: ModelSpec,
+    tokens_per_sec: float,
+    sized: tuple[int, Measured, str],
+    room: Headroom,
+) -> dict:
+    """How many replicas run of those needed, how many more fit, and why not when they do
+    not. `sized` is replicas_needed's answer; `room` the headroom asked up to the rest."""
+    needed, measured, profile = sized
     more = max(needed - room.current, 0)
     fits = more <= room.more
     return {
@@ -133,18 +137,14 @@ class Standing:
 
 def standing(snap: Snapshot, now: datetime, t: Timings) -> Standing:
     alive = [r for r in snap.replicas if r.state in HOLDING]
-    reserved = {
-        name: s.reserved
-        for name, s in snap.states.items()
-        if s.reserved and s.reserved_until and now < s.reserved_until
-    }
+    reserved = live_reservations(snap.states, now)
     live: dict[str, int] = {}
     for r in alive:
         if r.state in ACTIVE and not r.retiring:
             live[r.model] = live.get(r.model, 0) + 1
     return Standing(
         Inventory(snap.nodes, alive, reserved),
-        context(snap.models, alive, snap.policy, now, t),
+        context(snap.models, alive, snap.policy, now, t, reserved),
         live,
     )
 
@@ -166,13 +166,27 @@ def preemption_dry_run(model: ModelSpec, snap: Snapshot, now: datetime, t: Timin
         "protected": [],
         "blocked": [],
     }
-    st.inv.unreserve(model.name)
-    avoid = frozenset(st.inv.model_nodes.get(model.name, ()))
-    placed = st.inv.place(profiles, avoid=avoid, weights_source=model.source)
-    if not isinstance(placed, Placement):
-        placed = st.inv.place(profiles, weights_source=model.source)
     more = f"{wants} more" if wants else "one more (it has the replicas it wants)"
+    if state and state.parked_since:
+        out["blocked"] = [f"parked: {state.parked_reason}; llmgw ctl retry {model.name}"]
+        out["summary"] = f"{model.name} is parked: nothing is placed or preempted for it"
+        return out
+    in_flight = sorted(r.id for r in st.ctx.alive if r.preempted_for == model.name)
+    if in_flight:
+        out["blocked"] = [f"waiting for room being freed by {', '.join(in_flight)}"]
+        out["summary"] = f"{model.name} waits for room already being freed; nothing more is stopped"
+        return out
+    st.inv.unreserve(model.name)
+    if state and state.reserved:
+        st.ctx.charge(model.owner, reserved_amount(state.reserved), -1)
+    avoid = frozenset(st.inv.model_nodes.get(model.name, ()))
+    placed = st.inv.place_spread(profiles, avoid, model.source)
     if isinstance(placed, Placement):
+        need = placement_amount(placed)
+        if model.owner and (over := snap.policy.at_limit(model.owner, st.ctx.usage, need)):
+            out["blocked"] = [over]
+            out["summary"] = f"for {more}, {model.name} would not be placed: {over}"
+            return out
         out["fits"] = True
         out["summary"] = f"{model.name} fits {more} without stopping anything"
         return out

@@ -11,11 +11,6 @@ from .placement import Placement
 from .types import HOLDING, ReplicaView
 
 
-def replica_amount(replica: ReplicaView) -> Amount:
-    """Per shard, its GPUs, its reserved cores and its memory: what it was started with."""
-    return replica.amount
-
-
 def placement_amount(placement: Placement) -> Amount:
     """What a placement would hold once started."""
     total = ZERO
@@ -44,7 +39,7 @@ def holdings(replicas: Iterable[ReplicaView], models: Mapping[str, ModelSpec]) -
             Holding(
                 replica=r.id,
                 owner=spec.owner if spec else "",
-                amount=replica_amount(r),
+                amount=r.amount,
                 since=r.created_at,
                 rank=spec.class_rank if spec else 1,
             )

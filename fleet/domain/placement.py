@@ -55,15 +55,6 @@ class NodeRoom:
             ports=set(self.ports),
         )
 
-    @classmethod
-    def empty(cls, node: NodeView) -> NodeRoom:
-        """The node with nothing on it: what it could hold at best."""
-        free: dict[str, list[int]] = defaultdict(list)
-        for gpu in node.gpus:
-            if gpu.healthy:
-                free[gpu.gpu_class].append(gpu.index)
-        return cls(node=node, free_gpus=dict(free))
-
     def next_port(self) -> int:
         port = PORT_BASE
         while port in self.ports:
@@ -298,6 +289,16 @@ class Inventory:
                 return result
             reasons.append((profile.name, tuple(result)))
         return Refusal(tuple(reasons))
+
+    def place_spread(
+        self, profiles: Sequence[Profile], avoid: frozenset[str], source: str = ""
+    ) -> Placement | Refusal:
+        """Place avoiding nodes that already run the model; give that up when it is the only
+        obstacle (a second replica on one node still survives an engine crash)."""
+        placed = self.place(profiles, avoid=avoid, weights_source=source)
+        if isinstance(placed, Placement) or not avoid:
+            return placed
+        return self.place(profiles, weights_source=source)
 
     def _first_fit(self, profile: Profile, avoid: frozenset[str], source: str) -> NodeRoom | None:
         """The node a one-node GPU profile goes to, found through the index rather than by

@@ -16,13 +16,15 @@ from functools import cached_property
 
 from catalog.domain import ModelSpec, Profile
 from llmgw.config import Timings
-from tenancy.quota import ZERO, Amount, Policy
+from tenancy.quota import ZERO, Amount, Holding, Policy
 
 from .holdings import holdings, placement_amount, profile_amount
 from .placement import Inventory, Placement, could_ever_run
-from .types import ACTIVE, FABRIC_LABEL, ReplicaView
+from .types import ACTIVE, FABRIC_LABEL, ModelState, ReplicaView, Reservation
 
 MAX_VICTIMS = 3
+# The protected candidates said, at most: at 5,000 nodes there may be thousands.
+MAX_PROTECTED = 50
 
 IDLE_ON_DEMAND, BORROWED, GROWN_LOWER, GROWN_SAME, MINIMUM_LOWER = range(5)
 TIER_WHY = {
@@ -96,17 +98,29 @@ class _Standing:
 
 @dataclass
 class Context:
-    """What the pass knows that preemption reads: nothing here is changed by it."""
+    """What the pass knows that preemption reads: the quota picture (what each scope holds,
+    room in flight charged to whom it is for), and what this pass already took."""
 
     models: Mapping[str, ModelSpec]
     alive: Sequence[ReplicaView]
     policy: Policy
-    usage: Mapping[str, Amount]
-    borrowed: set[str]
+    usage: dict[str, Amount]
     now: datetime
     t: Timings
-    # Replicas this pass already chose as victims: not chosen again for another model.
+    held: list[Holding] = field(default_factory=list)
+    # Replicas this pass already drains or stops: not chosen again for another model.
     taken: set[str] = field(default_factory=set)
+
+    @cached_property
+    def borrowed(self) -> set[str]:
+        """What is held beyond a guarantee; worked out only when a model wants room."""
+        return self.policy.borrowed(self.held) if self.policy.quotas else set()
+
+    def charge(self, owner: str, amount: Amount, sign: int = 1) -> None:
+        """Count (or, with sign -1, stop counting) `amount` against an owner's chain."""
+        for s in self.policy.chain(owner):
+            held = self.usage.get(s, ZERO)
+            self.usage[s] = held + amount if sign > 0 else held - amount
 
     @cached_property
     def standing(self) -> dict[str, list[_Standing]]:
@@ -152,15 +166,38 @@ def context(
     policy: Policy,
     now: datetime,
     t: Timings,
+    reserved: Mapping[str, Iterable[Reservation]] | None = None,
 ) -> Context:
-    """The quota picture of the replicas holding room: what each scope holds, what is lent.
-    With no quotas nobody is guaranteed or limited, and the picture is not worked out."""
+    """The quota picture of the replicas holding room: what each scope holds, and room
+    being freed for a model (`reserved`) charged to that model's owner. With no quotas
+    nobody is guaranteed or limited, and the picture is not worked out."""
     if not policy.quotas:
-        return Context(models, alive, policy, {}, set(), now, t)
+        return Context(models, alive, policy, {}, now, t)
     held = holdings(alive, models)
-    usage = policy.usage(held)
-    borrowed = policy.borrowed(held) if held else set()
-    return Context(models, alive, policy, usage, borrowed, now, t)
+    ctx = Context(models, alive, policy, policy.usage(held), now, t, held)
+    for name, room in (reserved or {}).items():
+        if name in models:
+            ctx.charge(models[name].owner, reserved_amount(room))
+    return ctx
+
+
+def live_reservations(
+    states: Mapping[str, ModelState], now: datetime
+) -> dict[str, tuple[Reservation, ...]]:
+    """Per model, the room kept for it whose hold has not ended."""
+    return {
+        name: s.reserved
+        for name, s in states.items()
+        if s.reserved and s.reserved_until and now < s.reserved_until
+    }
+
+
+def reserved_amount(room: Iterable[Reservation]) -> Amount:
+    """What room kept for a model comes to, once it is placed there."""
+    total = ZERO
+    for r in room:
+        total = total + Amount(len(r.gpu_indices), r.cpu_cores or 0, r.memory_gb or 0.0)
+    return total
 
 
 def _idle(r: ReplicaView, now: datetime) -> float:
@@ -240,6 +277,8 @@ def candidates(
     why), and the multi-node replicas in the way."""
     t, policy = ctx.t, ctx.policy
     below_min = live < want.min_replicas
+    # Only an owner with a guarantee can be within it and take back what others borrowed.
+    may_reclaim = bool(policy.quotas) and policy.has_guarantee(want.owner)
     out: list[_Candidate] = []
     protected: list[Protected] = []
     blocked: list[str] = []
@@ -256,7 +295,8 @@ def candidates(
                 continue
 
             def refuse(why: str, r=r) -> None:
-                protected.append(Protected(r.id, r.model, f"candidate {r.id} {why}"))
+                if len(protected) < MAX_PROTECTED:
+                    protected.append(Protected(r.id, r.model, f"candidate {r.id} {why}"))
 
             if s.refusal:
                 refuse(s.refusal)
@@ -267,7 +307,7 @@ def candidates(
                 continue
             tier = _class_tier(want, other, s.above_min, s.idle_s, below_min, t)
             reclaimable = (
-                bool(policy.quotas)
+                may_reclaim
                 and borrowed
                 and other.owner != want.owner
                 and (other.effective_class != "critical" or s.above_min)
@@ -317,6 +357,13 @@ def preempt(
         return result
     policy = ctx.policy
     need_guess = _first_need(profiles)
+    if want.owner and policy.quotas:
+        # Limits first: with every victim of its own gone, would it still pass a limit?
+        own = [c for c in cands if set(policy.chain(c.model.owner)) & set(policy.chain(want.owner))]
+        smallest = min((profile_amount(p) for p in profiles), key=Amount.size_key, default=ZERO)
+        if why := policy.at_limit(want.owner, _minus(policy, ctx.usage, own), smallest):
+            result.blocked.append(why)
+            return result
     by_node: dict[str, list[_Candidate]] = {}
     for c in cands:
         by_node.setdefault(c.node, []).append(c)
@@ -327,9 +374,7 @@ def preempt(
 
     def fits(group: frozenset[str], chosen: list[_Candidate]) -> Placement | None:
         trial = inv.trial(group, [c.replica for c in chosen])
-        placed = trial.place(profiles, avoid=avoid & group, weights_source=want.source)
-        if not isinstance(placed, Placement) and avoid & group:
-            placed = trial.place(profiles, weights_source=want.source)
+        placed = trial.place_spread(profiles, avoid & group, want.source)
         return placed if isinstance(placed, Placement) else None
 
     def reclaiming(chosen: list[_Candidate], need: Amount) -> bool:
@@ -423,13 +468,14 @@ def preempt(
                 best = ((found[0], name), found[1], found[2])
         if best is not None:
             _, chosen, placed = best
+            loans = reclaiming(chosen, placement_amount(placed))
             result.victims = [
                 Victim(
                     c.replica.id,
                     c.model.name,
                     c.model.effective_class,
                     c.node,
-                    TIER_WHY[c.rank],
+                    TIER_WHY[c.rank if loans or c.tier is None else c.tier],
                     c.amount,
                 )
                 for c in chosen

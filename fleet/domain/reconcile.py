@@ -14,12 +14,19 @@ from datetime import datetime, timedelta
 
 from catalog.domain import ModelSpec, Profile
 from llmgw.config import Timings
-from tenancy.quota import ZERO, Amount, Policy
+from tenancy.quota import Amount, Policy
 
 from .holdings import placement_amount, profile_amount
 from .measured import autoscale, measured_for, ordered_profiles
 from .placement import MAX_REASONS_PER_PROFILE, Inventory, Placement, ShardPlan
-from .preemption import Context, Preemption, context, preempt
+from .preemption import (
+    Context,
+    Preemption,
+    context,
+    live_reservations,
+    preempt,
+    reserved_amount,
+)
 from .types import (
     ACTIVE,
     HOLDING,
@@ -168,11 +175,9 @@ def decide(
     nodes = _liveness(snap, now, t, plan)
     states = {name: snap.states.get(name) or ModelState(model=name) for name in snap.models}
     alive = _housekeeping(snap, nodes, now, t, plan, states)
-    reserved = {}
+    reserved = live_reservations(states, now)
     for name, state in states.items():
-        if state.reserved and state.reserved_until and now < state.reserved_until:
-            reserved[name] = state.reserved
-        elif state.reserved:
+        if state.reserved and name not in reserved:
             states[name] = replace(state, reserved=(), reserved_until=None)
     inventory = Inventory(nodes, alive, reserved)
     by_model: dict[str, list[ReplicaView]] = {}
@@ -182,7 +187,7 @@ def decide(
         for r in by_model[name]:
             if r.state not in ("stopping",):
                 plan.stops.append(Stop(r.id, int(t.preempt_grace), f"model {name} was removed"))
-    ctx = context(snap.models, alive, snap.policy, now, t)
+    ctx = context(snap.models, alive, snap.policy, now, t, reserved)
     p = Pass(
         snap=snap,
         now=now,
@@ -411,8 +416,14 @@ def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> 
             plan.retires.append(Retire(r.id, "its node is draining", deadline=deadline))
             deadlines[r.id] = deadline
     state = _restart_in_turn(model, replicas, state, retiring, plan)
+    p.ctx.taken |= retiring
 
-    active = [r for r in replicas if r.state in ACTIVE and r.id not in retiring]
+    # A replica another model's preemption took this pass is already on its way out.
+    active = [
+        r
+        for r in replicas
+        if r.state in ACTIVE and r.id not in retiring and r.id not in p.ctx.taken
+    ]
     ready = [r for r in active if r.state == "ready"]
     replaced = len(ready) >= desired
 
@@ -447,6 +458,7 @@ def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> 
 
     if len(active) > desired:
         for r in sorted(active, key=lambda r: r.created_at, reverse=True)[: len(active) - desired]:
+            p.ctx.taken.add(r.id)
             if r.state != "ready" or (model.on_demand and desired == 0):
                 why = "idle past its idle timeout" if model.on_demand else "scaled down"
                 plan.stops.append(Stop(r.id, int(t.preempt_grace), f"replica {r.id} {why}"))
@@ -498,26 +510,33 @@ def _scale_up(
     name, plan, inv, ctx = model.name, p.plan, p.inv, p.ctx
     profiles = ordered_profiles(model, p.snap.measurements)
     for _ in range(missing):
+        # The room kept for it is its own to place into, and no longer counted as coming.
         mine = inv.unreserve(name)
+        kept = reserved_amount(state.reserved)
+        ctx.charge(model.owner, kept, -1)
         placed = _place(model, profiles, inv)
         if isinstance(placed, Placement):
             need = placement_amount(placed)
             over = ctx.policy.at_limit(model.owner, ctx.usage, need) if model.owner else ""
             if over:
                 inv.rereserve(name, mine)
+                ctx.charge(model.owner, kept)
                 explanation = ({"profile": placed.profile.name, "reasons": [over]},)
                 _refusal_said(model, state, explanation, over, plan)
                 return state, True, explanation
             _start(model, placed, p)
-            for s in ctx.policy.chain(model.owner):
-                ctx.usage[s] = ctx.usage.get(s, ZERO) + need
+            ctx.charge(model.owner, need)
             state = replace(state, reserved=(), reserved_until=None)
             continue
         in_flight = [r.id for r in ctx.alive if r.preempted_for == name and r.state in HOLDING]
-        if in_flight or mine:
+        if in_flight:
             inv.rereserve(name, mine)
-            why = f"waiting for room being freed by {', '.join(in_flight) or 'stopped replicas'}"
+            ctx.charge(model.owner, kept)
+            why = f"waiting for room being freed by {', '.join(in_flight)}"
             return state, False, ({"profile": "", "reasons": [why]},)
+        # Its victims are gone and it still does not fit (the node went away, say): the
+        # room kept is no use to it; let it go and look again.
+        state = replace(state, reserved=(), reserved_until=None)
         result = preempt(model, profiles, p.live.get(name, 0), inv, ctx, _avoid(model, inv))
         if result.victims:
             return (
@@ -559,6 +578,7 @@ def _apply_preemption(
     until = now + timedelta(seconds=t.preempt_hold)
     victims = {v.replica for v in result.victims}
     p.ctx.taken |= victims
+    p.ctx.charge(model.owner, placement_amount(result.placement))
     # The whole placement it counted on is kept for it: the free part now, the victims'
     # part once they are gone. Another model later in this pass cannot take the free part.
     by_node: dict[str, list[str]] = {}
@@ -648,12 +668,8 @@ def _why_not_now(state: ModelState, snap: Snapshot, now: datetime) -> str:
 
 def _place(model: ModelSpec, profiles: list[Profile], inv: Inventory) -> Placement | list[dict]:
     """Spread over nodes that do not run the model yet; give that up when it is the only obstacle."""
-    avoid = _avoid(model, inv)
-    placed = inv.place(profiles, avoid=avoid, weights_source=model.source)
-    if isinstance(placed, Placement) or not avoid:
-        return placed if isinstance(placed, Placement) else placed.as_explanation()
-    again = inv.place(profiles, weights_source=model.source)
-    return again if isinstance(again, Placement) else again.as_explanation()
+    placed = inv.place_spread(profiles, _avoid(model, inv), model.source)
+    return placed if isinstance(placed, Placement) else placed.as_explanation()
 
 
 def _restart_in_turn(

@@ -757,6 +757,8 @@ def positive_number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value > 0:  # also refuses NaN
         raise argparse.ArgumentTypeError(f"{text!r} must be above zero")
+    if value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
 
 

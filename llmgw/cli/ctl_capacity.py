@@ -137,9 +137,14 @@ def render_target(t: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def exact(x: float) -> str:
+    """A number as sent to the server: whole numbers bare, the rest to full precision."""
+    return str(int(x)) if x == int(x) else repr(x)
+
+
 def cmd_model_target(api: Api, args: argparse.Namespace, out: Output) -> None:
     name = segment(args.name)
-    target = api.get(f"/models/{name}/target", tokens_per_sec=number(args.tokens_per_sec, 6))
+    target = api.get(f"/models/{name}/target", tokens_per_sec=exact(args.tokens_per_sec))
     out.show(target, render_target)
     if not args.apply or not target.get("more"):
         return

@@ -392,3 +392,22 @@ def test_the_measurements_load_in_one_query(api, django_assert_num_queries):
 
     assert len(loaded) == len(listed) == 3
     assert all(math.isclose(t, 10.0) for _, t in loaded.values())
+
+
+def test_a_model_added_with_an_owner_by_name_is_stored_by_id(api):
+    from tenancy.models import Organization, Team
+
+    team = Team.objects.create(org=Organization.objects.create(name="Acme"), name="ml")
+    body = {
+        "name": "owned",
+        "source": "hf://acme/owned",
+        "profiles": [{"name": "gpu", "engine": "sim", "gpu_class": "h100-80g"}],
+        "owner": "team:Acme/ml",
+    }
+    response = api.call("POST", "/models", body)
+    assert response.status_code == 201, response.content
+    assert response.json()["owner"] == f"team:{team.pk}"
+
+    unknown = api.call("POST", "/models", {**body, "name": "ghost", "owner": "team:424242"})
+    assert unknown.status_code == 400
+    assert "there is no team" in unknown.json()["detail"]

@@ -418,3 +418,17 @@ def test_an_answer_of_another_shape_says_so_and_points_at_json(capsys):
 
     assert code == 1
     assert "--json prints it as it came" in err
+
+
+def test_sizing_figures_are_sent_exactly_and_infinity_is_refused():
+    from llmgw.cli.ctl_capacity import exact
+
+    assert (exact(1200.0), exact(1e-9), exact(2.5)) == ("1200", "1e-09", "2.5")
+    import argparse
+
+    import pytest
+
+    from llmgw.cli.ctl import positive_number
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        positive_number("inf")

@@ -258,7 +258,10 @@ def apply(snap: Snapshot, plan: Plan, now: datetime) -> Snapshot:
     retires marked, starts recorded as pending, node states and model states kept."""
     forgotten = {f.replica_id for f in plan.forgets}
     stopping = {s.replica_id for s in plan.stops}
-    draining = {d.replica_id: d for d in plan.drains}
+    draining = {}
+    for d in plan.drains:
+        # The shell drains a ready replica once: a second drain of it finds it draining.
+        draining.setdefault(d.replica_id, d)
     retiring = {r.replica_id for r in plan.retires}
     replicas = []
     for r in snap.replicas:

@@ -460,7 +460,7 @@ def test_the_dry_run_says_what_would_go_and_what_is_protected_and_changes_nothin
     from fleet.domain.holdings import holdings
     from fleet.domain.placement import Inventory
 
-    ctx = Context(snap.models, snap.replicas, Policy(), {}, set(), NOW, TIMINGS)
+    ctx = Context(snap.models, snap.replicas, Policy(), {}, NOW, TIMINGS)
     inv = Inventory(snap.nodes, snap.replicas)
     result = preempt(snap.models["vital"], [TP8], 0, inv, ctx)
     assert [(v.replica, v.why) for v in result.victims] == [
@@ -486,3 +486,77 @@ def test_two_models_preempting_in_one_pass_never_choose_the_same_victim():
     victims = [d.replica_id for d in plan.drains]
     assert len(victims) == len(set(victims)) == 2
     assert sorted(d.preempted_for for d in plan.drains) == ["vital-a", "vital-b"]
+
+
+def test_room_in_flight_counts_against_its_owners_limit():
+    # team:x may hold 8 GPUs and holds 4; a and b (4 each) both want room on full nodes.
+    # Only one may have victims stopped for it: the other would pass the limit.
+    slot = gpu_profile("tp4", tp=4)
+    mine = model("x-old", slot, owner="team:x", capacity_class="critical")
+    low = model("low", slot, min=3, capacity_class="opportunistic")
+    a = model("a", slot, owner="team:x", capacity_class="critical")
+    b = model("b", slot, owner="team:x", capacity_class="critical")
+    policy = Policy.build([Quota("team:x", limit=gpus(8))], {})
+    c = fill_then_want(a, mine, gpu_node("1"), gpu_node("2"), policy=policy, others=[low])
+    c.change(models={**c.snap.models, "b": b})
+    plan = c.step()
+    assert len(plan.drains) == 1, [d.reason for d in plan.drains]
+    reasons = [r for e in c.state("b").explanation for r in e["reasons"]]
+    assert "team:x is at its capacity limit (12 GPUs of 8)" in reasons
+
+
+def test_a_borrower_takes_what_a_lower_class_grew_into_before_its_minimum():
+    # team:a has no guarantee: it borrows, and takes nothing back as a loan. By class, the
+    # opportunistic model's grown replica goes before its minimum.
+    slot = gpu_profile("tp4", tp=4)
+    low = model("low", slot, min=1, max=2, capacity_class="opportunistic")
+    want = model("want", gpu_profile("tp8", tp=8), owner="team:a")
+    policy = Policy.build([Quota("team:b", guarantee=gpus(8))], {})
+    c = Cluster(snapshot([gpu_node("1"), gpu_node("2", gpus=4)], [low, with_min(want, 0)]))
+    c.change(policy=policy)
+    settle(c, 2)
+    c.set_state("low", extra=1)
+    settle(c, 2)
+    assert live(c, "low") == 2
+    c.wait(TIMINGS.min_lifetime + 60)
+    c.change(models={"low": low, "want": want})
+    plan = c.step()
+    whys = [d.reason for d in plan.drains]
+    assert len(whys) == 1 and "grown under load by a lower class" in whys[0], whys
+
+
+def test_a_replica_scaled_down_in_a_pass_is_not_also_preempted():
+    slot = gpu_profile("tp4", tp=4)
+    a = model("a", slot, min=2, capacity_class="opportunistic")
+    c = fill_then_want(model("vital", slot, capacity_class="critical"), a, gpu_node("1"))
+    c.change(models={**c.snap.models, "a": replace(a, min_replicas=1, max_replicas=1)})
+    plan = c.step()
+    drained = [d.replica_id for d in plan.drains]
+    assert len(drained) == len(set(drained)), "a replica drained twice in one pass"
+
+
+def test_room_kept_on_a_node_that_went_away_is_let_go_and_looked_for_elsewhere():
+    chat = replace(gpu_model("chat"), min_replicas=2, max_replicas=2)
+    c = fill_then_want(gpu_model("vital", "critical"), chat, gpu_node("1"), gpu_node("2"))
+    c.step()
+    (victim,) = [r for r in c.snap.replicas if r.preempted_for == "vital"]
+    c.wait(TIMINGS.preempt_grace + 1)
+    c.step()
+    c.all_stopped()
+    c.step()  # forgets the victim; vital is placed on its GPUs straight away
+    assert live(c, "vital") == 1
+    # Now the same from a state where the kept node is cordoned before vital could use it.
+    c2 = fill_then_want(gpu_model("vital", "critical"), chat, gpu_node("1"), gpu_node("2"))
+    c2.step()
+    (victim,) = [r for r in c2.snap.replicas if r.preempted_for == "vital"]
+    kept = victim.shards[0].node_id
+    c2.wait(TIMINGS.preempt_grace + 1)
+    c2.step()
+    c2.all_stopped()
+    nodes = dict(c2.snap.nodes)
+    nodes[kept] = replace(nodes[kept], cordoned=True)
+    c2.change(nodes=nodes)
+    c2.step()
+    assert not c2.state("vital").reserved or c2.state("vital").reserved[0].node_id != kept
+    other = ({"1", "2"} - {kept}).pop()
+    assert [r.shards[0].node_id for r in c2.snap.replicas if r.preempted_for == "vital"] == [other]
