@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -387,6 +388,27 @@ def test_the_view_answers_without_credentials_and_gzips_when_asked(client, no_se
     assert zipped["Content-Encoding"] == "gzip"
     assert "llmgw_node_up" in names(plain.content.decode())
     assert client.post("/metrics").status_code == 405
+
+
+async def test_the_asgi_server_renders_it_off_the_event_loop(monkeypatch):
+    from channels.testing import HttpCommunicator
+
+    from llmgw.asgi import application
+
+    rendered_in = []
+
+    def text(**kwargs) -> str:
+        rendered_in.append(threading.get_ident())
+        return "# HELP llmgw_x x\n# TYPE llmgw_x gauge\nllmgw_x 1.0\n"
+
+    monkeypatch.setattr(metrics, "fleet_text", text)
+
+    response = await HttpCommunicator(application, "GET", "/metrics").get_response()
+
+    assert response["status"] == 200
+    assert response["body"].endswith(b"llmgw_x 1.0\n")
+    # Not the thread running the loop that serves the agents' websockets.
+    assert rendered_in and rendered_in[0] != threading.get_ident()
 
 
 def test_an_empty_cluster_answers_with_nothing_to_say(client):
