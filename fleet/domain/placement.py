@@ -280,11 +280,13 @@ class Inventory:
         *,
         avoid: frozenset[str] = frozenset(),
         weights_source: str = "",
+        judge: bool = True,
     ) -> Placement | Refusal:
-        """The first profile, in the order given, that fits; else why each did not."""
+        """The first profile, in the order given, that fits; else why each did not (with
+        `judge=False`, an indexed search that finds nothing does not judge every node)."""
         reasons = []
         for profile in profiles:
-            result = self._place_profile(profile, avoid, weights_source)
+            result = self._place_profile(profile, avoid, weights_source, judge)
             if isinstance(result, Placement):
                 return result
             reasons.append((profile.name, tuple(result)))
@@ -295,7 +297,7 @@ class Inventory:
     ) -> Placement | Refusal:
         """Place avoiding nodes that already run the model; give that up when it is the only
         obstacle (a second replica on one node still survives an engine crash)."""
-        placed = self.place(profiles, avoid=avoid, weights_source=source)
+        placed = self.place(profiles, avoid=avoid, weights_source=source, judge=not avoid)
         if isinstance(placed, Placement) or not avoid:
             return placed
         return self.place(profiles, weights_source=source)
@@ -320,17 +322,19 @@ class Inventory:
             )
         for free in sorted(f for f, ids in buckets.items() if f >= need and ids):
             for node_id in buckets[free]:
-                if refuse(rooms[node_id], profile, avoid, source) is None:
+                if node_id not in avoid and refuse(rooms[node_id], profile, avoid, source) is None:
                     return rooms[node_id]
         return None
 
     def _place_profile(
-        self, profile: Profile, avoid: frozenset[str], source: str
+        self, profile: Profile, avoid: frozenset[str], source: str, judge: bool = True
     ) -> Placement | list[str]:
         if profile.nodes == 1 and not profile.cpu_only and len(self.rooms) >= INDEX_FROM:
             room = self._first_fit(profile, avoid, source)
             if room is not None:
                 return Placement(profile, (self._shard(room, profile, 0),))
+            if not judge:
+                return []
             # Nothing fits: judge every node, for the sentences saying why.
         eligible: list[NodeRoom] = []
         refused: list[str] = []
