@@ -135,6 +135,10 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = LLMGW.home / "static"

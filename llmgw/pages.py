@@ -1,0 +1,55 @@
+"""What every page shares: staff only, and one view serving a page and its fragments.
+
+A view renders `app/page.html` for a browser and `app/page.html#fragment` when
+htmx asks for a part of it (template partials); either way the response varies
+on HX-Request, so a cache never serves a fragment for a page or the reverse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils.cache import patch_vary_headers
+
+
+def staff_required(view: Callable) -> Callable:
+    """Send anyone not logged in to the login page; refuse a logged-in user who is not staff.
+
+    An htmx request from a session that expired is told to load the login page whole
+    (HX-Redirect), not given a login form to swap into a table.
+    """
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        user = request.user
+        if not user.is_authenticated:
+            response = redirect_to_login(request.get_full_path())
+            if getattr(request, "htmx", False):
+                response = HttpResponse(status=204, headers={"HX-Redirect": response.url})
+            return response
+        if not (user.is_active and user.is_staff):
+            raise PermissionDenied("These pages are for staff.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def page(
+    request: HttpRequest,
+    template: str,
+    context: dict,
+    *,
+    fragment: str | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    """Render the whole page, or only `fragment` of it when htmx asks (or when given)."""
+    wanted = fragment or (request.GET.get("fragment") if getattr(request, "htmx", False) else None)
+    name = f"{template}#{wanted}" if wanted else template
+    response = render(request, name, context, status=status)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
