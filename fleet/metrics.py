@@ -550,13 +550,36 @@ def _reconciler(scrape: Scrape, now: datetime) -> None:
         scrape.add("llmgw_reconciler_settling", (), 1 if settling else 0)
 
 
+@contextmanager
+def _snapshot():
+    """One consistent read of the database, taking no lock a writer waits for.
+
+    PostgreSQL: a repeatable-read, read-only transaction. SQLite: a plain (deferred) BEGIN,
+    which in WAL mode reads one snapshot; Django's own atomic() would BEGIN IMMEDIATE here
+    (settings.py) and hold the write lock for the whole scrape, keeping the heartbeats'
+    write-behind and the reconciler waiting. Inside a caller's transaction, that one.
+    """
+    if connection.in_atomic_block:
+        yield
+    elif connection.vendor == "postgresql":
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield
+    elif connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN")
+            try:
+                yield
+            finally:
+                cursor.execute("ROLLBACK")  # it wrote nothing
+    else:
+        with transaction.atomic():
+            yield
+
+
 def _scrape(now: datetime) -> Scrape:
     scrape = Scrape()
-    begin = not connection.in_atomic_block
-    with transaction.atomic():
-        if begin and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    with _snapshot():
         held = _held()
         catalog = catalog_load()
         _nodes(scrape, now, settings.LLMGW.timings.unreachable, held.gpus)

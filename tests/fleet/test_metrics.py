@@ -6,6 +6,7 @@ import gzip
 import json
 import re
 import shutil
+import sqlite3
 import subprocess
 import threading
 from datetime import UTC, datetime, timedelta
@@ -329,6 +330,35 @@ def test_a_scrape_costs_the_same_queries_at_any_fleet_size(no_settle):
 
     assert small == large
     assert large[1] <= 20
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_scrape_reads_one_snapshot_and_leaves_writers_free(monkeypatch):
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's repeatable read needs no showing; SQLite's locks do")
+    node_add("g1", now=T0, gpus=(H100,))
+    model_added(gpu_model("chat"))
+    ModelState.objects.create(model="chat", failures=1)
+    scrape_models = metrics._models
+
+    def another_process_writes_midway(*args):
+        # A heartbeat flush or a reconciler pass elsewhere, while this scrape reads.
+        db = sqlite3.connect(connection.settings_dict["NAME"], timeout=0.2)
+        try:
+            db.execute("UPDATE fleet_modelstate SET failures = 2 WHERE model = 'chat'")
+            db.commit()
+        finally:
+            db.close()
+        return scrape_models(*args)
+
+    monkeypatch.setattr(metrics, "_models", another_process_writes_midway)
+    during = scrape(at(1))
+    monkeypatch.setattr(metrics, "_models", scrape_models)
+
+    # The write did not wait for the scrape (it would have failed after 0.2 s), and the
+    # scrape kept the picture it began with; the next one sees the write.
+    assert "llmgw_model_failures model=chat -> 1" in during
+    assert "llmgw_model_failures model=chat -> 2" in scrape(at(2))
 
 
 def test_two_processes_answer_the_same(no_settle):
