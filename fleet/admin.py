@@ -23,10 +23,38 @@ class NodeAdmin(ViewOnly, admin.ModelAdmin):
         "View only: nodes are what their agents report; cordon, uncordon and drain with "
         "llmgw ctl node or the REST API (/api/v1/nodes/{id}/cordon), which record who did it."
     )
-    list_display = ["id", "hostname", "state", "cordoned", "draining", "cpu_count", "last_seen"]
-    list_filter = ["state", "cordoned", "draining"]
-    search_fields = ["id", "hostname"]
+    list_display = [
+        "id",
+        "hostname",
+        "state",
+        "cordoned",
+        "draining",
+        "gpu_summary",
+        "cpu_count",
+        "memory",
+        "agent_version",
+        "last_seen",
+    ]
+    list_filter = ["state", "cordoned", "draining", "gpus__gpu_class"]
+    search_fields = ["id", "hostname", "mgmt_addr"]
     inlines = [GpuInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("gpus")
+
+    @admin.display(description="GPUs")
+    def gpu_summary(self, obj) -> str:
+        """`8 × h100-80g`, one part per class; `-` for a node without GPUs."""
+        classes: dict[str, int] = {}
+        for gpu in obj.gpus.all():
+            classes[gpu.gpu_class or "unknown"] = classes.get(gpu.gpu_class or "unknown", 0) + 1
+        return ", ".join(f"{n} × {c}" for c, n in classes.items()) or "-"
+
+    @admin.display(description="memory", ordering="memory_total_mb")
+    def memory(self, obj) -> str:
+        if obj.memory_total_mb is None:
+            return "-"
+        return f"{obj.memory_total_mb / 1024:,.0f} GB"
 
 
 class ShardInline(ViewOnly, admin.TabularInline):
@@ -40,7 +68,24 @@ class ReplicaAdmin(ViewOnly, admin.ModelAdmin):
         "View only: the reconciler starts and stops replicas; replace a model's with "
         "llmgw ctl restart --model NAME."
     )
-    list_display = ["id", "model", "profile", "state", "created_at", "ready_at"]
-    list_filter = ["state"]
-    search_fields = ["id", "model"]
+    list_display = [
+        "id",
+        "model",
+        "profile",
+        "state",
+        "nodes",
+        "retiring",
+        "preempted_for",
+        "created_at",
+        "ready_at",
+    ]
+    list_filter = ["state", "retiring", "profile"]
+    search_fields = ["id", "model", "shards__node__id"]
     inlines = [ShardInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("shards")
+
+    @admin.display(description="nodes")
+    def nodes(self, obj) -> str:
+        return ", ".join(s.node_id for s in obj.shards.all()) or "-"

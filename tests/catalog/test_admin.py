@@ -72,3 +72,51 @@ def test_measurements_are_view_only(admin_client, llama):
     assert admin_client.post(delete, {"post": "yes"}).status_code == 403
     measurement.refresh_from_db()
     assert measurement.max_concurrency == 8
+
+
+@pytest.fixture
+def three(llama) -> int:
+    """llama (shared, 2–3), chat (critical, owned by Acme's ml) and spare (on demand);
+    the team's ID."""
+    from tenancy.services import org_create, team_create
+
+    team = team_create(org=org_create(name="Acme", actor="t").pk, name="ml", actor="t")
+    model_added(gpu_model("chat", owner=f"team:{team.pk}", **{"class": "critical"}))
+    model_added(gpu_model("spare", scaling={"min": 0, "max": 1}))
+    return team.pk
+
+
+def test_the_model_list_has_a_line_per_model_with_class_owner_and_replicas(admin_client, three):
+    page = admin_client.get("/admin/catalog/model/").content.decode()
+
+    for column in ("shown_class", "owner", "replicas", "profile_names", "declared"):
+        assert f"column-{column}" in page
+    assert "critical" in page and f"team:{three} (Acme / ml)" in page
+    assert "standard (default)" in page and "opportunistic (default)" in page
+    assert "2–3" in page and "shared" in page
+
+
+@pytest.mark.parametrize(
+    "query, shown",
+    [
+        ("owner=team", ["chat"]),
+        ("owner=shared", ["llama", "spare"]),
+        ("runs=on-demand", ["spare"]),
+        ("capacity_class=critical", ["chat"]),
+        ("declared__exact=0&q=cha", ["chat"]),
+    ],
+)
+def test_the_model_list_filters_by_owner_class_and_how_it_runs(admin_client, three, query, shown):
+    response = admin_client.get(f"/admin/catalog/model/?{query}")
+
+    assert [m.name for m in response.context["cl"].result_list] == shown
+
+
+def test_the_model_list_reads_the_tenancy_tree_once_whatever_the_rows(
+    admin_client, three, django_assert_max_num_queries
+):
+    for n in range(20):
+        model_added(gpu_model(f"m{n}", owner="" if n % 2 else f"team:{three}"))
+
+    with django_assert_max_num_queries(11):
+        assert admin_client.get("/admin/catalog/model/").status_code == 200

@@ -58,3 +58,32 @@ def test_a_replica_cannot_be_changed_or_deleted_in_admin(admin_client):
 
     assert (changed.status_code, deleted.status_code) == (403, 403)
     assert Replica.objects.get().state == "pending"
+
+
+def test_the_node_list_shows_gpus_memory_and_filters_by_gpu_class(admin_client, node):
+    page = admin_client.get("/admin/fleet/node/?gpus__gpu_class=h100-80g").content.decode()
+
+    assert "column-gpu_summary" in page and "× h100-80g" in page
+    assert "column-memory" in page
+    assert (
+        admin_client.get("/admin/fleet/node/?gpus__gpu_class=h100-80g").context["cl"].result_count
+        == 1
+    )
+
+
+def test_the_replica_list_shows_its_nodes_and_finds_replicas_by_node(admin_client, node):
+    now = clock.now()
+    replica = Replica.objects.create(
+        id="llama-1",
+        model="llama",
+        profile="gpu",
+        profile_fp="abc",
+        state_since=now,
+        created_at=now,
+    )
+    replica.shards.create(id="llama-1-0", node=node, http_port=20000, gpu_indices=[0, 1])
+
+    response = admin_client.get("/admin/fleet/replica/?q=gpu-a")
+
+    assert [r.id for r in response.context["cl"].result_list] == ["llama-1"]
+    assert "column-nodes" in response.content.decode()
