@@ -1,4 +1,4 @@
-"""`GET /metrics` at about 100,000 series: the view end to end, through Django's test client.
+"""`GET /metrics` at about 100,000 series, and heartbeat handling while it is scraped.
 
 Builds a fleet in a fresh database (SQLite under a temporary LLMGW_HOME, or
 DATABASE_URL's server when set): BENCH_NODES nodes of 8 GPUs each, every one
@@ -7,7 +7,14 @@ temperature, CPU power, and per GPU temperature, memory temperature, power,
 power limit, utilisation, memory used, a throttle reason on some), models with
 replicas on them, and capacity quotas. At 79 series a node, 1,270 nodes give
 about 100,000 series. Times BENCH_RUNS scrapes after a first one (which reads
-every GPU and fills the label cache), plain and gzipped as Prometheus asks.
+every GPU and fills the label cache), plain and gzipped as Prometheus asks,
+through Django's test client.
+
+Then starts `llmgw serve` on the same database, connects BENCH_AGENTS agents
+and measures heartbeat handling at BENCH_RATE a second as
+benchmarks/heartbeats.py does (a probe after each heartbeat), for
+BENCH_SECONDS without scrapes and BENCH_SECONDS with a gzipped scrape every
+BENCH_SCRAPE_EVERY seconds; the fleet's rows are kept heard from meanwhile.
 Prints one JSON line per figure.
 """
 
@@ -19,10 +26,18 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 NODES = int(os.environ.get("BENCH_NODES", 1270))
 MODELS = int(os.environ.get("BENCH_MODELS", 500))
 RUNS = int(os.environ.get("BENCH_RUNS", 15))
+# The second part: heartbeat handling in a real `llmgw serve` over this fleet, without and
+# with scrapes every SCRAPE_EVERY seconds (Prometheus' default is 15). 0 leaves it out.
+AGENTS = int(os.environ.get("BENCH_AGENTS", 50))
+RATE = float(os.environ.get("BENCH_RATE", 1000))
+SECONDS = float(os.environ.get("BENCH_SECONDS", 10))
+SCRAPE_EVERY = float(os.environ.get("BENCH_SCRAPE_EVERY", 2))
+HEARTBEATS = os.environ.get("BENCH_METRICS_HEARTBEATS", "1") != "0"
 
 
 def _load(i: int) -> dict:
@@ -145,6 +160,110 @@ def main() -> None:
         print(json.dumps({"figure": name, "median": round(statistics.median(samples) * 1000, 1),
                           "p95": round(p95 * 1000, 1), "aim": 150 if name == "metrics_scrape_ms" else None,
                           "scale": scale}), flush=True)  # fmt: skip
+    if HEARTBEATS:
+        _heartbeats_while_scraped(scale)
+
+
+def _heartbeats_while_scraped(scale: dict) -> None:
+    import asyncio
+    import contextlib
+    import threading
+
+    import heartbeats as hb  # benchmarks/heartbeats.py, beside this file
+    import httpx
+    from django.db import DatabaseError, connection
+
+    from fleet.models import Node
+    from llmgw import clock
+    from tenancy.models import Token
+    from tenancy.services import token_create
+
+    token = token_create(name="bench-metrics", kind=Token.AGENT)[1]
+    port = hb._free_port()
+    base = f"http://127.0.0.1:{port}"
+    done, scraping = threading.Event(), threading.Event()
+    scrapes: list[float] = []
+
+    def keep_heard() -> None:
+        # What these nodes' agents would do: without it their readings go stale in 15 s.
+        while not done.wait(3):
+            with contextlib.suppress(DatabaseError):
+                Node.objects.filter(id__startswith="n").update(last_seen=clock.now())
+        connection.close()
+
+    def scrape() -> None:
+        with httpx.Client(timeout=60) as client:
+            while not done.is_set():
+                if not scraping.wait(0.1):
+                    continue
+                start = time.perf_counter()
+                response = client.get(f"{base}/metrics", headers={"Accept-Encoding": "gzip"})
+                assert response.status_code == 200
+                scrapes.append(time.perf_counter() - start)
+                done.wait(SCRAPE_EVERY)
+
+    async def paced(conns, seconds: float, seq: int) -> list[float]:
+        """As heartbeats.py's paced run; the probe's answer is awaited past any command the
+        server sends (it stops the shard the payload says runs, which it does not know)."""
+        latencies: list[float] = []
+        interval = len(conns) / RATE
+
+        async def one(ws, offset: float) -> None:
+            start, k, n = time.monotonic() + offset, 0, seq
+            while (due := start + k * interval) < start + seconds:
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                n += 1
+                await ws.send(hb._heartbeat(n))
+                sent = time.perf_counter()
+                await ws.send(hb._heartbeat(n))  # the probe: answered once all before it is handled
+                while json.loads(await ws.recv())["type"] != "error":
+                    pass
+                latencies.append(time.perf_counter() - sent)
+                k += 1
+
+        await asyncio.gather(*(one(ws, i * interval / len(conns)) for i, ws in enumerate(conns)))
+        return sorted(latencies)
+
+    async def run(pid: int) -> dict:
+        conns = [
+            await hb._connect(f"ws://127.0.0.1:{port}/ws/agent/", token, n) for n in range(AGENTS)
+        ]
+        try:
+            await paced(conns, 3, 1_000_000)  # warm up
+            quiet = await paced(conns, SECONDS, 2_000_000)
+            scraping.set()
+            busy = await paced(conns, SECONDS, 3_000_000)
+            return {"quiet": quiet, "busy": busy}
+        finally:
+            done.set()
+            await asyncio.to_thread(scraper.join, 120)  # a scrape under way ends first
+            for ws in conns:
+                await ws.close()
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    helpers = [threading.Thread(target=keep_heard, daemon=True), scraper]
+    for t in helpers:
+        t.start()
+    env = {**os.environ, "PYTHONPATH": str(hb.REPO)}
+    log = Path(os.environ.get("LLMGW_HOME") or tempfile.gettempdir()) / "bench-metrics-serve.log"
+    try:
+        found = hb._serve([sys.executable, "-m", "llmgw", "serve", "--port", str(port)], env, log,
+                          f"{base}/api/v1/openapi.json", run)  # fmt: skip
+    finally:
+        done.set()
+        for t in helpers:
+            t.join(timeout=60)
+    quiet, busy = found["quiet"], found["busy"]
+    pct = lambda lat, q: round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1000, 2)  # noqa: E731
+    print(json.dumps({"figure": "heartbeat_handling_while_scraped_ms",
+                      "p50_unscraped": pct(quiet, 0.5), "p99_unscraped": pct(quiet, 0.99),
+                      "p50_scraped": pct(busy, 0.5), "p99_scraped": pct(busy, 0.99),
+                      "p99_change": round(pct(busy, 0.99) / pct(quiet, 0.99) - 1, 3), "aim_p99_change": 0.10,
+                      "scrapes": len(scrapes), "scrape_every_s": SCRAPE_EVERY,
+                      "scrape_ms_median": round(statistics.median(scrapes) * 1000, 1) if scrapes else None,
+                      "scale": {**scale, "agents": AGENTS, "offered_per_second": RATE, "seconds": SECONDS,
+                                "probes": len(busy), "machine_cores": os.cpu_count(),
+                                "client_on_same_machine": True}}), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
