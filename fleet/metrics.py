@@ -162,7 +162,7 @@ class _GpuRow(NamedTuple):
 # Line prefixes (the label text) by what they are made of, and each node's GPUs as last
 # registered, keyed by the node's spec_at: it moves whenever the node registers, the only
 # time its GPUs change. Both are derived from what the database says, so every process
-# writes the same text; nothing else outlives a scrape.
+# writes the same text. Beside them only the text of numbers outlives a scrape.
 _series: dict[tuple, str] = {}
 _node_prefixes: dict[str, tuple[str, ...]] = {}
 _gpus: dict[str, tuple[object, tuple[_GpuRow, ...]]] = {}
