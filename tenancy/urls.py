@@ -1,5 +1,10 @@
 """The tenancy pages (HTMX, staff only); their views are in tenancy/views.py."""
 
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-urlpatterns: list = []
+from . import views
+
+urlpatterns = [
+    path("quotas", views.quotas, name="quotas"),
+    path("scopes", views.scopes, name="scopes"),
+]
