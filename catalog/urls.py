@@ -1,5 +1,10 @@
 """The catalog pages (HTMX, staff only); their views are in catalog/views.py."""
 
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-urlpatterns: list = []
+from . import views
+
+urlpatterns = [
+    path("models", views.models, name="models"),
+    path("models/<str:name>", views.model, name="model"),
+]
