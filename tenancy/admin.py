@@ -14,6 +14,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from catalog.admin import ViewOnly
 from llmgw.errors import Invalid
 from llmgw.secrets import digest, new_secret
 
@@ -519,10 +520,10 @@ class TokenAdmin(admin.ModelAdmin):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(ViewOnly, admin.ModelAdmin):
+    description = (
+        "View only: the record of who changed what; nobody adds to it or edits it by hand."
+    )
     list_display = ["at", "actor", "action", "target"]
-    list_filter = ["action"]
-    search_fields = ["actor", "target"]
-
-    def has_change_permission(self, request, obj=None):
-        return False
+    list_filter = ["action", "at"]
+    search_fields = ["actor", "target", "action"]

@@ -297,3 +297,28 @@ def test_the_key_and_quota_lists_do_not_query_per_row(
         assert admin_client.get("/admin/tenancy/capacityquota/").status_code == 200
     with django_assert_max_num_queries(12):
         assert admin_client.get("/admin/tenancy/project/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "model", ["organization", "team", "project", "apikey", "capacityquota", "token"]
+)
+def test_each_list_and_add_form_renders_for_a_superuser(admin_client, tree, model):
+    assert admin_client.get(f"/admin/tenancy/{model}/").status_code == 200
+    add = admin_client.get(f"/admin/tenancy/{model}/add/")
+    assert add.status_code == 200
+    if model == "apikey":
+        # Nothing about the secret is asked for or shown before it exists.
+        assert 'name="prefix"' not in add.content.decode()
+        assert 'name="secret_hash"' not in add.content.decode()
+
+
+def test_the_audit_trail_is_read_only_in_admin(admin_client, tree):
+    event = AuditEvent.objects.first()
+
+    assert admin_client.get("/admin/tenancy/auditevent/?q=org.add").status_code == 200
+    assert admin_client.get("/admin/tenancy/auditevent/add/").status_code == 403
+    changed = admin_client.post(f"/admin/tenancy/auditevent/{event.pk}/change/", {"actor": "x"})
+    deleted = admin_client.post(f"/admin/tenancy/auditevent/{event.pk}/delete/", {"post": "yes"})
+    assert (changed.status_code, deleted.status_code) == (403, 403)
+    event.refresh_from_db()
+    assert event.actor == "test"
