@@ -1,0 +1,398 @@
+"""Reads for the cluster and node pages: every row in a fixed number of queries.
+
+The API's `nodes_list` and `model_views` build whole model instances and every
+profile's fingerprint; at 5,000 nodes and 500 models, refreshed every five
+seconds, that is most of a page. These read only what the tables show, in
+plain values, and take the replicas (`replica_views`, cached per process) from
+the caller so the nodes, models and quotas share one read of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypedDict
+
+from django.db import connection
+from django.db.models.fields.json import KeyTransform
+
+from catalog.domain import ModelSpec, reservation_warnings
+from tenancy.selectors import quota_views
+
+from .domain.gpuclass import CLASS_LABEL
+from .domain.holdings import holdings
+from .domain.reconcile import desired_replicas
+from .domain.types import HOLDING, ModelState as ModelStateView, NodeView, ReplicaView
+from .models import Gpu, ModelState, Node, Shard
+from .selectors import _held_for, _status
+
+# What an operator sees, most troubled first: the order of `?sort=state`.
+SHOWN_STATES = ("lost", "unreachable", "draining", "cordoned", "ready")
+DOWN = frozenset({"lost", "unreachable"})
+# Load figures the nodes table shows, as kept in Node.load (fleet/events.py, Load).
+_LOAD_KEYS = ("load1", "memory_used_bytes", "cpu_temp_c", "cpu_power_w", "inlet_temp_c")
+# The node sensors: a column only when some node reports it.
+NODE_SENSORS = ("cpu_temp_c", "cpu_power_w", "inlet_temp_c")
+
+
+class NodeRow(TypedDict):
+    """One node as the cluster page's table shows it; None is not reported.
+
+    Rows are plain dicts: a template looks a dict's keys up at once, an object's
+    attributes only after failing to index it, which at 600 rows is a tenth of a page.
+    """
+
+    id: str
+    state: str
+    labels: Mapping[str, str]
+    gpu_total: int
+    gpu_free: int
+    gpu_class: str
+    memory_gb: float | None
+    memory_used_gb: float | None
+    cpu_count: int | None
+    load1: float | None
+    cpu_temp_c: float | None
+    cpu_power_w: float | None
+    inlet_temp_c: float | None
+    replicas: int
+    classes: tuple[str, ...]
+
+
+def _figure(value) -> float | None:
+    """A reading from the JSON, or None: anything but a number was not a reading.
+
+    SQLite hands a JSON number over as a number; PostgreSQL's jsonb comes as its text.
+    """
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Registered:
+    """What a node said when it registered: it changes only when it registers again."""
+
+    labels: Mapping[str, str]
+    gpu_total: int
+    gpu_class: str
+    classes: tuple[str, ...]
+    healthy: frozenset[int]
+
+
+# Per process, keyed by when each node registered, as the reconciler's node cache is: a page
+# refreshed every five seconds at 5,000 nodes must not read 40,000 GPUs each time.
+_registered: dict[str, tuple[tuple, _Registered]] = {}
+# Up to this many nodes to read again are named in the query; more, and all are read.
+_BY_ID = 500
+
+
+def caches_clear() -> None:
+    """Forget what was read of each node's registration (tests reuse node ids)."""
+    _registered.clear()
+
+
+def _registered_load(stale: dict[str, tuple]) -> None:
+    """Read the labels and GPUs of the nodes in `stale` (id: key): two queries, however many."""
+    nodes, gpus = Node.objects.order_by(), Gpu.objects.order_by()
+    if len(stale) <= _BY_ID:
+        nodes, gpus = nodes.filter(pk__in=list(stale)), gpus.filter(node_id__in=list(stale))
+    labels = {i: v for i, v in nodes.values_list("id", "labels") if i in stale}
+    found: dict[str, list[tuple[int, str, bool]]] = defaultdict(list)
+    for node_id, index, gpu_class, healthy in gpus.values_list(
+        "node_id", "index", "gpu_class", "healthy"
+    ):
+        if node_id in stale:
+            found[node_id].append((index, gpu_class, healthy))
+    for node_id, key in stale.items():
+        given = labels.get(node_id)
+        given = given if isinstance(given, dict) else {}
+        gpus_ = found[node_id]
+        override = given.get(CLASS_LABEL)
+        classes = {override} if override and gpus_ else {c for _, c, _ in gpus_}
+        _registered[node_id] = (
+            key,
+            _Registered(
+                labels=given,
+                gpu_total=len(gpus_),
+                gpu_class=", ".join(sorted(classes)),
+                classes=tuple(sorted(classes)),
+                healthy=frozenset(i for i, _, ok in gpus_ if ok),
+            ),
+        )
+
+
+def node_rows(replicas: Iterable[ReplicaView]) -> list[NodeRow]:
+    """Every node, by id, with its GPUs free and their class, its load and sensors.
+
+    One query, and two more for the nodes that registered since they were last read. A
+    GPU is free when it is healthy and no holding replica has it, as `nodes_list` says.
+    """
+    used: dict[str, set[int]] = defaultdict(set)
+    on_node: dict[str, set[str]] = defaultdict(set)
+    for r in replicas:
+        if r.state not in HOLDING:
+            continue
+        for s in r.shards:
+            used[s.node_id].update(s.gpu_indices)
+            on_node[s.node_id].add(r.id)
+    figures = {f"l_{k}": KeyTransform(k, "load") for k in _LOAD_KEYS}
+    query = Node.objects.annotate(**figures).values_list(
+        "id",
+        "state",
+        "cordoned",
+        "draining",
+        "memory_total_mb",
+        "cpu_count",
+        "registered_at",
+        "spec_at",
+        *figures,
+    )
+    # Straight from the driver: Django's converters would decode each date and figure again.
+    sql, params = query.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    stale = {
+        r[0]: r[6:8] for r in rows if r[0] not in _registered or _registered[r[0]][0] != r[6:8]
+    }
+    if stale:
+        _registered_load(stale)
+    if len(_registered) > len(rows):
+        for gone in _registered.keys() - {r[0] for r in rows}:
+            del _registered[gone]
+    out = []
+    for node_id, state, cordoned, draining, memory_mb, cpus, _, _, *load in rows:
+        load1, mem_used, cpu_temp, cpu_power, inlet = (_figure(v) for v in load)
+        known = _registered[node_id][1]
+        shown = NodeView(id=node_id, state=state, cordoned=bool(cordoned), draining=bool(draining))
+        out.append(
+            NodeRow(
+                id=node_id,
+                state=shown.shown_state,
+                labels=known.labels,
+                gpu_total=known.gpu_total,
+                gpu_free=len(known.healthy - used[node_id]),
+                gpu_class=known.gpu_class,
+                memory_gb=memory_mb / 1024 if memory_mb else None,
+                memory_used_gb=mem_used / 1024**3 if mem_used is not None else None,
+                cpu_count=cpus or None,
+                load1=load1,
+                cpu_temp_c=cpu_temp,
+                cpu_power_w=cpu_power,
+                inlet_temp_c=inlet,
+                replicas=len(on_node[node_id]),
+                classes=known.classes,
+            )
+        )
+    return out
+
+
+def nodes_filter(
+    rows: Iterable[NodeRow],
+    *,
+    state: str = "",
+    label: tuple[str, str] | None = None,
+    gpu_class: str = "",
+) -> list[NodeRow]:
+    """The rows in a state, carrying a label (key, value) and having a GPU of a class."""
+    return [
+        r
+        for r in rows
+        if (not state or r["state"] == state)
+        and (label is None or r["labels"].get(label[0]) == label[1])
+        and (not gpu_class or gpu_class in r["classes"])
+    ]
+
+
+_SORT_KEYS = {
+    "id": lambda r: r["id"],
+    "state": lambda r: (
+        SHOWN_STATES.index(r["state"]) if r["state"] in SHOWN_STATES else len(SHOWN_STATES)
+    ),
+    "gpus_free": lambda r: r["gpu_free"] if r["gpu_total"] else None,
+    "memory": lambda r: r["memory_gb"],
+    "cpus": lambda r: r["cpu_count"],
+    "load": lambda r: r["load1"],
+}
+SORTS = tuple(_SORT_KEYS)
+
+
+def nodes_sort(rows: list[NodeRow], key: str, *, descending: bool = False) -> list[NodeRow]:
+    """Rows by `key` (one of SORTS), ties by id; a node that does not report it goes last."""
+    get = _SORT_KEYS[key]
+    known = sorted((r for r in rows if get(r) is not None), key=lambda r: r["id"])
+    known.sort(key=get, reverse=descending)
+    return known + sorted((r for r in rows if get(r) is None), key=lambda r: r["id"])
+
+
+def nodes_down() -> list[tuple[str, str]]:
+    """(id, state) of every node the control plane cannot reach, by id: one query."""
+    return list(Node.objects.exclude(state=Node.READY).values_list("id", "state"))
+
+
+_STATE_FIELDS = (
+    "model",
+    "desired",
+    "failures",
+    "parked_since",
+    "parked_reason",
+    "unplaceable",
+    "explanation",
+    "held_until",
+    "held_for",
+    "preempted",
+)
+
+
+def _states() -> dict[str, ModelStateView]:
+    rows = ModelState.objects.values_list(*_STATE_FIELDS)
+    out = {}
+    for row in rows:
+        d = dict(zip(_STATE_FIELDS, row, strict=True))
+        d["explanation"] = tuple(d["explanation"] or ())
+        out[d["model"]] = ModelStateView(**d)
+    return out
+
+
+def _measured_memory(
+    replicas: Iterable[ReplicaView], catalog: Mapping[str, ModelSpec]
+) -> dict[str, float]:
+    """The most resident memory one shard of each model was measured using, in GB (as
+    `model_views` says it), reading only the shards' figures of the nodes that run them."""
+    model_of = {
+        s.id: r.model
+        for r in replicas
+        if r.state == "ready" and r.model in catalog
+        for s in r.shards
+    }
+    if not model_of:
+        return {}
+    hosts = Shard.objects.filter(replica__state="ready").values("node_id")
+    uses = (
+        Node.objects.filter(pk__in=hosts)
+        .annotate(uses=KeyTransform("shards", "load"))
+        .values_list("uses", flat=True)
+    )
+    out: dict[str, float] = {}
+    for shards in uses:
+        for shard_id, use in (shards if isinstance(shards, dict) else {}).items():
+            model = model_of.get(shard_id)
+            rss = use.get("rss_bytes") if isinstance(use, dict) else None
+            if model and isinstance(rss, int) and rss > 0:
+                out[model] = max(out.get(model, 0.0), round(rss / 1024**3, 1))
+    return out
+
+
+class ModelRow(TypedDict):
+    """One model as the cluster page's table shows it (a plain dict, as NodeRow)."""
+
+    name: str
+    aliases: tuple[str, ...]
+    description: str
+    status: str
+    reason: str
+    ready: int
+    desired: int
+    min: int
+    max: int
+    capacity_class: str
+    held_for: str
+    preempted: int
+    memory_gb: float | None
+    cpu_cores: int | None
+    measured_memory_gb: float | None
+    warnings: tuple[str, ...]
+    profiles: tuple[str, ...]
+    fallbacks: tuple[str, ...]
+
+
+def model_rows(
+    catalog: Mapping[str, ModelSpec], replicas: Iterable[ReplicaView], now: datetime
+) -> list[ModelRow]:
+    """Every model, by name, with what runs of it and why not: two queries."""
+    states = _states()
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in replicas:
+        counts[r.model][r.state] += 1
+    measured = _measured_memory(replicas, catalog)
+    out = []
+    for spec in catalog.values():
+        state = states.get(spec.name)
+        # Before its first pass a model wants what its scaling says, not nothing.
+        desired = (
+            state.desired if state else desired_replicas(spec, ModelStateView(model=spec.name), now)
+        )
+        c = counts[spec.name]
+        status, reason = _status(spec, state, desired, c["ready"], c["pending"] + c["starting"])
+        first = spec.profiles[0]
+        out.append(
+            ModelRow(
+                name=spec.name,
+                aliases=spec.aliases,
+                description=spec.description,
+                status=status,
+                reason=reason,
+                ready=c["ready"],
+                desired=desired,
+                min=spec.min_replicas,
+                max=spec.max_replicas,
+                capacity_class=spec.effective_class,
+                held_for=_held_for(state, counts, states),
+                preempted=state.preempted if state else 0,
+                memory_gb=first.min_memory_gb,
+                cpu_cores=first.reserved_cores,
+                measured_memory_gb=measured.get(spec.name),
+                warnings=tuple(reservation_warnings(spec, measured.get(spec.name))),
+                profiles=tuple(p.name for p in spec.profiles),
+                fallbacks=spec.fallbacks,
+            )
+        )
+    return out
+
+
+_UNITS = {"gpus": "GPUs", "cpu_cores": "cores", "memory_gb": "GB of memory"}
+
+
+def quotas_at_limit(
+    catalog: Mapping[str, ModelSpec], replicas: Iterable[ReplicaView]
+) -> list[dict]:
+    """Each governed resource a scope holds at or over its limit: scope name, resource,
+    holds and limit (the quotas page's figures, four queries)."""
+    out = []
+    for q in quota_views(holdings=holdings(replicas, catalog)):
+        for resource, limit in q["limit"].items():
+            held = q["holds"].get(resource, 0)
+            if held >= limit:
+                out.append(
+                    {
+                        "scope": q["scope"],
+                        "name": q["name"],
+                        "resource": resource,
+                        "unit": _UNITS.get(resource, resource),
+                        "holds": held,
+                        "limit": limit,
+                    }
+                )
+    return out
+
+
+def node_replicas(node_id: str) -> list[dict]:
+    """The replicas holding room on a node, by model: id, model, state and its GPUs here."""
+    rows = (
+        Shard.objects.filter(node_id=node_id, replica__state__in=HOLDING)
+        .order_by("replica__model", "replica_id")
+        .values_list("replica_id", "replica__model", "replica__state", "gpu_indices")
+    )
+    return [
+        {"id": rid, "model": model, "state": state, "gpus": list(indices or ())}
+        for rid, model, state, indices in rows
+    ]
