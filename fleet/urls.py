@@ -1,5 +1,10 @@
-"""The fleet pages (HTMX, staff only); their views are in fleet/views.py."""
+"""The fleet pages (HTMX, staff only): the cluster at `/` and each node; views in fleet/views.py."""
 
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-urlpatterns: list = []
+from . import views
+
+urlpatterns = [
+    path("", views.cluster, name="cluster"),
+    path("nodes/<str:node_id>", views.node, name="node"),
+]

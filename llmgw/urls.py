@@ -1,14 +1,11 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from django.views.generic import RedirectView
 
 from fleet.metrics import metrics_view
 from llmgw.api import api
 
 urlpatterns = [
-    # The cluster pages arrive with the admin console; until then, Django admin.
-    path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("fleet.urls")),

@@ -1,0 +1,257 @@
+"""The cluster and node pages (staff only): one view per page, serving its fragments too.
+
+htmx polls each table every five seconds for its fragment (`?fragment=nodes`,
+`?fragment=models`, `?fragment=live`), and the counters and the attention strip
+come along out of band, so a table refreshes in place without the page.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_GET, require_http_methods
+
+from catalog.selectors import catalog_load
+from llmgw import clock
+from llmgw.errors import NotFound
+from llmgw.pages import page, staff_required
+
+from . import page_selectors as ps, services
+from .domain.types import HOLDING
+from .forms import NodeActionForm, NodeFilterForm
+from .selectors import nodes_list, replica_views
+
+PER_PAGE = 100
+# The fragments htmx may ask for, by the `fragment` parameter, and the partial each is.
+CLUSTER_FRAGMENTS = {"nodes": "nodes-refresh", "models": "models-refresh"}
+NODE_FRAGMENTS = {"live": "live-refresh"}
+# Of a node's GPUs' readings (fleet/events.py, GpuLoad), those that get a column when measured.
+GPU_SENSORS = ("temp_c", "memory_temp_c", "power_w", "utilization", "memory_used_mb")
+# A node's own readings (fleet/events.py, Load) its page shows, each only when reported.
+LOAD_FIGURES = (
+    "cpu_percent",
+    "load1",
+    "load5",
+    "load15",
+    "memory_used_bytes",
+    "memory_available_bytes",
+    "cpu_temp_c",
+    "cpu_power_w",
+    "inlet_temp_c",
+)
+# Attention items shown by name before the rest are only counted.
+ATTENTION_NAMED = 10
+
+
+def _fragment(request: HttpRequest, known: dict[str, str]) -> str | None:
+    """The partial htmx asks for; None for the whole page (a browser, or htmx without one)."""
+    name = request.GET.get("fragment")
+    if not request.htmx or name is None:
+        return None
+    if name not in known:
+        raise Http404(f"There is no fragment {name!r} of this page.")
+    return known[name]
+
+
+def _query(**params) -> str:
+    return urlencode({k: v for k, v in params.items() if v not in ("", None)})
+
+
+@staff_required
+@require_GET
+def cluster(request: HttpRequest) -> HttpResponse:
+    """The cluster page: counters, what needs attention, the nodes and the models."""
+    fragment = _fragment(request, CLUSTER_FRAGMENTS)
+    replicas = replica_views()
+    context: dict = {"section": "cluster"}
+    down = None
+    if fragment in (None, "nodes-refresh"):
+        rows = ps.node_rows(replicas)
+        down = [(r["id"], r["state"]) for r in rows if r["state"] in ps.DOWN]
+        context |= _nodes_context(request, rows, replicas)
+    if fragment in (None, "models-refresh"):
+        catalog = catalog_load()
+        models = ps.model_rows(catalog, replicas, clock.now())
+        context |= {
+            "models": models,
+            "any_fallbacks": any(m["fallbacks"] for m in models),
+            "attention": _attention(
+                models,
+                ps.nodes_down() if down is None else down,
+                ps.quotas_at_limit(catalog, replicas),
+            ),
+        }
+    return page(request, "fleet/node_list.html", context, fragment=fragment)
+
+
+def _nodes_context(request: HttpRequest, rows: list[ps.NodeRow], replicas) -> dict:
+    """The nodes table's page of rows, its filters, order and links, and the fleet's counters."""
+    classes = sorted({c for r in rows for c in r["classes"]})
+    form = NodeFilterForm(request.GET, classes=classes)
+    form.is_valid()
+    got = form.cleaned_data
+    state, label, gpu_class = got.get("state", ""), got.get("label"), got.get("gpu_class", "")
+    sort = got.get("sort") or "id"
+    shown = ps.nodes_filter(rows, state=state, label=label, gpu_class=gpu_class)
+    shown = ps.nodes_sort(shown, sort.lstrip("-"), descending=sort.startswith("-"))
+    paged = Paginator(shown, PER_PAGE).get_page(got.get("page"))
+    filters = {
+        "state": state,
+        "label": "=".join(label) if label else "",
+        "gpu_class": gpu_class,
+    }
+    ordered = filters | {"sort": sort if sort != "id" else ""}
+    here = _query(**ordered, page=paged.number if paged.number > 1 else "")
+
+    def link(**changes) -> dict:
+        q = _query(**(ordered | changes))
+        return {"href": f"?{q}", "fragment": f"?{_query(fragment='nodes')}&{q}".rstrip("&")}
+
+    columns = {}
+    for key in ps.SORTS:
+        # A second click on a column reverses it; the first sorts it up.
+        then = f"-{key}" if sort == key else key
+        columns[key] = {
+            "arrow": {key: "▲", f"-{key}": "▼"}.get(sort, ""),
+            **link(sort="" if then == "id" else then),
+        }
+    return {
+        "filter_form": form,
+        "nodes_page": paged,
+        "sorts": columns,
+        "sensors": {s: any(r[s] is not None for r in rows) for s in ps.NODE_SENSORS},
+        "nodes_refresh": f"?{_query(fragment='nodes')}&{here}".rstrip("&"),
+        "page_prev": (
+            link(page=paged.number - 1 if paged.number > 2 else "")
+            if paged.has_previous()
+            else None
+        ),
+        "page_next": link(page=paged.next_page_number()) if paged.has_next() else None,
+        "nodes_shown": len(shown),
+        "filtered": bool(state or label or gpu_class),
+        "counters": {
+            "nodes_ready": sum(1 for r in rows if r["state"] == "ready"),
+            "nodes": len(rows),
+            # Free where something may be placed: a lost node's idle GPUs are not room.
+            "gpus_free": sum(r["gpu_free"] for r in rows if r["state"] == "ready"),
+            "gpus": sum(r["gpu_total"] for r in rows),
+            "replicas_ready": sum(1 for r in replicas if r.state == "ready"),
+            "replicas": sum(1 for r in replicas if r.state in HOLDING),
+        },
+    }
+
+
+def _attention(models: list[ps.ModelRow], down: list[tuple[str, str]], quotas: list[dict]) -> dict:
+    """What an operator should look at, worst first: models that cannot run, nodes that
+    cannot be reached, scopes at a limit. Each kind names its first few and counts the rest."""
+    parked = [m for m in models if m["status"] == "parked"]
+    unplaceable = [m for m in models if m["status"] == "unplaceable"]
+    kinds = {"parked": parked, "unplaceable": unplaceable, "down": down, "quotas": quotas}
+    return {
+        "any": any(kinds.values()),
+        **{k: v[:ATTENTION_NAMED] for k, v in kinds.items()},
+        **{f"{k}_more": max(len(v) - ATTENTION_NAMED, 0) for k, v in kinds.items()},
+    }
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def node(request: HttpRequest, node_id: str) -> HttpResponse:
+    """A node's page: its readings, GPUs and replicas; POST cordons, uncordons or drains it.
+
+    A POST from htmx answers with the node's summary (its state and the result); from a
+    plain form it redirects back here with the result as a message.
+    """
+    done, refused = "", ""
+    if request.method == "POST":
+        form = NodeActionForm(request.POST)
+        if form.is_valid():
+            try:
+                done = services.node_set_schedule(
+                    node_id=node_id,
+                    action=form.cleaned_data["action"],
+                    actor=request.user.get_username(),
+                )
+            except NotFound:
+                return _node_missing(request, node_id)
+        else:
+            refused = "A node can be cordoned, uncordoned or drained; nothing else was asked."
+        if not request.htmx:
+            if done:
+                messages.success(request, done)
+            else:
+                messages.error(request, refused)
+            return redirect("node", node_id=node_id)
+    try:
+        view = nodes_list(node_id=node_id)[0]
+    except NotFound:
+        return _node_missing(request, node_id)
+    fragment = "summary" if request.method == "POST" else _fragment(request, NODE_FRAGMENTS)
+    context = _node_context(view) | {"done": done, "refused": refused, "section": "cluster"}
+    return page(request, "fleet/node_detail.html", context, fragment=fragment)
+
+
+def _node_missing(request: HttpRequest, node_id: str) -> HttpResponse:
+    """The whole 404 page, even to htmx: this page has no fragments to ask for."""
+    response = render(
+        request, "fleet/node_missing.html", {"node_id": node_id, "section": "cluster"}, status=404
+    )
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+def _reading(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def _node_context(view: dict) -> dict:
+    """The node as its page shows it: each GPU with its readings, and which sensors it has."""
+    load = view["load"] if isinstance(view["load"], dict) else {}
+    readings = {
+        g["index"]: g
+        for g in load.get("gpus") or ()
+        if isinstance(g, dict) and isinstance(g.get("index"), int)
+    }
+    replicas = ps.node_replicas(view["id"])
+    model_of = {r["id"]: r["model"] for r in replicas}
+    gpus = []
+    for g in view["gpus"]:
+        read = readings.get(g["index"], {})
+        figures = {k: _reading(read.get(k)) for k in (*GPU_SENSORS, "power_limit_w")}
+        power, cap = figures["power_w"], figures["power_limit_w"]
+        gpus.append(
+            g
+            | figures
+            | {
+                "throttle": [t for t in read.get("throttle") or () if isinstance(t, str)],
+                "power_percent": min(power * 100 / cap, 100) if power and cap else None,
+                "over": bool(power and cap and power >= cap),
+                "model": model_of.get(g["replica"]) if g["replica"] else None,
+                "memory_gb": g["memory_mb"] / 1024 if g["memory_mb"] else None,
+                "memory_used_gb": (
+                    figures["memory_used_mb"] / 1024
+                    if figures["memory_used_mb"] is not None
+                    else None
+                ),
+            }
+        )
+    measured = {k: any(g[k] is not None for g in gpus) for k in GPU_SENSORS}
+    memory_total = view["memory_gb"] * 1024**3 if view["memory_gb"] else None
+    used = _reading(load.get("memory_used_bytes"))
+    return {
+        "node": view,
+        "load": {k: _reading(load.get(k)) for k in LOAD_FIGURES},
+        "memory_total_bytes": memory_total,
+        "memory_percent": min(used * 100 / memory_total, 100) if used and memory_total else None,
+        "gpus": gpus,
+        "gpu_columns": measured | {"throttle": bool(readings)},
+        "replicas": replicas,
+        "live_refresh": f"?{_query(fragment='live')}",
+    }
