@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["heartbeats.py", "reconcile_pass.py", "placement.py", "metrics.py"]
+BENCHES = ["heartbeats.py", "reconcile_pass.py", "placement.py", "metrics.py", "pages.py"]
 
 if __name__ == "__main__":
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
