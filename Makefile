@@ -24,8 +24,8 @@ demo: $(STAMP) ## run the control plane and three simulated nodes until Ctrl-C
 test: $(STAMP) ## run the whole test suite (PostgreSQL and Redis when DATABASE_URL and REDIS_URL are set)
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP) ## the tests without the end-to-end ones
-	$(BIN)/python -m pytest -m "not e2e"
+test-fast: $(STAMP) ## the tests without the end-to-end and browser ones
+	$(BIN)/python -m pytest -m "not e2e and not browser"
 
 lint: $(STAMP) ## ruff, Django's checks, and migrations up to date
 	$(BIN)/ruff check .
