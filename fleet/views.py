@@ -77,9 +77,20 @@ def cluster(request: HttpRequest) -> HttpResponse:
     if fragment in (None, "models-refresh"):
         catalog = catalog_load()
         models = ps.model_rows(catalog, replicas, clock.now())
+        # Paged like the nodes: a page of 500 models is most of a refresh's cost.
+        shown = Paginator(models, PER_PAGE).get_page(request.GET.get("models_page"))
+        rest = {k: v for k, v in request.GET.items() if k not in ("models_page", "fragment")}
+
+        def models_link(number: int) -> str:
+            return "?" + _query(**rest, models_page=number if number > 1 else "")
+
         context |= {
-            "models": models,
-            "any_fallbacks": any(m["fallbacks"] for m in models),
+            "models": shown,
+            "models_shown": len(models),
+            "models_refresh": "?" + _query(fragment="models", **rest, models_page=shown.number),
+            "models_prev": models_link(shown.number - 1) if shown.has_previous() else None,
+            "models_next": models_link(shown.number + 1) if shown.has_next() else None,
+            "any_fallbacks": any(m["fallbacks"] for m in shown),
             "attention": _attention(
                 models,
                 ps.nodes_down() if down is None else down,

@@ -548,7 +548,9 @@ def test_the_cluster_page_makes_as_many_queries_at_1000_nodes_as_at_ten(
     big, body = queries(staff, "/")
     print(f"cluster page at 1,000 nodes and 500 models: {big} queries, {len(body):,} bytes")
     assert big == small <= CLUSTER_QUERIES
-    assert len(rows(body, "node")) == 100 and len(rows(body, "model")) == 500
+    # Both tables are paged by 100: 1,000 nodes and 500 models show their first hundred each.
+    assert len(rows(body, "node")) == 100 and len(rows(body, "model")) == 100
+    assert b"models 1\xe2\x80\x93100 of 500" in body
     # 500 models of two replicas of two GPUs: 2,000 of the 8,000 GPUs are taken.
     assert counter(response.content.decode(), "gpus") == "6000 / 8000"
     assert counter(response.content.decode(), "replicas") == "1000 / 1000"
