@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from tenancy.scopes import KEY_RE
+
 ENGINES = ("llamacpp", "vllm", "sim")
 CLASSES = ("critical", "standard", "opportunistic")
 CLASS_RANK = {"critical": 3, "standard": 2, "opportunistic": 1}
@@ -19,7 +21,6 @@ ROUTING_PROFILES = ("chat", "completion", "embedding")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,126}$")
-SCOPE_RE = re.compile(r"^(org|team|project):[0-9]+$")
 # Far above any real deployment, and low enough that a typo (min: 100000) is caught
 # here rather than by placement trying to find room for it.
 MAX_REPLICAS = 10_000
@@ -289,7 +290,7 @@ def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
     if klass not in ("", *CLASSES):
         raise CatalogError(f"{where}: class must be one of {', '.join(CLASSES)}, not {klass!r}.")
     owner = data.get("owner") or ""
-    if not isinstance(owner, str) or (owner and not SCOPE_RE.match(owner)):
+    if not isinstance(owner, str) or (owner and not KEY_RE.match(owner)):
         raise CatalogError(f"{where}: owner must be org:ID, team:ID or project:ID, not {owner!r}.")
     routing = data.get("routing_profile") or "chat"
     if routing not in ROUTING_PROFILES:

@@ -7,9 +7,12 @@ owner set on the wrong team is worse than a question.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 KINDS = ("org", "team", "project")
+# How a scope is stored and how owners are written: `org:9`, `team:7`, `project:12`.
+KEY_RE = re.compile(r"^(org|team|project):[0-9]+$")
 PLURALS = {"org": "organizations", "team": "teams", "project": "projects"}
 # Far longer than any path of three 100-character names; refused before any comparison.
 LONGEST = 400

@@ -13,6 +13,7 @@ from llmgw.secrets import digest, new_secret
 
 from .models import AuditEvent, CapacityQuota, Organization, Project, Team, Token
 from .quota import RESOURCES, Resources
+from .scopes import KEY_RE
 from .selectors import ScopeTree, scope_find, scope_tree
 
 log = logging.getLogger("llmgw.tenancy")
@@ -238,8 +239,10 @@ def quota_clear(*, scope: str, actor: str) -> str:
         try:
             key = scope_find(scope, tree=tree)
         except Invalid:
+            # Only a stored key is looked up as it is (PostgreSQL refuses a NUL in a query).
             if (
                 not isinstance(scope, str)
+                or not KEY_RE.match(scope.strip())
                 or not CapacityQuota.objects.filter(scope=scope.strip()).exists()
             ):
                 raise
