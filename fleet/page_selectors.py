@@ -17,9 +17,11 @@ from datetime import datetime
 from typing import TypedDict
 
 from django.db import connection
+from django.db.models import Q
 from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import ModelSpec, reservation_warnings
+from tenancy.models import CapacityQuota
 from tenancy.selectors import quota_views
 
 from .domain.gpuclass import CLASS_LABEL
@@ -366,7 +368,15 @@ def quotas_at_limit(
     catalog: Mapping[str, ModelSpec], replicas: Iterable[ReplicaView]
 ) -> list[dict]:
     """Each governed resource a scope holds at or over its limit: scope name, resource,
-    holds and limit (the quotas page's figures, four queries)."""
+    holds and limit (the quotas page's figures): one query when no quota sets a limit,
+    five when one does."""
+    limited = CapacityQuota.objects.filter(
+        Q(limit_gpus__isnull=False)
+        | Q(limit_cpu_cores__isnull=False)
+        | Q(limit_memory_gb__isnull=False)
+    )
+    if not limited.exists():
+        return []
     out = []
     for q in quota_views(holdings=holdings(replicas, catalog)):
         for resource, limit in q["limit"].items():

@@ -26,10 +26,10 @@ pytestmark = pytest.mark.django_db
 
 HX = {"HTTP_HX_REQUEST": "true"}
 # The cluster page's queries at any size: the session and user, the replicas and their
-# shards, the nodes, the catalog (two), the models' states, their measured memory, and the
-# quota policy with its scope tree (four). Two more read the labels and GPUs of nodes that
-# registered since the last view.
-CLUSTER_QUERIES = 13
+# shards, the nodes, the catalog (two), the models' states, their measured memory, and
+# whether any quota sets a limit (four more, the policy and its scope tree, when one does).
+# Two more read the labels and GPUs of nodes that registered since the last view.
+CLUSTER_QUERIES = 10
 # Nodes alone: the session and user, the replicas and shards, the nodes.
 NODES_FRAGMENT_QUERIES = 5
 FRAGMENT_BYTES = 50 * 1024
