@@ -56,16 +56,10 @@ def _load(i: int) -> dict:
 
 
 def main() -> None:
-    if not os.environ.get("DATABASE_URL"):
-        os.environ["LLMGW_HOME"] = os.environ.get("BENCH_HOME") or tempfile.mkdtemp(
-            prefix="llmgw-bench-"
-        )
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
-    import django
+    from benchmarks.common import django_ready
 
-    django.setup()
+    django_ready()
     from django.conf import settings
-    from django.core.management import call_command
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
@@ -77,7 +71,6 @@ def main() -> None:
     from llmgw import clock
     from tenancy.models import CapacityQuota, Organization, Team
 
-    call_command("migrate", interactive=False, verbosity=0)
     for table in (Shard, Replica, ModelState, Gpu, Node, Profile, Model, CapacityQuota, Team, Organization):  # fmt: skip
         table.objects.all().delete()
     now = clock.now()

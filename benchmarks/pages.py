@@ -15,7 +15,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 
@@ -171,21 +170,14 @@ def _measure(nodes: int, client) -> None:
 
 
 def main() -> None:
-    if not os.environ.get("DATABASE_URL"):
-        os.environ["LLMGW_HOME"] = os.environ.get("BENCH_HOME") or tempfile.mkdtemp(
-            prefix="llmgw-bench-"
-        )
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
-    import django
+    from benchmarks.common import django_ready
 
-    django.setup()
+    django_ready()
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.test import Client
 
     # Not setup_test_environment(): it instruments every template render to copy its
     # context for the tests, which a served page does not pay.
-    call_command("migrate", interactive=False, verbosity=0)
     users = get_user_model().objects
     staff = users.filter(username="bench").first() or users.create_user(
         "bench", password="bench-pw", is_staff=True

@@ -13,7 +13,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 
@@ -24,16 +23,10 @@ TRIALS = int(os.environ.get("BENCH_TRIALS", 50))
 
 
 def main() -> None:
-    if not os.environ.get("DATABASE_URL"):
-        os.environ["LLMGW_HOME"] = os.environ.get("BENCH_HOME") or tempfile.mkdtemp(
-            prefix="llmgw-bench-"
-        )
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
-    import django
+    from benchmarks.common import django_ready
 
-    django.setup()
+    django_ready()
     from django.conf import settings
-    from django.core.management import call_command
 
     from catalog.domain import ModelSpec, Profile as ProfileSpec
     from catalog.models import Model, Profile
@@ -44,7 +37,6 @@ def main() -> None:
     from fleet.selectors import snapshot_load
     from llmgw import clock
 
-    call_command("migrate", interactive=False, verbosity=0)
     for table in (Shard, Replica, Gpu, Node, Profile, Model, Lease, ModelState):
         table.objects.all().delete()
     now = clock.now()
