@@ -21,7 +21,7 @@ from django.views.decorators.http import require_http_methods
 from fleet import selectors as fleet_selectors, services as fleet_services
 from llmgw import clock
 from llmgw.errors import NotFound, ServiceError
-from llmgw.pages import page, staff_required
+from llmgw.pages import fragment_asked, page, page_actor, staff_required
 from tenancy.selectors import scope_tree
 
 from . import services
@@ -45,20 +45,6 @@ DECLARED_REASON = "declared in the catalog file; edit that file and restart llmg
 # Headroom is worked out by placing replicas one by one: ten says "plenty" without the cost.
 HEADROOM_LIMIT = 10
 PROFILES = "profile"  # the formset's prefix: profile-0-name, profile-TOTAL_FORMS
-
-
-def _fragment(request: HttpRequest, known: tuple[str, ...]) -> str | None:
-    """The fragment an htmx request asks for, the page's main part when it names none it has;
-    None for a browser, which gets the whole page."""
-    if not request.htmx:
-        return None
-    wanted = request.GET.get("fragment")
-    return wanted if wanted in known else known[0]
-
-
-def _actor(request: HttpRequest) -> str:
-    """Who acts, as recorded beside each change: the staff user's name."""
-    return request.user.get_username()
 
 
 def _beside(form: forms.Form, sentence: str, words: dict[str, str | None]) -> None:
@@ -93,7 +79,7 @@ def models(request: HttpRequest) -> HttpResponse:
             form, profiles = ModelAddForm(), ProfileFormSet(prefix=PROFILES)
         fragment = "models-main" if request.htmx else None
     else:
-        fragment = _fragment(request, LIST_FRAGMENTS)
+        fragment = fragment_asked(request, LIST_FRAGMENTS)
         if fragment == "profile-added":
             return page(request, LIST, _profile_row(request), fragment=fragment)
     failed = bool(form.errors or profiles.total_error_count()) if form.is_bound else False
@@ -135,7 +121,7 @@ def _add(request: HttpRequest, form: ModelAddForm, profiles) -> str:
     rows = [(f, f.cleaned_data) for f in profiles.forms if f.cleaned_data]
     data = _model_data(form.cleaned_data, [given for _, given in rows])
     try:
-        spec = services.model_add(data=data, actor=_actor(request))
+        spec = services.model_add(data=data, actor=page_actor(request))
     except ServiceError as exc:
         _place_add(form, profiles, rows, str(exc), data["name"])
         return ""
@@ -330,7 +316,7 @@ def _scale(request: HttpRequest, m: ModelDetail):
         form.add_error(None, "Give min, max or idle timeout.")
         return form, ""
     try:
-        spec = services.model_scale(name=m.name, actor=_actor(request), scaling=given)
+        spec = services.model_scale(name=m.name, actor=page_actor(request), scaling=given)
     except ServiceError as exc:
         words = {"min": "min", "max": "max", "idle_timeout": "idle_timeout"}
         return _refused(form, exc, m.name, words)
@@ -349,7 +335,7 @@ def _class(request: HttpRequest, m: ModelDetail):
         spec = services.model_class_set(
             name=m.name,
             capacity_class="" if wanted == "default" else wanted,
-            actor=_actor(request),
+            actor=page_actor(request),
         )
     except ServiceError as exc:
         return _refused(form, exc, m.name, {"": "capacity_class"})
@@ -362,7 +348,7 @@ def _owner(request: HttpRequest, m: ModelDetail):
         return form, ""
     try:
         spec = services.model_owner_set(
-            name=m.name, owner=form.cleaned_data["owner"], actor=_actor(request)
+            name=m.name, owner=form.cleaned_data["owner"], actor=page_actor(request)
         )
     except ServiceError as exc:
         return _refused(form, exc, m.name, {"": "owner"})
@@ -382,7 +368,7 @@ def _resources(request: HttpRequest, m: ModelDetail):
             profile=given["profile"] or None,
             memory_gb=given["memory_gb"],
             cpu_cores=given["cpu_cores"],
-            actor=_actor(request),
+            actor=page_actor(request),
         )
     except ServiceError as exc:
         if "negative" in str(exc):
@@ -410,7 +396,7 @@ def _restart(request: HttpRequest, m: ModelDetail):
     form = forms.Form(request.POST)
     try:
         return form, fleet_services.model_restart(
-            name=m.name, actor=_actor(request), now=clock.now()
+            name=m.name, actor=page_actor(request), now=clock.now()
         )
     except ServiceError as exc:
         return _refused(form, exc, m.name, {})
@@ -419,7 +405,7 @@ def _restart(request: HttpRequest, m: ModelDetail):
 def _retry(request: HttpRequest, m: ModelDetail):
     form = forms.Form(request.POST)
     try:
-        return form, fleet_services.model_retry(name=m.name, actor=_actor(request))
+        return form, fleet_services.model_retry(name=m.name, actor=page_actor(request))
     except ServiceError as exc:
         return _refused(form, exc, m.name, {})
 
@@ -462,7 +448,7 @@ def model(request: HttpRequest, name: str) -> HttpResponse:
             failed = True
         fragment = "model-main" if request.htmx else None
     else:
-        fragment = _fragment(request, DETAIL_FRAGMENTS)
+        fragment = fragment_asked(request, DETAIL_FRAGMENTS)
     return page(
         request,
         DETAIL,

@@ -53,3 +53,17 @@ def page(
     response = render(request, name, context, status=status)
     patch_vary_headers(response, ("HX-Request",))
     return response
+
+
+def fragment_asked(request: HttpRequest, known: tuple[str, ...]) -> str | None:
+    """The fragment an htmx request asks for, the page's main part (the first of `known`)
+    when it names none it has; None for a browser, which gets the whole page."""
+    if not getattr(request, "htmx", False):
+        return None
+    wanted = request.GET.get("fragment")
+    return wanted if wanted in known else known[0]
+
+
+def page_actor(request: HttpRequest) -> str:
+    """Who acts on a page, as recorded beside each change: the staff user's name."""
+    return request.user.get_username()

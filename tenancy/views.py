@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from fleet.selectors import holdings_load
 from llmgw.errors import ServiceError
-from llmgw.pages import page, staff_required
+from llmgw.pages import fragment_asked, page, page_actor, staff_required
 
 from . import services
 from .forms import QuotaForm
@@ -26,20 +26,6 @@ FRAGMENTS = ("quotas-main", "quota-table")
 # A datalist longer than this is no help; the operator types more of the name.
 SCOPE_OPTIONS = 20
 RESOURCES = (("gpus", "GPUs"), ("cpu_cores", "Cores"), ("memory_gb", "Memory GB"))
-
-
-def _fragment(request: HttpRequest, known: tuple[str, ...]) -> str | None:
-    """The fragment an htmx request asks for, the page's main part when it names none it has;
-    None for a browser, which gets the whole page."""
-    if not request.htmx:
-        return None
-    wanted = request.GET.get("fragment")
-    return wanted if wanted in known else known[0]
-
-
-def _actor(request: HttpRequest) -> str:
-    """Who acts, as recorded beside each change: the staff user's name."""
-    return request.user.get_username()
 
 
 @staff_required
@@ -60,7 +46,7 @@ def quotas(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         fragment = "quotas-main" if request.htmx else None
     else:
-        fragment = _fragment(request, FRAGMENTS)
+        fragment = fragment_asked(request, FRAGMENTS)
     return page(
         request,
         TEMPLATE,
@@ -87,7 +73,7 @@ def _set(request: HttpRequest) -> tuple[QuotaForm, str]:
             scope=given["scope"],
             guarantee=_side(given, QuotaForm.GUARANTEE),
             limit=_side(given, QuotaForm.LIMIT),
-            actor=_actor(request),
+            actor=page_actor(request),
         )
     except ServiceError as exc:
         _place(form, str(exc))
@@ -128,7 +114,7 @@ def _clear(request: HttpRequest) -> tuple[str, str]:
     """Remove the quota the clear button names: (what was done, "") or ("", why not)."""
     scope = request.POST.get("scope", "")
     try:
-        key = services.quota_clear(scope=scope, actor=_actor(request))
+        key = services.quota_clear(scope=scope, actor=page_actor(request))
     except ServiceError as exc:
         return "", str(exc)
     return f"{key}: quota removed", ""
