@@ -205,7 +205,7 @@ def main(argv: list[str]) -> int:
             f"""
 llmgw demo is running: a control plane and three simulated nodes (gpu-a, gpu-b: 8 × h100-80g; cpu-1: 16 CPUs, 64 GB).
 
-  console   {server}/admin/   login admin / {password}
+  console   {server}/   login admin / {password}   (Django admin at {server}/admin/)
   REST API  {server}/api/v1/  (browse it at {server}/api/v1/docs)
 
 Try:
