@@ -113,7 +113,7 @@ def _measure(nodes: int, client) -> None:
     assert page.status_code == 200, page.status_code
     rows = page.content.count(b"<tr data-node=")
     assert rows == 100, f"the page shows {rows} node rows, not 100"
-    assert page.content.count(b"<tr data-model=") == MODELS
+    assert page.content.count(b"<tr data-model=") == min(MODELS, 100)  # paged by 100
 
     samples = []
     for _ in range(RUNS):
