@@ -16,13 +16,15 @@ from django.utils import timezone
 
 from catalog.admin import ViewOnly
 from llmgw.errors import Invalid
-from llmgw.secrets import digest, new_secret
 
 from .models import ApiKey, AuditEvent, CapacityQuota, Organization, Project, Team, Token
 from .quota import RESOURCES
 from .selectors import scope_find, scope_tree
 from .services import (
     _name,
+    api_key_create,
+    api_key_models,
+    api_key_revoke,
     audit_record,
     org_create,
     project_create,
@@ -239,7 +241,10 @@ class ApiKeyForm(forms.ModelForm):
             return []
         if not isinstance(value, list) or not all(isinstance(m, str) and m for m in value):
             raise forms.ValidationError('Give a list of model names, such as ["llama"].')
-        return value
+        try:
+            return api_key_models(value)
+        except Invalid as exc:
+            raise forms.ValidationError(str(exc)) from None
 
 
 @admin.register(ApiKey)
@@ -311,18 +316,21 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        # The secret lives only in this request and the message that shows it once.
-        secret = new_secret(KEY_SECRET_PREFIX)
-        obj.prefix = secret[:KEY_PREFIX_LENGTH]
-        obj.secret_hash = digest(secret)
-        obj.created_by = _who(request)
-        super().save_model(request, obj, form, change)
-        audit_record(
+        # Made by the one key service (the REST API's too); the secret lives only in this
+        # request and the message that shows it once.
+        key, secret = api_key_create(
+            project=obj.project_id,
+            name=obj.name,
+            models=obj.models_allowed or None,
+            limits={
+                "requests_per_minute": obj.requests_per_minute,
+                "tokens_per_minute": obj.tokens_per_minute,
+            },
             actor=_who(request),
-            action="key.add",
-            target=f"key:{obj.pk}",
-            detail={"project": f"project:{obj.project_id}", "name": obj.name},
         )
+        obj.pk, obj.prefix, obj.secret_hash = key.pk, key.prefix, key.secret_hash
+        obj.created_at, obj.created_by = key.created_at, key.created_by
+        obj._state.adding, obj._state.db = False, key._state.db
         messages.warning(
             request,
             f"The secret of API key {obj.name}, shown only this once; copy it now: {secret}",
@@ -330,12 +338,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected API keys")
     def revoke(self, request, queryset):
-        now = timezone.now()
         revoked = 0
         for key in queryset.filter(revoked_at__isnull=True):
-            # Compare-and-set: a key revoked meanwhile is not revoked (or recorded) twice.
-            if ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=now):
-                audit_record(actor=_who(request), action="key.revoke", target=f"key:{key.pk}")
+            if api_key_revoke(key_id=key.pk, actor=_who(request)).revoked_at is not None:
                 revoked += 1
         self.message_user(
             request,

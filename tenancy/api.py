@@ -9,6 +9,10 @@ from llmgw.api import actor
 
 from . import selectors, services
 from .schemas import (
+    KeyIn,
+    KeyMadeOut,
+    KeyOut,
+    KeyRevokedOut,
     OrgIn,
     OrgOut,
     ProjectIn,
@@ -79,3 +83,28 @@ def quota_set(request, payload: QuotaIn):
 @router.delete("/quotas/{path:scope}", response=QuotaClearOut)
 def quota_clear(request, scope: str):
     return {"removed": services.quota_clear(scope=scope, actor=actor(request))}
+
+
+@router.get("/keys", response=list[KeyOut])
+def keys_list(request):
+    """Every gateway key, with its prefix; never a secret."""
+    return selectors.keys_list()
+
+
+@router.post("/keys", response={201: KeyMadeOut})
+def key_add(request, payload: KeyIn):
+    """A key for a project; its secret is in this answer only."""
+    key, secret = services.api_key_create(
+        project=payload.project,
+        name=payload.name,
+        models=payload.models,
+        limits=payload.limits.dict() if payload.limits else None,
+        actor=actor(request),
+    )
+    return Status(201, {"id": key.pk, "name": key.name, "prefix": key.prefix, "secret": secret})
+
+
+@router.delete("/keys/{key_id}", response=KeyRevokedOut)
+def key_revoke(request, key_id: int):
+    """Revoke a key: the gateway refuses it from then on."""
+    return {"revoked": services.api_key_revoke(key_id=key_id, actor=actor(request)).pk}

@@ -84,3 +84,39 @@ class QuotaSetOut(Schema):
 
 class QuotaClearOut(Schema):
     removed: str
+
+
+class KeyLimitsIn(_In):
+    requests_per_minute: StrictInt | None = None
+    tokens_per_minute: StrictInt | None = None
+
+
+class KeyIn(_In):
+    project: StrictStr | StrictInt = Field(description="Acme/ml/training or the project's ID")
+    name: StrictStr
+    models: list[StrictStr] | None = Field(None, description="left out: every model")
+    limits: KeyLimitsIn | None = None
+
+
+class KeyMadeOut(Schema):
+    id: int
+    name: str
+    prefix: str
+    secret: str = Field(description="shown only here, once")
+
+
+class KeyOut(Schema):
+    id: int
+    name: str
+    prefix: str
+    project: str
+    models: list[str]
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    revoked_at: str | None
+    created_at: str
+    created_by: str
+
+
+class KeyRevokedOut(Schema):
+    revoked: int

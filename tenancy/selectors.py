@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from llmgw.errors import Invalid
 from llmgw.secrets import digest
 
-from .models import CapacityQuota, Organization, Project, Team, Token
+from .models import ApiKey, CapacityQuota, Organization, Project, Team, Token
 from .quota import RESOURCES, ZERO, Holding, Policy, Quota, Resources
 from .scopes import ScopeError, scope_resolve
 
@@ -145,3 +145,24 @@ def teams_list() -> list[dict]:
 def projects_list() -> list[dict]:
     """Every project, by organization, team and name: one query."""
     return [project_view(p) for p in Project.objects.select_related("team__org")]
+
+
+def key_view(key: ApiKey) -> dict:
+    """A gateway key as the API lists it: never its secret or hash."""
+    return {
+        "id": key.pk,
+        "name": key.name,
+        "prefix": key.prefix,
+        "project": str(key.project),
+        "models": list(key.models_allowed or ()),
+        "requests_per_minute": key.requests_per_minute,
+        "tokens_per_minute": key.tokens_per_minute,
+        "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+        "created_at": key.created_at.isoformat(),
+        "created_by": key.created_by,
+    }
+
+
+def keys_list() -> list[dict]:
+    """Every gateway key, newest first: one query."""
+    return [key_view(k) for k in ApiKey.objects.select_related("project__team__org")]

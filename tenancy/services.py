@@ -9,9 +9,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from llmgw.errors import Conflict, Invalid, NotFound
-from llmgw.secrets import digest, new_secret
+from llmgw.secrets import digest, keyed_digest, new_secret
 
-from .models import AuditEvent, CapacityQuota, Organization, Project, Team, Token
+from .models import ApiKey, AuditEvent, CapacityQuota, Organization, Project, Team, Token
 from .quota import RESOURCES, Resources
 from .scopes import KEY_RE
 from .selectors import ScopeTree, scope_find, scope_tree
@@ -265,3 +265,108 @@ def quota_clear(*, scope: str, actor: str) -> str:
 
 def _written(tree: ScopeTree, key: str) -> str:
     return tree.names.get(key, key)
+
+
+# A gateway key's secret starts so; its first KEY_PREFIX_LENGTH characters name it in lists.
+KEY_SECRET_PREFIX = "llmgw_key_"
+KEY_PREFIX_LENGTH = 14
+_LIMITS = ("requests_per_minute", "tokens_per_minute")
+# Far above any real limit, and within what the columns hold.
+_LIMIT_MOST = 2**31 - 1
+
+
+def api_key_models(models: object) -> list[str]:
+    """The models a key may use, checked against the catalog; [] is every model."""
+    if models is None:
+        return []
+    if not isinstance(models, list | tuple) or not all(isinstance(m, str) for m in models):
+        raise Invalid(
+            "models must be a list of model names; left out, the key may use every model."
+        )
+    # Imported here: the catalog records its changes through this module.
+    from catalog.selectors import catalog_load
+
+    known = catalog_load()
+    names = {n for spec in known.values() for n in (spec.name, *spec.aliases)}
+    unknown = sorted(set(models) - names)
+    if unknown:
+        raise Invalid(f"there is no model {unknown[0]!r}; a key may be limited to existing models.")
+    return list(dict.fromkeys(models))
+
+
+def _key_limits(limits: Mapping | None) -> dict[str, int | None]:
+    given = dict(limits or {})
+    unknown = sorted(set(given) - set(_LIMITS), key=str)
+    if unknown:
+        raise Invalid(f"limits has an unknown field {unknown[0]!r}; it takes {', '.join(_LIMITS)}.")
+    out: dict[str, int | None] = {}
+    for name in _LIMITS:
+        value = given.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _LIMIT_MOST
+        ):
+            raise Invalid(f"{name} must be a whole number from 1 to {_LIMIT_MOST}, not {value!r}.")
+        out[name] = value
+    return out
+
+
+def api_key_create(
+    *,
+    project: str | int,
+    name: object,
+    models: object = None,
+    limits: Mapping | None = None,
+    actor: str,
+) -> tuple[ApiKey, str]:
+    """Make a gateway key for a project (by path `Acme/ml/training` or ID); return it with its
+    secret, which is stored nowhere: only a prefix and a keyed hash of it are kept."""
+    from django.conf import settings
+
+    name = _name(name, what="an API key")
+    allowed = api_key_models(models)
+    figures = _key_limits(limits)
+    with transaction.atomic():
+        key_scope = scope_find(f"project:{project}".strip())
+        row = Project.objects.get(pk=int(key_scope.partition(":")[2]))
+        secret = new_secret(KEY_SECRET_PREFIX)
+        key = ApiKey.objects.create(
+            project=row,
+            name=name,
+            prefix=secret[:KEY_PREFIX_LENGTH],
+            secret_hash=keyed_digest(settings.SECRET_KEY, secret),
+            models_allowed=allowed,
+            created_by=actor[:150],
+            **figures,
+        )
+        audit_record(
+            actor=actor,
+            action="key.add",
+            target=f"key:{key.pk}",
+            detail={"project": key_scope, "name": name, "models": allowed, **figures},
+        )
+    log.info(
+        "API key %s (%s…) for %s made by %s",
+        name,
+        key.prefix,
+        row,
+        actor,
+        extra={"event": "key", "key": key.pk, "project": key_scope, "actor": actor},
+    )
+    return key, secret
+
+
+def api_key_revoke(*, key_id: int, actor: str) -> ApiKey:
+    """Revoke a key: the gateway refuses it from then on. NotFound for no such key; revoking
+    a revoked key changes nothing."""
+    with transaction.atomic():
+        key = ApiKey.objects.filter(pk=key_id).first()
+        if key is None:
+            raise NotFound(f"There is no API key {key_id}.")
+        # Compare-and-set: a key revoked meanwhile is not revoked (or recorded) twice.
+        if ApiKey.objects.filter(pk=key_id, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        ):
+            audit_record(actor=actor, action="key.revoke", target=f"key:{key_id}")
+            log.info("API key %s (%s…) revoked by %s", key.name, key.prefix, actor)
+        key.refresh_from_db()
+    return key

@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.conf import settings
 from django.contrib.messages import get_messages
 
-from llmgw.secrets import digest
+from llmgw.secrets import digest, keyed_digest
 from tenancy.models import ApiKey, AuditEvent, CapacityQuota, Organization, Project, Team, Token
 from tenancy.services import org_create, project_create, quota_set, team_create
 
@@ -96,6 +97,19 @@ class TestTheTreeIsListedOneLineARecord:
 
 
 class TestAnApiKeyIsShownOnceAndRevoked:
+    @pytest.fixture(autouse=True)
+    def _llama(self, db):
+        from catalog.services import model_add
+
+        model_add(
+            data={
+                "name": "llama",
+                "source": "hf://acme/llama",
+                "profiles": [{"name": "gpu", "engine": "sim", "gpu_class": "h100-80g"}],
+            },
+            actor="test",
+        )
+
     def _add(self, admin_client, project, **extra):
         return admin_client.post(
             "/admin/tenancy/apikey/add/",
@@ -114,7 +128,7 @@ class TestAnApiKeyIsShownOnceAndRevoked:
         secret = shown[0].rsplit(" ", 1)[1]
         assert secret.startswith("llmgw_key_") and len(secret) > 40
         key = ApiKey.objects.get()
-        assert key.secret_hash == digest(secret)
+        assert key.secret_hash == keyed_digest(settings.SECRET_KEY, secret)
         assert key.prefix == secret[:14]
         assert (key.project, key.models_allowed, key.requests_per_minute, key.created_by) == (
             tree["project"],
