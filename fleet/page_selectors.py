@@ -29,7 +29,7 @@ from .domain.holdings import holdings
 from .domain.reconcile import desired_replicas
 from .domain.types import HOLDING, ModelState as ModelStateView, NodeView, ReplicaView
 from .models import Gpu, ModelState, Node, Shard
-from .selectors import _held_for, _status
+from .selectors import _held_for, _status, measured_memory
 
 # What an operator sees, most troubled first: the order of `?sort=state`.
 SHOWN_STATES = ("lost", "unreachable", "draining", "cordoned", "ready")
@@ -265,35 +265,6 @@ def _states() -> dict[str, ModelStateView]:
     return out
 
 
-def _measured_memory(
-    replicas: Iterable[ReplicaView], catalog: Mapping[str, ModelSpec]
-) -> dict[str, float]:
-    """The most resident memory one shard of each model was measured using, in GB (as
-    `model_views` says it), reading only the shards' figures of the nodes that run them."""
-    model_of = {
-        s.id: r.model
-        for r in replicas
-        if r.state == "ready" and r.model in catalog
-        for s in r.shards
-    }
-    if not model_of:
-        return {}
-    hosts = Shard.objects.filter(replica__state="ready").values("node_id")
-    uses = (
-        Node.objects.filter(pk__in=hosts)
-        .annotate(uses=KeyTransform("shards", "load"))
-        .values_list("uses", flat=True)
-    )
-    out: dict[str, float] = {}
-    for shards in uses:
-        for shard_id, use in (shards if isinstance(shards, dict) else {}).items():
-            model = model_of.get(shard_id)
-            rss = use.get("rss_bytes") if isinstance(use, dict) else None
-            if model and isinstance(rss, int) and rss > 0:
-                out[model] = max(out.get(model, 0.0), round(rss / 1024**3, 1))
-    return out
-
-
 class ModelRow(TypedDict):
     """One model as the cluster page's table shows it (a plain dict, as NodeRow)."""
 
@@ -325,7 +296,7 @@ def model_rows(
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in replicas:
         counts[r.model][r.state] += 1
-    measured = _measured_memory(replicas, catalog)
+    measured = measured_memory(replicas, catalog)
     out = []
     for spec in catalog.values():
         state = states.get(spec.name)

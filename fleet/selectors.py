@@ -7,10 +7,12 @@ instances), since a pass at 5,000 nodes and 10,000 replicas must stay cheap.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import MAX_REPLICAS, ModelSpec, reservation_warnings, suggested_cores
 from catalog.selectors import catalog_load, measurements_load
@@ -488,16 +490,16 @@ def model_views(*, name: str | None = None) -> list[dict]:
         catalog = {name: catalog[name]}
     states = model_states(name=name)
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    replicas = Replica.objects.filter(model__in=list(catalog)) if name else Replica.objects.all()
-    for model, state in replicas.values_list("model", "state"):
-        counts[model][state] += 1
+    replicas = replica_views(model=name)
+    for r in replicas:
+        counts[r.model][r.state] += 1
     one = states.get(name) if name is not None else None
     if one is not None and one.held_for and one.held_for not in states:
         # Whether it is still held depends on the model it gave room to.
         states = {**states, **model_states(name=one.held_for)}
         for state in Replica.objects.filter(model=one.held_for).values_list("state", flat=True):
             counts[one.held_for][state] += 1
-    measured = _measured_memory(catalog)
+    measured = measured_memory(replicas, catalog)
     cpu_nodes = (
         [
             (mb / 1024 if mb else None, cpus)
@@ -576,25 +578,29 @@ def _held_for(state: ModelStateView | None, counts: dict, states: dict) -> str:
     return state.held_for
 
 
-def _measured_memory(catalog: dict[str, ModelSpec]) -> dict[str, float]:
+def measured_memory(
+    replicas: Iterable[ReplicaView], catalog: Mapping[str, ModelSpec]
+) -> dict[str, float]:
     """The most resident memory one shard of each model was measured using, in GB, from the
-    agents' per-shard figures; a model no agent measured has no entry."""
-    model_of: dict[str, str] = {}
-    nodes: set[str] = set()
-    for shard_id, node_id, model in Shard.objects.filter(replica__state="ready").values_list(
-        "id", "node_id", "replica__model"
-    ):
-        if model in catalog:
-            model_of[shard_id] = model
-            nodes.add(node_id)
-    out: dict[str, float] = {}
-    loads = (
-        load
-        for chunk in _chunks(sorted(nodes))
-        for load in Node.objects.filter(pk__in=chunk).values_list("load", flat=True)
+    agents' per-shard figures (one query, reading only the nodes that run ready shards); a
+    model no agent measured has no entry."""
+    model_of = {
+        s.id: r.model
+        for r in replicas
+        if r.state == "ready" and r.model in catalog
+        for s in r.shards
+    }
+    if not model_of:
+        return {}
+    hosts = Shard.objects.filter(replica__state="ready").values("node_id")
+    uses = (
+        Node.objects.filter(pk__in=hosts)
+        .annotate(uses=KeyTransform("shards", "load"))
+        .values_list("uses", flat=True)
     )
-    for load in loads:
-        for shard_id, use in ((load or {}).get("shards") or {}).items():
+    out: dict[str, float] = {}
+    for shards in uses:
+        for shard_id, use in (shards if isinstance(shards, dict) else {}).items():
             model = model_of.get(shard_id)
             rss = use.get("rss_bytes") if isinstance(use, dict) else None
             if model and isinstance(rss, int) and rss > 0:
