@@ -31,7 +31,7 @@ from .domain.capacity import (
 )
 from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
-from .domain.reconcile import desired_replicas
+from .domain.reconcile import desired_replicas, held_for
 from .domain.types import (
     ACTIVE,
     HOLDING,
@@ -565,17 +565,11 @@ def model_views(*, name: str | None = None) -> list[dict]:
 
 
 def _held_for(state: ModelStateView | None, counts: dict, states: dict) -> str:
-    """The model this one gave room to, while it is held back: until the hold ends or that
-    model has the replicas it wants."""
-    if state is None or not state.held_for or not state.held_until:
+    """The model this one gave room to, while it is held back (reconcile.held_for's rule)."""
+    if state is None or not state.held_for:
         return ""
-    if clock.now() >= state.held_until:
-        return ""
-    to = states.get(state.held_for)
     live = sum(counts[state.held_for][s] for s in ("pending", "starting", "ready"))
-    if to is not None and live >= to.desired:
-        return ""
-    return state.held_for
+    return held_for(state, clock.now(), live, states.get(state.held_for))
 
 
 def measured_memory(

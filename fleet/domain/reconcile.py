@@ -485,16 +485,22 @@ def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> 
     return replace(state, desired=desired, unplaceable=unplaceable, explanation=explanation)
 
 
+def held_for(state: ModelState, now: datetime, live: int, wants: ModelState | None) -> str:
+    """The model this one gave room to while it is held back, else "": the hold ends at
+    held_until, or once that model runs (`live`) the replicas it wants."""
+    if not state.held_for or not state.held_until or now >= state.held_until:
+        return ""
+    if wants is not None and live >= wants.desired:
+        return ""
+    return state.held_for
+
+
 def _held(state: ModelState, p: Pass) -> str:
-    """Why a model that gave room to another may not take it back yet; "" once it may: the
-    hold has ended, or the model it gave way to has what it wants."""
-    if not state.held_until or p.now >= state.held_until:
+    """Why a model that gave room to another may not take it back yet; "" once it may."""
+    if state.held_for not in p.snap.models:
         return ""
-    to = p.snap.models.get(state.held_for)
-    if to is None:
-        return ""
-    wants = p.states.get(to.name)
-    if wants is not None and p.live.get(to.name, 0) >= wants.desired:
+    to = state.held_for
+    if not held_for(state, p.now, p.live.get(to, 0), p.states.get(to)):
         return ""
     return (
         f"gave room to {state.held_for}; held until {state.held_until:%H:%M:%S} UTC "
