@@ -21,3 +21,20 @@ def django_ready() -> None:
     from django.core.management import call_command
 
     call_command("migrate", interactive=False, verbosity=0)
+
+
+def gpu_nodes(count: int, now) -> None:
+    """`count` ready nodes n00000… of 8 × h100-80g, 1 TB and 96 CPUs, heard from at `now`."""
+    from fleet.models import Gpu, Node
+
+    Node.objects.bulk_create(
+        (Node(id=f"n{i:05d}", state="ready", state_since=now, registered_at=now, last_seen=now,
+              memory_total_mb=1024 * 1024, cpu_count=96, engines={"sim": "1"}, engines_probed=True)
+         for i in range(count)),
+        batch_size=1000,
+    )  # fmt: skip
+    Gpu.objects.bulk_create(
+        (Gpu(node_id=f"n{i:05d}", index=g, name="NVIDIA H100 80GB HBM3", memory_mb=81559, gpu_class="h100-80g")
+         for i in range(count) for g in range(8)),
+        batch_size=5000,
+    )  # fmt: skip

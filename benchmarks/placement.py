@@ -23,7 +23,7 @@ TRIALS = int(os.environ.get("BENCH_TRIALS", 50))
 
 
 def main() -> None:
-    from benchmarks.common import django_ready
+    from benchmarks.common import django_ready, gpu_nodes
 
     django_ready()
     from django.conf import settings
@@ -40,17 +40,7 @@ def main() -> None:
     for table in (Shard, Replica, Gpu, Node, Profile, Model, Lease, ModelState):
         table.objects.all().delete()
     now = clock.now()
-    Node.objects.bulk_create(
-        (Node(id=f"n{i:05d}", state="ready", state_since=now, registered_at=now, last_seen=now,
-              memory_total_mb=1024 * 1024, cpu_count=96, engines={"sim": "1"}, engines_probed=True)
-         for i in range(NODES)),
-        batch_size=1000,
-    )  # fmt: skip
-    Gpu.objects.bulk_create(
-        (Gpu(node_id=f"n{i:05d}", index=g, name="NVIDIA H100 80GB HBM3", memory_mb=81559, gpu_class="h100-80g")
-         for i in range(NODES) for g in range(8)),
-        batch_size=5000,
-    )  # fmt: skip
+    gpu_nodes(NODES, now)
     models = REPLICAS // PER_MODEL
     rows = Model.objects.bulk_create(
         (Model(name=f"m{i:05d}", min_replicas=PER_MODEL, max_replicas=PER_MODEL)

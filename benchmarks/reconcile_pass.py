@@ -20,7 +20,7 @@ RUNS = int(os.environ.get("BENCH_RUNS", 7))
 
 
 def main() -> None:
-    from benchmarks.common import django_ready
+    from benchmarks.common import django_ready, gpu_nodes
 
     django_ready()
     from django.conf import settings
@@ -36,17 +36,7 @@ def main() -> None:
         table.objects.all().delete()
     now = clock.now()
     models = REPLICAS // 2  # two replicas each, two GPUs per replica
-    Node.objects.bulk_create(
-        (Node(id=f"n{i:05d}", state="ready", state_since=now, registered_at=now, last_seen=now,
-              memory_total_mb=1024 * 1024, cpu_count=96, engines={"sim": "1"}, engines_probed=True)
-         for i in range(NODES)),
-        batch_size=1000,
-    )  # fmt: skip
-    Gpu.objects.bulk_create(
-        (Gpu(node_id=f"n{i:05d}", index=g, name="NVIDIA H100 80GB HBM3", memory_mb=81559, gpu_class="h100-80g")
-         for i in range(NODES) for g in range(8)),
-        batch_size=5000,
-    )  # fmt: skip
+    gpu_nodes(NODES, now)
     rows = Model.objects.bulk_create(
         (Model(name=f"m{i:05d}", min_replicas=2, max_replicas=2) for i in range(models)),
         batch_size=1000,
