@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TypedDict
 
@@ -24,12 +23,11 @@ from catalog.domain import ModelSpec, reservation_warnings
 from tenancy.models import CapacityQuota
 from tenancy.selectors import quota_views
 
-from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
 from .domain.reconcile import desired_replicas
 from .domain.types import HOLDING, ModelState as ModelStateView, NodeView, ReplicaView
-from .models import Gpu, ModelState, Node, Shard
-from .selectors import _held_for, _status, measured_memory
+from .models import ModelState, Node, Shard
+from .selectors import _held_for, _status, aware, measured_memory, node_registrations
 
 # What an operator sees, most troubled first: the order of `?sort=state`.
 SHOWN_STATES = ("lost", "unreachable", "draining", "cordoned", "ready")
@@ -79,63 +77,11 @@ def _figure(value) -> float | None:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class _Registered:
-    """What a node said when it registered: it changes only when it registers again."""
-
-    labels: Mapping[str, str]
-    gpu_total: int
-    gpu_class: str
-    classes: tuple[str, ...]
-    healthy: frozenset[int]
-
-
-# Per process, keyed by when each node registered, as the reconciler's node cache is: a page
-# refreshed every five seconds at 5,000 nodes must not read 40,000 GPUs each time.
-_registered: dict[str, tuple[tuple, _Registered]] = {}
-# Up to this many nodes to read again are named in the query; more, and all are read.
-_BY_ID = 500
-
-
-def caches_clear() -> None:
-    """Forget what was read of each node's registration (tests reuse node ids)."""
-    _registered.clear()
-
-
-def _registered_load(stale: dict[str, tuple]) -> None:
-    """Read the labels and GPUs of the nodes in `stale` (id: key): two queries, however many."""
-    nodes, gpus = Node.objects.order_by(), Gpu.objects.order_by()
-    if len(stale) <= _BY_ID:
-        nodes, gpus = nodes.filter(pk__in=list(stale)), gpus.filter(node_id__in=list(stale))
-    labels = {i: v for i, v in nodes.values_list("id", "labels") if i in stale}
-    found: dict[str, list[tuple[int, str, bool]]] = defaultdict(list)
-    for node_id, index, gpu_class, healthy in gpus.values_list(
-        "node_id", "index", "gpu_class", "healthy"
-    ):
-        if node_id in stale:
-            found[node_id].append((index, gpu_class, healthy))
-    for node_id, key in stale.items():
-        given = labels.get(node_id)
-        given = given if isinstance(given, dict) else {}
-        gpus_ = found[node_id]
-        override = given.get(CLASS_LABEL)
-        classes = {override} if override and gpus_ else {c for _, c, _ in gpus_}
-        _registered[node_id] = (
-            key,
-            _Registered(
-                labels=given,
-                gpu_total=len(gpus_),
-                gpu_class=", ".join(sorted(classes)),
-                classes=tuple(sorted(classes)),
-                healthy=frozenset(i for i, _, ok in gpus_ if ok),
-            ),
-        )
-
-
 def node_rows(replicas: Iterable[ReplicaView]) -> list[NodeRow]:
     """Every node, by id, with its GPUs free and their class, its load and sensors.
 
-    One query, and two more for the nodes that registered since they were last read. A
+    One query, and two more for the nodes that registered since the process last read them
+    (the reconciler's cache, fleet.selectors.node_registrations). A
     GPU is free when it is healthy and no holding replica has it, as `nodes_list` says.
     """
     used: dict[str, set[int]] = defaultdict(set)
@@ -154,7 +100,6 @@ def node_rows(replicas: Iterable[ReplicaView]) -> list[NodeRow]:
         "draining",
         "memory_total_mb",
         "cpu_count",
-        "registered_at",
         "spec_at",
         *figures,
     )
@@ -163,27 +108,23 @@ def node_rows(replicas: Iterable[ReplicaView]) -> list[NodeRow]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    stale = {
-        r[0]: r[6:8] for r in rows if r[0] not in _registered or _registered[r[0]][0] != r[6:8]
-    }
-    if stale:
-        _registered_load(stale)
-    if len(_registered) > len(rows):
-        for gone in _registered.keys() - {r[0] for r in rows}:
-            del _registered[gone]
+    # Keyed as the reconciler keys them, so the two share one cache.
+    registered = node_registrations({r[0]: aware(r[6]) for r in rows})
     out = []
-    for node_id, state, cordoned, draining, memory_mb, cpus, _, _, *load in rows:
+    for node_id, state, cordoned, draining, memory_mb, cpus, _, *load in rows:
         load1, mem_used, cpu_temp, cpu_power, inlet = (_figure(v) for v in load)
-        known = _registered[node_id][1]
+        known = registered[node_id]
+        gpus = known["gpus"]
+        classes = tuple(sorted({g.gpu_class for g in gpus}))
         shown = NodeView(id=node_id, state=state, cordoned=bool(cordoned), draining=bool(draining))
         out.append(
             NodeRow(
                 id=node_id,
                 state=shown.shown_state,
-                labels=known.labels,
-                gpu_total=known.gpu_total,
-                gpu_free=len(known.healthy - used[node_id]),
-                gpu_class=known.gpu_class,
+                labels=known["labels"],
+                gpu_total=len(gpus),
+                gpu_free=sum(1 for g in gpus if g.healthy and g.index not in used[node_id]),
+                gpu_class=", ".join(classes),
                 memory_gb=memory_mb / 1024 if memory_mb else None,
                 memory_used_gb=mem_used / 1024**3 if mem_used is not None else None,
                 cpu_count=cpus or None,
@@ -192,7 +133,7 @@ def node_rows(replicas: Iterable[ReplicaView]) -> list[NodeRow]:
                 cpu_power_w=cpu_power,
                 inlet_temp_c=inlet,
                 replicas=len(on_node[node_id]),
-                classes=known.classes,
+                classes=classes,
             )
         )
     return out

@@ -112,15 +112,21 @@ def _fast_values(qs, fields: tuple[str, ...]) -> list[tuple]:
     for row in rows:
         row = list(row)
         for i in dates:
-            value = row[i]
-            if isinstance(value, str):
-                value = datetime.fromisoformat(value)
-            if value is not None:
-                row[i] = value.replace(tzinfo=UTC)
+            row[i] = aware(row[i])
         for i in bools:
             row[i] = bool(row[i])
         out.append(tuple(row))
     return out
+
+
+def aware(value: datetime | str | None) -> datetime | None:
+    """A timestamp as a driver hands it over (SQLite: text or naive UTC), made an aware
+    datetime; one already aware is left as it is."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
 
 
 def _postgres_rows(sql: str, params) -> list[tuple]:
@@ -157,13 +163,20 @@ def _chunks(ids: list[str]):
 def _load_node_static(stale: dict[str, datetime | None]) -> None:
     ids = list(stale)
     gpus: dict[str, list[tuple]] = defaultdict(list)
+    gpu_rows = Gpu.objects.order_by().values_list("node_id", "index", "gpu_class", "healthy")
+    node_rows = Node.objects.order_by().values_list(*_NODE_STATIC)
+    # A few nodes are named in the query; many (a restart, every node registering) are read
+    # all at once, two queries however many.
+    chunks = [ids] if len(ids) > _CHUNK else list(_chunks(ids))
     rows = []
-    for chunk in _chunks(ids):
-        for row in Gpu.objects.filter(node_id__in=chunk).values_list(
-            "node_id", "index", "gpu_class", "healthy"
-        ):
-            gpus[row[0]].append(row[1:])
-        rows.extend(Node.objects.filter(pk__in=chunk).values_list(*_NODE_STATIC))
+    for chunk in chunks:
+        named = len(ids) <= _CHUNK
+        for row in gpu_rows.filter(node_id__in=chunk) if named else gpu_rows:
+            if row[0] in stale:
+                gpus[row[0]].append(row[1:])
+        rows.extend(
+            r for r in (node_rows.filter(pk__in=chunk) if named else node_rows) if r[0] in stale
+        )
     for row in rows:
         d = dict(zip(_NODE_STATIC, row, strict=True))
         labels = d["labels"] or {}
@@ -185,12 +198,24 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
         )
 
 
+def node_registrations(spec_at: Mapping[str, datetime | None]) -> dict[str, dict]:
+    """What every node registered (labels, GPUs as placement sees them, engines, disk,
+    weights), keyed by node: from the per-process cache, read again only for nodes whose
+    `spec_at` (set by each registration) moved. `spec_at` names every node there is."""
+    stale = {
+        i: at for i, at in spec_at.items() if i not in _node_static or _node_static[i][0] != at
+    }
+    if stale:
+        _load_node_static(stale)
+    for gone in _node_static.keys() - spec_at.keys():
+        del _node_static[gone]
+    return {i: _node_static[i][1] for i in spec_at}
+
+
 def node_views() -> dict[str, NodeView]:
     """Every node as placement sees it; registered figures come from the cache when unchanged."""
     rows = _fast_values(Node.objects.all(), _NODE_DYNAMIC)
-    stale = {r[0]: r[7] for r in rows if r[0] not in _node_static or _node_static[r[0]][0] != r[7]}
-    if stale:
-        _load_node_static(stale)
+    registered = node_registrations({r[0]: r[7] for r in rows})
     views = {}
     for node_id, state, last_seen, cordoned, draining, memory_mb, cpus, _ in rows:
         views[node_id] = NodeView(
@@ -201,10 +226,8 @@ def node_views() -> dict[str, NodeView]:
             draining=draining,
             memory_gb=memory_mb / 1024 if memory_mb else None,
             cpu_count=cpus or None,
-            **_node_static[node_id][1],
+            **registered[node_id],
         )
-    for gone in _node_static.keys() - views.keys():
-        del _node_static[gone]
     return views
 
 

@@ -9,12 +9,10 @@ import pytest
 def _fresh_caches():
     """Each test starts with no cached views: they are keyed by ids and times tests reuse."""
     from catalog import selectors as catalog_selectors
-    from fleet import page_selectors
     from fleet.reconciler import MEASUREMENTS, POLICY
     from fleet.selectors import caches_clear
 
     caches_clear()
-    page_selectors.caches_clear()
     catalog_selectors._cache["version"] = None
     POLICY.clear()
     MEASUREMENTS.clear()

@@ -15,8 +15,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from catalog.models import Model, Profile
-from fleet import page_selectors
 from fleet.models import Gpu, ModelState, Node, Replica, Shard
+from fleet.selectors import caches_clear
 from llmgw import clock
 from tenancy.services import org_create, quota_set
 
@@ -38,7 +38,7 @@ FRAGMENT_BYTES = 50 * 1024
 @pytest.fixture(autouse=True)
 def _fresh_registrations():
     """Each test reads its nodes' registrations afresh: ids and times are reused."""
-    page_selectors.caches_clear()
+    caches_clear()
 
 
 @pytest.fixture
