@@ -649,7 +649,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     A plain (sync) view: daphne runs it in a worker thread, off the event loop that
     serves the agents.
     """
-    body = fleet_text().encode()
+    from llmgw.gateway.metrics import gateway_text
+
+    body = (fleet_text() + gateway_text()).encode()
     response = HttpResponse(content_type=CONTENT_TYPE_PLAIN_0_0_4)
     if "gzip" in request.headers.get("Accept-Encoding", ""):
         body = gzip.compress(body, compresslevel=1)

@@ -8,6 +8,7 @@ compare-and-set, keeps it to one pass at a time across every process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -179,13 +180,35 @@ def _embedded_pass(*, fresh_start: bool) -> None:
         close_old_connections()
 
 
+_woken: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+
+def wake() -> None:
+    """Run a pass soon rather than at the next interval: an on-demand model was asked for.
+
+    Embedded, the loop below stops waiting; in production a Celery worker is sent the task
+    (the lease keeps it from running beside beat's). Callable from any thread.
+    """
+    if settings.LLMGW.embedded:
+        if _woken is not None:
+            loop, event = _woken
+            loop.call_soon_threadsafe(event.set)
+        return
+    from fleet.tasks import reconcile
+
+    reconcile.delay()
+
+
 async def run_forever(interval: float) -> None:
     """The embedded reconciler: a loop on the serving process's own event loop.
 
     The pass itself runs in a thread (it uses the ORM); the commands it sends
     are handed back to this loop by async_to_sync, where the in-memory channel
-    layer lives.
+    layer lives. `wake()` cuts the wait between passes short.
     """
+    global _woken
+    event = asyncio.Event()
+    _woken = (asyncio.get_running_loop(), event)
     first = True
     while True:
         try:
@@ -195,4 +218,6 @@ async def run_forever(interval: float) -> None:
             raise
         except Exception:
             log.exception("reconciler pass failed; trying again in %s s", interval)
-        await asyncio.sleep(interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=interval)
+        event.clear()

@@ -31,6 +31,7 @@ from .domain.capacity import (
 )
 from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
+from .domain.measured import combined_load
 from .domain.reconcile import desired_replicas, held_for
 from .domain.types import (
     ACTIVE,
@@ -645,12 +646,32 @@ def holdings_load() -> list[Holding]:
 def model_loads(replicas: tuple[ReplicaView, ...], models: dict[str, ModelSpec]) -> dict[str, Load]:
     """Requests running and waiting per model, for the autoscaler: the one input it reads.
 
-    Today the engines' own counts, as their agents report them (`engine_load`), summed over
-    the ready replicas of models that can grow (max above min); the gateway's counts join
-    here when it arrives. Only nodes that host such replicas are read, and a model none of
-    whose engines said anything has no entry: unknown is not idle.
+    Of models that can grow (max above min), what their engines report (`engine_load`,
+    summed over ready replicas) combined with what the gateway counts running and waiting
+    (`combined_load`). Only nodes that host such replicas are read, and a model neither
+    said anything about has no entry: unknown is not idle.
     """
+    from llmgw.gateway.load import gateway_loads
+
     scalable = {n for n, m in models.items() if m.max_replicas > m.min_replicas and not m.on_demand}
+    if not scalable:
+        return {}
+    engines = _engine_loads(replicas, scalable)
+    at_gateway = {
+        m: Load(running=r, waiting=w)
+        for m, (r, w) in (gateway_loads() or {}).items()
+        if m in scalable
+    }
+    out = {}
+    for m in engines.keys() | at_gateway.keys():
+        load = combined_load(engines.get(m), at_gateway.get(m))
+        if load is not None:
+            out[m] = load
+    return out
+
+
+def _engine_loads(replicas: tuple[ReplicaView, ...], scalable: set[str]) -> dict[str, Load]:
+    """What the engines of ready replicas of these models said, as their agents report it."""
     model_of: dict[str, str] = {}
     for r in replicas:
         if r.model in scalable and r.state == "ready":

@@ -1,4 +1,5 @@
-"""The ASGI router: HTTP to Django (pages, admin, REST API), `/ws/agent/` to the agent consumer."""
+"""The ASGI router: `/v1/` to the gateway, other HTTP to Django (pages, admin, REST API),
+`/ws/agent/` to the agent consumer."""
 
 import os
 
@@ -12,10 +13,11 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from django.urls import path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
+from llmgw.gateway.app import Gateway  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_asgi),
+        "http": Gateway(ASGIStaticFilesHandler(django_asgi)),
         "websocket": URLRouter([path("ws/agent/", AgentConsumer.as_asgi())]),
     }
 )

@@ -66,6 +66,7 @@ class Config:
     timings: Timings
     log_format: str
     debug: bool
+    on_demand_wait: float = 120.0
 
     @property
     def embedded(self) -> bool:
@@ -173,4 +174,5 @@ def load(env: dict[str, str] | None = None) -> Config:
         timings=timings,
         log_format=log_format,
         debug=env.get("LLMGW_DEBUG", "") in ("1", "true", "yes"),
+        on_demand_wait=_number(env, "LLMGW_ON_DEMAND_WAIT_SECONDS", 120.0, integer=False),
     )

@@ -170,7 +170,11 @@ def _vllm(spec: ShardSpec, node: NodeContext) -> list[str]:
     argv = ["vllm", "serve", spec.source or spec.model, "--host", node.bind_host]
     argv += ["--port", str(node.port)]
     argv += ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
-    return argv + _profile_args(spec)
+    args = _profile_args(spec)
+    if not has_flag(args, "--served-model-name"):
+        # The gateway sends requests under the model's catalog name.
+        argv += ["--served-model-name", spec.model]
+    return argv + args
 
 
 def _sim(spec: ShardSpec, node: NodeContext) -> list[str]:

@@ -55,6 +55,21 @@ def measured_for(
     return None
 
 
+def combined_load(engines: Load | None, gateway: Load | None) -> Load | None:
+    """One model's demand from what its engines and the gateway each said.
+
+    The gateway's requests in flight include those queued inside the engines, so the two
+    are not added: running is what the engines run when they said, else what the gateway
+    has in flight; waiting adds what waits at the gateway for a replica to what waits in
+    the engines. Neither said anything: unknown (None), which is not idle.
+    """
+    if engines is None:
+        return gateway
+    if gateway is None:
+        return engines
+    return Load(running=engines.running, waiting=engines.waiting + gateway.waiting)
+
+
 def autoscale(
     model: ModelSpec,
     state: ModelState,

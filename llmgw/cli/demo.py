@@ -89,8 +89,23 @@ def _tenants() -> None:
         quota_set(scope="org:Acme", guarantee=None, limit={"gpus": 16}, actor="demo")
 
 
-def _setup(home: Path) -> tuple[str, str, str]:
-    """Migrate, and make the admin login and tokens; return (password, admin token, agent token)."""
+def _gateway_key() -> str:
+    """A fresh gateway key for project Acme/ml/demo (the last run's is revoked): its secret."""
+    from django.utils import timezone
+
+    from tenancy.models import ApiKey, Project
+    from tenancy.services import api_key_create, project_create
+
+    if not Project.objects.filter(name="demo", team__name="ml", team__org__name="Acme").exists():
+        project_create(team="Acme/ml", name="demo", actor="demo")
+    ApiKey.objects.filter(name="demo", revoked_at__isnull=True).update(revoked_at=timezone.now())
+    _, secret = api_key_create(project="Acme/ml/demo", name="demo", actor="demo")
+    return secret
+
+
+def _setup(home: Path) -> tuple[str, str, str, str]:
+    """Migrate, and make the admin login, tokens and a gateway key; return (password, admin
+    token, agent token, gateway key)."""
     import django
 
     django.setup()
@@ -116,7 +131,7 @@ def _setup(home: Path) -> tuple[str, str, str]:
     Token.objects.filter(name__in=("demo", "demo-agents")).delete()
     _, admin = token_create(name="demo")
     _, agent = token_create(name="demo-agents", kind=Token.AGENT)
-    return password, admin, agent
+    return password, admin, agent, _gateway_key()
 
 
 def _wait_up(url: str, proc: subprocess.Popen, seconds: float = 60) -> bool:
@@ -169,7 +184,7 @@ def main(argv: list[str]) -> int:
     )
     os.environ.clear()
     os.environ.update(env)
-    password, admin_token, agent_token = _setup(home)
+    password, admin_token, agent_token, api_key = _setup(home)
     logging.getLogger("httpx").setLevel(
         logging.WARNING
     )  # our own polls while waiting for the server
@@ -207,14 +222,21 @@ llmgw demo is running: a control plane and three simulated nodes (gpu-a, gpu-b: 
 
   console   {server}/   login admin / {password}   (Django admin at {server}/admin/)
   REST API  {server}/api/v1/  (browse it at {server}/api/v1/docs)
+  OpenAI    {server}/v1/  API key {api_key}
 
 Try:
+  curl -s {server}/v1/chat/completions -H "Authorization: Bearer {api_key}" \\
+    -H "Content-Type: application/json" \\
+    -d '{{"model": "chat", "messages": [{{"role": "user", "content": "hello"}}]}}'
+
   export LLMGW_SERVER={server} LLMGW_TOKEN={admin_token}
   .venv/bin/llmgw ctl models
   .venv/bin/llmgw ctl nodes
   .venv/bin/llmgw ctl replicas
   .venv/bin/llmgw ctl quota list
   .venv/bin/llmgw ctl model preemption chat-70b
+  LLMGW_API_KEY={api_key} .venv/bin/llmgw ctl bench chat-70b --levels 1,2,4 --seconds 5
+  .venv/bin/llmgw ctl usage
 
 Logs are in {logs}. Ctrl-C stops everything.
 """,

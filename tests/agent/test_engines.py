@@ -86,7 +86,7 @@ def test_a_model_without_source_is_served_by_its_name():
     assert flag_value(build_command(s, node()).argv, "-m") == "/models/m.gguf"
 
 
-def test_vllm_serves_the_source_with_the_profiles_parallelism():
+def test_vllm_serves_the_source_under_the_catalog_name_with_the_profiles_parallelism():
     cmd = build_command(
         spec("vllm", gpus=[0, 1, 2, 3], tp=4, pp=1, args=["--max-model-len", "8192"]),
         node(port=20002),
@@ -103,11 +103,19 @@ def test_vllm_serves_the_source_with_the_profiles_parallelism():
         "4",
         "--pipeline-parallel-size",
         "1",
+        "--served-model-name",
+        "qwen-7b",
         "--max-model-len",
         "8192",
     ]
     assert cmd.env["VLLM_API_KEY"] == KEY
     assert cmd.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def test_vllm_keeps_a_served_model_name_the_profile_gives():
+    cmd = build_command(spec("vllm", args=["--served-model-name", "other"]), node())
+    assert cmd.argv.count("--served-model-name") == 1
+    assert flag_value(cmd.argv, "--served-model-name") == "other"
 
 
 def test_sim_runs_llmgw_sim_engine_or_the_command_given():

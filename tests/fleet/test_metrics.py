@@ -436,7 +436,7 @@ async def test_the_asgi_server_renders_it_off_the_event_loop(monkeypatch):
     response = await HttpCommunicator(application, "GET", "/metrics").get_response()
 
     assert response["status"] == 200
-    assert response["body"].endswith(b"llmgw_x 1.0\n")
+    assert response["body"].startswith(b"# HELP llmgw_x x\n# TYPE llmgw_x gauge\nllmgw_x 1.0\n")
     # Not the thread running the loop that serves the agents' websockets.
     assert rendered_in and rendered_in[0] != threading.get_ident()
 

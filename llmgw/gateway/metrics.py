@@ -1,0 +1,113 @@
+"""The gateway's series on `/metrics`: requests, errors, tokens and latency by model.
+
+Kept by prometheus_client in a registry of their own, per process: with several
+`llmgw serve` processes, Prometheus scrapes each (the `instance` label tells
+them apart) and sums. `model` is always a catalog name (never what a caller
+typed), or "" for a request that named no model the gateway knows, so the
+label cannot grow without bound.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# Added latency is a millisecond or two, generation seconds to minutes.
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+REQUESTS = Counter(
+    "llmgw_gateway_requests",
+    "Requests answered by the gateway, by model and HTTP status.",
+    ["model", "code"],
+    registry=REGISTRY,
+)
+ERRORS = Counter(
+    "llmgw_gateway_errors",
+    "Requests that failed, by model and why: auth, limit, unknown_model, not_allowed, "
+    "bad_request, no_replica, loading, upstream, upstream_status, stream_cut, client_gone.",
+    ["model", "reason"],
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "llmgw_gateway_tokens",
+    "Tokens the engines reported in their usage, by model and kind (prompt, completion).",
+    ["model", "kind"],
+    registry=REGISTRY,
+)
+DURATION = Histogram(
+    "llmgw_gateway_request_duration_seconds",
+    "From the request's arrival to its last byte, by model.",
+    ["model"],
+    buckets=_SECONDS,
+    registry=REGISTRY,
+)
+FIRST_TOKEN = Histogram(
+    "llmgw_gateway_time_to_first_token_seconds",
+    "From a streamed request's arrival to its first byte from the engine, by model.",
+    ["model"],
+    buckets=_SECONDS,
+    registry=REGISTRY,
+)
+RUNNING = Gauge(
+    "llmgw_gateway_requests_running",
+    "Requests sent to an engine and not yet answered, by model.",
+    ["model"],
+    registry=REGISTRY,
+)
+WAITING = Gauge(
+    "llmgw_gateway_requests_waiting",
+    "Requests waiting at the gateway for a replica to be ready, by model.",
+    ["model"],
+    registry=REGISTRY,
+)
+
+
+class ModelSeries:
+    """One model's children, looked up once rather than on every request."""
+
+    __slots__ = ("model", "duration", "first_token", "prompt", "completion", "_codes")
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.duration = DURATION.labels(model)
+        self.first_token = FIRST_TOKEN.labels(model)
+        self.prompt = TOKENS.labels(model, "prompt")
+        self.completion = TOKENS.labels(model, "completion")
+        self._codes: dict[int, object] = {}
+
+    def answered(self, code: int) -> None:
+        child = self._codes.get(code)
+        if child is None:
+            child = self._codes[code] = REQUESTS.labels(self.model, str(code))
+        child.inc()
+
+    def failed(self, reason: str) -> None:
+        ERRORS.labels(self.model, reason).inc()
+
+
+_series: dict[str, ModelSeries] = {}
+
+
+def series(model: str) -> ModelSeries:
+    s = _series.get(model)
+    if s is None:
+        s = _series[model] = ModelSeries(model)
+    return s
+
+
+def load_gauges(counts: dict[str, tuple[int, int]]) -> None:
+    for model, (running, waiting) in counts.items():
+        RUNNING.labels(model).set(running)
+        WAITING.labels(model).set(waiting)
+
+
+class _Spoken:
+    """The registry's families that have a sample: nothing said of a gateway never used."""
+
+    def collect(self):
+        return (family for family in REGISTRY.collect() if family.samples)
+
+
+def gateway_text() -> str:
+    return generate_latest(_Spoken()).decode()

@@ -1,0 +1,110 @@
+"""Usage per key, project and model in one-minute buckets, written in batches.
+
+The request path adds to a tally in memory; every few seconds the tallies are
+added to the `Usage` rows with one statement (an upsert that adds, so several
+gateway processes can write the same bucket), and the replicas used since are
+marked used. When the write fails the tallies are kept for the next try.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from django.db import connection, transaction
+
+log = logging.getLogger("llmgw.gateway")
+
+# (minute since the epoch, key id, project id, model) -> [requests, errors, prompt, completion,
+# latency ms]
+Tallies = dict[tuple[int, int, int, str], list[int]]
+
+MAX_KEPT = 200_000  # tallies kept while the database is away; beyond, the oldest go
+
+
+class UsageBook:
+    """What the request path adds to; only ever touched on the event loop."""
+
+    def __init__(self) -> None:
+        self.tallies: Tallies = {}
+        self.used: set[str] = set()
+
+    def record(
+        self,
+        *,
+        key_id: int,
+        project_id: int,
+        model: str,
+        prompt: int,
+        completion: int,
+        error: bool,
+        latency_ms: float,
+        now: float,
+    ) -> None:
+        k = (int(now // 60), key_id, project_id, model)
+        t = self.tallies.get(k)
+        if t is None:
+            t = self.tallies[k] = [0, 0, 0, 0, 0]
+        t[0] += 1
+        t[1] += error
+        t[2] += prompt
+        t[3] += completion
+        t[4] += round(latency_ms)
+
+    def take(self) -> tuple[Tallies, set[str]]:
+        tallies, used = self.tallies, self.used
+        self.tallies, self.used = {}, set()
+        return tallies, used
+
+    def give_back(self, tallies: Tallies, used: set[str]) -> None:
+        """A batch that could not be written, merged back under what came since."""
+        for k, v in tallies.items():
+            t = self.tallies.setdefault(k, [0, 0, 0, 0, 0])
+            for i, x in enumerate(v):
+                t[i] += x
+        self.used |= used
+        if len(self.tallies) > MAX_KEPT:
+            for k in sorted(self.tallies)[: len(self.tallies) - MAX_KEPT]:
+                del self.tallies[k]
+            log.warning("usage kept in memory passed %d rows; the oldest were dropped", MAX_KEPT)
+
+
+_UPSERT = """
+INSERT INTO tenancy_usage (bucket, api_key_id, project_id, model, requests, errors,
+                           prompt_tokens, completion_tokens, latency_ms_total)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (bucket, api_key_id, model) DO UPDATE SET
+    requests = tenancy_usage.requests + excluded.requests,
+    errors = tenancy_usage.errors + excluded.errors,
+    prompt_tokens = tenancy_usage.prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = tenancy_usage.completion_tokens + excluded.completion_tokens,
+    latency_ms_total = tenancy_usage.latency_ms_total + excluded.latency_ms_total
+"""
+
+
+def usage_write(*, tallies: Tallies, used: set[str], now: datetime) -> None:
+    """Add the tallies to their rows and mark the replicas used, in one transaction.
+
+    Rows for keys deleted meanwhile are dropped rather than failing the batch.
+    """
+    from fleet.models import Replica
+    from tenancy.models import ApiKey
+
+    if tallies:
+        keys = set(
+            ApiKey.objects.filter(pk__in={k[1] for k in tallies}).values_list("pk", flat=True)
+        )
+        bucket = connection.ops.adapt_datetimefield_value
+        rows = [
+            (bucket(datetime.fromtimestamp(minute * 60, UTC)), key, project, model, *figures)
+            for (minute, key, project, model), figures in sorted(tallies.items())
+            if key in keys
+        ]
+    else:
+        rows = []
+    with transaction.atomic():
+        if rows:
+            with connection.cursor() as cursor:
+                cursor.executemany(_UPSERT, rows)
+        if used:
+            Replica.objects.filter(pk__in=used).update(last_used_at=now)
