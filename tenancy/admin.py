@@ -1,7 +1,8 @@
 """Tenancy in Django admin: one line per record, with the columns an operator looks for.
 
 Writes go through the tenancy services where there is one (adding an
-organization, team or project; setting and clearing a quota), so admin keeps
+organization, team or project; setting and clearing a quota or a scope's
+limits), so admin keeps
 their rules and leaves the same audit trail as the API, the CLI and the pages.
 An API key's secret is made here and shown once, in the message after it is
 added; only its hash and first characters are kept.
@@ -17,7 +18,16 @@ from django.utils import timezone
 from catalog.admin import ViewOnly
 from llmgw.errors import Invalid
 
-from .models import ApiKey, AuditEvent, CapacityQuota, Organization, Project, Team, Token
+from .models import (
+    ApiKey,
+    AuditEvent,
+    CapacityQuota,
+    Organization,
+    Project,
+    ScopeLimit,
+    Team,
+    Token,
+)
 from .quota import RESOURCES
 from .selectors import scope_find, scope_tree
 from .services import (
@@ -26,6 +36,9 @@ from .services import (
     api_key_models,
     api_key_revoke,
     audit_record,
+    limit_clear,
+    limit_figures,
+    limit_set,
     org_create,
     project_create,
     quota_clear,
@@ -481,6 +494,105 @@ class CapacityQuotaAdmin(admin.ModelAdmin):
     def delete_queryset(self, request, queryset):
         for quota in queryset:
             quota_clear(scope=quota.scope, actor=_who(request))
+
+
+class ScopeLimitForm(forms.ModelForm):
+    """A scope named as people write it and its requests and tokens per minute, checked as
+    the limit service checks them, each refusal beside its field."""
+
+    class Meta:
+        model = ScopeLimit
+        fields = ["scope", "requests_per_minute", "tokens_per_minute"]
+        help_texts = {
+            "scope": "org:Acme, team:Acme/ml, project:Acme/ml/training, or team:7.",
+            "requests_per_minute": "Left empty: not limited.",
+            "tokens_per_minute": "Left empty: not limited.",
+        }
+
+    def clean_scope(self) -> str:
+        try:
+            return scope_find(self.cleaned_data.get("scope") or "")
+        except Invalid as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean(self):
+        cleaned = super().clean()
+        for field in ("requests_per_minute", "tokens_per_minute"):
+            try:
+                limit_figures({field: cleaned.get(field)})
+            except Invalid as exc:
+                self.add_error(field, str(exc))
+                cleaned[field] = None
+        figures = [cleaned.get(f) for f in ("requests_per_minute", "tokens_per_minute")]
+        if all(f is None for f in figures) and not self.errors:
+            raise forms.ValidationError(
+                "a limit needs requests_per_minute or tokens_per_minute; to remove one, delete it."
+            )
+        return cleaned
+
+
+@admin.register(ScopeLimit)
+class ScopeLimitAdmin(admin.ModelAdmin):
+    """Each scope's requests and tokens per minute on one line, set and cleared through the
+    limit services, which record who changed them."""
+
+    form = ScopeLimitForm
+    search_fields = ["scope"]
+    list_filter = ["updated_by", "updated_at"]
+
+    def get_list_display(self, request):
+        tree = None
+
+        def name(obj) -> str:
+            nonlocal tree
+            tree = tree or scope_tree()  # three queries for the whole page, on first use
+            return tree.display(obj.scope)
+
+        name.short_description = "name"
+        return ["scope", name, "requests", "tokens", "updated_by", "updated_at"]
+
+    def get_search_results(self, request, queryset, search_term):
+        """Scopes by key (`team:7`) and by path (`acme/ml`), without case."""
+        found, duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip().casefold()
+        if term:
+            tree = scope_tree()
+            keys = [k for k in tree.names if term in tree.names[k].casefold()]
+            found = found | queryset.filter(scope__in=keys)
+        return found, duplicates
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["scope", "updated_by", "updated_at"] if obj is not None else []
+
+    def get_fields(self, request, obj=None):
+        fields = list(ScopeLimitForm.Meta.fields)
+        return fields + ["updated_by", "updated_at"] if obj is not None else fields
+
+    @admin.display(description="requests/min", ordering="requests_per_minute")
+    def requests(self, obj) -> str:
+        return "-" if obj.requests_per_minute is None else f"{obj.requests_per_minute:,}"
+
+    @admin.display(description="tokens/min", ordering="tokens_per_minute")
+    def tokens(self, obj) -> str:
+        return "-" if obj.tokens_per_minute is None else f"{obj.tokens_per_minute:,}"
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        key = limit_set(
+            scope=obj.scope,
+            requests_per_minute=data.get("requests_per_minute"),
+            tokens_per_minute=data.get("tokens_per_minute"),
+            actor=_who(request),
+        )
+        saved = ScopeLimit.objects.get(scope=key)
+        obj.pk, obj.updated_at, obj.updated_by = saved.pk, saved.updated_at, saved.updated_by
+
+    def delete_model(self, request, obj):
+        limit_clear(scope=obj.scope, actor=_who(request))
+
+    def delete_queryset(self, request, queryset):
+        for row in queryset:
+            limit_clear(scope=row.scope, actor=_who(request))
 
 
 @admin.register(Token)

@@ -1,10 +1,11 @@
-"""The tenancy tree and capacity quotas over REST: orgs, teams, projects, quotas."""
+"""The tenancy tree over REST: orgs, teams, projects, keys, quotas, limits and usage."""
 
 from __future__ import annotations
 
 from ninja import Router, Status
 
 from fleet import selectors as fleet_selectors
+from llmgw import clock
 from llmgw.api import actor
 
 from . import selectors, services
@@ -13,6 +14,10 @@ from .schemas import (
     KeyMadeOut,
     KeyOut,
     KeyRevokedOut,
+    LimitClearOut,
+    LimitIn,
+    LimitOut,
+    LimitSetOut,
     OrgIn,
     OrgOut,
     ProjectIn,
@@ -23,6 +28,7 @@ from .schemas import (
     QuotaSetOut,
     TeamIn,
     TeamOut,
+    UsageOut,
 )
 
 router = Router(tags=["tenancy"])
@@ -108,3 +114,35 @@ def key_add(request, payload: KeyIn):
 def key_revoke(request, key_id: int):
     """Revoke a key: the gateway refuses it from then on."""
     return {"revoked": services.api_key_revoke(key_id=key_id, actor=actor(request)).pk}
+
+
+@router.get("/limits", response=list[LimitOut])
+def limits_list(request):
+    """Every scope's requests and tokens per minute."""
+    return selectors.limits_list()
+
+
+@router.put("/limits", response=LimitSetOut)
+def limit_set(request, payload: LimitIn):
+    """Set a scope's requests and tokens per minute, replacing what it had."""
+    key = services.limit_set(
+        scope=payload.scope,
+        requests_per_minute=payload.requests_per_minute,
+        tokens_per_minute=payload.tokens_per_minute,
+        actor=actor(request),
+    )
+    return {"scope": key}
+
+
+@router.delete("/limits/{path:scope}", response=LimitClearOut)
+def limit_clear(request, scope: str):
+    return {"removed": services.limit_clear(scope=scope, actor=actor(request))}
+
+
+@router.get("/usage", response=UsageOut)
+def usage_report(request, scope: str | None = None, since: str | None = None, by: str = "project"):
+    """Requests, errors, tokens and average latency per project, key or model, and per model,
+    since a time (ISO 8601) or a span back (`15m`, `24h`, `7d`; a day by default)."""
+    return selectors.usage_report(
+        scope=scope or None, since=selectors.usage_since(since, now=clock.now()), by=by
+    )

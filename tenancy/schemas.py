@@ -120,3 +120,49 @@ class KeyOut(Schema):
 
 class KeyRevokedOut(Schema):
     revoked: int
+
+
+class LimitIn(_In):
+    """Each figure a whole number from 1; one left out is not limited."""
+
+    scope: StrictStr = Field(description="org:Acme, team:Acme/ml, project:Acme/ml/training or ID")
+    requests_per_minute: StrictInt | None = None
+    tokens_per_minute: StrictInt | None = None
+
+
+class LimitOut(Schema):
+    scope: str = Field(description="team:ID")
+    name: str = Field(description="Acme / ml")
+    requests_per_minute: int | None = Field(description="null: not limited")
+    tokens_per_minute: int | None = Field(description="null: not limited")
+    updated_by: str
+    updated_at: datetime | None
+
+
+class LimitSetOut(Schema):
+    scope: str
+
+
+class LimitClearOut(Schema):
+    removed: str
+
+
+class UsageRowOut(Schema):
+    scope: str | None = Field(description="project:ID; null when by model")
+    name: str | None = Field(description="the project, Acme / ml / training; null when by model")
+    key: str | None = Field(description='the key, "ci (llmgw_key_ab…)"; null unless by key')
+    key_id: int | None = Field(description="null unless by key")
+    model: str
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    avg_latency_ms: float | None = Field(description="per request; null with no requests")
+
+
+class UsageOut(Schema):
+    scope: str | None = Field(description="the scope asked for, team:ID; null for everywhere")
+    name: str | None = Field(description="Acme / ml")
+    since: datetime
+    by: str = Field(description="project, key or model; rows are always split by model too")
+    rows: list[UsageRowOut] = Field(description="the most requests first")

@@ -1,14 +1,19 @@
-"""Tenancy reads: tokens, the tenancy tree, scope names and capacity quotas."""
+"""Tenancy reads: tokens, the tenancy tree, scope names, capacity quotas, scope limits and
+usage reports."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import Sum
 
 from llmgw.errors import Invalid
 from llmgw.secrets import digest
 
-from .models import ApiKey, CapacityQuota, Organization, Project, Team, Token
+from .models import ApiKey, CapacityQuota, Organization, Project, ScopeLimit, Team, Token, Usage
 from .quota import RESOURCES, ZERO, Holding, Policy, Quota, Resources
 from .scopes import ScopeError, scope_resolve
 
@@ -166,3 +171,122 @@ def key_view(key: ApiKey) -> dict:
 def keys_list() -> list[dict]:
     """Every gateway key, newest first: one query."""
     return [key_view(k) for k in ApiKey.objects.select_related("project__team__org")]
+
+
+def limits_list() -> list[dict]:
+    """Every scope's request and token limits, named as the quota list names scopes, in path
+    order: four queries whatever their number."""
+    tree = scope_tree()
+    out = [
+        {
+            "scope": row.scope,
+            "name": tree.display(row.scope),
+            "requests_per_minute": row.requests_per_minute,
+            "tokens_per_minute": row.tokens_per_minute,
+            "updated_by": row.updated_by,
+            "updated_at": row.updated_at,
+        }
+        for row in ScopeLimit.objects.all()
+    ]
+    out.sort(key=lambda v: (tree.path(v["scope"]).casefold(), v["scope"]))
+    return out
+
+
+USAGE_GROUPINGS = ("project", "key", "model")
+# How far back a report reaches when nobody says.
+USAGE_DEFAULT_SPAN = timedelta(hours=24)
+_SPAN_RE = re.compile(r"^([0-9]{1,9})([smhdw])$")
+_SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# Longer than any ISO 8601 time; refused before parsing.
+_SINCE_LONGEST = 64
+# Usage rows filtered to a scope by the column that holds that kind's ID.
+_SCOPE_COLUMNS = {
+    "org": "project__team__org_id",
+    "team": "project__team_id",
+    "project": "project_id",
+}
+
+
+def usage_since(text: str | None, *, now: datetime) -> datetime:
+    """When a usage report starts: an ISO 8601 time (UTC when it names no zone), a span back
+    from `now` (`90s`, `15m`, `24h`, `7d`, `2w`), or a day before `now` when none is given.
+
+    Raises Invalid with an example of each form for anything else.
+    """
+    if text is None or not text.strip():
+        return now - USAGE_DEFAULT_SPAN
+    text = text.strip()
+    refused = Invalid(
+        "since must be a time such as 2026-01-31T09:00:00Z or a span such as 15m, 24h or 7d, "
+        f"not {text[:_SINCE_LONGEST]!r}."
+    )
+    if len(text) > _SINCE_LONGEST:
+        raise refused
+    try:
+        span = _SPAN_RE.match(text.lower())
+        if span:
+            return now - timedelta(seconds=int(span[1]) * _SPAN_UNITS[span[2]])
+        when = datetime.fromisoformat(text)
+    except (ValueError, OverflowError):  # not a time, or one before the year 1
+        raise refused from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def usage_report(*, scope: str | None, since: datetime, by: str) -> dict:
+    """What the gateway recorded from `since` on, for the projects under `scope` (everywhere
+    when None), summed per project, key or model and always per model, busiest first.
+
+    Each row names its project (`scope` `project:12`, `name` `Acme / ml / training`) and, by
+    key, the key (`ci (llmgw_key_ab…)`); `avg_latency_ms` is None for a row of no requests.
+    One aggregate query, and three more for the tree when rows name projects or a scope is
+    given. Raises Invalid for a scope that names none or several, or an unknown `by`.
+    """
+    if by not in USAGE_GROUPINGS:
+        raise Invalid(f"by must be project, key or model, not {str(by)[:40]!r}.")
+    tree = scope_tree() if scope or by != "model" else ScopeTree()
+    rows = Usage.objects.filter(bucket__gte=since)
+    key = None
+    if scope:
+        key = scope_find(scope, tree=tree)
+        kind, _, scope_id = key.partition(":")
+        rows = rows.filter(**{_SCOPE_COLUMNS[kind]: int(scope_id)})
+    columns = {
+        "project": ["project_id", "model"],
+        "key": ["api_key_id", "api_key__name", "api_key__prefix", "project_id", "model"],
+        "model": ["model"],
+    }[by]
+    # Named apart from the model's own columns, which an annotation may not shadow.
+    sums = rows.values(*columns).annotate(
+        n_requests=Sum("requests"),
+        n_errors=Sum("errors"),
+        n_prompt=Sum("prompt_tokens"),
+        n_completion=Sum("completion_tokens"),
+        n_latency=Sum("latency_ms_total"),
+    )
+    out = [_usage_row(found, tree) for found in sums.order_by("-n_requests", *columns)]
+    return {
+        "scope": key,
+        "name": tree.display(key) if key else None,
+        "since": since,
+        "by": by,
+        "rows": out,
+    }
+
+
+def _usage_row(found: dict, tree: ScopeTree) -> dict:
+    project = f"project:{found['project_id']}" if "project_id" in found else None
+    requests = found["n_requests"] or 0
+    return {
+        "scope": project,
+        "name": tree.display(project) if project else None,
+        "key": f"{found['api_key__name']} ({found['api_key__prefix']}…)"
+        if "api_key_id" in found
+        else None,
+        "key_id": found.get("api_key_id"),
+        "model": found["model"],
+        "requests": requests,
+        "errors": found["n_errors"] or 0,
+        "prompt_tokens": found["n_prompt"] or 0,
+        "completion_tokens": found["n_completion"] or 0,
+        "avg_latency_ms": round(found["n_latency"] / requests, 1) if requests else None,
+    }

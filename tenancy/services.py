@@ -1,4 +1,4 @@
-"""Tenancy writes: tokens, the tenancy tree, capacity quotas and the audit trail."""
+"""Tenancy writes: tokens, the tenancy tree, capacity quotas, scope limits and the audit trail."""
 
 from __future__ import annotations
 
@@ -11,7 +11,16 @@ from django.utils import timezone
 from llmgw.errors import Conflict, Invalid, NotFound
 from llmgw.secrets import digest, keyed_digest, new_secret
 
-from .models import ApiKey, AuditEvent, CapacityQuota, Organization, Project, Team, Token
+from .models import (
+    ApiKey,
+    AuditEvent,
+    CapacityQuota,
+    Organization,
+    Project,
+    ScopeLimit,
+    Team,
+    Token,
+)
 from .quota import RESOURCES, Resources
 from .scopes import KEY_RE
 from .selectors import ScopeTree, scope_find, scope_tree
@@ -294,7 +303,13 @@ def api_key_models(models: object) -> list[str]:
     return list(dict.fromkeys(models))
 
 
-def _key_limits(limits: Mapping | None) -> dict[str, int | None]:
+def limit_figures(limits: Mapping | None) -> dict[str, int | None]:
+    """Requests and tokens per minute, each a whole number from 1 or left out (None: not
+    limited), as keys and scopes take them; Invalid with the reason otherwise.
+
+    Zero is refused rather than read as "nothing at all": it would refuse every request
+    with a Retry-After that never comes true; revoking the keys says that plainly.
+    """
     given = dict(limits or {})
     unknown = sorted(set(given) - set(_LIMITS), key=str)
     if unknown:
@@ -324,7 +339,7 @@ def api_key_create(
 
     name = _name(name, what="an API key")
     allowed = api_key_models(models)
-    figures = _key_limits(limits)
+    figures = limit_figures(limits)
     with transaction.atomic():
         key_scope = scope_find(f"project:{project}".strip())
         row = Project.objects.get(pk=int(key_scope.partition(":")[2]))
@@ -369,4 +384,97 @@ def api_key_revoke(*, key_id: int, actor: str) -> ApiKey:
             audit_record(actor=actor, action="key.revoke", target=f"key:{key_id}")
             log.info("API key %s (%s…) revoked by %s", key.name, key.prefix, actor)
         key.refresh_from_db()
+    return key
+
+
+def _limits_described(figures: Mapping[str, int | None] | None) -> str:
+    """`60 requests/min, tokens not limited`; `no limits` for a scope without a row."""
+    if figures is None:
+        return "no limits"
+    rpm, tpm = figures.get("requests_per_minute"), figures.get("tokens_per_minute")
+    return ", ".join(
+        [
+            "requests not limited" if rpm is None else f"{rpm} requests/min",
+            "tokens not limited" if tpm is None else f"{tpm} tokens/min",
+        ]
+    )
+
+
+def _limit_row_figures(row: ScopeLimit | None) -> dict[str, int | None] | None:
+    if row is None:
+        return None
+    return {name: getattr(row, name) for name in _LIMITS}
+
+
+def limit_set(
+    *,
+    scope: str,
+    requests_per_minute: object = None,
+    tokens_per_minute: object = None,
+    actor: str,
+) -> str:
+    """Set a scope's requests and tokens per minute, replacing what it had; return its key
+    (`team:7`). A figure left out (None) is not limited.
+
+    The scope is named by path or ID. Raises Invalid when neither figure is given, for a
+    figure that is not a whole number from 1, or a scope that names none or several.
+    """
+    figures = limit_figures(
+        {"requests_per_minute": requests_per_minute, "tokens_per_minute": tokens_per_minute}
+    )
+    if all(v is None for v in figures.values()):
+        raise Invalid(
+            "a limit needs requests_per_minute or tokens_per_minute; to remove one, DELETE it"
+        )
+    with transaction.atomic():
+        tree = scope_tree()
+        key = scope_find(scope, tree=tree)
+        before = _limit_row_figures(ScopeLimit.objects.filter(scope=key).first())
+        ScopeLimit.objects.update_or_create(
+            scope=key, defaults={**figures, "updated_by": actor[:150]}
+        )
+        audit_record(actor=actor, action="limit.set", target=key, detail=figures)
+    log.info(
+        "limits of %s (%s) set by %s: %s (was %s)",
+        _written(tree, key),
+        key,
+        actor,
+        _limits_described(figures),
+        _limits_described(before),
+        extra={"event": "limit", "scope": key, **figures, "actor": actor},
+    )
+    return key
+
+
+def limit_clear(*, scope: str, actor: str) -> str:
+    """Remove a scope's request and token limits; return its key. NotFound when it has none.
+
+    A limit whose scope was since deleted can still be removed by its key (`org:9`).
+    """
+    with transaction.atomic():
+        tree = scope_tree()
+        try:
+            key = scope_find(scope, tree=tree)
+        except Invalid:
+            # Only a stored key is looked up as it is (PostgreSQL refuses a NUL in a query).
+            if (
+                not isinstance(scope, str)
+                or not KEY_RE.match(scope.strip())
+                or not ScopeLimit.objects.filter(scope=scope.strip()).exists()
+            ):
+                raise
+            key = scope.strip()
+        old = ScopeLimit.objects.filter(scope=key).first()
+        if old is None:
+            raise NotFound(f"{_written(tree, key)} has no request limits.")
+        old.delete()
+        audit_record(actor=actor, action="limit.clear", target=key)
+    log.info(
+        "limits of %s (%s) removed by %s (was %s)",
+        _written(tree, key),
+        key,
+        actor,
+        _limits_described(_limit_row_figures(old)),
+        extra={"event": "limit", "scope": key, "actor": actor},
+    )
     return key
