@@ -11,8 +11,11 @@ def _fresh_caches():
     from catalog import selectors as catalog_selectors
     from fleet.reconciler import MEASUREMENTS, POLICY
     from fleet.selectors import caches_clear
+    from llmgw.gateway.load import BOARD
 
     caches_clear()
+    BOARD.running.clear()
+    BOARD.waiting.clear()
     catalog_selectors._cache["version"] = None
     POLICY.clear()
     MEASUREMENTS.clear()

@@ -126,3 +126,14 @@ def test_headroom_stops_at_the_number_asked_for_and_says_so():
     room = headroom(llama, inv, 0, 3, Policy(), {}, {("llama", "tp4"): Measured(8, 640)})
     assert (room.more, room.limited, room.blocked) == (3, True, [])
     assert room.tok_per_sec == 640
+
+
+def test_the_gateway_and_the_engines_load_combine_without_counting_a_request_twice():
+    from fleet.domain.measured import combined_load
+
+    engines, gateway = Load(running=4, waiting=2), Load(running=6, waiting=3)
+    # The gateway's 6 in flight are the engines' 4 running and 2 queued: not added again.
+    assert combined_load(engines, gateway) == Load(running=4, waiting=5)
+    assert combined_load(None, gateway) == gateway
+    assert combined_load(engines, None) == engines
+    assert combined_load(None, None) is None

@@ -133,6 +133,45 @@ def test_the_reconciler_takes_engine_load_and_scales_up_held_busy(no_settle, set
     assert ModelState.objects.get(pk="chat").extra == 1
 
 
+def test_requests_waiting_at_the_gateway_scale_a_model_up_too(no_settle):
+    from llmgw.gateway.load import BOARD
+
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 1, "max": 2}))
+    reconcile_once(now=T0)
+    ready(Replica.objects.get(), at(1))
+    # No engine said anything; the gateway has 2 running and 3 waiting.
+    BOARD.running["chat"], BOARD.waiting["chat"] = 2, 3
+    for second in (5, 35, 66):
+        heard("gpu-a", at(second))
+        reconcile_once(now=at(second))
+
+    assert ModelState.objects.get(pk="chat").extra == 1
+    assert Replica.objects.count() == 2
+
+
+def test_a_model_the_gateway_has_seen_idle_is_quiet_and_gives_back_its_extra(no_settle, settings):
+    from dataclasses import replace
+
+    from llmgw.gateway.load import BOARD
+
+    settings.LLMGW = replace(
+        settings.LLMGW, timings=replace(settings.LLMGW.timings, scale_down_after=60)
+    )
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 1, "max": 2}))
+    ModelState.objects.create(model="chat", extra=1)
+    reconcile_once(now=T0)
+    for r in Replica.objects.all():
+        ready(r, at(1))
+    BOARD.running["chat"], BOARD.waiting["chat"] = 0, 0
+    for second in (5, 40, 70):
+        heard("gpu-a", at(second))
+        reconcile_once(now=at(second))
+
+    assert ModelState.objects.get(pk="chat").extra == 0
+
+
 def test_a_measured_profile_serving_more_per_gpu_is_placed_first(no_settle):
     node_add("gpu-a", now=T0, gpus=(H100, H100, H100, H100))
     model_added(
