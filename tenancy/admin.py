@@ -413,21 +413,14 @@ def _figures(obj: CapacityQuota, resource: str) -> str:
     return shown if lim is None else f"{shown} (≤ {lim:,})"
 
 
-@admin.register(CapacityQuota)
-class CapacityQuotaAdmin(admin.ModelAdmin):
-    """Each quota on one line, guaranteed (≤ limit) per resource, set and cleared through the
-    quota services, which record who changed it."""
+class ScopedAdmin(admin.ModelAdmin):
+    """What the admin of rows kept per scope (quotas, limits) shares: names and search."""
 
-    form = QuotaForm
     search_fields = ["scope"]
     list_filter = ["updated_by", "updated_at"]
-    fieldsets = [
-        (None, {"fields": ["scope"]}),
-        ("Guarantee", {"fields": [f"guarantee_{r}" for r in RESOURCES]}),
-        ("Limit", {"fields": [f"limit_{r}" for r in RESOURCES]}),
-    ]
 
-    def get_list_display(self, request):
+    @staticmethod
+    def scope_name_column():
         tree = None
 
         def name(obj) -> str:
@@ -436,15 +429,7 @@ class CapacityQuotaAdmin(admin.ModelAdmin):
             return tree.display(obj.scope)
 
         name.short_description = "name"
-        return [
-            "scope",
-            name,
-            "gpus",
-            "cpu_cores",
-            "memory_gb",
-            "updated_by",
-            "updated_at",
-        ]
+        return name
 
     def get_search_results(self, request, queryset, search_term):
         """Scopes by key (`team:7`) and by path (`acme/ml`), without case."""
@@ -458,6 +443,31 @@ class CapacityQuotaAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         return ["scope", "updated_by", "updated_at"] if obj is not None else []
+
+
+@admin.register(CapacityQuota)
+class CapacityQuotaAdmin(ScopedAdmin):
+    """Each quota on one line, guaranteed (≤ limit) per resource, set and cleared through the
+    quota services, which record who changed it."""
+
+    form = QuotaForm
+    fieldsets = [
+        (None, {"fields": ["scope"]}),
+        ("Guarantee", {"fields": [f"guarantee_{r}" for r in RESOURCES]}),
+        ("Limit", {"fields": [f"limit_{r}" for r in RESOURCES]}),
+    ]
+
+    def get_list_display(self, request):
+        name = self.scope_name_column()
+        return [
+            "scope",
+            name,
+            "gpus",
+            "cpu_cores",
+            "memory_gb",
+            "updated_by",
+            "updated_at",
+        ]
 
     def get_fieldsets(self, request, obj=None):
         fieldsets = super().get_fieldsets(request, obj)
@@ -532,37 +542,15 @@ class ScopeLimitForm(forms.ModelForm):
 
 
 @admin.register(ScopeLimit)
-class ScopeLimitAdmin(admin.ModelAdmin):
+class ScopeLimitAdmin(ScopedAdmin):
     """Each scope's requests and tokens per minute on one line, set and cleared through the
     limit services, which record who changed them."""
 
     form = ScopeLimitForm
-    search_fields = ["scope"]
-    list_filter = ["updated_by", "updated_at"]
 
     def get_list_display(self, request):
-        tree = None
-
-        def name(obj) -> str:
-            nonlocal tree
-            tree = tree or scope_tree()  # three queries for the whole page, on first use
-            return tree.display(obj.scope)
-
-        name.short_description = "name"
+        name = self.scope_name_column()
         return ["scope", name, "requests", "tokens", "updated_by", "updated_at"]
-
-    def get_search_results(self, request, queryset, search_term):
-        """Scopes by key (`team:7`) and by path (`acme/ml`), without case."""
-        found, duplicates = super().get_search_results(request, queryset, search_term)
-        term = search_term.strip().casefold()
-        if term:
-            tree = scope_tree()
-            keys = [k for k in tree.names if term in tree.names[k].casefold()]
-            found = found | queryset.filter(scope__in=keys)
-        return found, duplicates
-
-    def get_readonly_fields(self, request, obj=None):
-        return ["scope", "updated_by", "updated_at"] if obj is not None else []
 
     def get_fields(self, request, obj=None):
         fields = list(ScopeLimitForm.Meta.fields)

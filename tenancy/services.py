@@ -238,6 +238,21 @@ def _row_resources(row: CapacityQuota | None, side: str) -> Resources:
     return Resources(**{r: getattr(row, f"{side}_{r}") for r in RESOURCES})
 
 
+def _stored_scope(scope: object, tree: ScopeTree, rows) -> str:
+    """The scope's key; or, for a scope since deleted, its key as stored in `rows`' table."""
+    try:
+        return scope_find(scope, tree=tree)
+    except Invalid:
+        # Only a stored key is looked up as it is (PostgreSQL refuses a NUL in a query).
+        if (
+            not isinstance(scope, str)
+            or not KEY_RE.match(scope.strip())
+            or not rows.objects.filter(scope=scope.strip()).exists()
+        ):
+            raise
+        return scope.strip()
+
+
 def quota_clear(*, scope: str, actor: str) -> str:
     """Remove a scope's quota; return its key. NotFound when it has none.
 
@@ -245,17 +260,7 @@ def quota_clear(*, scope: str, actor: str) -> str:
     """
     with transaction.atomic():
         tree = scope_tree()
-        try:
-            key = scope_find(scope, tree=tree)
-        except Invalid:
-            # Only a stored key is looked up as it is (PostgreSQL refuses a NUL in a query).
-            if (
-                not isinstance(scope, str)
-                or not KEY_RE.match(scope.strip())
-                or not CapacityQuota.objects.filter(scope=scope.strip()).exists()
-            ):
-                raise
-            key = scope.strip()
+        key = _stored_scope(scope, tree, CapacityQuota)
         old = CapacityQuota.objects.filter(scope=key).first()
         if old is None:
             raise NotFound(f"{_written(tree, key)} has no capacity quota.")
@@ -453,17 +458,7 @@ def limit_clear(*, scope: str, actor: str) -> str:
     """
     with transaction.atomic():
         tree = scope_tree()
-        try:
-            key = scope_find(scope, tree=tree)
-        except Invalid:
-            # Only a stored key is looked up as it is (PostgreSQL refuses a NUL in a query).
-            if (
-                not isinstance(scope, str)
-                or not KEY_RE.match(scope.strip())
-                or not ScopeLimit.objects.filter(scope=scope.strip()).exists()
-            ):
-                raise
-            key = scope.strip()
+        key = _stored_scope(scope, tree, ScopeLimit)
         old = ScopeLimit.objects.filter(scope=key).first()
         if old is None:
             raise NotFound(f"{_written(tree, key)} has no request limits.")
