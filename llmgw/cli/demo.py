@@ -28,6 +28,7 @@ models:
     aliases: [chat]
     class: critical
     scaling: {min: 2, max: 3}
+    slo: {ttft_p95_ms: 500, tpot_p95_ms: 50}
     profiles:
       - name: tp4
         engine: sim
@@ -235,7 +236,7 @@ Try:
   .venv/bin/llmgw ctl replicas
   .venv/bin/llmgw ctl quota list
   .venv/bin/llmgw ctl model preemption chat-70b
-  LLMGW_API_KEY={api_key} .venv/bin/llmgw ctl bench chat-70b --levels 1,2,4 --seconds 5
+  LLMGW_API_KEY={api_key} .venv/bin/llmgw ctl bench chat-70b --levels 1,2,4,8,16 --seconds 5 --save
   .venv/bin/llmgw ctl usage
 
 Logs are in {logs}. Ctrl-C stops everything.
