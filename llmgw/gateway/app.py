@@ -629,6 +629,7 @@ async def _route(rt: Runtime, req: Request, receive: Receive, send: Send) -> int
                     )
     except asyncio.CancelledError:
         if gone.is_set():
+            main.uncancel()  # ours, not the server's: nothing else should see it
             raise ClientGone from None
         raise
     finally:

@@ -8,9 +8,11 @@ and keeps the last good tables when the database is away: inference goes on.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 
 from catalog.domain import ModelSpec
 from llmgw.secrets import engine_key
@@ -77,6 +79,10 @@ class ReplicaRow:
     profile: str
     state: str
     endpoint: str
+    state_since: object = None  # a datetime; only the loader reads it
+
+
+ACTIVE = ("pending", "starting", "ready")
 
 
 def names_of(catalog: Mapping[str, ModelSpec]) -> dict[str, str]:
@@ -111,35 +117,30 @@ def build_keys(
 
 
 def build_routes(
-    rows: Iterable[ReplicaRow], catalog: Mapping[str, ModelSpec], secret: str
-) -> tuple[dict[str, tuple[Upstream, ...]], dict[str, int]]:
-    """Ready replicas with an endpoint, per model, weighted by their profile; and how many
+    rows: Iterable[ReplicaRow], spec: ModelSpec | None, key_of: Callable[[str], str]
+) -> tuple[tuple[Upstream, ...], int]:
+    """One model's ready replicas with an endpoint, weighted by their profile, and how many
     more are on their way (pending or starting), which a waiting request is told."""
-    ready: dict[str, list[Upstream]] = defaultdict(list)
-    starting: dict[str, int] = defaultdict(int)
+    if spec is None:
+        return (), 0
+    ready, starting = [], 0
     for r in rows:
-        spec = catalog.get(r.model)
-        if spec is None:
-            continue
         if r.state in ("pending", "starting"):
-            starting[r.model] += 1
+            starting += 1
         elif r.state == "ready" and r.endpoint:
             profile = spec.profile(r.profile)
             weight = profile.weight if profile is not None else 1
-            if weight <= 0:
-                continue  # a profile weighted 0 takes no traffic
-            ready[r.model].append(
-                Upstream(
-                    replica_id=r.id,
-                    model=r.model,
-                    url=r.endpoint.rstrip("/"),
-                    authorization=f"Bearer {engine_key(secret, r.id)}",
-                    weight=weight,
+            if weight > 0:  # a profile weighted 0 takes no traffic
+                ready.append(
+                    Upstream(
+                        replica_id=r.id,
+                        model=r.model,
+                        url=r.endpoint.rstrip("/"),
+                        authorization=f"Bearer {key_of(r.id)}",
+                        weight=weight,
+                    )
                 )
-            )
-    return {m: tuple(sorted(u, key=lambda x: x.replica_id)) for m, u in ready.items()}, dict(
-        starting
-    )
+    return tuple(sorted(ready, key=lambda u: u.replica_id)), starting
 
 
 # The shell: reading the rows when they changed.
@@ -151,68 +152,131 @@ class Loader:
     Call `refresh()` from a worker thread (it uses the ORM); it answers new Tables when
     anything changed and None otherwise, and raises DatabaseError when the database is
     away (the caller keeps what it has).
+
+    Replicas are read by what changed: when the count or latest change of the active
+    ones (pending, starting, ready) moved, those whose state changed since the last read
+    (less a margin for passes that commit late); all of them when that does not account
+    for the change, and every FULL_EVERY seconds in any case. Only the models whose
+    replicas changed are routed again. Keys and limits, a few thousand
+    rows, are read whole when they change.
     """
 
     KEYS_EVERY = 5  # refreshes: keys' model lists change without moving the fingerprint
+    FULL_EVERY = 60.0
+    MARGIN = timedelta(seconds=10)
 
     def __init__(self) -> None:
         self.tables = Tables()
         self._prints: dict[str, object] = {}
         self._count = 0
         self._catalog: dict[str, ModelSpec] = {}
+        self._rows: dict[str, ReplicaRow] = {}
+        self._by_model: dict[str, set[str]] = defaultdict(set)
+        self._read_at = None  # when replicas were last read, by this machine's clock
+        self._full_at = float("-inf")
+        self._engine_keys: dict[str, str] = {}
 
     def refresh(self) -> Tables | None:
-        from django.conf import settings
-
         from catalog.selectors import catalog_load
 
         self._count += 1
         catalog = catalog_load()
         catalog_changed = catalog != self._catalog
         self._catalog = catalog
-        names = names_of(catalog) if catalog_changed else dict(self.tables.names)
-        keys_print = self._keys_print()
-        keys_due = self._count % self.KEYS_EVERY == 0
-        replicas_print = self._replicas_print()
         tables = self.tables
-        changed = False
-        if catalog_changed or keys_due or keys_print != self._prints.get("keys"):
+        names = names_of(catalog) if catalog_changed else tables.names
+        keys_print = self._keys_print()
+        if (
+            catalog_changed
+            or self._count % self.KEYS_EVERY == 0
+            or keys_print != self._prints.get("keys")
+        ):
             keys, limits, scope_names = self._keys(names)
-            if (
-                keys != tables.keys
-                or limits != tables.limits
-                or scope_names != tables.scope_names
-                or catalog_changed
-            ):
-                tables = Tables(
-                    keys=keys,
-                    names=names,
-                    models=catalog,
-                    upstreams=tables.upstreams,
-                    starting=tables.starting,
-                    limits=limits,
-                    scope_names=scope_names,
-                )
-                changed = True
+            tables = replace(tables, keys=keys, limits=limits, scope_names=scope_names)
             self._prints["keys"] = keys_print
-        if catalog_changed or replicas_print != self._prints.get("replicas"):
-            upstreams, starting = build_routes(self._replicas(), catalog, settings.SECRET_KEY)
-            if upstreams != tables.upstreams or starting != tables.starting:
-                tables = Tables(
-                    keys=tables.keys,
-                    names=names,
-                    models=catalog,
-                    upstreams=upstreams,
-                    starting=starting,
-                    limits=tables.limits,
-                    scope_names=tables.scope_names,
-                )
-                changed = True
-            self._prints["replicas"] = replicas_print
+        changed = self._replica_changes()
+        if catalog_changed:
+            changed = set(self._by_model) | set(tables.upstreams) | set(tables.starting)
         if changed:
-            self.tables = tables
-            return tables
-        return None
+            upstreams, starting = dict(tables.upstreams), dict(tables.starting)
+            for m in changed:
+                rows = (self._rows[r] for r in self._by_model.get(m, ()))
+                ups, coming = build_routes(rows, catalog.get(m), self._engine_key)
+                upstreams.pop(m, None)
+                starting.pop(m, None)
+                if ups:
+                    upstreams[m] = ups
+                if coming:
+                    starting[m] = coming
+            tables = replace(tables, upstreams=upstreams, starting=starting)
+        tables = replace(tables, names=names, models=catalog)
+        if tables == self.tables:
+            return None
+        self.tables = tables
+        return tables
+
+    def _engine_key(self, replica_id: str) -> str:
+        key = self._engine_keys.get(replica_id)
+        if key is None:
+            from django.conf import settings
+
+            key = self._engine_keys[replica_id] = engine_key(settings.SECRET_KEY, replica_id)
+        return key
+
+    def _replica_changes(self) -> set[str]:
+        """The models whose active replicas changed since the last look."""
+        from django.utils import timezone
+
+        counts = tuple(c for c in self._replicas_print() if c[0] in ACTIVE)
+        if counts == self._prints.get("replicas"):
+            return set()
+        self._prints["replicas"] = counts
+        active = sum(n for _, n, _ in counts)
+        read_at = timezone.now()
+        if self._read_at is None or time.monotonic() - self._full_at > self.FULL_EVERY:
+            return self._reload(read_at)
+        changed: set[str] = set()
+        for r in self._replica_rows(since=self._read_at - self.MARGIN):
+            old = self._rows.get(r.id)
+            if r.state in ACTIVE:
+                if old != r:
+                    self._put(r)
+                    changed.add(r.model)
+            elif old is not None:
+                self._drop(old)
+                changed.add(r.model)
+        if not changed or len(self._rows) != active:
+            # Something moved that the times did not show (a row gone, a clock behind):
+            # read them all.
+            return changed | self._reload(read_at)
+        self._read_at = read_at
+        return changed
+
+    def _reload(self, read_at) -> set[str]:
+        before = set(self._by_model)
+        self._rows, self._by_model = {}, defaultdict(set)
+        for r in self._replica_rows(since=None):
+            self._put(r)
+        self._read_at = read_at
+        self._full_at = time.monotonic()
+        alive = {r.id for r in self._rows.values()}
+        self._engine_keys = {k: v for k, v in self._engine_keys.items() if k in alive}
+        return before | set(self._by_model)
+
+    def _put(self, r: ReplicaRow) -> None:
+        old = self._rows.get(r.id)
+        if old is not None and old.model != r.model:
+            self._by_model[old.model].discard(r.id)
+        self._rows[r.id] = r
+        self._by_model[r.model].add(r.id)
+
+    def _drop(self, r: ReplicaRow) -> None:
+        del self._rows[r.id]
+        ids = self._by_model.get(r.model)
+        if ids is not None:
+            ids.discard(r.id)
+            if not ids:
+                del self._by_model[r.model]
 
     @staticmethod
     def _keys_print() -> tuple:
@@ -228,13 +292,17 @@ class Loader:
 
     @staticmethod
     def _replicas_print() -> tuple:
+        """(state, count, latest state change) per state: one scan of the replicas."""
         from django.db.models import Count, Max
 
-        from fleet.models import Replica, Shard
+        from fleet.models import Replica
 
-        by_state = Replica.objects.values_list("state").annotate(Count("id"), Max("state_since"))
-        endpoints = Shard.objects.filter(rank=0).exclude(endpoint="").count()
-        return (tuple(sorted(by_state)), endpoints)
+        rows = (
+            Replica.objects.order_by()
+            .values_list("state")
+            .annotate(Count("id"), Max("state_since"))
+        )
+        return tuple(sorted(rows))
 
     @staticmethod
     def _keys(names: Mapping[str, str]) -> tuple[dict[str, Key], dict, dict[str, str]]:
@@ -272,12 +340,33 @@ class Loader:
         return build_keys(rows, chains, names), limits, dict(tree.names)
 
     @staticmethod
-    def _replicas() -> list[ReplicaRow]:
-        from fleet.models import Shard
+    def _replica_rows(*, since) -> list[ReplicaRow]:
+        """Active replicas with their first shard's endpoint; with `since`, every replica
+        whose state changed from then on, whatever its state now."""
+        from fleet.models import Replica, Shard
 
-        rows = Shard.objects.filter(
-            rank=0, replica__state__in=("pending", "starting", "ready")
-        ).values_list(
-            "replica_id", "replica__model", "replica__profile", "replica__state", "endpoint"
+        qs = Replica.objects.order_by()
+        qs = qs.filter(state__in=ACTIVE) if since is None else qs.filter(state_since__gte=since)
+        rows = qs.values_list("id", "model", "profile", "state", "state_since")
+        if since is None:
+            endpoints = dict(
+                Shard.objects.filter(rank=0, replica__state="ready").values_list(
+                    "replica_id", "endpoint"
+                )
+            )
+        else:
+            endpoints = _endpoints([r[0] for r in rows if r[3] == "ready"])
+        return [ReplicaRow(i, m, p, st, endpoints.get(i, ""), t) for i, m, p, st, t in rows]
+
+
+def _endpoints(replica_ids: list[str]) -> dict[str, str]:
+    """Each replica's first shard's endpoint, read in chunks the databases accept."""
+    from fleet.models import Shard
+
+    out: dict[str, str] = {}
+    for i in range(0, len(replica_ids), 900):
+        chunk = replica_ids[i : i + 900]
+        out.update(
+            Shard.objects.filter(replica_id__in=chunk, rank=0).values_list("replica_id", "endpoint")
         )
-        return [ReplicaRow(*r) for r in rows]
+    return out
