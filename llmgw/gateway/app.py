@@ -741,6 +741,9 @@ async def _proxy(rt: Runtime, req: Request, up: Upstream, send: Send) -> int:
         BOARD.running[model] -= 1
 
 
+_DECODER = json.JSONDecoder()
+
+
 def _usage_in(data: bytes) -> dict | None:
     """The `usage` object of a JSON answer, found from the end without parsing the rest
     (an embeddings answer can be megabytes of numbers)."""
@@ -751,7 +754,7 @@ def _usage_in(data: bytes) -> dict | None:
     if brace < 0:
         return None
     try:
-        value, _ = json.JSONDecoder().raw_decode(data[brace:].decode())
+        value, _ = _DECODER.raw_decode(data[brace:].decode())
     except (ValueError, UnicodeDecodeError):
         return None
     return value if isinstance(value, dict) else None
