@@ -6,7 +6,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["heartbeats.py", "reconcile_pass.py", "placement.py", "metrics.py", "pages.py"]
+BENCHES = [
+    "heartbeats.py",
+    "reconcile_pass.py",
+    "placement.py",
+    "metrics.py",
+    "pages.py",
+    "gateway.py",
+]
 
 if __name__ == "__main__":
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}

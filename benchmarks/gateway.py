@@ -1,0 +1,637 @@
+"""What the gateway adds to a request, against the same engine direct and through LiteLLM.
+
+Everything is a real process on 127.0.0.1, in a temporary LLMGW_HOME, and is stopped
+at the end:
+
+- an embedded `llmgw serve` and one `llmgw agent` with a simulated CPU node; a model
+  `bench` is added over REST with a "sim" profile that answers as fast as it can
+  (no time to first token, a million tokens a second, 1,024 slots, 1 token unless
+  asked), and the agent starts its `llmgw sim-engine`;
+- a project and a gateway key made over REST;
+- LiteLLM's proxy (`litellm[proxy]` from PyPI, in a venv of its own made on the first
+  run under var/bench/) with one model pointing at the same engine, no database,
+  logging at ERROR, a master key.
+
+So "direct", "llmgw" and "litellm" all end at the identical engine process; direct uses
+the engine key the control plane derives for the replica (LLMGW_SECRET_KEY is set here).
+
+The load comes from this process: a bare asyncio HTTP/1.1 client on keep-alive
+connections, each request's bytes made once, the answer read with a minimal parser
+(Content-Length or chunked). It costs a few tens of microseconds a request, far less
+than aiohttp or httpx would, which matters because the load generator, the gateway,
+the engine and the idle agent share the machine's cores (and LiteLLM's process, idle
+while the others are measured).
+
+Figures, each for llmgw and LiteLLM with their ratio (LiteLLM over llmgw):
+
+- added latency one request at a time: SEQUENTIAL non-streamed chat requests
+  (max_tokens 1) per target, in blocks taking turns between targets so drift hits all
+  alike; p50 and p99 of each target, added = through − direct at each percentile;
+- added p99 at 16 and 64 requests at once: closed loops of that many connections for
+  a fixed time, after a warm-up; added = p99 through − p99 direct at the same level;
+- throughput: requests a second through each at 64 at once for THROUGHPUT_SECONDS
+  (direct for reference), and the proxy's CPU time per request;
+- time to first token when streaming: the first byte of the body after the headers,
+  p50 (and p99) through − direct, one request at a time.
+
+BENCH_SEQUENTIAL, BENCH_SECONDS (the 16 level), BENCH_THROUGHPUT_SECONDS,
+BENCH_STREAMED scale it; BENCH_LITELLM=0 leaves LiteLLM out; BENCH_LITELLM_SPEC is what
+pip installs (pinned: the newest [proxy] extra whose dependencies the registry serves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from llmgw.secrets import engine_key  # noqa: E402
+
+SEQUENTIAL = int(os.environ.get("BENCH_SEQUENTIAL", 2000))
+BLOCK = 200  # sequential requests per turn of a target
+STREAMED = int(os.environ.get("BENCH_STREAMED", 1000))
+SECONDS = float(os.environ.get("BENCH_SECONDS", 5))
+THROUGHPUT_SECONDS = float(os.environ.get("BENCH_THROUGHPUT_SECONDS", 10))
+WARMUP_SECONDS = 2.0
+LITELLM = os.environ.get("BENCH_LITELLM", "1") != "0"
+LITELLM_SPEC = os.environ.get("BENCH_LITELLM_SPEC", "litellm[proxy]==1.106.12")
+LITELLM_VENV = Path(os.environ.get("BENCH_LITELLM_VENV", REPO / "var" / "bench" / "litellm-venv"))
+MODEL = "bench"
+SIM_ARGS = ["--ttft-ms", "0", "--tokens-per-sec", "1000000", "--slots", "1024", "--max-tokens", "1"]
+PATIENCE_S = 120.0
+
+
+def _emit(figure: str, value, unit: str, scale: dict, **extra) -> None:
+    extra = {k: v for k, v in extra.items() if v is not None}
+    line = {
+        "bench": "gateway",
+        "figure": figure,
+        "value": value,
+        "unit": unit,
+        **extra,
+        "scale": scale,
+    }
+    print(json.dumps(line), flush=True)
+
+
+# The load: a bare HTTP/1.1 client
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection; one request at a time. `ask` sends prepared bytes and
+    returns (status, seconds to the first body byte, seconds to the end, body)."""
+
+    def __init__(self) -> None:
+        self.transport = None
+        self.buf = bytearray()
+        self.done: asyncio.Future | None = None
+        self.head_end = -1
+        self.first_body = 0.0
+        self.status = 0
+        self.length = -1  # Content-Length, or -1 for chunked
+        self.pos = 0  # chunked: where the next chunk's size line starts
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError(f"connection closed: {exc}"))
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        buf = self.buf
+        if self.head_end < 0:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.head_end = self.pos = end + 4
+            lines = bytes(buf[:end]).lower().split(b"\r\n")
+            self.status = int(lines[0][9:12])
+            self.length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                if name == b"content-length":
+                    self.length = int(value)
+                elif name == b"transfer-encoding" and b"chunked" in value:
+                    self.length = -1
+        if self.first_body == 0.0 and len(buf) > self.head_end:
+            self.first_body = time.perf_counter()
+        if self.length >= 0:
+            if len(buf) - self.head_end >= self.length:
+                self._finish(bytes(buf[self.head_end : self.head_end + self.length]))
+            return
+        while True:  # chunked: walk the complete chunks
+            line_end = buf.find(b"\r\n", self.pos)
+            if line_end < 0:
+                return
+            size = int(bytes(buf[self.pos : line_end]).split(b";")[0], 16)
+            if size == 0:
+                if len(buf) >= line_end + 4:
+                    self._finish(_dechunk(bytes(buf[self.head_end : self.pos])))
+                return
+            nxt = line_end + 2 + size + 2
+            if len(buf) < nxt:
+                return
+            self.pos = nxt
+
+    def _finish(self, body: bytes) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_result(body)
+
+    async def ask(self, request: bytes) -> tuple[int, float, float, bytes]:
+        self.buf.clear()
+        self.head_end, self.first_body, self.status, self.pos = -1, 0.0, 0, 0
+        self.done = asyncio.get_running_loop().create_future()
+        sent = time.perf_counter()
+        self.transport.write(request)
+        body = await self.done
+        end = time.perf_counter()
+        return self.status, (self.first_body or end) - sent, end - sent, body
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, pos = [], 0
+    while pos < len(data):
+        line_end = data.find(b"\r\n", pos)
+        size = int(data[pos:line_end].split(b";")[0], 16)
+        out.append(data[line_end + 2 : line_end + 2 + size])
+        pos = line_end + 2 + size + 2
+    return b"".join(out)
+
+
+async def _connect(port: int) -> _Conn:
+    _, conn = await asyncio.get_running_loop().create_connection(_Conn, "127.0.0.1", port)
+    return conn
+
+
+def _request(port: int, key: str, *, stream: bool) -> bytes:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "say hi"}], "max_tokens": 1}
+    if stream:
+        body.update(stream=True, max_tokens=4)
+    raw = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(raw)}\r\n\r\n"
+    )
+    return head.encode() + raw
+
+
+class Target:
+    """Where a request goes: the engine direct, llmgw's gateway, or LiteLLM's proxy."""
+
+    def __init__(self, name: str, port: int, key: str, pids: Callable[[], list[int]]) -> None:
+        self.name, self.port, self.key, self.pids = name, port, key, pids
+        self.plain = _request(port, key, stream=False)
+        self.streamed = _request(port, key, stream=True)
+
+
+def _check(status: int, body: bytes, target: Target, *, stream: bool) -> None:
+    ok = status == 200 and (b"[DONE]" in body if stream else b'"choices"' in body)
+    if not ok:
+        raise RuntimeError(f"{target.name} answered {status}: {body[:300]!r}")
+
+
+async def _sequential(targets: list[Target], total: int, stream: bool) -> dict[str, list[float]]:
+    """`total` requests one at a time per target, BLOCK at a turn; the time to the whole
+    answer, or to the first body byte when streaming."""
+    conns = {t.name: await _connect(t.port) for t in targets}
+    out: dict[str, list[float]] = {t.name: [] for t in targets}
+    for t in targets:  # warm: connections, caches, the proxies' first-request work
+        for _ in range(50):
+            status, _, _, body = await conns[t.name].ask(t.streamed if stream else t.plain)
+            _check(status, body, t, stream=stream)
+    done = 0
+    while done < total:
+        n = min(BLOCK, total - done)
+        for t in targets:
+            conn, req, got = conns[t.name], (t.streamed if stream else t.plain), out[t.name]
+            for _ in range(n):
+                status, first, whole, body = await conn.ask(req)
+                _check(status, body, t, stream=stream)
+                got.append(first if stream else whole)
+        done += n
+    for c in conns.values():
+        c.transport.close()
+    return out
+
+
+async def _closed_loop(target: Target, concurrency: int, seconds: float) -> dict:
+    """`concurrency` connections each sending the next request as soon as the last is
+    answered, for `seconds` after a warm-up: latencies, errors, requests a second, and the
+    CPU seconds the target's processes used."""
+    conns = [await _connect(target.port) for _ in range(concurrency)]
+    latencies: list[float] = []
+    errors = 0
+    measuring = False
+    stop_at = 0.0
+
+    async def worker(conn: _Conn) -> None:
+        nonlocal errors
+        req = target.plain
+        while True:
+            status, _, whole, body = await conn.ask(req)
+            if time.perf_counter() >= stop_at:
+                return
+            if measuring:
+                if status == 200:
+                    latencies.append(whole)
+                else:
+                    errors += 1
+
+    stop_at = time.perf_counter() + WARMUP_SECONDS
+    await asyncio.gather(*(worker(c) for c in conns))
+    cpu_before, own_before = _cpu_seconds(target.pids()), time.process_time()
+    measuring, start = True, time.perf_counter()
+    stop_at = start + seconds
+    await asyncio.gather(*(worker(c) for c in conns))
+    elapsed = time.perf_counter() - start
+    cpu = _cpu_seconds(target.pids()) - cpu_before
+    for c in conns:
+        c.transport.close()
+    return {"latencies": latencies, "errors": errors, "per_second": len(latencies) / elapsed,
+            "cpu_s": cpu, "load_cpu_s": time.process_time() - own_before, "seconds": elapsed}  # fmt: skip
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+# Processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants, from /proc."""
+    parents: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(p.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(parents.get(p, ()))
+    return out
+
+
+def _listener_pid(port: int) -> int | None:
+    """The pid of the process listening on a TCP port here, read from /proc."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+def _wait(what: str, check, timeout: float = PATIENCE_S, proc: subprocess.Popen | None = None):
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: {proc.args[0]} exited with {proc.returncode}; see its log")
+        try:
+            got = check()
+            if got:
+                return got
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+            last = exc
+        time.sleep(0.3)
+    raise RuntimeError(f"timed out waiting for {what}" + (f" ({last})" if last else ""))
+
+
+class Procs:
+    """What this benchmark started, each in a session of its own, stopped in reverse."""
+
+    def __init__(self, home: Path) -> None:
+        self.home, self.procs = home, []
+
+    def spawn(self, name: str, cmd: list[str], env: dict) -> subprocess.Popen:
+        log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - the child writes it for its life
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+
+
+def _litellm_binary() -> Path | None:
+    """LiteLLM's `litellm` command, installed into its venv on the first run; None (and a
+    line saying why) when it cannot be."""
+    binary = LITELLM_VENV / "bin" / "litellm"
+    if binary.exists():
+        return binary
+    python = shutil.which("python3.11") or sys.executable
+    log = REPO / "var" / "bench" / "litellm-install.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"installing {LITELLM_SPEC} into {LITELLM_VENV} (a few minutes; log {log})",
+          file=sys.stderr, flush=True)  # fmt: skip
+    with open(log, "wb") as out:
+        made = subprocess.run([python, "-m", "venv", str(LITELLM_VENV)], stdout=out, stderr=out)
+        if made.returncode == 0:
+            made = subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", LITELLM_SPEC],
+                                  stdout=out, stderr=out, timeout=1800)  # fmt: skip
+    if made.returncode != 0 or not binary.exists():
+        print(json.dumps({"bench": "gateway", "figure": "litellm", "value": None,
+                          "note": f"{LITELLM_SPEC} could not be installed; see {log}"}), flush=True)  # fmt: skip
+        return None
+    return binary
+
+
+def _start_litellm(procs: Procs, home: Path, engine_url: str, key: str) -> Target | None:
+    binary = _litellm_binary() if LITELLM else None
+    if binary is None:
+        return None
+    master = "sk-bench-" + secrets.token_hex(16)
+    config = home / "litellm.yaml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "model_list": [{"model_name": MODEL, "litellm_params": {
+            "model": f"openai/{MODEL}", "api_base": f"{engine_url}/v1", "api_key": key}}],
+        "litellm_settings": {"telemetry": False, "set_verbose": False},
+        "general_settings": {"master_key": master},
+    }, indent=1))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False", LITELLM_LOG="ERROR",
+               NO_PROXY="*", HOME=str(home))  # fmt: skip
+    port = _free_port()
+    proc = procs.spawn("litellm", [str(binary), "--config", str(config), "--host", "127.0.0.1",
+                                   "--port", str(port), "--num_workers", "1"], env)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    _wait(
+        "LiteLLM's proxy to answer",
+        lambda: httpx.get(f"{url}/health/liveliness", timeout=2).status_code == 200,
+        timeout=180,
+        proc=proc,
+    )
+    return Target("litellm", port, master, lambda: _tree(proc.pid))
+
+
+def _cluster(procs: Procs, home: Path) -> tuple[Target, Target, str, str]:
+    """serve, an agent, the bench model's replica and a gateway key: the direct and the
+    llmgw targets, the engine's URL and key."""
+    secret = "bench-" + secrets.token_hex(24)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(LLMGW_HOME=str(home), LLMGW_SECRET_KEY=secret, PYTHONPATH=str(REPO),
+               LLMGW_SETTLE_SECONDS="1", PYTHONUNBUFFERED="1")  # fmt: skip
+    llmgw = [sys.executable, "-m", "llmgw"]
+
+    def run(*args: str) -> str:
+        done = subprocess.run([*llmgw, *args], env=env, cwd=REPO, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"llmgw {' '.join(args)} failed: {done.stderr}")
+        return done.stdout.strip().splitlines()[-1]
+
+    run("migrate")
+    admin, agent_token = run("createtoken", "bench"), run("createtoken", "--agent", "bench-agents")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve = procs.spawn("serve", [*llmgw, "serve", "--port", str(port)], env)
+    _wait("llmgw serve to answer", lambda: httpx.get(f"{url}/api/v1/openapi.json"), proc=serve)
+    api = httpx.Client(
+        base_url=f"{url}/api/v1", headers={"Authorization": f"Bearer {admin}"}, timeout=10
+    )
+
+    def post(path: str, body: dict) -> dict:
+        r = api.post(path, json=body)
+        if r.status_code >= 300:
+            raise RuntimeError(f"POST {path}: {r.status_code} {r.text}")
+        return r.json()
+
+    low = 30000 + secrets.randbelow(20000)
+    agent = procs.spawn("agent", [*llmgw, "agent", "--server", url, "--token", agent_token, "--node-id", "bench-cpu",
+                          "--state-dir", str(home / "agent"), "--memory-gb", "64", "--cpus", "16",
+                          "--port-range", f"{low}-{low + 99}"], env)  # fmt: skip
+    _wait(
+        "the node to be ready",
+        lambda: [n["state"] for n in api.get("/nodes").json()] == ["ready"],
+        proc=agent,
+    )
+    post("/models", {"name": MODEL, "source": "org/bench", "scaling": {"min": 1},
+                     "profiles": [{"name": "cpu", "engine": "sim", "cpu_cores": 1, "min_memory_gb": 1,
+                                   "args": SIM_ARGS, "startup_timeout": 60}]})  # fmt: skip
+    replica = _wait(
+        "the replica to be ready",
+        lambda: next((r for r in api.get("/replicas", params={"model": MODEL}).json() if r["state"] == "ready"), None),
+    )  # fmt: skip
+    post("/orgs", {"name": "Bench"})
+    post("/teams", {"org": "Bench", "name": "perf"})
+    post("/projects", {"team": "Bench/perf", "name": "gateway"})
+    api_key = post("/keys", {"project": "Bench/perf/gateway", "name": "bench"})["secret"]
+    api.close()
+
+    engine_url, ekey = replica["endpoint"], engine_key(secret, replica["id"])
+    engine_port = int(engine_url.rsplit(":", 1)[1])
+    engine_pid = _listener_pid(engine_port)
+    direct = Target("direct", engine_port, ekey, lambda: [engine_pid])
+    through = Target("llmgw", port, api_key, lambda: [serve.pid])
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    _wait("the gateway to route to the replica", lambda: httpx.post(
+        f"{url}/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {api_key}"}, timeout=5,
+    ).status_code == 200)  # fmt: skip
+    return direct, through, engine_url, ekey
+
+
+def _load1() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+async def _measure(targets: list[Target], scale: dict) -> None:
+    names = [t.name for t in targets]
+    through = [t for t in targets if t.name != "direct"]
+
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 2) if b > 0 else None
+
+    # One at a time, whole answers.
+    seq = await _sequential(targets, SEQUENTIAL, stream=False)
+    s = {
+        **scale,
+        "requests_per_target": SEQUENTIAL,
+        "concurrency": 1,
+        "stream": False,
+        "max_tokens": 1,
+    }
+    base = {q: _pct(seq["direct"], q) for q in (0.5, 0.99)}
+    _emit("direct_ms", {"p50": _ms(base[0.5]), "p99": _ms(base[0.99])}, "ms", s)
+    added = {}
+    for t in through:
+        p = {q: _pct(seq[t.name], q) for q in (0.5, 0.99)}
+        added[t.name] = {q: p[q] - base[q] for q in p}
+        _emit(f"{t.name}_ms", {"p50": _ms(p[0.5]), "p99": _ms(p[0.99])}, "ms", s)
+        _emit(f"{t.name}_added_ms", {"p50": _ms(added[t.name][0.5]), "p99": _ms(added[t.name][0.99])}, "ms", s,
+              aim={"p50": 1, "p99": 3} if t.name == "llmgw" else None)  # fmt: skip
+    if "litellm" in added:
+        _emit("litellm_over_llmgw_added", {q: ratio(added["litellm"][k], added["llmgw"][k])
+                                           for q, k in (("p50", 0.5), ("p99", 0.99))}, "ratio", s)  # fmt: skip
+
+    # Many at once.
+    loops: dict[int, dict[str, dict]] = {}
+    for concurrency, seconds in ((16, SECONDS), (64, THROUGHPUT_SECONDS)):
+        loops[concurrency] = {t.name: await _closed_loop(t, concurrency, seconds) for t in targets}
+        s = {**scale, "concurrency": concurrency, "seconds": seconds, "warmup_seconds": WARMUP_SECONDS,
+             "stream": False, "max_tokens": 1, "load1": _load1()}  # fmt: skip
+        r = loops[concurrency]
+        d99 = _pct(r["direct"]["latencies"], 0.99)
+        a99 = {}
+        for n in names:
+            _emit(f"{n}_ms_at_{concurrency}", {"p50": _ms(_pct(r[n]["latencies"], 0.5)),
+                                               "p99": _ms(_pct(r[n]["latencies"], 0.99))}, "ms", s,
+                  requests=len(r[n]["latencies"]), errors=r[n]["errors"])  # fmt: skip
+        for t in through:
+            a99[t.name] = _pct(r[t.name]["latencies"], 0.99) - d99
+            _emit(f"{t.name}_added_p99_ms_at_{concurrency}", _ms(a99[t.name]), "ms", s,
+                  aim={16: 10, 64: 25}[concurrency] if t.name == "llmgw" else None)  # fmt: skip
+        if "litellm" in a99:
+            _emit(
+                f"litellm_over_llmgw_added_p99_at_{concurrency}",
+                ratio(a99["litellm"], a99["llmgw"]),
+                "ratio",
+                s,
+            )
+
+    # Throughput at 64.
+    r = loops[64]
+    s = {
+        **scale,
+        "concurrency": 64,
+        "seconds": THROUGHPUT_SECONDS,
+        "stream": False,
+        "max_tokens": 1,
+    }
+    for n in names:
+        per_request_cpu = r[n]["cpu_s"] / max(1, len(r[n]["latencies"]))
+        _emit(f"{n}_requests_per_second", round(r[n]["per_second"]), "requests/s", s,
+              aim=2500 if n == "llmgw" else None, errors=r[n]["errors"],
+              process_cpu_ms_per_request=round(per_request_cpu * 1000, 3),
+              process_cpu_s=round(r[n]["cpu_s"], 2), load_generator_cpu_s=round(r[n]["load_cpu_s"], 2),
+              process=("the engine" if n == "direct" else f"{n}'s proxy, not the engine"))  # fmt: skip
+    if "litellm" in r:
+        _emit("llmgw_over_litellm_requests_per_second", ratio(r["llmgw"]["per_second"], r["litellm"]["per_second"]),
+              "ratio", s)  # fmt: skip
+
+    # Time to first token, streamed, one at a time.
+    ttft = await _sequential(targets, STREAMED, stream=True)
+    s = {
+        **scale,
+        "requests_per_target": STREAMED,
+        "concurrency": 1,
+        "stream": True,
+        "max_tokens": 4,
+    }
+    d = {q: _pct(ttft["direct"], q) for q in (0.5, 0.99)}
+    _emit("direct_ttft_ms", {"p50": _ms(d[0.5]), "p99": _ms(d[0.99])}, "ms", s)
+    added = {}
+    for t in through:
+        p = {q: _pct(ttft[t.name], q) for q in (0.5, 0.99)}
+        added[t.name] = p[0.5] - d[0.5]
+        _emit(f"{t.name}_ttft_ms", {"p50": _ms(p[0.5]), "p99": _ms(p[0.99])}, "ms", s)
+        _emit(f"{t.name}_ttft_added_ms", {"p50": _ms(p[0.5] - d[0.5]), "p99": _ms(p[0.99] - d[0.99])}, "ms", s,
+              aim={"p50": 2} if t.name == "llmgw" else None)  # fmt: skip
+    if "litellm" in added:
+        _emit(
+            "litellm_over_llmgw_ttft_added_p50", ratio(added["litellm"], added["llmgw"]), "ratio", s
+        )
+
+
+def main() -> None:
+    home = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))
+    procs = Procs(home)
+    try:
+        direct, through, engine_url, ekey = _cluster(procs, home)
+        targets = [direct, through]
+        litellm = _start_litellm(procs, home, engine_url, ekey)
+        version = None
+        if litellm is not None:
+            targets.append(litellm)
+            version = subprocess.run([str(LITELLM_VENV / "bin" / "python"), "-c",
+                                      "import importlib.metadata as m; print(m.version('litellm'))"],
+                                     capture_output=True, text=True).stdout.strip()  # fmt: skip
+        scale = {
+            "machine_cores": os.cpu_count(), "load1_at_start": _load1(),
+            "sharing_the_cores": "load generator (this process, one asyncio loop, bare HTTP/1.1 client), "
+                                 "llmgw serve (embedded, SQLite, reconciler in-process), llmgw agent (idle), "
+                                 "the sim engine, LiteLLM's proxy (idle while the others run), other work",
+            "engine": "llmgw sim-engine " + " ".join(SIM_ARGS), "litellm": version, "mode": "embedded",
+        }  # fmt: skip
+        gc.collect()
+        gc.freeze()
+        asyncio.run(_measure(targets, scale))
+    finally:
+        procs.stop()
+        if os.environ.get("BENCH_KEEP_HOME"):
+            print(f"logs kept in {home}", file=sys.stderr)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
