@@ -115,6 +115,9 @@ class Request:
     started: float
     model: str = ""  # the catalog name it was served as
     tried: set[str] = field(default_factory=set)
+    usage: dict | None = None  # the engine's figures, once they have passed
+    done: bool = False  # the answer has reached its end (a stream, its [DONE])
+    recorded: bool = False  # its usage is counted: once, whichever way it ended
 
 
 class Runtime:
@@ -523,15 +526,25 @@ async def serve(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None
             _record(rt, req, None, error=True)
         await _answer(send, refused.status, refused.body(), headers)
     except ClientGone:
-        model_series.failed("client_gone")
-        if req is not None:
-            _record(rt, req, None, error=True)
+        # Hanging up once the whole answer has passed is no failure: only the close was left.
+        if req is not None and req.done:
+            model_series = metrics.series(req.model)
+            model_series.answered(200)
+            _record(rt, req, req.usage, error=False)
+        else:
+            model_series.failed("client_gone")
+            if req is not None:
+                _record(rt, req, req.usage, error=True)
     finally:
         model_series.duration.observe(time.perf_counter() - started)
 
 
 def _record(rt: Runtime, req: Request, usage: dict | None, *, error: bool) -> None:
-    """Usage and token counts for one request, from the engine's own `usage` figures."""
+    """Usage and token counts for one request, from the engine's own `usage` figures; only
+    the first call for a request counts."""
+    if req.recorded:
+        return
+    req.recorded = True
     prompt = completion = 0
     if isinstance(usage, dict):
         p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -832,8 +845,10 @@ async def _stream(rt: Runtime, req: Request, resp, send: Send) -> int:
                 first = False
             out, rest, found = split_events(rest + chunk if rest else chunk, drop)
             if found is not None:
-                usage = found
+                usage = req.usage = found
             if out:
+                if b"data: [DONE]" in out:
+                    req.done = True
                 await send({"type": "http.response.body", "body": out, "more_body": True})
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("stream from a replica of %s cut: %s", req.model, exc)

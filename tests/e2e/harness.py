@@ -217,3 +217,33 @@ class Cluster:
         self.client.close()
         if self.database:
             self._admin_sql(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+
+
+def gateway_project(cluster: Cluster, name: str) -> int:
+    """A project in an organization and team of its own, made over REST; its ID."""
+    org = cluster.post("/orgs", {"name": name})
+    team = cluster.post("/teams", {"org": org["id"], "name": "team"})
+    return cluster.post("/projects", {"team": team["id"], "name": "project"})["id"]
+
+
+def gateway_key(cluster: Cluster, project: int, name: str, **extra: object) -> dict:
+    """A gateway API key for a project (`extra`: models, limits), returned once the gateway
+    knows it: POST /keys's answer, with the secret."""
+    made = cluster.post("/keys", {"project": project, "name": name, **extra})
+    headers = {"Authorization": f"Bearer {made['secret']}"}
+    wait_for(
+        f"the gateway to know key {name}",
+        lambda: httpx.get(f"{cluster.url}/v1/models", headers=headers).status_code == 200,
+        timeout=20,
+    )
+    return made
+
+
+def engine_gauge(endpoint: str, name: str) -> float:
+    """A sim engine's `llmgw_sim:<name>` gauge (requests_running, requests_waiting), read from
+    its /metrics."""
+    text = httpx.get(f"{endpoint}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(f"llmgw_sim:{name}{{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(f"llmgw_sim:{name} is not in {endpoint}/metrics")
