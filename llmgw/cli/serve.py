@@ -57,6 +57,45 @@ def _lighter_requests() -> None:
     http_protocol.HTTPFactory.log = lambda self, request: None
 
 
+def _server_class():
+    """daphne's Server, letting go of a finished request at once.
+
+    daphne keeps every request, its application task and queue until a sweep that runs
+    once a second. At 4,000 gateway requests a second that is some 50,000 live objects,
+    which is what set off each young garbage collection, and each then walked all of
+    them to free nothing: a 10-25 ms pause of the serving loop every thousand requests,
+    and the gateway's p99. A request whose connection is done and whose application
+    ended cleanly is now dropped when the later of the two happens; anything else (an
+    error to log, a task to cancel) is still left to daphne's sweep.
+    """
+    from daphne.server import Server
+
+    class Reaping(Server):
+        def create_application(self, protocol, scope):
+            queue = super().create_application(protocol, scope)
+            details = self.connections.get(protocol)
+            instance = details.get("application_instance") if details else None
+            if instance is not None:
+                instance.add_done_callback(lambda _done: self._reap(protocol))
+            return queue
+
+        def protocol_disconnected(self, protocol):
+            super().protocol_disconnected(protocol)
+            self._reap(protocol)
+
+        def _reap(self, protocol) -> None:
+            details = self.connections.get(protocol)
+            if not details or "disconnected" not in details:
+                return
+            instance = details.get("application_instance")
+            if instance is None or (
+                instance.done() and not instance.cancelled() and instance.exception() is None
+            ):
+                del self.connections[protocol]
+
+    return Reaping
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="llmgw serve", description="Run the llmgw control plane.")
     parser.add_argument("--host", default="127.0.0.1")
@@ -65,9 +104,9 @@ def main(argv: list[str]) -> int:
 
     # daphne installs Twisted's asyncio reactor when imported: it must come first.
     from daphne.endpoints import build_endpoint_description_strings
-    from daphne.server import Server
 
     _lighter_requests()
+    Server = _server_class()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
     import django
