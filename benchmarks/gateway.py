@@ -62,6 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from llmgw.secrets import engine_key  # noqa: E402
+from tests.e2e.harness import listener_pid  # noqa: E402
 
 SEQUENTIAL = int(os.environ.get("BENCH_SEQUENTIAL", 2000))
 BLOCK = 200  # sequential requests per turn of a target
@@ -319,31 +320,6 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def _listener_pid(port: int) -> int | None:
-    """The pid of the process listening on a TCP port here, read from /proc."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            for fd in (proc / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:[") and target[8:-1] in inodes:
-                    return int(proc.name)
-        except OSError:
-            continue
-    return None
-
-
 def _wait(what: str, check, timeout: float = PATIENCE_S, proc: subprocess.Popen | None = None):
     deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
@@ -490,7 +466,7 @@ def _cluster(procs: Procs, home: Path) -> tuple[Target, Target, str, str]:
 
     engine_url, ekey = replica["endpoint"], engine_key(secret, replica["id"])
     engine_port = int(engine_url.rsplit(":", 1)[1])
-    engine_pid = _listener_pid(engine_port)
+    engine_pid = listener_pid(engine_port)
     direct = Target("direct", engine_port, ekey, lambda: [engine_pid])
     through = Target("llmgw", port, api_key, lambda: [serve.pid])
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
