@@ -444,6 +444,22 @@ class ScopedAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         return ["scope", "updated_by", "updated_at"] if obj is not None else []
 
+    @staticmethod
+    def clear(*, scope: str, actor: str) -> str:
+        raise NotImplementedError  # the service that removes a scope's row
+
+    def saved_as(self, obj, key: str) -> None:
+        """`obj` as the service saved it, for the admin's message and redirect."""
+        saved = type(obj).objects.get(scope=key)
+        obj.pk, obj.updated_at, obj.updated_by = saved.pk, saved.updated_at, saved.updated_by
+
+    def delete_model(self, request, obj):
+        self.clear(scope=obj.scope, actor=_who(request))
+
+    def delete_queryset(self, request, queryset):
+        for row in queryset:
+            self.clear(scope=row.scope, actor=_who(request))
+
 
 @admin.register(CapacityQuota)
 class CapacityQuotaAdmin(ScopedAdmin):
@@ -451,6 +467,7 @@ class CapacityQuotaAdmin(ScopedAdmin):
     quota services, which record who changed it."""
 
     form = QuotaForm
+    clear = staticmethod(quota_clear)
     fieldsets = [
         (None, {"fields": ["scope"]}),
         ("Guarantee", {"fields": [f"guarantee_{r}" for r in RESOURCES]}),
@@ -495,15 +512,7 @@ class CapacityQuotaAdmin(ScopedAdmin):
             limit={r: data.get(f"limit_{r}") for r in RESOURCES},
             actor=_who(request),
         )
-        saved = CapacityQuota.objects.get(scope=key)
-        obj.pk, obj.updated_at, obj.updated_by = saved.pk, saved.updated_at, saved.updated_by
-
-    def delete_model(self, request, obj):
-        quota_clear(scope=obj.scope, actor=_who(request))
-
-    def delete_queryset(self, request, queryset):
-        for quota in queryset:
-            quota_clear(scope=quota.scope, actor=_who(request))
+        self.saved_as(obj, key)
 
 
 class ScopeLimitForm(forms.ModelForm):
@@ -547,6 +556,7 @@ class ScopeLimitAdmin(ScopedAdmin):
     limit services, which record who changed them."""
 
     form = ScopeLimitForm
+    clear = staticmethod(limit_clear)
 
     def get_list_display(self, request):
         name = self.scope_name_column()
@@ -572,15 +582,7 @@ class ScopeLimitAdmin(ScopedAdmin):
             tokens_per_minute=data.get("tokens_per_minute"),
             actor=_who(request),
         )
-        saved = ScopeLimit.objects.get(scope=key)
-        obj.pk, obj.updated_at, obj.updated_by = saved.pk, saved.updated_at, saved.updated_by
-
-    def delete_model(self, request, obj):
-        limit_clear(scope=obj.scope, actor=_who(request))
-
-    def delete_queryset(self, request, queryset):
-        for row in queryset:
-            limit_clear(scope=row.scope, actor=_who(request))
+        self.saved_as(obj, key)
 
 
 @admin.register(Token)
