@@ -15,9 +15,10 @@ from django.urls import path  # noqa: E402
 from fleet.consumers import AgentConsumer  # noqa: E402
 from llmgw.gateway.app import Gateway  # noqa: E402
 
+gateway = Gateway(ASGIStaticFilesHandler(django_asgi))
 application = ProtocolTypeRouter(
     {
-        "http": Gateway(ASGIStaticFilesHandler(django_asgi)),
+        "http": gateway,
         "websocket": URLRouter([path("ws/agent/", AgentConsumer.as_asgi())]),
     }
 )

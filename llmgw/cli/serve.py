@@ -135,7 +135,15 @@ def main(argv: list[str]) -> int:
 
                 asyncio.get_event_loop().create_task(run_forever(cfg.timings.reconcile_interval))
 
+        def flush_usage() -> None:
+            from llmgw.asgi import gateway
+
+            if gateway.runtime is not None:
+                gateway.runtime.flush_now()
+
         reactor.callWhenRunning(start)
+        # The last seconds of the gateway's usage are written before the process ends.
+        reactor.addSystemEventTrigger("before", "shutdown", flush_usage)
         mode = (
             f"embedded: SQLite in {cfg.home}, reconciler in this process"
             if cfg.embedded

@@ -156,6 +156,23 @@ class Runtime:
         await self._refresh()
         self._task = asyncio.get_running_loop().create_task(self._background())
 
+    def flush_now(self) -> None:
+        """Write what usage is tallied from a thread of its own, waiting up to 10 s: for a
+        server going down, whose loop will not run the background task again."""
+        import threading
+
+        from llmgw import clock
+
+        tallies, used = self.usage.take()
+        if not tallies and not used:
+            return
+        write = _in_thread(usage_write)
+        done = threading.Thread(
+            target=write, kwargs={"tallies": tallies, "used": used, "now": clock.now()}
+        )
+        done.start()
+        done.join(10)
+
     async def close(self) -> None:
         """Stop the background task and close the upstream pool (tests, and shutdown)."""
         if self._task is not None:
