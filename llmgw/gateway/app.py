@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a whole (not streamed) answer from an engine
+MAX_SECRET_CHARS = 256
 REFRESH_S = 1.0  # how often the tables' fingerprints are checked
 FLUSH_S = 2.0  # how often usage is written
 SUSPECT_S = 10.0  # a replica that refused a connection is avoided this long
@@ -118,6 +121,7 @@ class Request:
     usage: dict | None = None  # the engine's figures, once they have passed
     done: bool = False  # the answer has reached its end (a stream, its [DONE])
     recorded: bool = False  # its usage is counted: once, whichever way it ended
+    events: int = 0  # server-sent events passed on: tokens, about, when no usage came
 
 
 class Runtime:
@@ -196,14 +200,20 @@ class Runtime:
         secret = secret.strip()
         if scheme.lower() != "bearer" or not secret:
             raise _no_key()
+        if len(secret) > MAX_SECRET_CHARS:
+            raise _bad_key()
         digest = self._digests.get(secret)
         if digest is None:
             from llmgw.secrets import keyed_digest
 
             digest = keyed_digest(self.secret, secret)
+            key = self.tables.keys.get(digest)
+            if key is None:
+                raise _bad_key()  # not remembered: callers must not fill the cache
             if len(self._digests) > 10_000:
                 self._digests.clear()
             self._digests[secret] = digest
+            return key
         key = self.tables.keys.get(digest)
         if key is None:
             raise _bad_key()
@@ -542,6 +552,16 @@ async def serve(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None
         if req is not None and refused.reason not in ("auth",):
             _record(rt, req, None, error=True)
         await _answer(send, refused.status, refused.body(), headers)
+    except Exception:
+        # A bug of ours, or something no rule foresaw: still an OpenAI-style answer, counted.
+        log.exception("gateway request %s %s failed", method, path)
+        model_series.failed("internal")
+        model_series.answered(500)
+        if req is not None:
+            _record(rt, req, req.usage, error=True)
+        error = Refused(500, "The gateway failed to answer.", "server_error", reason="internal")
+        with contextlib.suppress(Exception):  # the answer may have begun already
+            await _answer(send, 500, error.body())
     except ClientGone:
         # Hanging up once the whole answer has passed is no failure: only the close was left.
         if req is not None and req.done:
@@ -564,9 +584,12 @@ def _record(rt: Runtime, req: Request, usage: dict | None, *, error: bool) -> No
     req.recorded = True
     prompt = completion = 0
     if isinstance(usage, dict):
-        p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        prompt = p if isinstance(p, int) and p > 0 else 0
-        completion = c if isinstance(c, int) and c > 0 else 0
+        prompt = _tokens(usage.get("prompt_tokens"))
+        completion = _tokens(usage.get("completion_tokens"))
+    elif req.events:
+        # A stream that ended before its usage (cut, or the caller hung up): each event
+        # passed on carried about a token, and they count against the token limits.
+        completion = req.events
     now = time.time()
     rt.usage.record(
         key_id=req.key.id,
@@ -584,6 +607,16 @@ def _record(rt: Runtime, req: Request, usage: dict | None, *, error: bool) -> No
         s.completion.inc(completion)
         _, _, tokens = Limiter.checks(req.key, rt.tables.limits)
         rt.limiter.spent(tokens, prompt + completion, now)
+
+
+MOST_TOKENS = 100_000_000  # more in one answer is an engine's mistake, not a figure
+
+
+def _tokens(value: object) -> int:
+    """A token count as an engine reported it: a whole number from 0 to MOST_TOKENS, else 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return 0
+    return min(value, MOST_TOKENS)
 
 
 async def _admit(rt: Runtime, req: Request) -> None:
@@ -631,7 +664,8 @@ async def _route(rt: Runtime, req: Request, receive: Receive, send: Send) -> int
                 if up is not None:
                     # Served by a fallback for now; an on-demand model before it is started.
                     for m in chain[:i]:
-                        if rt.tables.models[m].on_demand:
+                        spec = rt.tables.models.get(m)
+                        if spec is not None and spec.on_demand:
                             rt.start_soon(m)
                     break
             if up is None:
@@ -669,7 +703,10 @@ async def _route(rt: Runtime, req: Request, receive: Receive, send: Send) -> int
 async def _wait_for_replica(rt: Runtime, req: Request, chain: list[str]) -> None:
     """Nothing in the chain is ready. An on-demand model in it is asked for and waited on,
     up to the bound; otherwise, or past the bound, a 503 that says why."""
-    target = next((m for m in chain if rt.tables.models[m].on_demand), None)
+    target = next(
+        (m for m in chain if (spec := rt.tables.models.get(m)) is not None and spec.on_demand),
+        None,
+    )
     if target is None:
         starting = sum(rt.tables.starting.get(m, 0) for m in chain)
         trouble = await _trouble(req.model)
@@ -731,11 +768,14 @@ async def _trouble(model: str) -> str | None:
     cached = _troubles.get(model)
     if cached is not None and now - cached[0] < 2:
         return cached[1]
+    _troubles[model] = (now, cached[1] if cached else None)  # one query at a time per model
     try:
-        found = await sync_to_async(_in_thread(_model_trouble), thread_sensitive=False)(model)
+        found = await asyncio.wait_for(
+            sync_to_async(_in_thread(_model_trouble), thread_sensitive=False)(model), 2
+        )
     except Exception:  # noqa: BLE001 - the database being away is not a reason to refuse
         found = None
-    _troubles[model] = (now, found)
+    _troubles[model] = (time.monotonic(), found)
     return found
 
 
@@ -759,6 +799,15 @@ async def _proxy(rt: Runtime, req: Request, up: Upstream, send: Send) -> int:
             resp = await rt.session.post(up.url + req.path, data=body, headers=headers)
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise Unreachable(str(exc) or type(exc).__name__) from None
+        except (aiohttp.ClientError, ValueError) as exc:
+            log.error("replica %s of %s answered what is not HTTP: %s", rid, model, exc)
+            raise Refused(
+                502,
+                f"The replica serving {model} gave an answer that is not HTTP.",
+                "api_error",
+                "upstream_invalid",
+                reason="upstream",
+            ) from None
         try:
             kind = resp.headers.get("Content-Type", "")
             if req.stream and resp.status == 200 and kind.startswith("text/event-stream"):
@@ -791,11 +840,24 @@ def _usage_in(data: bytes) -> dict | None:
 
 
 async def _whole(rt: Runtime, req: Request, resp, kind: str, send: Send) -> int:
+    chunks, size = [], 0
     try:
-        data = await resp.read()
+        async for chunk in resp.content.iter_any():
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise Refused(
+                    502,
+                    f"The replica serving {req.model} answered more than "
+                    f"{MAX_ANSWER_BYTES // (1024 * 1024)} MiB.",
+                    "api_error",
+                    "upstream_too_large",
+                    reason="upstream",
+                )
+            chunks.append(chunk)
     except (aiohttp.ClientError, TimeoutError) as exc:
         # Nothing has reached the caller yet: another replica can still answer.
         raise Unreachable(f"cut before answering in full: {exc or type(exc).__name__}") from None
+    data = b"".join(chunks)
     status = resp.status
     if status in (401, 403):
         # The engine refused the gateway's own key: ours to fix, not the caller's.
@@ -811,24 +873,33 @@ async def _whole(rt: Runtime, req: Request, resp, kind: str, send: Send) -> int:
     if error:
         metrics.series(req.model).failed("upstream_status")
     _record(rt, req, _usage_in(data) if status == 200 else None, error=error)
-    await _answer(send, status, data, [(b"content-type", (kind or "application/json").encode())])
+    content_type = (kind or "application/json").encode("latin-1", "replace")
+    await _answer(send, status, data, [(b"content-type", content_type)])
     return status
+
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
 def split_events(data: bytes, drop_usage: bool) -> tuple[bytes, bytes, dict | None]:
     """Complete server-sent events in `data`: the bytes to pass on, the incomplete rest, and
     the engine's usage figures if an event carried them. The usage-only event the gateway
-    asked for on the caller's behalf is left out when the caller did not ask for it."""
-    end = data.rfind(b"\n\n")
-    if end < 0:
+    asked for on the caller's behalf is left out when the caller did not ask for it.
+    Events end with a blank line, written with LF, CRLF or CR as the SSE format allows."""
+    last = None
+    for last in _EVENT_END.finditer(data):  # noqa: B007 - the last one is the one wanted
+        pass
+    if last is None:
         # No event ends here; a very long one is passed on as it is rather than held.
         return (data, b"", None) if len(data) > 65536 else (b"", data, None)
-    whole, rest = data[: end + 2], data[end + 2 :]
+    whole, rest = data[: last.end()], data[last.end() :]
     if b'"usage"' not in whole:
         return whole, rest, None
     usage = None
     kept = []
-    for event in whole.split(b"\n\n")[:-1]:
+    at = 0
+    for end in _EVENT_END.finditer(whole):
+        event, at = whole[at : end.start()], end.end()
         if b'"usage"' in event and b'"usage":null' not in event and b'"usage": null' not in event:
             payload = event.partition(b"data:")[2].strip()
             try:
@@ -839,7 +910,7 @@ def split_events(data: bytes, drop_usage: bool) -> tuple[bytes, bytes, dict | No
                 usage = obj["usage"]
                 if drop_usage and not obj.get("choices"):
                     continue
-        kept.append(event + b"\n\n")
+        kept.append(event + end.group())
     return b"".join(kept), rest, usage
 
 
@@ -866,11 +937,16 @@ async def _stream(rt: Runtime, req: Request, resp, send: Send) -> int:
             if out:
                 if b"data: [DONE]" in out:
                     req.done = True
+                req.events += out.count(b"data:")
                 await send({"type": "http.response.body", "body": out, "more_body": True})
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("stream from a replica of %s cut: %s", req.model, exc)
         cut = True
-    tail = rest + (STREAM_CUT if cut else b"")
+    if not req.done and not cut:
+        log.warning("stream from a replica of %s ended before [DONE]", req.model)
+        cut = True
+    # Half an event is not passed on: the error must arrive as an event of its own.
+    tail = STREAM_CUT if cut else rest
     await send({"type": "http.response.body", "body": tail, "more_body": False})
     if cut:
         series.failed("stream_cut")

@@ -29,6 +29,8 @@ def verdict(limit: int, previous: int, current: int, elapsed: float, cost: int =
     `elapsed` how far into the current minute we are (0 to 60). The wait is the least
     after which the same cost fits, with nothing else counted meanwhile.
     """
+    if limit < cost:
+        return 2 * WINDOW_S  # never fits: a limit of nothing (admin or database may hold 0)
     cover = (WINDOW_S - elapsed) / WINDOW_S
     if previous * cover + current + cost <= limit:
         return None
@@ -107,16 +109,21 @@ class RedisCounters:
     def __init__(self, url: str) -> None:
         import redis.asyncio as redis
 
-        self._redis = redis.from_url(url)
+        # Short timeouts: a Redis that hangs must not hold requests up; then left alone a while.
+        self._redis = redis.from_url(url, socket_timeout=0.25, socket_connect_timeout=0.25)
         self._pending: set[asyncio.Task] = set()
         self._warned_at = 0.0
+        self._away_until = 0.0
 
     def _warn(self, exc: Exception) -> None:
+        self._away_until = time.monotonic() + 5
         if time.monotonic() - self._warned_at > 60:
             self._warned_at = time.monotonic()
             log.warning("rate limits not enforced: Redis is unreachable (%s)", exc)
 
     async def read(self, subjects: Sequence[str], now: float) -> list[tuple[int, int]]:
+        if time.monotonic() < self._away_until:
+            return [(0, 0)] * len(subjects)
         minute, _ = _minute(now)
         keys = []
         for s in subjects:
@@ -130,7 +137,7 @@ class RedisCounters:
         return [(ints[i], ints[i + 1]) for i in range(0, len(ints), 2)]
 
     def add(self, amounts: Sequence[tuple[str, int]], now: float) -> None:
-        if not amounts:
+        if not amounts or time.monotonic() < self._away_until:
             return
         task = asyncio.get_running_loop().create_task(self._add(amounts, _minute(now)[0]))
         self._pending.add(task)

@@ -83,7 +83,7 @@ ON CONFLICT (bucket, api_key_id, model) DO UPDATE SET
 
 
 def usage_write(*, tallies: Tallies, used: set[str], now: datetime) -> None:
-    """Add the tallies to their rows and mark the replicas used, in one transaction.
+    """Mark the replicas used, then add the tallies to their rows in one transaction.
 
     Rows for keys deleted meanwhile are dropped rather than failing the batch.
     """
@@ -102,9 +102,10 @@ def usage_write(*, tallies: Tallies, used: set[str], now: datetime) -> None:
         ]
     else:
         rows = []
-    with transaction.atomic():
-        if rows:
-            with connection.cursor() as cursor:
-                cursor.executemany(_UPSERT, rows)
-        if used:
-            Replica.objects.filter(pk__in=used).update(last_used_at=now)
+    # Replica use first and on its own: usage that cannot be written must not make busy
+    # on-demand replicas look idle.
+    if used:
+        Replica.objects.filter(pk__in=used).update(last_used_at=now)
+    if rows:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.executemany(_UPSERT, rows)

@@ -133,8 +133,12 @@ def test_the_reconciler_takes_engine_load_and_scales_up_held_busy(no_settle, set
     assert ModelState.objects.get(pk="chat").extra == 1
 
 
-def test_requests_waiting_at_the_gateway_scale_a_model_up_too(no_settle):
+def test_requests_waiting_at_the_gateway_scale_a_model_up_too(no_settle, settings):
+    from dataclasses import replace
+
     from llmgw.gateway.load import BOARD
+
+    settings.LLMGW = replace(settings.LLMGW, redis_url=None)  # the board of this process
 
     node_add("gpu-a", now=T0, gpus=(H100, H100))
     model_added(gpu_model("chat", scaling={"min": 1, "max": 2}))
@@ -156,7 +160,9 @@ def test_a_model_the_gateway_has_seen_idle_is_quiet_and_gives_back_its_extra(no_
     from llmgw.gateway.load import BOARD
 
     settings.LLMGW = replace(
-        settings.LLMGW, timings=replace(settings.LLMGW.timings, scale_down_after=60)
+        settings.LLMGW,
+        redis_url=None,  # the board of this process
+        timings=replace(settings.LLMGW.timings, scale_down_after=60),
     )
     node_add("gpu-a", now=T0, gpus=(H100, H100))
     model_added(gpu_model("chat", scaling={"min": 1, "max": 2}))

@@ -560,3 +560,50 @@ def test_split_events_finds_usage_and_drops_only_the_usage_only_event():
     assert out == b'data: {"choices": [{"delta": {}}], "usage": null}\n\ndata: [DONE]\n\n'
     kept, _, _ = split_events(data, drop_usage=False)
     assert kept == data
+
+
+def test_split_events_takes_crlf_and_cr_line_ends_as_the_sse_format_allows():
+    data = b'data: {"a": 1}\r\n\r\ndata: {"choices": [], "usage": {"prompt_tokens": 1}}\r\n\r\ndata: {"b"'
+    out, rest, usage = split_events(data, drop_usage=True)
+    assert out == b'data: {"a": 1}\r\n\r\n'
+    assert rest == b'data: {"b"'
+    assert usage == {"prompt_tokens": 1}
+    assert split_events(b"data: x\r\rdata: y", drop_usage=False) == (
+        b"data: x\r\r",
+        b"data: y",
+        None,
+    )
+
+
+async def test_an_engine_answering_what_is_not_http_is_a_502_not_a_crash(world, gateway):
+    async def garbage(reader, writer):
+        await reader.read(65536)
+        writer.write(b"garbage\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    await add(model_added, gpu_model("llama"))
+    await add(_replica, "llama-1", "llama", f"http://127.0.0.1:{port}")
+    secret = await new_key()
+    try:
+        async with client(gateway, secret) as c:
+            r = await c.post("/v1/chat/completions", json=chat("llama"))
+    finally:
+        server.close()
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_invalid"
+
+
+async def test_secrets_the_gateway_does_not_know_are_not_remembered(world, gateway):
+    await add(model_added, gpu_model("llama"))
+    secret = await new_key()
+    async with client(gateway, secret) as c:
+        assert (await c.get("/v1/models")).status_code == 200
+        for n in range(5):
+            r = await c.get("/v1/models", headers={"Authorization": f"Bearer wrong-{n}"})
+            assert r.status_code == 401
+        r = await c.get("/v1/models", headers={"Authorization": "Bearer " + "x" * 10_000})
+        assert r.status_code == 401
+    assert list(gateway.runtime._digests) == [secret]

@@ -133,3 +133,7 @@ def test_local_counts_forget_minutes_older_than_the_last():
     counters.add([("key:1:req", 1)], 185.0)
     assert asyncio.run(counters.read(["key:1:req"], 185.0)) == [(0, 1)]
     assert len(counters._counts) == 1
+
+
+def test_a_limit_of_nothing_never_fits_and_never_divides_by_zero():
+    assert verdict(0, previous=0, current=0, elapsed=10) == 120
