@@ -49,9 +49,56 @@ def _lighter_requests() -> None:
     from daphne import http_protocol
 
     class Request(http_protocol.WebRequest):
+        """Also: a gateway request's body past the gateway's bound is refused as it arrives.
+        Twisted would otherwise store all of it (in a temporary file past 100 KB) before
+        the gateway, which refuses it, is even called."""
+
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._parsePOSTFormSubmission = False
+            self._body_bytes = 0
+            self._refused = False
+
+        def _for_gateway(self) -> bool:
+            return getattr(self.channel, "_path", b"").startswith(b"/v1/")
+
+        def _too_large(self) -> None:
+            import io
+
+            from llmgw.gateway.app import _too_large
+
+            self._refused = True
+            self.content = io.BytesIO()
+            body = _too_large().body()
+            head = (
+                b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+            )
+            self.channel.transport.write(head + body)
+            self.channel.loseConnection()
+
+        def gotLength(self, length):
+            from llmgw.gateway.app import MAX_BODY_BYTES
+
+            if length is not None and length > MAX_BODY_BYTES and self._for_gateway():
+                self._too_large()
+                return
+            super().gotLength(length)
+
+        def handleContentChunk(self, data):
+            from llmgw.gateway.app import MAX_BODY_BYTES
+
+            if self._refused:
+                return
+            self._body_bytes += len(data)
+            if self._body_bytes > MAX_BODY_BYTES and self._for_gateway():
+                self._too_large()
+                return
+            super().handleContentChunk(data)
+
+        def process(self):
+            if not self._refused:
+                super().process()
 
     http_protocol.WebRequest = Request  # what daphne's HTTPFactory builds its requests from
     http_protocol.HTTPFactory.log = lambda self, request: None

@@ -552,16 +552,6 @@ async def serve(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None
         if req is not None and refused.reason not in ("auth",):
             _record(rt, req, None, error=True)
         await _answer(send, refused.status, refused.body(), headers)
-    except Exception:
-        # A bug of ours, or something no rule foresaw: still an OpenAI-style answer, counted.
-        log.exception("gateway request %s %s failed", method, path)
-        model_series.failed("internal")
-        model_series.answered(500)
-        if req is not None:
-            _record(rt, req, req.usage, error=True)
-        error = Refused(500, "The gateway failed to answer.", "server_error", reason="internal")
-        with contextlib.suppress(Exception):  # the answer may have begun already
-            await _answer(send, 500, error.body())
     except ClientGone:
         # Hanging up once the whole answer has passed is no failure: only the close was left.
         if req is not None and req.done:
@@ -572,6 +562,16 @@ async def serve(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None
             model_series.failed("client_gone")
             if req is not None:
                 _record(rt, req, req.usage, error=True)
+    except Exception:
+        # A bug of ours, or something no rule foresaw: still an OpenAI-style answer, counted.
+        log.exception("gateway request %s %s failed", method, path)
+        model_series.failed("internal")
+        model_series.answered(500)
+        if req is not None:
+            _record(rt, req, req.usage, error=True)
+        error = Refused(500, "The gateway failed to answer.", "server_error", reason="internal")
+        with contextlib.suppress(Exception):  # the answer may have begun already
+            await _answer(send, 500, error.body())
     finally:
         model_series.duration.observe(time.perf_counter() - started)
 
