@@ -25,7 +25,8 @@ REQUESTS = Counter(
 ERRORS = Counter(
     "llmgw_gateway_errors",
     "Requests that failed, by model and why: auth, limit, unknown_model, not_allowed, "
-    "bad_request, no_replica, loading, upstream, upstream_status, stream_cut, client_gone.",
+    "bad_request, no_replica, loading, upstream, upstream_status, stream_cut, client_gone, "
+    "internal.",
     ["model", "reason"],
     registry=REGISTRY,
 )

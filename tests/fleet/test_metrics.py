@@ -29,6 +29,7 @@ from fleet.reconciler import LEASE, reconcile_once
 from fleet.selectors import holdings_load
 from fleet.services import node_live_flush
 from llmgw import clock
+from llmgw.gateway.metrics import REGISTRY as GATEWAY_REGISTRY
 from tenancy.models import CapacityQuota, Organization, Team
 from tenancy.selectors import quota_policy_load, quota_views
 
@@ -39,7 +40,11 @@ pytestmark = pytest.mark.django_db
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parents[2]
-EXPORTED = {d.sample for d in DESCS} | {d.name for d in DESCS}
+EXPORTED = (
+    {d.sample for d in DESCS}
+    | {d.name for d in DESCS}
+    | set(GATEWAY_REGISTRY._names_to_collectors)  # the gateway's own series
+)
 
 
 @pytest.fixture(autouse=True)
