@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from fleet.agent.main import SIM_COMMAND_ENV
 
 from .conftest import MODES
 from .harness import (
+    REPO,
     Cluster,
     engine_gauge,
     gateway_key,
@@ -52,7 +54,12 @@ def _model(name: str, *, gpu_class: str = "h100-80g", args=FAST, **extra) -> dic
 
 
 MODELS = [
-    _model("chat", aliases=["assistant"], scaling={"min": 1}),
+    _model(
+        "chat",
+        aliases=["assistant"],
+        scaling={"min": 1},
+        slo={"ttft_p95_ms": 2000, "tpot_p95_ms": 500},
+    ),
     _model("embed", routing_profile="embedding", scaling={"min": 1}),
     # Two replicas, slow enough that a stream is still running when one is killed.
     _model("sturdy", args=["--ttft-ms", "5", "--tokens-per-sec", "100"], scaling={"min": 2}),
@@ -599,3 +606,29 @@ def test_the_servers_metrics_count_the_gateways_requests_by_model(site):
     site.post("chat/completions", {"model": "no-such-model", "messages": HELLO})
     wait_for("the refusal counted", lambda: answered("", "404") >= refused_before + 1)
     assert answered("", "404") == refused_before + 1
+
+
+def test_ctl_bench_ramps_through_the_gateway_and_saves_what_a_replica_served(site):
+    cluster = site.cluster
+    key = gateway_key(cluster, gateway_project(cluster, "bencher"), "bench")
+    env = dict(
+        cluster.env,
+        LLMGW_SERVER=cluster.url,
+        LLMGW_TOKEN=cluster.admin_token,
+        LLMGW_API_KEY=key["secret"],
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "llmgw", "ctl", "bench", "chat", "--levels", "1,2"]
+        + ["--seconds", "1", "--max-tokens", "8", "--save"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "capacity: 2 requests at once" in done.stdout
+    saved = [m for m in cluster.get("/capacity") if m["model"] == "chat"]
+    assert [(m["profile"], m["max_concurrency"]) for m in saved] == [("one", 2)]
+    assert saved[0]["tok_per_sec"] > 0
