@@ -3,9 +3,7 @@ the shapes each command sends are the ones the server takes, and back."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
-from django.test import Client
 
 from catalog.models import Measurement, Model
 from catalog.services import model_add
@@ -15,30 +13,6 @@ from tests.cli.helpers import table
 from tests.fleet.builders import cpu_model, gpu_model
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def server(admin_token, monkeypatch):
-    """An httpx transport that hands each request to Django, as the server would."""
-    monkeypatch.setenv("LLMGW_TOKEN", admin_token)
-    client = Client()
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        response = client.generic(
-            request.method,
-            request.url.raw_path.decode(),
-            data=request.content,
-            content_type=request.headers.get("Content-Type", "application/json"),
-            HTTP_AUTHORIZATION=request.headers["Authorization"],
-            **(
-                {"HTTP_X_LLMGW_ACTOR": request.headers["X-Llmgw-Actor"]}
-                if "X-Llmgw-Actor" in request.headers
-                else {}
-            ),
-        )
-        return httpx.Response(response.status_code, content=response.content)
-
-    return httpx.MockTransport(handle)
 
 
 def ctl_run(capsys, server, *argv: str) -> tuple[int, str, str]:

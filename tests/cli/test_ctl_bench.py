@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-from django.test import Client
 from hypothesis import given, strategies as st
 
 from catalog.models import Measurement
@@ -781,27 +780,8 @@ def test_ctrl_c_stops_the_ramp_and_shows_what_was_measured(
 # Against the real REST API
 
 
-@pytest.fixture
-def django_api(admin_token, monkeypatch):
-    """An httpx transport that hands each admin API request to Django, as the server would."""
-    monkeypatch.setenv("LLMGW_TOKEN", admin_token)
-    client = Client()
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        response = client.generic(
-            request.method,
-            request.url.raw_path.decode(),
-            data=request.content,
-            content_type=request.headers.get("Content-Type", "application/json"),
-            HTTP_AUTHORIZATION=request.headers["Authorization"],
-        )
-        return httpx.Response(response.status_code, content=response.content)
-
-    return httpx.MockTransport(handle)
-
-
 @pytest.mark.django_db
-def test_a_saved_bench_is_what_ctl_capacity_lists(capsys, engine, django_api):
+def test_a_saved_bench_is_what_ctl_capacity_lists(capsys, engine, server):
     model_added(cpu_model("llama", slo={"ttft_p95_ms": 1000, "tpot_p95_ms": 100}))
     now = clock.now()
     for i, state in enumerate(("ready", "ready", "starting")):
@@ -817,7 +797,7 @@ def test_a_saved_bench_is_what_ctl_capacity_lists(capsys, engine, django_api):
     gateway = engine(**FAST)
 
     argv = ["bench", "llama", "--key", KEY, "--gateway", gateway, "--seconds", "0.3"]
-    code = ctl.main([*argv, "--levels", "1,2", "--max-tokens", "8", "--save"], transport=django_api)
+    code = ctl.main([*argv, "--levels", "1,2", "--max-tokens", "8", "--save"], transport=server)
     out = capsys.readouterr().out
 
     assert code == 0
@@ -826,5 +806,5 @@ def test_a_saved_bench_is_what_ctl_capacity_lists(capsys, engine, django_api):
     assert (stored.profile, stored.max_concurrency) == ("cpu", 1)
     assert stored.tok_per_sec > 0 and stored.ttft_p95_ms is not None
 
-    assert ctl.main(["capacity"], transport=django_api) == 0
+    assert ctl.main(["capacity"], transport=server) == 0
     assert table(capsys.readouterr().out)[1][:3] == ["llama", "cpu", "1"]
