@@ -70,7 +70,10 @@ TEMPLATES = [
 ]
 
 if LLMGW.database_url:
-    DATABASES = {"default": dj_database_url.parse(LLMGW.database_url, conn_max_age=60)}
+    # No persistent connections: under daphne each request runs in a thread of its own, so
+    # a connection kept for the next request is never reused. It was left open until its
+    # dead thread was garbage-collected, and a busy server ran PostgreSQL out of clients.
+    DATABASES = {"default": dj_database_url.parse(LLMGW.database_url, conn_max_age=0)}
 else:
     DATABASES = {
         "default": {
