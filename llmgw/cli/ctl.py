@@ -929,6 +929,10 @@ def main(argv: list[str] | None = None, *, transport: httpx.BaseTransport | None
     except CtlError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.code
+    except KeyboardInterrupt:
+        # Ctrl-C while a call is in flight: what the server did with it is unknown.
+        print("stopped by Ctrl-C; a change already sent may have been made", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -676,3 +676,13 @@ def test_age_of_an_unknown_or_future_time():
 
 def test_number_drops_a_trailing_zero_but_keeps_a_real_zero():
     assert [number(16.0), number(5.25), number(0), number(None)] == ["16", "5.2", "0", "-"]
+
+
+def test_ctrl_c_during_a_call_stops_with_a_sentence_not_a_traceback(capsys):
+    def interrupted(request):
+        raise KeyboardInterrupt
+
+    code = ctl.main(["nodes"], transport=httpx.MockTransport(interrupted))
+
+    assert code == 130
+    assert "stopped by Ctrl-C" in capsys.readouterr().err
