@@ -10,6 +10,8 @@ added; only its hash and first characters are kept.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q
@@ -444,9 +446,7 @@ class ScopedAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         return ["scope", "updated_by", "updated_at"] if obj is not None else []
 
-    @staticmethod
-    def clear(*, scope: str, actor: str) -> str:
-        raise NotImplementedError  # the service that removes a scope's row
+    clear: Callable[..., str]  # each admin's service that removes a scope's row
 
     def saved_as(self, obj, key: str) -> None:
         """`obj` as the service saved it, for the admin's message and redirect."""
