@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from django.db import connection
 
 from llmgw.gateway import metrics
 from llmgw.gateway.limits import Limiter, LocalCounters, RedisCounters, refusal_sentence
@@ -51,6 +52,12 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+
+
+def in_a_thread(fn):
+    """`fn` to await, run off the loop in a worker thread, with Django's stale connections
+    closed around it as Channels does for consumers."""
+    return database_sync_to_async(fn, thread_sensitive=False)
 
 
 class Refused(Exception):
@@ -170,10 +177,15 @@ class Runtime:
         tallies, used = self.usage.take()
         if not tallies and not used:
             return
-        write = _in_thread(usage_write)
-        done = threading.Thread(
-            target=write, kwargs={"tallies": tallies, "used": used, "now": clock.now()}
-        )
+        now = clock.now()
+
+        def write() -> None:
+            try:
+                usage_write(tallies=tallies, used=used, now=now)
+            finally:
+                connection.close()  # this thread's own, about to end with it
+
+        done = threading.Thread(target=write)
         done.start()
         done.join(10)
 
@@ -260,7 +272,7 @@ class Runtime:
 
     async def _refresh(self) -> None:
         try:
-            tables = await sync_to_async(_in_thread(self.loader.refresh), thread_sensitive=False)()
+            tables = await in_a_thread(self.loader.refresh)()
         except Exception:  # noqa: BLE001 - keep routing on what we have
             log.warning("could not refresh the gateway's tables; keeping the last", exc_info=True)
             return
@@ -279,9 +291,7 @@ class Runtime:
         from llmgw import clock
 
         try:
-            await sync_to_async(_in_thread(usage_write), thread_sensitive=False)(
-                tallies=tallies, used=used, now=clock.now()
-            )
+            await in_a_thread(usage_write)(tallies=tallies, used=used, now=clock.now())
         except Exception:  # noqa: BLE001
             log.warning("could not write usage; keeping it for the next try", exc_info=True)
             self.usage.give_back(tallies, used)
@@ -326,7 +336,7 @@ class Runtime:
             return
         self.asked[model] = now
         try:
-            await sync_to_async(_in_thread(_model_requested), thread_sensitive=False)(model)
+            await in_a_thread(_model_requested)(model)
         except Exception:  # noqa: BLE001
             log.warning("could not ask for %s to be started", model, exc_info=True)
 
@@ -353,20 +363,6 @@ class Runtime:
             cached = json.dumps({"object": "list", "data": data}).encode()
             self._models_json[key.models] = cached
         return cached
-
-
-def _in_thread(fn):
-    """`fn` with Django's connection handling around it, as Celery does around a task."""
-    from django.db import close_old_connections
-
-    def run(*args, **kwargs):
-        close_old_connections()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            close_old_connections()
-
-    return run
 
 
 def _model_requested(model: str) -> None:
@@ -770,9 +766,7 @@ async def _trouble(model: str) -> str | None:
         return cached[1]
     _troubles[model] = (now, cached[1] if cached else None)  # one query at a time per model
     try:
-        found = await asyncio.wait_for(
-            sync_to_async(_in_thread(_model_trouble), thread_sensitive=False)(model), 2
-        )
+        found = await asyncio.wait_for(in_a_thread(_model_trouble)(model), 2)
     except Exception:  # noqa: BLE001 - the database being away is not a reason to refuse
         found = None
     _troubles[model] = (time.monotonic(), found)
