@@ -13,6 +13,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 MAX_FRAME_BYTES = 256 * 1024
+# A shard_status detail: a sentence and the engine's last log lines.
+DETAIL_CHARS = 8000
+# An engine_log answer: lines as the agent cuts them (fleet/agent/enginelog.py).
+LOG_LINES = 1000
+LOG_LINE_CHARS = 4000
 
 NodeId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 ShardId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,89}$")]
@@ -131,7 +136,8 @@ class ShardStatus(_Message):
     shard_id: ShardId
     state: Literal["starting", "ready", "failed", "stopped"]
     endpoint: Short = ""
-    detail: Annotated[str, StringConstraints(max_length=4000, pattern=_TEXT)] = ""
+    # A sentence and the engine's last lines (the agent sends at most 4 KiB of them).
+    detail: Annotated[str, StringConstraints(max_length=DETAIL_CHARS, pattern=_TEXT)] = ""
     exit_code: Int32 | None = None
 
 
@@ -147,9 +153,22 @@ class EngineLoad(_Message):
     shards: Annotated[list[EngineShardLoad], Field(max_length=1000)] = []
 
 
-AgentMessage = Annotated[
-    Register | Heartbeat | ShardStatus | EngineLoad, Field(discriminator="type")
-]
+class EngineLogLines(_Message):
+    """The answer to an `engine_log` request: the shard's last log lines, oldest first;
+    `found` false when the node has no log of it."""
+
+    type: Literal["engine_log_lines"]
+    request_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    shard_id: ShardId
+    found: bool = True
+    lines: Annotated[
+        list[Annotated[str, StringConstraints(max_length=LOG_LINE_CHARS, pattern=_TEXT)]],
+        Field(max_length=LOG_LINES),
+    ] = []
+
+
+Message = Register | Heartbeat | ShardStatus | EngineLoad | EngineLogLines
+AgentMessage = Annotated[Message, Field(discriminator="type")]
 _adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
 
 
@@ -157,7 +176,7 @@ class BadMessage(ValueError):
     """A frame that is not a valid message; the text is what the agent is told."""
 
 
-def parse(text: str) -> Register | Heartbeat | ShardStatus | EngineLoad:
+def parse(text: str) -> Message:
     """Validate one frame into its message, or raise BadMessage with a one-line reason."""
     if len(text) > MAX_FRAME_BYTES:
         raise BadMessage(f"message of {len(text)} bytes is larger than {MAX_FRAME_BYTES}")
@@ -178,5 +197,8 @@ def _first_error(exc: ValidationError) -> str:
         "model_attributes_type",
         "model_type",
     ):
-        return "expected an object with type register, heartbeat, shard_status or engine_load"
+        return (
+            "expected an object with type register, heartbeat, shard_status, engine_load "
+            "or engine_log_lines"
+        )
     return f"{where}: {err['msg']}" if where else err["msg"]

@@ -2,7 +2,8 @@
 
 One connection at a time: ``register``, wait for ``registered``, then
 heartbeats and engine load on a timer, shard status as it changes, and the
-control plane's ``start_shard`` / ``stop_shard`` as they come. Any
+control plane's ``start_shard`` / ``stop_shard`` as they come, and
+``engine_log`` answered with the engine's last log lines. Any
 disconnect is followed by a reconnect with backoff; engines keep running
 meanwhile and are listed in the next ``register``.
 """
@@ -266,12 +267,35 @@ class Agent:
             grace = _float(msg.get("grace_s"), default=10.0)
             # A stop waits out its grace; the session must keep reading.
             self._spawn(self.supervisor.stop(shard_id, grace), f"stop-{shard_id}")
+        elif kind == "engine_log":
+            self._spawn(self._answer_engine_log(msg), "engine-log")
         elif kind == "error":
             log.warning("control plane error: %s", msg.get("detail"))
         elif kind == "registered":
             pass
         else:
             log.debug("ignoring a %r message", kind)
+
+    async def _answer_engine_log(self, msg: dict[str, Any]) -> None:
+        """Answer ``engine_log`` with the shard's last log lines (``found`` false when this
+        node has no log of it); a request without its ids is not answered."""
+        request_id, shard_id, lines = msg.get("request_id"), msg.get("shard_id"), msg.get("lines")
+        if not (isinstance(request_id, str) and request_id and isinstance(shard_id, str)):
+            log.warning("engine_log without a request_id or shard_id: %r", msg)
+            return
+        count = lines if isinstance(lines, int) and not isinstance(lines, bool) else 100
+        # The file is read in a thread: the session keeps serving meanwhile.
+        found = await asyncio.to_thread(self.supervisor.log_lines, shard_id, count)
+        with contextlib.suppress(ConnectionError, WebSocketException, OSError):
+            await self._send(
+                {
+                    "type": "engine_log_lines",
+                    "request_id": request_id,
+                    "shard_id": shard_id,
+                    "found": found is not None,
+                    "lines": found or [],
+                }
+            )
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from fleet.agent.discovery import is_loopback
+from fleet.agent.enginelog import failure_tail, tail_lines
 from fleet.agent.engines import (
     SIM_COMMAND,
     EngineError,
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 STARTING, READY, FAILED, STOPPED = "starting", "ready", "failed", "stopped"
 HEALTH_POLL_S = 0.5
 SHUTDOWN_GRACE_S = 10.0
-LOG_TAIL_LINES = 10
 
 # Variables of the agent's own that an engine must not inherit: the join
 # token would let any engine (running a model's own code) pose as the node.
@@ -91,16 +91,14 @@ def _log_name(shard_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", shard_id) + ".log"
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of an engine's log, for a failure's detail."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(f.tell() - 8192, 0))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
+def log_tail(path: Path | None) -> str:
+    """The engine's last words for a failure's detail (enginelog.failure_tail)."""
+    return failure_tail(path)
+
+
+def _with_tail(sentence: str, path: Path | None) -> str:
+    tail = log_tail(path)
+    return f"{sentence}\n{tail}" if tail else sentence
 
 
 @dataclass
@@ -304,7 +302,10 @@ class Supervisor:
                     shard,
                     FAILED,
                     exit_code=code,
-                    detail=f"The engine did not answer /health within {timeout:g} s.",
+                    detail=_with_tail(
+                        f"The engine did not answer /health within {timeout:g} s.",
+                        shard.log_path,
+                    ),
                 )
                 return
             else:
@@ -313,9 +314,8 @@ class Supervisor:
             return  # being stopped: stop() reports it
         code = proc.returncode
         _kill_group(proc.pid)  # what it forked and left behind
-        tail = log_tail(shard.log_path) if shard.log_path else ""
-        detail = f"The engine exited with code {code}."
-        self._finish(shard, FAILED, exit_code=code, detail=f"{detail}\n{tail}" if tail else detail)
+        detail = _with_tail(f"The engine exited with code {code}.", shard.log_path)
+        self._finish(shard, FAILED, exit_code=code, detail=detail)
 
     async def _healthy(self, shard: Shard) -> bool:
         headers = {"Authorization": f"Bearer {shard.spec.api_key}"} if shard.spec.api_key else {}
@@ -352,11 +352,19 @@ class Supervisor:
         await asyncio.shield(shard.stop_task)
 
     async def _stop(self, shard: Shard, grace_s: float) -> None:
+        never_ready = shard.state == STARTING
         # No process yet: start() is still spawning it, and kills it after.
         code = await _terminate(shard.process, grace_s) if shard.process else None
         if shard.watcher is not None:
             shard.watcher.cancel()
-        self._finish(shard, STOPPED, exit_code=code)
+        # Stopped before it ever answered (the control plane gave up on it): what it said
+        # meanwhile is why, so it goes along as for a failure.
+        detail = (
+            _with_tail("Stopped before the engine answered /health.", shard.log_path)
+            if never_ready and shard.process is not None
+            else None
+        )
+        self._finish(shard, STOPPED, exit_code=code, detail=detail)
 
     async def stop_all(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stop every engine, each given at most ``grace_s`` before SIGKILL.
@@ -378,6 +386,11 @@ class Supervisor:
                 await shard.stop_task
 
         await asyncio.gather(*(one(s) for s in self.shards()), return_exceptions=True)
+
+    def log_lines(self, shard_id: str, lines: int) -> list[str] | None:
+        """The last ``lines`` lines of a shard's engine log, cleaned (enginelog.tail_lines),
+        whether the engine still runs or not; None when this node has no log of it."""
+        return tail_lines(self.state_dir / "logs" / _log_name(shard_id), lines)
 
     async def engine_loads(self) -> list[dict[str, Any]]:
         """``engine_load`` entries for ready shards whose metrics could be read."""

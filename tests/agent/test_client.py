@@ -328,6 +328,32 @@ async def test_a_shard_that_ends_while_disconnected_is_reported_after_register(t
 
 
 @pytest.mark.asyncio
+async def test_engine_log_is_answered_with_the_engines_last_lines(tmp_path):
+    cp = FakeControlPlane(token=TOKEN)
+    await cp.start()
+    agent = make_agent(tmp_path, cp.url)
+    stop = asyncio.Event()
+    running = asyncio.create_task(agent.run(stop))
+    try:
+        await cp.until("register")
+        await cp.send(start_shard(engine_port()))
+        await cp.until("shard_status", state="ready")
+        await cp.send({"type": "engine_log", "request_id": "q1", "shard_id": "s1", "lines": 5})
+        await cp.send({"type": "engine_log", "request_id": "q2", "shard_id": "s9", "lines": 5})
+        [found] = await cp.until("engine_log_lines", request_id="q1")
+        [missing] = await cp.until("engine_log_lines", request_id="q2")
+        assert found["shard_id"] == "s1" and found["found"] is True
+        assert found["lines"][0].startswith("fake engine for tiny")
+        assert (missing["found"], missing["lines"]) == (False, [])
+        # What the agent answers is a message the control plane accepts.
+        assert parse(json.dumps(found)).lines == found["lines"]
+    finally:
+        stop.set()
+        await running
+        await cp.close()
+
+
+@pytest.mark.asyncio
 async def test_an_error_answer_to_register_is_retried(tmp_path):
     answers = iter(["error", "registered"])
     seen = []

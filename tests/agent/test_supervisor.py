@@ -134,8 +134,40 @@ async def test_an_engine_never_ready_fails_at_its_startup_timeout_and_is_killed(
         process = rec.sup.get("s1").process
         failed = await rec.until("failed")
         assert "did not answer /health within 1 s" in failed["detail"]
+        # What it said before it went quiet comes along, as for an engine that exits.
+        assert "fake engine for tiny" in failed["detail"]
         assert process.returncode is not None
         assert rec.states() == ["starting", "failed"]
+    finally:
+        await rec.close()
+
+
+@pytest.mark.asyncio
+async def test_an_engine_stopped_before_it_answered_says_what_it_said(tmp_path):
+    rec = Recorder(tmp_path)
+    try:
+        await rec.sup.start(start_msg(args=["--never-ready"]))
+        await rec.until("starting")
+        async with asyncio.timeout(PATIENCE_S):
+            while "fake engine" not in (tmp_path / "logs" / "s1.log").read_text():
+                await asyncio.sleep(0.02)
+        await rec.sup.stop("s1", grace_s=5)
+        stopped = await rec.until("stopped")
+        assert stopped["detail"].startswith("Stopped before the engine answered /health.\n")
+        assert "fake engine for tiny" in stopped["detail"]
+    finally:
+        await rec.close()
+
+
+@pytest.mark.asyncio
+async def test_an_engines_log_is_read_back_after_it_exited(tmp_path):
+    rec = Recorder(tmp_path)
+    try:
+        await rec.sup.start(start_msg(args=["--exit-with", "3"]))
+        await rec.until("failed")
+        assert rec.sup.log_lines("s1", 1) == ["fatal: the model file is not a GGUF file"]
+        assert rec.sup.log_lines("s1", 1000)[0].startswith("fake engine for tiny")
+        assert rec.sup.log_lines("never-ran", 10) is None
     finally:
         await rec.close()
 
