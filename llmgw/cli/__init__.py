@@ -14,6 +14,7 @@ commands:
   demo          run a whole simulated cluster on this machine
   createtoken   create an admin token (or with --agent, an agent join token)
   migrate       create or update the database tables
+  engines       build an engine once on this machine (llmgw engines build llamacpp)
   ctl           talk to a running control plane's REST API (llmgw ctl --help)
   version       print llmgw's version
 """
@@ -69,6 +70,10 @@ def _main(argv: list[str]) -> int:
         from .demo import main as demo
 
         return demo(rest)
+    if command == "engines":
+        from .engines import main as engines
+
+        return engines(rest)
     if command == "ctl":
         from .ctl import main as ctl
 
