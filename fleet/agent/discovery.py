@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.agent import AGENT_VERSION
+from fleet.agent.engines import engine_binaries
 from fleet.agent.sensors import SensorSampler
 from fleet.agent.shard_use import ShardUseSampler
 
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 
-# Engines probed on PATH: profile engine name -> the binary that runs it.
-ENGINE_BINARIES = {"llamacpp": "llama-server", "vllm": "vllm"}
 # vllm --version imports torch, which takes seconds on a cold cache.
 PROBE_TIMEOUT_S = 10.0
 
@@ -163,16 +162,21 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def probe_engines(timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, str]:
+def probe_engines(
+    timeout_s: float = PROBE_TIMEOUT_S, binaries: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Installed engines and their versions; ``sim`` is always there.
 
-    An engine on PATH whose version cannot be read is still installed, and
-    is reported with the version ``unknown``.
+    Each engine's program is the one the agent was given (``--llama-server``)
+    or else its name on PATH (fleet.agent.engines.engine_binaries). One whose
+    version cannot be read is still installed, with the version ``unknown``.
     """
     engines: dict[str, str] = {}
-    for engine, binary in ENGINE_BINARIES.items():
+    for engine, binary in (engine_binaries() if binaries is None else binaries).items():
         path = shutil.which(binary)
         if path is None:
+            if os.sep in binary:
+                log.warning("%s is not an executable file; no %s here", binary, engine)
             continue
         engines[engine] = _probe_version(path, timeout_s)
     engines["sim"] = AGENT_VERSION

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 SIM_COMMAND: tuple[str, ...] = (sys.executable, "-m", "llmgw", "sim-engine")
+
+# The program each engine runs, found on PATH unless the agent was given one
+# (`llmgw agent --llama-server PATH`); the sim engine runs SIM_COMMAND.
+DEFAULT_BINARIES: dict[str, str] = {"llamacpp": "llama-server", "vllm": "vllm"}
+_binaries = dict(DEFAULT_BINARIES)
 
 # Where each engine takes its API key from.
 KEY_VARIABLES = {"llamacpp": "LLAMA_API_KEY", "vllm": "VLLM_API_KEY", "sim": "LLMGW_ENGINE_API_KEY"}
@@ -100,6 +105,22 @@ class EngineCommand:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def use_binary(engine: str, program: str) -> None:
+    """Run ``engine`` with ``program`` (a path, or a name on PATH) from now on, in this process.
+
+    The agent sets it once at start, from its command line; every shard's
+    command and the engine probe read it.
+    """
+    if engine not in DEFAULT_BINARIES:
+        raise ValueError(f"{engine!r} is not an engine with a program of its own")
+    _binaries[engine] = program
+
+
+def engine_binaries() -> dict[str, str]:
+    """Each engine's program: the one given to the agent, else its name on PATH."""
+    return dict(_binaries)
+
+
 @dataclass(frozen=True)
 class NodeContext:
     """What the node adds to a shard's spec to make its command line."""
@@ -108,6 +129,11 @@ class NodeContext:
     cpu_count: int | None
     bind_host: str = "0.0.0.0"
     sim_command: Sequence[str] = SIM_COMMAND
+    binaries: Mapping[str, str] = field(default_factory=engine_binaries)
+
+    def binary(self, engine: str) -> str:
+        """The program that runs ``engine`` here."""
+        return self.binaries.get(engine) or DEFAULT_BINARIES[engine]
 
 
 def build_command(spec: ShardSpec, node: NodeContext) -> EngineCommand:
@@ -155,8 +181,11 @@ def cpu_threads(spec: ShardSpec, cpu_count: int | None) -> int:
 
 def _llamacpp(spec: ShardSpec, node: NodeContext) -> list[str]:
     args = _profile_args(spec)
-    argv = ["llama-server", "--host", node.bind_host, "--port", str(node.port)]
+    argv = [node.binary("llamacpp"), "--host", node.bind_host, "--port", str(node.port)]
     argv += ["-m", spec.source or spec.model, "--metrics"]
+    if not has_flag(args, "--alias", "-a"):
+        # Else llama-server names the GGUF's path on the node as every answer's model.
+        argv += ["--alias", spec.model]
     if spec.gpu_indices:
         argv += ["--n-gpu-layers", "999"]
     elif not has_flag(args, "--threads", "-t"):
@@ -167,7 +196,7 @@ def _llamacpp(spec: ShardSpec, node: NodeContext) -> list[str]:
 def _vllm(spec: ShardSpec, node: NodeContext) -> list[str]:
     tp = int(spec.profile.get("tp") or 1)
     pp = int(spec.profile.get("pp") or 1)
-    argv = ["vllm", "serve", spec.source or spec.model, "--host", node.bind_host]
+    argv = [node.binary("vllm"), "serve", spec.source or spec.model, "--host", node.bind_host]
     argv += ["--port", str(node.port)]
     argv += ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
     args = _profile_args(spec)

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from fleet.agent import AGENT_VERSION
 from fleet.agent.client import Agent, AgentSettings
 from fleet.agent.discovery import Machine, advertise_address, parse_gpu_spec, simulated_gpus
+from fleet.agent.engines import use_binary
 from fleet.agent.supervisor import Supervisor
 
 log = logging.getLogger("fleet.agent")
@@ -100,6 +101,14 @@ def _gpu_spec(value: str) -> str:
     return value
 
 
+def executable_file(value: str) -> str:
+    """``value`` as an absolute path, if it names a file this user may run."""
+    path = Path(value).expanduser()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise ValueError(f"{value} is not an executable file")
+    return str(path.resolve())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``llmgw agent`` argument parser."""
     home = os.environ.get("LLMGW_HOME")
@@ -140,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-gb", type=float, help="pretend to have this much memory")
     p.add_argument("--cpus", type=int, help="pretend to have this many CPUs")
     p.add_argument("--disk-gb", type=float, help="pretend to have this much disk, all free")
+    p.add_argument(
+        "--llama-server",
+        type=_arg(executable_file),
+        metavar="PATH",
+        help="run llama.cpp shards with this llama-server, as it is "
+        "(default: llama-server on PATH; `llmgw engines build llamacpp` makes one)",
+    )
     p.add_argument("--heartbeat-interval", type=float, default=5.0, metavar="SECONDS")
     p.add_argument(
         "--port-range",
@@ -181,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"llmgw agent: --{name.replace('_', '-')} must be more than 0.", file=sys.stderr)
             return 2
 
+    if args.llama_server:
+        use_binary("llamacpp", args.llama_server)
     state_dir: Path = args.state_dir
     node_id = node_id_for(state_dir, args.node_id)
     server = urlsplit(url)

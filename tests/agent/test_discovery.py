@@ -134,6 +134,61 @@ def test_the_sim_engine_is_always_installed(monkeypatch):
     assert list(discovery.probe_engines()) == ["sim"]
 
 
+def _fake_llama_server(path, version_line="version: 7001 (9f0e1d2)"):
+    # llama-server writes its version, among the backends it loaded, to stderr.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "#!/bin/sh",
+        "echo 'load_backend: loaded CPU backend' >&2",
+        f"echo '{version_line}' >&2",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_given_llama_server_is_probed_where_it_is_and_reports_its_version(tmp_path, monkeypatch):
+    binary = _fake_llama_server(tmp_path / "llama-server")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    engines = discovery.probe_engines(binaries={"llamacpp": str(binary), "vllm": "vllm"})
+    assert engines == {"llamacpp": "7001 (9f0e1d2)", "sim": discovery.AGENT_VERSION}
+
+
+def test_a_given_llama_server_that_is_gone_is_no_engine(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    missing = str(tmp_path / "gone" / "llama-server")
+    assert list(discovery.probe_engines(binaries={"llamacpp": missing})) == ["sim"]
+
+
+def test_the_agent_runs_and_reports_the_llama_server_it_is_given(tmp_path, monkeypatch):
+    from fleet.agent import engines, main as agent_main
+
+    binary = _fake_llama_server(tmp_path / "bin" / "llama-server")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(engines, "_binaries", dict(engines.DEFAULT_BINARIES))
+    started = []
+
+    def run(coro):
+        started.append(coro.cr_frame.f_locals["agent"])
+        coro.close()
+
+    monkeypatch.setattr(agent_main.asyncio, "run", run)
+    flags = ["--token", "t", "--node-id", "n", "--state-dir", str(tmp_path / "state")]
+    assert main([*flags, "--llama-server", str(binary), "--simulate-gpus", "1xh100-80g"]) == 0
+    assert started[0].machine.engines["llamacpp"] == "7001 (9f0e1d2)"
+    assert engines.engine_binaries()["llamacpp"] == str(binary)
+
+
+def test_a_llama_server_that_is_not_an_executable_file_stops_the_cli(tmp_path, capsys):
+    plain = tmp_path / "llama-server"
+    plain.write_text("not a program")
+    for given in (plain, tmp_path / "missing", tmp_path):
+        with pytest.raises(SystemExit) as exc:
+            main(["--token", "t", "--llama-server", str(given)])
+        assert exc.value.code == 2
+        assert f"{given} is not an executable file" in capsys.readouterr().err
+
+
 def test_engine_versions_are_read_from_their_output():
     out = "ggml_cuda_init: found 1 CUDA devices\nversion: 4589 (a1b2c3d)\nbuilt with cc\n"
     assert parse_version_output(out) == "4589 (a1b2c3d)"

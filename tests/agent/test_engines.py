@@ -2,6 +2,7 @@
 
 import pytest
 
+from fleet.agent import engines
 from fleet.agent.engines import (
     EngineError,
     NodeContext,
@@ -9,6 +10,7 @@ from fleet.agent.engines import (
     build_command,
     engine_load,
     parse_prometheus,
+    use_binary,
 )
 
 KEY = "sk-engine-7f3a9c"
@@ -45,6 +47,8 @@ def test_llama_server_on_cpu_gets_the_model_metrics_and_threads():
         "-m",
         "/weights/qwen-7b.gguf",
         "--metrics",
+        "--alias",
+        "qwen-7b",
         "--threads",
         "8",
         "--ctx-size",
@@ -52,6 +56,30 @@ def test_llama_server_on_cpu_gets_the_model_metrics_and_threads():
     ]
     assert cmd.env["LLAMA_API_KEY"] == KEY
     assert cmd.env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_llama_server_answers_under_the_catalog_name_not_the_files_path():
+    assert flag_value(build_command(spec(), node()).argv, "--alias") == "qwen-7b"
+
+
+@pytest.mark.parametrize("args", [["--alias", "mine"], ["--alias=mine"], ["-a", "mine"]])
+def test_an_alias_in_the_profile_args_wins(args):
+    argv = build_command(spec(args=args), node()).argv
+    assert argv[-len(args) :] == args
+    assert not {"--alias", "-a"} & set(argv[: -len(args)])
+
+
+def test_a_llama_server_given_to_the_agent_is_run_as_it_is(monkeypatch):
+    given = "/opt/llmgw/engines/llamacpp/0.3.36/bin/llama-server"
+    explicit = node(binaries={"llamacpp": given})
+    assert build_command(spec(), explicit).argv[0] == given
+    # `llmgw agent --llama-server PATH` sets it for the agent's process: every shard after.
+    monkeypatch.setattr(engines, "_binaries", dict(engines.DEFAULT_BINARIES))
+    use_binary("llamacpp", given)
+    assert build_command(spec(), node()).argv[0] == given
+    assert build_command(spec("vllm"), node()).argv[0] == "vllm"
+    with pytest.raises(ValueError):
+        use_binary("sim", "/bin/true")
 
 
 def test_llama_server_on_gpus_offloads_every_layer_and_sets_no_threads():
