@@ -1,0 +1,280 @@
+"""How much a GGUF model needs to run under llama.cpp, where it fits, and the profile that
+says so (domain.md, Mirror; interfaces.md, `GET /weights/{id}/plan`).
+
+Pure: a `GgufInfo` (mirror.gguf) and the nodes' free room in, a `Plan` out.
+
+Memory is weights + the f16 KV cache for the context pool + 1 GiB + weights/20,
+rounded up to a whole GB. The KV cache holds a key and a value per layer, token
+and KV head: block_count × ctx × head_count_kv × (key_length + value_length) ×
+2 bytes, which is 2 × block_count × ctx × head_count_kv × head_size × 2 when
+keys and values are the same size. It is counted for every layer at the whole
+pool, so a model with sliding-window layers (Gemma 3) or per-layer head counts
+(the largest is taken) is estimated high, never low.
+
+GB here is GiB, 2³⁰ bytes, because that is what the catalog's `min_memory_gb`
+is compared with: agents report memory in MiB and a node's `memory_gb` is
+that over 1024 (fleet.selectors.node_views), so a profile asking 2 "GB" asks
+2 GiB of a node.
+
+Where it fits is placement's rule (fleet.domain.placement) for the llama.cpp
+CPU profile the plan makes, on the free room placement counts (its NodeRoom):
+a node's state, cordon, drain and engines in placement's own words, then free
+memory and free cores, said with the figures ("cpu-1 has 12 GB free of 64 GB;
+Gemma 3 270m needs 3 GB."). The profile is CPU-only, as the seed's serve made
+it; a CPU profile may run on a GPU node's host memory, and GPU offload is not
+estimated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.domain import Profile, suggested_cores
+from fleet.domain.placement import NodeRoom, could_ever_run, refuse
+from mirror.gguf import GgufInfo
+
+GIB = 1 << 30
+MIB = 1 << 20
+# The seed's context pool (`ctl model serve --ctx-pool 16384`): four parallel slots of
+# 4096. A model trained on less gets its trained context.
+DEFAULT_CTX = 16384
+F16_BYTES = 2
+PROFILE_NAME = "cpu"
+
+
+class SizingError(ValueError):
+    """A plan that cannot be made as asked; the message is a sentence for an operator."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one replica of a GGUF model needs, and where it fits now.
+
+    `memory_gb` is whole GiB (see the module); `cpu_cores` the cores to reserve, 0
+    when no node says how many it has. `fits` are node ids where a replica fits
+    now; `blocked` a sentence with figures per node where it does not.
+    """
+
+    architecture: str
+    name: str
+    parameters: int
+    quantization: str
+    context_length: int
+    ctx: int
+    weights_bytes: int
+    kv_cache_bytes: int
+    overhead_bytes: int
+    memory_gb: int
+    cpu_cores: int
+    basis: str
+    fits: tuple[str, ...] = ()
+    blocked: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The `GET /weights/{id}/plan` answer (interfaces.md)."""
+        return {
+            "architecture": self.architecture,
+            "parameters": self.parameters,
+            "quantization": self.quantization,
+            "context_length": self.context_length,
+            "memory_gb": self.memory_gb,
+            "cpu_cores": self.cpu_cores,
+            "basis": self.basis,
+            "fits": list(self.fits),
+            "blocked": list(self.blocked),
+        }
+
+
+def kv_cache_bytes(info: GgufInfo, ctx: int) -> int:
+    """The f16 KV cache for `ctx` tokens: a key and a value per layer, token and KV head."""
+    return (
+        info.block_count
+        * ctx
+        * info.head_count_kv
+        * (info.key_length + info.value_length)
+        * F16_BYTES
+    )
+
+
+def choose_ctx(info: GgufInfo, ctx: int | None = None) -> int:
+    """The context pool: `ctx` if given, else the trained context capped at DEFAULT_CTX.
+    Raise SizingError when `ctx` is not a positive number or is above the trained context."""
+    if ctx is None:
+        return min(info.context_length, DEFAULT_CTX)
+    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1:
+        raise SizingError(f"The context must be a positive number of tokens, not {ctx!r}.")
+    if ctx > info.context_length:
+        raise SizingError(
+            f"{_title(info)} was trained on {info.context_length:,} tokens of context; "
+            f"a context of {ctx:,} is more than it can use."
+        )
+    return ctx
+
+
+def plan(
+    info: GgufInfo,
+    *,
+    ctx: int | None = None,
+    nodes: Iterable[NodeRoom],
+    cores: int | None = None,
+) -> Plan:
+    """Size a replica of the model in `info` for a context pool of `ctx` tokens (see
+    `choose_ctx`) and say where it fits among `nodes`.
+
+    `nodes` is each node's free room as placement counts it: `Inventory.rooms.values()`
+    of the fleet as it stands (fleet.domain.capacity.standing). `cores` overrides the
+    suggested cores: half the smallest CPU count among ready nodes with the memory for
+    it (catalog.domain.suggested_cores). Raises SizingError for a context it cannot use.
+    """
+    ctx = choose_ctx(info, ctx)
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 0):
+        raise SizingError(f"The cores must be a whole number, 0 or more, not {cores!r}.")
+    weights = info.size_bytes
+    kv = kv_cache_bytes(info, ctx)
+    overhead = GIB + weights // 20
+    total = weights + kv + overhead
+    memory_gb = -(-total // GIB)  # whole GiB, rounded up, in integers: exact at any size
+    rooms = sorted(nodes, key=lambda r: r.node.id)
+    if cores is None:
+        sized = _profile(memory_gb, 0, ctx)
+        cores = suggested_cores(
+            memory_gb,
+            [(r.node.memory_gb, r.node.cpu_count) for r in rooms if could_ever_run(r.node, sized)],
+        )
+    fits, blocked = [], []
+    for room in rooms:
+        why = _refuse(room, memory_gb, cores, ctx, _title(info))
+        if why is None:
+            fits.append(room.node.id)
+        else:
+            blocked.append(why)
+    return Plan(
+        architecture=info.architecture,
+        name=info.name,
+        parameters=info.parameters,
+        quantization=info.quantization,
+        context_length=info.context_length,
+        ctx=ctx,
+        weights_bytes=weights,
+        kv_cache_bytes=kv,
+        overhead_bytes=overhead,
+        memory_gb=memory_gb,
+        cpu_cores=cores,
+        basis=_basis(info, ctx, weights, kv, overhead, memory_gb),
+        fits=tuple(fits),
+        blocked=tuple(blocked),
+    )
+
+
+def llamacpp_profile(plan: Plan, *, name: str = PROFILE_NAME) -> dict[str, Any]:
+    """The catalog profile (ProfileIn's shape) for a replica sized by `plan`: llama.cpp on
+    CPU, `--ctx-size` the plan's context pool, its memory and cores reserved (no cores
+    when the plan found none to suggest, which reserves nothing)."""
+    profile: dict[str, Any] = {
+        "name": name,
+        "engine": "llamacpp",
+        "args": ["--ctx-size", str(plan.ctx)],
+        "min_memory_gb": plan.memory_gb,
+    }
+    if plan.cpu_cores:
+        profile["cpu_cores"] = plan.cpu_cores
+    return profile
+
+
+def serve_model(
+    plan: Plan, *, name: str, source: str, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The model `POST /models/serve` adds (ModelIn's shape, for catalog.domain.parse_model):
+    one llama.cpp profile sized by `plan`, a chat model whose requests may use the whole
+    context pool, with `overrides` (ModelIn fields) replacing what they name."""
+    described = ", ".join(
+        p for p in (plan.name, plan.quantization, _count(plan.parameters) + " parameters") if p
+    )
+    data: dict[str, Any] = {
+        "name": name,
+        "source": source,
+        "description": described,
+        "routing_profile": "chat",
+        "context_length": plan.ctx,
+        "profiles": [llamacpp_profile(plan)],
+    }
+    data.update(overrides or {})
+    return data
+
+
+def _profile(memory_gb: int, cores: int, ctx: int) -> Profile:
+    """The profile placement would be asked about; 0 leaves memory or cores out."""
+    return Profile(
+        name=PROFILE_NAME,
+        engine="llamacpp",
+        args=("--ctx-size", str(ctx)),
+        min_memory_gb=float(memory_gb) or None,
+        cpu_cores=cores or None,
+    )
+
+
+def _refuse(room: NodeRoom, memory_gb: int, cores: int, ctx: int, title: str) -> str | None:
+    """Placement's refusal of the profile, with memory and cores said as the plan's."""
+    # State, cordon, drain and engine are placement's own sentences; memory and cores
+    # are the same tests as placement's, worded with the model and units.
+    if why := refuse(room, _profile(0, 0, ctx), frozenset(), ""):
+        return f"{why}."
+    node = room.node
+    free = room.memory_free
+    if free is not None and free < memory_gb:
+        return (
+            f"{node.id} has {_gb(max(free, 0))} GB free of {_gb(node.memory_gb or 0)} GB; "
+            f"{title} needs {memory_gb} GB."
+        )
+    if cores and room.cores_free is not None and room.cores_free < cores:
+        return (
+            f"{node.id} has {max(room.cores_free, 0)} of {node.cpu_count} CPUs free; "
+            f"{title} needs {cores} cores."
+        )
+    return None
+
+
+def _gb(x: float) -> str:
+    return f"{x:g}" if x == int(x) else f"{x:.1f}"
+
+
+def _basis(info: GgufInfo, ctx: int, weights: int, kv: int, overhead: int, memory_gb: int) -> str:
+    heads = "KV head" if info.head_count_kv == 1 else "KV heads"
+    kv_sentence = (
+        f"{_mib(kv)} of f16 KV cache ({info.block_count} layers × {ctx:,} tokens × "
+        f"{info.head_count_kv} {heads} × ({info.key_length} key + {info.value_length} value) "
+        "× 2 bytes)"
+    )
+    per_layer = ""
+    if info.head_count_kv_per_layer and len(set(info.head_count_kv_per_layer)) > 1:
+        per_layer = (
+            f"; its layers have {min(info.head_count_kv_per_layer)} to "
+            f"{info.head_count_kv} KV heads, and the largest is counted for every layer"
+        )
+    total = weights + kv + overhead
+    return (
+        f"{_title(info)} ({info.architecture}, {info.quantization}, "
+        f"{_count(info.parameters)} parameters): {_mib(weights)} of weights + {kv_sentence} "
+        f"+ 1 GiB + {_mib(weights // 20)} (weights/20) = {total / GIB:.2f} GiB, "
+        f"rounded up to {memory_gb} GB{per_layer}."
+    )
+
+
+def _title(info: GgufInfo) -> str:
+    return info.name or info.filename
+
+
+def _mib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= 10 * GIB else f"{math.ceil(n / MIB):,} MiB"
+
+
+def _count(n: int) -> str:
+    """268098176 as 268M, 8030261248 as 8.0B: how model cards say it."""
+    if n >= 10**9:
+        return f"{n / 10**9:.1f}B"
+    if n >= 10**6:
+        return f"{n / 10**6:.0f}M"
+    return f"{n:,}"
