@@ -121,11 +121,13 @@ def _invalid(request, exc: ValidationError):
 def _routers() -> None:
     from catalog.api import router as catalog_router
     from fleet.api import router as fleet_router
+    from mirror.api import router as mirror_router
     from tenancy.api import router as tenancy_router
 
     api.add_router("/", fleet_router)
     api.add_router("/", catalog_router)
     api.add_router("/", tenancy_router)
+    api.add_router("/", mirror_router)
 
 
 _routers()

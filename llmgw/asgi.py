@@ -1,5 +1,5 @@
-"""The ASGI router: `/v1/` to the gateway, other HTTP to Django (pages, admin, REST API),
-`/ws/agent/` to the agent consumer."""
+"""The ASGI router: `/v1/` to the gateway, `/api/v1/mirror/files/` to the mirror's file
+server, other HTTP to Django (pages, admin, REST API), `/ws/agent/` to the agent consumer."""
 
 import os
 
@@ -14,8 +14,9 @@ from django.urls import path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
 from llmgw.gateway.app import Gateway  # noqa: E402
+from mirror.files import MirrorFiles  # noqa: E402
 
-gateway = Gateway(ASGIStaticFilesHandler(django_asgi))
+gateway = Gateway(MirrorFiles(ASGIStaticFilesHandler(django_asgi)))
 application = ProtocolTypeRouter(
     {
         "http": gateway,

@@ -57,6 +57,16 @@ _TIMING_VARS = {
 
 
 @dataclass(frozen=True)
+class Mirror:
+    """Where the mirror keeps weights, which folders of its host it may read, and the
+    address agents fetch files from (unset: the server they connect to)."""
+
+    dir: Path
+    sources: tuple[str, ...] = ()
+    url: str | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     home: Path
     database_url: str | None
@@ -66,6 +76,7 @@ class Config:
     timings: Timings
     log_format: str
     debug: bool
+    mirror: Mirror
     on_demand_wait: float = 120.0
 
     @property
@@ -175,4 +186,20 @@ def load(env: dict[str, str] | None = None) -> Config:
         log_format=log_format,
         debug=env.get("LLMGW_DEBUG", "") in ("1", "true", "yes"),
         on_demand_wait=_number(env, "LLMGW_ON_DEMAND_WAIT_SECONDS", 120.0, integer=False),
+        mirror=_mirror(env, home),
     )
+
+
+def _mirror(env: dict[str, str], home: Path) -> Mirror:
+    raw_dir = env.get("LLMGW_MIRROR_DIR", "").strip()
+    folder = Path(raw_dir).resolve() if raw_dir else home / "mirror"
+    roots = []
+    for part in env.get("LLMGW_MIRROR_SOURCES", "").split(os.pathsep):
+        part = part.strip()
+        if not part:
+            continue
+        if not os.path.isabs(part):
+            raise SettingError(f"LLMGW_MIRROR_SOURCES must list absolute folders, not {part!r}.")
+        roots.append(os.path.realpath(part))
+    url = _url(env, "LLMGW_MIRROR_URL", ("http", "https"))
+    return Mirror(dir=folder, sources=tuple(roots), url=url.rstrip("/") if url else None)

@@ -21,3 +21,9 @@ class Conflict(ServiceError):
     """The request clashes with what exists: a duplicate, a declared model (409)."""
 
     status = 409
+
+
+class Upstream(ServiceError):
+    """Something outside llmgw the request needed did not answer: the hub, a source (502)."""
+
+    status = 502

@@ -126,7 +126,12 @@ CELERY_BEAT_SCHEDULE = {
         # A pass that could not run in time is skipped, not queued behind the next.
         "options": {"expires": LLMGW.timings.reconcile_interval},
     },
+    # Retries and claims a dead worker left: the mirror's worker looks for due files.
+    "mirror": {"task": "mirror.tasks.fetch", "schedule": 15.0, "options": {"expires": 15.0}},
 }
+# Downloads run for minutes: on a worker of their own (the one that holds
+# LLMGW_MIRROR_DIR), never ahead of a reconciler pass.
+CELERY_TASK_ROUTES = {"mirror.tasks.fetch": {"queue": "mirror"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -179,8 +179,11 @@ def main(argv: list[str]) -> int:
         def start() -> None:
             if cfg.embedded:
                 from fleet.reconciler import run_forever
+                from mirror.worker import start_embedded
 
                 asyncio.get_event_loop().create_task(run_forever(cfg.timings.reconcile_interval))
+                # Downloads resume where a restart cut them.
+                start_embedded()
 
         def flush_usage() -> None:
             from llmgw.asgi import gateway
@@ -192,9 +195,10 @@ def main(argv: list[str]) -> int:
         # The last seconds of the gateway's usage are written before the process ends.
         reactor.addSystemEventTrigger("before", "shutdown", flush_usage)
         mode = (
-            f"embedded: SQLite in {cfg.home}, reconciler in this process"
+            f"embedded: SQLite in {cfg.home}, reconciler and mirror in this process"
             if cfg.embedded
-            else "production: PostgreSQL and Redis; run Celery worker and beat for the reconciler"
+            else "production: PostgreSQL and Redis; run Celery worker and beat for the reconciler "
+            "and a worker of queue mirror for downloads"
         )
         sys.stderr.write(f"llmgw serving on http://{args.host}:{args.port}/ ({mode})\n")
         sys.stderr.flush()

@@ -1,0 +1,58 @@
+"""Weights over REST: add by source, list, show, retry, remove (interfaces.md, Weights)."""
+
+from __future__ import annotations
+
+from ninja import Router, Status
+
+from llmgw import clock
+from llmgw.api import actor
+from llmgw.errors import NotFound
+
+from . import selectors, services
+from .schemas import WeightsIn, WeightsOut
+
+router = Router(tags=["weights"])
+
+
+def _view(weights_id: int) -> dict:
+    found = selectors.weights_views(weights_id=weights_id)
+    if not found:
+        raise NotFound(f"There are no weights {weights_id}.")
+    return found[0]
+
+
+@router.post("/weights", response={200: WeightsOut, 201: WeightsOut})
+def weights_add(request, payload: WeightsIn):
+    """Add weights by source; 201 at once while the download runs behind, 200 if already added."""
+    weights, created = services.weights_add(
+        source=payload.source, sha256=payload.sha256, actor=actor(request), now=clock.now()
+    )
+    return Status(201 if created else 200, _view(weights.pk))
+
+
+@router.get("/weights", response=list[WeightsOut])
+def weights_list(request):
+    return selectors.weights_views()
+
+
+@router.get("/weights/{weights_id}", response=WeightsOut)
+def weights_get(request, weights_id: int):
+    return _view(weights_id)
+
+
+@router.post("/weights/{weights_id}/retry", response=WeightsOut)
+def weights_retry(request, weights_id: int):
+    """Try a failed weights' files again from their first try."""
+    _view(weights_id)
+    services.weights_retry(weights_id=weights_id)
+    services.wake_worker()
+    return _view(weights_id)
+
+
+@router.delete("/weights/{weights_id}", response={204: None})
+def weights_remove(request, weights_id: int):
+    """Delete weights nothing uses; 409 naming the models that do."""
+    services.weights_remove(
+        weights_id=weights_id, using=selectors.weights_using(weights_id=weights_id)
+    )
+    return Status(204, None)

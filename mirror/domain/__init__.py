@@ -1,0 +1,1 @@
+"""The mirror's pure rules: sources, file states, sizing."""

@@ -1,0 +1,39 @@
+"""The mirror API's shapes (interfaces.md, Weights)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ninja import Schema
+from pydantic import ConfigDict, StrictStr
+
+
+class WeightsIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    source: StrictStr
+    sha256: StrictStr = ""
+
+
+class WeightFileOut(Schema):
+    path: str
+    size: int | None
+    sha256: str | None
+    state: str
+    bytes_done: int
+    detail: str
+
+
+class WeightsOut(Schema):
+    id: int
+    source: str
+    revision: str
+    state: str
+    detail: str
+    bytes_done: int
+    bytes_total: int | None
+    files: list[WeightFileOut]
+    added_by: str
+    added_at: datetime
+    last_used_at: datetime | None
+    models: list[str]

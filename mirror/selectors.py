@@ -1,0 +1,136 @@
+"""Reads of the mirror: weights as the API and pages show them, and what a model's source names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from catalog.models import Model
+
+from .domain.progress import READY, FileProgress, progress
+from .models import WeightFile, Weights
+
+
+def _users(weights: list[Weights]) -> dict[int, list[str]]:
+    """Names of the models whose source is each weights' source or one of its files."""
+    sources = {w.source: w.pk for w in weights}
+    out: dict[int, list[str]] = {w.pk: [] for w in weights}
+    if not sources:
+        return out
+    rows = Model.objects.exclude(source="").values_list("name", "source")
+    for name, source in rows:
+        pk = sources.get(source)
+        if pk is None:
+            pk = next(
+                (p for s, p in sources.items() if source.startswith(s.rstrip("/") + "/")), None
+            )
+        if pk is not None:
+            out[pk].append(name)
+    return out
+
+
+def weights_views(*, weights_id: int | None = None) -> list[dict]:
+    """Weights with their state derived from their files, newest first; [] when none match."""
+    qs = Weights.objects.prefetch_related("files").order_by("-pk")
+    if weights_id is not None:
+        qs = qs.filter(pk=weights_id)
+    weights = list(qs)
+    users = _users(weights)
+    return [_view(w, users[w.pk]) for w in weights]
+
+
+def _view(w: Weights, models: list[str]) -> dict:
+    files = list(w.files.all())
+    p = progress(
+        FileProgress(path=f.path, state=f.state, done=f.bytes_done, size=f.size, detail=f.detail)
+        for f in files
+    )
+    return {
+        "id": w.pk,
+        "source": w.source,
+        "revision": w.revision,
+        "state": p.state,
+        "detail": p.detail,
+        "bytes_done": p.done,
+        "bytes_total": p.total,
+        "files": [
+            {
+                "path": f.path,
+                "size": f.size,
+                "sha256": f.sha256 or f.expected_sha256 or None,
+                "state": f.state,
+                "bytes_done": f.bytes_done,
+                "detail": f.detail,
+            }
+            for f in files
+        ],
+        "added_by": w.added_by,
+        "added_at": w.added_at,
+        "last_used_at": w.last_used_at,
+        "models": sorted(models),
+    }
+
+
+def weights_using(*, weights_id: int) -> list[str]:
+    """Names of the models whose source names these weights."""
+    w = Weights.objects.filter(pk=weights_id).first()
+    return [] if w is None else _users([w])[w.pk]
+
+
+@dataclass(frozen=True)
+class WeightsRef:
+    """What an agent needs to fetch a model's weights: ``start_shard``'s ``weights``."""
+
+    sha256: str
+    size: int
+    url: str
+    file: str
+
+    def message(self) -> dict:
+        return {"sha256": self.sha256, "size": self.size, "url": self.url, "file": self.file}
+
+
+def weights_for_source(source: str) -> WeightsRef | None | str:
+    """The mirror file a model's source names, ready to fetch.
+
+    None when the source is not mirror weights (a path on the node, a hub id
+    vLLM fetches itself); a sentence when it is but cannot be served yet.
+    """
+    if not source:
+        return None
+    found = _match(source)
+    if found is None:
+        return None
+    weights, path = found
+    files = [f for f in weights.files.all() if path is None or f.path == path]
+    if path is None:
+        ggufs = [f for f in files if f.path.endswith(".gguf")]
+        files = ggufs[:1] if ggufs else files
+    if len(files) != 1:
+        names = ", ".join(f.path for f in files[:5])
+        return f"weights {weights.pk} ({weights.source}) hold {len(files)} files ({names}); name one as the source's path"
+    f = files[0]
+    if f.state != READY or not f.sha256:
+        return f"weights {weights.pk} ({weights.source}) are {f.state}: {f.detail or 'not fetched yet'}"
+    base = settings.LLMGW.mirror.url or ""
+    return WeightsRef(
+        sha256=f.sha256, size=f.size or 0, url=f"{base}/api/v1/mirror/files/{f.sha256}", file=f.path
+    )
+
+
+def _match(source: str) -> tuple[Weights, str | None] | None:
+    exact = Weights.objects.prefetch_related("files").filter(source=source).first()
+    if exact is not None:
+        return exact, None
+    # A file of weights added as a repository or a folder: SOURCE/PATH.
+    for w in Weights.objects.prefetch_related("files").all():
+        prefix = w.source.rstrip("/") + "/"
+        if source.startswith(prefix):
+            return w, source[len(prefix) :]
+    return None
+
+
+def file_known(sha256: str) -> bool:
+    """Whether a ready file of some weights has this digest (what the mirror may serve)."""
+    return WeightFile.objects.filter(sha256=sha256, state=READY).exists()

@@ -1,0 +1,192 @@
+"""Writes to the mirror: adding and removing weights, and the worker's claims on files."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+
+from llmgw.errors import Conflict, Invalid, NotFound
+
+from . import store
+from .domain.progress import ATTEMPTS, DOWNLOADING, FAILED, QUEUED, READY, retry_delay
+from .domain.sources import SourceError, parse_source
+from .models import WeightFile, Weights
+from .resolve import resolve
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# How long a worker's claim on a file lasts without word from it; it renews it with
+# each progress report, so a worker that died lets the file go this long after.
+CLAIM_S = 30.0
+
+
+def weights_add(
+    *, source: str, sha256: str = "", actor: str, now: datetime
+) -> tuple[Weights, bool]:
+    """Add weights by source, its files queued for the worker; returns (weights, created).
+
+    The same source added again is the same weights, not a second download.
+    Raises Invalid for a source that cannot be used, Upstream when the hub or the
+    server that holds it cannot be asked.
+    """
+    try:
+        parsed = parse_source(source)
+    except SourceError as exc:
+        raise Invalid(str(exc)) from None
+    digest = (sha256 or "").strip().lower()
+    if digest and not _HEX64.match(digest):
+        raise Invalid("sha256 must be 64 hexadecimal digits.")
+    existing = Weights.objects.filter(source=parsed.text).first()
+    if existing is not None:
+        return existing, False
+    found = resolve(parsed, sha256=digest, roots=settings.LLMGW.mirror.sources)
+    try:
+        with transaction.atomic():
+            weights = Weights.objects.create(
+                source=parsed.text,
+                sha256=digest,
+                revision=found.revision,
+                added_by=actor[:64],
+                added_at=now,
+            )
+            WeightFile.objects.bulk_create(
+                WeightFile(
+                    weights=weights,
+                    path=f.path,
+                    fetch_url=f.url,
+                    size=f.size,
+                    expected_sha256=f.sha256,
+                )
+                for f in found.files
+            )
+            transaction.on_commit(_wake)
+    except IntegrityError:
+        # Added by another request between the look and the write.
+        return Weights.objects.get(source=parsed.text), False
+    return weights, True
+
+
+def weights_remove(*, weights_id: int, using: list[str]) -> None:
+    """Delete weights and the files no other weights share; Conflict naming the models using it."""
+    weights = Weights.objects.filter(pk=weights_id).first()
+    if weights is None:
+        raise NotFound(f"There are no weights {weights_id}.")
+    if using:
+        raise Conflict(
+            f"Weights {weights_id} ({weights.source}) are used by {', '.join(sorted(using))}; "
+            "remove or change those models first."
+        )
+    digests = set(weights.files.exclude(sha256="").values_list("sha256", flat=True))
+    ids = list(weights.files.values_list("pk", flat=True))
+    weights.delete()
+    shared = set(WeightFile.objects.filter(sha256__in=digests).values_list("sha256", flat=True))
+    for digest in digests - shared:
+        store.blob(digest).unlink(missing_ok=True)
+    for pk in ids:
+        store.part(pk).unlink(missing_ok=True)
+
+
+def weights_retry(*, weights_id: int) -> int:
+    """Queue a failed weights' files again from their first try; returns how many."""
+    return WeightFile.objects.filter(weights_id=weights_id, state=FAILED).update(
+        state=QUEUED, attempts=0, next_try_at=None, detail="", bytes_done=0
+    )
+
+
+def weights_touch(*, sha256: str, now: datetime) -> None:
+    """Note that weights holding this file were used (an agent fetched it)."""
+    Weights.objects.filter(files__sha256=sha256).update(last_used_at=now)
+
+
+def file_claim(*, now: datetime) -> WeightFile | None:
+    """Claim the next file due for fetching, compare-and-set, or None when nothing is due."""
+    due = (
+        WeightFile.objects.filter(state__in=(QUEUED, DOWNLOADING))
+        .filter(Q(next_try_at__isnull=True) | Q(next_try_at__lte=now))
+        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+        .order_by("next_try_at", "pk")
+    )
+    for f in due[:20]:
+        if f.expected_sha256 and _fetching_elsewhere(f, now):
+            continue
+        won = WeightFile.objects.filter(pk=f.pk, claimed_until=f.claimed_until).update(
+            claimed_until=now + timedelta(seconds=CLAIM_S), state=DOWNLOADING
+        )
+        if won == 1:
+            f.refresh_from_db()
+            return f
+    return None
+
+
+def _fetching_elsewhere(f: WeightFile, now: datetime) -> bool:
+    # One download per file however many weights hold it: another's claim comes first.
+    return (
+        WeightFile.objects.filter(expected_sha256=f.expected_sha256, claimed_until__gte=now)
+        .exclude(pk=f.pk)
+        .exists()
+    )
+
+
+def file_progress(*, file_id: int, done: int, total: int | None, now: datetime) -> None:
+    """Record bytes fetched so far, and renew the claim."""
+    fields = {"bytes_done": done, "claimed_until": now + timedelta(seconds=CLAIM_S)}
+    if total is not None:
+        fields["size"] = total
+    WeightFile.objects.filter(pk=file_id).update(**fields)
+
+
+def file_done(*, file_id: int, sha256: str, size: int) -> None:
+    """A file fetched and verified: ready, its digest naming the blob served."""
+    WeightFile.objects.filter(pk=file_id).update(
+        state=READY, sha256=sha256, size=size, bytes_done=size, detail="", claimed_until=None
+    )
+
+
+def file_failed(*, file_id: int, detail: str, retry: bool, now: datetime) -> str:
+    """Record a failed try: queued again after a backoff, or failed for good; returns the state."""
+    f = WeightFile.objects.get(pk=file_id)
+    attempts = f.attempts + 1
+    if retry and attempts < ATTEMPTS:
+        at = now + timedelta(seconds=retry_delay(attempts))
+        text = f"try {attempts} of {ATTEMPTS} failed, next at {at:%H:%M:%S} UTC: {detail}"
+        state = QUEUED
+    else:
+        at, text, state = (
+            None,
+            detail if not retry else f"gave up after {attempts} tries: {detail}",
+            FAILED,
+        )
+    WeightFile.objects.filter(pk=file_id).update(
+        state=state, attempts=attempts, next_try_at=at, detail=text[:2000], claimed_until=None
+    )
+    return state
+
+
+def file_from_blob(*, file: WeightFile) -> bool:
+    """Take a file whose digest the mirror already holds as ready, without fetching it."""
+    if not file.expected_sha256:
+        return False
+    path = store.blob(file.expected_sha256)
+    if not path.exists() or (file.size is not None and path.stat().st_size != file.size):
+        return False
+    file_done(file_id=file.pk, sha256=file.expected_sha256, size=path.stat().st_size)
+    return True
+
+
+def claims_release() -> int:
+    """Let go of every claim (the embedded worker at start: none of them is alive)."""
+    return WeightFile.objects.filter(claimed_until__isnull=False).update(claimed_until=None)
+
+
+def wake_worker() -> None:
+    """Have the worker look for due files once this transaction commits."""
+    transaction.on_commit(_wake)
+
+
+def _wake() -> None:
+    from .worker import wake
+
+    wake()

@@ -1,0 +1,158 @@
+"""The mirror's worker: claims a file that is due, fetches it, and says how it went.
+
+Embedded, a thread of `llmgw serve` runs it, woken when weights are added and
+every few seconds for retries. In production a Celery worker that holds
+LLMGW_MIRROR_DIR runs ``mirror.tasks.fetch`` (queue ``mirror``), sent when
+weights are added and scheduled by beat. Either way the claim on a file is a
+compare-and-set with a lease, so one file has one download at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import threading
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+from django.db import close_old_connections
+
+from llmgw import clock
+
+from . import services, store
+from .models import WeightFile
+from .resolve import hub_endpoint, hub_headers
+from .transfer import CHUNK, TransferError, fetch
+
+log = logging.getLogger("llmgw.mirror")
+
+IDLE_WAKE_S = 5.0
+_event = threading.Event()
+_thread: threading.Thread | None = None
+
+
+def work_once() -> bool:
+    """Fetch one due file; False when nothing was due."""
+    f = services.file_claim(now=clock.now())
+    if f is None:
+        return False
+    if services.file_from_blob(file=f):
+        log.info("mirror: %s is already held as sha256 %s", f.path, f.expected_sha256[:12])
+        return True
+    log.info("mirror: fetching %s of %s", f.path, f.weights.source)
+    try:
+        got = _fetch(f)
+    except TransferError as exc:
+        state = services.file_failed(
+            file_id=f.pk, detail=str(exc), retry=exc.retry, now=clock.now()
+        )
+        log.warning("mirror: %s: %s (%s)", f.path, exc, state)
+        return True
+    services.file_done(file_id=f.pk, sha256=got[0], size=got[1])
+    log.info("mirror: %s ready, sha256 %s, %d bytes", f.path, got[0], got[1])
+    return True
+
+
+def work_until_idle(limit: int = 1000) -> int:
+    """Fetch what is due, one file after another; returns how many were tried."""
+    n = 0
+    while n < limit and work_once():
+        n += 1
+    return n
+
+
+def _fetch(f: WeightFile) -> tuple[str, int]:
+    def progress(done: int, total: int | None) -> None:
+        services.file_progress(file_id=f.pk, done=done, total=total, now=clock.now())
+
+    part = store.part(f.pk)
+    if f.fetch_url.startswith("file://"):
+        return _copy(f, part, progress)
+    headers = hub_headers() if f.fetch_url.startswith(hub_endpoint() + "/") else {}
+    with httpx.Client(timeout=httpx.Timeout(30.0, read=60.0)) as client:
+        got = fetch(
+            client,
+            f.fetch_url,
+            dest=part.with_suffix(".verified"),
+            part=part,
+            expected_sha256=f.expected_sha256 or None,
+            size=f.size,
+            headers=headers,
+            on_progress=progress,
+            what=f.path,
+        )
+    _keep(part.with_suffix(".verified"), got.sha256)
+    return got.sha256, got.size
+
+
+def _copy(f: WeightFile, part: Path, progress) -> tuple[str, int]:
+    src = Path(httpx.URL(f.fetch_url).path)
+    h = hashlib.sha256()
+    done = 0
+    try:
+        part.parent.mkdir(parents=True, exist_ok=True)
+        with open(src, "rb") as r, open(part, "wb") as w:
+            while block := r.read(CHUNK):
+                w.write(block)
+                h.update(block)
+                done += len(block)
+                if done % (64 * CHUNK) < CHUNK:
+                    progress(done, f.size)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise TransferError(f"{src} could not be read: {exc.strerror}.", retry=True) from None
+    digest = h.hexdigest()
+    if f.expected_sha256 and digest != f.expected_sha256:
+        part.unlink(missing_ok=True)
+        raise TransferError(
+            f"{f.path} does not match its digest: expected sha256 {f.expected_sha256}, "
+            f"got {digest} over {done:,} bytes; nothing was kept.",
+            retry=False,
+        )
+    _keep(part, digest)
+    return digest, done
+
+
+def _keep(path: Path, digest: str) -> None:
+    dest = store.blob(digest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        path.unlink()
+    else:
+        shutil.move(path, dest)
+
+
+def wake() -> None:
+    """Have the worker look for work now."""
+    if settings.LLMGW.embedded:
+        _event.set()
+    else:
+        from .tasks import fetch as fetch_task
+
+        fetch_task.delay()
+
+
+def start_embedded() -> None:
+    """Start the worker thread inside `llmgw serve` (embedded mode)."""
+    global _thread
+    if _thread is not None:
+        return
+    services.claims_release()
+    _thread = threading.Thread(target=_loop, name="llmgw-mirror", daemon=True)
+    _thread.start()
+
+
+def _loop() -> None:
+    while True:
+        try:
+            busy = work_once()
+        except Exception:
+            log.exception("mirror: the worker failed; trying again")
+            busy = False
+        finally:
+            close_old_connections()
+        if not busy:
+            _event.wait(IDLE_WAKE_S)
+            _event.clear()
