@@ -96,6 +96,8 @@ class Agent:
         self._send_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.connected = asyncio.Event()  # set while registered
+        # The weights the control plane was last told of (register, or a heartbeat).
+        self._weights_sent: list[dict[str, Any]] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set, then stop every engine and return."""
@@ -209,7 +211,7 @@ class Agent:
             "gpus": [g.to_message() for g in m.gpus],
             "engines": dict(m.engines),
             "engines_probed": True,
-            "weights": [],
+            "weights": self._weights_held(),
             "shards": [s.register_entry() for s in self.supervisor.shards()],
         }
         _put_known(msg, memory_total_mb=m.memory_total_mb(), cpu_count=m.cpu_count(), disk=m.disk())
@@ -233,7 +235,19 @@ class Agent:
         _put_known(
             msg, memory_total_mb=self.machine.memory_total_mb(), cpu_count=self.machine.cpu_count()
         )
+        last = self._weights_sent
+        held = self._weights_held()
+        if held != last:
+            # Only when it changed: absent is "as last said", and the list may be long.
+            msg["weights"] = held
         return msg
+
+    def _weights_held(self) -> list[dict[str, Any]]:
+        """What the weight cache holds, noted as what the control plane was last told."""
+        cache = self.supervisor.cache
+        held = cache.held() if cache is not None else []
+        self._weights_sent = held
+        return held
 
     async def _heartbeats(self) -> None:
         loop = asyncio.get_running_loop()
@@ -267,6 +281,8 @@ class Agent:
             grace = _float(msg.get("grace_s"), default=10.0)
             # A stop waits out its grace; the session must keep reading.
             self._spawn(self.supervisor.stop(shard_id, grace), f"stop-{shard_id}")
+        elif kind == "delete_weights":
+            self._delete_weights(msg)
         elif kind == "engine_log":
             self._spawn(self._answer_engine_log(msg), "engine-log")
         elif kind == "error":
@@ -275,6 +291,19 @@ class Agent:
             pass
         else:
             log.debug("ignoring a %r message", kind)
+
+    def _delete_weights(self, msg: dict[str, Any]) -> None:
+        """Delete cached weights the control plane says nothing here uses; a file a shard
+        of this node still runs on (or is fetching) is kept whatever it says."""
+        cache = self.supervisor.cache
+        digests = msg.get("sha256")
+        if cache is None or not isinstance(digests, list):
+            log.warning("delete_weights without a sha256 list: %r", msg)
+            return
+        in_use = self.supervisor.weights_in_use()
+        gone = cache.delete([d for d in digests if isinstance(d, str)], in_use=in_use)
+        for digest in gone:
+            log.info("deleted cached weights %s: no shard here uses them", digest)
 
     async def _answer_engine_log(self, msg: dict[str, Any]) -> None:
         """Answer ``engine_log`` with the shard's last log lines (``found`` false when this

@@ -18,6 +18,7 @@ from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from fleet.agent import AGENT_VERSION
+from fleet.agent.cache import WeightCache
 from fleet.agent.client import Agent, AgentSettings
 from fleet.agent.discovery import Machine, advertise_address, parse_gpu_spec, simulated_gpus
 from fleet.agent.engines import use_binary
@@ -156,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run llama.cpp shards with this llama-server, as it is "
         "(default: llama-server on PATH; `llmgw engines build llamacpp` makes one)",
     )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="where weights fetched from the mirror are kept (default <state-dir>/weights)",
+    )
     p.add_argument("--heartbeat-interval", type=float, default=5.0, metavar="SECONDS")
     p.add_argument(
         "--port-range",
@@ -217,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         port_range=args.port_range,
         cpu_count=machine.cpu_count(),
         sim_command=sim_command,
+        cache=WeightCache(
+            args.cache_dir or state_dir / "weights", server=args.server, token=args.token
+        ),
     )
     settings = AgentSettings(
         ws_url=url,

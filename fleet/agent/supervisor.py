@@ -19,12 +19,13 @@ import re
 import signal
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from fleet.agent.cache import CacheError, WeightCache, WeightsRef
 from fleet.agent.discovery import is_loopback
 from fleet.agent.enginelog import failure_tail, tail_lines
 from fleet.agent.engines import (
@@ -38,7 +39,7 @@ from fleet.agent.engines import (
 
 log = logging.getLogger(__name__)
 
-STARTING, READY, FAILED, STOPPED = "starting", "ready", "failed", "stopped"
+FETCHING, STARTING, READY, FAILED, STOPPED = "fetching", "starting", "ready", "failed", "stopped"
 HEALTH_POLL_S = 0.5
 SHUTDOWN_GRACE_S = 10.0
 
@@ -113,6 +114,8 @@ class Shard:
     log_path: Path | None = None
     watcher: asyncio.Task[None] | None = None
     stop_task: asyncio.Task[None] | None = None
+    # The cached weights file it runs on (or is fetching), which reclaim leaves alone.
+    weights_sha256: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -141,10 +144,16 @@ def status_message(
     endpoint: str | None = None,
     detail: str | None = None,
     exit_code: int | None = None,
+    progress: dict[str, int | None] | None = None,
 ) -> dict[str, Any]:
     """A ``shard_status`` message; what is unknown is left out."""
     msg: dict[str, Any] = {"type": "shard_status", "shard_id": shard_id, "state": state}
-    for key, value in (("endpoint", endpoint), ("detail", detail), ("exit_code", exit_code)):
+    for key, value in (
+        ("endpoint", endpoint),
+        ("detail", detail),
+        ("exit_code", exit_code),
+        ("progress", progress),
+    ):
         if value is not None:
             msg[key] = value
     return msg
@@ -161,8 +170,10 @@ class Supervisor:
         port_range: tuple[int, int] = (20000, 29999),
         cpu_count: int | None = None,
         sim_command: Sequence[str] | None = None,
+        cache: WeightCache | None = None,
     ) -> None:
         self.state_dir = state_dir
+        self.cache = cache
         self.advertise_addr = advertise_addr
         self.port_range = port_range
         self.cpu_count = cpu_count
@@ -230,6 +241,49 @@ class Supervisor:
             return
         shard = Shard(spec=spec)
         self._shards[spec.shard_id] = shard
+        if msg.get("weights") is not None:
+            # A fetch takes minutes: the session keeps serving commands meanwhile.
+            shard.state = FETCHING
+            shard.watcher = asyncio.create_task(
+                self._fetch_then_launch(shard, msg["weights"]), name=f"fetch-{spec.shard_id}"
+            )
+            return
+        await self._launch(shard)
+
+    async def _fetch_then_launch(self, shard: Shard, raw: Any) -> None:
+        """Put the shard's weights in the cache, then start its engine on the verified file."""
+        spec = shard.spec
+        try:
+            if self.cache is None:
+                raise CacheError("This agent keeps no weight cache (--cache-dir).")
+            ref = WeightsRef.from_message(raw)
+            shard.weights_sha256 = ref.sha256
+            loop = asyncio.get_running_loop()
+
+            def progress(done: int, total: int | None) -> None:
+                # Called from the fetch's thread.
+                loop.call_soon_threadsafe(self._progress, shard, done, total)
+
+            if not self.cache.path(ref.sha256).exists():
+                self._progress(shard, 0, ref.size)
+            path = await self.cache.ensure(ref, source=spec.source, on_progress=progress)
+        except CacheError as exc:
+            if shard.stop_task is None:
+                self._finish(shard, FAILED, detail=str(exc))
+            return
+        if shard.stop_task is not None:
+            return  # stopped while it fetched: stop() has reported it
+        shard.spec = replace(spec, source=str(path))
+        shard.state = STARTING
+        shard.watcher = None
+        await self._launch(shard)
+
+    def _progress(self, shard: Shard, done: int, total: int | None) -> None:
+        if shard.state == FETCHING and shard.stop_task is None:
+            self._emit(shard, progress={"done": done, "total": total})
+
+    async def _launch(self, shard: Shard) -> None:
+        spec = shard.spec
         try:
             await self._spawn(shard)
         except (EngineError, OSError) as exc:
@@ -386,6 +440,10 @@ class Supervisor:
                 await shard.stop_task
 
         await asyncio.gather(*(one(s) for s in self.shards()), return_exceptions=True)
+
+    def weights_in_use(self) -> set[str]:
+        """Digests of the cached weights this node's shards run on or are fetching."""
+        return {s.weights_sha256 for s in self._shards.values() if s.weights_sha256}
 
     def log_lines(self, shard_id: str, lines: int) -> list[str] | None:
         """The last ``lines`` lines of a shard's engine log, cleaned (enginelog.tail_lines),

@@ -1,0 +1,211 @@
+"""The agent's weight cache: files fetched from the mirror, kept by digest.
+
+``<cache-dir>/sha256/<digest>`` is a file whose bytes were hashed on the way
+in and matched; nothing else is ever put there. A fetch writes to
+``<cache-dir>/partial/<digest>.part`` and resumes from it after a cut or an
+agent restart. Two shards that want the same file wait on one fetch. Before a
+fetch the free disk is checked against what is still to come, so a node short
+of room says so with the figures rather than filling its disk.
+
+Beside each file, ``<digest>.json`` names the sources it was fetched for and
+when a shard last used it: what ``register`` reports and reclaim reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin
+
+import httpx
+
+from mirror.transfer import TransferError, fetch
+
+log = logging.getLogger(__name__)
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# Left free on the cache's disk beyond the file itself: logs, the engine's own files.
+DISK_MARGIN_BYTES = 1 << 30
+GB = 1 << 30
+
+
+class CacheError(Exception):
+    """Weights that could not be put in the cache; the message is a sentence."""
+
+
+@dataclass(frozen=True)
+class WeightsRef:
+    """``start_shard``'s ``weights``: the file a shard needs from the mirror."""
+
+    sha256: str
+    size: int
+    url: str
+    file: str
+
+    @classmethod
+    def from_message(cls, raw: Any) -> WeightsRef:
+        """Read ``weights``; raises CacheError when it is unusable."""
+        if not isinstance(raw, dict):
+            raise CacheError("start_shard's weights is not an object.")
+        digest, size, url = raw.get("sha256"), raw.get("size"), raw.get("url")
+        if not isinstance(digest, str) or not _HEX64.match(digest):
+            raise CacheError("start_shard's weights carry no sha256 digest.")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise CacheError("start_shard's weights carry no size.")
+        if not isinstance(url, str) or not url:
+            raise CacheError("start_shard's weights carry no url.")
+        name = raw.get("file")
+        return cls(digest, size, url, name if isinstance(name, str) and name else digest)
+
+
+class WeightCache:
+    """Fetches weights from the mirror into ``root`` and says what it holds."""
+
+    def __init__(self, root: Path, *, server: str, token: str) -> None:
+        self.root = root
+        self.server = server
+        self.token = token
+        self._fetches: dict[str, asyncio.Task[Path]] = {}
+
+    def path(self, sha256: str) -> Path:
+        return self.root / "sha256" / sha256
+
+    def _part(self, sha256: str) -> Path:
+        return self.root / "partial" / f"{sha256}.part"
+
+    def _meta_path(self, sha256: str) -> Path:
+        return self.root / "sha256" / f"{sha256}.json"
+
+    def held(self) -> list[dict[str, Any]]:
+        """What ``register`` and heartbeats report: each file's digest, size and sources."""
+        out = []
+        folder = self.root / "sha256"
+        if not folder.is_dir():
+            return out
+        for p in sorted(folder.iterdir()):
+            if not _HEX64.match(p.name):
+                continue
+            meta = self._meta(p.name)
+            entry: dict[str, Any] = {"sha256": p.name, "size": p.stat().st_size}
+            sources = meta.get("sources") or []
+            if sources:
+                entry["source"] = sources[0]
+            out.append(entry)
+        return out
+
+    def sources(self) -> dict[str, list[str]]:
+        """Each held digest's sources, for a register's ``weights``."""
+        return {w["sha256"]: self._meta(w["sha256"]).get("sources") or [] for w in self.held()}
+
+    def _meta(self, sha256: str) -> dict[str, Any]:
+        try:
+            data = json.loads(self._meta_path(sha256).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _note(self, sha256: str, source: str | None) -> None:
+        meta = self._meta(sha256)
+        sources = [s for s in meta.get("sources") or [] if isinstance(s, str)]
+        if source and source not in sources:
+            sources.append(source)
+        meta.update(sources=sources[-8:], used_at=time.time())
+        tmp = self._meta_path(sha256).with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        tmp.replace(self._meta_path(sha256))
+
+    async def ensure(
+        self,
+        ref: WeightsRef,
+        *,
+        source: str | None = None,
+        on_progress: Callable[[int, int | None], None] | None = None,
+    ) -> Path:
+        """The cached file for ``ref``, fetched first if it is not held; raises CacheError."""
+        path = self.path(ref.sha256)
+        if path.exists() and path.stat().st_size == ref.size:
+            self._note(ref.sha256, source)
+            return path
+        task = self._fetches.get(ref.sha256)
+        if task is None:
+            task = asyncio.ensure_future(self._fetch(ref, on_progress))
+            self._fetches[ref.sha256] = task
+            task.add_done_callback(lambda _t: self._fetches.pop(ref.sha256, None))
+        got = await asyncio.shield(task)
+        self._note(ref.sha256, source)
+        return got
+
+    async def _fetch(self, ref: WeightsRef, on_progress) -> Path:
+        part = self._part(ref.sha256)
+        have = part.stat().st_size if part.exists() else 0
+        self.root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.root).free
+        need = max(ref.size - have, 0) + DISK_MARGIN_BYTES
+        if free < need:
+            raise CacheError(
+                f"This node has {free / GB:.1f} GB free in {self.root}; {ref.file} needs "
+                f"{(ref.size - have) / GB:.1f} GB more and {DISK_MARGIN_BYTES / GB:.0f} GB is kept "
+                "free: nothing was fetched."
+            )
+        url = (
+            urljoin(self.server.rstrip("/") + "/", ref.url.lstrip("/"))
+            if ref.url.startswith("/")
+            else ref.url
+        )
+        log.info(
+            "fetching %s (%d bytes) from %s%s",
+            ref.file,
+            ref.size,
+            url,
+            f", resuming at {have}" if have else "",
+        )
+        try:
+            got = await asyncio.to_thread(self._fetch_sync, url, ref, part, on_progress)
+        except TransferError as exc:
+            raise CacheError(
+                f"The weights {ref.file} could not be fetched from the mirror: {exc}"
+            ) from None
+        log.info(
+            "fetched %s: sha256 %s, %d bytes (resumed from %d)",
+            ref.file,
+            got.sha256,
+            got.size,
+            got.resumed_from,
+        )
+        return self.path(ref.sha256)
+
+    def _fetch_sync(self, url: str, ref: WeightsRef, part: Path, on_progress):
+        # The mirror is the control plane (or beside it): no proxy from the environment.
+        with httpx.Client(timeout=httpx.Timeout(30.0, read=120.0), trust_env=False) as client:
+            return fetch(
+                client,
+                url,
+                dest=self.path(ref.sha256),
+                part=part,
+                expected_sha256=ref.sha256,
+                size=ref.size,
+                headers={"authorization": f"Bearer {self.token}"},
+                on_progress=on_progress,
+                what=ref.file,
+            )
+
+    def delete(self, digests: list[str], *, in_use: set[str]) -> list[str]:
+        """Delete held files not ``in_use``; returns the digests deleted."""
+        gone = []
+        for digest in digests:
+            if not _HEX64.match(digest) or digest in in_use or digest in self._fetches:
+                continue
+            path = self.path(digest)
+            if path.exists():
+                path.unlink()
+                self._meta_path(digest).unlink(missing_ok=True)
+                gone.append(digest)
+        return gone
