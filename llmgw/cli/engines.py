@@ -251,7 +251,7 @@ def _cmake(tree: Path, build: Path, log_path: Path, jobs: int, out: TextIO) -> P
     # Without git history the version reads `0 (unknown)`; a ceiling keeps git
     # from reading the commit of whatever repository the cache sits in instead.
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)}
-    with open(log_path, "w") as log:
+    with open(log_path, "w", buffering=1) as log:  # line by line, for whoever tails it
         out.write(f"Configuring llama.cpp with cmake (log: {log_path}).\n")
         out.flush()
         _step(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_FLAGS], log, env, None, log_path)

