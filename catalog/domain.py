@@ -19,6 +19,8 @@ CLASSES = ("critical", "standard", "opportunistic")
 CLASS_RANK = {"critical": 3, "standard": 2, "opportunistic": 1}
 ROUTING_PROFILES = ("chat", "completion", "embedding")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# Paths under /models/ that are actions, not models.
+RESERVED_NAMES = frozenset({"serve"})
 PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,126}$")
 # Far above any real deployment, and low enough that a typo (min: 100000) is caught
@@ -268,6 +270,10 @@ def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
         raise CatalogError(
             "A model's name must be lowercase letters, digits, '.', '_' or '-', "
             f"starting with a letter or digit, at most 64 long, not {name!r}."
+        )
+    if name in RESERVED_NAMES:
+        raise CatalogError(
+            f"{name!r} names an action of the API (POST /models/{name}); choose another name."
         )
     where = f"model {name}"
     unknown = sorted(set(data) - _MODEL_FIELDS)

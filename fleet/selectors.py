@@ -771,3 +771,9 @@ def model_preemption(*, name: str) -> dict:
     """The preemption dry run: what would be stopped for one more replica, and what may not."""
     snap = _standing_snapshot()
     return preemption_dry_run(_spec(snap, name), snap, clock.now(), settings.LLMGW.timings)
+
+
+def node_rooms() -> list:
+    """Each node's free room as placement counts it now (for sizing what would fit where)."""
+    st = standing(_standing_snapshot(), clock.now(), settings.LLMGW.timings)
+    return list(st.inv.rooms.values())

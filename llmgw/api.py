@@ -125,9 +125,10 @@ def _routers() -> None:
     from tenancy.api import router as tenancy_router
 
     api.add_router("/", fleet_router)
+    # Before the catalog: POST /models/serve is the mirror's, not a model called "serve".
+    api.add_router("/", mirror_router)
     api.add_router("/", catalog_router)
     api.add_router("/", tenancy_router)
-    api.add_router("/", mirror_router)
 
 
 _routers()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from ninja import Router, Status
+import json
 
+from ninja import Query, Router, Status
+
+from catalog.schemas import ModelOut
+from fleet import selectors as fleet_selectors
 from llmgw import clock
 from llmgw.api import actor
-from llmgw.errors import NotFound
+from llmgw.errors import Invalid, NotFound
 
-from . import selectors, services
-from .schemas import WeightsIn, WeightsOut
+from . import plans, selectors, services
+from .schemas import PlanOut, PlanQuery, WeightsIn, WeightsOut
 
 router = Router(tags=["weights"])
 
@@ -56,3 +60,22 @@ def weights_remove(request, weights_id: int):
         weights_id=weights_id, using=selectors.weights_using(weights_id=weights_id)
     )
     return Status(204, None)
+
+
+@router.get("/weights/{weights_id}/plan", response=PlanOut)
+def weights_plan(request, weights_id: int, query: Query[PlanQuery]):
+    """What a GGUF file of these weights needs under llama.cpp, and where it fits now."""
+    plan, _, _ = plans.weights_plan(weights_id=weights_id, ctx=query.ctx, file=query.file)
+    return {**plan.as_dict(), "ctx": plan.ctx}
+
+
+@router.post("/models/serve", response={201: ModelOut}, by_alias=True)
+def model_serve(request):
+    """Add a llama.cpp model sized by its weights' plan: {"weights", "name", "ctx"?, "file"?,
+    ...ModelIn fields to override}."""
+    try:
+        data = json.loads(request.body or b"null")
+    except (ValueError, RecursionError):
+        raise Invalid("The body is not valid JSON.") from None
+    spec = plans.model_serve(data=data, actor=actor(request))
+    return Status(201, fleet_selectors.model_views(name=spec.name)[0])

@@ -37,3 +37,21 @@ class WeightsOut(Schema):
     added_at: datetime
     last_used_at: datetime | None
     models: list[str]
+
+
+class PlanQuery(Schema):
+    ctx: int | None = None
+    file: str | None = None
+
+
+class PlanOut(Schema):
+    architecture: str
+    parameters: int
+    quantization: str
+    context_length: int
+    ctx: int
+    memory_gb: int
+    cpu_cores: int
+    basis: str
+    fits: list[str]
+    blocked: list[str]
