@@ -16,6 +16,17 @@ class SloOut(Schema):
     tpot_p95_ms: float | None = None
 
 
+class FailureOut(Schema):
+    """The failure that counted last, while the model backs off or is parked: its replica,
+    node, the engine's exit code, and the agent's sentence with the engine's last log lines."""
+
+    replica: str
+    node: str
+    exit_code: int | None = None
+    detail: str
+    at: datetime | None = None
+
+
 class ModelOut(Schema):
     model_config = ConfigDict(populate_by_name=True)
 
@@ -43,6 +54,7 @@ class ModelOut(Schema):
     unplaceable: bool
     parked: bool
     failures: int
+    last_failure: FailureOut | None = None
     profiles: list[dict]
     fallbacks: list[str]
     routing_profile: str
@@ -233,3 +245,4 @@ class ExplainOut(Schema):
     unplaceable: bool
     reason: str
     explanation: list[dict]
+    last_failure: FailureOut | None = None

@@ -146,6 +146,9 @@ class ModelState(models.Model):
     # memory_gb, cpu_cores}], kept for it until it is placed or reserved_until passes.
     reserved = models.JSONField(default=list, blank=True)
     reserved_until = models.DateTimeField(null=True, blank=True)
+    # The failure that counted last while failures count: {replica, node, exit_code, detail,
+    # at}, the detail being the agent's sentence and the engine's last log lines.
+    last_failure = models.JSONField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

@@ -6,6 +6,7 @@ instances), since a pass at 5,000 nodes and 10,000 replicas must stay cheap.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -36,6 +37,7 @@ from .domain.reconcile import desired_replicas, held_for
 from .domain.types import (
     ACTIVE,
     HOLDING,
+    Failure,
     GpuView,
     Load,
     Measured,
@@ -81,7 +83,7 @@ _SHARD_STATIC = ("id", "node_id", "rank", "gpu_indices", "memory_gb", "cpu_cores
 _STATE_FIELDS = [
     f.name
     for f in ModelState._meta.fields
-    if f.name not in ("updated_at", "explanation", "reserved")
+    if f.name not in ("updated_at", "explanation", "reserved", "last_failure")
 ]
 _CHUNK = 500
 
@@ -325,7 +327,8 @@ def model_states(*, name: str | None = None) -> dict[str, ModelStateView]:
         model: tuple(Reservation.of(r) for r in rows if isinstance(r, dict))
         for model, rows in states.exclude(reserved=[]).values_list("model", "reserved")
     }
-    rows = _fast_values(states, tuple(_STATE_FIELDS))
+    # The last failure (JSON) comes with the row: its column is null for most models.
+    rows = _fast_values(states, (*_STATE_FIELDS, "last_failure"))
     views = _views(
         _state_cache,
         rows,
@@ -336,12 +339,38 @@ def model_states(*, name: str | None = None) -> dict[str, ModelStateView]:
             reserved.get(row[0], ()),
         ),
         build=lambda row: ModelStateView(
-            **dict(zip(_STATE_FIELDS, row, strict=True)),
+            **dict(zip(_STATE_FIELDS, row[:-1], strict=True)),
             explanation=tuple(explanations.get(row[0]) or ()),
             reserved=reserved.get(row[0], ()),
+            last_failure=_failure_of(row[-1]),
         ),
     )
     return {v.model: v for v in views}
+
+
+def _failure_of(value) -> Failure | None:
+    """A stored last failure as read straight from the driver: SQLite gives its JSON text,
+    PostgreSQL its text or its object."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return Failure.of(value) if isinstance(value, dict) else None
+
+
+def failed_shards() -> dict[str, Failure]:
+    """What the failed shards of failed replicas reported, by replica (its first failed
+    shard by rank): the reconciler keeps it with the model when it counts the failure."""
+    rows = (
+        Shard.objects.filter(replica__state="failed", state="failed")
+        .order_by("replica_id", "rank")
+        .values_list("replica_id", "node_id", "exit_code", "detail")
+    )
+    out: dict[str, Failure] = {}
+    for replica_id, node_id, exit_code, detail in rows:
+        out.setdefault(replica_id, Failure(replica_id, node_id, exit_code, detail))
+    return out
 
 
 def snapshot_load(
@@ -374,6 +403,7 @@ def snapshot_load(
             policy=policy if policy is not None else Policy(),
             measurements=measurements or {},
             loads=model_loads(replicas, models),
+            failures=failed_shards() if any(r.state == "failed" for r in replicas) else {},
         )
 
 
@@ -576,6 +606,7 @@ def model_views(*, name: str | None = None) -> list[dict]:
                 "unplaceable": bool(state and state.unplaceable),
                 "parked": bool(state and state.parked_since),
                 "failures": state.failures if state else 0,
+                "last_failure": failure_shown(state),
                 "profiles": [p.to_dict() | {"fingerprint": p.fingerprint()} for p in spec.profiles],
                 "fallbacks": list(spec.fallbacks),
                 "routing_profile": spec.routing_profile,
@@ -586,6 +617,16 @@ def model_views(*, name: str | None = None) -> list[dict]:
             }
         )
     return out
+
+
+def failure_shown(state: ModelStateView | None) -> dict | None:
+    """The model's last failure as the API shows it, while it backs off or is parked;
+    None otherwise (a retry or a ready replica has put it behind it)."""
+    if state is None or state.last_failure is None:
+        return None
+    if not (state.failures or state.parked_since):
+        return None
+    return state.last_failure.as_dict()
 
 
 def _held_for(state: ModelStateView | None, counts: dict, states: dict) -> str:
@@ -635,6 +676,7 @@ def model_explain(*, name: str) -> dict:
         "unplaceable": view["unplaceable"],
         "reason": view["reason"],
         "explanation": list(state.explanation) if state else [],
+        "last_failure": view["last_failure"],
     }
 
 

@@ -24,6 +24,7 @@ from .domain.gpuclass import gpu_class
 from .domain.reconcile import Plan
 from .domain.types import parse_shard_id
 from .events import Register, ShardStatus
+from .failures import failure_log_attach
 from .live import NodeWrite
 from .models import Gpu, ModelState, Node, Replica, Shard
 
@@ -413,12 +414,16 @@ def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> lis
 
 def _shard_ended(shard: Shard, replica: Replica, msg: ShardStatus, now: datetime) -> None:
     if replica.state in ("stopping", "stopped"):
+        if msg.detail:
+            failure_log_attach(model=replica.model, replica_id=replica.id, detail=msg.detail)
         _stopped_once_all_shards_are(replica.id, now)
         return
     if replica.state == "failed":
         return
     code = f" (exit code {msg.exit_code})" if msg.exit_code is not None else ""
-    detail = f": {msg.detail}" if msg.detail else ""
+    # The sentence only: the engine's log lines after it are kept with the model's failure.
+    first = msg.detail.strip().splitlines()[0] if msg.detail.strip() else ""
+    detail = f": {first}" if first else ""
     verb = "failed" if msg.state == "failed" else "stopped by itself"
     reason = f"shard {shard.id} on node {shard.node_id} {verb}{code}{detail}"[:500]
     # Failing to start counts toward backoff and parking; a ready replica that ends (an agent
@@ -533,7 +538,7 @@ def _shards_of(replica_ids: list[str]) -> dict[str, list[tuple[str, str]]]:
 # API did not change them since the snapshot.
 _SHARED_FIELDS = (
     "desired", "failures", "last_failure_at", "backoff_until", "parked_since",
-    "parked_reason", "unplaceable", "explanation", "restart_requested_at",
+    "parked_reason", "unplaceable", "explanation", "restart_requested_at", "last_failure",
 )  # fmt: skip
 # The fields only a pass writes: preemption's holds and kept room, the autoscaler's clocks.
 # Always written, so a retry asked meanwhile cannot drop half of a preemption.
@@ -549,6 +554,9 @@ def _state_values(s, fields: tuple[str, ...]) -> dict:
         values["explanation"] = list(values["explanation"])
     if "reserved" in values:
         values["reserved"] = [r.as_dict() for r in values["reserved"]]
+    if "last_failure" in values:
+        failure = values["last_failure"]
+        values["last_failure"] = failure.as_dict() if failure is not None else None
     return values
 
 
@@ -566,13 +574,16 @@ def _write_states(plan: Plan, before: dict) -> None:
                 ModelState(model=name, **_state_values(s, _SHARED_FIELDS + _PASS_FIELDS))
             )
             continue
-        if any(getattr(s, f) != getattr(was, f) for f in _SHARED_FIELDS):
+        changed = tuple(f for f in _SHARED_FIELDS if getattr(s, f) != getattr(was, f))
+        if changed:
+            # Only what changed: the engine's log a stop brought since the snapshot
+            # (failure_log_attach) stays unless this pass counted a failure of its own.
             ModelState.objects.filter(
                 pk=name,
                 restart_requested_at=was.restart_requested_at,
                 parked_since=was.parked_since,
                 failures=was.failures,
-            ).update(**_state_values(s, _SHARED_FIELDS))
+            ).update(**_state_values(s, changed))
         if any(getattr(s, f) != getattr(was, f) for f in _PASS_FIELDS):
             ModelState.objects.filter(pk=name).update(**_state_values(s, _PASS_FIELDS))
     # A row the API created meanwhile (retry, restart, a request) is its to keep.
@@ -633,7 +644,7 @@ def model_retry(*, name: str, actor: str) -> str:
         state = _state_for(name)
         was = state.parked_since is not None
         ModelState.objects.filter(pk=name).update(
-            parked_since=None, parked_reason="", failures=0, backoff_until=None
+            parked_since=None, parked_reason="", failures=0, backoff_until=None, last_failure=None
         )
         audit_record(actor=actor, action="model.retry", target=name)
     return (

@@ -30,6 +30,7 @@ from .preemption import (
 from .types import (
     ACTIVE,
     HOLDING,
+    Failure,
     Measured,
     ModelState,
     NodeView,
@@ -264,7 +265,9 @@ def _liveness(snap: Snapshot, now: datetime, t: Timings, plan: Plan) -> dict[str
     return nodes
 
 
-def _record_failure(state: ModelState, now: datetime, reason: str, t: Timings) -> ModelState:
+def _record_failure(
+    state: ModelState, now: datetime, reason: str, t: Timings, failure: Failure
+) -> ModelState:
     failures = state.failures + 1
     backoff = min(t.backoff_base * 2 ** (failures - 1), t.backoff_max)
     parked = failures >= t.park_after
@@ -275,7 +278,16 @@ def _record_failure(state: ModelState, now: datetime, reason: str, t: Timings) -
         backoff_until=now + timedelta(seconds=backoff),
         parked_since=state.parked_since or (now if parked else None),
         parked_reason=reason if parked and not state.parked_since else state.parked_reason,
+        last_failure=replace(failure, at=now),
     )
+
+
+def _failure(snap: Snapshot, r: ReplicaView, reason: str) -> Failure:
+    """What the agent said of a failed replica, else the reason the pass has for it."""
+    said = snap.failures.get(r.id)
+    if said is not None:
+        return said
+    return Failure(r.id, node=r.shards[0].node_id if r.shards else "", detail=reason)
 
 
 # A replica still stopping this long after its grace is asked again: the first stop_shard
@@ -319,7 +331,9 @@ def _housekeeping(
         if r.state == "failed":
             reason = r.reason or "failed"
             if r.counts_as_failure and r.model in states:
-                states[r.model] = _record_failure(states[r.model], now, reason, t)
+                states[r.model] = _record_failure(
+                    states[r.model], now, reason, t, _failure(snap, r, reason)
+                )
             plan.events.append(
                 Event(
                     f"replica {r.id} of {r.model} failed: {reason}",
@@ -349,7 +363,9 @@ def _housekeeping(
                 plan.stops.append(Stop(r.id, 0, reason))
                 plan.events.append(Event(reason, "replica_failed", replica=r.id, model=r.model))
                 if r.model in states:
-                    states[r.model] = _record_failure(states[r.model], now, reason, t)
+                    states[r.model] = _record_failure(
+                        states[r.model], now, reason, t, _failure(snap, r, reason)
+                    )
                 r = replace(r, state="stopping")
         alive.append(r)
     return alive
@@ -657,7 +673,7 @@ def _clear_failures_once_ready(replicas: list[ReplicaView], state: ModelState) -
         r.state == "ready" and (since is None or (r.ready_at and r.ready_at >= since))
         for r in replicas
     ):
-        return replace(state, failures=0, backoff_until=None)
+        return replace(state, failures=0, backoff_until=None, last_failure=None)
     return state
 
 

@@ -171,6 +171,45 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """A model's replica that failed to start: where, the engine's exit code, and what it
+    said (a sentence and the last lines of its log), kept while the model backs off."""
+
+    replica: str
+    node: str = ""
+    exit_code: int | None = None
+    detail: str = ""
+    at: datetime | None = None
+
+    @property
+    def summary(self) -> str:
+        """One line: the engine's last words (its log's last line), else the sentence."""
+        lines = [line.strip() for line in self.detail.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+    def as_dict(self) -> dict:
+        return {
+            "replica": self.replica,
+            "node": self.node,
+            "exit_code": self.exit_code,
+            "detail": self.detail,
+            "at": self.at.isoformat() if self.at else None,
+        }
+
+    @classmethod
+    def of(cls, data: Mapping) -> Failure:
+        at = data.get("at")
+        code = data.get("exit_code")
+        return cls(
+            replica=str(data.get("replica", "")),
+            node=str(data.get("node", "")),
+            exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+            detail=str(data.get("detail") or ""),
+            at=datetime.fromisoformat(at) if isinstance(at, str) and at else None,
+        )
+
+
+@dataclass(frozen=True)
 class ModelState:
     """The controller's memory of one model between passes."""
 
@@ -194,6 +233,8 @@ class ModelState:
     # Room being freed for this model by its victims, until it is placed or the hold ends.
     reserved: tuple[Reservation, ...] = ()
     reserved_until: datetime | None = None
+    # The failure that counted last, while failures count (cleared once a replica is ready).
+    last_failure: Failure | None = None
 
 
 @dataclass(frozen=True)
@@ -215,3 +256,5 @@ class Snapshot:
     # Keyed (model, profile).
     measurements: Mapping[tuple[str, str], Measured] = field(default_factory=dict)
     loads: Mapping[str, Load] = field(default_factory=dict)
+    # Keyed by replica: what a failed replica's failed shard reported (node, code, detail).
+    failures: Mapping[str, Failure] = field(default_factory=dict)

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 
 from fleet.domain.reconcile import SETTLING, desired_replicas, duration
-from fleet.domain.types import ModelState
+from fleet.domain.types import Failure, ModelState
 from llmgw.config import Timings
 
 from .builders import (
@@ -201,6 +201,45 @@ def test_a_failed_replica_is_forgotten_counts_a_failure_and_backs_off_10s():
     )
 
 
+def test_a_failure_keeps_what_the_engine_said_with_the_model():
+    said = Failure("a", "n1", 1, "The engine exited with code 1.\nerror: no such file m.gguf")
+    snap = replace(
+        snapshot(
+            [gpu_node("n1")],
+            [model("chat")],
+            [replica("a", "chat", state="failed", reason="shard a-0 on node n1 failed")],
+        ),
+        failures={"a": said},
+    )
+    state = run(snap).states["chat"]
+    assert state.last_failure == replace(said, at=NOW)
+    assert state.last_failure.summary == "error: no such file m.gguf"
+
+
+def test_a_failure_the_agent_said_nothing_of_keeps_its_reason():
+    snap = snapshot(
+        [gpu_node("n1")], [model("chat")], [replica("a", "chat", state="failed", reason="gone")]
+    )
+    assert run(snap).states["chat"].last_failure == Failure("a", "n1", None, "gone", NOW)
+
+
+def test_the_last_failure_is_the_latest_and_goes_once_a_replica_is_ready():
+    older = Failure("a", "n1", 1, "first", ago(100))
+    state = ModelState("chat", failures=1, last_failure_at=ago(100), last_failure=older)
+    snap = snapshot(
+        [gpu_node("n1")],
+        [model("chat", min=2)],
+        [replica("b", "chat", state="failed", reason="second")],
+        [state],
+    )
+    assert run(snap).states["chat"].last_failure == Failure("b", "n1", None, "second", NOW)
+    ready = snapshot(
+        [gpu_node("n1")], [model("chat")], [replica("c", "chat", ready_at=ago(10))], [state]
+    )
+    after = run(ready).states["chat"]
+    assert (after.failures, after.last_failure) == (0, None)
+
+
 def test_once_the_backoff_has_passed_it_tries_again():
     state = ModelState("chat", failures=1, last_failure_at=ago(10), backoff_until=NOW)
     plan = run(snapshot([gpu_node("n1")], [model("chat")], states=[state]))
@@ -275,6 +314,9 @@ def test_a_replica_that_passes_its_startup_timeout_is_stopped_and_counts_a_failu
     ]
     state = plan.states["chat"]
     assert (state.failures, state.backoff_until) == (1, at(10))
+    assert state.last_failure == Failure(
+        "a", "n1", None, "replica a did not become ready within 2m0s", NOW
+    )
     assert plan.starts == []  # backing off, and the stopping one still holds its room
 
 

@@ -1,0 +1,118 @@
+"""An engine's failure kept with its model: from the agent's shard_status through a pass to the
+API's ModelView and explain."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+
+from fleet.models import Lease, ModelState, Replica
+from fleet.reconciler import reconcile_once
+from fleet.services import model_retry
+from llmgw import clock
+
+from .builders import gpu_model, model_added, register_frame
+from .conftest import answer, barrier, in_db
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TAIL = "llama_model_load: loading model\nerror: failed to open GGUF file '/m/llama.gguf'"
+
+
+async def fail_first_start(agents, detail: str, exit_code: int | None = 1):
+    await in_db(lambda: model_added(gpu_model("llama")))
+    comm = await agents.registered(register_frame("gpu-a"))
+    await in_db(reconcile_once)
+    start = await answer(comm)
+    await comm.send_json_to(
+        {
+            "type": "shard_status",
+            "shard_id": start["shard_id"],
+            "state": "failed",
+            "detail": detail,
+            "exit_code": exit_code,
+        }
+    )
+    await barrier(comm)
+    return comm, start
+
+
+def api_get(token: str, path: str):
+    return Client().get(path, headers={"Authorization": f"Bearer {token}"}).json()
+
+
+async def test_the_engines_last_lines_are_kept_with_the_model_and_shown(
+    agents, no_settle, admin_token
+):
+    _, start = await fail_first_start(agents, f"The engine exited with code 1.\n{TAIL}")
+    replica = await in_db(lambda: Replica.objects.get())
+    # The replica's reason is one line: the log stays out of sentences and events.
+    assert replica.reason == (
+        f"shard {start['shard_id']} on node gpu-a failed (exit code 1): "
+        "The engine exited with code 1."
+    )
+
+    await in_db(reconcile_once)
+
+    state = await in_db(lambda: ModelState.objects.get(pk="llama"))
+    assert state.failures == 1
+    failure = state.last_failure
+    assert (failure["replica"], failure["node"], failure["exit_code"]) == (
+        start["replica_id"],
+        "gpu-a",
+        1,
+    )
+    assert failure["detail"] == f"The engine exited with code 1.\n{TAIL}"
+    view = await in_db(lambda: api_get(admin_token, "/api/v1/models/llama"))
+    assert view["last_failure"]["detail"].endswith("failed to open GGUF file '/m/llama.gguf'")
+    assert view["last_failure"]["replica"] == start["replica_id"]
+    explain = await in_db(lambda: api_get(admin_token, "/api/v1/models/llama/explain"))
+    assert explain["reason"].startswith("backing off after 1 failures")
+    assert explain["last_failure"] == view["last_failure"]
+
+
+async def test_a_retry_puts_the_failure_behind_the_model(agents, no_settle, admin_token):
+    await fail_first_start(agents, f"The engine exited with code 1.\n{TAIL}")
+    await in_db(reconcile_once)
+
+    await in_db(lambda: model_retry(name="llama", actor="ops"))
+
+    view = await in_db(lambda: api_get(admin_token, "/api/v1/models/llama"))
+    assert (view["failures"], view["last_failure"]) == (0, None)
+
+
+async def test_a_model_given_up_on_at_startup_gets_the_log_its_agent_sends_at_the_stop(
+    agents, no_settle, admin_token
+):
+    data = gpu_model("llama")
+    data["profiles"][0]["startup_timeout"] = 60
+    await in_db(lambda: model_added(data))
+    comm = await agents.registered(register_frame("gpu-a"))
+    await in_db(reconcile_once)
+    start = await answer(comm)
+
+    # Started 61 s ago, as far as the control plane knows, and never ready.
+    began = clock.now() - timedelta(seconds=61)
+    await in_db(lambda: Replica.objects.update(created_at=began))
+    await in_db(lambda: Lease.objects.update(settle_until=began))
+    await in_db(reconcile_once)
+    stop = await answer(comm)
+    assert stop["type"] == "stop_shard"
+    await comm.send_json_to(
+        {
+            "type": "shard_status",
+            "shard_id": start["shard_id"],
+            "state": "stopped",
+            "detail": f"Stopped before the engine answered /health.\n{TAIL}",
+            "exit_code": -15,
+        }
+    )
+    await barrier(comm)
+
+    failure = (await in_db(lambda: ModelState.objects.get(pk="llama"))).last_failure
+    assert failure["detail"] == (
+        f"replica {start['replica_id']} did not become ready within 1m0s\n{TAIL}"
+    )
+    assert failure["node"] == "gpu-a"
