@@ -10,10 +10,11 @@ from catalog.domain import MAX_REPLICAS
 from llmgw.api import actor
 from llmgw.errors import Invalid
 
-from . import selectors, services
+from . import logs, selectors, services
 from .reconciler import reconcile_once
 from .schemas import (
     DetailOut,
+    EngineLogOut,
     HeadroomOut,
     NodeOut,
     PreemptionOut,
@@ -59,6 +60,13 @@ def node_drain(request, node_id: str):
 @router.get("/replicas", response=list[ReplicaOut])
 def replicas_list(request, model: str | None = None):
     return selectors.replicas_list(model=model or None)
+
+
+@router.get("/replicas/{replica_id}/logs", response=EngineLogOut)
+async def replica_logs(request, replica_id: str, lines: Query[int] = logs.DEFAULT_LINES):
+    """The engine's recent log, read from its node; 503 when the node is away, 504 when it
+    does not answer within a few seconds."""
+    return await logs.replica_log(replica_id=replica_id, lines=lines)
 
 
 @router.get("/models/{name}/headroom", response=HeadroomOut)

@@ -37,6 +37,8 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_INVALID = 4400
 CLOSE_SUPERSEDED = 4409
 FLUSH_EVERY_S = 1.0
+# engine_log requests a connection remembers the askers of; older ones are given up on.
+MAX_LOG_REQUESTS = 64
 
 _flusher: asyncio.Task | None = None
 
@@ -117,6 +119,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.session = uuid.uuid4().hex
         self.invalid = 0
+        # engine_log requests sent to this agent: request id -> (reply channel, shard id).
+        self.log_requests: dict[str, tuple[str, str]] = {}
         ensure_flusher()
         await self.accept()
 
@@ -204,6 +208,31 @@ class AgentConsumer(AsyncWebsocketConsumer):
             node_id=self.node_id, msg=msg, now=clock.now()
         )
         await self._send_commands(commands)
+
+    async def on_engine_log_lines(self, msg: events.EngineLogLines) -> None:
+        asked = self.log_requests.pop(msg.request_id, None)
+        if asked is None or asked[1] != msg.shard_id:
+            return  # late, or never asked of this connection: nobody waits for it
+        await self.channel_layer.send(
+            asked[0],
+            {
+                "type": "engine.log.lines",
+                "request_id": msg.request_id,
+                "found": msg.found,
+                "lines": list(msg.lines),
+            },
+        )
+
+    async def agent_engine_log(self, event) -> None:
+        """Ask the agent for a shard's last log lines (fleet/logs.py waits for the answer)."""
+        if self.node_id is None:
+            return
+        while len(self.log_requests) >= MAX_LOG_REQUESTS:
+            # The oldest have been given up on by whoever asked.
+            self.log_requests.pop(next(iter(self.log_requests)))
+        self.log_requests[event["request_id"]] = (event["reply_to"], event["shard_id"])
+        frame = {k: event[k] for k in ("request_id", "shard_id", "lines")}
+        await self.send(text_data=json.dumps({"type": "engine_log", **frame}))
 
     async def agent_command(self, event) -> None:
         await self.send(text_data=json.dumps(event["payload"]))

@@ -112,3 +112,12 @@ class PreemptionOut(Schema):
     victims: list[VictimOut]
     protected: list[ProtectedOut]
     blocked: list[str]
+
+
+class EngineLogOut(Schema):
+    """A replica's engine log as its node read it: the last lines, oldest first."""
+
+    replica: str
+    shard: str
+    node: str
+    lines: list[str]

@@ -491,6 +491,30 @@ def warning_lines(models: Sequence[Mapping[str, Any]]) -> list[str]:
     return [f"warning: {m.get('name')}: {w}" for m in models for w in m.get("warnings") or ()]
 
 
+def failure_where(f: Mapping[str, Any]) -> str:
+    """``replica chat-1a2b3c on node n1, exit code 1``: where a failure happened."""
+    where = f"replica {f.get('replica')}"
+    if f.get("node"):
+        where += f" on node {f['node']}"
+    if f.get("exit_code") is not None:
+        where += f", exit code {f['exit_code']}"
+    return where
+
+
+def failure_lines(models: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``failing: <model>: <the engine's last words> (<where>)`` for each model backing off
+    or parked: the cause the table's status cannot hold."""
+    out = []
+    for m in models:
+        f = m.get("last_failure")
+        if not isinstance(f, dict):
+            continue
+        lines = [line.strip() for line in str(f.get("detail") or "").splitlines() if line.strip()]
+        last = lines[-1] if lines else "no detail"
+        out.append(f"failing: {m.get('name')}: {last} ({failure_where(f)})")
+    return out
+
+
 def render_models(models: list[dict[str, Any]]) -> str:
     """``ctl models``: a row per model, then its warnings under the table."""
     if not models:
@@ -520,7 +544,7 @@ def render_models(models: list[dict[str, Any]]) -> str:
         ]
         for m in models
     ]
-    return "\n".join([render(headers, rows), *warning_lines(models)])
+    return "\n".join([render(headers, rows), *warning_lines(models), *failure_lines(models)])
 
 
 def render_model(m: dict[str, Any]) -> str:
@@ -629,6 +653,12 @@ def render_explain(e: dict[str, Any]) -> str:
         lines.append(f"profile {item.get('profile')}:")
         reasons = item.get("reasons") or []
         lines += [f"  - {r}" for r in reasons] or ["  - (no reason given)"]
+    f = e.get("last_failure")
+    if isinstance(f, dict):
+        lines.append(f"last failure: {failure_where(f)}{' at ' + f['at'] if f.get('at') else ''}:")
+        detail = [line.rstrip() for line in str(f.get("detail") or "").splitlines()]
+        lines += [f"  {line}" for line in detail if line.strip()] or ["  (no detail given)"]
+        lines.append(f"its engine's log: llmgw ctl logs {f.get('replica')}")
     return "\n".join(lines)
 
 
@@ -844,13 +874,14 @@ def build_parser() -> argparse.ArgumentParser:
     add(commands, "models", "list models: replicas, status, class, reservations", cmd_models)
     model_actions = _add_model_commands(add, commands)
     # Imported here: those modules build on this one's client and output.
-    from llmgw.cli import ctl_bench, ctl_capacity, ctl_keys, ctl_quota, ctl_usage
+    from llmgw.cli import ctl_bench, ctl_capacity, ctl_keys, ctl_logs, ctl_quota, ctl_usage
 
     ctl_quota.register(add, commands, model_actions)
     ctl_capacity.register(add, commands, model_actions)
     ctl_keys.register(add, commands)
     ctl_usage.register(add, commands)
     ctl_bench.register(add, commands)
+    ctl_logs.register(add, commands)
 
     scale = add(commands, "scale", "set how many replicas a model runs", cmd_scale)
     scale.add_argument("name")
