@@ -25,9 +25,16 @@ from tenancy.selectors import quota_views
 
 from .domain.holdings import holdings
 from .domain.reconcile import desired_replicas
-from .domain.types import HOLDING, ModelState as ModelStateView, NodeView, ReplicaView
+from .domain.types import HOLDING, Failure, ModelState as ModelStateView, NodeView, ReplicaView
 from .models import ModelState, Node, Shard
-from .selectors import _held_for, _status, aware, measured_memory, node_registrations
+from .selectors import (
+    _held_for,
+    _status,
+    aware,
+    failure_shown,
+    measured_memory,
+    node_registrations,
+)
 
 # What an operator sees, most troubled first: the order of `?sort=state`.
 SHOWN_STATES = ("lost", "unreachable", "draining", "cordoned", "ready")
@@ -193,6 +200,7 @@ _STATE_FIELDS = (
     "held_until",
     "held_for",
     "preempted",
+    "last_failure",
 )
 
 
@@ -202,8 +210,21 @@ def _states() -> dict[str, ModelStateView]:
     for row in rows:
         d = dict(zip(_STATE_FIELDS, row, strict=True))
         d["explanation"] = tuple(d["explanation"] or ())
+        failure = d["last_failure"]
+        d["last_failure"] = Failure.of(failure) if isinstance(failure, dict) else None
         out[d["model"]] = ModelStateView(**d)
     return out
+
+
+def _cause(state: ModelStateView | None) -> dict | None:
+    """Why a model backing off or parked failed last, as the attention strip says it:
+    `failures`, the engine's last words (`said`) and where (`replica`, `node`,
+    `exit_code`); None for a model whose failures do not count now."""
+    shown = failure_shown(state)
+    if state is None or shown is None:
+        return None
+    assert state.last_failure is not None
+    return shown | {"failures": state.failures, "said": state.last_failure.summary}
 
 
 class ModelRow(TypedDict):
@@ -227,6 +248,8 @@ class ModelRow(TypedDict):
     warnings: tuple[str, ...]
     profiles: tuple[str, ...]
     fallbacks: tuple[str, ...]
+    # While it backs off or is parked: how often it failed, and the engine's last words.
+    failing: dict | None
 
 
 def model_rows(
@@ -268,6 +291,7 @@ def model_rows(
                 warnings=tuple(reservation_warnings(spec, measured.get(spec.name))),
                 profiles=tuple(p.name for p in spec.profiles),
                 fallbacks=spec.fallbacks,
+                failing=_cause(state),
             )
         )
     return out

@@ -7,4 +7,5 @@ from . import views
 urlpatterns = [
     path("", views.cluster, name="cluster"),
     path("nodes/<str:node_id>", views.node, name="node"),
+    path("replicas/<str:replica_id>/log", views.replica_log, name="replica-log"),
 ]

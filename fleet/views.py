@@ -9,20 +9,22 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+from asgiref.sync import async_to_sync
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods
 
 from catalog.selectors import catalog_load
 from llmgw import clock
-from llmgw.errors import NotFound
+from llmgw.errors import NotFound, ServiceError
 from llmgw.pages import page, staff_required
 
-from . import page_selectors as ps, services
+from . import logs, page_selectors as ps, services
 from .domain.types import HOLDING
+from .events import LOG_LINES
 from .forms import NodeActionForm, NodeFilterForm
 from .selectors import nodes_list, replica_views
 
@@ -158,16 +160,48 @@ def _nodes_context(request: HttpRequest, rows: list[ps.NodeRow], replicas) -> di
 
 
 def _attention(models: list[ps.ModelRow], down: list[tuple[str, str]], quotas: list[dict]) -> dict:
-    """What an operator should look at, worst first: models that cannot run, nodes that
-    cannot be reached, scopes at a limit. Each kind names its first few and counts the rest."""
+    """What an operator should look at, worst first: models that cannot run (parked, backing
+    off after failures, each with its engine's last words, or unplaceable), nodes that cannot
+    be reached, scopes at a limit. Each kind names its first few and counts the rest."""
     parked = [m for m in models if m["status"] == "parked"]
+    # Failing to start and trying again later: each with what its engine said last.
+    backing_off = [m for m in models if m["failing"] and m["status"] != "parked"]
     unplaceable = [m for m in models if m["status"] == "unplaceable"]
-    kinds = {"parked": parked, "unplaceable": unplaceable, "down": down, "quotas": quotas}
+    kinds = {
+        "parked": parked,
+        "backing_off": backing_off,
+        "unplaceable": unplaceable,
+        "down": down,
+        "quotas": quotas,
+    }
     return {
         "any": any(kinds.values()),
         **{k: v[:ATTENTION_NAMED] for k, v in kinds.items()},
         **{f"{k}_more": max(len(v) - ATTENTION_NAMED, 0) for k, v in kinds.items()},
     }
+
+
+@staff_required
+@require_GET
+def replica_log(request: HttpRequest, replica_id: str) -> HttpResponse:
+    """A replica's engine log, read from its node; htmx gets the panel alone (the model
+    page shows it under its replicas), a browser the page. A node that is away or does
+    not answer is said in a sentence in its place."""
+    try:
+        lines = logs.lines_checked(int(request.GET.get("lines", logs.DEFAULT_LINES)))
+    except (ValueError, ServiceError):
+        return HttpResponseBadRequest(f"lines must be a whole number from 1 to {LOG_LINES}.")
+    context: dict = {"replica_id": replica_id, "lines": lines, "section": "models"}
+    try:
+        target = logs.log_target(replica_id=replica_id)
+        # The channel layer lives on the server's event loop: async_to_sync runs it there.
+        context["log"] = async_to_sync(logs.log_ask)(target=target, lines=lines)
+        context["text"] = "\n".join(context["log"]["lines"])
+    except ServiceError as exc:
+        context["refused"] = str(exc)
+    return page(
+        request, "fleet/replica_log.html", context, fragment="log" if request.htmx else None
+    )
 
 
 @staff_required
