@@ -874,7 +874,15 @@ def build_parser() -> argparse.ArgumentParser:
     add(commands, "models", "list models: replicas, status, class, reservations", cmd_models)
     model_actions = _add_model_commands(add, commands)
     # Imported here: those modules build on this one's client and output.
-    from llmgw.cli import ctl_bench, ctl_capacity, ctl_keys, ctl_logs, ctl_quota, ctl_usage
+    from llmgw.cli import (
+        ctl_bench,
+        ctl_capacity,
+        ctl_keys,
+        ctl_logs,
+        ctl_quota,
+        ctl_usage,
+        ctl_weights,
+    )
 
     ctl_quota.register(add, commands, model_actions)
     ctl_capacity.register(add, commands, model_actions)
@@ -882,6 +890,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl_usage.register(add, commands)
     ctl_bench.register(add, commands)
     ctl_logs.register(add, commands)
+    ctl_weights.register(add, commands, model_actions)
 
     scale = add(commands, "scale", "set how many replicas a model runs", cmd_scale)
     scale.add_argument("name")

@@ -1,0 +1,75 @@
+"""``llmgw ctl weights`` and ``ctl model serve`` against the real REST API."""
+
+from __future__ import annotations
+
+import pytest
+
+from catalog.models import Model
+from llmgw.cli import ctl
+from mirror.worker import work_until_idle
+from tests.mirror.ggufs import write_gguf
+from tests.mirror.test_serve import _cpu_node
+from tests.mirror.test_weights import mirror_dir  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.django_db
+
+
+def _ctl(capsys, server, *argv):
+    code = ctl.main(list(argv), transport=server)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def gguf(mirror_dir):  # noqa: F811
+    return write_gguf(mirror_dir / "allowed" / "tiny.gguf", name="Tiny", context_length=8192)
+
+
+def test_weights_are_added_listed_and_shown(capsys, server, gguf):
+    code, out, _ = _ctl(capsys, server, "weights", "add", str(gguf))
+    assert code == 0 and f"weights 1: {gguf}" in out and "state:     queued" in out
+
+    work_until_idle()
+    code, out, _ = _ctl(capsys, server, "weights", "list")
+    assert code == 0
+    assert out.splitlines()[0].split() == ["ID", "STATE", "PROGRESS", "SOURCE", "MODELS", "ADDED"]
+    assert "ready" in out and str(gguf) in out
+
+    code, out, _ = _ctl(capsys, server, "weights", "show", "1")
+    assert code == 0 and "tiny.gguf  ready" in out
+
+
+def test_a_source_refused_is_the_servers_sentence(capsys, server, mirror_dir):  # noqa: F811
+    code, _, err = _ctl(capsys, server, "weights", "add", "ftp://x/y.gguf")
+
+    assert code != 0
+    assert "which the mirror does not fetch" in err
+
+
+def test_model_serve_shows_the_plan_then_adds_the_model_with_apply(capsys, server, gguf):
+    _cpu_node("big", memory_gb=64, cpus=16)
+    _ctl(capsys, server, "weights", "add", str(gguf))
+    work_until_idle()
+
+    code, out, _ = _ctl(capsys, server, "model", "serve", "1", "--name", "tiny", "--ctx", "4096")
+    assert code == 0
+    assert "needs 2 GB and 8 cores at a context pool of 4,096" in out
+    assert "fits on: big" in out
+    assert not Model.objects.exists()
+
+    code, out, _ = _ctl(
+        capsys, server, "model", "serve", "1", "--name", "tiny", "--ctx", "4096", "--apply"
+    )
+    assert code == 0 and "model tiny added" in out
+    assert Model.objects.get().source == str(gguf)
+
+
+def test_weights_a_model_uses_cannot_be_removed(capsys, server, gguf):
+    _cpu_node("big", memory_gb=64, cpus=16)
+    _ctl(capsys, server, "weights", "add", str(gguf))
+    work_until_idle()
+    _ctl(capsys, server, "model", "serve", "1", "--name", "tiny", "--apply")
+
+    code, _, err = _ctl(capsys, server, "weights", "rm", "1")
+
+    assert code != 0 and "used by tiny" in err
