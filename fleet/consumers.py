@@ -26,6 +26,7 @@ from .services import (
     node_live_flush,
     node_register,
     node_running_unknown,
+    node_weights_record,
     shard_status_record,
 )
 
@@ -194,6 +195,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self._send_commands(commands)
 
     async def on_heartbeat(self, msg: events.Heartbeat) -> None:
+        if msg.weights is not None:
+            await database_sync_to_async(node_weights_record)(
+                node_id=self.node_id, weights=msg.weights
+            )
         if LIVE.heartbeat(self.node_id, msg, clock.now()):
             # Memory or CPUs changed: placement must see that now, not in a few seconds.
             await _write_behind(LIVE.due(only=self.node_id))

@@ -33,7 +33,7 @@ Count = Annotated[int, Field(ge=0, le=1_000_000)]
 Positive = Annotated[int, Field(gt=0, le=1 << 50)]
 Reading = Annotated[float, Field(ge=-300, le=1_000_000)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
-ShardState = Literal["pending", "starting", "ready", "failed", "stopped"]
+ShardState = Literal["pending", "fetching", "starting", "ready", "failed", "stopped"]
 
 
 class _Message(BaseModel):
@@ -54,7 +54,10 @@ class Disk(_Message):
 
 
 class Weight(_Message):
-    source: Annotated[str, StringConstraints(max_length=500, pattern=_TEXT)]
+    """A file the node's weight cache holds: its digest, and the source it was fetched for."""
+
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+    source: Annotated[str, StringConstraints(max_length=500, pattern=_TEXT)] = ""
     digest: Short = ""
     size: Annotated[int, Field(ge=0, le=1 << 50)] | None = None  # bytes
 
@@ -129,13 +132,22 @@ class Heartbeat(_Message):
     cpu_count: Annotated[int, Field(gt=0, le=100_000)] | None = None
     load: Load | None = None
     shards: Annotated[list[ShardSeen], Field(max_length=1000)] = []
+    # Sent only when what the weight cache holds changed; absent is "as last said".
+    weights: Annotated[list[Weight], Field(max_length=1000)] | None = None
+
+
+class Progress(_Message):
+    done: Annotated[int, Field(ge=0, le=1 << 50)]
+    total: Annotated[int, Field(ge=0, le=1 << 50)] | None = None
 
 
 class ShardStatus(_Message):
     type: Literal["shard_status"]
     shard_id: ShardId
-    state: Literal["starting", "ready", "failed", "stopped"]
+    state: Literal["fetching", "starting", "ready", "failed", "stopped"]
     endpoint: Short = ""
+    # While fetching its weights from the mirror: bytes so far, and of how many.
+    progress: Progress | None = None
     # A sentence and the engine's last lines (the agent sends at most 4 KiB of them).
     detail: Annotated[str, StringConstraints(max_length=DETAIL_CHARS, pattern=_TEXT)] = ""
     exit_code: Int32 | None = None

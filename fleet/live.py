@@ -98,7 +98,9 @@ class LiveFleet:
             raise OutOfOrder(f"heartbeat seq {hb.seq} is not after {live.last_seq}; ignored")
         live.last_seq = hb.seq
         live.last_seen = now
-        live.running = frozenset(s.shard_id for s in hb.shards if s.state in ("starting", "ready"))
+        live.running = frozenset(
+            s.shard_id for s in hb.shards if s.state in ("fetching", "starting", "ready")
+        )
         if hb.load is not None:
             # Kept as the validated message; turned into JSON only when it is written.
             live.load = hb.load

@@ -100,7 +100,7 @@ class Replica(models.Model):
 class Shard(models.Model):
     """A replica's allocation on one node: its GPUs, reserved memory and cores, and its engine."""
 
-    STATES = [(s, s) for s in ("pending", "starting", "ready", "failed", "stopped")]
+    STATES = [(s, s) for s in ("pending", "fetching", "starting", "ready", "failed", "stopped")]
 
     id = models.CharField(primary_key=True, max_length=90)
     replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards")
@@ -114,6 +114,9 @@ class Shard(models.Model):
     state = models.CharField(max_length=16, choices=STATES, default="pending")
     detail = models.TextField(blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
+    # While its agent fetches the weights from the mirror: bytes so far, of how many.
+    progress_done = models.PositiveBigIntegerField(null=True, blank=True)
+    progress_total = models.PositiveBigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["replica", "rank"]

@@ -49,6 +49,8 @@ class ReplicaOut(Schema):
     reason: str
     retiring: bool
     outdated: bool
+    # While its agent fetches the weights from the mirror: {"done", "total"} in bytes.
+    fetching: dict[str, int | None] | None = None
 
 
 class DetailOut(Schema):

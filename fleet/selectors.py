@@ -33,6 +33,8 @@ from .domain.capacity import (
 from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
 from .domain.measured import combined_load
+from mirror.selectors import weights_waiting
+
 from .domain.reconcile import desired_replicas, held_for
 from .domain.types import (
     ACTIVE,
@@ -404,6 +406,7 @@ def snapshot_load(
             measurements=measurements or {},
             loads=model_loads(replicas, models),
             failures=failed_shards() if any(r.state == "failed" for r in replicas) else {},
+            weights_waiting=weights_waiting({n: m.source for n, m in models.items()}),
         )
 
 
@@ -448,7 +451,19 @@ def replicas_list(*, model: str | None = None) -> list[dict]:
         shards = shards.filter(replica__model=model)
     endpoints = dict(shards.values_list("id", "endpoint"))
     views = sorted(replica_views(model=model), key=lambda r: (r.model, r.created_at))
-    return [replica_out(r, catalog.get(r.model), endpoints) for r in views]
+    fetching = replicas_fetching()
+    return [
+        {**replica_out(r, catalog.get(r.model), endpoints), "fetching": fetching.get(r.id)}
+        for r in views
+    ]
+
+
+def replicas_fetching() -> dict[str, dict]:
+    """Replicas whose agents are fetching their weights: bytes done and total (None unknown)."""
+    rows = Shard.objects.filter(state="fetching").values_list(
+        "replica_id", "progress_done", "progress_total"
+    )
+    return {rid: {"done": done or 0, "total": total} for rid, done, total in rows}
 
 
 def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[str]) -> dict:

@@ -17,13 +17,14 @@ from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
 from llmgw.errors import NotFound
 from llmgw.secrets import engine_key
+from mirror.selectors import WeightsRef, weights_for_source
 from tenancy.services import audit_record
 
 from .dispatch import Command
 from .domain.gpuclass import gpu_class
 from .domain.reconcile import Plan
 from .domain.types import parse_shard_id
-from .events import Register, ShardStatus
+from .events import Register, ShardStatus, Weight
 from .failures import failure_log_attach
 from .live import NodeWrite
 from .models import Gpu, ModelState, Node, Replica, Shard
@@ -52,8 +53,15 @@ def start_command(shard: Shard, replica: Replica, spec: ModelSpec | None) -> Com
             "api_key": engine_key(settings.SECRET_KEY, replica.id),
             "threads": shard.cpu_cores or 0,
             "startup_timeout_s": profile.startup_timeout_s,
+            **_weights(spec.source),
         },
     )
+
+
+def _weights(source: str) -> dict:
+    """``weights`` when the model's source is mirror weights the agent fetches."""
+    ref = weights_for_source(source)
+    return {"weights": ref.message()} if isinstance(ref, WeightsRef) else {}
 
 
 def stop_command(node_id: str, shard_id: str, grace_s: int) -> Command:
@@ -379,6 +387,11 @@ def _write_live(nodes: list[Node]) -> None:
         )
 
 
+def node_weights_record(*, node_id: str, weights: list[Weight]) -> None:
+    """What a node's weight cache holds now (a heartbeat says so when it changed)."""
+    Node.objects.filter(pk=node_id).update(weights=[w.model_dump() for w in weights])
+
+
 def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> list[Command]:
     """Record what an agent says of one shard, and move its replica along."""
     with transaction.atomic():
@@ -386,7 +399,7 @@ def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> lis
             Shard.objects.select_related("replica").filter(pk=msg.shard_id, node_id=node_id).first()
         )
         if shard is None:
-            if msg.state in ("starting", "ready"):
+            if msg.state in ("fetching", "starting", "ready"):
                 # Nobody here runs this: a leftover of a replica already forgotten.
                 return [stop_command(node_id, msg.shard_id, 0)]
             return []
@@ -395,7 +408,18 @@ def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> lis
         shard.endpoint = msg.endpoint or shard.endpoint
         shard.detail = msg.detail
         shard.exit_code = msg.exit_code
-        shard.save(update_fields=["state", "endpoint", "detail", "exit_code"])
+        shard.progress_done = msg.progress.done if msg.progress else None
+        shard.progress_total = msg.progress.total if msg.progress else None
+        shard.save(
+            update_fields=[
+                "state",
+                "endpoint",
+                "detail",
+                "exit_code",
+                "progress_done",
+                "progress_total",
+            ]
+        )
         if msg.state in ("failed", "stopped"):
             _shard_ended(shard, replica, msg, now)
         elif replica.state in ("stopping", "stopped", "failed"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -91,15 +92,38 @@ class WeightsRef:
         return {"sha256": self.sha256, "size": self.size, "url": self.url, "file": self.file}
 
 
-def weights_for_source(source: str) -> WeightsRef | None | str:
+def weights_for_source(source: str) -> WeightsRef | str | None:
     """The mirror file a model's source names, ready to fetch.
 
     None when the source is not mirror weights (a path on the node, a hub id
     vLLM fetches itself); a sentence when it is but cannot be served yet.
     """
-    if not source:
-        return None
-    found = _match(source)
+    return _ref(source, _index()) if source else None
+
+
+def weights_waiting(sources: Mapping[str, str]) -> dict[str, str]:
+    """For models (name → source) whose weights are in the mirror but cannot be served yet,
+    why: what the reconciler says instead of placing them. Two queries, whatever the count."""
+    named = {name: src for name, src in sources.items() if src}
+    if not named:
+        return {}
+    index = _index()
+    if not index:
+        return {}
+    out = {}
+    for name, src in named.items():
+        ref = _ref(src, index)
+        if isinstance(ref, str):
+            out[name] = ref
+    return out
+
+
+def _index() -> list[Weights]:
+    return list(Weights.objects.prefetch_related("files").all())
+
+
+def _ref(source: str, index: list[Weights]) -> WeightsRef | str | None:
+    found = _match(source, index)
     if found is None:
         return None
     weights, path = found
@@ -108,23 +132,34 @@ def weights_for_source(source: str) -> WeightsRef | None | str:
         ggufs = [f for f in files if f.path.endswith(".gguf")]
         files = ggufs[:1] if ggufs else files
     if len(files) != 1:
-        names = ", ".join(f.path for f in files[:5])
-        return f"weights {weights.pk} ({weights.source}) hold {len(files)} files ({names}); name one as the source's path"
+        names = ", ".join(f.path for f in files[:5]) or "no such file"
+        return (
+            f"weights {weights.pk} ({weights.source}) hold {len(files)} files that match "
+            f"({names}); name one as the source's path"
+        )
     f = files[0]
     if f.state != READY or not f.sha256:
-        return f"weights {weights.pk} ({weights.source}) are {f.state}: {f.detail or 'not fetched yet'}"
+        return f"waiting for weights {weights.pk} ({f.path}): {_progress_said(f)}"
     base = settings.LLMGW.mirror.url or ""
     return WeightsRef(
         sha256=f.sha256, size=f.size or 0, url=f"{base}/api/v1/mirror/files/{f.sha256}", file=f.path
     )
 
 
-def _match(source: str) -> tuple[Weights, str | None] | None:
-    exact = Weights.objects.prefetch_related("files").filter(source=source).first()
-    if exact is not None:
-        return exact, None
+def _progress_said(f: WeightFile) -> str:
+    if f.state == "failed":
+        return f"failed: {f.detail}; llmgw ctl weights retry {f.weights_id}"
+    if f.size:
+        return f"{f.state}, {f.bytes_done / f.size:.0%} of {f.size / 1e9:.2f} GB"
+    return f.state
+
+
+def _match(source: str, index: list[Weights]) -> tuple[Weights, str | None] | None:
+    for w in index:
+        if w.source == source:
+            return w, None
     # A file of weights added as a repository or a folder: SOURCE/PATH.
-    for w in Weights.objects.prefetch_related("files").all():
+    for w in index:
         prefix = w.source.rstrip("/") + "/"
         if source.startswith(prefix):
             return w, source[len(prefix) :]

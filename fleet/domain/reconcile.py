@@ -355,9 +355,16 @@ def _housekeeping(
             plan.stops.append(
                 Stop(r.id, 0, f"replica {r.id} is still stopping; asking its agents again")
             )
-        elif r.state in ("pending", "starting") and not snap.settling:
-            # Counted from the reconciler's restart at the earliest: agents had no chance before.
-            started = max(r.created_at, snap.silence_floor) if snap.silence_floor else r.created_at
+        elif (
+            r.state in ("pending", "starting")
+            and not snap.settling
+            # Fetching weights has its own end: bytes stop coming and the agent says failed.
+            and not any(s.state == "fetching" for s in r.shards)
+        ):
+            # Counted from the reconciler's restart at the earliest: agents had no chance
+            # before; and from its start once starting, so a long fetch is not counted.
+            started = r.state_since if r.state == "starting" else r.created_at
+            started = max(started, snap.silence_floor) if snap.silence_floor else started
             if _since(started, now) > (timeout := _startup_timeout(snap, r)):
                 reason = f"replica {r.id} did not become ready within {duration(timeout)}"
                 plan.stops.append(Stop(r.id, 0, reason))
@@ -685,7 +692,7 @@ def _why_not_now(state: ModelState, snap: Snapshot, now: datetime) -> str:
         return f"backing off after {state.failures} failures; next try at {state.backoff_until:%H:%M:%S} UTC"
     if snap.settling:
         return SETTLING
-    return ""
+    return snap.weights_waiting.get(state.model, "")
 
 
 def _place(model: ModelSpec, profiles: list[Profile], inv: Inventory) -> Placement | list[dict]:

@@ -258,3 +258,6 @@ class Snapshot:
     loads: Mapping[str, Load] = field(default_factory=dict)
     # Keyed by replica: what a failed replica's failed shard reported (node, code, detail).
     failures: Mapping[str, Failure] = field(default_factory=dict)
+    # Keyed by model: why its weights cannot be fetched from the mirror yet (still
+    # downloading, failed); such a model is not placed until they can.
+    weights_waiting: Mapping[str, str] = field(default_factory=dict)

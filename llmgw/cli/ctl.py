@@ -709,6 +709,14 @@ def shard_gpus(shards: Sequence[Mapping[str, Any]]) -> str:
     return " ".join(parts) or DASH
 
 
+def fetched(done: Any, total: Any) -> str:
+    """How far a fetch got: 40% of 253 MB; without a total, the bytes so far."""
+    done = done if isinstance(done, int) else 0
+    if isinstance(total, int) and total > 0:
+        return f"{100 * done // total}% of {total / 1e6:,.0f} MB"
+    return f"{done / 1e6:,.0f} MB"
+
+
 def render_replicas(replicas: list[dict[str, Any]]) -> str:
     """``ctl replicas``: a row per replica with its shards' nodes and GPUs."""
     if not replicas:
@@ -721,6 +729,9 @@ def render_replicas(replicas: list[dict[str, Any]]) -> str:
         )
         nodes = list(dict.fromkeys(s.get("node") for s in shards if s.get("node")))
         state = cell(r.get("state"))
+        fetching = r.get("fetching")
+        if isinstance(fetching, dict):
+            state = f"fetching {fetched(fetching.get('done'), fetching.get('total'))}"
         if r.get("outdated"):
             state += " (outdated)"
         rows.append(

@@ -73,3 +73,19 @@ def test_weights_a_model_uses_cannot_be_removed(capsys, server, gguf):
     code, _, err = _ctl(capsys, server, "weights", "rm", "1")
 
     assert code != 0 and "used by tiny" in err
+
+
+def test_replicas_show_how_far_a_fetch_got(capsys):
+    from tests.cli.helpers import FakeServer, run, table
+
+    fetching = {
+        "id": "tiny-1", "model": "tiny", "profile": "cpu", "state": "pending", "shards": [],
+        "endpoint": "", "created_at": None, "outdated": False,
+        "fetching": {"done": 100_000_000, "total": 250_000_000},
+    }  # fmt: skip
+    server = FakeServer({("GET", "/api/v1/replicas"): (200, [fetching])})
+
+    code, out, _ = run(capsys, server, "replicas")
+
+    assert code == 0
+    assert table(out)[1][3] == "fetching 40% of 250 MB"
