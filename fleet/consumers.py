@@ -195,9 +195,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self._send_commands(commands)
 
     async def on_heartbeat(self, msg: events.Heartbeat) -> None:
-        if msg.weights is not None:
+        if msg.weights is not None or msg.disk is not None:
             await database_sync_to_async(node_weights_record)(
-                node_id=self.node_id, weights=msg.weights
+                node_id=self.node_id, weights=msg.weights, disk=msg.disk
             )
         if LIVE.heartbeat(self.node_id, msg, clock.now()):
             # Memory or CPUs changed: placement must see that now, not in a few seconds.

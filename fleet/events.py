@@ -59,6 +59,8 @@ class Weight(_Message):
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
     source: Annotated[str, StringConstraints(max_length=500, pattern=_TEXT)] = ""
     digest: Short = ""
+    # When a shard last started on it, in Unix seconds: what reclaim goes by.
+    used_at: Annotated[float, Field(ge=0, le=1e11)] | None = None
     size: Annotated[int, Field(ge=0, le=1 << 50)] | None = None  # bytes
 
 
@@ -132,8 +134,10 @@ class Heartbeat(_Message):
     cpu_count: Annotated[int, Field(gt=0, le=100_000)] | None = None
     load: Load | None = None
     shards: Annotated[list[ShardSeen], Field(max_length=1000)] = []
-    # Sent only when what the weight cache holds changed; absent is "as last said".
+    # Sent only when what the weight cache holds (or the free disk) changed; absent is
+    # "as last said".
     weights: Annotated[list[Weight], Field(max_length=1000)] | None = None
+    disk: Disk | None = None
 
 
 class Progress(_Message):

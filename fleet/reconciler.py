@@ -30,6 +30,7 @@ from tenancy.selectors import quota_policy_load
 from .dispatch import dispatch
 from .domain.reconcile import Event, decide
 from .models import Lease
+from .reclaim import weights_reclaim
 from .selectors import measured_load, snapshot_load
 from .services import plan_apply
 
@@ -142,6 +143,7 @@ def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) ->
                     plan=plan, now=now, before={"catalog": snap.models, "states": snap.states}
                 )
                 transaction.on_commit(lambda: dispatch(commands))
+        dispatch(weights_reclaim(now=now))
         # Decisions say so in decide, with their figures; stops and drains carry their reason.
         said = set(plan.events)
         events = list(

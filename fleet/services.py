@@ -24,7 +24,7 @@ from .dispatch import Command
 from .domain.gpuclass import gpu_class
 from .domain.reconcile import Plan
 from .domain.types import parse_shard_id
-from .events import Register, ShardStatus, Weight
+from .events import Disk, Register, ShardStatus, Weight
 from .failures import failure_log_attach
 from .live import NodeWrite
 from .models import Gpu, ModelState, Node, Replica, Shard
@@ -387,9 +387,16 @@ def _write_live(nodes: list[Node]) -> None:
         )
 
 
-def node_weights_record(*, node_id: str, weights: list[Weight]) -> None:
-    """What a node's weight cache holds now (a heartbeat says so when it changed)."""
-    Node.objects.filter(pk=node_id).update(weights=[w.model_dump() for w in weights])
+def node_weights_record(*, node_id: str, weights: list[Weight] | None, disk: Disk | None) -> None:
+    """What a node's weight cache holds now, and its free disk (a heartbeat says so when
+    either changed); what is absent is left as it was."""
+    fields: dict = {}
+    if weights is not None:
+        fields["weights"] = [w.model_dump() for w in weights]
+    if disk is not None:
+        fields["disk_free_gb"], fields["disk_total_gb"] = disk.free_gb, disk.total_gb
+    if fields:
+        Node.objects.filter(pk=node_id).update(**fields)
 
 
 def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> list[Command]:

@@ -64,6 +64,10 @@ class Mirror:
     dir: Path
     sources: tuple[str, ...] = ()
     url: str | None = None
+    # Agents delete cached weights nothing on them uses once unused this long, or while
+    # their free disk is under the floor.
+    keep_days: float = 7.0
+    disk_floor_gb: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -202,4 +206,10 @@ def _mirror(env: dict[str, str], home: Path) -> Mirror:
             raise SettingError(f"LLMGW_MIRROR_SOURCES must list absolute folders, not {part!r}.")
         roots.append(os.path.realpath(part))
     url = _url(env, "LLMGW_MIRROR_URL", ("http", "https"))
-    return Mirror(dir=folder, sources=tuple(roots), url=url.rstrip("/") if url else None)
+    return Mirror(
+        dir=folder,
+        sources=tuple(roots),
+        url=url.rstrip("/") if url else None,
+        keep_days=_number(env, "LLMGW_WEIGHTS_KEEP_DAYS", 7.0, integer=False),
+        disk_floor_gb=_number(env, "LLMGW_WEIGHTS_DISK_FLOOR_GB", 10.0, integer=False),
+    )

@@ -118,6 +118,17 @@ def weights_waiting(sources: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def digests_by_source(sources: Mapping[str, str]) -> dict[str, str]:
+    """For models (name → source) on mirror weights that are ready, the file's digest."""
+    index = _index() if sources else []
+    out = {}
+    for name, src in sources.items():
+        ref = _ref(src, index) if index else None
+        if isinstance(ref, WeightsRef):
+            out[name] = ref.sha256
+    return out
+
+
 def _index() -> list[Weights]:
     return list(Weights.objects.prefetch_related("files").all())
 

@@ -98,6 +98,9 @@ class WeightCache:
             sources = meta.get("sources") or []
             if sources:
                 entry["source"] = sources[0]
+            if isinstance(meta.get("used_at"), int | float):
+                # When a shard last started on it: what reclaim goes by.
+                entry["used_at"] = round(float(meta["used_at"]), 1)
             out.append(entry)
         return out
 

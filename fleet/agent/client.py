@@ -98,6 +98,7 @@ class Agent:
         self.connected = asyncio.Event()  # set while registered
         # The weights the control plane was last told of (register, or a heartbeat).
         self._weights_sent: list[dict[str, Any]] | None = None
+        self._disk_sent: dict[str, float] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set, then stop every engine and return."""
@@ -214,7 +215,10 @@ class Agent:
             "weights": self._weights_held(),
             "shards": [s.register_entry() for s in self.supervisor.shards()],
         }
-        _put_known(msg, memory_total_mb=m.memory_total_mb(), cpu_count=m.cpu_count(), disk=m.disk())
+        self._disk_sent = m.disk()
+        _put_known(
+            msg, memory_total_mb=m.memory_total_mb(), cpu_count=m.cpu_count(), disk=self._disk_sent
+        )
         return msg
 
     def heartbeat_message(self, seq: int, load: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -235,11 +239,15 @@ class Agent:
         _put_known(
             msg, memory_total_mb=self.machine.memory_total_mb(), cpu_count=self.machine.cpu_count()
         )
-        last = self._weights_sent
+        last, disk_last = self._weights_sent, self._disk_sent
         held = self._weights_held()
-        if held != last:
+        disk = self.machine.disk()
+        if held != last or _moved(disk, disk_last):
             # Only when it changed: absent is "as last said", and the list may be long.
+            # The free disk goes with it: what reclaim weighs the cache against.
             msg["weights"] = held
+            _put_known(msg, disk=disk)
+            self._disk_sent = disk
         return msg
 
     def _weights_held(self) -> list[dict[str, Any]]:
@@ -382,6 +390,13 @@ def _close_on_failure(task: asyncio.Task[Any], ws: ClientConnection) -> None:
     if not isinstance(exc, WebSocketException | ConnectionError):
         log.error("%s failed", task.get_name(), exc_info=exc)
     asyncio.ensure_future(ws.close())
+
+
+def _moved(disk: dict[str, float] | None, last: dict[str, float] | None) -> bool:
+    """Whether the free disk moved by a gigabyte or more since it was last said."""
+    if disk is None or last is None:
+        return disk is not last
+    return abs((disk.get("free_gb") or 0) - (last.get("free_gb") or 0)) >= 1.0
 
 
 def _put_known(msg: dict[str, Any], **values: Any) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import os
 import shutil
+import time
 from collections import namedtuple
 
 import pytest
@@ -42,9 +43,10 @@ async def test_a_file_is_fetched_checked_and_reported_with_its_source(tmp_path, 
     path = await cache.ensure(_ref(mirror), source="hf://acme/tiny/tiny.gguf")
 
     assert path.read_bytes() == DATA
-    assert cache.held() == [
-        {"sha256": DIGEST, "size": len(DATA), "source": "hf://acme/tiny/tiny.gguf"}
-    ]
+    (held,) = cache.held()
+    assert (held["sha256"], held["size"]) == (DIGEST, len(DATA))
+    assert held["source"] == "hf://acme/tiny/tiny.gguf"
+    assert abs(held["used_at"] - time.time()) < 60
     await cache.ensure(_ref(mirror))
     assert mirror.gets == {"blob": 1}
 
@@ -184,3 +186,42 @@ async def test_a_shard_stopped_while_fetching_never_starts(tmp_path, mirror):
     async with asyncio.timeout(PATIENCE_S):
         while not rec.sup.cache.path(DIGEST).exists():  # the fetch itself still completes
             await asyncio.sleep(0.05)
+
+
+def _agent(tmp_path, mirror):
+    from tests.agent.test_client import make_agent
+
+    agent = make_agent(tmp_path, "ws://127.0.0.1:9/ws/agent/")
+    agent.supervisor.cache = _cache(tmp_path, mirror)
+    return agent
+
+
+async def test_register_and_heartbeats_say_what_the_cache_holds_and_only_when_it_changed(
+    tmp_path, mirror
+):
+    agent = _agent(tmp_path, mirror)
+    assert agent.register_message()["weights"] == []
+    assert "weights" not in agent.heartbeat_message(1, load={})
+
+    await agent.supervisor.cache.ensure(_ref(mirror), source="hf://acme/tiny")
+    beat = agent.heartbeat_message(2, load={})
+
+    (held,) = beat["weights"]
+    assert (held["sha256"], held["size"], held["source"]) == (DIGEST, len(DATA), "hf://acme/tiny")
+    assert held["used_at"] > 0
+    assert beat["disk"] == {"free_gb": 500.0, "total_gb": 500.0}
+    assert "weights" not in agent.heartbeat_message(3, load={})
+
+
+async def test_delete_weights_keeps_what_a_shard_here_runs_on(tmp_path, mirror):
+    agent = _agent(tmp_path, mirror)
+    cache = agent.supervisor.cache
+    await cache.ensure(_ref(mirror))
+    other = "f" * 64
+    cache.path(other).write_bytes(b"old")
+    agent.supervisor.weights_in_use = lambda: {DIGEST}
+
+    await agent._dispatch({"type": "delete_weights", "sha256": [DIGEST, other]})
+    await agent._dispatch({"type": "delete_weights", "sha256": "not a list"})
+
+    assert [w["sha256"] for w in cache.held()] == [DIGEST]

@@ -135,11 +135,13 @@ def test_what_a_nodes_cache_holds_is_recorded_from_register_and_heartbeats(mirro
     }
     hb = Heartbeat.model_validate(frame)
 
-    node_weights_record(node_id="gpu-a", weights=hb.weights)
+    node_weights_record(node_id="gpu-a", weights=hb.weights, disk=None)
 
-    assert Node.objects.get().weights == [
-        {"sha256": DIGEST, "source": "hf://a/b", "digest": "", "size": 5}
+    node = Node.objects.get()
+    assert node.weights == [
+        {"sha256": DIGEST, "source": "hf://a/b", "digest": "", "size": 5, "used_at": None}
     ]
+    assert node.disk_free_gb == 500.0  # as registered: a heartbeat without it changes nothing
 
 
 @pytest.mark.parametrize(
