@@ -19,6 +19,7 @@ from catalog.domain import MAX_REPLICAS, ModelSpec, reservation_warnings, sugges
 from catalog.selectors import catalog_load, measurements_load
 from llmgw import clock
 from llmgw.errors import Invalid, NotFound
+from mirror.selectors import weights_waiting
 from tenancy.quota import Holding, Policy
 from tenancy.selectors import quota_policy_load
 
@@ -33,8 +34,6 @@ from .domain.capacity import (
 from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
 from .domain.measured import combined_load
-from mirror.selectors import weights_waiting
-
 from .domain.reconcile import desired_replicas, held_for
 from .domain.types import (
     ACTIVE,
