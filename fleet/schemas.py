@@ -18,6 +18,7 @@ class NodeOut(Schema):
     cpu_count: int | None
     engines: dict
     disk: dict
+    weights: list[dict] = []
     replicas: list[str]
     load: dict
     agent_version: str

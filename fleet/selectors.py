@@ -495,6 +495,12 @@ def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[
         "cpu_count": node.cpu_count,
         "engines": node.engines,
         "disk": {"free_gb": node.disk_free_gb, "total_gb": node.disk_total_gb},
+        # What its weight cache holds, as it last said.
+        "weights": [
+            {"sha256": w.get("sha256"), "size": w.get("size"), "source": w.get("source") or ""}
+            for w in node.weights or ()
+            if isinstance(w, dict) and w.get("sha256")
+        ],
         "replicas": replicas,
         "load": {k: v for k, v in (node.load or {}).items() if k != "engines"},
         "agent_version": node.agent_version,

@@ -78,7 +78,7 @@ def listener_pid(port: int) -> int | None:
 class Cluster:
     """Processes of one test cluster and an admin client for its REST API."""
 
-    def __init__(self, home: Path, *, production: bool):
+    def __init__(self, home: Path, *, production: bool, mirror_sources: Path | None = None):
         self.home = home
         self.production = production
         self.port = free_port()
@@ -97,6 +97,9 @@ class Cluster:
             LLMGW_PREEMPT_GRACE_SECONDS="1",
             PYTHONUNBUFFERED="1",
         )
+        if mirror_sources is not None:
+            # The folder the mirror may add weights from by path.
+            self.env["LLMGW_MIRROR_SOURCES"] = str(mirror_sources)
         self.database = None
         if production:
             self.database = f"llmgw_e2e_{secrets.token_hex(4)}"
@@ -164,7 +167,10 @@ class Cluster:
         )
         if self.production and "worker" not in self.procs:
             celery = [sys.executable, "-m", "celery", "-A", "llmgw"]
-            self._spawn("worker", [*celery, "worker", "--pool", "solo", "--loglevel", "INFO"])
+            worker = [*celery, "worker", "--pool", "solo", "--loglevel", "INFO"]
+            self._spawn("worker", [*worker, "-n", "reconciler@%h"])
+            # Downloads have a worker of their own (queue mirror), as in production.
+            self._spawn("mirror", [*worker, "-Q", "mirror", "-n", "mirror@%h"])
             self._spawn(
                 "beat",
                 [

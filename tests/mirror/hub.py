@@ -18,6 +18,7 @@ import json
 import re
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -49,6 +50,8 @@ class Hub:
     server: ThreadingHTTPServer | None = None
     # Set to make every file request wait until the test lets it go.
     hold: threading.Event | None = None
+    # Bytes a second a file is sent at, to catch a download mid-way; None: at once.
+    rate: float | None = None
 
     def start(self, tls: ssl.SSLContext | None = None) -> Hub:
         hub = self
@@ -154,6 +157,12 @@ class Hub:
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(2)
+                    return
+                if hub.rate:
+                    step = 65536
+                    for i in range(0, len(body), step):
+                        self.wfile.write(body[i : i + step])
+                        time.sleep(step / hub.rate)
                     return
                 self.wfile.write(body)
 
