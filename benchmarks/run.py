@@ -13,6 +13,8 @@ BENCHES = [
     "metrics.py",
     "pages.py",
     "gateway.py",
+    # A real llama-server when one is built (llmgw engines build llamacpp); else one line saying so.
+    "llamacpp.py",
 ]
 
 if __name__ == "__main__":

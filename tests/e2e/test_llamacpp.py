@@ -32,7 +32,7 @@ def llama_server_binary():
     path, why = llama_server()
     if path is None:
         if in_ci():
-            pytest.fail(f"CI must test a real llama-server, but there is {why}.")
+            pytest.fail(f"CI must test a real llama-server, and cannot: {why}.")
         pytest.skip(why)
     return path
 
