@@ -171,7 +171,11 @@ def preemption_dry_run(model: ModelSpec, snap: Snapshot, now: datetime, t: Timin
         out["blocked"] = [f"parked: {state.parked_reason}; llmgw ctl retry {model.name}"]
         out["summary"] = f"{model.name} is parked: nothing is placed or preempted for it"
         return out
-    in_flight = sorted(r.id for r in st.ctx.alive if r.preempted_for == model.name)
+    # Its victims, and room another's victims are freeing that it counts on (kept for it).
+    counted = {v for r in st.ctx.promised.get(model.name, ()) for v in r.victims}
+    in_flight = sorted(
+        r.id for r in st.ctx.alive if r.preempted_for == model.name or r.id in counted
+    )
     if in_flight:
         out["blocked"] = [f"waiting for room being freed by {', '.join(in_flight)}"]
         out["summary"] = f"{model.name} waits for room already being freed; nothing more is stopped"
@@ -205,10 +209,20 @@ def preemption_dry_run(model: ModelSpec, snap: Snapshot, now: datetime, t: Timin
         {"replica": p.replica, "model": p.model, "why": p.why} for p in result.protected
     ]
     out["blocked"] = result.blocked
+    freed = ", ".join(r for r, _ in result.waits_for)
+    if result.waits_for:
+        out["blocked"] = [*out["blocked"], f"would count on room being freed by {freed}"]
     if result.victims:
         out["summary"] = (
             f"for {more}, {model.name} ({model.effective_class}) would stop "
             f"{len(result.victims)} replica{'s' if len(result.victims) > 1 else ''}"
+        )
+        if freed:
+            out["summary"] += f", counting on room already being freed by {freed}"
+    elif freed:
+        out["summary"] = (
+            f"for {more}, {model.name} would wait for room already being freed by {freed}; "
+            "nothing more is stopped"
         )
     else:
         out["summary"] = f"for {more}, preemption cannot make room for {model.name}"

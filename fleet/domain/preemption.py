@@ -20,7 +20,7 @@ from tenancy.quota import ZERO, Amount, Holding, Policy
 
 from .holdings import holdings, placement_amount, profile_amount
 from .placement import Inventory, Placement, could_ever_run
-from .types import ACTIVE, FABRIC_LABEL, ModelState, ReplicaView, Reservation
+from .types import ACTIVE, FABRIC_LABEL, HOLDING, ModelState, ReplicaView, Reservation
 
 MAX_VICTIMS = 3
 # The protected candidates said, at most: at 5,000 nodes there may be thousands.
@@ -62,6 +62,9 @@ class Preemption:
     protected: list[Protected] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
     placement: Placement | None = None
+    # Room already being freed by other preemptions' victims that the placement counts on
+    # as gone, (replica, node): with no victims the model waits for it and nothing stops.
+    waits_for: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,29 @@ class Context:
     held: list[Holding] = field(default_factory=list)
     # Replicas this pass already drains or stops: not chosen again for another model.
     taken: set[str] = field(default_factory=set)
+    # Per model, the whole room kept for it (as it was kept, victims' part included): the
+    # part of room being freed that is its own, which nobody else counts on.
+    promised: dict[str, tuple[Reservation, ...]] = field(default_factory=dict)
+
+    @cached_property
+    def freeing(self) -> dict[str, ReplicaView]:
+        """Replicas on their way out to make room for a model (preempted, draining or
+        stopping): room being freed, which a later preemptor counts as gone rather than
+        stopping more. This pass's victims are added as they are chosen."""
+        return {r.id: r for r in self.alive if r.preempted_for and r.state in HOLDING}
+
+    @cached_property
+    def _by_id(self) -> dict[str, ReplicaView]:
+        return {r.id: r for r in self.alive}
+
+    def preempted(self, model: str, victims: Iterable[str], room: Sequence[Reservation]) -> None:
+        """What this pass decided for `model`: its victims go (taken, their room being freed)
+        and `room` is kept for it."""
+        for v in victims:
+            self.taken.add(v)
+            if (r := self._by_id.get(v)) is not None:
+                self.freeing[v] = r
+        self.promised[model] = tuple(room)
 
     @cached_property
     def borrowed(self) -> set[str]:
@@ -171,10 +197,11 @@ def context(
     """The quota picture of the replicas holding room: what each scope holds, and room
     being freed for a model (`reserved`) charged to that model's owner. With no quotas
     nobody is guaranteed or limited, and the picture is not worked out."""
+    promised = {name: tuple(room) for name, room in (reserved or {}).items()}
     if not policy.quotas:
-        return Context(models, alive, policy, {}, now, t)
+        return Context(models, alive, policy, {}, now, t, promised=promised)
     held = holdings(alive, models)
-    ctx = Context(models, alive, policy, policy.usage(held), now, t, held)
+    ctx = Context(models, alive, policy, policy.usage(held), now, t, held, promised=promised)
     for name, room in (reserved or {}).items():
         if name in models:
             ctx.charge(models[name].owner, reserved_amount(room))
@@ -272,9 +299,10 @@ def candidates(
     live: int,
     ctx: Context,
     useful: set[str],
-) -> tuple[list[_Candidate], list[Protected], list[str]]:
+) -> tuple[list[_Candidate], list[Protected], list[str], int]:
     """The replicas on useful nodes that may be stopped for `want`, those that may not (and
-    why), and the multi-node replicas in the way."""
+    why, at most MAX_PROTECTED of them, with how many more), and the multi-node replicas in
+    the way."""
     t, policy = ctx.t, ctx.policy
     below_min = live < want.min_replicas
     # Only an owner with a guarantee can be within it and take back what others borrowed.
@@ -282,6 +310,7 @@ def candidates(
     out: list[_Candidate] = []
     protected: list[Protected] = []
     blocked: list[str] = []
+    unsaid = 0
     seen: set[str] = set()
     by_node = ctx.standing
     for node in sorted(useful & by_node.keys()):
@@ -290,14 +319,18 @@ def candidates(
             if r.model == want.name or r.id in seen or r.id in ctx.taken:
                 continue
             seen.add(r.id)
-            if s.multi:
-                blocked.append(f"blocked by multi-node replica {r.id}")
-                continue
 
             def refuse(why: str, r=r) -> None:
+                nonlocal unsaid
                 if len(protected) < MAX_PROTECTED:
                     protected.append(Protected(r.id, r.model, f"candidate {r.id} {why}"))
+                else:
+                    unsaid += 1
 
+            if s.multi:
+                blocked.append(f"blocked by multi-node replica {r.id}")
+                refuse("spans several nodes")
+                continue
             if s.refusal:
                 refuse(s.refusal)
                 continue
@@ -316,7 +349,7 @@ def candidates(
                 refuse(_class_refusal(want, other, s.above_min))
                 continue
             out.append(_Candidate(r, other, node, tier, reclaimable, s.idle_s, r.amount))
-    return out, protected, blocked
+    return out, protected, blocked, unsaid
 
 
 def _minus(policy: Policy, usage: Mapping[str, Amount], gone: Iterable[_Candidate]) -> dict:
@@ -325,6 +358,80 @@ def _minus(policy: Policy, usage: Mapping[str, Amount], gone: Iterable[_Candidat
         for s in policy.chain(c.model.owner):
             out[s] = out.get(s, ZERO) - c.amount
     return out
+
+
+def freed_trial(
+    inv: Inventory,
+    nodes: Iterable[str],
+    release: Iterable[ReplicaView],
+    freeing: Iterable[ReplicaView],
+    promised: Mapping[str, Sequence[Reservation]],
+) -> Inventory:
+    """A copy of these nodes' room with `release` stopped and the room `freeing` is
+    already being freed counted as gone too; what of that room is kept for the model it is
+    being freed for (`promised`, as `inv.reserved` keeps it now) stays that model's."""
+    gone = {r.id: r for r in (*release, *freeing)}
+    trial = inv.trial(nodes, gone.values())
+    if not freeing:
+        return trial
+    for model, kept in inv.reserved.items():
+        whole = {r.node_id: r for r in promised.get(model, ())}
+        for k in kept:
+            r = whole.get(k.node_id)
+            if r is None or k.node_id not in trial.rooms or not gone.keys() & set(r.victims):
+                continue
+            # The part its victims held, free in the trial, is kept for it again.
+            trial.keep(
+                model,
+                [
+                    Reservation(
+                        k.node_id,
+                        r.gpu_indices,
+                        max((r.memory_gb or 0.0) - (k.memory_gb or 0.0), 0.0),
+                        max((r.cpu_cores or 0) - (k.cpu_cores or 0), 0),
+                    )
+                ],
+            )
+    return trial
+
+
+def place_kept(
+    inv: Inventory, profiles: Sequence[Profile], room: Sequence[Reservation], source: str = ""
+) -> Placement | None:
+    """A placement into the room kept for a model, on the very GPUs kept, once that room is
+    free; None while it is not (its victims still hold it) or when it no longer fits there."""
+    if not room:
+        return None
+    gpus: dict[str, set[int]] = {}
+    for r in room:
+        gpus.setdefault(r.node_id, set()).update(r.gpu_indices)
+    trial = inv.trial(gpus)
+    if len(trial.rooms) != len(gpus):
+        return None
+    for node, kept in gpus.items():
+        here = trial.rooms[node]
+        if kept:
+            here.free_gpus = {c: [i for i in ids if i in kept] for c, ids in here.free_gpus.items()}
+    placed = trial.place(profiles, weights_source=source)
+    return placed if isinstance(placed, Placement) else None
+
+
+def _guarantee_passed(policy: Policy, owner: str, usage: Mapping[str, Amount], need: Amount) -> str:
+    """The first guarantee along an owner's chain `need` would take it past, with figures."""
+    for q in policy.governing(owner):
+        if q.guarantee.any() and (over := q.guarantee.over(usage.get(q.scope, ZERO) + need)):
+            return f"{policy.name(q.scope)} ({over})"
+    return policy.name(owner) or "its owner"
+
+
+def _guarantee_dropped(
+    policy: Policy, owner: str, usage: Mapping[str, Amount], taken: Amount
+) -> str:
+    """The first scope along an owner's chain that taking `taken` leaves below its guarantee."""
+    for q in policy.governing(owner):
+        if q.guarantee.below(usage.get(q.scope, ZERO), taken):
+            return policy.name(q.scope)
+    return ""
 
 
 def preempt(
@@ -338,32 +445,84 @@ def preempt(
     """Choose the fewest, least costly replicas whose stopping lets `want` be placed.
 
     Victim sets are built per node (per fabric for multi-node profiles) from candidates in
-    tier order, each tried on a copy of that room; then every victim not needed is dropped
-    again, and a set of more than three is refused. The owner's quota limit is checked in
-    the trial with its own victims gone, and a loan is taken back only for an owner within
-    its guarantee on the trial. Victims whose owners would drop below a guarantee are taken
-    only when nothing else makes the room, and only for an owner within its own.
+    tier order, each tried on a copy of that room, where room other preemptions are already
+    freeing counts as gone (less what is kept for the models it is freed for): when that is
+    enough, nothing more is stopped. Then every victim not needed is dropped again, and a
+    set of more than three is refused. The owner's quota limit is checked in the trial with
+    its own victims gone, and a loan is taken back only for an owner within its guarantee
+    on the trial, with the victims removed. Victims whose owners would drop below a
+    guarantee are taken only when nothing else makes the room, and only for an owner within
+    its own. Every candidate not taken is named among the protected, with why.
     """
     useful = ctx.useful_nodes(inv, profiles, want.source)
     result = Preemption()
     if not useful:
         result.blocked.append(f"no node could run {want.name} even if it were empty")
         return result
-    cands, result.protected, blocked = candidates(want, live, ctx, useful)
+    cands, result.protected, blocked, unsaid = candidates(want, live, ctx, useful)
     result.blocked.extend(sorted(set(blocked)))
-    if not cands:
+    freeing: dict[str, list[ReplicaView]] = {}
+    for r in ctx.freeing.values():
+        for n in sorted(r.nodes & useful):
+            freeing.setdefault(n, []).append(r)
+    # Why each candidate that is not taken is spared by a rule, and why making room on a
+    # node failed (for those merely not needed, or on a node where it could not help).
+    spared: dict[str, str] = {}
+    node_why: dict[str, str] = {}
+
+    def finish(why_not: str = "") -> Preemption:
+        """Name every candidate not taken, with why (`why_not`: why none may be taken)."""
+        nonlocal unsaid
+        victims = {v.replica for v in result.victims}
+        if result.victims:
+            enough = f"stopping {', '.join(sorted(victims))} makes the room"
+        elif result.waits_for:
+            enough = f"room being freed by {', '.join(r for r, _ in result.waits_for)} is enough"
+        else:
+            enough = ""
+        for c in cands:
+            rid = c.replica.id
+            if rid in victims:
+                continue
+            if len(result.protected) >= MAX_PROTECTED:
+                unsaid += 1
+                continue
+            if rid in spared:
+                why = spared[rid]
+            elif enough:
+                why = f"candidate {rid} is not needed: {enough}"
+            else:
+                failed = (
+                    why_not
+                    or node_why.get(c.node)
+                    or "stopping what may be stopped would not make room"
+                )
+                why = f"candidate {rid} may be stopped, but {failed}"
+            result.protected.append(Protected(rid, c.model.name, why))
+        if unsaid:
+            result.blocked.append(f"and {unsaid} more candidates not listed")
+        return result
+
+    if not cands and not freeing:
         if result.protected or blocked:
             result.blocked.append("no replica in its way may be stopped for it")
-        return result
+        return finish()
     policy = ctx.policy
     need_guess = _first_need(profiles)
-    if want.owner and policy.quotas:
-        # Limits first: with every victim of its own gone, would it still pass a limit?
-        own = [c for c in cands if set(policy.chain(c.model.owner)) & set(policy.chain(want.owner))]
-        smallest = min((profile_amount(p) for p in profiles), key=Amount.size_key, default=ZERO)
-        if why := policy.at_limit(want.owner, _minus(policy, ctx.usage, own), smallest):
-            result.blocked.append(why)
-            return result
+    smallest = min((profile_amount(p) for p in profiles), key=Amount.size_key, default=ZERO)
+    mine = set(policy.chain(want.owner))
+    # Candidates whose going lowers what the wanting owner's chain holds: its own victims,
+    # and those of scopes sharing a guarantee with it.
+    own = [c for c in cands if mine & set(policy.chain(c.model.owner))]
+    own_ids = {c.replica.id for c in own}
+    # Limits first: with every victim of its own gone, would it still pass a limit?
+    if (
+        want.owner
+        and policy.quotas
+        and (why := policy.at_limit(want.owner, _minus(policy, ctx.usage, own), smallest))
+    ):
+        result.blocked.append(why)
+        return finish(why)
     by_node: dict[str, list[_Candidate]] = {}
     for c in cands:
         by_node.setdefault(c.node, []).append(c)
@@ -371,22 +530,53 @@ def preempt(
     for c in cands:
         if c.reclaimable:
             owner_loans[c.model.owner] = owner_loans.get(c.model.owner, ZERO) + c.amount
+    # Whether any trial could find it within its guarantee: else it borrows, whatever it takes.
+    could_reclaim = (
+        bool(policy.quotas)
+        and policy.has_guarantee(want.owner)
+        and policy.within_guarantee(want.owner, _minus(policy, ctx.usage, own), smallest)
+    )
 
-    def fits(group: frozenset[str], chosen: list[_Candidate]) -> Placement | None:
-        trial = inv.trial(group, [c.replica for c in chosen])
+    def flow_of(group: frozenset[str]) -> list[ReplicaView]:
+        return list({r.id: r for n in sorted(group) for r in freeing.get(n, ())}.values())
+
+    def fits(
+        group: frozenset[str], chosen: list[_Candidate], flow: list[ReplicaView]
+    ) -> Placement | None:
+        trial = freed_trial(inv, group, [c.replica for c in chosen], flow, ctx.promised)
         placed = trial.place_spread(profiles, avoid & group, want.source)
         return placed if isinstance(placed, Placement) else None
 
     def reclaiming(chosen: list[_Candidate], need: Amount) -> bool:
         return policy.within_guarantee(want.owner, _minus(policy, ctx.usage, chosen), need)
 
-    def allowed(c: _Candidate, chosen: list[_Candidate], may_drop: bool) -> bool:
-        if c.tier is None and not reclaiming([*chosen, c], need_guess):
-            return False
+    def allowed(
+        c: _Candidate, chosen: list[_Candidate], may_drop: bool, pool: list[_Candidate]
+    ) -> bool:
+        rid = c.replica.id
+        if c.tier is None:
+            # A loan, taken back only by an owner within its guarantee on the trial: with
+            # this one, and every victim of its own that could go with it, gone.
+            theirs = [o for o in pool if o.replica.id in own_ids]
+            if not reclaiming([*chosen, c, *theirs], need_guess):
+                past = _guarantee_passed(
+                    policy, want.owner, _minus(policy, ctx.usage, [*chosen, c, *theirs]), need_guess
+                )
+                spared.setdefault(
+                    rid,
+                    f"candidate {rid} is on loan, but {want.name} would take {past} past its guarantee",
+                )
+                return False
         if not may_drop and policy.quotas:
             after = _minus(policy, ctx.usage, chosen)
-            if policy.drops_below_guarantee(c.model.owner, after, c.amount):
+            if scope := _guarantee_dropped(policy, c.model.owner, after, c.amount):
+                borrows = "" if could_reclaim else f", and {want.name} would borrow"
+                spared.setdefault(
+                    rid, f"candidate {rid} would take {scope} below its guarantee{borrows}"
+                )
                 return False
+        if may_drop:
+            spared.pop(rid, None)
         return True
 
     def still_valid(chosen: list[_Candidate], need: Amount) -> bool:
@@ -406,27 +596,49 @@ def preempt(
 
         return min(pool, key=key)
 
-    def build(group: frozenset[str], may_drop: bool) -> tuple | str | None:
-        pool = [c for n in group for c in by_node.get(n, ())]
+    def build(group: frozenset[str], may_drop: bool, loans: bool = True):
+        """The victim set for this group: (score, victims, placement, room being freed it
+        counts on), a sentence when it is refused, None when there is none; "loans" when
+        the set found needs a loan back its owner would not be within its guarantee for."""
+        pool = [c for n in sorted(group) for c in by_node.get(n, ()) if loans or c.tier is not None]
+        flow = flow_of(group)
         chosen: list[_Candidate] = []
-        placed = None
+        # Room already being freed may be enough: then nothing more is stopped.
+        placed = fits(group, chosen, flow) if flow else None
         while pool and placed is None:
             c = pick(pool, chosen)
             pool.remove(c)
-            if allowed(c, chosen, may_drop):
+            if allowed(c, chosen, may_drop, pool):
                 chosen.append(c)
-                placed = fits(group, chosen)
+                placed = fits(group, chosen, flow)
         if placed is None:
             return None
         for i in reversed(range(len(chosen))):
             fewer = chosen[:i] + chosen[i + 1 :]
-            if fewer and (p := fits(group, fewer)) and still_valid(fewer, placement_amount(p)):
+            if (
+                fewer
+                and (p := fits(group, fewer, flow))
+                and still_valid(fewer, placement_amount(p))
+            ):
                 chosen, placed = fewer, p
+        # Of the room being freed, only what it needs is counted on.
+        for r in list(flow):
+            fewer_flow = [f for f in flow if f is not r]
+            if p := fits(group, chosen, fewer_flow):
+                flow, placed = fewer_flow, p
         need = placement_amount(placed)
-        if may_drop and not reclaiming(chosen, need):
-            return None
-        if not still_valid(chosen, need):
-            return None
+        if (may_drop and not reclaiming(chosen, need)) or not still_valid(chosen, need):
+            for c in chosen:
+                if c.tier is None:
+                    past = _guarantee_passed(
+                        policy, want.owner, _minus(policy, ctx.usage, chosen), need
+                    )
+                    spared.setdefault(
+                        c.replica.id,
+                        f"candidate {c.replica.id} is on loan, but {want.name} would take "
+                        f"{past} past its guarantee",
+                    )
+            return "loans" if loans and any(c.tier is None for c in chosen) else None
         if len(chosen) > MAX_VICTIMS:
             return f"would need {len(chosen)} victims (at most {MAX_VICTIMS})"
         # Limits first, on the trial: the victims' holds are gone, so an owner's own (or a
@@ -435,60 +647,88 @@ def preempt(
             why := policy.at_limit(want.owner, _minus(policy, ctx.usage, chosen), need)
         ):
             return why
-        worst = max(c.rank for c in chosen)
+        worst = max((c.rank for c in chosen), default=-1)
+        klass = max((c.model.class_rank for c in chosen), default=0)
         size = sum((c.amount for c in chosen), ZERO).size_key()
-        score = (worst, max(c.model.class_rank for c in chosen), len(chosen), size)
-        return score, chosen, placed
+        return (worst, klass, len(chosen), size), chosen, placed, flow
 
-    groups = _groups(inv, profiles, useful, {c.node for c in cands})
+    groups = _groups(inv, profiles, useful, by_node.keys() | freeing.keys())
     reasons: list[str] = []
+
+    def failed(group: frozenset[str], why: str) -> None:
+        for n in group:
+            node_why.setdefault(n, why)
+
     # Groups by the best any set there could score: a group whose bound is no better than
     # the best set found is not tried, and one that could not make the room at all is not
     # either (at 5,000 nodes this is what keeps a decision in milliseconds).
     bounded = []
     for name, group in groups:
         pool = [c for n in group for c in by_node.get(n, ())]
-        bound = _lower_bound(pool, group, profiles, inv)
+        flow = flow_of(group)
+        if flow and fits(group, [], flow):
+            bound = (-1, 0, 0, ZERO.size_key())
+        else:
+            base = freed_trial(inv, group, (), flow, ctx.promised) if flow else inv
+            bound = _lower_bound(pool, group, profiles, base)
+        where = f"node {name}" if len(group) == 1 else name
         if bound is None:
+            failed(group, f"stopping all that may be stopped on {where} would not make room")
             continue
         if bound[2] > MAX_VICTIMS:
-            reasons.append(f"would need {bound[2]} victims (at most {MAX_VICTIMS})")
+            why = f"would need {bound[2]} victims (at most {MAX_VICTIMS})"
+            reasons.append(why)
+            failed(group, f"making room on {where} {why}")
             continue
         bounded.append((bound, name, group))
     bounded.sort(key=lambda b: (b[0], b[1]))
     for may_drop in (False, True):
+        if may_drop and not could_reclaim:
+            break
         best = None
         for bound, name, group in bounded:
             if best is not None and (bound, name) > best[0]:
                 break
             found = build(group, may_drop)
+            if found == "loans":
+                found = build(group, may_drop, loans=False)
+            where = f"node {name}" if len(group) == 1 else name
             if isinstance(found, str):
                 reasons.append(found)
-            elif found is not None and (best is None or (found[0], name) < best[0]):
-                best = ((found[0], name), found[1], found[2])
+                failed(
+                    group, f"making room on {where} {found}" if found.startswith("would") else found
+                )
+            elif found is None:
+                failed(group, f"stopping what may be stopped on {where} would not make room")
+            elif best is None or (found[0], name) < best[0]:
+                best = ((found[0], name), found[1], found[2], found[3])
         if best is not None:
-            _, chosen, placed = best
-            loans = reclaiming(chosen, placement_amount(placed))
+            _, chosen, placed, flow = best
+            reclaimed = reclaiming(chosen, placement_amount(placed))
             result.victims = [
                 Victim(
                     c.replica.id,
                     c.model.name,
                     c.model.effective_class,
                     c.node,
-                    TIER_WHY[c.rank if loans or c.tier is None else c.tier],
+                    TIER_WHY[c.rank if reclaimed or c.tier is None else c.tier],
                     c.amount,
                 )
                 for c in chosen
             ]
+            nodes = {s.node_id for s in placed.shards}
+            result.waits_for = [(r.id, n) for r in flow for n in sorted(r.nodes & nodes)]
             result.placement = placed
-            return result
+            return finish()
         if not policy.quotas:
             break
     if reasons:
         result.blocked.extend(dict.fromkeys(reasons))
-    else:
+    elif any(c.replica.id not in spared for c in cands):
         result.blocked.append("stopping what it may stop would not make room for it")
-    return result
+    else:
+        result.blocked.append("no replica in its way may be stopped for it")
+    return finish()
 
 
 def _fewest(amounts: list[float], deficit: float) -> int | None:

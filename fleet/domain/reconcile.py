@@ -24,6 +24,7 @@ from .preemption import (
     Preemption,
     context,
     live_reservations,
+    place_kept,
     preempt,
     reserved_amount,
 )
@@ -206,6 +207,7 @@ def decide(
     )
     for model in pass_order(snap.models.values(), ctx.policy, ctx.usage, snap.measurements):
         states[model.name] = _reconcile_model(model, by_model.get(model.name, []), p)
+    _end_holds(p)
     for name, state in states.items():
         was = snap.states.get(name)
         if state.parked_since and not (was and was.parked_since):
@@ -510,12 +512,35 @@ def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> 
 
 def held_for(state: ModelState, now: datetime, live: int, wants: ModelState | None) -> str:
     """The model this one gave room to while it is held back, else "": the hold ends at
-    held_until, or once that model runs (`live`) the replicas it wants."""
+    held_until, or with its cause: once that model runs (`live`) the replicas it wants, is
+    parked, or is gone (`wants` None: no state, no model)."""
     if not state.held_for or not state.held_until or now >= state.held_until:
         return ""
-    if wants is not None and live >= wants.desired:
+    if wants is None or wants.parked_since or live >= wants.desired:
         return ""
     return state.held_for
+
+
+def _end_holds(p: Pass, to: str = "") -> None:
+    """End the holds that are over for good, so that no view names them again: run out, or
+    for a model removed or parked since; with `to`, every hold for that model, which let
+    the room it was given go. (A hold for a model that has its replicas is over only while
+    it has them: it holds again if that model wants more before the hold runs out.)"""
+    for name, state in p.states.items():
+        if not (state.held_for or state.held_until):
+            continue
+        if to and state.held_for != to:
+            continue
+        wants = p.states.get(state.held_for) if state.held_for in p.snap.models else None
+        if (
+            not to
+            and state.held_until
+            and p.now < state.held_until
+            and wants is not None
+            and not wants.parked_since
+        ):
+            continue
+        p.states[name] = replace(state, held_for="", held_until=None)
 
 
 def _held(state: ModelState, p: Pass) -> str:
@@ -543,7 +568,10 @@ def _scale_up(
         mine = inv.unreserve(name)
         kept = reserved_amount(state.reserved)
         ctx.charge(model.owner, kept, -1)
-        placed = _place(model, profiles, inv)
+        # Into the room kept for it first, on the GPUs kept: not into another's leftovers.
+        placed = place_kept(inv, profiles, state.reserved, model.source) or _place(
+            model, profiles, inv
+        )
         if isinstance(placed, Placement):
             need = placement_amount(placed)
             over = ctx.policy.at_limit(model.owner, ctx.usage, need) if model.owner else ""
@@ -557,21 +585,35 @@ def _scale_up(
             ctx.charge(model.owner, need)
             state = replace(state, reserved=(), reserved_until=None)
             continue
-        in_flight = [r.id for r in ctx.alive if r.preempted_for == name and r.state in HOLDING]
+        # Its victims, and room another's victims are freeing that it counts on.
+        counted = {v for r in state.reserved for v in r.victims}
+        in_flight = [
+            r.id
+            for r in ctx.alive
+            if r.state in HOLDING and (r.preempted_for == name or r.id in counted)
+        ]
         if in_flight:
             inv.rereserve(name, mine)
             ctx.charge(model.owner, kept)
             why = f"waiting for room being freed by {', '.join(in_flight)}"
             return state, False, ({"profile": "", "reasons": [why]},)
         # Its victims are gone and it still does not fit (the node went away, say): the
-        # room kept is no use to it; let it go and look again.
+        # room kept is no use to it; let it go and look again. The holds for it end: the
+        # room they gave is let go.
+        if state.reserved:
+            _end_holds(p, name)
         state = replace(state, reserved=(), reserved_until=None)
         result = preempt(model, profiles, p.live.get(name, 0), inv, ctx, _avoid(model, inv))
-        if result.victims:
+        if result.victims or result.waits_for:
+            why = (
+                f"making room: stopping {_victim_list(result)}"
+                if result.victims
+                else f"waiting for room being freed by {', '.join(r for r, _ in result.waits_for)}"
+            )
             return (
                 _apply_preemption(model, state, result, p),
                 False,
-                ({"profile": "", "reasons": [f"making room: stopping {_victim_list(result)}"]},),
+                ({"profile": "", "reasons": [why]},),
             )
         lines = [*result.blocked, *(x.why for x in result.protected)]
         explanation = tuple(placed)
@@ -601,24 +643,24 @@ def _victim_list(result: Preemption) -> str:
 def _apply_preemption(
     model: ModelSpec, state: ModelState, result: Preemption, p: Pass
 ) -> ModelState:
-    """Drain the victims with the preemption grace, hold their models, keep the room."""
+    """Drain the victims with the preemption grace, hold their models, keep the room (with
+    the room already being freed that it counts on)."""
     now, t = p.now, p.t
     deadline = now + timedelta(seconds=t.preempt_grace)
     until = now + timedelta(seconds=t.preempt_hold)
-    victims = {v.replica for v in result.victims}
-    p.ctx.taken |= victims
     p.ctx.charge(model.owner, placement_amount(result.placement))
     # The whole placement it counted on is kept for it: the free part now, the victims'
     # part once they are gone. Another model later in this pass cannot take the free part.
     by_node: dict[str, list[str]] = {}
-    for v in result.victims:
-        by_node.setdefault(v.node, []).append(v.replica)
+    for replica, node in [(v.replica, v.node) for v in result.victims] + result.waits_for:
+        by_node.setdefault(node, []).append(replica)
     reserved = tuple(
         Reservation(
             s.node_id, s.gpu_indices, s.memory_gb, s.cpu_cores, tuple(by_node.get(s.node_id, ()))
         )
         for s in result.placement.shards
     )
+    p.ctx.preempted(model.name, [v.replica for v in result.victims], reserved)
     p.inv.keep(model.name, reserved)
     for v in result.victims:
         why = (

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from fleet.domain.capacity import preemption_dry_run
 from fleet.domain.preemption import Context, preempt
+from fleet.domain.reconcile import held_for
 from fleet.domain.types import ModelState
 from tenancy.quota import Policy, Quota, Resources
 
@@ -19,6 +21,7 @@ from .builders import (
     gpu_profile,
     model,
     replica,
+    run,
     snapshot,
 )
 
@@ -560,3 +563,345 @@ def test_room_kept_on_a_node_that_went_away_is_let_go_and_looked_for_elsewhere()
     assert not c2.state("vital").reserved or c2.state("vital").reserved[0].node_id != kept
     other = ({"1", "2"} - {kept}).pop()
     assert [r.shards[0].node_id for r in c2.snap.replicas if r.preempted_for == "vital"] == [other]
+
+
+# Four decisions the rules already asked for (issue 18), each with its cluster spelled out.
+
+SLOT3, SLOT4 = gpu_profile("tp3", tp=3), gpu_profile("tp4", tp=4)
+
+
+def _teams(**guarantees: int) -> Policy:
+    return Policy.build([Quota(f"team:{t}", guarantee=gpus(n)) for t, n in guarantees.items()], {})
+
+
+def _reasons(state: ModelState) -> list[str]:
+    return [r for e in state.explanation for r in e["reasons"]]
+
+
+def test_within_its_guarantee_is_judged_with_its_own_victims_gone():
+    # t1 (guarantee 6 GPUs) holds an opportunistic 3 and a standard 2; t2 (guarantee 6) an
+    # older standard 4 and a newer standard 3, its loan. t1 adds a standard 4-GPU model.
+    # On node 1, stopping t1's own opportunistic 3 and t2's loan makes the room and leaves
+    # t1 at 6 with it: within its guarantee on the trial, so the loan may be taken back.
+    # (On current holdings t1 would be at 5 + 4 = 9: not within, and nothing stopped.)
+    models = [
+        model("t1-opp", SLOT3, capacity_class="opportunistic", owner="team:t1"),
+        model("t1-std", gpu_profile("tp2", tp=2), owner="team:t1"),
+        model("t2-old", SLOT4, owner="team:t2"),
+        model("t2-loan", SLOT3, owner="team:t2"),
+        model("t1-new", SLOT4, owner="team:t1"),
+    ]
+    replicas = [
+        replica("t1-opp-1", "t1-opp", on="1", gpus=(0, 1, 2), profile="tp3"),
+        replica("t2-loan-1", "t2-loan", on="1", gpus=(3, 4, 5), profile="tp3"),
+        replica("t1-std-1", "t1-std", on="1", gpus=(6, 7), profile="tp2"),
+        replica(
+            "t2-old-1", "t2-old", on="2", gpus=(0, 1, 2, 3), profile="tp4", created=NOW - _s(7200)
+        ),
+    ]
+    snap = replace(
+        snapshot([gpu_node("1"), gpu_node("2", gpus=4)], models, replicas),
+        policy=_teams(t1=6, t2=6),
+    )
+
+    plan = run(snap)
+
+    assert sorted((d.replica_id, d.preempted_for) for d in plan.drains) == [
+        ("t1-opp-1", "t1-new"),
+        ("t2-loan-1", "t1-new"),
+    ]
+    (kept,) = plan.states["t1-new"].reserved
+    assert (kept.node_id, sorted(kept.victims)) == ("1", ["t1-opp-1", "t2-loan-1"])
+    # The dry run says the same, naming t2's loan as borrowed beyond its guarantee.
+    dry = preemption_dry_run(snap.models["t1-new"], snap, NOW, TIMINGS)
+    assert {v["replica"]: v["why"] for v in dry["victims"]} == {
+        "t1-opp-1": "part of a lower class's minimum",
+        "t2-loan-1": "borrowed beyond its owner's guarantee",
+    }
+    assert {p["replica"] for p in dry["protected"]} == {"t1-std-1", "t2-old-1"}
+
+
+def test_a_loan_is_not_taken_back_when_even_its_own_victims_gone_leave_it_over():
+    # The same, but t1's guarantee is 5: with its opportunistic 3 gone and the new 4 placed
+    # it would hold 6, over 5. The loan stays; t2's is a loan only to an owner within its own.
+    models = [
+        model("t1-opp", SLOT3, capacity_class="opportunistic", owner="team:t1"),
+        model("t1-std", gpu_profile("tp2", tp=2), owner="team:t1"),
+        model("t2-loan", SLOT3, owner="team:t2"),
+        model("t1-new", SLOT4, owner="team:t1"),
+    ]
+    replicas = [
+        replica("t1-opp-1", "t1-opp", on="1", gpus=(0, 1, 2), profile="tp3"),
+        replica("t2-loan-1", "t2-loan", on="1", gpus=(3, 4, 5), profile="tp3"),
+        replica("t1-std-1", "t1-std", on="1", gpus=(6, 7), profile="tp2"),
+    ]
+    snap = replace(snapshot([gpu_node("1")], models, replicas), policy=_teams(t1=5, t2=0))
+
+    plan = run(snap)
+
+    assert plan.drains == []
+    reasons = _reasons(plan.states["t1-new"])
+    assert (
+        "candidate t2-loan-1 is on loan, but t1-new would take team:t1 (6 GPUs of 5) past its guarantee"
+        in reasons
+    )
+
+
+def test_two_preemptors_in_one_pass_share_one_victim_when_it_is_enough():
+    # Two 4-GPU nodes, each holding one opportunistic 4-GPU replica. Two critical 2-GPU
+    # models arrive in one pass: the first replica's room is enough for both. One is
+    # stopped; the second model counts the room already being freed as gone; each is then
+    # placed into the room kept for it, and the other opportunistic replica is left alone.
+    opp = model("opp", SLOT4, min=2, capacity_class="opportunistic")
+    tp2 = gpu_profile("tp2", tp=2)
+    a, b = (
+        model("vital-a", tp2, capacity_class="critical"),
+        model("vital-b", tp2, capacity_class="critical"),
+    )
+    replicas = [
+        replica("opp-1", "opp", on="1", gpus=(0, 1, 2, 3), profile="tp4"),
+        replica("opp-2", "opp", on="2", gpus=(0, 1, 2, 3), profile="tp4"),
+    ]
+    c = Cluster(snapshot([gpu_node("1", gpus=4), gpu_node("2", gpus=4)], [opp, a, b], replicas))
+
+    plan = c.step()
+
+    assert [(d.replica_id, d.preempted_for) for d in plan.drains] == [("opp-1", "vital-a")]
+    kept = {
+        m: [(r.node_id, r.gpu_indices, r.victims) for r in c.state(m).reserved]
+        for m in ("vital-a", "vital-b")
+    }
+    assert kept == {"vital-a": [("1", (0, 1), ("opp-1",))], "vital-b": [("1", (2, 3), ("opp-1",))]}
+    assert _reasons(c.state("vital-b")) == ["waiting for room being freed by opp-1"]
+    # The dry run says so too, and, had vital-b not yet counted on that room, that it would.
+    dry = preemption_dry_run(b, c.snap, c.now, TIMINGS)
+    assert dry["blocked"] == ["waiting for room being freed by opp-1"]
+    fresh = replace(c.snap, states={**c.snap.states, "vital-b": ModelState("vital-b", desired=1)})
+    dry = preemption_dry_run(b, fresh, c.now, TIMINGS)
+    assert (dry["victims"], dry["blocked"]) == ([], ["would count on room being freed by opp-1"])
+    assert dry["summary"].endswith(
+        "would wait for room already being freed by opp-1; nothing more is stopped"
+    )
+    c.wait(TIMINGS.preempt_grace + 1)
+    plan = c.step()  # the grace is over: opp-1 is asked to stop, and nothing more
+    assert [s.replica_id for s in plan.stops] == ["opp-1"] and plan.drains == []
+    assert _reasons(c.state("vital-b")) == ["waiting for room being freed by opp-1"]
+    c.all_stopped()
+    c.step()
+    placed = {
+        r.model: (r.shards[0].node_id, r.shards[0].gpu_indices)
+        for r in c.snap.replicas
+        if r.model.startswith("vital")
+    }
+    assert placed == {"vital-a": ("1", (0, 1)), "vital-b": ("1", (2, 3))}
+    for _ in range(4):
+        c.wait(TIMINGS.preempt_grace + 1)
+        for r in c.snap.replicas:
+            if r.state == "pending":
+                c.report(r.id, "ready")
+        plan = c.step()
+        assert not (plan.starts or plan.drains or plan.stops), "churn after the room was used"
+    assert c.replica("opp-2").state == "ready"
+
+
+def test_a_second_preemptor_stops_only_what_the_room_being_freed_lacks():
+    # Node 1 (4 GPUs): opp-1 (2 GPUs) and opp-2 (2 GPUs). vital-a (1 GPU) takes opp-1's room
+    # and counts on GPU 0; vital-b (3 GPUs) counts on opp-1's other GPU, already being
+    # freed, and stops opp-2 alone for the rest (node 2 is too small for it).
+    tp2 = gpu_profile("tp2", tp=2)
+    opp = model("opp", tp2, min=3, capacity_class="opportunistic")
+    a = model("vital-a", gpu_profile("tp1", tp=1), capacity_class="critical")
+    b = model("vital-b", SLOT3, capacity_class="critical")
+    replicas = [
+        replica("opp-1", "opp", on="1", gpus=(0, 1), profile="tp2", created=NOW - _s(7200)),
+        replica("opp-2", "opp", on="1", gpus=(2, 3), profile="tp2"),
+        replica("opp-3", "opp", on="2", gpus=(0, 1), profile="tp2"),
+    ]
+    snap = snapshot([gpu_node("1", gpus=4), gpu_node("2", gpus=2)], [opp, a, b], replicas)
+
+    plan = run(snap)
+
+    assert sorted((d.replica_id, d.preempted_for) for d in plan.drains) == [
+        ("opp-1", "vital-a"),
+        ("opp-2", "vital-b"),
+    ]
+    (kept,) = plan.states["vital-b"].reserved
+    assert (kept.node_id, kept.gpu_indices, sorted(kept.victims)) == (
+        "1",
+        (1, 2, 3),
+        ["opp-1", "opp-2"],
+    )
+
+
+def test_the_dry_run_names_a_candidate_the_borrowing_rule_spares():
+    # web (guarantee 6) holds web-old (4 GPUs, node 1) and web-new (3, node 2): web-new is
+    # its loan. vital (critical, ml: no guarantee) borrows; stopping web-new would leave web
+    # at 4, below its guarantee, so it is spared. Both candidates are named, and the
+    # explanation does not say stopping what it may stop would not make room: it may stop
+    # nothing at all.
+    models = [
+        model("web-old", SLOT4, owner="team:web"),
+        model("web-new", SLOT3, owner="team:web"),
+        model("vital", SLOT4, capacity_class="critical", owner="team:ml"),
+    ]
+    replicas = [
+        replica(
+            "web-old-1", "web-old", on="1", gpus=(0, 1, 2, 3), profile="tp4", created=NOW - _s(7200)
+        ),
+        replica("web-new-1", "web-new", on="2", gpus=(0, 1, 2), profile="tp3"),
+    ]
+    snap = replace(
+        snapshot([gpu_node("1", gpus=4), gpu_node("2", gpus=4)], models, replicas),
+        policy=_teams(web=6),
+    )
+
+    dry = preemption_dry_run(snap.models["vital"], snap, NOW, TIMINGS)
+
+    assert dry["victims"] == []
+    assert {p["replica"]: p["why"] for p in dry["protected"]} == {
+        "web-old-1": "candidate web-old-1 is within team:web's guarantee",
+        "web-new-1": "candidate web-new-1 would take team:web below its guarantee, and vital would borrow",
+    }
+    assert dry["blocked"] == ["no replica in its way may be stopped for it"]
+    plan = run(snap)
+    assert plan.drains == []
+    assert "stopping what it may stop would not make room for it" not in _reasons(
+        plan.states["vital"]
+    )
+
+
+def test_the_dry_run_names_the_candidates_it_does_not_need():
+    # Two nodes each hold a standard chat replica; vital needs one node: one replica is the
+    # victim, and the other is named as not needed.
+    chat = model("chat", TP8, min=2)
+    vital = model("vital", TP8, capacity_class="critical")
+    replicas = [
+        replica("chat-1", "chat", on="1", gpus=range(8), profile="tp8"),
+        replica("chat-2", "chat", on="2", gpus=range(8), profile="tp8", created=NOW - _s(7200)),
+    ]
+    snap = snapshot([gpu_node("1"), gpu_node("2")], [chat, vital], replicas)
+
+    dry = preemption_dry_run(vital, snap, NOW, TIMINGS)
+
+    assert [v["replica"] for v in dry["victims"]] == ["chat-1"]
+    assert dry["protected"] == [
+        {
+            "replica": "chat-2",
+            "model": "chat",
+            "why": "candidate chat-2 is not needed: stopping chat-1 makes the room",
+        }
+    ]
+
+
+def test_a_hold_ends_when_the_model_it_gave_room_to_is_removed():
+    # chat gave its node to vital; vital is removed before it is placed. chat's hold ends
+    # at the next pass: its state no longer names vital, and no view does either.
+    chat, vital = model("chat", TP8), model("vital", TP8, capacity_class="critical")
+    c = Cluster(
+        snapshot(
+            [gpu_node("1")],
+            [chat, vital],
+            [replica("chat-1", "chat", on="1", gpus=range(8), profile="tp8")],
+        )
+    )
+    c.step()
+    assert c.state("chat").held_for == "vital"
+    assert held_for(c.state("chat"), c.now, 0, c.state("vital")) == "vital"
+
+    c.change(models={"chat": chat})
+    c.step()
+
+    assert (c.state("chat").held_for, c.state("chat").held_until) == ("", None)
+    assert c.state("chat").preempted == 1
+    assert (
+        held_for(
+            replace(c.state("chat"), held_for="vital", held_until=c.now + _s(60)), c.now, 0, None
+        )
+        == ""
+    )
+    c.wait(TIMINGS.preempt_grace + 1)
+    c.step()
+    c.all_stopped()
+    c.step()
+    c.step()
+    assert [r.model for r in c.snap.replicas if r.state == "pending"] == ["chat"], (
+        "it takes its room back"
+    )
+
+
+def test_a_hold_ends_when_the_model_it_gave_room_to_is_parked():
+    chat, vital = model("chat", TP8), model("vital", TP8, capacity_class="critical")
+    c = Cluster(
+        snapshot(
+            [gpu_node("1")],
+            [chat, vital],
+            [replica("chat-1", "chat", on="1", gpus=range(8), profile="tp8")],
+        )
+    )
+    c.step()
+    assert c.state("chat").held_for == "vital"
+    c.set_state("vital", parked_since=c.now, parked_reason="it failed 5 times")
+
+    c.step()
+
+    assert c.state("chat").held_for == ""
+    assert (
+        held_for(
+            replace(c.state("chat"), held_for="vital", held_until=c.now + _s(60)),
+            c.now,
+            0,
+            c.state("vital"),
+        )
+        == ""
+    )
+
+
+def test_a_hold_ends_when_the_model_it_gave_room_to_lets_the_room_go():
+    # vital took chat's node 1; by the time chat's replica is gone node 1 is cordoned, and
+    # node 2 holds a critical model's minimum. vital cannot use the room and lets it go:
+    # chat's hold for it ends with it.
+    chat, vital = model("chat", TP8), model("vital", TP8, capacity_class="critical")
+    pinned = model("pinned", TP8, capacity_class="critical")
+    replicas = [
+        replica("chat-1", "chat", on="1", gpus=range(8), profile="tp8"),
+        replica("pinned-1", "pinned", on="2", gpus=range(8), profile="tp8"),
+    ]
+    c = Cluster(snapshot([gpu_node("1"), gpu_node("2")], [chat, pinned, vital], replicas))
+    c.step()
+    assert c.state("chat").held_for == "vital"
+    c.wait(TIMINGS.preempt_grace + 1)
+    c.step()
+    c.all_stopped()
+    c.change(nodes={**c.snap.nodes, "1": replace(c.snap.nodes["1"], cordoned=True)})
+
+    c.step()
+
+    assert c.state("vital").reserved == ()
+    assert (c.state("chat").held_for, c.state("chat").held_until) == ("", None)
+    assert not any("gave room to" in r for r in _reasons(c.state("chat")))
+
+
+def test_the_dry_run_names_every_candidate_when_a_limit_stops_it():
+    # ml may hold 8 GPUs and holds them elsewhere; chat could be stopped for vital by class,
+    # but vital would take ml past its limit: chat is named, with the limit as the reason.
+    chat = model("chat", TP8, capacity_class="opportunistic")
+    vital = model("vital", TP8, capacity_class="critical", owner="team:ml")
+    mine = model("ml-old", TP8, capacity_class="critical", owner="team:ml")
+    replicas = [
+        replica("chat-1", "chat", on="1", gpus=range(8), profile="tp8"),
+        replica("ml-old-1", "ml-old", on="2", gpus=range(8), profile="tp8"),
+    ]
+    snap = replace(
+        snapshot([gpu_node("1"), gpu_node("2")], [chat, vital, mine], replicas),
+        policy=quotas(Quota("team:ml", limit=gpus(8))),
+    )
+
+    dry = preemption_dry_run(vital, snap, NOW, TIMINGS)
+
+    assert dry["victims"] == []
+    assert dry["blocked"] == ["team:ml is at its capacity limit (16 GPUs of 8)"]
+    assert {p["replica"]: p["why"] for p in dry["protected"]} == {
+        "chat-1": "candidate chat-1 may be stopped, but team:ml is at its capacity limit "
+        "(16 GPUs of 8)",
+        "ml-old-1": "candidate ml-old-1 is part of critical model ml-old's minimum",
+    }

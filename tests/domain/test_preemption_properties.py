@@ -21,11 +21,13 @@ from typing import NamedTuple
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from catalog.domain import ModelSpec
+from fleet.domain.capacity import preemption_dry_run, standing
 from fleet.domain.holdings import holdings, placement_amount
 from fleet.domain.measured import ordered_profiles
-from fleet.domain.placement import Inventory, Placement
+from fleet.domain.placement import Inventory, Placement, could_ever_run
+from fleet.domain.preemption import BORROWED, TIER_WHY, freed_trial, preempt, reserved_amount
 from fleet.domain.reconcile import Plan, pass_order
-from fleet.domain.types import ACTIVE, HOLDING, ReplicaView, Snapshot
+from fleet.domain.types import ACTIVE, HOLDING, ReplicaView, Reservation, Snapshot
 from tenancy.quota import ZERO, Amount, Policy, Quota, Resources
 
 from .builders import TIMINGS, Cluster, cpu_node, cpu_profile, gpu_node, gpu_profile, snapshot
@@ -133,6 +135,29 @@ FREE_ROOM_NOT_KEPT = Scenario(
         ModelDraw("m0", "", "", 1, None, None, True, 1, 1, 0, 1),
         ModelDraw("m1", "critical", "", 2, None, None, False, 0, 0, 0, 1),
         ModelDraw("m2", "", "", 1, None, None, False, 0, 0, 0, 1),
+    ),
+)
+# Two critical 2-GPU models arrive in one pass; each 4-GPU node holds an opportunistic
+# 4-GPU replica, and one of them is room for both (issue 18: one was stopped for each,
+# both were placed on the second node, and the first replica's room went unused).
+ONE_VICTIM_FOR_TWO = Scenario(
+    nodes=(NodeDraw("g0", 4, None, None), NodeDraw("g1", 4, None, None)),
+    quotas=(),
+    models=(
+        ModelDraw("m0", "opportunistic", "", 4, None, None, True, 2, 2, 0, 2),
+        ModelDraw("m1", "critical", "", 2, None, None, False, 0, 0, 0, 1),
+        ModelDraw("m2", "critical", "", 2, None, None, False, 0, 0, 0, 1),
+    ),
+)
+# A borrowing critical model (ml has no guarantee) and web's loan, which taking would leave
+# web below its guarantee: spared, and the dry run must say so (issue 18).
+A_LOAN_SPARED = Scenario(
+    nodes=(NodeDraw("g0", 4, None, None), NodeDraw("g1", 4, None, None)),
+    quotas=(QuotaDraw("team:web", (6, None, None), NO_LIMIT),),
+    models=(
+        ModelDraw("m0", "", "team:web", 4, None, None, True, 1, 1, 0, 1),
+        ModelDraw("m1", "", "team:web", 2, None, None, True, 1, 1, 0, 1),
+        ModelDraw("m2", "critical", "team:ml", 4, None, None, False, 0, 0, 0, 1),
     ),
 )
 
@@ -266,6 +291,8 @@ class Step:
 class Run:
     steps: list[Step] = field(default_factory=list)
     quiet: bool = False
+    # The model removed from the catalog after it was preempted for, if one was.
+    removed: str = ""
 
 
 def _record(c: Cluster, run: Run) -> Plan:
@@ -289,7 +316,9 @@ def _quiet(plan: Plan) -> bool:
     return not (plan.starts or plan.drains or plan.stops)
 
 
-def drive(s: Scenario) -> Run:
+def drive(s: Scenario, remove_preemptor: bool = False) -> Run:
+    """Settle, age, change the catalog and run to quiescence. With `remove_preemptor`, the
+    first model preempted for is removed from the catalog the pass after its preemption."""
     before = {m.name: build_model(m, False) for m in s.models if m.present}
     after = {m.name: build_model(m, True) for m in s.models}
     c = Cluster(snapshot(build_nodes(s.nodes), before.values()))
@@ -317,6 +346,10 @@ def drive(s: Scenario) -> Run:
     aged = False
     for _ in range(MAX_PASSES):
         plan = _record(c, run)
+        gone = sorted({d.preempted_for for d in plan.drains if d.preempted_for})
+        if remove_preemptor and gone and not run.removed:
+            run.removed = gone[0]
+            c.change(models={n: m for n, m in c.snap.models.items() if n != gone[0]})
         if _quiet(plan):
             if aged:
                 run.quiet = True
@@ -329,16 +362,17 @@ def drive(s: Scenario) -> Run:
     return run
 
 
-_RUNS: dict[Scenario, Run] = {}
+_RUNS: dict[tuple[Scenario, bool], Run] = {}
 
 
-def run_of(s: Scenario) -> Run:
+def run_of(s: Scenario, remove_preemptor: bool = False) -> Run:
     """Each scenario is driven once however many properties read it."""
-    if s not in _RUNS:
+    key = (s, remove_preemptor)
+    if key not in _RUNS:
         if len(_RUNS) > 2000:
             _RUNS.clear()
-        _RUNS[s] = drive(s)
-    return _RUNS[s]
+        _RUNS[key] = drive(s, remove_preemptor)
+    return _RUNS[key]
 
 
 # What a pass saw, as decide() builds it (nodes keep reporting, nothing fails or is lost).
@@ -360,12 +394,25 @@ def _placement(start) -> Placement:
     return Placement(start.profile, tuple(p for _, p in start.shards))
 
 
-def inventory_when_preempting(step: Step, want: str) -> tuple[Inventory, dict[str, str]]:
+@dataclass
+class Room:
+    """The room a pass had left when it chose victims for a model (see below)."""
+
+    inv: Inventory
+    # Replicas already preempted in this pass, for whom: not to be counted again.
+    claimed: dict[str, str]
+    # Room already being freed (preempted before, or earlier in this pass): counted as gone.
+    freeing: list[ReplicaView]
+    # Per model, the whole room kept for it, as the pass knew it then.
+    promised: dict[str, tuple[Reservation, ...]]
+
+
+def inventory_when_preempting(step: Step, want: str) -> Room:
     """The room the pass had left when it chose victims for `want`: what held room before,
     the room kept for models in flight, and the starts of the models placed before it (and its
-    own, which come before its preemption), each placing model's kept room used up. With it,
-    the replicas already preempted in this pass, for whom: room in flight, not to be counted
-    again."""
+    own, which come before its preemption), each placing model's kept room used up, and the
+    room kept this pass for the models before it. With it, the replicas already preempted in
+    this pass, for whom, and all the room being freed then, to count as gone."""
     snap, now = step.before, step.now
     reserved = {
         name: state.reserved
@@ -373,18 +420,31 @@ def inventory_when_preempting(step: Step, want: str) -> tuple[Inventory, dict[st
         if state.reserved and state.reserved_until and now < state.reserved_until
     }
     inv = Inventory(snap.nodes, _alive(snap), reserved)
+    promised = dict(reserved)
     chosen = preemptions(step)
     claimed: dict[str, str] = {}
-    for m in pass_order(snap.models.values(), snap.policy, _usage(snap), snap.measurements):
+    freeing = {r.id: r for r in _alive(snap) if r.preempted_for and r.state in HOLDING}
+    usage = _usage(snap)
+    for name, room in reserved.items():
+        if name in snap.models:
+            for scope in snap.policy.chain(snap.models[name].owner):
+                usage[scope] = usage.get(scope, ZERO) + reserved_amount(room)
+    for m in pass_order(snap.models.values(), snap.policy, usage, snap.measurements):
         starts = [s for s in step.plan.starts if s.model == m.name]
-        if starts or m.name == want:
+        after = step.plan.states.get(m.name)
+        changed = after is not None and after.reserved != reserved.get(m.name, ())
+        if starts or changed or m.name == want:
             inv.unreserve(m.name)
         for s in starts:
             inv.reserve(m.name, _placement(s))
         if m.name == want:
-            return inv, claimed
+            return Room(inv, claimed, list(freeing.values()), promised)
+        if changed and after.reserved:
+            inv.keep(m.name, after.reserved)
+            promised[m.name] = after.reserved
         for v in chosen.get(m.name, ()):
             claimed.setdefault(v.id, m.name)
+            freeing[v.id] = v
     raise AssertionError(f"{want} is not in the pass order")
 
 
@@ -398,9 +458,12 @@ def preemptions(step: Step) -> dict[str, list[ReplicaView]]:
     return dict(out)
 
 
-def _fits(inv: Inventory, model: ModelSpec, victims: list[ReplicaView], measurements) -> bool:
+def _fits(room: Room, model: ModelSpec, victims: list[ReplicaView], measurements) -> bool:
+    """Whether the model fits on the victims' node once they are gone, the room already
+    being freed there counted as gone too (less what is kept for others)."""
     nodes = {n for v in victims for n in v.nodes}
-    trial = inv.trial(nodes, victims)
+    freeing = [r for r in room.freeing if r.nodes & nodes]
+    trial = freed_trial(room.inv, nodes, victims, freeing, room.promised)
     placed = trial.place(ordered_profiles(model, measurements), weights_source=model.source)
     return isinstance(placed, Placement)
 
@@ -455,20 +518,20 @@ def check_victims_make_the_room(run: Run) -> None:
                 f"pass {step.index}: victims for {want} spread over nodes {where}\n"
                 f"{_show(run, step.index)}"
             )
-            inv, claimed = inventory_when_preempting(step, want)
-            again = {v.id: claimed[v.id] for v in victims if v.id in claimed}
+            room = inventory_when_preempting(step, want)
+            again = {v.id: room.claimed[v.id] for v in victims if v.id in room.claimed}
             assert not again, (
                 f"pass {step.index}: {again} preempted again for {want} in the same pass\n"
                 f"{_show(run, step.index)}"
             )
             measurements = step.before.measurements
-            assert _fits(inv, model, victims, measurements), (
+            assert _fits(room, model, victims, measurements), (
                 f"pass {step.index}: stopping {[v.id for v in victims]} does not make room "
                 f"for {want}\n{_show(run, step.index)}"
             )
             for v in victims if len(victims) > 1 else ():
                 others = [o for o in victims if o.id != v.id]
-                assert not _fits(inv, model, others, measurements), (
+                assert not _fits(room, model, others, measurements), (
                     f"pass {step.index}: {want} fits without stopping {v.id}\n"
                     f"{_show(run, step.index)}"
                 )
@@ -571,6 +634,152 @@ def check_settles(run: Run) -> None:
     assert run.quiet, f"still changing after {MAX_PASSES} passes\n{_show(run, len(run.steps))}"
 
 
+def check_every_victims_room_is_used(run: Run) -> None:
+    """No victim is stopped whose room the pass's placements do not use: within a few passes
+    a model it was stopped for (or that counted on its room) is placed on its GPUs (its node,
+    for a CPU replica), unless it is still on its way out, or those models want no more
+    replicas and were placed nowhere else."""
+    for step in run.steps:
+        later = run.steps[step.index + 1 : step.index + 1 + ROOM_USED_WITHIN]
+        if len(later) < ROOM_USED_WITHIN:
+            continue
+        for want, victims in preemptions(step).items():
+            for v in victims:
+                users = {want} | {
+                    m
+                    for m, state in step.plan.states.items()
+                    if any(v.id in r.victims for r in state.reserved)
+                }
+                gpus = {(sh.node_id, i) for sh in v.shards for i in sh.gpu_indices}
+                starts = [s for ls in later for s in ls.plan.starts if s.model in users]
+
+                def uses(start, gpus=gpus, v=v) -> bool:
+                    return any(
+                        any((p.node_id, i) in gpus for i in p.gpu_indices)
+                        if gpus
+                        else p.node_id in v.nodes
+                        for _, p in start.shards
+                    )
+
+                if any(uses(s) for s in starts):
+                    continue
+                last = later[-1]
+                if v.id in {r.id for r in last.after.replicas if r.state in HOLDING}:
+                    continue  # still on its way out
+                wants_more = [
+                    m
+                    for m in users
+                    if m in last.plan.states and _live(last.after, m) < last.plan.states[m].desired
+                ]
+                placed = [
+                    (s.model, [(p.node_id, p.gpu_indices) for _, p in s.shards]) for s in starts
+                ]
+                assert not starts and not wants_more, (
+                    f"pass {step.index}: {v.id} of {v.model} was stopped for {sorted(users)}, "
+                    f"which did not use its room: placed {placed}, still wanting {wants_more}"
+                    f"\n{_show(run, last.index)}"
+                )
+
+
+def _dry(snap: Snapshot, now: datetime, m: ModelSpec):
+    """What the dry run works with for one more replica of `m`, and preempt()'s answer;
+    None where it answers before preempting (it fits, waits, or is parked)."""
+    state = snap.states.get(m.name)
+    st = standing(snap, now, TIMINGS)
+    waited = {v for r in st.ctx.promised.get(m.name, ()) for v in r.victims}
+    if (state and state.parked_since) or any(
+        r.preempted_for == m.name or r.id in waited for r in st.ctx.alive
+    ):
+        return None
+    st.inv.unreserve(m.name)
+    if state and state.reserved:
+        st.ctx.charge(m.owner, reserved_amount(state.reserved), -1)
+    avoid = frozenset(st.inv.model_nodes.get(m.name, ()))
+    profiles = ordered_profiles(m, snap.measurements)
+    if isinstance(st.inv.place_spread(profiles, avoid, m.source), Placement):
+        return None
+    return st, preempt(m, profiles, st.live.get(m.name, 0), st.inv, st.ctx, avoid)
+
+
+def check_every_candidate_is_named(run: Run) -> None:
+    """The dry run names every replica on a node the model could use: as a victim, or as
+    protected with why (domain.md: which candidates are protected, and why)."""
+    for step in run.steps:
+        snap, now = step.before, step.now
+        for m in snap.models.values():
+            if _dry(snap, now, m) is None:
+                continue
+            out = preemption_dry_run(m, snap, now, TIMINGS)
+            profiles = ordered_profiles(m, snap.measurements)
+            useful = {
+                n.id
+                for n in snap.nodes.values()
+                if any(could_ever_run(n, p, m.source) for p in profiles)
+            }
+            expected = {
+                r.id
+                for r in snap.replicas
+                if r.model != m.name
+                and r.model in snap.models
+                and r.state in ACTIVE
+                and not r.retiring
+                and not r.preempted_for
+                and r.nodes & useful
+            }
+            victims = {v["replica"] for v in out["victims"]}
+            protected = [p["replica"] for p in out["protected"]]
+            assert expected <= victims | set(protected), (
+                f"pass {step.index}: the dry run for {m.name} names neither as victims nor as "
+                f"protected {sorted(expected - victims - set(protected))}: {out}"
+            )
+            assert len(set(protected)) == len(protected), out
+            assert not victims & set(protected), out
+            assert all(p["why"].startswith(f"candidate {p['replica']} ") for p in out["protected"])
+
+
+def check_loans_are_taken_back_only_within_the_guarantee_on_the_trial(run: Run) -> None:
+    """A loan is taken back only for an owner within its guarantees once its victims are
+    gone and its replica placed: judged on the trial, not on what it holds now."""
+    for step in run.steps:
+        snap, now = step.before, step.now
+        if not snap.policy.quotas:
+            return
+        for m in snap.models.values():
+            found = _dry(snap, now, m)
+            if found is None:
+                continue
+            st, result = found
+            loans = [v for v in result.victims if v.why == TIER_WHY[BORROWED]]
+            if not loans:
+                continue
+            usage = dict(st.ctx.usage)
+            for v in result.victims:
+                for scope in snap.policy.chain(snap.models[v.model].owner):
+                    usage[scope] = usage.get(scope, ZERO) - v.amount
+            need = placement_amount(result.placement)
+            assert snap.policy.within_guarantee(m.owner, usage, need), (
+                f"pass {step.index}: {[v.replica for v in loans]} taken back for {m.name} "
+                f"({m.owner or 'shared'}), not within its guarantee on the trial"
+            )
+
+
+def check_holds_end_with_their_cause(run: Run) -> None:
+    """After every pass, a model held back names a model in the catalog, not parked, and a
+    hold that has not run out; one removed is named by nobody from the pass after."""
+    for step in run.steps:
+        for name, state in step.plan.states.items():
+            if not (state.held_for or state.held_until):
+                continue
+            assert state.held_for in step.before.models and state.held_until, (
+                f"pass {step.index}: {name} is held for {state.held_for!r}, not in the catalog"
+            )
+            assert step.now < state.held_until, f"pass {step.index}: {name}'s hold ran out"
+            wants = step.plan.states.get(state.held_for)
+            assert wants is not None and not wants.parked_since, (
+                f"pass {step.index}: {name} is held for {state.held_for}, which is parked"
+            )
+
+
 CHECKS = (
     check_nothing_held_twice,
     check_victims_make_the_room,
@@ -580,6 +789,10 @@ CHECKS = (
     check_limits_kept,
     check_no_back_and_forth,
     check_settles,
+    check_every_victims_room_is_used,
+    check_every_candidate_is_named,
+    check_loans_are_taken_back_only_within_the_guarantee_on_the_trial,
+    check_holds_end_with_their_cause,
 )
 
 
@@ -655,3 +868,39 @@ def test_room_is_never_preempted_back_and_forth(s):
 @example(s=FREE_ROOM_NOT_KEPT)
 def test_a_changed_cluster_settles(s):
     check_settles(run_of(s))
+
+
+@PROPERTY_SETTINGS
+@given(s=scenarios())
+@example(s=ONE_VICTIM_FOR_TWO)
+@example(s=ONE_VICTIM_TWO_MODELS)
+@example(s=FREE_ROOM_NOT_KEPT)
+def test_no_victim_is_stopped_whose_room_the_pass_does_not_use(s):
+    check_every_victims_room_is_used(run_of(s))
+
+
+@PROPERTY_SETTINGS
+@given(s=scenarios())
+@example(s=A_LOAN_SPARED)
+@example(s=A_LOAN_TAKEN_BACK)
+@example(s=CRITICAL_TAKES_A_NODE)
+def test_every_candidate_on_a_useful_node_is_a_victim_or_protected(s):
+    check_every_candidate_is_named(run_of(s))
+
+
+@PROPERTY_SETTINGS
+@given(s=scenarios())
+@example(s=A_LOAN_TAKEN_BACK)
+def test_a_loan_is_taken_back_only_within_the_guarantee_on_the_trial(s):
+    check_loans_are_taken_back_only_within_the_guarantee_on_the_trial(run_of(s))
+
+
+@PROPERTY_SETTINGS
+@given(s=scenarios())
+@example(s=CRITICAL_TAKES_A_NODE)
+@example(s=ONE_VICTIM_FOR_TWO)
+def test_a_hold_ends_with_its_cause_even_when_the_model_it_gave_room_to_is_removed(s):
+    run = run_of(s, remove_preemptor=True)
+    check_holds_end_with_their_cause(run)
+    check_nothing_held_twice(run)
+    check_settles(run)
