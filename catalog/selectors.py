@@ -67,6 +67,11 @@ def catalog_load() -> dict[str, ModelSpec]:
     return dict(_cache["catalog"])
 
 
+def measurements_revision() -> int:
+    """The measurements' change counter (one saved or deleted): one small query."""
+    return Revision.objects.filter(pk=1).values_list("measurements", flat=True).first() or 0
+
+
 def measurements_load() -> dict[tuple[str, str], tuple[int, float]]:
     """(model, profile) → (max_concurrency, tok_per_sec) of every measurement: one query."""
     rows = Measurement.objects.values_list(

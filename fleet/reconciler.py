@@ -13,25 +13,21 @@ import logging
 import os
 import socket
 import threading
-import time
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, close_old_connections, transaction
+from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Q
 
 from llmgw import clock
-from tenancy.quota import Policy
-from tenancy.selectors import quota_policy_load
 
 from .dispatch import dispatch
 from .domain.reconcile import Event, decide
 from .models import Lease
+from .readings import MEASUREMENTS, POLICY
 from .reclaim import weights_reclaim
-from .selectors import measured_load, snapshot_load
+from .selectors import snapshot_load
 from .services import plan_apply
 
 log = logging.getLogger("llmgw.reconciler")
@@ -89,37 +85,8 @@ def _settle_window(now: datetime, fresh_start: bool) -> tuple[bool, datetime]:
     return now < lease.settle_until, floor
 
 
-# How stale the reconciler's quotas and measurements may get (domain.md): a change takes
-# effect within this, and the store is not asked every pass.
-REFRESH_SECONDS = 30.0
-
-
-class Refreshed:
-    """A value read again once older than REFRESH_SECONDS; when a read fails, the last good
-    one is kept (a database hiccup must not drop every guarantee and limit at once)."""
-
-    def __init__(self, name: str, read: Callable[[], Any], empty: Any):
-        self.name, self.read, self.empty = name, read, empty
-        self.value: Any = None
-        self.at: float | None = None
-
-    def get(self) -> Any:
-        now = time.monotonic()
-        if self.at is not None and now - self.at < REFRESH_SECONDS:
-            return self.value
-        self.at = now  # not again on every pass while the store is down
-        try:
-            self.value = self.read()
-        except DatabaseError:
-            log.warning("could not read %s; keeping the last ones", self.name, exc_info=True)
-        return self.value if self.value is not None else self.empty
-
-    def clear(self) -> None:
-        self.value, self.at = None, None
-
-
-POLICY = Refreshed("capacity quotas", quota_policy_load, Policy())
-MEASUREMENTS = Refreshed("benchmark results", measured_load, {})
+# Quotas and measurements (POLICY, MEASUREMENTS) are read again at a pass only when their
+# revision moved, the last good ones kept while the database is away: fleet/readings.py.
 
 
 def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) -> dict:

@@ -21,7 +21,6 @@ from llmgw import clock
 from llmgw.errors import Invalid, NotFound
 from mirror.selectors import weights_waiting
 from tenancy.quota import Holding, Policy
-from tenancy.selectors import quota_policy_load
 
 from .domain.capacity import (
     NotMeasured,
@@ -765,12 +764,15 @@ def measured_load() -> dict[tuple[str, str], Measured]:
 
 
 def _standing_snapshot() -> Snapshot:
-    """The fleet as it stands, with quotas and measurements read now (not the pass's cache)."""
+    """The fleet as it stands, with quotas and measurements as they stand now: the cached
+    ones while their revisions say they have not changed, read again once they have."""
+    from .readings import MEASUREMENTS, POLICY  # which reads measured_load() from here
+
     return snapshot_load(
         settling=False,
         silence_floor=None,
-        policy=quota_policy_load(),
-        measurements=measured_load(),
+        policy=POLICY.get(),
+        measurements=MEASUREMENTS.get(),
     )
 
 

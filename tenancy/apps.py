@@ -4,3 +4,8 @@ from django.apps import AppConfig
 class TenancyConfig(AppConfig):
     name = "tenancy"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import signals
+
+        signals.connect()

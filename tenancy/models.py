@@ -130,6 +130,19 @@ class CapacityQuota(models.Model):
         return self.scope
 
 
+class PolicyRevision(models.Model):
+    """The capacity quota policy's change counter: bumped in the writer's transaction by
+    every save or delete of a quota, organization, team or project (tenancy/signals.py), so
+    the reconciler reads the policy again only when it changed (timestamps would depend on
+    every host's clock)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    value = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"quota policy revision {self.value}"
+
+
 class Token(models.Model):
     """An operator's admin token (REST API) or an agent's cluster join token.
 

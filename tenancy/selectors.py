@@ -13,7 +13,17 @@ from django.db.models import Sum
 from llmgw.errors import Invalid
 from llmgw.secrets import digest
 
-from .models import ApiKey, CapacityQuota, Organization, Project, ScopeLimit, Team, Token, Usage
+from .models import (
+    ApiKey,
+    CapacityQuota,
+    Organization,
+    PolicyRevision,
+    Project,
+    ScopeLimit,
+    Team,
+    Token,
+    Usage,
+)
 from .quota import RESOURCES, ZERO, Holding, Policy, Quota, Resources
 from .scopes import ScopeError, scope_resolve
 
@@ -95,6 +105,11 @@ def quota_policy_load() -> Policy:
     tree = scope_tree()
     quotas = [_quota(row) for row in CapacityQuota.objects.all()]
     return Policy.build(quotas, tree.parents, tree.names)
+
+
+def quota_policy_revision() -> int:
+    """The policy's change counter (a quota, or the tree, written): one small query."""
+    return PolicyRevision.objects.filter(pk=1).values_list("value", flat=True).first() or 0
 
 
 def quota_views(*, holdings: Iterable[Holding]) -> list[dict]:

@@ -80,7 +80,7 @@ def _set(request: HttpRequest) -> tuple[QuotaForm, str]:
         return form, ""
     return (
         QuotaForm(),
-        f"{given['scope'].strip()} ({key}): set; it takes effect within half a minute",
+        f"{given['scope'].strip()} ({key}): set; it takes effect at the next reconciler pass",
     )
 
 

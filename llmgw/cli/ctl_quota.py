@@ -27,7 +27,7 @@ free room is used, and given back when asked for. The limit is the most it
 may hold, borrowing included.
 
 Scopes are written org:Acme, team:Acme/ml or project:Acme/ml/training, or
-with IDs. Changes take effect within half a minute."""
+with IDs. Changes take effect at the next reconciler pass."""
 
 
 def quota_cell(holds: Any, guarantee: Any, limit: Any) -> str:
@@ -80,7 +80,7 @@ def quota_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_quota_set(api: Api, args: argparse.Namespace, out: Output) -> None:
     answer = api.put("/quotas", quota_body(args))
-    out.show(answer, lambda a: f"{a['scope']}: set; it takes effect within half a minute")
+    out.show(answer, lambda a: f"{a['scope']}: set; it takes effect at the next reconciler pass")
 
 
 def cmd_quota_clear(api: Api, args: argparse.Namespace, out: Output) -> None:

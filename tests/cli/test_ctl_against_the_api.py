@@ -34,7 +34,7 @@ def test_a_quota_is_set_listed_and_cleared_with_ctl(capsys, server, acme):
         capsys, server, "quota", "set", "team:Acme/ml", "--gpus", "8", "--limit-gpus", "16"
     )
     assert (code, err) == (0, "")
-    assert out == f"{team}: set; it takes effect within half a minute\n"
+    assert out == f"{team}: set; it takes effect at the next reconciler pass\n"
     assert CapacityQuota.objects.get().guarantee_gpus == 8
 
     _, out, _ = ctl_run(capsys, server, "quota", "list")

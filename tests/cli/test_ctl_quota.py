@@ -90,7 +90,7 @@ def test_quota_set_sends_only_the_flags_given(capsys):
         "guarantee": {"gpus": 8},
         "limit": {"gpus": 16},
     }
-    assert out == "team:7: set; it takes effect within half a minute\n"
+    assert out == "team:7: set; it takes effect at the next reconciler pass\n"
 
 
 def test_quota_set_maps_every_flag_to_its_resource(capsys):

@@ -195,3 +195,41 @@ def test_a_model_nobody_measured_shows_no_use_and_a_cpu_model_a_suggestion(api):
     assert views["coder"]["measured_memory_gb"] is None
     assert views["coder"]["suggested_cores"] == 8, "half of a's 16: b is too small"
     assert views["llama"]["suggested_cores"] is None
+
+
+def test_a_quota_set_through_the_api_reaches_the_dry_run_and_the_next_pass_at_once(api, no_settle):
+    # web's chat holds the only node; ml's train is of the same class, so by class alone
+    # nothing may be stopped for it. Once ml is guaranteed the node, what web holds is on
+    # loan: the dry run says so at once, and the very next pass takes it back.
+    acme = Organization.objects.create(name="Acme")
+    Team.objects.create(org=acme, name="web")
+    Team.objects.create(org=acme, name="ml")
+    now = clock.now()
+    node_add("1", now=now, gpus=EIGHT)
+    model_added(tp8("chat", owner="team:Acme/web"))
+    reconcile_once(now=now)
+    chat = Replica.objects.get()
+    ready(chat, now - timedelta(hours=1))
+    model_added(tp8("train", owner="team:Acme/ml"))
+    reconcile_once(now=now)  # the pass reads the policy: no quota yet
+    before = api.call("GET", "/models/train/preemption").json()
+    assert before["victims"] == []
+    assert any(
+        "is standard like train, and at its own minimum" in p["why"] for p in before["protected"]
+    )
+
+    put = api.call("PUT", "/quotas", {"scope": "team:Acme/ml", "guarantee": {"gpus": 8}})
+    assert put.status_code == 200, put.content
+
+    view = api.call("GET", "/models/train/preemption").json()
+    assert [(v["replica"], v["why"]) for v in view["victims"]] == [
+        (chat.pk, "borrowed beyond its owner's guarantee")
+    ]
+    reconcile_once(now=now)
+    assert Replica.objects.get(pk=chat.pk).preempted_for == "train"
+
+    # Cleared: the dry run answers with no guarantee again, straight away.
+    assert api.call("DELETE", "/quotas/team:Acme%2Fml").status_code == 200
+    Replica.objects.filter(pk=chat.pk).update(state="ready", preempted_for="", drain_deadline=None)
+    ModelState.objects.filter(pk="train").update(reserved=[], reserved_until=None)
+    assert api.call("GET", "/models/train/preemption").json()["victims"] == []

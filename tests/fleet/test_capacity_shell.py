@@ -8,10 +8,10 @@ import pytest
 from django.db import DatabaseError
 
 from catalog.models import Measurement, Model
-from fleet import reconciler
 from fleet.events import ShardStatus
 from fleet.models import ModelState, Node, Replica
-from fleet.reconciler import MEASUREMENTS, POLICY, Refreshed, reconcile_once
+from fleet.readings import Revised
+from fleet.reconciler import MEASUREMENTS, POLICY, reconcile_once
 from fleet.services import shard_status_record
 from llmgw import clock
 from tenancy.models import CapacityQuota, Organization, Team
@@ -89,27 +89,113 @@ def test_a_quota_limit_refuses_a_replica_and_says_which_scope(no_settle):
     assert state.explanation[0]["reasons"] == ["org:Acme is at its capacity limit (2 GPUs of 1)"]
 
 
-def test_quotas_are_read_again_only_every_half_minute_and_kept_when_the_store_fails(
-    monkeypatch,
-):
-    reads = []
+def test_quotas_are_read_again_only_when_their_revision_moves_and_kept_when_the_store_fails():
+    revision, reads, down = [1], [], [False]
+
+    def ask():
+        if down[0]:
+            raise DatabaseError("the database went away")
+        return revision[0]
 
     def read():
-        reads.append(1)
-        if len(reads) > 1:
-            raise DatabaseError("the database went away")
-        return "policy"
+        reads.append(revision[0])
+        return f"policy {revision[0]}"
 
-    clock = [100.0]
-    monkeypatch.setattr(reconciler.time, "monotonic", lambda: clock[0])
-    cached = Refreshed("capacity quotas", read, "empty")
-    assert cached.get() == "policy"
-    clock[0] += 29
-    assert cached.get() == "policy" and len(reads) == 1
-    clock[0] += 2
-    assert cached.get() == "policy", "a failing store keeps the last good policy"
-    assert len(reads) == 2
-    assert cached.get() == "policy" and len(reads) == 2, "not asked again on every pass"
+    cached = Revised("capacity quotas", ask, read, "empty")
+    assert cached.get() == "policy 1"
+    assert cached.get() == "policy 1" and reads == [1], "unchanged: the store is not asked"
+    revision[0] = 2
+    assert cached.get() == "policy 2", "changed: read at once, however soon"
+    down[0] = True
+    revision[0] = 3
+    assert cached.get() == "policy 2", "a failing store keeps the last good policy"
+    assert reads == [1, 2]
+    down[0] = False
+    assert cached.get() == "policy 3" and reads == [1, 2, 3]
+    fresh = Revised("capacity quotas", lambda: (_ for _ in ()).throw(DatabaseError()), read, "e")
+    assert fresh.get() == "e", "never read: nothing governed rather than a failed pass"
+
+
+def test_every_write_the_policy_is_built_from_moves_its_revision():
+    from tenancy.selectors import quota_policy_revision
+    from tenancy.services import org_create, quota_clear, quota_set, team_create
+
+    seen = [quota_policy_revision()]
+
+    def moved() -> bool:
+        seen.append(quota_policy_revision())
+        return seen[-1] > seen[-2]
+
+    acme = org_create(name="Acme", actor="t")
+    assert moved()
+    team = team_create(org="Acme", name="ml", actor="t")
+    assert moved()
+    quota_set(scope="team:Acme/ml", guarantee={"gpus": 2}, limit=None, actor="t")
+    assert moved()
+    Team.objects.filter(pk=team.pk).get().save()  # a rename in admin saves the row
+    assert moved()
+    quota_clear(scope="team:Acme/ml", actor="t")
+    assert moved()
+    Team.objects.filter(pk=team.pk).delete()
+    assert moved()
+    acme.delete()
+    assert moved()
+
+
+def test_a_quota_set_acts_at_the_next_pass_and_the_store_is_asked_only_then(no_settle):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tenancy.services import quota_set
+
+    acme = Organization.objects.create(name="Acme")
+    team = Team.objects.create(org=acme, name="ml")
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 2}, owner=f"team:{team.pk}"))
+    reconcile_once(now=T0)
+    assert Replica.objects.count() == 2
+    heard("gpu-a", at(1))
+    with CaptureQueriesContext(connection) as unchanged:
+        reconcile_once(now=at(1))
+    assert not [q for q in unchanged.captured_queries if "tenancy_capacityquota" in q["sql"]]
+
+    # A limit lowered at once below what runs: the very next pass refuses one more.
+    quota_set(scope="org:Acme", guarantee=None, limit={"gpus": 1}, actor="ops")
+    Replica.objects.filter(pk=Replica.objects.order_by("created_at").last().pk).delete()
+    heard("gpu-a", at(2))
+    reconcile_once(now=at(2))
+
+    assert Replica.objects.count() == 1
+    state = ModelState.objects.get(pk="chat")
+    assert state.explanation[0]["reasons"] == ["org:Acme is at its capacity limit (2 GPUs of 1)"]
+
+
+def test_a_measurement_saved_acts_at_the_next_pass(no_settle, api):
+    node_add("gpu-a", now=T0, gpus=(H100, H100, H100, H100))
+    model_added(
+        {
+            "name": "chat",
+            "source": "hf://acme/chat",
+            "scaling": {"min": 0, "max": 0},
+            "profiles": [
+                {"name": "tp2", "engine": "sim", "gpu_class": "h100-80g", "tp": 2},
+                {"name": "tp1", "engine": "sim", "gpu_class": "h100-80g"},
+            ],
+        }
+    )
+    reconcile_once(now=T0)  # measurements read: none
+    for profile, tps in (("tp2", 300.0), ("tp1", 200.0)):
+        response = api.call(
+            "PUT",
+            "/models/chat/capacity",
+            {"profile": profile, "max_concurrency": 8, "tok_per_sec": tps},
+        )
+        assert response.status_code == 200, response.content
+    assert api.call("POST", "/models/chat/scale", {"min": 1, "max": 1}).status_code == 200
+    heard("gpu-a", at(1))
+    reconcile_once(now=at(1))
+
+    assert Replica.objects.get().profile == "tp1", "200 tokens/s per GPU beats 150"
 
 
 def test_the_reconciler_takes_engine_load_and_scales_up_held_busy(no_settle, settings):
@@ -224,6 +310,29 @@ def test_a_model_shows_whom_it_gave_room_to_only_while_it_is_held(no_settle, api
     # The model it gave way to has what it wants: the hold is over.
     ModelState.objects.filter(pk="vital").update(desired=0)
     assert api.call("GET", "/models/chat").json()["held_for"] == ""
+
+
+def test_a_hold_ends_when_the_model_it_gave_room_to_is_removed(no_settle, api):
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    reconcile_once(now=T0)
+    for r in Replica.objects.all():
+        ready(r, at(10))
+    heard("gpu-a", at(400))
+    model_added(gpu_model("vital", **{"class": "critical"}))
+    reconcile_once(now=at(400))
+    ModelState.objects.filter(pk="chat").update(held_until=clock.now() + timedelta(minutes=5))
+    assert api.call("GET", "/models/chat").json()["held_for"] == "vital"
+
+    assert api.call("DELETE", "/models/vital").status_code == 200
+
+    # Every view stops naming it at once, and the next pass ends the hold itself.
+    assert api.call("GET", "/models/chat").json()["held_for"] == ""
+    assert {m["name"]: m["held_for"] for m in api.call("GET", "/models").json()} == {"chat": ""}
+    heard("gpu-a", at(401))
+    reconcile_once(now=at(401))
+    chat = ModelState.objects.get(pk="chat")
+    assert (chat.held_for, chat.held_until, chat.preempted) == ("", None, 1)
 
 
 def test_decisions_are_logged_once_each_as_structured_lines(no_settle, caplog):

@@ -177,7 +177,7 @@ def test_setting_a_quota_from_the_form_stores_it_and_says_so(staff, tree):
     assert (q.guarantee_gpus, q.limit_gpus, q.limit_memory_gb) == (4, 8, 512)
     assert (q.guarantee_cpu_cores, q.limit_cpu_cores, q.guarantee_memory_gb) == (None, None, None)
     assert q.updated_by == "ops"
-    assert "it takes effect within half a minute" in staff.get("/quotas").content.decode()
+    assert "it takes effect at the next reconciler pass" in staff.get("/quotas").content.decode()
 
 
 def test_an_htmx_set_answers_the_refreshed_part_with_the_new_row(staff, tree):
