@@ -11,6 +11,7 @@ urlpatterns = [
     path("", include("fleet.urls")),
     path("", include("catalog.urls")),
     path("", include("tenancy.urls")),
+    path("", include("mirror.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     # Prometheus scrapes this without credentials, as it does any exporter.
