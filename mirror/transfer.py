@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from pathlib import Path
 import httpx
 
 CHUNK = 1 << 20
+SINK_BLOCK = 1 << 20
 PROGRESS_EVERY_S = 1.0
 
 
@@ -131,13 +134,12 @@ def _download(client, url, part, h, have, size, headers, on_progress, what):
                     retry=False,
                 )
             total = size if size is not None else _total(r, have)
-            mode = "ab" if have else "wb"
+            sink = _Sink(part, h, append=bool(have))
             last = time.monotonic()
-            with open(part, mode) as f:
+            try:
                 # As the bytes arrive: a chunk size would hold back what came before a cut.
                 for block in r.iter_bytes():
-                    f.write(block)
-                    h.update(block)
+                    sink.put(block)
                     have += len(block)
                     if total is not None and have > total:
                         raise TransferError(
@@ -146,6 +148,9 @@ def _download(client, url, part, h, have, size, headers, on_progress, what):
                     if on_progress and time.monotonic() - last >= PROGRESS_EVERY_S:
                         last = time.monotonic()
                         on_progress(have, total)
+            finally:
+                # What arrived before a cut is kept, so the next try resumes after it.
+                sink.close()
     except httpx.HTTPError as exc:
         raise TransferError(
             f"{what} was cut at {have:,} bytes: {_reason(exc)}.", retry=True
@@ -157,6 +162,56 @@ def _download(client, url, part, h, have, size, headers, on_progress, what):
     if on_progress:
         on_progress(have, total)
     return h, have, total
+
+
+class _Sink:
+    """Hashes and writes what arrives, in a thread of its own, so the connection is read
+    while the last megabyte is hashed: SHA-256 and the write each let go of the GIL, and
+    on a loaded machine the three together were half the speed of the network alone.
+    Blocks are gathered into SINK_BLOCK bytes before they are handed over."""
+
+    def __init__(self, part: Path, h: hashlib._Hash, *, append: bool) -> None:
+        self._file = open(part, "ab" if append else "wb")  # noqa: SIM115 - closed in close()
+        self._h = h
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="llmgw-fetch-sink", daemon=True)
+        self._thread.start()
+
+    def put(self, block: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        self._pending.append(block)
+        self._pending_bytes += len(block)
+        if self._pending_bytes >= SINK_BLOCK:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self._pending:
+            self._queue.put(b"".join(self._pending))
+            self._pending, self._pending_bytes = [], 0
+
+    def _run(self) -> None:
+        while (block := self._queue.get()) is not None:
+            if self._error is not None:
+                continue
+            try:
+                self._file.write(block)
+            except OSError as exc:
+                self._error = exc
+                continue
+            self._h.update(block)
+
+    def close(self) -> None:
+        """Write what is left and wait for it; raises the write's OSError if one failed."""
+        self._hand_over()
+        self._queue.put(None)
+        self._thread.join()
+        self._file.close()
+        if self._error is not None:
+            raise self._error
 
 
 def _total(r: httpx.Response, have: int) -> int | None:
