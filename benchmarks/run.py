@@ -15,6 +15,8 @@ BENCHES = [
     "gateway.py",
     # A real llama-server when one is built (llmgw engines build llamacpp); else one line saying so.
     "llamacpp.py",
+    # The mirror to an agent against curl; with a llama-server, serve to first token too.
+    "mirror.py",
 ]
 
 if __name__ == "__main__":
