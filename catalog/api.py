@@ -70,6 +70,20 @@ def model_add(request):
     return Status(201, _view(spec.name))
 
 
+@router.put("/models/{name}", response=ModelOut, by_alias=True, openapi_extra=_MODEL_BODY)
+def model_replace(request, name: str):
+    """Replace a runtime model's definition; when its source or a profile changed, its
+    replicas roll, one at a time (as `restart`)."""
+    try:
+        data = json.loads(request.body or b"null", parse_constant=_not_json)
+    except (ValueError, RecursionError):
+        raise Invalid("The body is not valid JSON.") from None
+    spec, rolls = services.model_replace(name=name, data=data, actor=actor(request))
+    if rolls:
+        fleet_services.model_restart(name=spec.name, actor=actor(request), now=clock.now())
+    return _view(spec.name)
+
+
 @router.delete("/models/{name}", response={200: dict})
 def model_remove(request, name: str):
     services.model_remove(name=name, actor=actor(request))

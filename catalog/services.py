@@ -158,8 +158,9 @@ def _runtime_spec(name: str) -> tuple[dict[str, ModelSpec], ModelSpec]:
     return catalog, spec
 
 
-def model_add(*, data: Mapping, actor: str) -> ModelSpec:
-    """Add a runtime model; raises Invalid with the reason, Conflict when the name is taken."""
+def _parsed(data: Mapping) -> tuple[Mapping, ModelSpec]:
+    """A model as POST /models and PUT /models/{name} take it: the data as stored in the
+    audit record (its owner by ID) and the spec; Invalid with the reason."""
     # Before parsing: fields kept only in the audit record must be storable too.
     _no_nul(data, where="the model")
     owner = data.get("owner") if isinstance(data, Mapping) else None
@@ -174,6 +175,37 @@ def model_add(*, data: Mapping, actor: str) -> ModelSpec:
         domain.new_model_warnings_as_errors(spec)
     except CatalogError as exc:
         raise Invalid(str(exc)) from None
+    return data, spec
+
+
+def model_replace(*, name: str, data: Mapping, actor: str) -> tuple[ModelSpec, bool]:
+    """Replace a runtime model with a whole new definition (PUT /models/{name}); returns the
+    spec and whether its replicas must roll: its source or a profile's fingerprint changed.
+    Invalid with the reason, NotFound for no such model, Invalid for a declared one."""
+    if isinstance(data, Mapping) and data.get("name", name) != name:
+        raise Invalid(
+            f"The body names model {data.get('name')!r}, not {name!r}; a model is not renamed."
+        )
+    data, spec = _parsed({**data, "name": name} if isinstance(data, Mapping) else data)
+    old = {}
+
+    def change(current: ModelSpec) -> ModelSpec:
+        old["spec"] = current
+        return spec
+
+    new = model_update(
+        name=name, actor=actor, action="model.update", detail=dict(data), change=change
+    )
+    was = old["spec"]
+    rolls = was.source != new.source or {p.name: p.fingerprint() for p in was.profiles} != {
+        p.name: p.fingerprint() for p in new.profiles
+    }
+    return new, rolls
+
+
+def model_add(*, data: Mapping, actor: str) -> ModelSpec:
+    """Add a runtime model; raises Invalid with the reason, Conflict when the name is taken."""
+    data, spec = _parsed(data)
     with transaction.atomic():
         catalog = catalog_load()
         if spec.name in catalog:

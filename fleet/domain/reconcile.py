@@ -504,10 +504,45 @@ def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> 
             explanation = ({"profile": "", "reasons": [blocked]},)
         else:
             state, unplaceable, explanation = _scale_up(model, state, missing, p)
+            if unplaceable:
+                _stop_first(model, replicas, retiring, deadlines, explanation, p)
     explanation = tuple(explanation)
     if (state.desired, state.unplaceable, state.explanation) == (desired, unplaceable, explanation):
         return state
     return replace(state, desired=desired, unplaceable=unplaceable, explanation=explanation)
+
+
+def _stop_first(
+    model: ModelSpec,
+    replicas: list[ReplicaView],
+    retiring: set[str],
+    deadlines: dict[str, datetime],
+    explanation: tuple,
+    p: Pass,
+) -> None:
+    """A restart (or a roll) whose replacement finds no room stops the replica it replaces
+    first, and its replacement is placed into the room that frees: one replica fewer for a
+    while rather than a restart that never ends. A drain's retiring replica has a deadline
+    of its own and waits for it."""
+    stopping = {s.replica_id for s in p.plan.stops}
+    old = [
+        r
+        for r in replicas
+        if r.id in retiring
+        and r.state == "ready"
+        and r.id not in deadlines
+        and r.id not in stopping
+    ]
+    if not old:
+        return
+    first = next((w for e in explanation for w in e["reasons"]), "no profile fits")
+    r = old[0]
+    why = (
+        f"replica {r.id} of {model.name} stops before its replacement starts: no room for "
+        f"both ({first}); the replacement is placed into the room it frees"
+    )
+    p.plan.stops.append(Stop(r.id, int(p.t.preempt_grace), why))
+    p.plan.events.append(Event(why, "restart", model=model.name, replica=r.id))
 
 
 def held_for(state: ModelState, now: datetime, live: int, wants: ModelState | None) -> str:

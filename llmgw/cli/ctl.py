@@ -631,6 +631,17 @@ def cmd_model_add(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(answer, lambda a: said(a, f"model {name or model.get('name')} added"))
 
 
+def cmd_model_update(api: Api, args: argparse.Namespace, out: Output) -> None:
+    model = read_model_file(args.file)
+    name = args.name or (model.get("name") if isinstance(model, dict) else None)
+    if not isinstance(name, str) or not name:
+        raise CtlError(
+            "the file names no model: give its name, llmgw ctl model update NAME --file F"
+        )
+    answer = api.put(f"/models/{segment(name)}", model)
+    out.show(answer, lambda a: f"model {a['name']} updated: {a.get('reason') or a.get('status')}")
+
+
 def cmd_model_remove(api: Api, args: argparse.Namespace, out: Output) -> None:
     answer = api.delete(f"/models/{segment(args.name)}")
     out.show(answer, lambda a: said(a, f"model {args.name} removed"))
@@ -933,6 +944,14 @@ def _add_model_commands(add: Callable[..., Any], commands: Any) -> Any:
     add(actions, "show", "one model in full", cmd_model_show).add_argument("name")
     adding = add(actions, "add", "add a runtime model from a YAML or JSON file", cmd_model_add)
     adding.add_argument("--file", required=True, help="one model object; - reads stdin")
+    updating = add(
+        actions,
+        "update",
+        "replace a runtime model from a file; its replicas roll when a profile or the source changed",
+        cmd_model_update,
+    )
+    updating.add_argument("name", nargs="?", help="default: the name in the file")
+    updating.add_argument("--file", required=True, help="the whole model object; - reads stdin")
     add(actions, "remove", "remove a runtime model", cmd_model_remove).add_argument("name")
     add(actions, "explain", "why its last placement failed", cmd_model_explain).add_argument("name")
     return actions

@@ -713,7 +713,7 @@ def test_restart_retires_one_replica_at_a_time_replacement_first():
     assert sorted(c.ids()) == ["chat-1", "chat-2"]
 
 
-def test_a_retiring_replica_holds_its_room_until_replaced():
+def test_a_restart_with_no_room_for_a_replacement_stops_the_old_one_first_and_says_so():
     c = Cluster(
         snapshot([gpu_node("n1")], [model("chat", gpu_profile(tp=8))], [replica("a", "chat")])
     )
@@ -721,9 +721,20 @@ def test_a_retiring_replica_holds_its_room_until_replaced():
     c.wait(1)
     plan = c.step()
     assert [r.replica_id for r in plan.retires] == ["a"]
-    assert plan.starts == [] and plan.stops == []
-    assert c.state("chat").unplaceable
-    assert c.replica("a").state == "ready"
+    assert plan.starts == []
+    (stop,) = plan.stops
+    assert stop.replica_id == "a"
+    assert stop.reason.startswith(
+        "replica a of chat stops before its replacement starts: no room for both ("
+    )
+    assert stop.reason.endswith("the replacement is placed into the room it frees")
+    assert stop.reason in plan.events
+
+    c.wait(5)
+    assert c.step().stops == []  # stopping: nothing more is stopped for it
+    c.all_stopped()
+    c.wait(5)
+    assert started_on(c.step()) == [["n1"]]
 
 
 def test_a_draining_node_moves_its_replicas_replacement_first():
