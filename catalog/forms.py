@@ -6,6 +6,8 @@ refusal reads the same here as from the API and the catalog file.
 
 from __future__ import annotations
 
+import shlex
+
 from django import forms
 
 from .domain import CLASSES, ENGINES
@@ -49,6 +51,22 @@ class ProfileForm(forms.Form):
     tp = forms.IntegerField(required=False, label="TP")
     min_memory_gb = forms.FloatField(required=False, label="Memory GB")
     cpu_cores = forms.IntegerField(required=False, label="Cores")
+    args = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Engine arguments",
+        widget=forms.TextInput(attrs={"placeholder": "--ctx-size 8192 --parallel 4"}),
+    )
+
+    def clean_args(self) -> list[str] | None:
+        """The arguments as a shell would split them; the catalog judges each."""
+        text = self.cleaned_data["args"].strip()
+        if not text:
+            return None
+        try:
+            return shlex.split(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"The engine arguments cannot be read: {exc}.") from None
 
 
 ProfileFormSet = forms.formset_factory(

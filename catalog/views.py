@@ -161,6 +161,7 @@ _PROFILE_WORDS = {
     "min_memory_gb": "min_memory_gb",
     "cpu_cores": "cpu_cores",
     "tp": "tp",
+    "args": "args",
     "name": "name",
 }
 

@@ -661,3 +661,29 @@ def test_a_models_page_makes_as_many_queries_at_40_replicas_as_at_one(
 
     assert response.content.decode().count("<tr data-replica=") == 41
     assert len(many.captured_queries) == len(one.captured_queries)
+
+
+def test_a_profile_may_pass_engine_arguments_from_the_add_form(staff, db):
+    profiles = [
+        {"name": "cpu", "engine": "llamacpp", "min_memory_gb": "2", "cpu_cores": "1",
+         "args": "--ctx-size 8192 --chat-template 'gemma 3'"},
+    ]  # fmt: skip
+    response = staff.post("/models", add_form(profiles=profiles))
+
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert stored("mistral").profiles[0].args == (
+        "--ctx-size",
+        "8192",
+        "--chat-template",
+        "gemma 3",
+    )
+
+
+def test_engine_arguments_that_cannot_be_split_are_refused_beside_the_field(staff, db):
+    profiles = [{"name": "cpu", "engine": "llamacpp", "min_memory_gb": "2", "args": "--x 'open"}]
+
+    response = staff.post("/models", add_form(profiles=profiles))
+
+    assert response.status_code == 400
+    assert "The engine arguments cannot be read: No closing quotation." in response.content.decode()
+    assert not Model.objects.filter(name="mistral").exists()
