@@ -4,8 +4,3 @@ from django.apps import AppConfig
 class CatalogConfig(AppConfig):
     name = "catalog"
     default_auto_field = "django.db.models.BigAutoField"
-
-    def ready(self) -> None:
-        from . import signals
-
-        signals.connect()

@@ -97,8 +97,9 @@ class Revision(models.Model):
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     value = models.PositiveBigIntegerField(default=0)
-    # The measurements' own counter, bumped by every save or delete of one (catalog/signals.py):
-    # a measurement is not a catalog change, but the reconciler reads it again when it moves.
+    # The measurements' own counter, bumped by every write of one, a model's removal included
+    # (services.measurements_revision_bump): a measurement is not a catalog change, but the
+    # reconciler reads the measurements again when it moves.
     measurements = models.PositiveBigIntegerField(default=0)
 
     def __str__(self) -> str:

@@ -402,6 +402,7 @@ def measurement_save(
             target=f"{model}/{profile}",
             detail={"max_concurrency": max_concurrency, "tok_per_sec": float(tok_per_sec)},
         )
+        measurements_revision_bump()
     log.info(
         "model %s on %s measured by %s: %d at once, %g tokens/s",
         model,
@@ -431,15 +432,24 @@ def _delete(name: str) -> None:
     # Imported here: fleet reads the catalog, so a module-level import would be a cycle.
     from fleet.models import ModelState
 
-    Model.objects.filter(name=name).delete()
+    _, deleted = Model.objects.filter(name=name).delete()
     ModelState.objects.filter(pk=name).delete()
     _bump()
+    if deleted.get(Measurement._meta.label):  # its measurements went with it
+        measurements_revision_bump()
 
 
 def _bump() -> None:
     """Tell every process's catalog cache that the catalog changed (in the caller's transaction)."""
     if not Revision.objects.filter(pk=1).update(value=F("value") + 1):
         Revision.objects.get_or_create(pk=1, defaults={"value": 1})
+
+
+def measurements_revision_bump() -> None:
+    """Say that the measurements changed (one saved, or a model's removed with it), in the
+    caller's transaction, so the reconciler reads them again only when this counter moved."""
+    if not Revision.objects.filter(pk=1).update(measurements=F("measurements") + 1):
+        Revision.objects.get_or_create(pk=1, defaults={"measurements": 1})
 
 
 def declared_sync(*, specs: list[ModelSpec]) -> list[str]:

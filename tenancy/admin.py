@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -42,6 +43,7 @@ from .services import (
     limit_figures,
     limit_set,
     org_create,
+    policy_revision_bump,
     project_create,
     quota_clear,
     quota_set,
@@ -110,7 +112,8 @@ class ProjectForm(NamedForm):
 
 
 class TenancyAdmin(admin.ModelAdmin):
-    """Adds through the service, which records who did it; a rename is recorded here."""
+    """Adds through the service, which records who did it; a rename is recorded here, and a
+    rename or delete moves the quota policy's revision, since the policy names the tree."""
 
     kind = ""
     parent_field = ""
@@ -128,14 +131,27 @@ class TenancyAdmin(admin.ModelAdmin):
             made = self.create(obj, _who(request))
             obj.pk, obj.created_at = made.pk, made.created_at
             return
-        super().save_model(request, obj, form, change)
-        if "name" in form.changed_data:
-            audit_record(
-                actor=_who(request),
-                action=f"{self.kind}.rename",
-                target=f"{self.kind}:{obj.pk}",
-                detail={"name": obj.name, "was": form.initial.get("name")},
-            )
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            if "name" in form.changed_data:
+                audit_record(
+                    actor=_who(request),
+                    action=f"{self.kind}.rename",
+                    target=f"{self.kind}:{obj.pk}",
+                    detail={"name": obj.name, "was": form.initial.get("name")},
+                )
+            policy_revision_bump()
+
+    def delete_model(self, request, obj):
+        with transaction.atomic():
+            super().delete_model(request, obj)
+            policy_revision_bump()
+
+    def delete_queryset(self, request, queryset):
+        # The admin's "delete selected" action: one write, one bump, whatever the rows.
+        with transaction.atomic():
+            super().delete_queryset(request, queryset)
+            policy_revision_bump()
 
 
 @admin.register(Organization)

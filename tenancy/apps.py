@@ -4,8 +4,3 @@ from django.apps import AppConfig
 class TenancyConfig(AppConfig):
     name = "tenancy"
     default_auto_field = "django.db.models.BigAutoField"
-
-    def ready(self) -> None:
-        from . import signals
-
-        signals.connect()

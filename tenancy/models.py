@@ -132,9 +132,9 @@ class CapacityQuota(models.Model):
 
 class PolicyRevision(models.Model):
     """The capacity quota policy's change counter: bumped in the writer's transaction by
-    every save or delete of a quota, organization, team or project (tenancy/signals.py), so
-    the reconciler reads the policy again only when it changed (timestamps would depend on
-    every host's clock)."""
+    every write of a quota, organization, team or project (services.policy_revision_bump,
+    called by each service and by admin's renames and deletes), so the reconciler reads the
+    policy again only when it changed (timestamps would depend on every host's clock)."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     value = models.PositiveBigIntegerField(default=0)

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from llmgw.errors import Conflict, Invalid, NotFound
@@ -16,6 +17,7 @@ from .models import (
     AuditEvent,
     CapacityQuota,
     Organization,
+    PolicyRevision,
     Project,
     ScopeLimit,
     Team,
@@ -54,6 +56,14 @@ def audit_record(*, actor: str, action: str, target: str, detail: dict | None = 
     AuditEvent.objects.create(
         actor=actor[:150], action=action, target=target[:200], detail=detail or {}
     )
+
+
+def policy_revision_bump() -> None:
+    """Say that what the quota policy is built from changed: a quota, or the tenancy tree
+    (a name or a parent). Call it in the writer's transaction, once per write, so the
+    reconciler and every dry run read the policy again only when this counter moved."""
+    if not PolicyRevision.objects.filter(pk=1).update(value=F("value") + 1):
+        PolicyRevision.objects.get_or_create(pk=1, defaults={"value": 1})
 
 
 def _name(value: object, *, what: str) -> str:
@@ -106,6 +116,7 @@ def org_create(*, name: str, actor: str) -> Organization:
             audit_record(
                 actor=actor, action="org.add", target=f"org:{org.pk}", detail={"name": name}
             )
+            policy_revision_bump()
     except IntegrityError:  # added by someone else between the check and the write
         raise Conflict(f"there is already an organization named {name}.") from None
     log.info("organization %s (org:%s) added by %s", name, org.pk, actor)
@@ -126,6 +137,7 @@ def team_create(*, org: str | int, name: str, actor: str) -> Team:
                 target=f"team:{team.pk}",
                 detail={"org": f"org:{parent.pk}", "name": name},
             )
+            policy_revision_bump()
     except IntegrityError:
         raise Conflict(f"there is already a team named {name} there.") from None
     log.info("team %s/%s (team:%s) added by %s", parent.name, name, team.pk, actor)
@@ -146,6 +158,7 @@ def project_create(*, team: str | int, name: str, actor: str) -> Project:
                 target=f"project:{project.pk}",
                 detail={"team": f"team:{parent.pk}", "name": name},
             )
+            policy_revision_bump()
     except IntegrityError:
         raise Conflict(f"there is already a project named {name} there.") from None
     log.info("project %s/%s (project:%s) added by %s", parent, name, project.pk, actor)
@@ -214,6 +227,7 @@ def quota_set(*, scope: str, guarantee: Mapping | None, limit: Mapping | None, a
             target=key,
             detail={"guarantee": wanted.as_dict(), "limit": most.as_dict()},
         )
+        policy_revision_bump()
     log.info(
         "quota of %s (%s) set by %s: %s (was %s)",
         _written(tree, key),
@@ -266,6 +280,7 @@ def quota_clear(*, scope: str, actor: str) -> str:
             raise NotFound(f"{_written(tree, key)} has no capacity quota.")
         old.delete()
         audit_record(actor=actor, action="quota.clear", target=key)
+        policy_revision_bump()
     log.info(
         "quota of %s (%s) removed by %s (was %s)",
         _written(tree, key),

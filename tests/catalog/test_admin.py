@@ -74,6 +74,37 @@ def test_measurements_are_view_only(admin_client, llama):
     assert measurement.max_concurrency == 8
 
 
+def test_a_model_and_its_measurements_stay_when_admin_is_asked_to_delete_them(admin_client, llama):
+    """Admin deletes nothing of the catalog, so it never has to move the measurements' revision:
+    a model is removed, with its measurements, through the one removal path (which does)."""
+    from catalog.selectors import measurements_revision
+    from catalog.services import measurement_save
+
+    measurement_save(
+        model="llama",
+        profile="gpu",
+        max_concurrency=8,
+        tok_per_sec=400,
+        actor="bench",
+        now=timezone.now(),
+    )
+    before = measurements_revision()
+    measurement = Measurement.objects.get()
+
+    deletes = [
+        admin_client.post(f"/admin/catalog/model/{llama.pk}/delete/", {"post": "yes"}),
+        admin_client.post(
+            "/admin/catalog/model/",
+            {"action": "delete_selected", "_selected_action": [llama.pk], "post": "yes"},
+        ),
+        admin_client.post(f"/admin/catalog/measurement/{measurement.pk}/delete/", {"post": "yes"}),
+    ]
+
+    assert [r.status_code for r in deletes[::2]] == [403, 403]
+    assert Model.objects.filter(pk=llama.pk).exists() and Measurement.objects.exists()
+    assert measurements_revision() == before
+
+
 @pytest.fixture
 def three(llama) -> int:
     """llama (shared, 2–3), chat (critical, owned by Acme's ml) and spare (on demand);

@@ -367,6 +367,57 @@ def test_a_bad_measurement_is_400_and_nothing_is_stored(api, body, says):
     assert Measurement.objects.count() == 0
 
 
+def test_every_measurement_write_moves_their_revision_and_nothing_else_does(api):
+    """The reconciler reads the measurements again only when this counter moved."""
+    from catalog.selectors import measurements_revision
+
+    seen = [measurements_revision()]
+
+    def moved() -> int:
+        seen.append(measurements_revision())
+        return seen[-1] - seen[-2]
+
+    api.call("POST", "/models", two_profiles())
+    api.call("POST", "/models", two_profiles("plain"))
+    assert moved() == 0, "a model added is no measurement"
+    body = {"profile": "gpu", "max_concurrency": 4, "tok_per_sec": 100}
+    assert api.call("PUT", "/models/mixed/capacity", body).status_code == 200
+    assert moved() == 1
+    assert api.call("PUT", "/models/mixed/capacity", {**body, "profile": "cpu"}).status_code == 200
+    assert moved() == 1, "a second profile measured"
+    assert api.call("PUT", "/models/mixed/capacity", {**body, "tok_per_sec": 0}).status_code == 400
+    assert moved() == 0, "a refused measurement"
+    assert api.call("DELETE", "/models/plain").status_code == 200
+    assert moved() == 0, "a model removed with no measurements"
+
+    assert api.call("DELETE", "/models/mixed").status_code == 200
+
+    assert not Measurement.objects.exists()
+    assert moved() == 1, "a removal dropping both of its measurements: one write"
+
+
+def test_a_declared_model_dropped_from_the_file_takes_its_measurements_and_moves_them():
+    from catalog.selectors import measurements_revision
+    from catalog.services import measurement_save
+    from llmgw import clock
+
+    declared_sync(specs=[parse_model(gpu_model("llama"), declared=True)])
+    measurement_save(
+        model="llama",
+        profile="gpu",
+        max_concurrency=4,
+        tok_per_sec=80,
+        actor="bench",
+        now=clock.now(),
+    )
+    before = measurements_revision()
+
+    declared_sync(specs=[])
+
+    assert not Measurement.objects.exists()
+    assert measurements_revision() == before + 1
+
+
 def test_measuring_an_unknown_model_is_404(api):
     response = api.call(
         "PUT", "/models/ghost/capacity", {"profile": "p", "max_concurrency": 1, "tok_per_sec": 1}

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from catalog.models import Measurement, Model
+from catalog.services import measurement_save
 from fleet.models import ModelState, Replica
 from fleet.reconciler import reconcile_once
 from llmgw import clock
@@ -28,12 +28,14 @@ def tp8(name: str, **extra) -> dict:
 
 
 def measure(model: str, profile: str, tok_per_sec: float, concurrency: int = 16) -> None:
-    Measurement.objects.create(
-        model=Model.objects.get(name=model),
+    """What `ctl bench --save` stores, through its service (which moves the revision)."""
+    measurement_save(
+        model=model,
         profile=profile,
         max_concurrency=concurrency,
         tok_per_sec=tok_per_sec,
-        measured_at=clock.now(),
+        actor="bench",
+        now=clock.now(),
     )
 
 

@@ -116,9 +116,9 @@ def test_quotas_are_read_again_only_when_their_revision_moves_and_kept_when_the_
     assert fresh.get() == "e", "never read: nothing governed rather than a failed pass"
 
 
-def test_every_write_the_policy_is_built_from_moves_its_revision():
+def test_every_write_the_policy_is_built_from_moves_its_revision(admin_client):
     from tenancy.selectors import quota_policy_revision
-    from tenancy.services import org_create, quota_clear, quota_set, team_create
+    from tenancy.services import org_create, project_create, quota_clear, quota_set, team_create
 
     seen = [quota_policy_revision()]
 
@@ -130,16 +130,18 @@ def test_every_write_the_policy_is_built_from_moves_its_revision():
     assert moved()
     team = team_create(org="Acme", name="ml", actor="t")
     assert moved()
+    project = project_create(team="Acme/ml", name="training", actor="t")
+    assert moved()
     quota_set(scope="team:Acme/ml", guarantee={"gpus": 2}, limit=None, actor="t")
     assert moved()
-    Team.objects.filter(pk=team.pk).get().save()  # a rename in admin saves the row
+    renamed = admin_client.post(f"/admin/tenancy/team/{team.pk}/change/", {"name": "research"})
+    assert renamed.status_code == 302 and moved()
+    quota_clear(scope="team:Acme/research", actor="t")
     assert moved()
-    quota_clear(scope="team:Acme/ml", actor="t")
-    assert moved()
-    Team.objects.filter(pk=team.pk).delete()
-    assert moved()
-    acme.delete()
-    assert moved()
+    for kind, pk in (("project", project.pk), ("team", team.pk), ("organization", acme.pk)):
+        deleted = admin_client.post(f"/admin/tenancy/{kind}/{pk}/delete/", {"post": "yes"})
+        assert deleted.status_code == 302 and moved(), kind
+    assert not Organization.objects.exists()
 
 
 def test_a_quota_set_acts_at_the_next_pass_and_the_store_is_asked_only_then(no_settle):

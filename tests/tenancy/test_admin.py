@@ -336,3 +336,126 @@ def test_the_audit_trail_is_read_only_in_admin(admin_client, tree):
     assert (changed.status_code, deleted.status_code) == (403, 403)
     event.refresh_from_db()
     assert event.actor == "test"
+
+
+class TestEveryAdminWriteMovesThePolicyRevision:
+    """The reconciler reads the quota policy again only when its revision moved: an add, a
+    change or a delete in admin, of a quota or of the tree it names, must move it, and
+    once per write, whatever the rows."""
+
+    @pytest.fixture
+    def revision(self):
+        from tenancy.selectors import quota_policy_revision
+
+        return quota_policy_revision
+
+    @pytest.mark.parametrize(
+        "model, form",
+        [
+            ("organization", lambda tree: {"name": "Globex"}),
+            ("team", lambda tree: {"name": "web", "org": tree["org"].pk}),
+            ("project", lambda tree: {"name": "serving", "team": tree["team"].pk}),
+            ("capacityquota", lambda tree: {"scope": "team:Acme/ml", "limit_gpus": "4"}),
+        ],
+    )
+    def test_an_add(self, admin_client, tree, revision, model, form):
+        before = revision()
+
+        response = admin_client.post(f"/admin/tenancy/{model}/add/", form(tree))
+
+        assert response.status_code == 302
+        assert revision() == before + 1
+
+    @pytest.mark.parametrize(
+        "model, key, form",
+        [
+            ("organization", "org", {"name": "Globex"}),
+            ("team", "team", {"name": "research"}),
+            ("project", "project", {"name": "serving"}),
+        ],
+    )
+    def test_a_rename(self, admin_client, tree, revision, model, key, form):
+        before = revision()
+
+        response = admin_client.post(f"/admin/tenancy/{model}/{tree[key].pk}/change/", form)
+
+        assert response.status_code == 302
+        assert type(tree[key]).objects.get(pk=tree[key].pk).name == form["name"]
+        assert revision() == before + 1
+
+    def test_a_quota_changed(self, admin_client, tree, revision):
+        quota_set(scope="team:Acme/ml", guarantee={"gpus": 4}, limit=None, actor="ops")
+        quota = CapacityQuota.objects.get()
+        before = revision()
+
+        response = admin_client.post(
+            f"/admin/tenancy/capacityquota/{quota.pk}/change/", {"limit_gpus": "6"}
+        )
+
+        assert response.status_code == 302
+        assert CapacityQuota.objects.get().limit_gpus == 6
+        assert revision() == before + 1
+
+    def test_a_delete_of_each_from_its_page(self, admin_client, tree, revision):
+        quota_set(scope="team:Acme/ml", guarantee={"gpus": 4}, limit=None, actor="ops")
+        rows = [
+            ("capacityquota", CapacityQuota.objects.get()),
+            ("project", tree["project"]),
+            ("team", tree["team"]),
+            ("organization", tree["org"]),
+        ]
+        for model, row in rows:
+            before = revision()
+
+            response = admin_client.post(
+                f"/admin/tenancy/{model}/{row.pk}/delete/", {"post": "yes"}
+            )
+
+            assert response.status_code == 302, model
+            assert not type(row).objects.filter(pk=row.pk).exists(), model
+            assert revision() == before + 1, model
+
+    def test_delete_selected_moves_it_once_for_the_tree_and_once_a_quota(
+        self, admin_client, tree, revision
+    ):
+        other = project_create(team=tree["team"].pk, name="other", actor="test")
+        quota_set(scope="team:Acme/ml", guarantee={"gpus": 4}, limit=None, actor="ops")
+        quota_set(scope="org:Acme", guarantee=None, limit={"gpus": 8}, actor="ops")
+        before = revision()
+
+        projects = admin_client.post(
+            "/admin/tenancy/project/",
+            {
+                "action": "delete_selected",
+                "_selected_action": [tree["project"].pk, other.pk],
+                "post": "yes",
+            },
+        )
+        assert projects.status_code == 302
+        assert not Project.objects.exists()
+        assert revision() == before + 1
+
+        quotas = admin_client.post(
+            "/admin/tenancy/capacityquota/",
+            {
+                "action": "delete_selected",
+                "_selected_action": list(CapacityQuota.objects.values_list("pk", flat=True)),
+                "post": "yes",
+            },
+        )
+        assert quotas.status_code == 302
+        assert not CapacityQuota.objects.exists()
+        assert revision() == before + 3, "each quota is cleared through the service"
+
+    def test_a_refused_form_or_delete_leaves_it_alone(self, admin_client, tree, revision):
+        before = revision()
+
+        refused = admin_client.post("/admin/tenancy/organization/add/", {"name": "a/b"})
+        # Acme still has its team: admin refuses to delete it and deletes nothing.
+        protected = admin_client.post(
+            f"/admin/tenancy/organization/{tree['org'].pk}/delete/", {"post": "yes"}
+        )
+
+        assert (refused.status_code, protected.status_code) == (200, 200)
+        assert Organization.objects.filter(pk=tree["org"].pk).exists()
+        assert revision() == before
