@@ -1,5 +1,8 @@
 """A real model end to end: a real `llama-server` serving Gemma 3 270M on a CPU node's agent,
-asked through the gateway of a real `llmgw serve` with the official openai client.
+asked through the gateway of a real `llmgw serve` with the official openai client. The GGUF
+is added to the mirror by path; the agent fetches it from the mirror into its cache and
+starts the engine on the verified file. A model whose file is missing shows llama-server's
+own error in `ctl model explain` and on the cluster page.
 
 The llama-server is the one `llmgw engines build llamacpp` made ($LLMGW_TEST_LLAMA_SERVER,
 else the build cache). Without one the tests skip, saying how to make it; in CI (CI=true),
@@ -10,6 +13,7 @@ may have two cores.
 from __future__ import annotations
 
 import contextlib
+import re
 
 import httpx
 import openai
@@ -20,6 +24,7 @@ from llmgw.secrets import engine_key
 from .conftest import MODES
 from .harness import SECRET, Cluster, gateway_key, gateway_project, wait_for
 from .real_engines import gemma_gguf, in_ci, llama_server
+from .test_failures import _ctl, _staff_cookie
 
 MODEL = "gemma3-270m"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -66,12 +71,13 @@ def llamacpp_model(gemma_weights) -> dict:
 
 
 @pytest.fixture(scope="module", params=MODES)
-def site(request, tmp_path_factory, llama_server_binary, llamacpp_model):
+def site(request, tmp_path_factory, llama_server_binary, llamacpp_model, gemma_weights):
     """A control plane, one CPU node whose agent runs the llama-server given it, the model
     ready on it, and a gateway key: (cluster, replica, key)."""
     cluster = Cluster(
         tmp_path_factory.mktemp(f"llamacpp-{request.param}"),
         production=request.param == "production",
+        mirror_sources=gemma_weights.parent,
     )
     try:
         cluster.start_server()
@@ -82,7 +88,8 @@ def site(request, tmp_path_factory, llama_server_binary, llamacpp_model):
             "--memory-gb",
             "8",
             "--cpus",
-            "2",
+            # Two for Gemma, one for the model whose file is missing.
+            "3",
             port_range="33000-33099",
         )
         node = wait_for(
@@ -93,6 +100,13 @@ def site(request, tmp_path_factory, llama_server_binary, llamacpp_model):
             ),
         )
         assert "llamacpp" in node["engines"], node["engines"]
+        # The weights go through the mirror: added by path, fetched by the agent.
+        added = cluster.post("/weights", {"source": llamacpp_model["source"]})
+        wait_for(
+            "the mirror to hold the weights",
+            lambda: cluster.get(f"/weights/{added['id']}")["state"] == "ready",
+            timeout=120,
+        )
         cluster.post("/models", llamacpp_model)
         try:
             [replica] = wait_for(
@@ -199,3 +213,42 @@ def test_chat_streamed_chat_and_usage_through_the_gateway(site, gemma_weights):
     figures = recorded()
     assert figures is not None and figures[:3] == least[:3], figures
     assert least[3] <= figures[3] <= least[3] - 1 + 8, figures
+
+
+def test_the_agent_ran_the_engine_on_the_file_it_fetched_from_the_mirror(site, gemma_weights):
+    cluster, _, _ = site
+    [weights] = cluster.get("/weights")
+    digest = weights["files"][0]["sha256"]
+    cached = cluster.home / "cpu-real" / "weights" / "sha256" / digest
+    assert cached.is_file() and cached.stat().st_size == gemma_weights.stat().st_size
+    assert weights["models"] == [MODEL] and weights["last_used_at"]
+    [node] = cluster.get("/nodes")
+    assert [w["sha256"] for w in node["weights"]] == [digest]
+
+
+def test_a_model_whose_file_is_missing_shows_llama_servers_own_error(site, llamacpp_model):
+    cluster, _, _ = site
+    missing = {**llamacpp_model, "name": "missing", "source": "/nowhere/missing.gguf"}
+    missing["profiles"] = [{**missing["profiles"][0], "min_memory_gb": 1, "cpu_cores": 1}]
+    cluster.post("/models", missing)
+    try:
+        failing = wait_for(
+            "the model to fail with the engine's words",
+            lambda: (m := cluster.get("/models/missing"))["last_failure"] and m,
+            timeout=READY_S,
+        )
+        detail = failing["last_failure"]["detail"]
+        # llama-server's own words about the file, not only llmgw's.
+        assert "/nowhere/missing.gguf" in detail, detail
+        assert "failed to load model" in detail or "No such file" in detail, detail
+
+        explain = _ctl(cluster, "model", "explain", "missing")
+        assert "/nowhere/missing.gguf" in explain.stdout, explain.stdout
+
+        page = httpx.get(
+            f"{cluster.url}/", cookies={"sessionid": _staff_cookie(cluster)}, timeout=10
+        )
+        strip = re.search(r'<ul id="attention".*?</ul>', page.text, re.S).group(0)
+        assert "missing</a> is" in strip and "/nowhere/missing.gguf" in strip, strip
+    finally:
+        cluster.client.delete("/models/missing")
