@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from django.conf import settings
 
 from catalog.models import Model
 
 from .domain.progress import READY, FileProgress, progress
+from .domain.refs import WeightsRef
 from .models import WeightFile, Weights
 
 
@@ -77,19 +77,6 @@ def weights_using(*, weights_id: int) -> list[str]:
     """Names of the models whose source names these weights."""
     w = Weights.objects.filter(pk=weights_id).first()
     return [] if w is None else _users([w])[w.pk]
-
-
-@dataclass(frozen=True)
-class WeightsRef:
-    """What an agent needs to fetch a model's weights: ``start_shard``'s ``weights``."""
-
-    sha256: str
-    size: int
-    url: str
-    file: str
-
-    def message(self) -> dict:
-        return {"sha256": self.sha256, "size": self.size, "url": self.url, "file": self.file}
 
 
 def weights_for_source(source: str) -> WeightsRef | str | None:

@@ -20,13 +20,13 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
 import httpx
 
+from mirror.domain.refs import WeightsRef
 from mirror.transfer import TransferError, fetch
 
 log = logging.getLogger(__name__)
@@ -39,31 +39,6 @@ GB = 1 << 30
 
 class CacheError(Exception):
     """Weights that could not be put in the cache; the message is a sentence."""
-
-
-@dataclass(frozen=True)
-class WeightsRef:
-    """``start_shard``'s ``weights``: the file a shard needs from the mirror."""
-
-    sha256: str
-    size: int
-    url: str
-    file: str
-
-    @classmethod
-    def from_message(cls, raw: Any) -> WeightsRef:
-        """Read ``weights``; raises CacheError when it is unusable."""
-        if not isinstance(raw, dict):
-            raise CacheError("start_shard's weights is not an object.")
-        digest, size, url = raw.get("sha256"), raw.get("size"), raw.get("url")
-        if not isinstance(digest, str) or not _HEX64.match(digest):
-            raise CacheError("start_shard's weights carry no sha256 digest.")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise CacheError("start_shard's weights carry no size.")
-        if not isinstance(url, str) or not url:
-            raise CacheError("start_shard's weights carry no url.")
-        name = raw.get("file")
-        return cls(digest, size, url, name if isinstance(name, str) and name else digest)
 
 
 class WeightCache:

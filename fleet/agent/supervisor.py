@@ -25,9 +25,10 @@ from typing import Any
 
 import httpx
 
-from fleet.agent.cache import CacheError, WeightCache, WeightsRef
+from fleet.agent.cache import CacheError, WeightCache
 from fleet.agent.discovery import is_loopback
 from fleet.agent.enginelog import failure_tail, tail_lines
+from fleet.agent.install import BuildRef, Installer, InstallError, missing
 from fleet.agent.engines import (
     SIM_COMMAND,
     EngineError,
@@ -36,6 +37,7 @@ from fleet.agent.engines import (
     build_command,
     engine_load,
 )
+from mirror.domain.refs import RefError, WeightsRef
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +173,11 @@ class Supervisor:
         cpu_count: int | None = None,
         sim_command: Sequence[str] | None = None,
         cache: WeightCache | None = None,
+        installer: Installer | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.cache = cache
+        self.installer = installer
         self.advertise_addr = advertise_addr
         self.port_range = port_range
         self.cpu_count = cpu_count
@@ -241,17 +245,47 @@ class Supervisor:
             return
         shard = Shard(spec=spec)
         self._shards[spec.shard_id] = shard
-        if msg.get("weights") is not None:
+        # A build is installed only where the engine is missing: one given to the agent or
+        # on its PATH is used as it is.
+        build = msg.get("engine_build") if missing(spec.engine) else None
+        if msg.get("weights") is not None or build is not None:
             # A fetch takes minutes: the session keeps serving commands meanwhile.
             shard.state = FETCHING
             shard.watcher = asyncio.create_task(
-                self._fetch_then_launch(shard, msg["weights"]), name=f"fetch-{spec.shard_id}"
+                self._fetch_then_launch(shard, msg.get("weights"), build),
+                name=f"fetch-{spec.shard_id}",
             )
             return
         await self._launch(shard)
 
-    async def _fetch_then_launch(self, shard: Shard, raw: Any) -> None:
-        """Put the shard's weights in the cache, then start its engine on the verified file."""
+    async def _install(self, shard: Shard, raw: Any) -> bool:
+        """Install the shard's engine from the mirror; whether it may go on (else it is failed)."""
+        loop = asyncio.get_running_loop()
+        try:
+            if self.installer is None:
+                raise InstallError("This agent installs no engines (it has no state folder).")
+            ref = BuildRef.from_message(raw)
+            self._progress(shard, 0, ref.size)
+            await self.installer.ensure(
+                ref,
+                on_progress=lambda d, t: loop.call_soon_threadsafe(self._progress, shard, d, t),
+            )
+        except InstallError as exc:
+            if shard.stop_task is None:
+                self._finish(shard, FAILED, detail=str(exc))
+            return False
+        return shard.stop_task is None
+
+    async def _fetch_then_launch(self, shard: Shard, raw: Any, build: Any = None) -> None:
+        """Install the shard's engine and put its weights in the cache (each when asked), then
+        start its engine on the verified file."""
+        if build is not None and not await self._install(shard, build):
+            return
+        if raw is None:
+            shard.state = STARTING
+            shard.watcher = None
+            await self._launch(shard)
+            return
         spec = shard.spec
         try:
             if self.cache is None:
@@ -267,7 +301,7 @@ class Supervisor:
             if not self.cache.path(ref.sha256).exists():
                 self._progress(shard, 0, ref.size)
             path = await self.cache.ensure(ref, source=spec.source, on_progress=progress)
-        except CacheError as exc:
+        except (CacheError, RefError) as exc:
             if shard.stop_task is None:
                 self._finish(shard, FAILED, detail=str(exc))
             return

@@ -12,7 +12,8 @@ from collections import namedtuple
 
 import pytest
 
-from fleet.agent.cache import CacheError, WeightCache, WeightsRef
+from fleet.agent.cache import CacheError, WeightCache
+from mirror.domain.refs import RefError, WeightsRef
 from tests.mirror.hub import Hub
 
 from .helpers import PATIENCE_S
@@ -133,7 +134,7 @@ async def test_reclaim_deletes_only_what_nothing_uses(tmp_path, mirror):
     ],
 )
 def test_weights_that_cannot_be_fetched_are_a_sentence(raw, said):
-    with pytest.raises(CacheError, match=said):
+    with pytest.raises(RefError, match=said):
         WeightsRef.from_message(raw)
 
 
