@@ -246,3 +246,5 @@ class ExplainOut(Schema):
     reason: str
     explanation: list[dict]
     last_failure: FailureOut | None = None
+    # Its replicas waiting on their node installing the engine from the mirror.
+    installing: list[str] = []

@@ -20,6 +20,7 @@ from tenancy.selectors import token_find
 from . import events
 from .dispatch import Command, node_group, send_commands
 from .domain.types import parse_shard_id
+from .engine_installs import node_engines_record
 from .live import LIVE, OutOfOrder
 from .services import (
     node_disconnected,
@@ -198,6 +199,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if msg.weights is not None or msg.disk is not None:
             await database_sync_to_async(node_weights_record)(
                 node_id=self.node_id, weights=msg.weights, disk=msg.disk
+            )
+        if msg.engines is not None or msg.engine_installs is not None:
+            await database_sync_to_async(node_engines_record)(
+                node_id=self.node_id,
+                engines=msg.engines,
+                installs=msg.engine_installs,
+                now=clock.now(),
             )
         if LIVE.heartbeat(self.node_id, msg, clock.now()):
             # Memory or CPUs changed: placement must see that now, not in a few seconds.

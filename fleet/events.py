@@ -64,6 +64,21 @@ class Weight(_Message):
     size: Annotated[int, Field(ge=0, le=1 << 50)] | None = None  # bytes
 
 
+class EngineInstallReport(_Message):
+    """Where installing an engine from the mirror stands on the node (fleet/agent/install.py)."""
+
+    engine: Label
+    version: Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=_TEXT)]
+    state: Literal["installing", "installed", "failed"]
+    # Why it failed, in a sentence.
+    detail: Annotated[str, StringConstraints(max_length=2000, pattern=_TEXT)] = ""
+
+
+Platform = Annotated[str, StringConstraints(pattern=r"^([a-z0-9_]+-[a-z0-9_]+)?$", max_length=40)]
+Engines = Annotated[dict[Label, Short], Field(max_length=16)]
+Installs = Annotated[list[EngineInstallReport], Field(max_length=16)]
+
+
 class RunningShard(_Message):
     shard_id: ShardId
     replica_id: ReplicaId
@@ -85,8 +100,12 @@ class Register(_Message):
     memory_total_mb: Positive | None = None
     cpu_count: Annotated[int, Field(gt=0, le=100_000)] | None = None
     gpus: Annotated[list[GpuInfo], Field(max_length=64)] = []
-    engines: Annotated[dict[Label, Short], Field(max_length=16)] = {}
+    engines: Engines = {}
     engines_probed: bool = False
+    # `<os>-<machine>`: which engine builds of the mirror this node can install; absent
+    # from an agent that installs none.
+    platform: Platform = ""
+    engine_installs: Installs = []
     disk: Disk | None = None
     weights: Annotated[list[Weight], Field(max_length=1000)] = []
     shards: Annotated[list[RunningShard], Field(max_length=1000)] = []
@@ -138,6 +157,10 @@ class Heartbeat(_Message):
     # "as last said".
     weights: Annotated[list[Weight], Field(max_length=1000)] | None = None
     disk: Disk | None = None
+    # Sent only when an install moved on (and with it, once installed, the engines probed
+    # again); absent is "as last said".
+    engines: Engines | None = None
+    engine_installs: Installs | None = None
 
 
 class Progress(_Message):

@@ -54,6 +54,7 @@ from tenancy.selectors import quota_policy_load
 from .domain.gpuclass import CLASS_LABEL
 from .domain.reconcile import desired_replicas
 from .domain.types import HOLDING, ModelState as ModelStateView
+from .engine_installs import install_rows
 from .models import Gpu, Lease, ModelState, Node, Replica, Shard
 from .reconciler import LEASE
 
@@ -125,6 +126,8 @@ DESCS = (
          ("resource", "scope")),
     Desc("llmgw_capacity_guarantee", "What a part of the tenancy tree is guaranteed of a resource.", ("resource", "scope")),
     Desc("llmgw_capacity_limit", "The most of a resource a part of the tenancy tree may hold.", ("resource", "scope")),
+    Desc("llmgw_node_engine_install", "Where installing an engine stands on a node: 1 for the current state "
+         "(installing, installed, failed), as its agent last said.", ("engine", "node", "state", "version")),
     Desc("llmgw_leader", "1 for the process holding the reconciler's lease; it is held only while a pass runs.", ("holder",)),
     Desc("llmgw_reconciler_last_pass_timestamp_seconds", "When the last reconciler pass began, whichever process ran it.", ()),
     Desc("llmgw_reconciler_settling", "1 while the reconciler waits after a start for agents to report before it places anything.", ()),
@@ -600,6 +603,8 @@ def _scrape(now: datetime) -> Scrape:
         _models(scrape, now, catalog)
         _quotas(scrape, catalog, held.models)
         _reconciler(scrape, now)
+        for node_id, engine, version, state in install_rows():
+            scrape.add("llmgw_node_engine_install", (engine, node_id, state, version), 1)
     if len(_series) > 2 * scrape.series() + 10_000:
         _series.clear()
     if len(_indices) > 10_000:

@@ -28,6 +28,10 @@ class Node(models.Model):
     disk_free_gb = models.FloatField(null=True, blank=True)
     disk_total_gb = models.FloatField(null=True, blank=True)
     weights = models.JSONField(default=list, blank=True)
+    # `<os>-<machine>`, and where installing engines from the mirror stands (as the agent
+    # last said: [{engine, version, state, detail}]); empty from an agent that installs none.
+    platform = models.CharField(max_length=40, blank=True)
+    engine_installs = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=STATES, default=READY, db_index=True)
     state_since = models.DateTimeField()
     cordoned = models.BooleanField(default=False)

@@ -48,6 +48,7 @@ from .domain.types import (
     ShardView,
     Snapshot,
 )
+from .engine_installs import installing_said, installs_of, with_installable
 from .models import Gpu, ModelState, Node, Replica, Shard
 
 # What changes between registrations, read every pass; the rest is cached per node.
@@ -61,7 +62,16 @@ _NODE_DYNAMIC = (
     "cpu_count",
     "spec_at",
 )
-_NODE_STATIC = ("id", "labels", "engines", "engines_probed", "disk_free_gb", "weights")
+_NODE_STATIC = (
+    "id",
+    "labels",
+    "engines",
+    "engines_probed",
+    "disk_free_gb",
+    "weights",
+    "platform",
+    "engine_installs",
+)
 _REPLICA_FIELDS = (
     "id",
     "model",
@@ -197,6 +207,8 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
                 "weights": frozenset(
                     w.get("source", "") for w in d["weights"] or () if isinstance(w, dict)
                 ),
+                "platform": d["platform"],
+                "installs": installs_of(d["engine_installs"]),
             },
         )
 
@@ -394,7 +406,7 @@ def snapshot_load(
         models = catalog_load()
         replicas = replica_views()
         return Snapshot(
-            nodes=node_views(),
+            nodes=with_installable(node_views()),
             models=models,
             replicas=replicas,
             states=model_states(),
@@ -493,6 +505,7 @@ def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[
         "memory_gb": round(node.memory_total_mb / 1024, 1) if node.memory_total_mb else None,
         "cpu_count": node.cpu_count,
         "engines": node.engines,
+        "engine_installs": [i.__dict__ for i in installs_of(node.engine_installs)],
         "disk": {"free_gb": node.disk_free_gb, "total_gb": node.disk_total_gb},
         # What its weight cache holds, as it last said.
         "weights": [
@@ -696,6 +709,7 @@ def model_explain(*, name: str) -> dict:
         "reason": view["reason"],
         "explanation": list(state.explanation) if state else [],
         "last_failure": view["last_failure"],
+        "installing": installing_said(catalog_load().get(name)),
     }
 
 

@@ -24,6 +24,7 @@ from .dispatch import Command
 from .domain.gpuclass import gpu_class
 from .domain.reconcile import Plan
 from .domain.types import parse_shard_id
+from .engine_installs import engine_build
 from .events import Disk, Register, ShardStatus, Weight
 from .failures import failure_log_attach
 from .live import NodeWrite
@@ -54,6 +55,7 @@ def start_command(shard: Shard, replica: Replica, spec: ModelSpec | None) -> Com
             "threads": shard.cpu_cores or 0,
             "startup_timeout_s": profile.startup_timeout_s,
             **_weights(spec.source),
+            **engine_build(node_id=shard.node_id, engine=profile.engine),
         },
     )
 
@@ -166,6 +168,8 @@ def node_register(*, msg: Register, session: str, now: datetime) -> list[Command
         node.disk_free_gb = msg.disk.free_gb if msg.disk else None
         node.disk_total_gb = msg.disk.total_gb if msg.disk else None
         node.weights = [w.model_dump() for w in msg.weights]
+        node.platform = msg.platform
+        node.engine_installs = [i.model_dump() for i in msg.engine_installs]
         node.state = Node.READY
         node.session = session
         node.last_seen = now

@@ -1,4 +1,5 @@
-"""Weights over REST: add by source, list, show, retry, remove (interfaces.md, Weights)."""
+"""Weights over REST: add by source, list, show, retry, remove (interfaces.md, Weights);
+and engine builds: upload, list, remove."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from llmgw import clock
 from llmgw.api import actor
 from llmgw.errors import Invalid, NotFound
 
-from . import plans, selectors, services
-from .schemas import PlanOut, PlanQuery, WeightsIn, WeightsOut
+from . import engines, plans, selectors, services
+from .schemas import EngineBuildOut, PlanOut, PlanQuery, WeightsIn, WeightsOut
 
 router = Router(tags=["weights"])
 
@@ -79,3 +80,38 @@ def model_serve(request):
         raise Invalid("The body is not valid JSON.") from None
     spec = plans.model_serve(data=data, actor=actor(request))
     return Status(201, fleet_selectors.model_views(name=spec.name)[0])
+
+
+@router.get("/engines", response=list[EngineBuildOut], tags=["engines"])
+def engines_list(request):
+    """Engine builds the mirror holds, which nodes lacking the engine install."""
+    return engines.engine_builds_list()
+
+
+@router.post("/engines", response={200: EngineBuildOut, 201: EngineBuildOut}, tags=["engines"])
+def engines_add(request):
+    """Upload a build: multipart, the binary as ``file``, with ``engine``, ``version`` and
+    optionally ``platform`` (default: the control plane's own) and ``sha256`` (checked)."""
+    upload = request.FILES.get("file")
+    if upload is None:
+        raise Invalid(
+            "Send the binary as a multipart upload: a file field `file`, with the fields "
+            "`engine` and `version` (llmgw ctl engines add --file PATH --engine llamacpp)."
+        )
+    fields = {k: request.POST.get(k, "") for k in ("engine", "version", "platform", "sha256")}
+    with upload.open("rb") as data:
+        build, created = engines.engine_build_add(
+            data=data, actor=actor(request), now=clock.now(), **fields
+        )
+    return Status(201 if created else 200, _engine_view(build.pk))
+
+
+def _engine_view(build_id: int) -> dict:
+    return next(b for b in engines.engine_builds_list() if b["id"] == build_id)
+
+
+@router.delete("/engines/{build_id}", response={204: None}, tags=["engines"])
+def engines_remove(request, build_id: int):
+    """Forget a build; nodes that installed it keep their copy."""
+    engines.engine_build_remove(build_id=build_id)
+    return Status(204, None)

@@ -59,3 +59,30 @@ class WeightFile(models.Model):
 
     def __str__(self) -> str:
         return f"{self.weights.source}: {self.path}"
+
+
+class EngineBuild(models.Model):
+    """An engine's binary for one platform, held by the mirror by its digest, as weights are.
+
+    Its bytes are the blob ``store.blob(sha256)``, which the mirror's file server gives
+    agents; an agent whose node lacks the engine installs it from there.
+    """
+
+    engine = models.CharField(max_length=32)
+    version = models.CharField(max_length=100)
+    platform = models.CharField(max_length=40)
+    sha256 = models.CharField(max_length=64, db_index=True)
+    size = models.PositiveBigIntegerField()
+    added_by = models.CharField(max_length=64)
+    added_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["engine", "platform", "-added_at", "-pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["engine", "version", "platform"], name="mirror_engine_build_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.engine} {self.version} ({self.platform})"

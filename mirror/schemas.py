@@ -55,3 +55,14 @@ class PlanOut(Schema):
     basis: str
     fits: list[str]
     blocked: list[str]
+
+
+class EngineBuildOut(Schema):
+    id: int
+    engine: str
+    version: str
+    platform: str
+    sha256: str
+    size: int
+    added_by: str
+    added_at: datetime

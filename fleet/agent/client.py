@@ -26,6 +26,7 @@ from fleet.agent import AGENT_VERSION
 from fleet.agent.discovery import LoadSampler, Machine
 from fleet.agent.sensors import SensorSampler
 from fleet.agent.supervisor import Supervisor
+from mirror.domain.platforms import this_platform
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class Agent:
         # The weights the control plane was last told of (register, or a heartbeat).
         self._weights_sent: list[dict[str, Any]] | None = None
         self._disk_sent: dict[str, float] | None = None
+        self._installs_sent: list[dict[str, str]] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set, then stop every engine and return."""
@@ -210,7 +212,7 @@ class Agent:
             "labels": dict(self.settings.labels),
             "agent_version": AGENT_VERSION,
             "gpus": [g.to_message() for g in m.gpus],
-            "engines": dict(m.engines),
+            "engines": self._engines(),
             "engines_probed": True,
             "weights": self._weights_held(),
             "shards": [s.register_entry() for s in self.supervisor.shards()],
@@ -219,7 +221,18 @@ class Agent:
         _put_known(
             msg, memory_total_mb=m.memory_total_mb(), cpu_count=m.cpu_count(), disk=self._disk_sent
         )
+        installer = self.supervisor.installer
+        if installer is not None:
+            # Only an agent that installs engines says its platform: what the mirror's
+            # builds are matched against.
+            msg["platform"] = this_platform()
+            msg["engine_installs"] = self._installs_sent = installer.reports()
         return msg
+
+    def _engines(self) -> dict[str, str]:
+        """The engines probed at start and those installed since."""
+        installer = self.supervisor.installer
+        return {**self.machine.engines, **(installer.engines() if installer else {})}
 
     def heartbeat_message(self, seq: int, load: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ``heartbeat`` message number ``seq`` of this connection.
@@ -248,6 +261,12 @@ class Agent:
             msg["weights"] = held
             _put_known(msg, disk=disk)
             self._disk_sent = disk
+        installer = self.supervisor.installer
+        installs = installer.reports() if installer is not None else None
+        if installs is not None and installs != self._installs_sent:
+            # An install moved on; once installed, its engine is one the node has.
+            msg["engine_installs"] = self._installs_sent = installs
+            msg["engines"] = self._engines()
         return msg
 
     def _weights_held(self) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from fleet.agent.cache import WeightCache
 from fleet.agent.client import Agent, AgentSettings
 from fleet.agent.discovery import Machine, advertise_address, parse_gpu_spec, simulated_gpus
 from fleet.agent.engines import use_binary
+from fleet.agent.install import Installer
 from fleet.agent.supervisor import Supervisor
 
 log = logging.getLogger("fleet.agent")
@@ -154,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--llama-server",
         type=_arg(executable_file),
         metavar="PATH",
-        help="run llama.cpp shards with this llama-server, as it is "
-        "(default: llama-server on PATH; `llmgw engines build llamacpp` makes one)",
+        help="run llama.cpp shards with this llama-server, as it is (default: llama-server "
+        "on PATH, else one installed from the mirror's engine builds into "
+        "<state-dir>/engines)",
     )
     p.add_argument(
         "--cache-dir",
@@ -206,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.llama_server:
         use_binary("llamacpp", args.llama_server)
     state_dir: Path = args.state_dir
+    # Engines installed from the mirror by an earlier run, where none was given or is on PATH.
+    installer = Installer(state_dir / "engines", server=args.server, token=args.token)
+    installer.adopt()
     node_id = node_id_for(state_dir, args.node_id)
     server = urlsplit(url)
     advertise = args.advertise_addr or advertise_address(server.hostname or "", server.port or 80)
@@ -226,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         cache=WeightCache(
             args.cache_dir or state_dir / "weights", server=args.server, token=args.token
         ),
+        installer=installer,
     )
     settings = AgentSettings(
         ws_url=url,

@@ -401,8 +401,8 @@ def refuse(room: NodeRoom, profile: Profile, avoid: frozenset[str], source: str)
     for key, value in profile.node_selector.items():
         if node.labels.get(key) != value:
             return f"node {node.id} lacks the label {key}={value}"
-    if node.engines is not None and profile.engine not in node.engines:
-        return f"node {node.id} has no {profile.engine} engine installed"
+    if (lacks := engine_refusal(node, profile.engine)) is not None:
+        return lacks
     need = profile.gpus_on_each_node
     if need:
         total = node.gpu_totals.get(profile.gpu_class, 0)
@@ -439,6 +439,24 @@ def refuse(room: NodeRoom, profile: Profile, avoid: frozenset[str], source: str)
     return None
 
 
+def engine_refusal(node: NodeView, engine: str) -> str | None:
+    """Why the node cannot run ``engine``, in a sentence; None when it has it or can install it.
+
+    An engine it lacks is installable when the mirror holds a build for the node's
+    platform, unless installing that very version failed there (the agent keeps the
+    failure until it restarts; a newer build is tried afresh).
+    """
+    if node.engines is None or engine in node.engines:
+        return None
+    offered = node.installable.get(engine)
+    tried = node.install_of(engine)
+    if tried is not None and tried.state == "failed" and offered in (None, tried.version):
+        return f"node {node.id} could not install {engine} {tried.version}: {tried.detail}"
+    if offered is not None:
+        return None
+    return f"node {node.id} has no {engine} engine installed"
+
+
 def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
     """Whether the node could take a shard of this profile if nothing ran on it: the right
     state, labels, engine, GPU class and size. Preemption looks for victims only there."""
@@ -446,7 +464,7 @@ def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
         return False
     if any(node.labels.get(k) != v for k, v in profile.node_selector.items()):
         return False
-    if node.engines is not None and profile.engine not in node.engines:
+    if engine_refusal(node, profile.engine) is not None:
         return False
     need = profile.gpus_on_each_node
     if need and sum(1 for g in node.gpus if g.healthy and g.gpu_class == profile.gpu_class) < need:

@@ -39,6 +39,17 @@ class GpuView:
 
 
 @dataclass(frozen=True)
+class EngineInstall:
+    """Where installing an engine from the mirror stands on a node, as its agent last said:
+    ``installing``, ``installed`` or ``failed`` with its sentence."""
+
+    engine: str
+    version: str
+    state: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class NodeView:
     """A node as placement sees it. None for a figure means the node did not report it."""
 
@@ -55,6 +66,16 @@ class NodeView:
     engines: frozenset[str] | None = None
     disk_free_gb: float | None = None
     weights: frozenset[str] = frozenset()
+    # `<os>-<machine>` as the agent said; empty from an agent that cannot install engines.
+    platform: str = ""
+    installs: tuple[EngineInstall, ...] = ()
+    # Engine -> the version of the build the mirror holds for this node's platform: an
+    # engine it lacks but would install when a shard of it is placed here.
+    installable: Mapping[str, str] = field(default_factory=dict)
+
+    def install_of(self, engine: str) -> EngineInstall | None:
+        """What the node said of installing ``engine``, if anything."""
+        return next((i for i in self.installs if i.engine == engine), None)
 
     @cached_property
     def gpu_totals(self) -> dict[str, int]:

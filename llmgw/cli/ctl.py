@@ -123,8 +123,11 @@ class Api:
         *,
         params: Mapping[str, Any] | None = None,
         body: Any = None,
+        files: Mapping[str, Any] | None = None,
+        data: Mapping[str, str] | None = None,
     ) -> Any:
-        """Send one request and return the decoded JSON answer (None for an empty one)."""
+        """Send one request and return the decoded JSON answer (None for an empty one);
+        with ``files``, a multipart upload of them and the fields in ``data``."""
         content = None
         headers = {}
         if body is not None:
@@ -134,7 +137,13 @@ class Api:
             headers["Content-Type"] = "application/json"
         try:
             response = self._client.request(
-                method, path, params=params, content=content, headers=headers
+                method,
+                path,
+                params=params,
+                content=content,
+                headers=headers,
+                files=files,
+                data=data,
             )
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
             raise CtlError(f"{self.server} is not a URL llmgw ctl can use: {exc}", 2) from None
@@ -659,7 +668,7 @@ def render_explain(e: dict[str, Any]) -> str:
         head = f"{model}: no failed placement to explain"
     if e.get("reason"):
         head += f": {e['reason']}"
-    lines = [head]
+    lines = [head, *(e.get("installing") or [])]
     for item in explanation:
         lines.append(f"profile {item.get('profile')}:")
         reasons = item.get("reasons") or []
@@ -899,6 +908,7 @@ def build_parser() -> argparse.ArgumentParser:
     from llmgw.cli import (
         ctl_bench,
         ctl_capacity,
+        ctl_engines,
         ctl_keys,
         ctl_logs,
         ctl_quota,
@@ -913,6 +923,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl_bench.register(add, commands)
     ctl_logs.register(add, commands)
     ctl_weights.register(add, commands, model_actions)
+    ctl_engines.register(add, commands)
 
     scale = add(commands, "scale", "set how many replicas a model runs", cmd_scale)
     scale.add_argument("name")

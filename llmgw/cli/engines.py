@@ -54,10 +54,12 @@ MANIFEST = "build.json"
 LOG = "build.log"
 TAIL_LINES = 15
 
-USAGE = """usage: llmgw engines build llamacpp [--source PATH] [--jobs N] [--json]
+USAGE = """usage: llmgw engines build llamacpp [--source PATH] [--jobs N] [--json] [--add]
 
 Build an engine once on this machine, into $LLMGW_BUILD_CACHE (default
 ~/.cache/llmgw/engines); a second run finds the cached build at once.
+--add, on the control plane's host, puts the build in the mirror, from
+where agents of nodes that lack the engine install it.
 """
 
 
@@ -343,7 +345,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--jobs", "-j", type=int, help="parallel compile jobs (default: every CPU)")
     p.add_argument("--json", action="store_true", help="print the build as one JSON object")
+    p.add_argument(
+        "--add",
+        action="store_true",
+        help="on the control plane's host (its settings and database): add the build to "
+        "the mirror, which nodes lacking the engine install from",
+    )
     return p
+
+
+def add_to_mirror(build: Build) -> tuple[int, bool]:
+    """Add a build to the mirror of the control plane on this host; (its id, whether new).
+
+    Raises BuildError with the mirror's sentence when it refuses it.
+    """
+    from llmgw.cli import _django
+
+    _django()
+    from llmgw import clock
+    from llmgw.errors import ServiceError
+    from mirror.engines import engine_build_add_file
+
+    try:
+        added, created = engine_build_add_file(
+            path=Path(build.path),
+            engine=build.engine,
+            version=build.version,
+            sha256=build.sha256,
+            actor="llmgw engines build",
+            now=clock.now(),
+        )
+    except ServiceError as exc:
+        raise BuildError(f"the mirror did not take the build: {exc}") from None
+    return added.pk, created
 
 
 def main(argv: list[str]) -> int:
@@ -368,8 +402,22 @@ def main(argv: list[str]) -> int:
     except BuildError as exc:
         sys.stderr.write(f"llmgw engines build: {exc}\n")
         return 1
+    mirrored = None
+    if args.add:
+        try:
+            mirrored = add_to_mirror(build)
+        except BuildError as exc:
+            sys.stderr.write(f"llmgw engines build: {exc}\n")
+            return 1
+    if mirrored is not None:
+        build_id, created = mirrored
+        progress.write(
+            f"{'Added to' if created else 'Already in'} the mirror as engine build {build_id}: "
+            "nodes lacking llama.cpp install it from there.\n"
+        )
     if args.json:
-        print(json.dumps({**asdict(build), "cached": cached}))
+        extra = {"mirror_id": mirrored[0]} if mirrored else {}
+        print(json.dumps({**asdict(build), "cached": cached, **extra}))
     elif cached:
         print(f"llama-server is already built, in {entry}:\n{build.lines()}", end="")
     else:

@@ -1,0 +1,143 @@
+"""Engines nodes install from the mirror: what start_shard carries, what agents say of their
+installs, and what placement, explain and the metrics read of it.
+
+A node that lacks a profile's engine is still a candidate when the mirror holds a build of
+it for the node's platform (placement's ``engine_refusal``); its shard's ``start_shard``
+then carries ``engine_build`` and the agent installs it before starting the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from datetime import datetime
+
+from catalog.domain import ModelSpec
+from mirror.domain.platforms import BINARY_ENGINES
+from mirror.engines import build_for, builds_offered
+
+from .domain.types import EngineInstall, NodeView
+from .events import EngineInstallReport
+from .models import Node, Shard
+
+MB = 1e6
+
+
+def installs_of(raw: object) -> tuple[EngineInstall, ...]:
+    """A node's stored ``engine_installs`` as placement sees them; what is malformed is skipped."""
+    out = []
+    for item in raw if isinstance(raw, list) else ():
+        if isinstance(item, dict) and item.get("engine") and item.get("state"):
+            out.append(
+                EngineInstall(
+                    engine=str(item["engine"]),
+                    version=str(item.get("version") or ""),
+                    state=str(item["state"]),
+                    detail=str(item.get("detail") or ""),
+                )
+            )
+    return tuple(out)
+
+
+def with_installable(nodes: Mapping[str, NodeView]) -> dict[str, NodeView]:
+    """The nodes, each told which engines the mirror holds a build of for its platform.
+
+    One query, whatever the count of nodes.
+    """
+    offered = builds_offered()
+    if not offered:
+        return dict(nodes)
+    out = {}
+    for node_id, node in nodes.items():
+        builds = offered.get(node.platform) if node.platform else None
+        out[node_id] = (
+            replace(node, installable={e: b.version for e, b in builds.items()}) if builds else node
+        )
+    return out
+
+
+def engine_build(*, node_id: str, engine: str) -> dict:
+    """``engine_build`` for a start_shard when the node lacks ``engine`` and the mirror holds
+    a build for its platform; {} otherwise (it has the engine, or nothing can be installed)."""
+    if engine not in BINARY_ENGINES:
+        return {}
+    row = Node.objects.filter(pk=node_id).values_list("engines", "engines_probed", "platform")
+    found = row.first()
+    if found is None:
+        return {}
+    engines, probed, platform = found
+    if not probed or engine in (engines or {}):
+        return {}
+    ref = build_for(engine=engine, platform=platform)
+    return {"engine_build": ref.message()} if ref is not None else {}
+
+
+def node_engines_record(
+    *,
+    node_id: str,
+    engines: Mapping[str, str] | None,
+    installs: Iterable[EngineInstallReport] | None,
+    now: datetime,
+) -> None:
+    """What a heartbeat says of the node's engines and installs, when either moved on.
+
+    ``spec_at`` moves with it, so the reconciler's cache of what nodes registered reads
+    the node again: an installed engine is then an engine it has. Absent is as it was.
+    """
+    fields: dict = {}
+    if engines is not None:
+        fields["engines"] = dict(engines)
+        fields["engines_probed"] = True
+    if installs is not None:
+        fields["engine_installs"] = [i.model_dump() for i in installs]
+    if fields:
+        Node.objects.filter(pk=node_id).update(spec_at=now, **fields)
+
+
+def install_rows() -> list[tuple[str, str, str, str]]:
+    """(node, engine, version, state) of every install a node reported, for the metrics."""
+    rows = []
+    for node_id, raw in Node.objects.exclude(engine_installs=[]).values_list(
+        "id", "engine_installs"
+    ):
+        rows += [(node_id, i.engine, i.version, i.state) for i in installs_of(raw)]
+    return rows
+
+
+def installing_said(spec: ModelSpec | None) -> list[str]:
+    """Sentences for the model's replicas waiting on their node installing the engine:
+    ``node x is installing llamacpp b6000 for replica r (1.2 of 15.0 MB)``."""
+    if spec is None:
+        return []
+    engines = {p.name: p.engine for p in spec.profiles}
+    shards = list(
+        Shard.objects.filter(
+            replica__model=spec.name, replica__state__in=("pending", "starting"), state="fetching"
+        ).values_list(
+            "node_id", "replica_id", "replica__profile", "progress_done", "progress_total"
+        )
+    )
+    if not shards:
+        return []
+    installs = {
+        node_id: installs_of(raw)
+        for node_id, raw in Node.objects.filter(pk__in={s[0] for s in shards}).values_list(
+            "id", "engine_installs"
+        )
+    }
+    out = []
+    for node_id, replica_id, profile, done, total in shards:
+        engine = engines.get(profile)
+        for i in installs.get(node_id, ()):
+            if i.engine == engine and i.state == "installing":
+                out.append(
+                    f"node {node_id} is installing {i.engine} {i.version} for replica "
+                    f"{replica_id}{_progress(done, total)}"
+                )
+    return out
+
+
+def _progress(done: int | None, total: int | None) -> str:
+    if not total:
+        return ""
+    return f" ({(done or 0) / MB:.1f} of {total / MB:.1f} MB)"
