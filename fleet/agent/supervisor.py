@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from fleet.agent.cache import CacheError, WeightCache, WeightsRef
+from fleet.agent.cache import CacheError, WeightCache
 from fleet.agent.discovery import is_loopback
 from fleet.agent.enginelog import failure_tail, tail_lines
 from fleet.agent.install import BuildRef, Installer, InstallError, missing
@@ -37,6 +37,7 @@ from fleet.agent.engines import (
     build_command,
     engine_load,
 )
+from mirror.domain.refs import RefError, WeightsRef
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +301,7 @@ class Supervisor:
             if not self.cache.path(ref.sha256).exists():
                 self._progress(shard, 0, ref.size)
             path = await self.cache.ensure(ref, source=spec.source, on_progress=progress)
-        except CacheError as exc:
+        except (CacheError, RefError) as exc:
             if shard.stop_task is None:
                 self._finish(shard, FAILED, detail=str(exc))
             return
