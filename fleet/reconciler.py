@@ -102,6 +102,7 @@ def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) ->
             silence_floor=floor,
             policy=POLICY.get(),
             measurements=MEASUREMENTS.get(),
+            with_weights=True,
         )
         plan = decide(snap, now, settings.LLMGW.timings)
         if not plan.empty or any(snap.states.get(n) != s for n, s in plan.states.items()):

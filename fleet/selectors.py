@@ -391,6 +391,7 @@ def snapshot_load(
     silence_floor: datetime | None,
     policy: Policy | None = None,
     measurements: dict[tuple[str, str], Measured] | None = None,
+    with_weights: bool = False,
 ) -> Snapshot:
     """Everything a pass decides on, read as one consistent picture.
 
@@ -416,7 +417,10 @@ def snapshot_load(
             measurements=measurements or {},
             loads=model_loads(replicas, models),
             failures=failed_shards() if any(r.state == "failed" for r in replicas) else {},
-            weights_waiting=weights_waiting({n: m.source for n, m in models.items()}),
+            # Only the pass asks (two queries): a dry run answers what would fit.
+            weights_waiting=(
+                weights_waiting({n: m.source for n, m in models.items()}) if with_weights else {}
+            ),
         )
 
 
