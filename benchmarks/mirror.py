@@ -90,14 +90,19 @@ def first_token_s(cluster: Cluster, weights_id: int, secret: str) -> float:
         "max_tokens": 4,
         "stream": True,
     }
-    with httpx.stream(
-        "POST", f"{cluster.url}/v1/chat/completions", json=body,
-        headers={"Authorization": f"Bearer {secret}"}, timeout=120,
-    ) as r:  # fmt: skip
-        for line in r.iter_lines():
-            if line.startswith("data: ") and '"content"' in line:
-                return time.perf_counter() - started
-    raise AssertionError("no token came")
+    seen = []
+    # The gateway learns of the new replica within a second: until then it may answer 503.
+    for _ in range(50):
+        with httpx.stream(
+            "POST", f"{cluster.url}/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {secret}"}, timeout=120,
+        ) as r:  # fmt: skip
+            for line in r.iter_lines():
+                seen.append(line)
+                if r.status_code == 200 and line.startswith("data: ") and '"content"' in line:
+                    return time.perf_counter() - started
+        time.sleep(0.1)
+    raise AssertionError(f"no token came: {seen[-3:]}")
 
 
 def main() -> int:
