@@ -22,6 +22,7 @@ from fleet import selectors as fleet_selectors, services as fleet_services
 from llmgw import clock
 from llmgw.errors import NotFound, ServiceError
 from llmgw.pages import fragment_asked, page, page_actor, staff_required
+from mirror.domain.progress import fetched_said
 from tenancy.selectors import scope_tree
 
 from . import services
@@ -253,6 +254,12 @@ class ModelDetail:
                     if s["gpu_indices"]
                 ],
                 "ready_since": datetime.fromisoformat(r["ready_at"]) if r["ready_at"] else None,
+                # While its agent fetches the weights (or an engine) from the mirror.
+                "fetching_said": (
+                    fetched_said(r["fetching"]["done"], r["fetching"]["total"])
+                    if r.get("fetching")
+                    else ""
+                ),
             }
             for r in fleet_selectors.replicas_list(model=self.name)
         ]

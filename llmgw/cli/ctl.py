@@ -26,6 +26,7 @@ import yaml
 
 from llmgw import __version__
 from llmgw.cli.tables import DASH, age, cell, joined, key_values, number, render
+from mirror.domain.progress import fetched_said
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT_S = 30.0
@@ -729,14 +730,6 @@ def shard_gpus(shards: Sequence[Mapping[str, Any]]) -> str:
     return " ".join(parts) or DASH
 
 
-def fetched(done: Any, total: Any) -> str:
-    """How far a fetch got: 40% of 253 MB; without a total, the bytes so far."""
-    done = done if isinstance(done, int) else 0
-    if isinstance(total, int) and total > 0:
-        return f"{100 * done // total}% of {total / 1e6:,.0f} MB"
-    return f"{done / 1e6:,.0f} MB"
-
-
 def render_replicas(replicas: list[dict[str, Any]]) -> str:
     """``ctl replicas``: a row per replica with its shards' nodes and GPUs."""
     if not replicas:
@@ -751,7 +744,7 @@ def render_replicas(replicas: list[dict[str, Any]]) -> str:
         state = cell(r.get("state"))
         fetching = r.get("fetching")
         if isinstance(fetching, dict):
-            state = f"fetching {fetched(fetching.get('done'), fetching.get('total'))}"
+            state = f"fetching {fetched_said(fetching.get('done'), fetching.get('total'))}"
         if r.get("outdated"):
             state += " (outdated)"
         rows.append(

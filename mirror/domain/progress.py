@@ -56,6 +56,14 @@ def progress(files: Iterable[FileProgress]) -> Progress:
     return Progress(QUEUED, "waiting for the mirror's worker", done, total)
 
 
+def fetched_said(done: object, total: object) -> str:
+    """How far a fetch got, for people: "40% of 253 MB"; without a total, the bytes so far."""
+    done = done if isinstance(done, int) else 0
+    if isinstance(total, int) and total > 0:
+        return f"{100 * done // total}% of {total / 1e6:,.0f} MB"
+    return f"{done / 1e6:,.0f} MB"
+
+
 def retry_delay(attempts: int) -> float:
     """Seconds before the next try after ``attempts`` failed ones."""
     return min(RETRY_BASE_S * 2 ** max(attempts - 1, 0), RETRY_MAX_S)

@@ -687,3 +687,16 @@ def test_engine_arguments_that_cannot_be_split_are_refused_beside_the_field(staf
     assert response.status_code == 400
     assert "The engine arguments cannot be read: No closing quotation." in response.content.decode()
     assert not Model.objects.filter(name="mistral").exists()
+
+
+def test_a_replica_whose_agent_fetches_its_weights_says_how_far_on_the_model_page(staff, fleet):
+    from fleet.models import Shard
+
+    shard = Shard.objects.filter(replica__model="llama").first()
+    Shard.objects.filter(pk=shard.pk).update(
+        state="fetching", progress_done=100_000_000, progress_total=250_000_000
+    )
+
+    html = staff.get("/models/llama").content.decode()
+
+    assert "fetching 40% of 250 MB" in html

@@ -101,3 +101,11 @@ def test_retries_back_off_to_ten_minutes():
     delays = [retry_delay(n) for n in range(1, ATTEMPTS + 5)]
     assert delays[:3] == [5.0, 10.0, 20.0]
     assert delays == sorted(delays) and max(delays) == 600.0
+
+
+def test_how_far_a_fetch_got_is_said_without_a_total_as_the_bytes_so_far():
+    from mirror.domain.progress import fetched_said
+
+    assert fetched_said(100_000_000, 250_000_000) == "40% of 250 MB"
+    assert fetched_said(3_000_000, None) == "3 MB"
+    assert fetched_said(None, 0) == "0 MB"
