@@ -28,7 +28,6 @@ import httpx
 from fleet.agent.cache import CacheError, WeightCache
 from fleet.agent.discovery import is_loopback
 from fleet.agent.enginelog import failure_tail, tail_lines
-from fleet.agent.install import BuildRef, Installer, InstallError, missing
 from fleet.agent.engines import (
     SIM_COMMAND,
     EngineError,
@@ -37,6 +36,7 @@ from fleet.agent.engines import (
     build_command,
     engine_load,
 )
+from fleet.agent.install import Installer, InstallError, engine_ref, missing
 from mirror.domain.refs import RefError, WeightsRef
 
 log = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ class Supervisor:
         try:
             if self.installer is None:
                 raise InstallError("This agent installs no engines (it has no state folder).")
-            ref = BuildRef.from_message(raw)
+            ref = engine_ref(raw)
             self._progress(shard, 0, ref.size)
             await self.installer.ensure(
                 ref,
