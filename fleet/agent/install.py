@@ -7,7 +7,8 @@ nothing kept that does not match), made executable, put in place by one rename, 
 with ``--version`` before any shard starts on it. One install per engine however many
 shards ask; a failed one stays failed, with its sentence, until the agent restarts or
 the mirror offers another build. Where each install stands goes in ``register`` and
-heartbeats (``engine_installs``).
+heartbeats (``engine_installs``). vLLM is installed the same way but with pip, into an
+environment of its own (fleet/agent/install_pip.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ import httpx
 
 from fleet.agent.discovery import parse_version_output
 from fleet.agent.engines import engine_binaries, use_binary
+from fleet.agent.install_pip import (
+    PIP_ENGINES,
+    PIP_TIMEOUT_S,
+    PROGRAMS as PIP_PROGRAMS,
+    PipError,
+    PipRef,
+    pip_install,
+)
 from mirror.domain.platforms import BINARY_ENGINES, PROGRAMS, version_folder
 from mirror.transfer import TransferError, fetch
 
@@ -38,6 +47,10 @@ log = logging.getLogger(__name__)
 INSTALLING, INSTALLED, FAILED = "installing", "installed", "failed"
 MANIFEST = "build.json"
 PROBE_TIMEOUT_S = 30.0
+# `vllm --version` imports torch first.
+PIP_PROBE_TIMEOUT_S = 180.0
+# Each engine's program in its install folder.
+INSTALLED_PROGRAMS = {**PROGRAMS, **PIP_PROGRAMS}
 FETCH_TRIES = 3
 RETRY_AFTER_S = 0.5
 # Left free beside the binary, as the weight cache leaves room for the engine's own files.
@@ -71,6 +84,11 @@ class BuildRef:
     def name(self) -> str:
         return f"{self.engine} {self.version}"
 
+    @property
+    def key(self) -> str:
+        """What makes two asks the same install: the binary's digest."""
+        return self.sha256
+
     @classmethod
     def from_message(cls, raw: Any) -> BuildRef:
         """Read ``engine_build``; raises InstallError when it is unusable."""
@@ -91,13 +109,25 @@ class BuildRef:
         return cls(engine, version.strip(), digest, size, url)
 
 
+def engine_ref(raw: Any) -> BuildRef | PipRef:
+    """``engine_build`` read as what installs it: a binary from the mirror, or a pip
+    requirement (vLLM); raises InstallError when it is unusable."""
+    if isinstance(raw, dict) and raw.get("engine") in PIP_ENGINES:
+        try:
+            return PipRef.from_message(raw)
+        except PipError as exc:
+            raise InstallError(str(exc)) from None
+    return BuildRef.from_message(raw)
+
+
 @dataclass
 class Install:
     """Where installing one engine stands here."""
 
     engine: str
     version: str
-    sha256: str
+    # What identifies the build: its digest, or its pip requirement and index.
+    key: str
     state: str
     detail: str = ""
     path: Path | None = None
@@ -122,10 +152,13 @@ def missing(engine: str) -> bool:
 class Installer:
     """Installs engine builds from the mirror under ``root`` and says where each stands."""
 
-    def __init__(self, root: Path, *, server: str, token: str) -> None:
+    def __init__(
+        self, root: Path, *, server: str, token: str, pip_timeout_s: float = PIP_TIMEOUT_S
+    ) -> None:
         self.root = root
         self.server = server
         self.token = token
+        self.pip_timeout_s = pip_timeout_s
         self._installs: dict[str, Install] = {}
         self._tasks: dict[str, asyncio.Task[Path]] = {}
 
@@ -147,7 +180,7 @@ class Installer:
         The newest install of each is used; returns the last one taken, if any.
         """
         taken = None
-        for engine in sorted(BINARY_ENGINES):
+        for engine in sorted(BINARY_ENGINES | PIP_ENGINES):
             if not missing(engine):
                 continue
             found = []
@@ -156,7 +189,7 @@ class Installer:
                     meta = json.loads(manifest.read_text())
                 except (OSError, ValueError):
                     continue
-                binary = manifest.parent / PROGRAMS[engine]
+                binary = manifest.parent / INSTALLED_PROGRAMS[engine]
                 if isinstance(meta, dict) and binary.is_file() and os.access(binary, os.X_OK):
                     found.append((manifest.stat().st_mtime, binary, meta))
             if not found:
@@ -166,7 +199,7 @@ class Installer:
             self._installs[engine] = Install(
                 engine=engine,
                 version=str(meta.get("version") or binary.parent.name),
-                sha256=str(meta.get("sha256") or ""),
+                key=str(meta.get("key") or meta.get("sha256") or ""),
                 state=INSTALLED,
                 path=binary,
             )
@@ -175,7 +208,10 @@ class Installer:
         return taken
 
     async def ensure(
-        self, ref: BuildRef, *, on_progress: Callable[[int, int | None], None] | None = None
+        self,
+        ref: BuildRef | PipRef,
+        *,
+        on_progress: Callable[[int, int | None], None] | None = None,
     ) -> Path:
         """The installed program for ``ref``'s engine, installing it first; raises InstallError.
 
@@ -184,24 +220,29 @@ class Installer:
         task = self._tasks.get(ref.engine)
         if task is None:
             done = self._installs.get(ref.engine)
-            if done is not None and done.sha256 == ref.sha256:
+            if done is not None and done.key == ref.key:
                 if done.state == INSTALLED and done.path is not None:
                     return done.path
                 if done.state == FAILED and not done.retry:
                     raise InstallError(done.detail)
             # Said at once, so a heartbeat sent before the fetch begins says so.
-            self._installs[ref.engine] = Install(ref.engine, ref.version, ref.sha256, INSTALLING)
+            self._installs[ref.engine] = Install(ref.engine, ref.version, ref.key, INSTALLING)
             task = asyncio.ensure_future(self._install(ref, on_progress))
             self._tasks[ref.engine] = task
             task.add_done_callback(lambda _t: self._tasks.pop(ref.engine, None))
         return await asyncio.shield(task)
 
-    async def _install(self, ref: BuildRef, on_progress) -> Path:
+    async def _install(self, ref: BuildRef | PipRef, on_progress) -> Path:
         state = self._installs[ref.engine]
-        log.info("installing %s (%d bytes) from the mirror", ref.name, ref.size)
         try:
-            binary = await asyncio.to_thread(self._install_sync, ref, on_progress)
-            version = await asyncio.to_thread(_probe, binary, ref)
+            if isinstance(ref, PipRef):
+                log.info("installing %s with pip (%s)", ref.name, ref.requirement)
+                binary = await asyncio.to_thread(self._pip_install, ref)
+                version = await asyncio.to_thread(_probe, binary, ref, PIP_PROBE_TIMEOUT_S)
+            else:
+                log.info("installing %s (%d bytes) from the mirror", ref.name, ref.size)
+                binary = await asyncio.to_thread(self._install_sync, ref, on_progress)
+                version = await asyncio.to_thread(_probe, binary, ref)
         except InstallError as exc:
             state.state, state.detail, state.retry = FAILED, str(exc), exc.retry
             log.warning("installing %s failed: %s", ref.name, exc)
@@ -210,6 +251,18 @@ class Installer:
         state.state, state.path, state.said = INSTALLED, binary, version
         log.info("installed %s in %s; it says it is %s", ref.name, binary.parent, version)
         return binary
+
+    def _pip_install(self, ref: PipRef) -> Path:
+        try:
+            return pip_install(self.root, ref, timeout_s=self.pip_timeout_s)
+        except PipError as exc:
+            # Kept, as a build that does not run is: placement stops sending this version
+            # here, and a new pin (or the agent restarted) tries afresh.
+            raise InstallError(str(exc)) from None
+        except OSError as exc:
+            raise InstallError(
+                f"{ref.name} could not be installed in {self.root}: {exc.strerror or exc}."
+            ) from None
 
     def _install_sync(self, ref: BuildRef, on_progress) -> Path:
         folder = self.root / ref.engine / version_folder(ref.version)
@@ -281,7 +334,7 @@ def _installed(folder: Path, sha256: str) -> bool:
     return isinstance(meta, dict) and meta.get("sha256") == sha256
 
 
-def _probe(binary: Path, ref: BuildRef) -> str:
+def _probe(binary: Path, ref: BuildRef | PipRef, timeout_s: float = PROBE_TIMEOUT_S) -> str:
     """Run the installed program with ``--version``, as discovery probes engines; the version
     it says, or InstallError when it does not run here."""
     try:
@@ -289,7 +342,7 @@ def _probe(binary: Path, ref: BuildRef) -> str:
             [str(binary), "--version"],
             capture_output=True,
             text=True,
-            timeout=PROBE_TIMEOUT_S,
+            timeout=timeout_s,
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
