@@ -4,6 +4,10 @@ installs, and what placement, explain and the metrics read of it.
 A node that lacks a profile's engine is still a candidate when the mirror holds a build of
 it for the node's platform (placement's ``engine_refusal``); its shard's ``start_shard``
 then carries ``engine_build`` and the agent installs it before starting the engine.
+
+vLLM is not a binary the mirror holds: the control plane pins a release
+(``LLMGW_VLLM_VERSION``) and a GPU node lacking vLLM installs that requirement with pip
+into an environment of its own (fleet/agent/install_pip.py).
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
+
+from django.conf import settings
 
 from catalog.domain import ModelSpec
 from mirror.domain.platforms import BINARY_ENGINES
@@ -40,34 +46,53 @@ def installs_of(raw: object) -> tuple[EngineInstall, ...]:
 
 
 def with_installable(nodes: Mapping[str, NodeView]) -> dict[str, NodeView]:
-    """The nodes, each told which engines the mirror holds a build of for its platform.
+    """The nodes, each told which engines it would install: those the mirror holds a build
+    of for its platform, and the pinned vLLM where it has GPUs.
 
-    One query, whatever the count of nodes.
+    One query, whatever the count of nodes. Only an agent that installs engines says its
+    platform; a node that did not is told of none.
     """
     offered = builds_offered()
-    if not offered:
-        return dict(nodes)
+    vllm = settings.LLMGW.vllm.version
     out = {}
     for node_id, node in nodes.items():
-        builds = offered.get(node.platform) if node.platform else None
-        out[node_id] = (
-            replace(node, installable={e: b.version for e, b in builds.items()}) if builds else node
-        )
+        can = {e: b.version for e, b in offered.get(node.platform, {}).items()}
+        if vllm and node.gpus:
+            can["vllm"] = vllm
+        out[node_id] = replace(node, installable=can) if can and node.platform else node
+    return out
+
+
+def vllm_build() -> dict | None:
+    """``engine_build`` for vLLM: the pinned requirement, the index to take it from and the
+    more pip arguments the settings name; None when no version is pinned."""
+    pin = settings.LLMGW.vllm
+    if pin.requirement is None:
+        return None
+    out: dict = {"engine": "vllm", "version": pin.version, "requirement": pin.requirement}
+    if pin.index_url:
+        out["index_url"] = pin.index_url
+    if pin.pip_args:
+        out["pip_args"] = list(pin.pip_args)
     return out
 
 
 def engine_build(*, node_id: str, engine: str) -> dict:
-    """``engine_build`` for a start_shard when the node lacks ``engine`` and the mirror holds
-    a build for its platform; {} otherwise (it has the engine, or nothing can be installed)."""
-    if engine not in BINARY_ENGINES:
+    """``engine_build`` for a start_shard when the node lacks ``engine`` and would install it
+    (a build the mirror holds for its platform, or the pinned vLLM); {} otherwise (it has the
+    engine, or nothing can be installed)."""
+    if engine not in BINARY_ENGINES and engine != "vllm":
         return {}
     row = Node.objects.filter(pk=node_id).values_list("engines", "engines_probed", "platform")
     found = row.first()
     if found is None:
         return {}
     engines, probed, platform = found
-    if not probed or engine in (engines or {}):
+    if not probed or engine in (engines or {}) or not platform:
         return {}
+    if engine == "vllm":
+        pinned = vllm_build()
+        return {"engine_build": pinned} if pinned is not None else {}
     ref = build_for(engine=engine, platform=platform)
     return {"engine_build": ref.message()} if ref is not None else {}
 

@@ -8,7 +8,9 @@ than surfacing later as a stack trace from deep inside Django or Celery.
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -70,6 +72,29 @@ class Mirror:
     disk_floor_gb: float = 10.0
 
 
+# The vLLM release agents install where a GPU node lacks vLLM: the newest on PyPI when
+# provisioning was written (docs/settings.md says so).
+VLLM_VERSION = "0.33.0"
+# A PEP 440 release as pip pins it: 0.33.0, 0.10.1.1, 0.8.5.post1, 0.11.0rc1.
+_PEP440 = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
+
+
+@dataclass(frozen=True)
+class Vllm:
+    """The vLLM an agent installs with pip into an environment of its own where a GPU node
+    lacks it: the pinned version (None: agents install no vLLM), a package index (None: the
+    agent's own pip configuration) and any more arguments for ``pip install``."""
+
+    version: str | None = VLLM_VERSION
+    index_url: str | None = None
+    pip_args: tuple[str, ...] = ()
+
+    @property
+    def requirement(self) -> str | None:
+        """What pip installs: ``vllm==X.Y.Z``."""
+        return f"vllm=={self.version}" if self.version else None
+
+
 @dataclass(frozen=True)
 class Config:
     home: Path
@@ -82,6 +107,7 @@ class Config:
     debug: bool
     mirror: Mirror
     on_demand_wait: float = 120.0
+    vllm: Vllm = Vllm()
 
     @property
     def embedded(self) -> bool:
@@ -191,6 +217,34 @@ def load(env: dict[str, str] | None = None) -> Config:
         debug=env.get("LLMGW_DEBUG", "") in ("1", "true", "yes"),
         on_demand_wait=_number(env, "LLMGW_ON_DEMAND_WAIT_SECONDS", 120.0, integer=False),
         mirror=_mirror(env, home),
+        vllm=_vllm(env),
+    )
+
+
+def _vllm(env: dict[str, str]) -> Vllm:
+    version = env.get("LLMGW_VLLM_VERSION", "").strip() or VLLM_VERSION
+    if version.lower() in ("none", "off"):
+        version = ""
+    if version and not _PEP440.match(version):
+        raise SettingError(
+            f"LLMGW_VLLM_VERSION must be a vLLM release such as {VLLM_VERSION} "
+            f"(or none, to install no vLLM), not {version!r}."
+        )
+    raw_args = env.get("LLMGW_VLLM_PIP_ARGS", "")
+    try:
+        pip_args = tuple(shlex.split(raw_args))
+    except ValueError as exc:
+        raise SettingError(f"LLMGW_VLLM_PIP_ARGS cannot be read as arguments: {exc}.") from None
+    if (pip_args and not pip_args[0].startswith("-")) or len(pip_args) > 32:
+        # A bare word first would be a second requirement, not an option.
+        raise SettingError(
+            "LLMGW_VLLM_PIP_ARGS must be at most 32 options for pip install, starting with "
+            f"one (such as --extra-index-url URL), not {raw_args!r}."
+        )
+    return Vllm(
+        version=version or None,
+        index_url=_url(env, "LLMGW_VLLM_INDEX_URL", ("http", "https", "file")),
+        pip_args=pip_args,
     )
 
 

@@ -58,7 +58,7 @@ def _checked(engine: str, version: str, platform: str, sha256: str) -> tuple[str
         known = ", ".join(sorted(BINARY_ENGINES))
         raise Invalid(
             f"The mirror holds builds of {known} only, not {engine or '(no engine)'!r}; "
-            "vLLM is installed with pip on each node."
+            "vLLM is installed with pip by each GPU node, the version LLMGW_VLLM_VERSION pins."
         )
     version = (version or "").strip()
     if not _VERSION.match(version):

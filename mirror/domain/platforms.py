@@ -11,7 +11,7 @@ import re
 import sys
 
 # Engines whose build is one binary an agent can install. vLLM is a pip install into an
-# environment of its own, which agents do not do (yet).
+# environment of its own, of the version the control plane pins (fleet/agent/install_pip.py).
 BINARY_ENGINES = frozenset({"llamacpp"})
 # The program each of them is, in its install folder.
 PROGRAMS = {"llamacpp": "llama-server"}
