@@ -25,9 +25,16 @@ def gguf(mirror_dir):  # noqa: F811
     return write_gguf(mirror_dir / "allowed" / "tiny.gguf", name="Tiny", context_length=8192)
 
 
+def _id() -> str:
+    # By its row, not 1: PostgreSQL's sequences are not rolled back between tests.
+    from mirror.models import Weights
+
+    return str(Weights.objects.get().pk)
+
+
 def test_weights_are_added_listed_and_shown(capsys, server, gguf):
     code, out, _ = _ctl(capsys, server, "weights", "add", str(gguf))
-    assert code == 0 and f"weights 1: {gguf}" in out and "state:     queued" in out
+    assert code == 0 and f"weights {_id()}: {gguf}" in out and "state:     queued" in out
 
     work_until_idle()
     code, out, _ = _ctl(capsys, server, "weights", "list")
@@ -35,7 +42,7 @@ def test_weights_are_added_listed_and_shown(capsys, server, gguf):
     assert out.splitlines()[0].split() == ["ID", "STATE", "PROGRESS", "SOURCE", "MODELS", "ADDED"]
     assert "ready" in out and str(gguf) in out
 
-    code, out, _ = _ctl(capsys, server, "weights", "show", "1")
+    code, out, _ = _ctl(capsys, server, "weights", "show", _id())
     assert code == 0 and "tiny.gguf  ready" in out
 
 
@@ -51,14 +58,14 @@ def test_model_serve_shows_the_plan_then_adds_the_model_with_apply(capsys, serve
     _ctl(capsys, server, "weights", "add", str(gguf))
     work_until_idle()
 
-    code, out, _ = _ctl(capsys, server, "model", "serve", "1", "--name", "tiny", "--ctx", "4096")
+    code, out, _ = _ctl(capsys, server, "model", "serve", _id(), "--name", "tiny", "--ctx", "4096")
     assert code == 0
     assert "needs 2 GB and 8 cores at a context pool of 4,096" in out
     assert "fits on: big" in out
     assert not Model.objects.exists()
 
     code, out, _ = _ctl(
-        capsys, server, "model", "serve", "1", "--name", "tiny", "--ctx", "4096", "--apply"
+        capsys, server, "model", "serve", _id(), "--name", "tiny", "--ctx", "4096", "--apply"
     )
     assert code == 0 and "model tiny added" in out
     assert Model.objects.get().source == str(gguf)
@@ -68,9 +75,9 @@ def test_weights_a_model_uses_cannot_be_removed(capsys, server, gguf):
     _cpu_node("big", memory_gb=64, cpus=16)
     _ctl(capsys, server, "weights", "add", str(gguf))
     work_until_idle()
-    _ctl(capsys, server, "model", "serve", "1", "--name", "tiny", "--apply")
+    _ctl(capsys, server, "model", "serve", _id(), "--name", "tiny", "--apply")
 
-    code, _, err = _ctl(capsys, server, "weights", "rm", "1")
+    code, _, err = _ctl(capsys, server, "weights", "rm", _id())
 
     assert code != 0 and "used by tiny" in err
 
