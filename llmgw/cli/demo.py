@@ -210,24 +210,13 @@ def _real_parts(home: Path) -> tuple[Any, Path]:
 def _engine_to_mirror(build: Any) -> str:
     """Put the llama-server build in the demo's mirror, as `llmgw engines build llamacpp
     --add` does: the node that runs Gemma has no llama.cpp of its own and installs it."""
-    from llmgw import clock
-    from llmgw.errors import ServiceError
-    from mirror.engines import engine_build_add_file
+    from llmgw.cli.engines import BuildError, add_to_mirror
 
     try:
-        added, _ = engine_build_add_file(
-            path=Path(build.path),
-            engine=build.engine,
-            version=build.version,
-            sha256=build.sha256,
-            actor="demo",
-            now=clock.now(),
-        )
-    except ServiceError as exc:
-        raise SystemExit(
-            f"llmgw demo --real: the mirror did not take llama-server: {exc}"
-        ) from None
-    return f"llama.cpp {added.version}"
+        add_to_mirror(build)
+    except BuildError as exc:
+        raise SystemExit(f"llmgw demo --real: {exc}") from None
+    return f"llama.cpp {build.version}"
 
 
 def _serve_real(server: str, admin_token: str, gguf: Path, serve: subprocess.Popen) -> str:
