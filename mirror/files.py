@@ -32,7 +32,7 @@ class MirrorFiles:
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
             await self.inner(scope, receive, send)
             return
-        await _serve(scope, send)
+        await _serve(scope, receive, send)
 
 
 def _agent(secret: str) -> bool:
@@ -49,7 +49,7 @@ def _touch(digest: str) -> None:
     weights_touch(sha256=digest, now=clock.now())
 
 
-async def _serve(scope, send) -> None:
+async def _serve(scope, receive, send) -> None:
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
     if scope["method"] not in ("GET", "HEAD"):
         await _answer(
@@ -113,7 +113,19 @@ async def _serve(scope, send) -> None:
         return
     if start == 0:
         await database_sync_to_async(_touch)(digest)
-    await _stream(send, path, start, length)
+    gone = asyncio.Event()
+    watcher = asyncio.ensure_future(_until_disconnect(receive, gone))
+    try:
+        await _stream(send, path, start, length, gone)
+    finally:
+        watcher.cancel()
+
+
+async def _until_disconnect(receive, gone: asyncio.Event) -> None:
+    """Set ``gone`` when the client hangs up, so the rest of the file is not read for nobody."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
 
 
 def _bounds(r: re.Match, size: int) -> tuple[int, int] | None:
@@ -130,20 +142,20 @@ def _bounds(r: re.Match, size: int) -> tuple[int, int] | None:
     return start, end
 
 
-async def _stream(send, path, start: int, length: int) -> None:
+async def _stream(send, path, start: int, length: int, gone: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     f = await loop.run_in_executor(None, open, path, "rb")
     try:
         await loop.run_in_executor(None, f.seek, start)
         left = length
-        while left > 0:
+        while left > 0 and not gone.is_set():
             block = await loop.run_in_executor(None, f.read, min(CHUNK, left))
             if not block:
                 break
             left -= len(block)
             await send({"type": "http.response.body", "body": block, "more_body": left > 0})
         if left > 0:
-            # The file shrank under us: end the body short, so the client sees a cut.
+            # The file shrank under us, or the client left: end the body short.
             await send({"type": "http.response.body", "body": b""})
     finally:
         f.close()

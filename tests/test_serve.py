@@ -53,3 +53,62 @@ async def test_a_connection_still_open_is_kept():
     s.connections["req"] = {"connected": 0, "application_instance": task}
     s._reap("req")
     assert "req" in s.connections
+
+
+class FakeRequest:
+    """What the server's reply path asks of daphne's request: a producer slot and the
+    parts written, as Twisted's request would keep them."""
+
+    def __init__(self):
+        self.producer, self.written, self.finished = None, [], False
+
+    def registerProducer(self, producer, streaming):
+        assert streaming and self.producer is None
+        self.producer = producer
+
+    def unregisterProducer(self):
+        self.producer = None
+
+    def handle_reply(self, message):
+        if message["type"] == "http.response.body":
+            self.written.append(message.get("body", b""))
+            self.finished = not message.get("more_body", False)
+
+
+async def test_a_body_sent_in_parts_waits_while_the_client_is_slower():
+    s = server()
+    req = FakeRequest()
+    s.connections[req] = {"connected": 0}
+    s.check_headers_type = lambda message: None
+
+    await s.handle_reply(req, {"type": "http.response.body", "body": b"a", "more_body": True})
+    assert req.producer is not None, "a streamed body is paced by a producer"
+    req.producer.pauseProducing()  # Twisted: the write buffer is full
+    second = asyncio.ensure_future(
+        s.handle_reply(req, {"type": "http.response.body", "body": b"b", "more_body": True})
+    )
+    await asyncio.sleep(0.05)
+    assert not second.done(), "the send waits until the buffer drains"
+    req.producer.resumeProducing()
+    await asyncio.wait_for(second, 1)
+
+    await s.handle_reply(req, {"type": "http.response.body", "body": b"c"})
+    assert req.written == [b"a", b"b", b"c"] and req.finished
+    assert req.producer is None, "the last part lets the producer go"
+
+
+async def test_a_lost_connection_never_leaves_a_send_waiting():
+    s = server()
+    req = FakeRequest()
+    s.connections[req] = {"connected": 0}
+    s.check_headers_type = lambda message: None
+    await s.handle_reply(req, {"type": "http.response.body", "body": b"a", "more_body": True})
+    req.producer.pauseProducing()
+    waiting = asyncio.ensure_future(
+        s.handle_reply(req, {"type": "http.response.body", "body": b"b", "more_body": True})
+    )
+    await asyncio.sleep(0.01)
+
+    req.producer.stopProducing()
+
+    await asyncio.wait_for(waiting, 1)

@@ -140,7 +140,53 @@ def _server_class():
             ):
                 del self.connections[protocol]
 
+        async def handle_reply(self, protocol, message):
+            """Also: a body sent in parts waits while the client is slower than the app.
+
+            daphne hands every part to Twisted at once, and Twisted keeps what the client
+            has not taken yet: a mirror file streamed to a slow agent grew the process by
+            the file's size. Here the request is given a push producer, which Twisted
+            pauses when its write buffer fills and resumes when it drains, and each
+            part's send waits until then (the gateway's streams pace the same way)."""
+            body = message.get("type") == "http.response.body"
+            more = body and message.get("more_body", False)
+            pacer = getattr(protocol, "_llmgw_pacer", None)
+            if body and not more and pacer is not None:
+                protocol._llmgw_pacer = None
+                protocol.unregisterProducer()
+            await super().handle_reply(protocol, message)
+            if not more or getattr(protocol, "finished", True):
+                return
+            if pacer is None:
+                pacer = protocol._llmgw_pacer = Pacer()
+                protocol.registerProducer(pacer, True)
+            await pacer.wait()
+
     return Reaping
+
+
+class Pacer:
+    """A Twisted push producer the asyncio side waits on: paused while the connection's
+    write buffer is full, resumed when it drains, stopped when the connection is lost."""
+
+    def __init__(self) -> None:
+        self._ready = asyncio.Event()
+        self._ready.set()
+        self.stopped = False
+
+    def pauseProducing(self) -> None:
+        if not self.stopped:
+            self._ready.clear()
+
+    def resumeProducing(self) -> None:
+        self._ready.set()
+
+    def stopProducing(self) -> None:
+        self.stopped = True
+        self._ready.set()
+
+    async def wait(self) -> None:
+        await self._ready.wait()
 
 
 def main(argv: list[str]) -> int:
