@@ -107,19 +107,26 @@ class WeightCache:
         source: str | None = None,
         on_progress: Callable[[int, int | None], None] | None = None,
     ) -> Path:
-        """The cached file for ``ref``, fetched first if it is not held; raises CacheError."""
-        path = self.path(ref.sha256)
-        if path.exists() and path.stat().st_size == ref.size:
+        """The cached file for ``ref``, fetched first if it is not held; raises CacheError,
+        a disk that fails (full, read-only, a file where a folder should be) included."""
+        try:
+            path = self.path(ref.sha256)
+            if path.exists() and path.stat().st_size == ref.size:
+                self._note(ref.sha256, source)
+                return path
+            task = self._fetches.get(ref.sha256)
+            if task is None:
+                task = asyncio.ensure_future(self._fetch(ref, on_progress))
+                self._fetches[ref.sha256] = task
+                task.add_done_callback(lambda _t: self._fetches.pop(ref.sha256, None))
+            got = await asyncio.shield(task)
             self._note(ref.sha256, source)
-            return path
-        task = self._fetches.get(ref.sha256)
-        if task is None:
-            task = asyncio.ensure_future(self._fetch(ref, on_progress))
-            self._fetches[ref.sha256] = task
-            task.add_done_callback(lambda _t: self._fetches.pop(ref.sha256, None))
-        got = await asyncio.shield(task)
-        self._note(ref.sha256, source)
-        return got
+            return got
+        except OSError as exc:
+            raise CacheError(
+                f"The weights {ref.file} could not be put in the cache at {self.root}: "
+                f"{exc.strerror or exc}."
+            ) from None
 
     async def _fetch(self, ref: WeightsRef, on_progress) -> Path:
         part = self._part(ref.sha256)

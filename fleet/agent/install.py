@@ -243,6 +243,16 @@ class Installer:
                 log.info("installing %s (%d bytes) from the mirror", ref.name, ref.size)
                 binary = await asyncio.to_thread(self._install_sync, ref, on_progress)
                 version = await asyncio.to_thread(_probe, binary, ref)
+        except OSError as exc:
+            # A disk that fails (full, read-only) ends the install with a sentence too, rather
+            # than leaving it "installing" for ever; trying again may help once it is mended.
+            error = InstallError(
+                f"{ref.name} could not be installed in {self.root}: {exc.strerror or exc}.",
+                retry=True,
+            )
+            state.state, state.detail, state.retry = FAILED, str(error), True
+            log.warning("installing %s failed: %s", ref.name, error)
+            raise error from None
         except InstallError as exc:
             state.state, state.detail, state.retry = FAILED, str(exc), exc.retry
             log.warning("installing %s failed: %s", ref.name, exc)

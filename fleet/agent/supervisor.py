@@ -305,6 +305,12 @@ class Supervisor:
             if shard.stop_task is None:
                 self._finish(shard, FAILED, detail=str(exc))
             return
+        except Exception as exc:
+            # Never left "fetching" with nothing fetching: the control plane waits on it.
+            log.exception("shard %s: fetching its weights failed", spec.shard_id)
+            if shard.stop_task is None:
+                self._finish(shard, FAILED, detail=f"Fetching the weights failed: {exc}.")
+            return
         if shard.stop_task is not None:
             return  # stopped while it fetched: stop() has reported it
         shard.spec = replace(spec, source=str(path))

@@ -226,3 +226,16 @@ async def test_delete_weights_keeps_what_a_shard_here_runs_on(tmp_path, mirror):
     await agent._dispatch({"type": "delete_weights", "sha256": "not a list"})
 
     assert [w["sha256"] for w in cache.held()] == [DIGEST]
+
+
+async def test_a_disk_that_fails_fails_the_shard_rather_than_leaving_it_fetching(tmp_path, mirror):
+    (tmp_path / "blocked").write_text("a file where the cache folder should be")
+    rec = Recorder(tmp_path)
+    rec.sup.cache = WeightCache(tmp_path / "blocked" / "cache", server=mirror.url, token="t")
+
+    await rec.sup.start(start_msg() | {"weights": _ref(mirror).__dict__})
+    await rec.until("failed")
+
+    failed = [m for m in rec.statuses if m["state"] == "failed"][0]
+    assert "could not be put in the cache" in failed["detail"]
+    assert rec.sup.get("s1") is None

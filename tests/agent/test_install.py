@@ -250,3 +250,18 @@ async def test_an_engine_build_the_shard_cannot_use_fails_it_with_that_sentence(
     assert failed["detail"] == "start_shard's engine_build carries no sha256 digest."
     assert not (tmp_path / "engines" / "llamacpp").exists()
     await node.close()
+
+
+@pytest.mark.asyncio
+async def test_a_disk_that_fails_fails_the_install_with_a_sentence_not_installing_for_ever(
+    tmp_path, mirror
+):
+    (tmp_path / "engines").write_text("a file where the engines folder should be")
+    node = Node(tmp_path)
+    await node.sup.start(llamacpp_msg(mirror))
+    failed = await node.until("failed")
+
+    assert "could not be installed in" in failed["detail"]
+    (report,) = node.installer.reports()
+    assert report["state"] == "failed"
+    await node.close()
