@@ -175,7 +175,9 @@ def _local(source: Source, roots: tuple[str, ...]) -> tuple[RemoteFile, ...]:
             if not full.is_file() or not inside(os.path.realpath(full), roots):
                 continue
             rel = full.relative_to(path).as_posix()
-            found.append(RemoteFile(path=rel, url=full.as_uri(), size=full.stat().st_size))
+            # The file a link points at, as checked: what the worker reads, checked again.
+            real = Path(os.path.realpath(full))
+            found.append(RemoteFile(path=rel, url=real.as_uri(), size=real.stat().st_size))
     if not found:
         raise Invalid(f"The folder {source.text} holds no files.")
     return tuple(found)

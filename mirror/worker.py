@@ -9,9 +9,12 @@ compare-and-set with a lease, so one file has one download at a time.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
+import os
 import shutil
+import stat
 import threading
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from django.db import close_old_connections
 from llmgw import clock
 
 from . import services, store
+from .domain.sources import inside
 from .models import WeightFile
 from .resolve import hub_endpoint, hub_headers
 from .transfer import CHUNK, TransferError, fetch
@@ -93,7 +97,7 @@ def _copy(f: WeightFile, part: Path, progress) -> tuple[str, int]:
     done = 0
     try:
         part.parent.mkdir(parents=True, exist_ok=True)
-        with open(src, "rb") as r, open(part, "wb") as w:
+        with _open_source(src, f) as r, open(part, "wb") as w:
             while block := r.read(CHUNK):
                 w.write(block)
                 h.update(block)
@@ -113,6 +117,31 @@ def _copy(f: WeightFile, part: Path, progress) -> tuple[str, int]:
         )
     _keep(part, digest)
     return digest, done
+
+
+def _open_source(src: Path, f: WeightFile):
+    """The local file to copy, checked again now: still inside LLMGW_MIRROR_SOURCES, not
+    a link (one swapped since it was added could point anywhere), a regular file (a FIFO
+    would hang the worker), and the size it had when added."""
+    if not inside(os.path.realpath(src), settings.LLMGW.mirror.sources):
+        raise TransferError(f"{src} is no longer inside LLMGW_MIRROR_SOURCES.", retry=False)
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise TransferError(
+            f"{src} cannot be read: {exc.strerror}.", retry=exc.errno != errno.ELOOP
+        ) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or (f.size is not None and info.st_size != f.size):
+        os.close(fd)
+        raise TransferError(
+            f"{src} changed since it was added: it is not the regular file of "
+            f"{f.size:,} bytes it was."
+            if f.size is not None
+            else f"{src} is not a regular file.",
+            retry=False,
+        )
+    return os.fdopen(fd, "rb")
 
 
 def _keep(path: Path, digest: str) -> None:

@@ -331,3 +331,51 @@ def test_failed_weights_can_be_tried_again(api, hub):
 def test_weights_need_an_admin_token(client, hub):
     assert client.get("/api/v1/weights").status_code == 401
     assert client.post("/api/v1/weights", {"source": "hf://acme/tiny"}).status_code == 401
+
+
+def test_a_link_swapped_after_adding_does_not_make_the_mirror_copy_what_it_points_to(
+    api, mirror_dir
+):
+    folder = mirror_dir / "allowed" / "tiny"
+    folder.mkdir()
+    (folder / "real.gguf").write_bytes(GGUF)
+    (folder / "link.gguf").symlink_to(folder / "real.gguf")
+    secret = mirror_dir / "secret"
+    secret.write_bytes(b"not weights")
+    view = _add(api, str(folder)).json()
+
+    (folder / "link.gguf").unlink()
+    (folder / "link.gguf").symlink_to(secret)
+    work_until_idle()
+
+    assert not store.blob(hashlib.sha256(b"not weights").hexdigest()).exists()
+    files = {f["path"]: f for f in api.call("GET", f"/weights/{view['id']}").json()["files"]}
+    assert files["link.gguf"]["sha256"] == hashlib.sha256(GGUF).hexdigest()
+
+
+def test_a_local_file_replaced_after_adding_is_refused_not_copied(api, mirror_dir):
+    path = mirror_dir / "allowed" / "model.gguf"
+    path.write_bytes(GGUF)
+    view = _add(api, str(path)).json()
+    path.unlink()
+    path.symlink_to(mirror_dir / "outside.gguf")
+    (mirror_dir / "outside.gguf").write_bytes(b"elsewhere")
+
+    work_until_idle()
+
+    view = api.call("GET", f"/weights/{view['id']}").json()
+    assert view["state"] == "failed"
+    assert "no longer inside LLMGW_MIRROR_SOURCES" in view["detail"]
+    assert not any(p.is_file() for p in store.root().rglob("*"))
+
+
+def test_a_local_file_that_changed_size_after_adding_is_refused(api, mirror_dir):
+    path = mirror_dir / "allowed" / "model.gguf"
+    path.write_bytes(GGUF)
+    view = _add(api, str(path)).json()
+    path.write_bytes(GGUF + b"more")
+
+    work_until_idle()
+
+    view = api.call("GET", f"/weights/{view['id']}").json()
+    assert view["state"] == "failed" and "changed since it was added" in view["detail"]
