@@ -54,8 +54,23 @@ def hub_headers() -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
+# What the mirror's rows keep of a file (WeightFile.path and fetch_url).
+LONGEST_PATH, LONGEST_URL = 500, 1000
+
+
 def resolve(source: Source, *, sha256: str, roots: tuple[str, ...]) -> Resolved:
     """The files of ``source``; raises Invalid (bad input) or Upstream (a source unreachable)."""
+    found = _resolve(source, sha256=sha256, roots=roots)
+    for f in found.files:
+        if len(f.path) > LONGEST_PATH or len(f.url) > LONGEST_URL:
+            raise Invalid(
+                f"{source.text} holds a file whose path is longer than the mirror keeps "
+                f"({LONGEST_PATH} characters): {f.path[:80]}…"
+            )
+    return found
+
+
+def _resolve(source: Source, *, sha256: str, roots: tuple[str, ...]) -> Resolved:
     if sha256 and source.kind == HF:
         raise Invalid(
             "A digest is taken for an https:// or a single local file; the hub gives its own."

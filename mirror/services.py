@@ -14,7 +14,7 @@ from llmgw.errors import Conflict, Invalid, NotFound
 from . import store
 from .domain.progress import ATTEMPTS, DOWNLOADING, FAILED, QUEUED, READY, retry_delay
 from .domain.sources import SourceError, parse_source
-from .models import WeightFile, Weights
+from .models import EngineBuild, WeightFile, Weights
 from .resolve import resolve
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -83,6 +83,8 @@ def weights_remove(*, weights_id: int, using: list[str]) -> None:
     ids = list(weights.files.values_list("pk", flat=True))
     weights.delete()
     shared = set(WeightFile.objects.filter(sha256__in=digests).values_list("sha256", flat=True))
+    # The same bytes may be an engine build's too.
+    shared |= set(EngineBuild.objects.filter(sha256__in=digests).values_list("sha256", flat=True))
     for digest in digests - shared:
         store.blob(digest).unlink(missing_ok=True)
     for pk in ids:

@@ -84,6 +84,11 @@ def fetch(
     part.parent.mkdir(parents=True, exist_ok=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     have = part.stat().st_size if part.exists() else 0
+    if have and not expected_sha256:
+        # Nothing would tell a file changed upstream between tries from its first part:
+        # without a digest to check the whole against, it is fetched again from the start.
+        part.unlink()
+        have = 0
     if size is not None and have > size:
         part.unlink()
         have = 0

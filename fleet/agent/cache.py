@@ -14,6 +14,7 @@ when a shard last used it: what ``register`` reports and reclaim reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -89,6 +90,12 @@ class WeightCache:
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
+
+    def touch(self, sha256: str) -> None:
+        """Note that a shard used this file until now (it just ended)."""
+        if self.path(sha256).exists():
+            with contextlib.suppress(OSError):
+                self._note(sha256, None)
 
     def _note(self, sha256: str, source: str | None) -> None:
         meta = self._meta(sha256)

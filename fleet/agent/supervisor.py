@@ -423,6 +423,9 @@ class Supervisor:
         shard.state = state
         if self._shards.get(shard.spec.shard_id) is shard:
             del self._shards[shard.spec.shard_id]
+        if shard.weights_sha256 and self.cache is not None:
+            # Used until now: reclaim counts its idle days from here, not from its start.
+            self.cache.touch(shard.weights_sha256)
         log.info(
             "shard %s %s%s",
             shard.spec.shard_id,

@@ -239,3 +239,19 @@ async def test_a_disk_that_fails_fails_the_shard_rather_than_leaving_it_fetching
     failed = [m for m in rec.statuses if m["state"] == "failed"][0]
     assert "could not be put in the cache" in failed["detail"]
     assert rec.sup.get("s1") is None
+
+
+async def test_a_file_counts_as_used_until_the_shard_on_it_ends(tmp_path, mirror):
+    import json as json_
+
+    rec = Recorder(tmp_path)
+    rec.sup.cache = _cache(tmp_path, mirror)
+    await rec.sup.start(start_msg() | {"weights": _ref(mirror).__dict__})
+    await rec.until("ready")
+    meta = rec.sup.cache.path(DIGEST).with_suffix(".json")
+    started = json_.loads(meta.read_text())["used_at"]
+    await asyncio.sleep(0.05)
+
+    await rec.sup.stop("s1", grace_s=1)
+
+    assert json_.loads(meta.read_text())["used_at"] > started

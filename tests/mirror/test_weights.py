@@ -379,3 +379,47 @@ def test_a_local_file_that_changed_size_after_adding_is_refused(api, mirror_dir)
 
     view = api.call("GET", f"/weights/{view['id']}").json()
     assert view["state"] == "failed" and "changed since it was added" in view["detail"]
+
+
+def test_a_folder_holding_a_path_longer_than_the_mirror_keeps_is_a_400(api, mirror_dir):
+    deep = mirror_dir / "allowed" / "deep"
+    path = deep
+    for i in range(6):
+        path = path / (f"{i}" * 90)
+    path.mkdir(parents=True)
+    (path / "model.gguf").write_bytes(b"GGUF")
+
+    response = _add(api, str(deep))
+
+    assert response.status_code == 400
+    assert "longer than the mirror keeps (500 characters)" in detail(response)
+    assert not Weights.objects.exists()
+
+
+def test_removing_weights_keeps_bytes_an_engine_build_holds_too(api, hub):
+    from mirror.models import EngineBuild
+
+    view = _add(api, "hf://acme/tiny/tiny.Q4_K_M.gguf").json()
+    work_until_idle()
+    digest = hashlib.sha256(GGUF).hexdigest()
+    EngineBuild.objects.create(
+        engine="llamacpp", version="b1", platform="linux-x86_64", sha256=digest,
+        size=len(GGUF), added_by="test", added_at=clock.now(),
+    )  # fmt: skip
+
+    assert api.call("DELETE", f"/weights/{view['id']}").status_code == 204
+
+    assert store.blob(digest).exists()
+
+
+def test_a_file_with_no_digest_to_check_is_fetched_again_whole_not_resumed(api, tls_server):
+    # Nothing would tell a file that changed between tries from its first part.
+    tls_server.cut_after["model.gguf"] = 100_000
+    view = _add(api, f"{tls_server.url}/files/model.gguf").json()
+    work_once()
+    WeightFile.objects.update(next_try_at=clock.now() - timedelta(seconds=1))
+
+    work_once()
+
+    assert tls_server.ranges == [None, None]
+    assert api.call("GET", f"/weights/{view['id']}").json()["state"] == "ready"
