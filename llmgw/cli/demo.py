@@ -224,7 +224,10 @@ def _serve_real(server: str, admin_token: str, gguf: Path, serve: subprocess.Pop
     api = httpx.Client(
         base_url=f"{server}/api/v1", headers={"Authorization": f"Bearer {admin_token}"}, timeout=30
     )
-    weights = api.post("/weights", json={"source": str(gguf)}).json()
+    added = api.post("/weights", json={"source": str(gguf)})
+    if not added.is_success:
+        return f"the mirror refused {gguf.name}: {added.json().get('detail')}"
+    weights = added.json()
     deadline = time.monotonic() + 300
     while weights.get("state") != "ready":
         if (
