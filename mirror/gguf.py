@@ -227,6 +227,11 @@ class _HeaderReader(GGUFReader):
             if self._buffer is None:
                 self._buffer = memoryview(self.data)
             fmt = "<Q" if self.endianess == GGUFEndian.LITTLE else ">Q"
+            # Each string takes its 8-byte length at least: a count the rest of the file
+            # cannot hold is refused before a loop over it (a crafted header would have it
+            # step through a 100 GB file eight bytes at a time).
+            if count > (len(self.data) - offs) // 8:
+                raise IndexError(f"an array of {count} strings runs past the end of the file")
             for _ in range(count):
                 (length,) = struct.unpack_from(fmt, self._buffer, offs)
                 offs += 8 + length

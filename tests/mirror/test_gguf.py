@@ -180,3 +180,17 @@ def test_a_figure_of_the_wrong_type_is_refused(tmp_path):
     w.close()
     with pytest.raises(GgufError, match=r"^odd.gguf has llama.block_count = 'thirty-two', not a"):
         read_gguf(tmp_path / "odd.gguf")
+
+
+def test_a_string_array_longer_than_the_file_is_refused_with_a_sentence(tmp_path):
+    import struct
+
+    # The header of a GGUF v3 with one key: an array of 2**40 strings, and nothing after.
+    key = b"tokenizer.ggml.tokens"
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1)
+    field = struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 40)
+    path = tmp_path / "crafted.gguf"
+    path.write_bytes(head + field + b"\x00" * 4096)
+
+    with pytest.raises(GgufError, match=r"^crafted.gguf is truncated or damaged"):
+        read_gguf(path)
