@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urljoin
 
 import httpx
 
@@ -111,6 +112,40 @@ def fetch(
         os.fsync(f.fileno())
     os.replace(part, dest)
     return Fetched(sha256=digest, size=have, resumed_from=resumed_from)
+
+
+def mirror_url(server: str, url: str) -> str:
+    """A mirror file's URL as ``start_shard`` gives it: relative to the server the agent
+    connects to, or absolute (``LLMGW_MIRROR_URL``)."""
+    return urljoin(server.rstrip("/") + "/", url.lstrip("/")) if url.startswith("/") else url
+
+
+def fetch_from_mirror(
+    server: str,
+    token: str,
+    url: str,
+    *,
+    dest: Path,
+    part: Path,
+    sha256: str,
+    size: int,
+    what: str,
+    on_progress: Callable[[int, int | None], None] | None = None,
+) -> Fetched:
+    """An agent's fetch of a mirror file by digest, with its token (weights and engines)."""
+    # The mirror is the control plane (or beside it): no proxy from the environment.
+    with httpx.Client(timeout=httpx.Timeout(30.0, read=120.0), trust_env=False) as client:
+        return fetch(
+            client,
+            mirror_url(server, url),
+            dest=dest,
+            part=part,
+            expected_sha256=sha256,
+            size=size,
+            headers={"authorization": f"Bearer {token}"},
+            on_progress=on_progress,
+            what=what,
+        )
 
 
 def _download(client, url, part, h, have, size, headers, on_progress, what):

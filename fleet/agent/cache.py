@@ -23,12 +23,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin
-
-import httpx
 
 from mirror.domain.refs import WeightsRef
-from mirror.transfer import TransferError, fetch
+from mirror.transfer import TransferError, fetch_from_mirror, mirror_url
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +144,7 @@ class WeightCache:
                 f"{(ref.size - have) / GB:.1f} GB more and {DISK_MARGIN_BYTES / GB:.0f} GB is kept "
                 "free: nothing was fetched."
             )
-        url = (
-            urljoin(self.server.rstrip("/") + "/", ref.url.lstrip("/"))
-            if ref.url.startswith("/")
-            else ref.url
-        )
+        url = mirror_url(self.server, ref.url)
         log.info(
             "fetching %s (%d bytes) from %s%s",
             ref.file,
@@ -160,7 +153,18 @@ class WeightCache:
             f", resuming at {have}" if have else "",
         )
         try:
-            got = await asyncio.to_thread(self._fetch_sync, url, ref, part, on_progress)
+            got = await asyncio.to_thread(
+                fetch_from_mirror,
+                self.server,
+                self.token,
+                ref.url,
+                dest=self.path(ref.sha256),
+                part=part,
+                sha256=ref.sha256,
+                size=ref.size,
+                what=ref.file,
+                on_progress=on_progress,
+            )
         except TransferError as exc:
             raise CacheError(
                 f"The weights {ref.file} could not be fetched from the mirror: {exc}"
@@ -173,21 +177,6 @@ class WeightCache:
             got.resumed_from,
         )
         return self.path(ref.sha256)
-
-    def _fetch_sync(self, url: str, ref: WeightsRef, part: Path, on_progress):
-        # The mirror is the control plane (or beside it): no proxy from the environment.
-        with httpx.Client(timeout=httpx.Timeout(30.0, read=120.0), trust_env=False) as client:
-            return fetch(
-                client,
-                url,
-                dest=self.path(ref.sha256),
-                part=part,
-                expected_sha256=ref.sha256,
-                size=ref.size,
-                headers={"authorization": f"Bearer {self.token}"},
-                on_progress=on_progress,
-                what=ref.file,
-            )
 
     def delete(self, digests: list[str], *, in_use: set[str]) -> list[str]:
         """Delete held files not ``in_use``; returns the digests deleted."""

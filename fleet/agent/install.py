@@ -25,9 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin
-
-import httpx
 
 from fleet.agent.discovery import parse_version_output
 from fleet.agent.engines import engine_binaries, use_binary
@@ -40,7 +37,7 @@ from fleet.agent.install_pip import (
     pip_install,
 )
 from mirror.domain.platforms import BINARY_ENGINES, PROGRAMS, version_folder
-from mirror.transfer import TransferError, fetch
+from mirror.transfer import TransferError, fetch_from_mirror
 
 log = logging.getLogger(__name__)
 
@@ -306,34 +303,29 @@ class Installer:
                 f"{ref.name} needs {(ref.size - have) / 1e6:.1f} MB and this node has "
                 f"{free / 1e6:.1f} MB free in {self.root}; nothing was fetched."
             )
-        url = urljoin(self.server.rstrip("/") + "/", ref.url.lstrip("/"))
-        if not ref.url.startswith("/"):
-            url = ref.url
-        # The mirror is the control plane (or beside it): no proxy from the environment.
-        with httpx.Client(timeout=httpx.Timeout(30.0, read=120.0), trust_env=False) as client:
-            for attempt in range(1, FETCH_TRIES + 1):
-                try:
-                    fetch(
-                        client,
-                        url,
-                        dest=dest,
-                        part=part,
-                        expected_sha256=ref.sha256,
-                        size=ref.size,
-                        headers={"authorization": f"Bearer {self.token}"},
-                        on_progress=on_progress,
-                        what=ref.name,
-                    )
-                    return
-                except TransferError as exc:
-                    if not exc.retry or attempt == FETCH_TRIES:
-                        raise InstallError(
-                            f"{ref.name} could not be fetched from the mirror: {exc}",
-                            retry=exc.retry,
-                        ) from None
-                    # A cut: the next try asks for the rest of what the part holds.
-                    log.warning("fetching %s, try %d: %s; resuming", ref.name, attempt, exc)
-                    time.sleep(RETRY_AFTER_S * attempt)
+        for attempt in range(1, FETCH_TRIES + 1):
+            try:
+                fetch_from_mirror(
+                    self.server,
+                    self.token,
+                    ref.url,
+                    dest=dest,
+                    part=part,
+                    sha256=ref.sha256,
+                    size=ref.size,
+                    what=ref.name,
+                    on_progress=on_progress,
+                )
+                return
+            except TransferError as exc:
+                if not exc.retry or attempt == FETCH_TRIES:
+                    raise InstallError(
+                        f"{ref.name} could not be fetched from the mirror: {exc}",
+                        retry=exc.retry,
+                    ) from None
+                # A cut: the next try asks for the rest of what the part holds.
+                log.warning("fetching %s, try %d: %s; resuming", ref.name, attempt, exc)
+                time.sleep(RETRY_AFTER_S * attempt)
 
 
 def _installed(folder: Path, sha256: str) -> bool:
