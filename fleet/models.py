@@ -38,6 +38,14 @@ class Node(models.Model):
     draining = models.BooleanField(default=False)
     load = models.JSONField(default=dict, blank=True)
     session = models.CharField(max_length=32, blank=True)
+    # The node's own credential (only its SHA-256), issued at its first register with a
+    # join token; from then on only that credential registers this id.
+    credential_hash = models.CharField(max_length=64, null=True, blank=True, unique=True)
+    credential_issued_at = models.DateTimeField(null=True, blank=True)
+    # The join token it first came with (its name), and whether an operator let it in yet
+    # (LLMGW_NODE_APPROVAL=manual holds new nodes out of placement until approved).
+    joined_with = models.CharField(max_length=100, blank=True)
+    approved = models.BooleanField(default=True)
     registered_at = models.DateTimeField()
     # When the agent last registered: what it registers (labels, engines, GPUs, disk,
     # weights) changes only then, so the reconciler caches it per node until this moves.
