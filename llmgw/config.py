@@ -96,6 +96,17 @@ class Vllm:
 
 
 @dataclass(frozen=True)
+class Agents:
+    """How nodes join and how much one agent's connection may ask: whether new nodes wait
+    for an operator's approval, how many nodes one join token may register a minute, and
+    how many frames a second one connection may send before it is slowed and then closed."""
+
+    approval: str = "auto"
+    joins_per_minute: int = 60
+    frames_per_second: int = 20
+
+
+@dataclass(frozen=True)
 class Config:
     home: Path
     database_url: str | None
@@ -108,6 +119,7 @@ class Config:
     mirror: Mirror
     on_demand_wait: float = 120.0
     vllm: Vllm = Vllm()
+    agents: Agents = Agents()
 
     @property
     def embedded(self) -> bool:
@@ -218,6 +230,18 @@ def load(env: dict[str, str] | None = None) -> Config:
         on_demand_wait=_number(env, "LLMGW_ON_DEMAND_WAIT_SECONDS", 120.0, integer=False),
         mirror=_mirror(env, home),
         vllm=_vllm(env),
+        agents=_agents(env),
+    )
+
+
+def _agents(env: dict[str, str]) -> Agents:
+    approval = env.get("LLMGW_NODE_APPROVAL", "").strip().lower() or "auto"
+    if approval not in ("auto", "manual"):
+        raise SettingError(f"LLMGW_NODE_APPROVAL must be auto or manual, not {approval!r}.")
+    return Agents(
+        approval=approval,
+        joins_per_minute=int(_number(env, "LLMGW_JOINS_PER_MINUTE", 60, integer=True)),
+        frames_per_second=int(_number(env, "LLMGW_AGENT_FRAMES_PER_SECOND", 20, integer=True)),
     )
 
 
