@@ -468,7 +468,7 @@ def _too_large() -> Refused:
 def _parse(raw: bytes, endpoint: str) -> dict:
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # arrays nested thousands deep
         raise _bad("The body is not valid JSON.") from None
     if not isinstance(body, dict):
         raise _bad("The body must be a JSON object.")

@@ -220,6 +220,14 @@ async def test_a_model_the_key_may_not_use_is_as_unknown_as_one_that_does_not_ex
     [
         ("POST", "/v1/chat/completions", b"{not json", 400, "not valid JSON"),
         ("POST", "/v1/chat/completions", b"[1, 2]", 400, "must be a JSON object"),
+        # Nested deeper than Python's parser recurses: a RecursionError, not a 500.
+        (
+            "POST",
+            "/v1/chat/completions",
+            b'{"model": "llama", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            400,
+            "not valid JSON",
+        ),
         ("POST", "/v1/chat/completions", b'{"messages": []}', 400, "'model' is required"),
         ("POST", "/v1/chat/completions", b'{"model": 3}', 400, "'model' is required"),
         ("POST", "/v1/chat/completions", b'{"model": "llama", "stream": "y"}', 400, "'stream'"),
