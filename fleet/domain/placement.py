@@ -26,7 +26,8 @@ class NodeRoom:
     """What one node has left, as placement counts it."""
 
     node: NodeView
-    free_gpus: dict[str, list[int]] = field(default_factory=dict)  # class -> free healthy indices
+    # class -> indices free to place on: healthy, held by no replica nor by other processes
+    free_gpus: dict[str, list[int]] = field(default_factory=dict)
     memory_reserved: float = 0.0
     cores_reserved: int = 0
     shards: int = 0
@@ -149,7 +150,7 @@ class Inventory:
         for node in self._nodes.values():
             free: dict[str, list[int]] = defaultdict(list)
             for gpu in node.gpus:
-                if gpu.healthy:
+                if gpu.free_to_place:
                     free[gpu.gpu_class].append(gpu.index)
             self._rooms[node.id] = NodeRoom(node=node, free_gpus=dict(free))
         self._holding = {}
@@ -256,7 +257,7 @@ class Inventory:
         given = set(shard.gpu_indices)
         before = {c: len(i) for c, i in room.free_gpus.items()}
         for gpu in room.node.gpus:
-            if gpu.index in given and gpu.healthy:
+            if gpu.index in given and gpu.free_to_place:
                 free = room.free_gpus.setdefault(gpu.gpu_class, [])
                 if gpu.index not in free:
                     free.append(gpu.index)
@@ -410,8 +411,11 @@ def refuse(room: NodeRoom, profile: Profile, avoid: frozenset[str], source: str)
         if total == 0:
             return f"node {node.id} has no {profile.gpu_class} GPUs"
         if free < need:
+            held = sum(1 for g in node.gpus if g.held and g.gpu_class == profile.gpu_class)
+            others = f" ({held} held by other processes)" if held else ""
             return (
-                f"node {node.id} has {free} free {profile.gpu_class} GPUs of {total}, needs {need}"
+                f"node {node.id} has {free} free {profile.gpu_class} GPUs of {total}, "
+                f"needs {need}{others}"
             )
     free_memory = room.memory_free
     if (
@@ -467,7 +471,8 @@ def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
     if engine_refusal(node, profile.engine) is not None:
         return False
     need = profile.gpus_on_each_node
-    if need and sum(1 for g in node.gpus if g.healthy and g.gpu_class == profile.gpu_class) < need:
+    usable = sum(1 for g in node.gpus if g.free_to_place and g.gpu_class == profile.gpu_class)
+    if need and usable < need:
         return False
     if profile.min_memory_gb and node.memory_gb and node.memory_gb < profile.min_memory_gb:
         return False

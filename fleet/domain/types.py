@@ -36,6 +36,15 @@ class GpuView:
     index: int
     gpu_class: str
     healthy: bool = True
+    # Its agent found compute processes on it that no shard of llmgw runs (an engine of an
+    # agent whose state was lost, someone's own job): placement leaves it alone. False where
+    # the agent could not tell (no NVML, simulated GPUs): unknown, as for any figure.
+    held: bool = False
+
+    @property
+    def free_to_place(self) -> bool:
+        """Whether placement may give it out once no replica holds it."""
+        return self.healthy and not self.held
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ def gpu_node(
     gpus: int = 8,
     gpu_class: str = H100,
     unhealthy: Iterable[int] = (),
+    held: Iterable[int] = (),
     memory_gb: float | None = None,
     cpus: int | None = None,
     labels: Mapping[str, str] | None = None,
@@ -59,8 +60,9 @@ def gpu_node(
     cordoned: bool = False,
     draining: bool = False,
 ) -> NodeView:
-    """A GPU machine; memory and CPUs unknown unless given (unknown constrains nothing)."""
-    bad = set(unhealthy)
+    """A GPU machine; memory and CPUs unknown unless given (unknown constrains nothing).
+    `held`: GPUs its agent found processes on that no shard of llmgw runs."""
+    bad, others = set(unhealthy), set(held)
     labels = dict(labels or {})
     if fabric is not None:
         labels[FABRIC_LABEL] = fabric
@@ -73,7 +75,9 @@ def gpu_node(
         labels=labels,
         memory_gb=memory_gb,
         cpu_count=cpus,
-        gpus=tuple(GpuView(i, gpu_class, healthy=i not in bad) for i in range(gpus)),
+        gpus=tuple(
+            GpuView(i, gpu_class, healthy=i not in bad, held=i in others) for i in range(gpus)
+        ),
         engines=frozenset(engines) if engines is not None else None,
         disk_free_gb=disk_free_gb,
         weights=frozenset(weights),
