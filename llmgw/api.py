@@ -32,6 +32,19 @@ def claimed_actor(header: str) -> str:
     return "".join(ch for ch in first if ch.isprintable())[:ACTOR_LONGEST].strip()
 
 
+class Actor(str):
+    """Who acts, as recorded beside a change, and the admin token that made the call
+    ("name (prefix…)"; "" for a session): a claimed X-Llmgw-Actor cannot hide who acted.
+    Services pass it on as the actor string; audit_record keeps `token` in its own column."""
+
+    token: str
+
+    def __new__(cls, name: str, *, token: str = "") -> Actor:
+        made = super().__new__(cls, name)
+        made.token = token
+        return made
+
+
 class AdminToken(HttpBearer):
     """`Authorization: Bearer <admin token>`; the actor is X-Llmgw-Actor, else the token's name."""
 
@@ -39,12 +52,21 @@ class AdminToken(HttpBearer):
         found = token_find(secret=token, kind=Token.ADMIN)
         if found is None:
             return None
-        request.actor = claimed_actor(request.META.get(ACTOR_HEADER, "")) or found.name
+        name = claimed_actor(request.META.get(ACTOR_HEADER, "")) or found.name
+        request.actor = Actor(name, token=f"{found.name} ({found.prefix}…)")
         return found
 
 
 class StaffSession(SessionAuthIsStaff):
     """A logged-in staff user of the pages (CSRF checked on writes)."""
+
+    def _get_key(self, request: HttpRequest):
+        # CSRF protects a session's cookie; a call with no staff session has none to
+        # protect, and is told it needs a token (401), not that a CSRF check failed.
+        user = request.user
+        if not (user.is_authenticated and user.is_active and user.is_staff):
+            return None
+        return super()._get_key(request)
 
     def authenticate(self, request: HttpRequest, key):
         user = super().authenticate(request, key)

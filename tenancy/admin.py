@@ -647,6 +647,6 @@ class AuditEventAdmin(ViewOnly, admin.ModelAdmin):
     description = (
         "View only: the record of who changed what; nobody adds to it or edits it by hand."
     )
-    list_display = ["at", "actor", "action", "target"]
+    list_display = ["at", "actor", "token", "action", "target"]
     list_filter = ["action", "at"]
-    search_fields = ["actor", "target", "action"]
+    search_fields = ["actor", "token", "target", "action"]

@@ -172,6 +172,9 @@ class AuditEvent(models.Model):
 
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.CharField(max_length=150)
+    # The admin token that made the call, "name (prefix…)", beside whatever name it claimed
+    # in X-Llmgw-Actor; empty for a change made on the pages, in a session or on the server.
+    token = models.CharField(max_length=130, blank=True)
     action = models.CharField(max_length=60)
     target = models.CharField(max_length=200)
     detail = models.JSONField(default=dict, blank=True)

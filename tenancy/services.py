@@ -52,9 +52,14 @@ def token_revoke(*, token: Token) -> None:
 
 
 def audit_record(*, actor: str, action: str, target: str, detail: dict | None = None) -> None:
-    """Write who changed what, inside the caller's transaction when there is one."""
+    """Write who changed what, inside the caller's transaction when there is one; an actor
+    that came with an admin token (llmgw.api.Actor) records that token beside it."""
     AuditEvent.objects.create(
-        actor=actor[:150], action=action, target=target[:200], detail=detail or {}
+        actor=actor[:150],
+        token=getattr(actor, "token", "")[:130],
+        action=action,
+        target=target[:200],
+        detail=detail or {},
     )
 
 
