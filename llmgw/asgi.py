@@ -10,13 +10,28 @@ django_asgi = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.core.exceptions import SuspiciousFileOperation  # noqa: E402
+from django.http import Http404  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
 from llmgw.gateway.app import Gateway  # noqa: E402
 from mirror.files import MirrorFiles  # noqa: E402
 
-gateway = Gateway(MirrorFiles(ASGIStaticFilesHandler(django_asgi)))
+
+class StaticFiles(ASGIStaticFilesHandler):
+    """The console's static files. A path that climbs out of the static folders
+    (`/static/../llmgw/settings.py`) is a file that is not there, a 404: Django's handler
+    lets the SuspiciousFileOperation out, and daphne answered it with a 500."""
+
+    def serve(self, request):
+        try:
+            return super().serve(request)
+        except SuspiciousFileOperation:
+            raise Http404("There is no such static file.") from None
+
+
+gateway = Gateway(MirrorFiles(StaticFiles(django_asgi)))
 application = ProtocolTypeRouter(
     {
         "http": gateway,
