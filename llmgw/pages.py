@@ -1,7 +1,7 @@
 """What every page shares: staff only, and one view serving a page and its fragments.
 
 A view renders `app/page.html` for a browser and `app/page.html#fragment` when
-htmx asks for a part of it (template partials); either way the response varies
+htmx asks for a part of it that it has (template partials); either way the response varies
 on HX-Request, so a cache never serves a fragment for a page or the reverse.
 """
 
@@ -47,9 +47,13 @@ def page(
     fragment: str | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    """Render the whole page, or only `fragment` of it when htmx asks (or when given)."""
-    wanted = fragment or (request.GET.get("fragment") if getattr(request, "htmx", False) else None)
-    name = f"{template}#{wanted}" if wanted else template
+    """Render the whole page, or only `fragment` of it.
+
+    The view names the fragment, having checked what was asked against the fragments
+    it has (fragment_asked); a `?fragment=` no view knows is never looked up as a
+    template, which was a 500.
+    """
+    name = f"{template}#{fragment}" if fragment else template
     response = render(request, name, context, status=status)
     patch_vary_headers(response, ("HX-Request",))
     return response
