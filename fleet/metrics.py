@@ -52,11 +52,12 @@ from tenancy.quota import RESOURCES, ZERO, Amount, Holding
 from tenancy.selectors import quota_policy_load
 
 from .domain.gpuclass import CLASS_LABEL
+from .domain.passes import stale_warning
 from .domain.reconcile import desired_replicas
 from .domain.types import HOLDING, ModelState as ModelStateView
 from .engine_installs import install_rows
 from .models import Gpu, Lease, ModelState, Node, Replica, Shard
-from .reconciler import LEASE
+from .reconciler import ADVISORY_KEY, LEASE
 
 log = logging.getLogger("llmgw.metrics")
 
@@ -131,6 +132,7 @@ DESCS = (
     Desc("llmgw_leader", "1 for the process holding the reconciler's lease; it is held only while a pass runs.", ("holder",)),
     Desc("llmgw_reconciler_last_pass_timestamp_seconds", "When the last reconciler pass began, whichever process ran it.", ()),
     Desc("llmgw_reconciler_settling", "1 while the reconciler waits after a start for agents to report before it places anything.", ()),
+    Desc("llmgw_reconciler_stale", "1 when no reconciler pass ran for three intervals (at least 15 s): beat stopped, or no worker; `llmgw ctl models` says so too.", ()),
 )  # fmt: skip
 BY_NAME = {d.name: d for d in DESCS}
 
@@ -553,18 +555,39 @@ def _quotas(scrape: Scrape, catalog: dict[str, ModelSpec], held: dict[str, Amoun
 def _reconciler(scrape: Scrape, now: datetime) -> None:
     row = (
         Lease.objects.filter(pk=LEASE)
-        .values_list("holder", "expires_at", "last_pass_at", "settle_until")
+        .values_list("holder", "expires_at", "last_pass_at", "settle_until", "served_since")
         .first()
     )
     if row is None:
         return
-    holder, expires_at, last_pass_at, settle_until = row
-    if holder and expires_at > now:
+    holder, expires_at, last_pass_at, settle_until, served_since = row
+    if holder and expires_at > now and (connection.vendor != "postgresql" or _pass_locked()):
         scrape.add("llmgw_leader", (holder,), 1)
     if last_pass_at is not None:
         settling = settle_until is not None and now < settle_until
         scrape.add("llmgw_reconciler_last_pass_timestamp_seconds", (), last_pass_at.timestamp())
         scrape.add("llmgw_reconciler_settling", (), 1 if settling else 0)
+    if last_pass_at is not None or served_since is not None:
+        stale = stale_warning(
+            now=now,
+            last_pass_at=last_pass_at,
+            served_since=served_since,
+            embedded=settings.LLMGW.embedded,
+            t=settings.LLMGW.timings,
+        )
+        scrape.add("llmgw_reconciler_stale", (), 0 if stale is None else 1)
+
+
+def _pass_locked() -> bool:
+    """Whether some session holds the pass's advisory lock: the row names a holder that a
+    SIGKILL left there until it expires, the lock went with its session."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND ((classid::bigint << 32) | objid::bigint) = %s",
+            [ADVISORY_KEY],
+        )
+        return cursor.fetchone() is not None
 
 
 @contextmanager

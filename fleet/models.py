@@ -171,13 +171,18 @@ class ModelState(models.Model):
 
 
 class Lease(models.Model):
-    """A named lease with an expiry: one reconciler pass at a time across all processes."""
+    """The reconciler's row: who runs a pass (on SQLite the lease itself, with its expiry;
+    on PostgreSQL an advisory lock keeps passes apart), when the last began, and when the
+    control plane last (re)started, which the settle period counts from."""
 
     name = models.CharField(primary_key=True, max_length=40)
     holder = models.CharField(max_length=100, blank=True)
     expires_at = models.DateTimeField()
     last_pass_at = models.DateTimeField(null=True, blank=True)
     settle_until = models.DateTimeField(null=True, blank=True)
+    # The restart the settle period last began from, and the latest `llmgw serve` start.
+    settled_from = models.DateTimeField(null=True, blank=True)
+    served_since = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.name

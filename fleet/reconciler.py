@@ -1,8 +1,11 @@
-"""The reconciler's shell: take the lease, load, decide, apply in one transaction, dispatch.
+"""The reconciler's shell: take the pass lock, load, decide, apply in one transaction, dispatch.
 
 The same `reconcile_once` runs from Celery beat (production) and from the loop
-inside `llmgw serve` (embedded). A lease row with an expiry, taken by
-compare-and-set, keeps it to one pass at a time across every process.
+inside `llmgw serve` (embedded). One pass at a time across every process: on
+PostgreSQL a session advisory lock taken on the pass's own connection, which the
+server drops with the session when the process holding it dies (a worker killed
+mid-pass stops nothing); on SQLite, which has none, a lease row with an expiry
+taken by compare-and-set.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from datetime import datetime, timedelta
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import DatabaseError, IntegrityError, close_old_connections, connection, transaction
 from django.db.models import Q
 
 from llmgw import clock
 
 from .dispatch import dispatch
+from .domain.passes import restart_at, settles
 from .domain.reconcile import Event, decide
 from .models import Lease
 from .readings import MEASUREMENTS, POLICY
@@ -34,6 +38,9 @@ log = logging.getLogger("llmgw.reconciler")
 
 LEASE = "reconciler"
 LEASE_SECONDS = 60
+# The key of the advisory lock one pass holds on PostgreSQL: "llmgw.reconciler" as the
+# first 8 bytes of its SHA-256, a signed 64-bit number (fixed: every process must agree).
+ADVISORY_KEY = 0x39A4C2E0B5F1D733
 
 
 def _holder() -> str:
@@ -62,27 +69,89 @@ def lease_release(*, holder: str) -> None:
     Lease.objects.filter(pk=LEASE, holder=holder).update(holder="")
 
 
-def _settle_window(now: datetime, fresh_start: bool) -> tuple[bool, datetime]:
-    """Whether we are settling, and since when silence counts.
+def advisory_take() -> bool:
+    """Take the pass's advisory lock on this connection's session, without waiting."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_KEY])
+        return bool(cursor.fetchone()[0])
 
-    A pass that finds no pass ran for a while (or is the first of a new
-    process) starts a settle period: agents get time to reconnect and report
-    their shards before anything is placed.
-    """
+
+def advisory_release() -> None:
+    """Let the lock go; a connection that broke meanwhile took it with its session."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_KEY])
+    except DatabaseError:
+        log.warning(
+            "could not release the reconciler's lock: its connection is gone, and it with it"
+        )
+
+
+def _advisory() -> bool:
+    return connection.vendor == "postgresql"
+
+
+@contextlib.contextmanager
+def pass_lock(*, holder: str, now: datetime):
+    """Yield True while this process may run the pass, False when another one is."""
+    if _advisory():
+        if not advisory_take():
+            yield False
+            return
+        try:
+            # Who runs it, for llmgw_leader; the lock, not this row, keeps others out.
+            Lease.objects.update_or_create(
+                name=LEASE,
+                defaults={"holder": holder, "expires_at": now + timedelta(seconds=LEASE_SECONDS)},
+            )
+            yield True
+        finally:
+            with contextlib.suppress(DatabaseError):
+                lease_release(holder=holder)
+            advisory_release()
+        return
+    if not lease_take(holder=holder, now=now):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lease_release(holder=holder)
+
+
+def served_record(*, now: datetime) -> None:
+    """`llmgw serve` started: the reconciler settles from now, whichever process runs it."""
+    if not Lease.objects.filter(pk=LEASE).update(served_since=now):
+        with contextlib.suppress(IntegrityError), transaction.atomic():
+            Lease.objects.create(name=LEASE, expires_at=now, served_since=now)
+
+
+def _settle_window(now: datetime, fresh_start: bool) -> tuple[bool, datetime | None]:
+    """Whether this pass settles, and since when silence counts (fleet/domain/passes.py)."""
     t = settings.LLMGW.timings
     lease = Lease.objects.get(pk=LEASE)
-    stale_after = max(3 * t.reconcile_interval, 15.0)
-    if (
-        fresh_start
-        or lease.last_pass_at is None
-        or (now - lease.last_pass_at).total_seconds() > stale_after
-    ):
-        lease.settle_until = now + timedelta(seconds=t.settle)
-        log.info("reconciler (re)started: no placement for %s s while agents report", t.settle)
+    began = restart_at(
+        now=now,
+        last_pass_at=lease.last_pass_at,
+        served_since=lease.served_since,
+        settled_from=lease.settled_from,
+        fresh_start=fresh_start,
+        t=t,
+    )
+    if began is not None:
+        lease.settled_from = began
+        lease.settle_until = began + timedelta(seconds=t.settle)
+        gap = (
+            f"no pass for {(now - lease.last_pass_at).total_seconds():.0f} s"
+            if lease.last_pass_at is not None and began == now and not fresh_start
+            else "the control plane started"
+        )
+        log.info(
+            "reconciler settles (%s): no placement for %s s while agents report", gap, t.settle
+        )
     lease.last_pass_at = now
-    lease.save(update_fields=["settle_until", "last_pass_at"])
-    floor = lease.settle_until - timedelta(seconds=t.settle)
-    return now < lease.settle_until, floor
+    lease.save(update_fields=["settle_until", "settled_from", "last_pass_at"])
+    return settles(now=now, settled_from=lease.settled_from, t=t), lease.settled_from
 
 
 # Quotas and measurements (POLICY, MEASUREMENTS) are read again at a pass only when their
@@ -92,52 +161,54 @@ def _settle_window(now: datetime, fresh_start: bool) -> tuple[bool, datetime]:
 def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) -> dict:
     """Run one pass; return what it did: `{"ran", "events", "starts", "stops", ...}`."""
     now = now or clock.now()
-    holder = _holder()
-    if not lease_take(holder=holder, now=now):
-        return {"ran": False, "detail": "another reconciler pass is running", "events": []}
-    try:
-        settling, floor = _settle_window(now, fresh_start)
-        snap = snapshot_load(
-            settling=settling,
-            silence_floor=floor,
-            policy=POLICY.get(),
-            measurements=MEASUREMENTS.get(),
-            with_weights=True,
-        )
-        plan = decide(snap, now, settings.LLMGW.timings)
-        if not plan.empty or any(snap.states.get(n) != s for n, s in plan.states.items()):
-            with transaction.atomic():
-                commands = plan_apply(
-                    plan=plan, now=now, before={"catalog": snap.models, "states": snap.states}
-                )
-                transaction.on_commit(lambda: dispatch(commands))
-        dispatch(weights_reclaim(now=now))
-        # Decisions say so in decide, with their figures; stops and drains carry their reason.
-        said = set(plan.events)
-        events = list(
-            dict.fromkeys(
-                [
-                    *plan.events,
-                    *(d.reason for d in plan.drains if d.reason not in said),
-                    *(s.reason for s in plan.stops),
-                ]
+    with pass_lock(holder=_holder(), now=now) as mine:
+        if not mine:
+            return {"ran": False, "detail": "another reconciler pass is running", "events": []}
+        return _pass(now, fresh_start)
+
+
+def _pass(now: datetime, fresh_start: bool) -> dict:
+    """The pass itself, under the lock."""
+    settling, floor = _settle_window(now, fresh_start)
+    snap = snapshot_load(
+        settling=settling,
+        silence_floor=floor,
+        policy=POLICY.get(),
+        measurements=MEASUREMENTS.get(),
+        with_weights=True,
+    )
+    plan = decide(snap, now, settings.LLMGW.timings)
+    if not plan.empty or any(snap.states.get(n) != s for n, s in plan.states.items()):
+        with transaction.atomic():
+            commands = plan_apply(
+                plan=plan, now=now, before={"catalog": snap.models, "states": snap.states}
             )
+            transaction.on_commit(lambda: dispatch(commands))
+    dispatch(weights_reclaim(now=now))
+    # Decisions say so in decide, with their figures; stops and drains carry their reason.
+    said = set(plan.events)
+    events = list(
+        dict.fromkeys(
+            [
+                *plan.events,
+                *(d.reason for d in plan.drains if d.reason not in said),
+                *(s.reason for s in plan.stops),
+            ]
         )
-        for line in events:
-            fields = {"event": line.kind, **line.fields} if isinstance(line, Event) else {}
-            log.info(line, extra=fields)
-        events = [str(line) for line in events]
-        return {
-            "ran": True,
-            "settling": settling,
-            "events": events,
-            "starts": len(plan.starts),
-            "stops": len(plan.stops),
-            "drains": len(plan.drains),
-            "forgets": len(plan.forgets),
-        }
-    finally:
-        lease_release(holder=holder)
+    )
+    for line in events:
+        fields = {"event": line.kind, **line.fields} if isinstance(line, Event) else {}
+        log.info(line, extra=fields)
+    events = [str(line) for line in events]
+    return {
+        "ran": True,
+        "settling": settling,
+        "events": events,
+        "starts": len(plan.starts),
+        "stops": len(plan.stops),
+        "drains": len(plan.drains),
+        "forgets": len(plan.forgets),
+    }
 
 
 def _embedded_pass(*, fresh_start: bool) -> None:

@@ -209,6 +209,11 @@ def main(argv: list[str]) -> int:
 
     cfg = settings.LLMGW
     _prepare(cfg.embedded)
+    from fleet.reconciler import served_record
+    from llmgw import clock
+
+    # Agents reconnect from now: the reconciler settles before it places anything.
+    served_record(now=clock.now())
 
     from llmgw.asgi import application
 

@@ -19,10 +19,31 @@ def ago(seconds: float) -> datetime:
     ("case", "last_pass", "served", "settled", "fresh", "restart"),
     [
         ("the first pass ever", None, None, None, False, NOW),
-        ("the embedded reconciler's first pass: serve just started", ago(4), ago(1), ago(600), True, NOW),
+        (
+            "the embedded reconciler's first pass: serve just started",
+            ago(4),
+            ago(1),
+            ago(600),
+            True,
+            NOW,
+        ),
         ("a pass one interval after the last", ago(5), ago(600), ago(600), False, None),
-        ("a worker killed mid-pass, replaced within the window", ago(14), ago(600), ago(600), False, None),
-        ("passes stopped for longer than the unreachable window", ago(16), ago(600), ago(600), False, NOW),
+        (
+            "a worker killed mid-pass, replaced within the window",
+            ago(14),
+            ago(600),
+            ago(600),
+            False,
+            None,
+        ),
+        (
+            "passes stopped for longer than the unreachable window",
+            ago(16),
+            ago(600),
+            ago(600),
+            False,
+            NOW,
+        ),
         ("llmgw serve started since the last settle", ago(5), ago(3), ago(600), False, ago(3)),
         ("llmgw serve's start already settled for", ago(5), ago(40), ago(40), False, None),
         ("a serve start recorded and no settle yet", ago(5), ago(3), None, False, ago(3)),
@@ -32,7 +53,12 @@ def test_a_pass_settles_only_for_a_real_control_plane_restart(
     case, last_pass, served, settled, fresh, restart
 ):
     got = restart_at(
-        now=NOW, last_pass_at=last_pass, served_since=served, settled_from=settled, fresh_start=fresh, t=T
+        now=NOW,
+        last_pass_at=last_pass,
+        served_since=served,
+        settled_from=settled,
+        fresh_start=fresh,
+        t=T,
     )
 
     assert got == restart, case
@@ -85,7 +111,9 @@ def test_settling_lasts_the_settle_period_from_the_restart(settled, expected):
 def test_operators_are_told_when_passes_stopped_with_the_figures(
     case, last_pass, served, embedded, said
 ):
-    got = stale_warning(now=NOW, last_pass_at=last_pass, served_since=served, embedded=embedded, t=T)
+    got = stale_warning(
+        now=NOW, last_pass_at=last_pass, served_since=served, embedded=embedded, t=T
+    )
 
     assert got == said, case
 

@@ -96,7 +96,7 @@ async def test_a_model_given_up_on_at_startup_gets_the_log_its_agent_sends_at_th
     # Started 61 s ago, as far as the control plane knows, and never ready.
     began = clock.now() - timedelta(seconds=61)
     await in_db(lambda: Replica.objects.update(created_at=began))
-    await in_db(lambda: Lease.objects.update(settle_until=began))
+    await in_db(lambda: Lease.objects.update(settle_until=began, settled_from=began))
     await in_db(reconcile_once)
     stop = await answer(comm)
     assert stop["type"] == "stop_shard"

@@ -25,7 +25,7 @@ from fleet.events import Load
 from fleet.live import NodeWrite
 from fleet.metrics import DESCS, FleetCollector, fleet_scrape, fleet_text
 from fleet.models import Lease, ModelState, Node, Replica
-from fleet.reconciler import LEASE, reconcile_once
+from fleet.reconciler import LEASE, advisory_take, reconcile_once
 from fleet.selectors import holdings_load
 from fleet.services import node_live_flush
 from llmgw import clock
@@ -215,8 +215,37 @@ def a_whole_cluster(no_settle) -> None:
 
 
 def leading(holder: str = "cp-1:42:7", until: datetime = at(60)) -> None:
-    """A reconciler pass in progress in some process: it holds the lease."""
+    """A reconciler pass in progress in some process: it holds the lease (and on
+    PostgreSQL the advisory lock, which the leader gauge asks for)."""
     Lease.objects.filter(pk=LEASE).update(holder=holder, expires_at=until)
+    if connection.vendor == "postgresql":
+        advisory_take()
+
+
+@pytest.fixture(autouse=True)
+def _no_lock_left():
+    yield
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock_all()")
+
+
+def test_a_leader_row_a_killed_worker_left_is_no_leader_on_postgresql(no_settle):
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's lease is its row")
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    Lease.objects.filter(pk=LEASE).update(holder="dead:1:1", expires_at=at(60))
+
+    assert not [line for line in scrape(at(5)) if line.startswith("llmgw_leader")]
+
+
+def test_passes_missed_are_a_gauge(no_settle):
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+
+    assert "llmgw_reconciler_stale -> 0" in scrape(at(5))
+    assert "llmgw_reconciler_stale -> 1" in scrape(at(47))
 
 
 def test_every_metric_is_published_where_there_is_something_to_say(no_settle):

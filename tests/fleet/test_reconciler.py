@@ -190,6 +190,8 @@ def test_a_released_lease_is_free_at_once():
 
 
 def test_a_pass_does_nothing_while_another_holds_the_lease(no_settle):
+    if connection.vendor == "postgresql":
+        pytest.skip("PostgreSQL keeps passes apart by an advisory lock: test_reconciler_lock.py")
     model_added(gpu_model("llama"))
     node_add("gpu-a", now=T0)
     lease_take(holder="elsewhere", now=T0)
