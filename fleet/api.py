@@ -19,6 +19,7 @@ from .schemas import (
     NodeOut,
     PreemptionOut,
     ReconcileOut,
+    ReconcilerOut,
     ReplicaOut,
     TargetOut,
 )
@@ -95,3 +96,11 @@ def model_preemption(request, name: str):
 def reconcile(request):
     """Run one pass now and answer what it did."""
     return reconcile_once()
+
+
+@router.get("/reconciler", response=ReconcilerOut)
+def reconciler_get(request):
+    """When the last pass began, whether it settles, and a sentence when passes stopped."""
+    from llmgw import clock as clock_
+
+    return selectors.reconciler_status(now=clock_.now())

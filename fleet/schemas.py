@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from ninja import Field, Schema
 
 
@@ -124,3 +126,12 @@ class EngineLogOut(Schema):
     shard: str
     node: str
     lines: list[str]
+
+
+class ReconcilerOut(Schema):
+    """When the last reconciler pass began, and a sentence when passes stopped."""
+
+    last_pass_at: datetime | None
+    settling: bool
+    interval_s: float
+    warning: str | None

@@ -859,3 +859,32 @@ def node_rooms() -> list:
     """Each node's free room as placement counts it now (for sizing what would fit where)."""
     st = standing(_standing_snapshot(), clock.now(), settings.LLMGW.timings)
     return list(st.inv.rooms.values())
+
+
+def reconciler_status(*, now: datetime) -> dict:
+    """When the last pass began, whether it settles, and a sentence when passes stopped
+    (fleet/domain/passes.py): what `ctl models`, the cluster page and GET /reconciler say."""
+    from django.conf import settings
+
+    from .domain.passes import stale_warning
+    from .models import Lease
+
+    row = (
+        Lease.objects.filter(pk="reconciler")
+        .values_list("last_pass_at", "settle_until", "served_since")
+        .first()
+    )
+    last_pass_at, settle_until, served_since = row or (None, None, None)
+    cfg = settings.LLMGW
+    return {
+        "last_pass_at": last_pass_at,
+        "settling": settle_until is not None and now < settle_until,
+        "interval_s": cfg.timings.reconcile_interval,
+        "warning": stale_warning(
+            now=now,
+            last_pass_at=last_pass_at,
+            served_since=served_since,
+            embedded=cfg.embedded,
+            t=cfg.timings,
+        ),
+    }

@@ -26,7 +26,7 @@ from . import logs, page_selectors as ps, services
 from .domain.types import HOLDING
 from .events import LOG_LINES
 from .forms import NodeActionForm, NodeFilterForm
-from .selectors import nodes_list, replica_views
+from .selectors import nodes_list, reconciler_status, replica_views
 
 PER_PAGE = 100
 # The fragments htmx may ask for, by the `fragment` parameter, and the partial each is.
@@ -97,6 +97,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
                 models,
                 ps.nodes_down() if down is None else down,
                 ps.quotas_at_limit(catalog, replicas),
+                reconciler=reconciler_status(now=clock.now())["warning"],
             ),
         }
     return page(request, "fleet/node_list.html", context, fragment=fragment)
@@ -159,10 +160,17 @@ def _nodes_context(request: HttpRequest, rows: list[ps.NodeRow], replicas) -> di
     }
 
 
-def _attention(models: list[ps.ModelRow], down: list[tuple[str, str]], quotas: list[dict]) -> dict:
-    """What an operator should look at, worst first: models that cannot run (parked, backing
-    off after failures, each with its engine's last words, or unplaceable), nodes that cannot
-    be reached, scopes at a limit. Each kind names its first few and counts the rest."""
+def _attention(
+    models: list[ps.ModelRow],
+    down: list[tuple[str, str]],
+    quotas: list[dict],
+    *,
+    reconciler: str | None = None,
+) -> dict:
+    """What an operator should look at, worst first: a reconciler that stopped running
+    passes, models that cannot run (parked, backing off after failures, each with its
+    engine's last words, or unplaceable), nodes that cannot be reached, scopes at a limit.
+    Each kind names its first few and counts the rest."""
     parked = [m for m in models if m["status"] == "parked"]
     # Failing to start and trying again later: each with what its engine said last.
     backing_off = [m for m in models if m["failing"] and m["status"] != "parked"]
@@ -175,7 +183,8 @@ def _attention(models: list[ps.ModelRow], down: list[tuple[str, str]], quotas: l
         "quotas": quotas,
     }
     return {
-        "any": any(kinds.values()),
+        "any": any(kinds.values()) or reconciler is not None,
+        "reconciler": reconciler,
         **{k: v[:ATTENTION_NAMED] for k, v in kinds.items()},
         **{f"{k}_more": max(len(v) - ATTENTION_NAMED, 0) for k, v in kinds.items()},
     }

@@ -612,6 +612,13 @@ def _declared(value: Any) -> str:
 
 def cmd_models(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(api.get("/models"), render_models)
+    # The table is what the reconciler last did: say so when it has stopped doing anything.
+    try:
+        status = api.get("/reconciler")
+    except CtlError:
+        return  # a server from before GET /reconciler, or one that cannot say
+    if isinstance(status, dict) and status.get("warning"):
+        out.say(f"warning: {status['warning']}")
 
 
 def cmd_model_show(api: Api, args: argparse.Namespace, out: Output) -> None:

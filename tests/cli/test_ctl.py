@@ -50,17 +50,17 @@ def test_the_actor_is_sent_only_when_given(capsys):
 
 def test_server_and_token_come_from_the_environment_and_options_win(capsys, monkeypatch):
     monkeypatch.setenv("LLMGW_SERVER", "https://llmgw.example:9443/")
-    server = FakeServer({("GET", "/api/v1/models"): (200, [])})
-    run(capsys, server, "models")
-    assert str(server.last.url) == "https://llmgw.example:9443/api/v1/models"
-    run(capsys, server, "models", "--server", "http://other:8000", "--token", "another")
-    assert str(server.last.url) == "http://other:8000/api/v1/models"
+    server = FakeServer({("GET", "/api/v1/nodes"): (200, [])})
+    run(capsys, server, "nodes")
+    assert str(server.last.url) == "https://llmgw.example:9443/api/v1/nodes"
+    run(capsys, server, "nodes", "--server", "http://other:8000", "--token", "another")
+    assert str(server.last.url) == "http://other:8000/api/v1/nodes"
     assert server.last.headers["Authorization"] == "Bearer another"
 
 
 def test_global_options_work_before_the_command_too(capsys):
-    server = FakeServer({("GET", "/api/v1/models"): (200, [])})
-    run(capsys, server, "--server", "http://before:1", "--actor", "bob", "models")
+    server = FakeServer({("GET", "/api/v1/nodes"): (200, [])})
+    run(capsys, server, "--server", "http://before:1", "--actor", "bob", "nodes")
     assert server.last.url.host == "before"
     assert server.last.headers["X-Llmgw-Actor"] == "bob"
 

@@ -3,6 +3,8 @@ the shapes each command sends are the ones the server takes, and back."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from catalog.models import Measurement, Model
@@ -119,3 +121,29 @@ def test_target_headroom_and_the_preemption_dry_run_read_the_servers_answers(cap
     assert code == 0
     assert out.strip()
     assert Model.objects.get().min_replicas == 0, "nothing changed"
+
+
+def test_ctl_models_says_when_no_reconciler_pass_ran_for_several_intervals(capsys, server):
+    from datetime import timedelta
+
+    from fleet.models import Lease
+    from fleet.reconciler import LEASE
+    from llmgw import clock
+
+    model_add(data=cpu_model("tiny", cores=2, memory_gb=4), actor="test")
+    now = clock.now()
+    Lease.objects.create(name=LEASE, expires_at=now, last_pass_at=now - timedelta(seconds=2))
+
+    code, out, _ = ctl_run(capsys, server, "models")
+    assert code == 0
+    assert "no reconciler pass" not in out
+
+    Lease.objects.filter(pk=LEASE).update(last_pass_at=now - timedelta(seconds=47))
+    code, out, _ = ctl_run(capsys, server, "models")
+    assert code == 0
+    # The seconds are counted by the real clock, from 47 s ago.
+    assert re.fullmatch(
+        r"warning: no reconciler pass for (4[7-9]|[5-9]\d) s \(every 5 s expected\): "
+        r"the reconciler in llmgw serve has stopped; see its log",
+        out.rstrip().splitlines()[-1],
+    )

@@ -28,8 +28,9 @@ HX = {"HTTP_HX_REQUEST": "true"}
 # The cluster page's queries at any size: the session and user, the replicas and their
 # shards, the nodes, the catalog (two), the models' states, their measured memory, and
 # whether any quota sets a limit (four more, the policy and its scope tree, when one does).
-# Two more read the labels and GPUs of nodes that registered since the last view.
-CLUSTER_QUERIES = 10
+# Two more read the labels and GPUs of nodes that registered since the last view, and
+# one the reconciler's row (whether passes stopped).
+CLUSTER_QUERIES = 11
 # Nodes alone: the session and user, the replicas and shards, the nodes.
 NODES_FRAGMENT_QUERIES = 5
 FRAGMENT_BYTES = 50 * 1024
@@ -453,6 +454,18 @@ def test_the_attention_strip_names_what_cannot_run_what_is_down_and_quotas_at_a_
 def test_nothing_needs_attention_on_a_quiet_cluster(staff, now):
     node_add("gpu-a", now=now)
     assert "Nothing needs attention." in staff.get("/").content.decode()
+
+
+def test_the_attention_strip_says_when_no_reconciler_pass_ran_for_several_intervals(staff, now):
+    from fleet.models import Lease
+    from fleet.reconciler import LEASE
+
+    node_add("gpu-a", now=now)
+    Lease.objects.create(name=LEASE, expires_at=now, last_pass_at=now - timedelta(minutes=5))
+
+    text = re.search(r'<ul id="attention".*?</ul>', staff.get("/").content.decode(), re.S)
+    assert 'data-attention="reconciler">No reconciler pass for 3' in text.group(0)
+    assert "(every 5 s expected): the reconciler in llmgw serve has stopped" in text.group(0)
 
 
 def bulk_fleet(*, nodes: int, models: int, now, start: int = 0, start_model: int = 0) -> None:
