@@ -3,13 +3,11 @@ explain, and what was measured of them."""
 
 from __future__ import annotations
 
-import json
-
 from ninja import Router, Status
 
 from fleet import selectors as fleet_selectors, services as fleet_services
 from llmgw import clock
-from llmgw.api import actor
+from llmgw.api import actor, json_body
 from llmgw.errors import Invalid
 
 from . import selectors, services
@@ -29,11 +27,6 @@ from .schemas import (
 )
 
 router = Router(tags=["models"])
-
-
-def _not_json(constant: str):
-    # Python's json reads NaN and Infinity, which JSON has not; a figure of either breaks every rule.
-    raise ValueError(f"{constant} is not JSON")
 
 
 def _view(name: str) -> dict:
@@ -62,11 +55,7 @@ _MODEL_BODY = {
 @router.post("/models", response={201: ModelOut}, by_alias=True, openapi_extra=_MODEL_BODY)
 def model_add(request):
     """Add a runtime model (domain.md's field names); 400 with the reason, 409 when it exists."""
-    try:
-        data = json.loads(request.body or b"null", parse_constant=_not_json)
-    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
-        raise Invalid("The body is not valid JSON.") from None
-    spec = services.model_add(data=data, actor=actor(request))
+    spec = services.model_add(data=json_body(request), actor=actor(request))
     return Status(201, _view(spec.name))
 
 
@@ -74,11 +63,7 @@ def model_add(request):
 def model_replace(request, name: str):
     """Replace a runtime model's definition; when its source or a profile changed, its
     replicas roll, one at a time (as `restart`)."""
-    try:
-        data = json.loads(request.body or b"null", parse_constant=_not_json)
-    except (ValueError, RecursionError):
-        raise Invalid("The body is not valid JSON.") from None
-    spec, rolls = services.model_replace(name=name, data=data, actor=actor(request))
+    spec, rolls = services.model_replace(name=name, data=json_body(request), actor=actor(request))
     if rolls:
         fleet_services.model_restart(name=spec.name, actor=actor(request), now=clock.now())
     return _view(spec.name)

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from llmgw.text import surrogate_refusal
 from tenancy.scopes import KEY_RE
 
 ENGINES = ("llamacpp", "vllm", "sim")
@@ -216,6 +217,11 @@ def parse_profile(data: Mapping, *, model: str) -> Profile:
     unknown = sorted(set(data) - _PROFILE_FIELDS)
     if unknown:
         raise CatalogError(f"{where}: unknown field {unknown[0]!r}.")
+    # Half a character in an argument or the environment reached the agent, which could
+    # not start the engine with it and lost its session; nothing stores one either.
+    refused = surrogate_refusal(dict(data), where=where)
+    if refused:
+        raise CatalogError(refused)
     engine = data.get("engine")
     if engine not in ENGINES:
         raise CatalogError(f"{where}: engine must be one of {', '.join(ENGINES)}, not {engine!r}.")
@@ -279,6 +285,9 @@ def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
     unknown = sorted(set(data) - _MODEL_FIELDS)
     if unknown:
         raise CatalogError(f"{where}: unknown field {unknown[0]!r}.")
+    refused = surrogate_refusal(dict(data), where=where)
+    if refused:
+        raise CatalogError(refused)
     raw_profiles = data.get("profiles")
     if not isinstance(raw_profiles, list) or not raw_profiles:
         raise CatalogError(f"{where}: at least one profile is needed.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from django.core.exceptions import RequestDataTooBig
@@ -9,10 +10,12 @@ from django.db import DataError
 from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
 from ninja.security import HttpBearer, SessionAuthIsStaff
 
 from llmgw import __version__
-from llmgw.errors import ServiceError
+from llmgw.errors import Invalid, ServiceError
+from llmgw.text import SURROGATE, surrogate_refusal
 from tenancy.models import Token
 from tenancy.selectors import token_find
 
@@ -79,12 +82,44 @@ def actor(request: HttpRequest) -> str:
     return getattr(request, "actor", "") or "unknown"
 
 
+def _not_json(constant: str):
+    # Python's json reads NaN and Infinity, which JSON has not; a figure of either breaks every rule.
+    raise ValueError(f"{constant} is not JSON")
+
+
+def json_body(request: HttpRequest) -> object:
+    """The body of a view that judges its JSON itself (a model, as the catalog file is):
+    Invalid when it is not JSON (NaN and Infinity are not), or when a string in it holds
+    a lone UTF-16 surrogate, naming where."""
+    try:
+        data = json.loads(request.body or b"null", parse_constant=_not_json)
+    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
+        raise Invalid("The body is not valid JSON.") from None
+    refused = surrogate_refusal(data)
+    if refused:
+        raise Invalid(refused)
+    return data
+
+
+class JsonParser(Parser):
+    """Ninja's JSON bodies, refused before any schema or handler sees them when a string
+    holds a lone UTF-16 surrogate, which no database takes: a 400 naming the field."""
+
+    def parse_body(self, request: HttpRequest):
+        data = super().parse_body(request)
+        refused = surrogate_refusal(data)
+        if refused:
+            raise Invalid(refused)
+        return data
+
+
 api = NinjaAPI(
     title="llmgw",
     version=__version__,
     description="The llmgw control plane: nodes, models, replicas and the reconciler.",
     auth=[AdminToken(), StaffSession()],
     urls_namespace="api",
+    parser=JsonParser(),
 )
 
 
@@ -123,8 +158,18 @@ def _unstorable(request, exc: DataError):
     )
 
 
+@api.exception_handler(UnicodeEncodeError)
+def _surrogate(request, exc: UnicodeEncodeError):
+    """Text no UTF-8 can carry that reached the database by a way no check knew of."""
+    log.warning("refused %s %s: %s", request.method, request.path, exc.reason)
+    return _detail(request, f"The request {SURROGATE}.", 400)
+
+
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
+    if isinstance(exc.__cause__, ServiceError):
+        # Ninja wraps whatever the body's parser raised (JsonParser) in a 400 of its own.
+        return _service_error(request, exc.__cause__)
     return _detail(request, str(exc), exc.status_code)
 
 

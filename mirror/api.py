@@ -3,14 +3,12 @@ and engine builds: upload, list, remove."""
 
 from __future__ import annotations
 
-import json
-
 from ninja import Query, Router, Status
 
 from catalog.schemas import ModelOut
 from fleet import selectors as fleet_selectors
 from llmgw import clock
-from llmgw.api import actor
+from llmgw.api import actor, json_body
 from llmgw.errors import Invalid, NotFound
 
 from . import engines, plans, selectors, services
@@ -74,11 +72,7 @@ def weights_plan(request, weights_id: int, query: Query[PlanQuery]):
 def model_serve(request):
     """Add a llama.cpp model sized by its weights' plan: {"weights", "name", "ctx"?, "file"?,
     ...ModelIn fields to override}."""
-    try:
-        data = json.loads(request.body or b"null")
-    except (ValueError, RecursionError):
-        raise Invalid("The body is not valid JSON.") from None
-    spec = plans.model_serve(data=data, actor=actor(request))
+    spec = plans.model_serve(data=json_body(request), actor=actor(request))
     return Status(201, fleet_selectors.model_views(name=spec.name)[0])
 
 

@@ -50,7 +50,9 @@ async def get(path: str) -> tuple[int, bytes]:
 
 @pytest.fixture
 def staff(client, django_user_model) -> Client:
-    client.force_login(django_user_model.objects.create_user("ops", password="x", is_staff=True))
+    client.force_login(
+        django_user_model.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
+    )
     client.raise_request_exception = False
     return client
 
@@ -85,3 +87,111 @@ async def test_a_static_file_is_still_served():
 
     assert status == 200
     assert b"llmgw console" in body
+
+
+# A lone UTF-16 surrogate: JSON can escape one ("\ud800"), no UTF-8 can carry it.
+S = "\ud800"
+
+
+def _profile(**extra) -> dict:
+    return {"name": "gpu", "engine": "vllm", "gpu_class": "h100-80g", **extra}
+
+
+def _model(**extra) -> dict:
+    return {"name": "qwen", "profiles": [_profile()], **extra}
+
+
+SURROGATES = {
+    "an organization's name": ("POST", "/orgs", {"name": f"Acme{S}"}, "name"),
+    "a team's name": ("POST", "/teams", {"org": "Acme", "name": S}, "name"),
+    "a team's organization": ("POST", "/teams", {"org": S, "name": "ml"}, "org"),
+    "a project's name": ("POST", "/projects", {"team": "Acme/ml", "name": S}, "name"),
+    "a key's name": ("POST", "/keys", {"project": "Acme/ml/chat", "name": S}, "name"),
+    "a key's model": (
+        "POST",
+        "/keys",
+        {"project": "Acme/ml/chat", "name": "k", "models": ["llama", S]},
+        "models[1]",
+    ),
+    "a quota's scope": ("PUT", "/quotas", {"scope": S, "limit": {"gpus": 1}}, "scope"),
+    "a limit's scope": ("PUT", "/limits", {"scope": S, "requests_per_minute": 1}, "scope"),
+    "the weights' source": ("POST", "/weights", {"source": f"org/{S}"}, "source"),
+    "a model's name": ("POST", "/models", _model(name=S), "name"),
+    "a model's source": ("POST", "/models", _model(source=f"org/x{S}"), "source"),
+    "a model's description": ("POST", "/models", _model(description=S), "description"),
+    "a profile's name": (
+        "POST",
+        "/models",
+        _model(profiles=[_profile(name=S)]),
+        "profiles[0].name",
+    ),
+    "a profile's argument": (
+        "POST",
+        "/models",
+        _model(profiles=[_profile(args=["--max-model-len", f"4096{S}"])]),
+        "profiles[0].args[1]",
+    ),
+    "a profile's environment value": (
+        "POST",
+        "/models",
+        _model(profiles=[_profile(env={"HF_HOME": S})]),
+        "profiles[0].env.HF_HOME",
+    ),
+    "a profile's environment name": (
+        "POST",
+        "/models",
+        _model(profiles=[_profile(env={f"A{S}": "1"})]),
+        "profiles[0].env",
+    ),
+    "a replaced model's argument": (
+        "PUT",
+        "/models/llama",
+        _model(name="llama", profiles=[_profile(args=[S])]),
+        "profiles[0].args[0]",
+    ),
+    "a model served from weights": ("POST", "/models/serve", {"weights": 1, "name": S}, "name"),
+    "a model's owner": ("POST", "/models/llama/owner", {"owner": S}, "owner"),
+    "a model's class": ("POST", "/models/llama/class", {"class": S}, "class"),
+    "a measured profile": (
+        "PUT",
+        "/models/llama/capacity",
+        {"profile": S, "max_concurrency": 1, "tok_per_sec": 1},
+        "profile",
+    ),
+}
+
+
+def _stored() -> dict:
+    from catalog.models import Model, Profile
+    from mirror.models import Weights
+    from tenancy.models import ApiKey, AuditEvent, CapacityQuota, Organization, Project, Team
+
+    return {
+        m.__name__: list(m.objects.values_list("pk", flat=True).order_by("pk"))
+        for m in (Organization, Team, Project, ApiKey, CapacityQuota, Model, Profile, Weights)
+    } | {"audit": AuditEvent.objects.count()}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("method", "path", "body", "field"), SURROGATES.values(), ids=SURROGATES)
+def test_a_lone_surrogate_anywhere_in_the_api_is_a_400_naming_the_field_and_stores_nothing(
+    api, method, path, body, field
+):
+    import json
+
+    from tenancy.services import org_create, project_create, team_create
+    from tests.helpers import detail
+
+    org_create(name="Acme", actor="t")
+    team_create(org="Acme", name="ml", actor="t")
+    project_create(team="Acme/ml", name="chat", actor="t")
+    api.call("POST", "/models", _model(name="llama"))
+    before = _stored()
+
+    response = api.call(method, path, json.dumps(body))
+
+    assert response.status_code == 400, response.content
+    sentence = detail(response)
+    assert sentence.startswith(f"{field}: ") or f" {field}:" in sentence, sentence
+    assert "surrogate" in sentence
+    assert _stored() == before

@@ -78,6 +78,10 @@ BAD_FILES = {
         "replicas",
     ),
     "a tab where YAML wants spaces": ("models:\n\t- name: llama\n", "cannot be read"),
+    "half of a character in an engine's arguments": (
+        'models:\n  - name: llama\n    profiles: [{name: p, engine: sim, args: ["\\ud800"]}]\n',
+        "profiles[0].args[0]: holds a lone UTF-16 surrogate",
+    ),
 }
 
 

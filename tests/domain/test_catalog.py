@@ -1,5 +1,7 @@
 """The catalog's rules: names, scaling, profiles, classes, fingerprints, warnings (domain.md, Catalog)."""
 
+import re
+
 import pytest
 
 from catalog.domain import (
@@ -270,6 +272,36 @@ def test_an_unknown_engine_is_refused():
 def test_a_bad_profile_figure_is_refused_naming_the_field(field, value, match):
     with pytest.raises(CatalogError, match=match):
         parse_profile(gpu(**{field: value}), model="m")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [
+        ("args", ["--port", "1\ud800"], "args[1]"),
+        ("env", {"HF_HOME": "\udfff"}, "env.HF_HOME"),
+        ("env", {"A\ud800": "1"}, "env"),
+        ("node_selector", {"zone": "\ud800"}, "node_selector.zone"),
+    ],
+)
+def test_a_lone_surrogate_in_a_profile_is_refused_naming_the_field(field, value, where):
+    # No agent can put one in an engine's arguments or environment: it crashed its session.
+    with pytest.raises(
+        CatalogError, match=rf"model m, profile tp1, {re.escape(where)}: .*surrogate"
+    ):
+        parse_profile(gpu(**{field: value}), model="m")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [
+        ("description", "a \ud800", "description"),
+        ("source", "org/\ud800", "source"),
+        ("fallbacks", ["\ud800"], "fallbacks[0]"),
+    ],
+)
+def test_a_lone_surrogate_in_a_model_is_refused_naming_the_field(field, value, where):
+    with pytest.raises(CatalogError, match=rf"model chat, {re.escape(where)}: .*surrogate"):
+        parse_model(a_model(**{field: value}))
 
 
 @pytest.mark.parametrize("field", ["tp", "pp", "nodes", "weight", "priority", "startup_timeout"])
