@@ -73,7 +73,7 @@ def curl_mb_s(url: str, token: str, size: int, out: Path) -> float:
 
 def agent_mb_s(server: str, ref: WeightsRef, token: str, folder: Path) -> float:
     shutil.rmtree(folder, ignore_errors=True)
-    cache = WeightCache(folder, server=server, token=token)
+    cache = WeightCache(folder, server=server, bearer=lambda: token)
     started = time.perf_counter()
     asyncio.run(cache.ensure(ref))
     return ref.size / (time.perf_counter() - started) / 1e6

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 
 from channels.consumer import get_handler_name
@@ -14,13 +15,14 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from llmgw import clock
-from tenancy.models import Token
-from tenancy.selectors import token_find
 
 from . import events
+from .connections import FrameBudget, refused
 from .dispatch import Command, node_group, send_commands
+from .domain.endpoints import endpoint_refusal
 from .domain.types import parse_shard_id
 from .engine_installs import node_engines_record
+from .identity import AgentCredential, Refused, agent_authenticate, register_refusal
 from .live import LIVE, OutOfOrder
 from .services import (
     node_disconnected,
@@ -37,7 +39,9 @@ log = logging.getLogger("llmgw.agents")
 MAX_INVALID_IN_A_ROW = 10
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_INVALID = 4400
+CLOSE_REFUSED = 4403
 CLOSE_SUPERSEDED = 4409
+CLOSE_FLOOD = 4429
 FLUSH_EVERY_S = 1.0
 # engine_log requests a connection remembers the askers of; older ones are given up on.
 MAX_LOG_REQUESTS = 64
@@ -101,6 +105,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
     """One agent's connection. The first message must be `register`."""
 
     node_id: str | None = None
+    credential: AgentCredential | None = None
+    mgmt_addr: str = ""
 
     async def dispatch(self, message):
         """Channels closes stale DB connections in a thread before every message; heartbeats
@@ -112,15 +118,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def connect(self):
-        token = await database_sync_to_async(token_find)(
-            secret=_bearer(self.scope), kind=Token.AGENT
+        self.credential = await database_sync_to_async(agent_authenticate)(
+            secret=_bearer(self.scope)
         )
-        if token is None:
+        if self.credential is None:
             # Refused before accept: the handshake fails with 403 and nothing says why.
+            refused(
+                "unknown_credential", "an agent's credential is neither a join token nor a node's"
+            )
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
         self.session = uuid.uuid4().hex
         self.invalid = 0
+        self.budget = FrameBudget(settings.LLMGW.agents.frames_per_second)
         # engine_log requests sent to this agent: request id -> (reply channel, shard id).
         self.log_requests: dict[str, tuple[str, str]] = {}
         ensure_flusher()
@@ -136,6 +146,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         )
 
     async def receive(self, text_data=None, bytes_data=None):
+        verdict = self.budget.take(time.monotonic())
+        if verdict is not FrameBudget.OK:
+            # Over budget: not even parsed. Sustained, the connection is closed.
+            if verdict is FrameBudget.CLOSE:
+                refused("frames", self.budget.sentence(self.node_id))
+                await self.close(code=CLOSE_FLOOD)
+            return
         if text_data is None:
             await self._reject("frames must be JSON text, not binary")
             return
@@ -152,7 +169,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         try:
             await getattr(self, f"on_{msg.type}")(msg)
-        except OutOfOrder as exc:
+        except (OutOfOrder, events.BadMessage) as exc:
             await self._reject(str(exc))
             return
         self.invalid = 0
@@ -171,19 +188,41 @@ class AgentConsumer(AsyncWebsocketConsumer):
         for cmd in commands:
             await self.send(text_data=json.dumps(cmd.payload))
 
+    async def _refuse(self, exc: Refused, node_id: str) -> None:
+        """Refuse a registration: say why, count it, close; the node's own connection, if it
+        has one, is not disturbed."""
+        refused(exc.reason, f"refused to register node {node_id}: {exc}")
+        await self.send(text_data=json.dumps({"type": "error", "detail": f"{exc}."}))
+        await self.close(code=CLOSE_REFUSED)
+
     async def on_register(self, msg: events.Register) -> None:
         group = node_group(msg.node_id)
+        now = clock.now()
         if self.node_id is None:
+            try:
+                await database_sync_to_async(register_refusal)(
+                    credential=self.credential, node_id=msg.node_id, now=now
+                )
+            except Refused as exc:
+                await self._refuse(exc, msg.node_id)
+                return
             # An older connection of the same node, here or in another process, gives way.
             await self.channel_layer.group_send(
                 group, {"type": "agent.superseded", "session": self.session}
             )
             await self.channel_layer.group_add(group, self.channel_name)
-        now = clock.now()
-        commands = await database_sync_to_async(node_register)(
-            msg=msg, session=self.session, now=now
-        )
+        try:
+            registration = await database_sync_to_async(node_register)(
+                msg=msg, session=self.session, now=now, credential=self.credential
+            )
+        except Refused as exc:
+            await self._refuse(exc, msg.node_id)
+            return
+        commands = registration.commands
         self.node_id = msg.node_id
+        self.mgmt_addr = msg.mgmt_addr
+        # From here on this connection speaks with the node's own credential.
+        self.credential = AgentCredential(node_id=msg.node_id)
         # Seeded with the registered figures, so a heartbeat repeating them is not a change.
         LIVE.connected(
             msg.node_id,
@@ -192,7 +231,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             memory_total_mb=msg.memory_total_mb,
             cpu_count=msg.cpu_count,
         )
-        await self.send(text_data=json.dumps({"type": "registered", "node_id": msg.node_id}))
+        registered = {"type": "registered", "node_id": msg.node_id}
+        if registration.node_token:
+            registered["node_token"] = registration.node_token
+        if not registration.approved:
+            registered["approved"] = False
+        await self.send(text_data=json.dumps(registered))
         await self._send_commands(commands)
 
     async def on_heartbeat(self, msg: events.Heartbeat) -> None:
@@ -212,11 +256,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await _write_behind(LIVE.due(only=self.node_id))
 
     async def on_engine_load(self, msg: events.EngineLoad) -> None:
+        # Counted only for shards placed on this node: its readers match each figure to the
+        # node it came from (fleet/selectors.py), and so does the last use.
         LIVE.engine_load(
             self.node_id, msg, {s.shard_id: parse_shard_id(s.shard_id)[0] for s in msg.shards}
         )
 
     async def on_shard_status(self, msg: events.ShardStatus) -> None:
+        why = endpoint_refusal(msg.endpoint, self.mgmt_addr)
+        if why is not None:
+            raise events.BadMessage(f"shard_status for {msg.shard_id} refused: {why}")
         commands = await database_sync_to_async(shard_status_record)(
             node_id=self.node_id, msg=msg, now=clock.now()
         )
@@ -249,6 +298,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def agent_command(self, event) -> None:
         await self.send(text_data=json.dumps(event["payload"]))
+
+    async def agent_forgotten(self, event) -> None:
+        """An operator forgot this node: its credential is revoked, so the connection ends."""
+        log.info("node %s was forgotten; closing its connection", self.node_id)
+        await self.send(
+            text_data=json.dumps(
+                {"type": "error", "detail": f"node {self.node_id} was forgotten by an operator."}
+            )
+        )
+        await self.close(code=CLOSE_REFUSED)
 
     async def agent_superseded(self, event) -> None:
         if event["session"] != self.session:

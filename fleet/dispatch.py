@@ -29,6 +29,16 @@ async def send_commands(commands: list[Command]) -> None:
         )
 
 
+def node_disconnect(node_id: str) -> None:
+    """Close a forgotten node's connection, wherever it is served, after its last commands."""
+    try:
+        async_to_sync(get_channel_layer().group_send)(
+            node_group(node_id), {"type": "agent.forgotten"}
+        )
+    except Exception:  # its credential is revoked already: it cannot register again
+        log.exception("could not close node %s's connection", node_id)
+
+
 def dispatch(commands: list[Command]) -> None:
     """Send commands from sync code; called from transaction.on_commit so nothing leaves early."""
     if not commands:

@@ -51,6 +51,7 @@ from llmgw import clock
 from tenancy.quota import RESOURCES, ZERO, Amount, Holding
 from tenancy.selectors import quota_policy_load
 
+from .connections import agents_text
 from .domain.gpuclass import CLASS_LABEL
 from .domain.passes import stale_warning
 from .domain.reconcile import desired_replicas
@@ -679,7 +680,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """
     from llmgw.gateway.metrics import gateway_text
 
-    body = (fleet_text() + gateway_text()).encode()
+    body = (fleet_text() + gateway_text() + agents_text()).encode()
     response = HttpResponse(content_type=CONTENT_TYPE_PLAIN_0_0_4)
     if "gzip" in request.headers.get("Accept-Encoding", ""):
         body = gzip.compress(body, compresslevel=1)

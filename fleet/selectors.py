@@ -58,6 +58,7 @@ _NODE_DYNAMIC = (
     "last_seen",
     "cordoned",
     "draining",
+    "approved",
     "memory_total_mb",
     "cpu_count",
     "spec_at",
@@ -230,15 +231,16 @@ def node_registrations(spec_at: Mapping[str, datetime | None]) -> dict[str, dict
 def node_views() -> dict[str, NodeView]:
     """Every node as placement sees it; registered figures come from the cache when unchanged."""
     rows = _fast_values(Node.objects.all(), _NODE_DYNAMIC)
-    registered = node_registrations({r[0]: r[7] for r in rows})
+    registered = node_registrations({r[0]: r[8] for r in rows})
     views = {}
-    for node_id, state, last_seen, cordoned, draining, memory_mb, cpus, _ in rows:
+    for node_id, state, last_seen, cordoned, draining, approved, memory_mb, cpus, _ in rows:
         views[node_id] = NodeView(
             id=node_id,
             state=state,
             last_seen=last_seen,
             cordoned=cordoned,
             draining=draining,
+            approved=approved,
             memory_gb=memory_mb / 1024 if memory_mb else None,
             cpu_count=cpus or None,
             **registered[node_id],
@@ -482,7 +484,11 @@ def replicas_fetching() -> dict[str, dict]:
 
 def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[str]) -> dict:
     view_state = NodeView(
-        id=node.id, state=node.state, cordoned=node.cordoned, draining=node.draining
+        id=node.id,
+        state=node.state,
+        cordoned=node.cordoned,
+        draining=node.draining,
+        approved=node.approved,
     ).shown_state
     override = (node.labels or {}).get(CLASS_LABEL)
     classes = sorted({override or g.gpu_class for g in gpus})
@@ -679,8 +685,9 @@ def measured_memory(
     """The most resident memory one shard of each model was measured using, in GB, from the
     agents' per-shard figures (one query, reading only the nodes that run ready shards); a
     model no agent measured has no entry."""
+    # Keyed by (node, shard): a node's figures count only for shards placed on it.
     model_of = {
-        s.id: r.model
+        (s.node_id, s.id): r.model
         for r in replicas
         if r.state == "ready" and r.model in catalog
         for s in r.shards
@@ -691,12 +698,12 @@ def measured_memory(
     uses = (
         Node.objects.filter(pk__in=hosts)
         .annotate(uses=KeyTransform("shards", "load"))
-        .values_list("uses", flat=True)
+        .values_list("id", "uses")
     )
     out: dict[str, float] = {}
-    for shards in uses:
+    for node_id, shards in uses:
         for shard_id, use in (shards if isinstance(shards, dict) else {}).items():
-            model = model_of.get(shard_id)
+            model = model_of.get((node_id, shard_id))
             rss = use.get("rss_bytes") if isinstance(use, dict) else None
             if model and isinstance(rss, int) and rss > 0:
                 out[model] = max(out.get(model, 0.0), round(rss / 1024**3, 1))
@@ -751,11 +758,12 @@ def model_loads(replicas: tuple[ReplicaView, ...], models: dict[str, ModelSpec])
 
 def _engine_loads(replicas: tuple[ReplicaView, ...], scalable: set[str]) -> dict[str, Load]:
     """What the engines of ready replicas of these models said, as their agents report it."""
-    model_of: dict[str, str] = {}
+    # Keyed by (node, shard): a node's figures count only for shards placed on it.
+    model_of: dict[tuple[str, str], str] = {}
     for r in replicas:
         if r.model in scalable and r.state == "ready":
             for s in r.shards:
-                model_of[s.id] = r.model
+                model_of[(s.node_id, s.id)] = r.model
     if not model_of:
         return {}
     nodes = {s.node_id for r in replicas if r.model in scalable for s in r.shards}
@@ -763,11 +771,11 @@ def _engine_loads(replicas: tuple[ReplicaView, ...], scalable: set[str]) -> dict
     waiting: dict[str, int] = defaultdict(int)
     seen: set[str] = set()
     for chunk in _chunks(sorted(nodes)):
-        for load in Node.objects.filter(pk__in=chunk, state=Node.READY).values_list(
-            "load", flat=True
+        for node_id, load in Node.objects.filter(pk__in=chunk, state=Node.READY).values_list(
+            "id", "load"
         ):
             for shard_id, figures in ((load or {}).get("engines") or {}).items():
-                model = model_of.get(shard_id)
+                model = model_of.get((node_id, shard_id))
                 if model is None or not isinstance(figures, dict):
                     continue
                 seen.add(model)

@@ -7,6 +7,7 @@ only after that transaction has committed.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from urllib.parse import urlparse
 
@@ -21,12 +22,14 @@ from mirror.selectors import WeightsRef, weights_for_source
 from tenancy.services import audit_record
 
 from .dispatch import Command
+from .domain.endpoints import endpoint_refusal
 from .domain.gpuclass import gpu_class
 from .domain.reconcile import Plan
 from .domain.types import parse_shard_id
 from .engine_installs import engine_build
 from .events import Disk, Register, ShardStatus, Weight
 from .failures import failure_log_attach
+from .identity import AgentCredential, Refused, credential_issue, register_refusal
 from .live import NodeWrite
 from .models import Gpu, ModelState, Node, Replica, Shard
 
@@ -139,25 +142,51 @@ def _stopped_once_all_shards_are(replica_id: str, now: datetime) -> None:
         )
 
 
-def node_register(*, msg: Register, session: str, now: datetime) -> list[Command]:
+@dataclass(frozen=True)
+class Registration:
+    """What registering gave: commands for the agent, and the node's own credential when this
+    registration issued one (sent once, kept nowhere)."""
+
+    commands: list[Command] = field(default_factory=list)
+    node_token: str | None = None
+    approved: bool = True
+
+
+def node_register(
+    *, msg: Register, session: str, now: datetime, credential: AgentCredential
+) -> Registration:
     """Create or refresh a node from its registration and reconcile the shards it runs.
 
-    Shards the database knows are kept (or stopped again when they should be
-    stopping); unknown shards of a known model and profile are adopted; the rest
-    are stopped. Shards it should run but does not report are started again,
-    or failed when they had been running. Returns the commands for this agent.
+    The credential must be this node's own, or a join token for a node id that has none
+    (then this registration issues the node's credential); otherwise Refused is raised and
+    nothing changes. Shards the database knows are kept (or stopped again when they should
+    be stopping); unknown shards of a known model and profile are adopted; the rest are
+    stopped, as are shards whose endpoint is not on the node's own address. Shards it
+    should run but does not report are started again, or failed when they had been running.
     """
-    commands: list[Command] = []
     with transaction.atomic():
-        node = Node.objects.filter(pk=msg.node_id).first()
+        node = Node.objects.select_for_update().filter(pk=msg.node_id).first()
+        if node is None and not credential.joining:
+            # Its credential was found a moment ago: the node was forgotten since.
+            raise Refused(f"node {msg.node_id} was forgotten", "forgotten")
+        register_refusal(credential=credential, node_id=msg.node_id, now=now)
         if node is None:
-            node = Node(id=msg.node_id, registered_at=now, state_since=now, last_seen=now)
+            node = Node(
+                id=msg.node_id,
+                registered_at=now,
+                state_since=now,
+                last_seen=now,
+                approved=settings.LLMGW.agents.approval == "auto",
+            )
             log.info("node %s registered", msg.node_id, extra={"node": msg.node_id})
         elif node.state != Node.READY:
             log.info(
                 "node %s is ready again (was %s)", node.id, node.state, extra={"node": node.id}
             )
             node.state_since = now
+        node_token = (
+            credential_issue(node, credential=credential, now=now) if credential.joining else None
+        )
         node.hostname = msg.hostname
         node.mgmt_addr = msg.mgmt_addr
         node.labels = dict(msg.labels)
@@ -176,8 +205,27 @@ def node_register(*, msg: Register, session: str, now: datetime) -> list[Command
         node.spec_at = now
         node.save()
         _sync_gpus(node, msg)
-        commands = _reconcile_reported_shards(node, msg, now)
-    return commands
+        msg, foreign = _own_endpoints(node, msg)
+        commands = foreign + _reconcile_reported_shards(node, msg, now)
+    return Registration(commands=commands, node_token=node_token, approved=node.approved)
+
+
+def _own_endpoints(node: Node, msg: Register) -> tuple[Register, list[Command]]:
+    """The register with only the shards whose endpoint is on this node's own address, and
+    stops for the others: a node speaks only for itself, never for another's engines."""
+    kept, stops = [], []
+    for rep in msg.shards:
+        why = endpoint_refusal(rep.endpoint, node.mgmt_addr)
+        if why is None:
+            kept.append(rep)
+            continue
+        log.warning(
+            "stopping shard %s on node %s: %s", rep.shard_id, node.id, why, extra={"node": node.id}
+        )
+        stops.append(stop_command(node.id, rep.shard_id, 0))
+    if not stops:
+        return msg, []
+    return msg.model_copy(update={"shards": kept}), stops
 
 
 def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list[Command]:

@@ -15,6 +15,7 @@ from django.http import Http404  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
+from fleet.identity import mirror_refusal  # noqa: E402
 from llmgw.gateway.app import Gateway  # noqa: E402
 from mirror.files import MirrorFiles  # noqa: E402
 
@@ -31,7 +32,7 @@ class StaticFiles(ASGIStaticFilesHandler):
             raise Http404("There is no such static file.") from None
 
 
-gateway = Gateway(MirrorFiles(StaticFiles(django_asgi)))
+gateway = Gateway(MirrorFiles(StaticFiles(django_asgi), refusal=mirror_refusal))
 application = ProtocolTypeRouter(
     {
         "http": gateway,

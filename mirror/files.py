@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import re
+from collections.abc import Callable
 
 from channels.db import database_sync_to_async
 
@@ -22,24 +23,24 @@ _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 CHUNK = 1 << 20
 
 
-class MirrorFiles:
-    """Serves mirror files; passes every other request to ``inner``."""
+# Why a bearer may not read a file, given its secret and the file's digest: (HTTP status,
+# sentence), or None when it may. The root hands the fleet's rule in (a node reads only
+# what it runs), so this app needs no knowledge of nodes.
+Refusal = Callable[..., "tuple[int, str] | None"]
 
-    def __init__(self, inner) -> None:
+
+class MirrorFiles:
+    """Serves mirror files to whom ``refusal`` lets; passes every other request to ``inner``."""
+
+    def __init__(self, inner, *, refusal: Refusal) -> None:
         self.inner = inner
+        self.refusal = refusal
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
             await self.inner(scope, receive, send)
             return
-        await _serve(scope, receive, send)
-
-
-def _agent(secret: str) -> bool:
-    from tenancy.models import Token
-    from tenancy.selectors import token_find
-
-    return token_find(secret=secret, kind=Token.AGENT) is not None
+        await _serve(scope, receive, send, self.refusal)
 
 
 def _touch(digest: str) -> None:
@@ -49,7 +50,7 @@ def _touch(digest: str) -> None:
     weights_touch(sha256=digest, now=clock.now())
 
 
-async def _serve(scope, receive, send) -> None:
+async def _serve(scope, receive, send, refusal: Refusal) -> None:
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
     if scope["method"] not in ("GET", "HEAD"):
         await _answer(
@@ -58,14 +59,18 @@ async def _serve(scope, receive, send) -> None:
         return
     auth = headers.get("authorization", "")
     secret = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-    if not secret or not await database_sync_to_async(_agent)(secret):
-        await _answer(send, 401, "An agent token is needed: Authorization: Bearer <agent token>.")
-        return
     m = _PATH.match(scope["path"])
+    if not secret:
+        await _answer(send, 401, "A node's credential is needed: Authorization: Bearer <token>.")
+        return
     if not m:
         await _answer(send, 404, "A mirror file is named by its 64-digit lowercase sha256.")
         return
     digest = m[1]
+    refused = await database_sync_to_async(refusal)(secret=secret, sha256=digest)
+    if refused is not None:
+        await _answer(send, *refused)
+        return
     from mirror import store
 
     path = store.blob(digest)

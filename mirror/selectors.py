@@ -167,3 +167,19 @@ def _match(source: str, index: list[Weights]) -> tuple[Weights, str | None] | No
 def file_known(sha256: str) -> bool:
     """Whether a ready file of some weights has this digest (what the mirror may serve)."""
     return WeightFile.objects.filter(sha256=sha256, state=READY).exists()
+
+
+def file_sources(sha256: str) -> tuple[str, ...] | None:
+    """Who may read the mirror file with this digest: () for an engine build (any node), the
+    sources of the weights it is a file of (nodes running a model on them), None when the
+    mirror holds no such file."""
+    from .models import EngineBuild
+
+    if EngineBuild.objects.filter(sha256=sha256).exists():
+        return ()
+    sources = tuple(
+        WeightFile.objects.filter(sha256=sha256, state=READY)
+        .values_list("weights__source", flat=True)
+        .distinct()
+    )
+    return sources or None

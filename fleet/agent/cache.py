@@ -42,10 +42,11 @@ class CacheError(Exception):
 class WeightCache:
     """Fetches weights from the mirror into ``root`` and says what it holds."""
 
-    def __init__(self, root: Path, *, server: str, token: str) -> None:
+    def __init__(self, root: Path, *, server: str, bearer: Callable[[], str]) -> None:
         self.root = root
         self.server = server
-        self.token = token
+        # The node's credential as it is when a fetch starts (fleet/agent/credentials.py).
+        self.bearer = bearer
         self._fetches: dict[str, asyncio.Task[Path]] = {}
 
     def path(self, sha256: str) -> Path:
@@ -156,7 +157,7 @@ class WeightCache:
             got = await asyncio.to_thread(
                 fetch_from_mirror,
                 self.server,
-                self.token,
+                self.bearer(),
                 ref.url,
                 dest=self.path(ref.sha256),
                 part=part,

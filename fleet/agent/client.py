@@ -23,6 +23,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 from fleet.agent import AGENT_VERSION
+from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import LoadSampler, Machine
 from fleet.agent.sensors import SensorSampler
 from fleet.agent.supervisor import Supervisor
@@ -43,7 +44,8 @@ class AgentSettings:
     """How this agent reaches the control plane and what it calls itself."""
 
     ws_url: str
-    token: str
+    # The join token, then the node's own credential once the control plane issued it.
+    credentials: Credentials
     node_id: str
     advertise_addr: str
     labels: dict[str, str] = field(default_factory=dict)
@@ -127,9 +129,10 @@ class Agent:
     async def connect_forever(self) -> None:
         """Connect, serve the session, and reconnect with backoff, forever."""
         backoff = Backoff(self.settings.backoff_base_s, self.settings.backoff_max_s)
-        headers = {"Authorization": f"Bearer {self.settings.token}"}
+        credentials = self.settings.credentials
         while True:
             registered = False
+            headers = {"Authorization": f"Bearer {credentials()}"}
             try:
                 async with connect(self.settings.ws_url, additional_headers=headers) as ws:
                     registered = await self._session(ws)
@@ -137,8 +140,11 @@ class Agent:
                 log.error("the control plane refused to register this node: %s", exc)
             except InvalidStatus as exc:
                 status = exc.response.status_code
-                if status in (401, 403):
-                    log.error("the control plane refused this agent's token (HTTP %d)", status)
+                if status in (401, 403) and credentials.joined:
+                    if credentials.refused():
+                        backoff.reset()  # join again at once, with the join token
+                elif status in (401, 403):
+                    log.error("the control plane refused this agent's join token (HTTP %d)", status)
                 else:
                     log.warning("control plane %s answered HTTP %d", self.settings.ws_url, status)
             except (OSError, WebSocketException, TimeoutError) as exc:
@@ -196,10 +202,24 @@ class Agent:
                 if msg is None:
                     continue
                 if msg.get("type") == "registered":
+                    self._registered(msg)
                     return
                 if msg.get("type") == "error":
                     raise RegisterRefused(msg.get("detail") or "no detail given")
                 log.warning("ignoring %r before registered", msg.get("type"))
+
+    def _registered(self, msg: dict[str, Any]) -> None:
+        """Keep the node's own credential when this registration issued one, and say when the
+        node waits for an operator to approve it."""
+        if "node_token" in msg:
+            self.settings.credentials.keep(msg["node_token"])
+        if msg.get("approved") is False:
+            log.warning(
+                "node %s waits for an operator's approval before anything is placed on it "
+                "(llmgw ctl node approve %s)",
+                self.settings.node_id,
+                self.settings.node_id,
+            )
 
     def register_message(self) -> dict[str, Any]:
         """The ``register`` message for this node as it is now."""

@@ -150,11 +150,17 @@ class Installer:
     """Installs engine builds from the mirror under ``root`` and says where each stands."""
 
     def __init__(
-        self, root: Path, *, server: str, token: str, pip_timeout_s: float = PIP_TIMEOUT_S
+        self,
+        root: Path,
+        *,
+        server: str,
+        bearer: Callable[[], str],
+        pip_timeout_s: float = PIP_TIMEOUT_S,
     ) -> None:
         self.root = root
         self.server = server
-        self.token = token
+        # The node's credential as it is when a fetch starts (fleet/agent/credentials.py).
+        self.bearer = bearer
         self.pip_timeout_s = pip_timeout_s
         self._installs: dict[str, Install] = {}
         self._tasks: dict[str, asyncio.Task[Path]] = {}
@@ -307,7 +313,7 @@ class Installer:
             try:
                 fetch_from_mirror(
                     self.server,
-                    self.token,
+                    self.bearer(),
                     ref.url,
                     dest=dest,
                     part=part,

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from fleet.agent import AGENT_VERSION
 from fleet.agent.cache import WeightCache
 from fleet.agent.client import Agent, AgentSettings
+from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import Machine, advertise_address, parse_gpu_spec, simulated_gpus
 from fleet.agent.engines import use_binary
 from fleet.agent.install import Installer
@@ -186,10 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Health and metrics polls every few seconds would drown what the agent decides.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    if not args.token:
+    state_dir: Path = args.state_dir
+    credentials = Credentials(state_dir, args.token)
+    if not args.token and not credentials.joined:
         print(
-            "llmgw agent needs the cluster's join token: pass --token or set LLMGW_TOKEN "
-            "(`llmgw createtoken --agent NAME` makes one).",
+            "llmgw agent needs the cluster's join token to join: set LLMGW_TOKEN "
+            "(`llmgw createtoken --agent NAME` makes one); once joined, the node's own "
+            f"credential is kept in {credentials.path}.",
             file=sys.stderr,
         )
         return 2
@@ -207,9 +211,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.llama_server:
         use_binary("llamacpp", args.llama_server)
-    state_dir: Path = args.state_dir
     # Engines installed from the mirror by an earlier run, where none was given or is on PATH.
-    installer = Installer(state_dir / "engines", server=args.server, token=args.token)
+    installer = Installer(state_dir / "engines", server=args.server, bearer=credentials)
     installer.adopt()
     node_id = node_id_for(state_dir, args.node_id)
     server = urlsplit(url)
@@ -229,13 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         cpu_count=machine.cpu_count(),
         sim_command=sim_command,
         cache=WeightCache(
-            args.cache_dir or state_dir / "weights", server=args.server, token=args.token
+            args.cache_dir or state_dir / "weights", server=args.server, bearer=credentials
         ),
         installer=installer,
     )
     settings = AgentSettings(
         ws_url=url,
-        token=args.token,
+        credentials=credentials,
         node_id=node_id,
         advertise_addr=advertise,
         labels=labels,

@@ -393,6 +393,8 @@ def refuse(room: NodeRoom, profile: Profile, avoid: frozenset[str], source: str)
     node = room.node
     if node.state != "ready":
         return f"node {node.id} is {node.state}"
+    if not node.approved:
+        return f"node {node.id} awaits an operator's approval (llmgw ctl node approve {node.id})"
     if node.draining:
         return f"node {node.id} is draining"
     if node.cordoned:
@@ -464,7 +466,7 @@ def engine_refusal(node: NodeView, engine: str) -> str | None:
 def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
     """Whether the node could take a shard of this profile if nothing ran on it: the right
     state, labels, engine, GPU class and size. Preemption looks for victims only there."""
-    if node.state != "ready" or node.draining or node.cordoned:
+    if node.state != "ready" or not node.approved or node.draining or node.cordoned:
         return False
     if any(node.labels.get(k) != v for k, v in profile.node_selector.items()):
         return False

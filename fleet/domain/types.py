@@ -67,6 +67,8 @@ class NodeView:
     last_seen: datetime | None = None
     cordoned: bool = False
     draining: bool = False
+    # False while LLMGW_NODE_APPROVAL=manual holds a new node for an operator to let in.
+    approved: bool = True
     labels: Mapping[str, str] = field(default_factory=dict)
     memory_gb: float | None = None
     cpu_count: int | None = None
@@ -96,9 +98,12 @@ class NodeView:
 
     @property
     def shown_state(self) -> str:
-        """What an operator sees: lost and unreachable win, then draining, then cordoned."""
+        """What an operator sees: lost and unreachable win, then awaiting approval, then
+        draining, then cordoned."""
         if self.state != "ready":
             return self.state
+        if not self.approved:
+            return "unapproved"
         if self.draining:
             return "draining"
         if self.cordoned:

@@ -439,12 +439,22 @@ def cmd_node_show(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(api.get(f"/nodes/{segment(args.node)}"), render_node)
 
 
-NODE_ACTIONS = {"cordon": "cordoned", "uncordon": "uncordoned", "drain": "draining"}
+NODE_ACTIONS = {
+    "cordon": "cordoned",
+    "uncordon": "uncordoned",
+    "drain": "draining",
+    "approve": "approved",
+}
 
 
 def cmd_node_action(api: Api, args: argparse.Namespace, out: Output) -> None:
     answer = api.post(f"/nodes/{segment(args.node)}/{args.action}")
     out.show(answer, lambda a: said(a, f"node {args.node} {NODE_ACTIONS[args.action]}"))
+
+
+def cmd_node_forget(api: Api, args: argparse.Namespace, out: Output) -> None:
+    answer = api.delete(f"/nodes/{segment(args.node)}")
+    out.show(answer, lambda a: said(a, f"node {args.node} forgotten"))
 
 
 # Models
@@ -892,15 +902,22 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     add(commands, "nodes", "list nodes: state, GPUs, memory, CPUs, load", cmd_nodes)
-    node = add(commands, "node", "show, cordon, uncordon or drain one node")
+    node = add(commands, "node", "show, cordon, uncordon, drain, approve or forget one node")
     node_actions = node.add_subparsers(dest="action", required=True, metavar="ACTION")
     add(node_actions, "show", "one node in full, with its GPUs", cmd_node_show).add_argument("node")
     for action, help in (
         ("cordon", "place nothing new on a node"),
         ("uncordon", "let placement use a node again"),
         ("drain", "cordon a node and move its replicas elsewhere"),
+        ("approve", "let a node held by LLMGW_NODE_APPROVAL=manual into placement"),
     ):
         add(node_actions, action, help, cmd_node_action).add_argument("node")
+    add(
+        node_actions,
+        "forget",
+        "remove a node and revoke its credential; it can join again only with a join token",
+        cmd_node_forget,
+    ).add_argument("node")
 
     add(commands, "models", "list models: replicas, status, class, reservations", cmd_models)
     model_actions = _add_model_commands(add, commands)

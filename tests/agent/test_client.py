@@ -13,9 +13,11 @@ import pytest
 from websockets.asyncio.server import serve
 
 from fleet.agent.client import Agent, AgentSettings
+from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import LoadSampler, Machine, simulated_gpus
+from fleet.agent.ports import can_bind
 from fleet.agent.sensors import SensorSampler
-from fleet.agent.supervisor import Supervisor, can_bind
+from fleet.agent.supervisor import Supervisor
 from fleet.events import Heartbeat, parse
 
 from .helpers import FAKE_ENGINE, PATIENCE_S, FakeNVML, free_port, put
@@ -119,7 +121,7 @@ def make_agent(tmp_path, url, load_sampler=None):
     )
     settings = AgentSettings(
         ws_url=url,
-        token=TOKEN,
+        credentials=Credentials(tmp_path, TOKEN),
         node_id="node-1",
         advertise_addr="127.0.0.1",
         labels={"rack": "r1"},

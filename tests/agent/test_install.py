@@ -76,7 +76,7 @@ class Node:
     """A supervisor that installs engines, with its shard_status messages in order."""
 
     def __init__(self, tmp_path):
-        self.installer = Installer(tmp_path / "engines", server="http://unused", token="t")
+        self.installer = Installer(tmp_path / "engines", server="http://unused", bearer=lambda: "t")
         self.sup = Supervisor(
             tmp_path,
             advertise_addr="127.0.0.1",
@@ -213,11 +213,11 @@ async def test_a_llama_server_on_path_is_used_as_it_is(tmp_path, mirror, no_engi
 
 @pytest.mark.asyncio
 async def test_an_agent_started_again_uses_what_it_installed(tmp_path, mirror, monkeypatch):
-    first = Installer(tmp_path / "engines", server="http://unused", token="t")
+    first = Installer(tmp_path / "engines", server="http://unused", bearer=lambda: "t")
     path = await first.ensure(BuildRef.from_message(build(mirror)))
     monkeypatch.setattr(engines, "_binaries", dict(engines.DEFAULT_BINARIES))
 
-    again = Installer(tmp_path / "engines", server="http://unused", token="t")
+    again = Installer(tmp_path / "engines", server="http://unused", bearer=lambda: "t")
     assert again.adopt() == path
     assert engines.engine_binaries()["llamacpp"] == str(path)
     assert again.reports() == [{"engine": "llamacpp", "version": "b6000", "state": "installed"}]

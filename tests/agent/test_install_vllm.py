@@ -65,7 +65,7 @@ class Node:
 
     def __init__(self, tmp_path, **installer):
         self.root = tmp_path / "engines"
-        self.installer = Installer(self.root, server="http://unused", token="t", **installer)
+        self.installer = Installer(self.root, server="http://unused", bearer=lambda: "t", **installer)
         self.sup = Supervisor(
             tmp_path,
             advertise_addr="127.0.0.1",
@@ -164,11 +164,11 @@ async def test_two_shards_asking_for_vllm_wait_on_one_install(tmp_path, index):
 
 
 async def test_an_agent_started_again_uses_the_vllm_it_installed(tmp_path, index, monkeypatch):
-    first = Installer(tmp_path / "engines", server="http://unused", token="t")
+    first = Installer(tmp_path / "engines", server="http://unused", bearer=lambda: "t")
     path = await first.ensure(engine_ref(build(index)))
     monkeypatch.setattr(engines, "_binaries", dict(engines.DEFAULT_BINARIES))
 
-    again = Installer(tmp_path / "engines", server="http://unused", token="t")
+    again = Installer(tmp_path / "engines", server="http://unused", bearer=lambda: "t")
     assert again.adopt() == path
     assert engines.engine_binaries()["vllm"] == str(path)
     assert again.reports() == [{"engine": "vllm", "version": "0.0.1", "state": "installed"}]

@@ -8,6 +8,8 @@ from catalog.domain import ModelSpec
 from catalog.services import model_add
 from fleet.dispatch import Command
 from fleet.events import Register
+from fleet.identity import AgentCredential
+from fleet.models import Node
 from fleet.services import node_register
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}
@@ -28,7 +30,7 @@ def register_frame(
         "type": "register",
         "node_id": node_id,
         "hostname": f"{node_id}.lab",
-        "mgmt_addr": "10.0.0.7:9100",
+        "mgmt_addr": "10.0.0.7",
         "labels": labels or {},
         "agent_version": "0.11.0",
         "memory_total_mb": memory_total_mb,
@@ -56,13 +58,22 @@ def running_shard(replica_id: str, model: str, profile: str, *, port: int = 2000
     }
 
 
+def agent_credential(node_id: str) -> AgentCredential:
+    """What the consumer would have authenticated: the node's own credential once it has one,
+    else a join token (whose registration issues it one)."""
+    if Node.objects.filter(pk=node_id, credential_hash__isnull=False).exists():
+        return AgentCredential(node_id=node_id)
+    return AgentCredential(join_token="test-join")
+
+
 def node_add(node_id: str, *, now: datetime, **frame) -> list[Command]:
     """Register a node through the service the consumer calls; returns the commands for it."""
     return node_register(
         msg=Register.model_validate(register_frame(node_id, **frame)),
         session=f"session-{node_id}",
         now=now,
-    )
+        credential=agent_credential(node_id),
+    ).commands
 
 
 def gpu_model(name: str = "llama", *, gpu_class: str = "h100-80g", **extra) -> dict:

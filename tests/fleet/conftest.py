@@ -44,6 +44,8 @@ class Agents:
 
     def __init__(self, token: str):
         self.token = token
+        # Each node's own credential, as its agent would keep it after its first register.
+        self.node_tokens: dict[str, str] = {}
         self.open: list[WebsocketCommunicator] = []
 
     async def connect(self, token: str | None = None, *, headers=None) -> WebsocketCommunicator:
@@ -58,14 +60,17 @@ class Agents:
         return comm
 
     async def registered(self, frame: dict) -> WebsocketCommunicator:
-        """A connection that has registered with `frame` and been answered `registered`."""
-        comm = await self.connect()
+        """A connection that has registered with `frame` and been answered `registered`: with
+        the join token the first time, with the node's own credential after, as agents do."""
+        node_id = frame["node_id"]
+        comm = await self.connect(self.node_tokens.get(node_id))
         assert comm.refused is None
         await comm.send_json_to(frame)
-        assert await comm.receive_json_from(timeout=5) == {
-            "type": "registered",
-            "node_id": frame["node_id"],
-        }
+        reply = await comm.receive_json_from(timeout=5)
+        issued = reply.pop("node_token", None)
+        assert reply == {"type": "registered", "node_id": node_id}
+        assert (issued is None) == (node_id in self.node_tokens)
+        self.node_tokens.setdefault(node_id, issued)
         return comm
 
     async def close_all(self) -> None:

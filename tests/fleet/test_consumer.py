@@ -526,13 +526,14 @@ async def test_a_node_found_lost_while_still_connected_is_asked_to_register_agai
     assert closed["type"] == "websocket.close"
 
 
-async def test_a_running_shard_with_a_malformed_endpoint_is_still_adopted(agents):
+async def test_a_running_shard_with_a_malformed_endpoint_is_stopped_not_left_untracked(agents):
     await in_db(lambda: model_added(gpu_model("llama")))
     shard = running_shard("llama-0a1b2c", "llama", "gpu") | {"endpoint": "http://10.0.0.7:99999"}
 
-    await agents.registered(register_frame("gpu-a", shards=(shard,)))
+    comm = await agents.registered(register_frame("gpu-a", shards=(shard,)))
 
-    assert await in_db(lambda: Shard.objects.get().id) == "llama-0a1b2c-0"
+    assert await answer(comm) == {"type": "stop_shard", "shard_id": "llama-0a1b2c-0", "grace_s": 0}
+    assert await in_db(lambda: Shard.objects.count()) == 0
 
 
 async def test_a_shard_another_node_holds_is_stopped_not_adopted_twice(agents):

@@ -18,6 +18,7 @@ from fleet.reconciler import reconcile_once
 from fleet.selectors import model_explain
 from fleet.services import node_register
 from mirror.engines import engine_build_add
+from tests.fleet.builders import agent_credential
 
 from .builders import cpu_model, model_added, register_frame
 
@@ -59,7 +60,12 @@ def a_node(node_id="cpu-a", *, engines=None, installs=(), platform="linux-x86_64
         "platform": platform,
         "engine_installs": list(installs),
     }
-    node_register(msg=Register.model_validate(frame), session=f"s-{node_id}", now=T0)
+    node_register(
+        msg=Register.model_validate(frame),
+        session=f"s-{node_id}",
+        now=T0,
+        credential=agent_credential(node_id),
+    )
 
 
 def a_llamacpp_model(name="tiny"):

@@ -17,6 +17,7 @@ from fleet.reconciler import reconcile_once
 from fleet.selectors import node_views
 from fleet.services import node_register
 from llmgw.config import Vllm
+from tests.fleet.builders import agent_credential
 
 from .builders import gpu_model, model_added, register_frame
 
@@ -48,7 +49,12 @@ def a_node(node_id="gpu-a", *, engines=None, platform="linux-x86_64", installs=(
         platform=platform,
         engine_installs=list(installs),
     )
-    node_register(msg=Register.model_validate(frame), session=f"s-{node_id}", now=T0)
+    node_register(
+        msg=Register.model_validate(frame),
+        session=f"s-{node_id}",
+        now=T0,
+        credential=agent_credential(node_id),
+    )
 
 
 def a_vllm_model(name="llama"):

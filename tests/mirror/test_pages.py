@@ -20,7 +20,7 @@ from llmgw import clock
 from mirror import services, store
 from mirror.models import WeightFile, Weights
 from mirror.worker import work_until_idle
-from tests.fleet.builders import register_frame
+from tests.fleet.builders import agent_credential, register_frame
 from tests.mirror.ggufs import write_gguf
 from tests.mirror.test_weights import mirror_dir  # noqa: F401 (a fixture)
 
@@ -43,7 +43,12 @@ def cpu_node(node_id: str, *, memory_gb: int, cpus: int) -> None:
     """A CPU node with llama.cpp, registered as its agent would."""
     frame = register_frame(node_id, gpus=(), memory_total_mb=memory_gb * 1024, cpu_count=cpus)
     frame["engines"] = {"llamacpp": "b6000"}
-    node_register(msg=Register.model_validate(frame), session=f"s-{node_id}", now=clock.now())
+    node_register(
+        msg=Register.model_validate(frame),
+        session=f"s-{node_id}",
+        now=clock.now(),
+        credential=agent_credential(node_id),
+    )
 
 
 def added(path, *, sha256: str = "") -> Weights:

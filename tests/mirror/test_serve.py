@@ -9,7 +9,7 @@ from fleet.events import Register
 from fleet.services import node_register
 from llmgw import clock
 from mirror.worker import work_until_idle
-from tests.fleet.builders import register_frame
+from tests.fleet.builders import agent_credential, register_frame
 from tests.helpers import detail
 from tests.mirror.ggufs import write_gguf
 from tests.mirror.test_weights import mirror_dir  # noqa: F401 (a fixture)
@@ -20,7 +20,12 @@ pytestmark = pytest.mark.django_db
 def _cpu_node(node_id: str, *, memory_gb: int, cpus: int) -> None:
     frame = register_frame(node_id, gpus=(), memory_total_mb=memory_gb * 1024, cpu_count=cpus)
     frame["engines"] = {"llamacpp": "b6000"}
-    node_register(msg=Register.model_validate(frame), session=f"s-{node_id}", now=clock.now())
+    node_register(
+        msg=Register.model_validate(frame),
+        session=f"s-{node_id}",
+        now=clock.now(),
+        credential=agent_credential(node_id),
+    )
 
 
 @pytest.fixture

@@ -1,0 +1,100 @@
+"""What the agents' websocket refuses, per process: a frame budget per connection, and a
+count of refusals by reason on `/metrics`, logged with a count rather than per attempt."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+log = logging.getLogger("llmgw.agents")
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+REFUSED = Counter(
+    "llmgw_agent_refused",
+    "Agent connections and registrations refused, by why: unknown_credential, "
+    "node_has_credential (a join token for a node that has its own), wrong_node, forgotten, "
+    "join_rate, frames (a connection over its frame budget).",
+    ["reason"],
+    registry=REGISTRY,
+)
+FRAMES_DROPPED = Counter(
+    "llmgw_agent_frames_dropped",
+    "Frames from agents dropped unread because their connection was over its budget.",
+    registry=REGISTRY,
+)
+
+# A refusal of one kind is logged at most this often; the lines between are counted.
+LOG_EVERY_S = 10.0
+_said: dict[str, tuple[float, int]] = {}
+_said_lock = threading.Lock()
+
+
+def refused(reason: str, sentence: str) -> None:
+    """Count a refusal, and log it unless one of its kind was logged in the last
+    LOG_EVERY_S seconds (then the next line says how many there were meanwhile)."""
+    REFUSED.labels(reason).inc()
+    now = time.monotonic()
+    with _said_lock:
+        last, quiet = _said.get(reason, (-LOG_EVERY_S, 0))
+        if now - last < LOG_EVERY_S:
+            _said[reason] = (last, quiet + 1)
+            return
+        _said[reason] = (now, 0)
+    more = f" ({quiet} more like it in the last {LOG_EVERY_S:.0f} s)" if quiet else ""
+    log.warning("%s%s", sentence, more)
+
+
+def agents_text() -> str:
+    """These series in Prometheus' text format, for `/metrics`."""
+    return generate_latest(REGISTRY).decode()
+
+
+class FrameBudget:
+    """A token bucket of frames for one connection: `per_second` on average, bursts of
+    BURST_SECONDS' worth. A frame over budget is dropped unread; once a connection has
+    dropped another burst's worth without slowing down, it is to be closed.
+
+    A well-behaved agent sends a heartbeat and an engine_load every few seconds and a
+    status per shard change: a small fraction of the default 20 a second.
+    """
+
+    BURST_SECONDS = 5.0
+
+    class Verdict(enum.Enum):
+        OK = "ok"
+        DROP = "drop"
+        CLOSE = "close"
+
+    OK, DROP, CLOSE = Verdict.OK, Verdict.DROP, Verdict.CLOSE
+
+    def __init__(self, per_second: float) -> None:
+        self.per_second = per_second
+        self.burst = per_second * self.BURST_SECONDS
+        self.tokens = self.burst
+        self.dropped = 0
+        self.at: float | None = None
+
+    def take(self, now: float) -> Verdict:
+        """Spend one frame at monotonic time `now`."""
+        if self.at is not None:
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_second)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            # Paid back once it keeps to its budget again.
+            self.dropped = max(0, self.dropped - 1)
+            return self.OK
+        self.dropped += 1
+        FRAMES_DROPPED.inc()
+        return self.CLOSE if self.dropped >= self.burst else self.DROP
+
+    def sentence(self, node_id: str | None) -> str:
+        return (
+            f"closed agent {node_id or '(not registered)'}'s connection: it kept sending over "
+            f"{self.per_second:g} frames a second (LLMGW_AGENT_FRAMES_PER_SECOND) and "
+            f"{self.dropped} were dropped unread"
+        )

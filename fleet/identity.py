@@ -1,0 +1,185 @@
+"""Node identity: a join token makes a node's first registration; its own credential every one
+after, as kubelet's bootstrap does.
+
+The control plane keeps only the credential's SHA-256. A node id that has a credential
+cannot be registered with a join token, so whoever holds the cluster's join token cannot
+take another node's place; `node_forget` revokes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+
+from llmgw.errors import NotFound, ServiceError
+from llmgw.secrets import digest, new_secret
+from tenancy.models import Token
+from tenancy.selectors import token_find
+from tenancy.services import audit_record
+
+from .dispatch import Command
+from .models import Node, Replica, Shard
+
+log = logging.getLogger("llmgw.agents")
+
+NODE_TOKEN_PREFIX = "llmgw_node_"
+JOIN_WINDOW = timedelta(minutes=1)
+
+
+class Refused(ServiceError):
+    """This credential may not register this node (403); `reason` names the kind for metrics."""
+
+    status = 403
+
+    def __init__(self, sentence: str, reason: str) -> None:
+        super().__init__(sentence)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class AgentCredential:
+    """Who a connection's bearer is: one node's own credential, or a cluster join token."""
+
+    node_id: str | None = None
+    join_token: str = ""
+
+    @property
+    def joining(self) -> bool:
+        return self.node_id is None
+
+
+def agent_authenticate(*, secret: str) -> AgentCredential | None:
+    """The credential this bearer secret is, else None (never saying which part was wrong)."""
+    if not secret or len(secret) > 200:
+        return None
+    if secret.startswith(NODE_TOKEN_PREFIX):
+        node_id = (
+            Node.objects.filter(credential_hash=digest(secret)).values_list("id", flat=True).first()
+        )
+        return AgentCredential(node_id=node_id) if node_id else None
+    token = token_find(secret=secret, kind=Token.AGENT)
+    return AgentCredential(join_token=token.name) if token else None
+
+
+def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
+    """Why this bearer may not read the mirror file `sha256`, as (HTTP status, sentence);
+    None when it may. Only a node's own credential reads files: an engine build any node,
+    a file of weights only a node with a shard of a model whose source is those weights."""
+    from catalog.models import Model
+    from mirror.selectors import file_sources
+
+    credential = agent_authenticate(secret=secret)
+    if credential is None or credential.joining:
+        return 401, "A node's own credential is needed: Authorization: Bearer <node credential>."
+    sources = file_sources(sha256)
+    if sources is None:
+        return 404, f"The mirror holds no file with sha256 {sha256}."
+    if not sources:
+        return None
+    models = Shard.objects.filter(node_id=credential.node_id).values("replica__model")
+    for source in Model.objects.filter(name__in=models).values_list("source", flat=True):
+        if any(source == s or source.startswith(s.rstrip("/") + "/") for s in sources):
+            return None
+    return 403, f"Node {credential.node_id} runs no model whose weights hold the file {sha256}."
+
+
+def register_refusal(*, credential: AgentCredential, node_id: str, now: datetime) -> None:
+    """Raise Refused when this credential may not register `node_id`: asked before the
+    connection disturbs anything, and again inside the registration's transaction."""
+    if not credential.joining:
+        if credential.node_id != node_id:
+            raise Refused(
+                f"this connection's credential is node {credential.node_id}'s; "
+                f"it cannot register node {node_id}",
+                "wrong_node",
+            )
+        return
+    if Node.objects.filter(pk=node_id, credential_hash__isnull=False).exists():
+        raise Refused(
+            f"node {node_id} has its own credential, and a join token cannot register it "
+            f"again; an agent that lost its credential joins again once an operator runs "
+            f"`llmgw ctl node forget {node_id}`",
+            "node_has_credential",
+        )
+    limit = settings.LLMGW.agents.joins_per_minute
+    recent = Node.objects.filter(
+        joined_with=credential.join_token, credential_issued_at__gte=now - JOIN_WINDOW
+    ).count()
+    if recent >= limit:
+        raise Refused(
+            f"join token {credential.join_token!r} registered {recent} nodes in the last "
+            f"minute, the most LLMGW_JOINS_PER_MINUTE ({limit}) allows; try again in a minute",
+            "join_rate",
+        )
+
+
+def credential_issue(node: Node, *, credential: AgentCredential, now: datetime) -> str:
+    """Give a joining node its own credential (the caller saves the node); the secret is
+    returned to be sent once and is kept nowhere here."""
+    secret = new_secret(NODE_TOKEN_PREFIX)
+    node.credential_hash = digest(secret)
+    node.credential_issued_at = now
+    node.joined_with = credential.join_token
+    log.info(
+        "node %s joined with join token %r and was given its own credential",
+        node.id,
+        credential.join_token,
+        extra={"node": node.id},
+    )
+    return secret
+
+
+def node_approve(*, node_id: str, actor: str) -> str:
+    """Let a node held by LLMGW_NODE_APPROVAL=manual into placement."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(pk=node_id).first()
+        if node is None:
+            raise NotFound(f"There is no node {node_id!r}.")
+        if node.approved:
+            return f"node {node_id} is approved already"
+        node.approved = True
+        node.save(update_fields=["approved"])
+        audit_record(actor=actor, action="node.approve", target=node_id)
+    return f"node {node_id} approved: placement may use it from the next reconciler pass"
+
+
+def node_forget(*, node_id: str, actor: str, now: datetime) -> tuple[str, list[Command]]:
+    """Forget a node: revoke its credential, give up the replicas it ran and remove it.
+
+    Returns the sentence and the stop commands for what its agent runs and for the other
+    shards of replicas it was part of; the caller sends them, then closes its connection."""
+    from .services import stop_command  # services imports this module for registration
+
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(pk=node_id).first()
+        if node is None:
+            raise NotFound(f"There is no node {node_id!r}.")
+        shards = list(Shard.objects.filter(node=node).values_list("id", "replica_id"))
+        replicas = {replica for _, replica in shards}
+        elsewhere = list(
+            Shard.objects.filter(replica_id__in=replicas)
+            .exclude(node=node)
+            .values_list("node_id", "id", "replica__stop_grace_s")
+        )
+        Replica.objects.filter(pk__in=replicas).exclude(state__in=("stopped", "failed")).update(
+            state="failed",
+            state_since=now,
+            reason=f"node {node_id} was forgotten by {actor}",
+            counts_as_failure=False,
+        )
+        node.delete()
+        audit_record(
+            actor=actor, action="node.forget", target=node_id, detail={"replicas": sorted(replicas)}
+        )
+    commands = [stop_command(node_id, shard_id, 0) for shard_id, _ in shards]
+    commands += [stop_command(other, shard_id, grace) for other, shard_id, grace in elsewhere]
+    log.info("node %s forgotten by %s", node_id, actor, extra={"node": node_id})
+    return (
+        f"node {node_id} forgotten: its credential is revoked and {len(replicas)} replica(s) "
+        f"it ran are given up; its agent can join again only with a join token",
+        commands,
+    )
