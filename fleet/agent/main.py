@@ -262,4 +262,9 @@ async def _run(agent: Agent) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # Engines an earlier run left behind (it was killed): adopted or stopped before the first
+    # register, which lists those adopted.
+    adopted = await agent.supervisor.adopt()
+    if adopted:
+        log.info("adopted %d engines from an earlier run: %s", len(adopted), ", ".join(adopted))
     await agent.run(stop)

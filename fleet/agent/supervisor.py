@@ -4,20 +4,19 @@ Each engine runs in its own process group, so stopping it reaches the
 workers it forks too (vLLM's), and logs to ``<state-dir>/logs/<shard>.log``.
 Every state change is handed to ``on_change`` as a ``shard_status`` message;
 the supervisor does not know about connections, so engines keep running
-while the agent is away from the control plane.
+while the agent is away from the control plane. Each engine is written down
+in the state folder (ledger.py) while it runs, so an agent that was killed
+adopts its engines again when it starts (``adopt``) rather than leaving them
+orphans on their GPUs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import logging
 import os
-import random
 import re
-import signal
-import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +36,18 @@ from fleet.agent.engines import (
     engine_load,
 )
 from fleet.agent.install import Installer, InstallError, engine_ref, missing
+from fleet.agent.ledger import (
+    AdoptedProcess,
+    Entry,
+    Ledger,
+    boot_id,
+    group_members,
+    kill_group,
+    proc_stat,
+    running,
+    terminate,
+)
+from fleet.agent.ports import choose_port, host_for_url
 from mirror.domain.refs import RefError, WeightsRef
 
 log = logging.getLogger(__name__)
@@ -48,45 +59,6 @@ SHUTDOWN_GRACE_S = 10.0
 # Variables of the agent's own that an engine must not inherit: the join
 # token would let any engine (running a model's own code) pose as the node.
 _WITHHELD_ENV = ("LLMGW_TOKEN", "LLAMA_API_KEY", "VLLM_API_KEY", "LLMGW_ENGINE_API_KEY")
-
-
-def can_bind(port: int) -> bool:
-    """Whether a listener on ``port`` (all addresses) could start now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # As the engines do, so a port with only TIME_WAIT connections left
-        # counts as free while one with a listener (on any address) does not.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def choose_port(requested: int | None, port_range: tuple[int, int], taken: set[int]) -> int:
-    """``requested`` when it is in ``port_range`` and can be bound now, else a free port there.
-
-    Several agents may share a machine (simulated nodes), so the control
-    plane's choice is checked by binding. The scan starts at a random place
-    so agents on one machine rarely race for the same port. Raises OSError
-    when the range is full.
-    """
-    low, high = port_range
-    # Only inside the range: agents sharing a machine are given disjoint ranges,
-    # and the control plane's choice does not know about the other agents here.
-    if requested and low <= requested <= high and requested not in taken and can_bind(requested):
-        return requested
-    size = high - low + 1
-    start = random.randrange(size)
-    for i in range(size):
-        port = low + (start + i) % size
-        if port not in taken and can_bind(port):
-            return port
-    raise OSError(errno.EADDRINUSE, f"no free port in {low}-{high}")
-
-
-def _host_for_url(addr: str) -> str:
-    return f"[{addr}]" if ":" in addr else addr
 
 
 def _log_name(shard_id: str) -> str:
@@ -112,12 +84,14 @@ class Shard:
     state: str = STARTING
     port: int | None = None
     endpoint: str | None = None
-    process: asyncio.subprocess.Process | None = None
+    process: asyncio.subprocess.Process | AdoptedProcess | None = None
     log_path: Path | None = None
     watcher: asyncio.Task[None] | None = None
     stop_task: asyncio.Task[None] | None = None
     # The cached weights file it runs on (or is fetching), which reclaim leaves alone.
     weights_sha256: str | None = None
+    # When its engine was spawned (Unix seconds): its startup timeout counts from here.
+    started_at: float = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -185,6 +159,7 @@ class Supervisor:
         # Called with every shard_status message; the client sets it.
         self.on_change: Callable[[dict[str, Any]], None] = lambda msg: None
         self._shards: dict[str, Shard] = {}
+        self.ledger = Ledger(state_dir / "shards")
         self._http: httpx.AsyncClient | None = None
         self._closing = False
 
@@ -202,7 +177,7 @@ class Supervisor:
         return {
             s.spec.shard_id: s.process.pid
             for s in self._shards.values()
-            if s.process is not None and s.process.returncode is None
+            if s.process is not None and running(s.process)
         }
 
     def get(self, shard_id: str) -> Shard | None:
@@ -332,7 +307,7 @@ class Supervisor:
         if shard.stop_task is not None:
             # Stopped while it was being spawned: stop() has reported it.
             assert shard.process is not None
-            await _terminate(shard.process, grace_s=0)
+            await terminate(shard.process, grace_s=0)
             return
         self._emit(shard)
         shard.watcher = asyncio.create_task(self._watch(shard), name=f"watch-{spec.shard_id}")
@@ -351,7 +326,7 @@ class Supervisor:
         )
         command = build_command(spec, node)
         shard.port = port
-        shard.endpoint = f"http://{_host_for_url(self.advertise_addr)}:{port}"
+        shard.endpoint = self._endpoint(port)
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         shard.log_path = logs / _log_name(spec.shard_id)
@@ -366,6 +341,8 @@ class Supervisor:
                 env=env,
                 start_new_session=True,
             )
+        shard.started_at = time.time()
+        self._record(shard)
         log.info(
             "shard %s: started %s (pid %d, port %d)",
             spec.shard_id,
@@ -374,12 +351,39 @@ class Supervisor:
             port,
         )
 
+    def _endpoint(self, port: int) -> str:
+        return f"http://{host_for_url(self.advertise_addr)}:{port}"
+
+    def _record(self, shard: Shard) -> None:
+        """Write down the shard's engine (ledger.py), as it is now."""
+        proc, port = shard.process, shard.port
+        if self._shards.get(shard.spec.shard_id) is not shard or proc is None or port is None:
+            return  # stopped, or not spawned: nothing is left to adopt
+        stat = proc_stat(proc.pid)
+        if stat is None:
+            return  # it exited already: its watcher reports it
+        self.ledger.record(
+            Entry(
+                spec=shard.spec,
+                pid=proc.pid,
+                start_time=stat.start_time,
+                boot=boot_id(),
+                port=port,
+                log_path=str(shard.log_path or ""),
+                state=shard.state,
+                started_at=shard.started_at,
+                weights_sha256=shard.weights_sha256,
+            )
+        )
+
     async def _watch(self, shard: Shard) -> None:
         """Poll /health until ready, then wait for the engine to exit."""
         proc = shard.process
         assert proc is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + shard.spec.startup_timeout_s
+        # From its spawn: an engine adopted while starting has had some of it already.
+        elapsed = max(time.time() - shard.started_at, 0.0) if shard.started_at else 0.0
+        deadline = loop.time() + shard.spec.startup_timeout_s - elapsed
         exited = asyncio.ensure_future(proc.wait())
         while not exited.done():
             if shard.state != STARTING:
@@ -387,11 +391,12 @@ class Supervisor:
             elif await self._healthy(shard):
                 shard.state = READY
                 log.info("shard %s is ready at %s", shard.spec.shard_id, shard.endpoint)
+                self._record(shard)
                 self._emit(shard)
             elif loop.time() >= deadline:
                 timeout = shard.spec.startup_timeout_s
                 shard.stop_task = asyncio.current_task()  # so stop() does not race us
-                code = await _terminate(proc, grace_s=5.0)
+                code = await terminate(proc, grace_s=5.0)
                 self._finish(
                     shard,
                     FAILED,
@@ -407,8 +412,10 @@ class Supervisor:
         if shard.stop_task is not None:
             return  # being stopped: stop() reports it
         code = proc.returncode
-        _kill_group(proc.pid)  # what it forked and left behind
-        detail = _with_tail(f"The engine exited with code {code}.", shard.log_path)
+        kill_group(proc.pid)  # what it forked and left behind
+        # An adopted engine is not our child: how it ended is not known.
+        said = "The engine exited." if code is None else f"The engine exited with code {code}."
+        detail = _with_tail(said, shard.log_path)
         self._finish(shard, FAILED, exit_code=code, detail=detail)
 
     async def _healthy(self, shard: Shard) -> bool:
@@ -423,6 +430,7 @@ class Supervisor:
         shard.state = state
         if self._shards.get(shard.spec.shard_id) is shard:
             del self._shards[shard.spec.shard_id]
+            self.ledger.drop(shard.spec.shard_id)
         if shard.weights_sha256 and self.cache is not None:
             # Used until now: reclaim counts its idle days from here, not from its start.
             self.cache.touch(shard.weights_sha256)
@@ -451,7 +459,7 @@ class Supervisor:
     async def _stop(self, shard: Shard, grace_s: float) -> None:
         never_ready = shard.state == STARTING
         # No process yet: start() is still spawning it, and kills it after.
-        code = await _terminate(shard.process, grace_s) if shard.process else None
+        code = await terminate(shard.process, grace_s) if shard.process else None
         if shard.watcher is not None:
             shard.watcher.cancel()
         # Stopped before it ever answered (the control plane gave up on it): what it said
@@ -462,6 +470,82 @@ class Supervisor:
             else None
         )
         self._finish(shard, STOPPED, exit_code=code, detail=detail)
+
+    async def adopt(self, grace_s: float = SHUTDOWN_GRACE_S) -> list[str]:
+        """Take back the engines an earlier run of this agent started and left running.
+
+        An engine written down (ledger.py) whose pid is still the same process (same start
+        time, same boot) and answers /health is watched from now on as if started here
+        (health, load, stop with grace, its log), so ``register`` lists it; so is one still
+        starting within its startup timeout. Any other of ours is stopped (SIGTERM to its
+        group, SIGKILL after ``grace_s``), what a dead one left in its process group is
+        killed, and its entry dropped. Returns the shard ids adopted.
+        """
+        entries = [e for e in self.ledger.entries() if e.spec.shard_id not in self._shards]
+        adopted = await asyncio.gather(*(self._adopt_one(e, grace_s) for e in entries))
+        return sorted(shard_id for shard_id in adopted if shard_id)
+
+    async def _adopt_one(self, entry: Entry, grace_s: float) -> str | None:
+        spec = entry.spec
+        now = proc_stat(entry.pid)
+        proc = AdoptedProcess.attach(entry) if entry.is_ours(now) else None
+        if proc is None:
+            self.ledger.drop(spec.shard_id)
+            # Its engine is gone; workers it forked may not be (they hold GPU memory). A pid
+            # given to another process since says none are: a group's id is not reused.
+            mine = now is None and entry.boot == boot_id()
+            left = group_members(entry.pid, entry.start_time) if mine else []
+            if left:
+                kill_group(entry.pid)
+            log.info(
+                "shard %s: its engine (pid %d) is no longer running%s; forgotten",
+                spec.shard_id,
+                entry.pid,
+                f", killed the {len(left)} processes it left" if left else "",
+            )
+            return None
+        log_path = Path(entry.log_path) if entry.log_path else None
+        shard = Shard(
+            spec=spec,
+            port=entry.port,
+            endpoint=self._endpoint(entry.port),
+            process=proc,
+            log_path=log_path if log_path and log_path.is_file() else None,
+            weights_sha256=entry.weights_sha256,
+            started_at=entry.started_at,
+        )
+        healthy = False
+        for attempt in range(3):  # a busy engine may miss one
+            if attempt:
+                await asyncio.sleep(HEALTH_POLL_S)
+            if healthy := await self._healthy(shard):
+                break
+        starting = (
+            entry.state == STARTING and time.time() < entry.started_at + spec.startup_timeout_s
+        )
+        if not (healthy or starting):
+            log.warning(
+                "shard %s: its engine (pid %d) from an earlier run does not answer /health on "
+                "port %d; stopping it",
+                spec.shard_id,
+                entry.pid,
+                entry.port,
+            )
+            await terminate(proc, grace_s)
+            self.ledger.drop(spec.shard_id)
+            return None
+        shard.state = READY if healthy else STARTING
+        self._shards[spec.shard_id] = shard
+        self._record(shard)
+        shard.watcher = asyncio.create_task(self._watch(shard), name=f"watch-{spec.shard_id}")
+        log.info(
+            "shard %s: adopted its engine from an earlier run (pid %d, port %d, %s)",
+            spec.shard_id,
+            entry.pid,
+            entry.port,
+            shard.state,
+        )
+        return spec.shard_id
 
     async def stop_all(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stop every engine, each given at most ``grace_s`` before SIGKILL.
@@ -479,7 +563,7 @@ class Supervisor:
                 await asyncio.wait_for(asyncio.shield(shard.stop_task), grace_s)
             except TimeoutError:
                 if shard.process is not None:
-                    _kill_group(shard.process.pid)
+                    kill_group(shard.process.pid)
                 await shard.stop_task
 
         await asyncio.gather(*(one(s) for s in self.shards()), return_exceptions=True)
@@ -524,23 +608,3 @@ def _spawn_failure(spec: ShardSpec, exc: Exception) -> str:
     if isinstance(exc, EngineError):
         return str(exc)
     return f"The engine could not be started: {exc}."
-
-
-def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> int | None:
-    """SIGTERM the process group, SIGKILL it after ``grace_s``; the exit code."""
-    if proc.returncode is None:
-        _kill_group(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), max(grace_s, 0.0))
-        except TimeoutError:
-            log.warning("pid %d outlived its %g s grace; killing it", proc.pid, grace_s)
-            _kill_group(proc.pid)
-            await proc.wait()
-    # The leader is gone; whatever it forked into the group goes with it.
-    _kill_group(proc.pid)
-    return proc.returncode

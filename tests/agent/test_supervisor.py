@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.agent.supervisor import Supervisor, can_bind, choose_port
+from fleet.agent.ports import can_bind, choose_port
+from fleet.agent.supervisor import Supervisor
 
 from .helpers import FAKE_ENGINE, PATIENCE_S, free_port
 
