@@ -118,6 +118,8 @@ class Config:
     debug: bool
     mirror: Mirror
     on_demand_wait: float = 120.0
+    # How long a stopping `llmgw serve` lets requests in flight finish.
+    shutdown_grace: float = 30.0
     vllm: Vllm = Vllm()
     agents: Agents = Agents()
 
@@ -228,6 +230,7 @@ def load(env: dict[str, str] | None = None) -> Config:
         log_format=log_format,
         debug=env.get("LLMGW_DEBUG", "") in ("1", "true", "yes"),
         on_demand_wait=_number(env, "LLMGW_ON_DEMAND_WAIT_SECONDS", 120.0, integer=False),
+        shutdown_grace=_number(env, "LLMGW_SHUTDOWN_GRACE_SECONDS", 30.0, integer=False),
         mirror=_mirror(env, home),
         vllm=_vllm(env),
         agents=_agents(env),

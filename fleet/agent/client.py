@@ -189,6 +189,11 @@ class Agent:
                 msg = _decode(raw)
                 if msg is not None:
                     await self._dispatch(msg)
+            # A clean close: 1001 when the server stops (connect again at once, maybe to
+            # another), 4403 when this node was refused or forgotten.
+            log.info(
+                "the control plane closed the connection (%s %s)", ws.close_code, ws.close_reason
+            )
         finally:
             for task in workers:
                 task.cancel()

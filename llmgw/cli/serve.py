@@ -118,6 +118,11 @@ def _server_class():
     from daphne.server import Server
 
     class Reaping(Server):
+        def listen_success(self, port):
+            # Kept to stop listening on when the server is asked to stop (stopping.py).
+            self.__dict__.setdefault("ports", []).append(port)
+            super().listen_success(port)
+
         def create_application(self, protocol, scope):
             queue = super().create_application(protocol, scope)
             details = self.connections.get(protocol)
@@ -243,6 +248,7 @@ def main(argv: list[str]) -> int:
                 gateway.runtime.flush_now()
 
         reactor.callWhenRunning(start)
+        reactor.callWhenRunning(stop_on_signals, server, cfg.shutdown_grace)
         # The last seconds of the gateway's usage are written before the process ends.
         reactor.addSystemEventTrigger("before", "shutdown", flush_usage)
         mode = (
@@ -254,15 +260,19 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"llmgw serving on http://{args.host}:{args.port}/ ({mode})\n")
         sys.stderr.flush()
 
-    Server(
+    from llmgw.cli.stopping import stop_on_signals
+
+    server = Server(
         application=application,
         endpoints=build_endpoint_description_strings(host=args.host, port=args.port),
-        signal_handlers=True,
+        # SIGTERM and SIGINT stop it gracefully (stopping.py), not at once as Twisted would.
+        signal_handlers=False,
         verbosity=0,
         # Agents stay connected for weeks: no wall-clock limit on a websocket, only pings.
         websocket_timeout=-1,
         ping_interval=20,
         ping_timeout=30,
         ready_callable=ready,
-    ).run()
+    )
+    server.run()
     return 0

@@ -47,6 +47,8 @@ ENDPOINTS = {
     "/v1/embeddings": "embedding",
 }
 JSON_HEADERS = [(b"content-type", b"application/json")]
+# A stopping server's answer: retry at once, on another connection (so another server).
+SHUTTING_DOWN_HEADERS = [*JSON_HEADERS, (b"retry-after", b"1"), (b"connection", b"close")]
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
@@ -156,6 +158,9 @@ class Runtime:
         self._models_json: dict[object, bytes] = {}
         self._redis = None
         self._tasks: set[asyncio.Task] = set()
+        # The /v1/ requests being answered, and whether this server is stopping (drain).
+        self.requests: set[asyncio.Task] = set()
+        self.stopping = False
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(
@@ -188,6 +193,21 @@ class Runtime:
         done = threading.Thread(target=write)
         done.start()
         done.join(10)
+
+    async def drain(self, grace_s: float) -> tuple[int, int]:
+        """Stop taking requests and let those in flight finish for up to `grace_s`; cut the
+        rest (a stream ends with an error event; usage is written either way). Returns how
+        many were in flight, and how many of them were cut."""
+        self.stopping = True
+        waiting = set(self.requests)
+        if waiting:
+            await asyncio.wait(waiting, timeout=grace_s)
+        cut = [t for t in waiting if not t.done()]
+        for task in cut:
+            task.cancel()
+        if cut:
+            await asyncio.wait(cut, timeout=5)
+        return len(waiting), len(cut)
 
     async def close(self) -> None:
         """Stop the background task and close the upstream pool (tests, and shutdown)."""
@@ -409,7 +429,15 @@ class Gateway:
         ):
             return await self.inner(scope, receive, send)
         rt = self.runtime or await self._start()
-        await serve(rt, scope, receive, send)
+        if rt.stopping:
+            await _answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
+            return
+        task = asyncio.current_task()
+        rt.requests.add(task)
+        try:
+            await serve(rt, scope, receive, send)
+        finally:
+            rt.requests.discard(task)
 
     async def _start(self) -> Runtime:
         if self._starting is None:
@@ -558,6 +586,16 @@ async def serve(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None
             model_series.failed("client_gone")
             if req is not None:
                 _record(rt, req, req.usage, error=True)
+    except asyncio.CancelledError:
+        if not rt.stopping:
+            raise
+        # Cut by a server that stopped waiting for it (Runtime.drain): said, and counted.
+        asyncio.current_task().uncancel()
+        model_series.failed("shutdown")
+        if req is not None:
+            _record(rt, req, req.usage, error=True)
+        with contextlib.suppress(Exception):  # the answer may have begun already
+            await _answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
     except Exception:
         # A bug of ours, or something no rule foresaw: still an OpenAI-style answer, counted.
         log.exception("gateway request %s %s failed", method, path)
@@ -912,6 +950,19 @@ STREAM_CUT = (
     b'data: {"error": {"message": "The replica serving this stream went away mid-way.", '
     b'"type": "server_error", "param": null, "code": "upstream_cut"}}\n\n'
 )
+SHUTDOWN_CUT = (
+    b'data: {"error": {"message": "This llmgw server stopped before the stream ended '
+    b'(LLMGW_SHUTDOWN_GRACE_SECONDS ran out); retry it.", "type": "server_error", '
+    b'"param": null, "code": "server_shutdown"}}\n\n'
+)
+SHUTTING_DOWN = Refused(
+    503,
+    "This llmgw server is stopping; retry the request (another server takes it).",
+    "server_error",
+    "server_shutdown",
+    reason="shutdown",
+    retry_after=1,
+)
 
 
 async def _stream(rt: Runtime, req: Request, resp, send: Send) -> int:
@@ -919,7 +970,7 @@ async def _stream(rt: Runtime, req: Request, resp, send: Send) -> int:
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     series = metrics.series(req.model)
     drop = not req.wants_usage
-    rest, usage, first, cut = b"", None, True, False
+    rest, usage, first, cut, stopped = b"", None, True, False, False
     try:
         async for chunk in resp.content.iter_any():
             if first:
@@ -936,11 +987,17 @@ async def _stream(rt: Runtime, req: Request, resp, send: Send) -> int:
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("stream from a replica of %s cut: %s", req.model, exc)
         cut = True
+    except asyncio.CancelledError:
+        if not rt.stopping:
+            raise
+        # The server stopped waiting for it: ended with an error event, its usage written.
+        asyncio.current_task().uncancel()
+        cut = stopped = True
     if not req.done and not cut:
         log.warning("stream from a replica of %s ended before [DONE]", req.model)
         cut = True
     # Half an event is not passed on: the error must arrive as an event of its own.
-    tail = STREAM_CUT if cut else rest
+    tail = (SHUTDOWN_CUT if stopped else STREAM_CUT) if cut else rest
     await send({"type": "http.response.body", "body": tail, "more_body": False})
     if cut:
         series.failed("stream_cut")

@@ -26,7 +26,7 @@ ERRORS = Counter(
     "llmgw_gateway_errors",
     "Requests that failed, by model and why: auth, limit, unknown_model, not_allowed, "
     "bad_request, no_replica, loading, upstream, upstream_status, stream_cut, client_gone, "
-    "internal.",
+    "shutdown, internal.",
     ["model", "reason"],
     registry=REGISTRY,
 )
