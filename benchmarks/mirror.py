@@ -105,6 +105,18 @@ def first_token_s(cluster: Cluster, weights_id: int, secret: str) -> float:
     raise AssertionError(f"no token came: {seen[-3:]}")
 
 
+def reader_credential(cluster: Cluster, source: str) -> str:
+    """A node's own credential that may read the weights: mirror files are served only to a
+    node running a model on them. A simulated node joins, a sim-engine model on these
+    weights is placed on it (its agent fetches them once), and its credential is read from
+    its state folder, where the agent keeps it. Both stay while the fetches are timed."""
+    cluster.start_agent("reader", "--memory-gb", "4", "--cpus", "1", port_range="35100-35199")
+    profile = {"name": "cpu", "engine": "sim", "cpu_cores": 1, "min_memory_gb": 1}
+    cluster.post("/models", {"name": "fetch-bench", "source": source, "profiles": [profile]})
+    wait_for("the reader's replica", lambda: cluster.ready_replicas("fetch-bench"), timeout=180)
+    return (cluster.home / "reader" / "node-token").read_text().strip()
+
+
 def main() -> int:
     gguf = gemma_gguf()
     size = gguf.stat().st_size
@@ -120,6 +132,7 @@ def main() -> int:
                 timeout=120,
             )
             digest = w["files"][0]["sha256"]
+            token = reader_credential(cluster, str(gguf))
             url = f"{cluster.url}/api/v1/mirror/files/{digest}"
             ref = WeightsRef(
                 sha256=digest, size=size, url=f"/api/v1/mirror/files/{digest}", file=gguf.name
@@ -127,11 +140,11 @@ def main() -> int:
             before = load()
             curls, nulls, agents = [], [], []
             for i in range(RUNS):
-                curls.append(curl_mb_s(url, cluster.agent_token, size, home / "curl.out"))
-                nulls.append(curl_mb_s(url, cluster.agent_token, size, Path(os.devnull)))
-                agents.append(
-                    agent_mb_s(cluster.url, ref, cluster.agent_token, home / f"cache-{i}")
-                )
+                curls.append(curl_mb_s(url, token, size, home / "curl.out"))
+                nulls.append(curl_mb_s(url, token, size, Path(os.devnull)))
+                agents.append(agent_mb_s(cluster.url, ref, token, home / f"cache-{i}"))
+            cluster.client.delete("/models/fetch-bench").raise_for_status()
+            cluster.stop("agent-reader")
             scale = {
                 "bytes": size,
                 "runs": RUNS,
