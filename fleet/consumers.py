@@ -15,6 +15,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from llmgw import clock
+from llmgw.outage import Outage
 
 from . import events
 from .connections import FrameBudget, refused
@@ -59,18 +60,19 @@ def _bearer(scope) -> str:
 
 
 async def _flush_forever() -> None:
-    """Write heartbeats behind: every second, one bulk write of the nodes that are due."""
+    """Write heartbeats behind: every second, one bulk write of the nodes that are due. A
+    database outage is logged when it starts and when it ends, not every second."""
+    outage = Outage("writing the agents' heartbeats to the database", log)
     while True:
         await asyncio.sleep(FLUSH_EVERY_S)
         writes = LIVE.due()
         if writes:
             try:
                 await _write_behind(writes)
-            except Exception:
-                log.exception(
-                    "could not write %d nodes' heartbeats; they are written on the next one",
-                    len(writes),
-                )
+            except Exception as exc:
+                outage.failed(exc)  # written on their nodes' next heartbeats
+            else:
+                outage.worked()
 
 
 def _flush(writes) -> tuple[list[str], list[Command]]:
@@ -139,11 +141,20 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         if self.node_id is None:
             return
-        await self.channel_layer.group_discard(node_group(self.node_id), self.channel_name)
+        # First what needs neither Redis nor the database: this process stops speaking for
+        # the node whatever else is away. Then the database (unreachable at once), then the
+        # channel layer; one being away never keeps the others from being told.
         LIVE.disconnected(self.node_id, self.session)
-        await database_sync_to_async(node_disconnected)(
-            node_id=self.node_id, session=self.session, now=clock.now()
-        )
+        try:
+            await database_sync_to_async(node_disconnected)(
+                node_id=self.node_id, session=self.session, now=clock.now()
+            )
+        except Exception as exc:  # its heartbeats stop: the reconciler finds it silent
+            log.warning("could not mark node %s unreachable: %s", self.node_id, exc)
+        try:
+            await self.channel_layer.group_discard(node_group(self.node_id), self.channel_name)
+        except Exception as exc:  # Redis away: the group entry expires by itself
+            log.warning("could not leave node %s's group: %s", self.node_id, exc)
 
     async def receive(self, text_data=None, bytes_data=None):
         verdict = self.budget.take(time.monotonic())
