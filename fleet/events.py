@@ -46,6 +46,9 @@ class GpuInfo(_Message):
     uuid: Name = ""
     name: Name = ""
     memory_total_mb: Annotated[int, Field(gt=0, le=2**31 - 1)] | None = None
+    # Compute processes on it that none of the agent's shards runs (NVML's); absent where
+    # the agent cannot tell, which is unknown, not none.
+    unknown_processes: Count | None = None
 
 
 class Disk(_Message):

@@ -25,6 +25,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from fleet.agent import AGENT_VERSION
 from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import LoadSampler, Machine
+from fleet.agent.gpu_holders import gpu_holders
 from fleet.agent.sensors import SensorSampler
 from fleet.agent.supervisor import Supervisor
 from mirror.domain.platforms import this_platform
@@ -229,6 +230,9 @@ class Agent:
     def register_message(self) -> dict[str, Any]:
         """The ``register`` message for this node as it is now."""
         m = self.machine
+        shards = self.supervisor.shards()
+        # GPUs that processes this agent did not start hold: placement leaves them alone.
+        held = gpu_holders(m.gpus_simulated, {i for s in shards for i in s.spec.gpu_indices})
         msg: dict[str, Any] = {
             "type": "register",
             "node_id": self.settings.node_id,
@@ -236,11 +240,17 @@ class Agent:
             "mgmt_addr": self.settings.advertise_addr,
             "labels": dict(self.settings.labels),
             "agent_version": AGENT_VERSION,
-            "gpus": [g.to_message() for g in m.gpus],
+            "gpus": [
+                {
+                    **g.to_message(),
+                    **({"unknown_processes": held[g.index]} if g.index in held else {}),
+                }
+                for g in m.gpus
+            ],
             "engines": self._engines(),
             "engines_probed": True,
             "weights": self._weights_held(),
-            "shards": [s.register_entry() for s in self.supervisor.shards()],
+            "shards": [s.register_entry() for s in shards],
         }
         self._disk_sent = m.disk()
         _put_known(

@@ -27,7 +27,8 @@ class FakeNVML:
     """Stands in for the ``pynvml`` module over a list of cards.
 
     A card is a dict: ``temp``, ``mem_temp``, ``power_mw``, ``limit_mw``,
-    ``reasons`` (clock event bits), ``util`` (percent) and ``used`` (bytes);
+    ``reasons`` (clock event bits), ``util`` (percent), ``used`` (bytes) and
+    ``procs`` (the pids of its compute processes);
     a key left out is a figure the card does not support.
     """
 
@@ -75,6 +76,9 @@ class FakeNVML:
 
     def nvmlDeviceGetUtilizationRates(self, card):
         return SimpleNamespace(gpu=self._get(card, "util"), memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, card):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=1 << 30) for pid in self._get(card, "procs")]
 
     def nvmlDeviceGetMemoryInfo(self, card):
         return SimpleNamespace(used=self._get(card, "used"), total=80 << 30, free=0)
