@@ -7,7 +7,7 @@ from ninja import Router, Status
 
 from fleet import selectors as fleet_selectors, services as fleet_services
 from llmgw import clock
-from llmgw.api import actor, json_body
+from llmgw.api import actor, can, json_body
 from llmgw.errors import Invalid
 
 from . import selectors, services
@@ -33,12 +33,12 @@ def _view(name: str) -> dict:
     return fleet_selectors.model_views(name=name)[0]
 
 
-@router.get("/models", response=list[ModelOut], by_alias=True)
+@router.get("/models", response=list[ModelOut], by_alias=True, auth=can("catalog.view_model"))
 def models_list(request):
     return fleet_selectors.model_views()
 
 
-@router.get("/models/{name}", response=ModelOut, by_alias=True)
+@router.get("/models/{name}", response=ModelOut, by_alias=True, auth=can("catalog.view_model"))
 def model_get(request, name: str):
     return _view(name)
 
@@ -52,14 +52,26 @@ _MODEL_BODY = {
 }
 
 
-@router.post("/models", response={201: ModelOut}, by_alias=True, openapi_extra=_MODEL_BODY)
+@router.post(
+    "/models",
+    response={201: ModelOut},
+    by_alias=True,
+    openapi_extra=_MODEL_BODY,
+    auth=can("catalog.add_model"),
+)
 def model_add(request):
     """Add a runtime model (domain.md's field names); 400 with the reason, 409 when it exists."""
     spec = services.model_add(data=json_body(request), actor=actor(request))
     return Status(201, _view(spec.name))
 
 
-@router.put("/models/{name}", response=ModelOut, by_alias=True, openapi_extra=_MODEL_BODY)
+@router.put(
+    "/models/{name}",
+    response=ModelOut,
+    by_alias=True,
+    openapi_extra=_MODEL_BODY,
+    auth=can("catalog.change_model"),
+)
 def model_replace(request, name: str):
     """Replace a runtime model's definition; when its source or a profile changed, its
     replicas roll, one at a time (as `restart`)."""
@@ -69,13 +81,15 @@ def model_replace(request, name: str):
     return _view(spec.name)
 
 
-@router.delete("/models/{name}", response={200: dict})
+@router.delete("/models/{name}", response={200: dict}, auth=can("catalog.delete_model"))
 def model_remove(request, name: str):
     services.model_remove(name=name, actor=actor(request))
     return {"detail": f"model {name} removed: its replicas stop on the next pass"}
 
 
-@router.post("/models/{name}/scale", response=ModelOut, by_alias=True)
+@router.post(
+    "/models/{name}/scale", response=ModelOut, by_alias=True, auth=can("catalog.change_model")
+)
 def model_scale(request, name: str, payload: ScaleIn):
     given = {k: v for k, v in payload.dict().items() if v is not None}
     if not given:
@@ -84,21 +98,25 @@ def model_scale(request, name: str, payload: ScaleIn):
     return _view(name)
 
 
-@router.post("/models/{name}/class", response=ClassOut, by_alias=True)
+@router.post(
+    "/models/{name}/class", response=ClassOut, by_alias=True, auth=can("catalog.change_model")
+)
 def model_class(request, name: str, payload: ClassIn):
     """Set the class; "" returns to the default. Answers the effective class."""
     spec = services.model_class_set(name=name, capacity_class=payload.class_, actor=actor(request))
     return {"model": spec.name, "class_": spec.effective_class}
 
 
-@router.post("/models/{name}/owner", response=OwnerOut)
+@router.post("/models/{name}/owner", response=OwnerOut, auth=can("catalog.change_model"))
 def model_owner(request, name: str, payload: OwnerIn):
     """Set whose quota it counts against, by scope name or ID; "" for shared."""
     spec = services.model_owner_set(name=name, owner=payload.owner, actor=actor(request))
     return {"model": spec.name, "owner": spec.owner}
 
 
-@router.post("/models/{name}/resources", response=ModelOut, by_alias=True)
+@router.post(
+    "/models/{name}/resources", response=ModelOut, by_alias=True, auth=can("catalog.change_model")
+)
 def model_resources(request, name: str, payload: ResourcesIn):
     """Set what one profile, or every profile, reserves; running replicas keep the old figures."""
     services.model_resources_set(
@@ -111,7 +129,9 @@ def model_resources(request, name: str, payload: ResourcesIn):
     return _view(name)
 
 
-@router.put("/models/{name}/capacity", response=MeasurementOut)
+@router.put(
+    "/models/{name}/capacity", response=MeasurementOut, auth=can("catalog.change_measurement")
+)
 def model_capacity(request, name: str, payload: CapacityIn):
     """Store a measurement for a profile, replacing the one before."""
     measured = services.measurement_save(
@@ -120,23 +140,23 @@ def model_capacity(request, name: str, payload: CapacityIn):
     return selectors.measurement_view(measured)
 
 
-@router.get("/capacity", response=list[MeasurementOut])
+@router.get("/capacity", response=list[MeasurementOut], auth=can("catalog.view_measurement"))
 def capacity_list(request):
     return selectors.measurements_list()
 
 
-@router.post("/models/{name}/restart", response=dict)
+@router.post("/models/{name}/restart", response=dict, auth=can("fleet.change_replica"))
 def model_restart(request, name: str):
     return {
         "detail": fleet_services.model_restart(name=name, actor=actor(request), now=clock.now())
     }
 
 
-@router.post("/models/{name}/retry", response=dict)
+@router.post("/models/{name}/retry", response=dict, auth=can("fleet.change_replica"))
 def model_retry(request, name: str):
     return {"detail": fleet_services.model_retry(name=name, actor=actor(request))}
 
 
-@router.get("/models/{name}/explain", response=ExplainOut)
+@router.get("/models/{name}/explain", response=ExplainOut, auth=can("catalog.view_model"))
 def model_explain(request, name: str):
     return fleet_selectors.model_explain(name=name)

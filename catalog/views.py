@@ -22,6 +22,7 @@ from fleet import selectors as fleet_selectors, services as fleet_services
 from llmgw import clock
 from llmgw.errors import NotFound, ServiceError
 from llmgw.pages import fragment_asked, page, page_actor, staff_required
+from llmgw.permissions import needs, require
 from mirror.domain.progress import fetched_said
 from tenancy.selectors import scope_tree
 
@@ -63,12 +64,14 @@ def _beside(form: forms.Form, sentence: str, words: dict[str, str | None]) -> No
 
 
 @staff_required
+@needs("catalog.view_model")
 @require_http_methods(["GET", "POST"])
 def models(request: HttpRequest) -> HttpResponse:
     """Every model, and the form adding a runtime model with its profiles."""
     form, profiles = ModelAddForm(), ProfileFormSet(prefix=PROFILES)
     notice = ""
     if request.method == "POST":
+        require(request, "catalog.add_model")
         form = ModelAddForm(request.POST)
         profiles = ProfileFormSet(request.POST, prefix=PROFILES)
         added = _add(request, form, profiles)
@@ -427,9 +430,19 @@ ACTIONS = {
     "restart": ("actions", _restart),
     "retry": ("actions", _retry),
 }
+# What each form needs of the user: restart and retry act on the model's replicas.
+NEEDS = {
+    "scale": "catalog.change_model",
+    "class": "catalog.change_model",
+    "owner": "catalog.change_model",
+    "resources": "catalog.change_model",
+    "restart": "fleet.change_replica",
+    "retry": "fleet.change_replica",
+}
 
 
 @staff_required
+@needs("catalog.view_model")
 @require_http_methods(["GET", "POST"])
 def model(request: HttpRequest, name: str) -> HttpResponse:
     """One model: its replicas, why it is not placed, headroom, measurements, the preemption
@@ -443,6 +456,7 @@ def model(request: HttpRequest, name: str) -> HttpResponse:
         action = ACTIONS.get(request.POST.get("form", ""))
         if action is None:
             return HttpResponseBadRequest("Post one of the page's forms.")
+        require(request, NEEDS[request.POST["form"]])
         key, handle = action
         form, notice = handle(request, m)
         if notice:

@@ -7,7 +7,7 @@ import math
 from ninja import Query, Router
 
 from catalog.domain import MAX_REPLICAS
-from llmgw.api import actor
+from llmgw.api import actor, can
 from llmgw.errors import Invalid
 
 from . import logs, selectors, services
@@ -27,12 +27,12 @@ from .schemas import (
 router = Router(tags=["fleet"])
 
 
-@router.get("/nodes", response=list[NodeOut])
+@router.get("/nodes", response=list[NodeOut], auth=can("fleet.view_node"))
 def nodes_list(request):
     return selectors.nodes_list()
 
 
-@router.get("/nodes/{node_id}", response=NodeOut)
+@router.get("/nodes/{node_id}", response=NodeOut, auth=can("fleet.view_node"))
 def node_get(request, node_id: str):
     return selectors.nodes_list(node_id=node_id)[0]
 
@@ -43,34 +43,34 @@ def _schedule(request, node_id: str, action: str) -> dict:
     }
 
 
-@router.post("/nodes/{node_id}/cordon", response=DetailOut)
+@router.post("/nodes/{node_id}/cordon", response=DetailOut, auth=can("fleet.change_node"))
 def node_cordon(request, node_id: str):
     return _schedule(request, node_id, "cordon")
 
 
-@router.post("/nodes/{node_id}/uncordon", response=DetailOut)
+@router.post("/nodes/{node_id}/uncordon", response=DetailOut, auth=can("fleet.change_node"))
 def node_uncordon(request, node_id: str):
     return _schedule(request, node_id, "uncordon")
 
 
-@router.post("/nodes/{node_id}/drain", response=DetailOut)
+@router.post("/nodes/{node_id}/drain", response=DetailOut, auth=can("fleet.change_node"))
 def node_drain(request, node_id: str):
     return _schedule(request, node_id, "drain")
 
 
-@router.get("/replicas", response=list[ReplicaOut])
+@router.get("/replicas", response=list[ReplicaOut], auth=can("fleet.view_replica"))
 def replicas_list(request, model: str | None = None):
     return selectors.replicas_list(model=model or None)
 
 
-@router.get("/replicas/{replica_id}/logs", response=EngineLogOut)
+@router.get("/replicas/{replica_id}/logs", response=EngineLogOut, auth=can("fleet.view_replica"))
 async def replica_logs(request, replica_id: str, lines: Query[int] = logs.DEFAULT_LINES):
     """The engine's recent log, read from its node; 503 when the node is away, 504 when it
     does not answer within a few seconds."""
     return await logs.replica_log(replica_id=replica_id, lines=lines)
 
 
-@router.get("/models/{name}/headroom", response=HeadroomOut)
+@router.get("/models/{name}/headroom", response=HeadroomOut, auth=can("catalog.view_model"))
 def model_headroom(request, name: str, limit: Query[int] = 10):
     """How many more replicas fit now, placed one after another on a copy of the room."""
     if not 1 <= limit <= MAX_REPLICAS:
@@ -78,7 +78,7 @@ def model_headroom(request, name: str, limit: Query[int] = 10):
     return selectors.model_headroom(name=name, limit=limit)
 
 
-@router.get("/models/{name}/target", response=TargetOut)
+@router.get("/models/{name}/target", response=TargetOut, auth=can("catalog.view_model"))
 def model_target(request, name: str, tokens_per_sec: Query[float]):
     """Replicas a throughput needs, from the model's measurement, and whether they fit."""
     if not math.isfinite(tokens_per_sec) or tokens_per_sec <= 0:
@@ -86,19 +86,24 @@ def model_target(request, name: str, tokens_per_sec: Query[float]):
     return selectors.model_target(name=name, tokens_per_sec=tokens_per_sec)
 
 
-@router.get("/models/{name}/preemption", response=PreemptionOut, by_alias=True)
+@router.get(
+    "/models/{name}/preemption",
+    response=PreemptionOut,
+    by_alias=True,
+    auth=can("catalog.view_model"),
+)
 def model_preemption(request, name: str):
     """What would be stopped now to place one more replica, and why; changes nothing."""
     return selectors.model_preemption(name=name)
 
 
-@router.post("/reconcile", response=ReconcileOut)
+@router.post("/reconcile", response=ReconcileOut, auth=can("fleet.change_replica"))
 def reconcile(request):
     """Run one pass now and answer what it did."""
     return reconcile_once()
 
 
-@router.get("/reconciler", response=ReconcilerOut)
+@router.get("/reconciler", response=ReconcilerOut, auth=can("fleet.view_replica"))
 def reconciler_get(request):
     """When the last pass began, whether it settles, and a sentence when passes stopped."""
     from llmgw import clock as clock_

@@ -21,6 +21,7 @@ from catalog.selectors import catalog_load
 from llmgw import clock
 from llmgw.errors import NotFound, ServiceError
 from llmgw.pages import page, staff_required
+from llmgw.permissions import needs, require
 
 from . import logs, page_selectors as ps, services
 from .domain.types import HOLDING
@@ -65,6 +66,7 @@ def _query(**params) -> str:
 
 
 @staff_required
+@needs("fleet.view_node", "catalog.view_model")
 @require_GET
 def cluster(request: HttpRequest) -> HttpResponse:
     """The cluster page: counters, what needs attention, the nodes and the models."""
@@ -191,6 +193,7 @@ def _attention(
 
 
 @staff_required
+@needs("fleet.view_replica")
 @require_GET
 def replica_log(request: HttpRequest, replica_id: str) -> HttpResponse:
     """A replica's engine log, read from its node; htmx gets the panel alone (the model
@@ -214,6 +217,7 @@ def replica_log(request: HttpRequest, replica_id: str) -> HttpResponse:
 
 
 @staff_required
+@needs("fleet.view_node")
 @require_http_methods(["GET", "POST"])
 def node(request: HttpRequest, node_id: str) -> HttpResponse:
     """A node's page: its readings, GPUs and replicas; POST cordons, uncordons or drains it.
@@ -223,6 +227,7 @@ def node(request: HttpRequest, node_id: str) -> HttpResponse:
     """
     done, refused = "", ""
     if request.method == "POST":
+        require(request, "fleet.change_node")
         form = NodeActionForm(request.POST)
         if form.is_valid():
             try:

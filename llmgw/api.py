@@ -15,6 +15,7 @@ from ninja.security import HttpBearer, SessionAuthIsStaff
 
 from llmgw import __version__
 from llmgw.errors import Invalid, ServiceError
+from llmgw.permissions import refusal
 from llmgw.text import SURROGATE, surrogate_refusal
 from tenancy.models import Token
 from tenancy.selectors import token_find
@@ -61,7 +62,13 @@ class AdminToken(HttpBearer):
 
 
 class StaffSession(SessionAuthIsStaff):
-    """A logged-in staff user of the pages (CSRF checked on writes)."""
+    """A logged-in staff user of the pages (CSRF checked on writes), holding the Django
+    permissions the operation names (llmgw/permissions.py); refused with a 403 and the
+    sentence saying which it lacks. An operation naming none is for superusers alone."""
+
+    def __init__(self, *perms: str):
+        super().__init__()
+        self.perms = perms
 
     def _get_key(self, request: HttpRequest):
         # CSRF protects a session's cookie; a call with no staff session has none to
@@ -73,9 +80,23 @@ class StaffSession(SessionAuthIsStaff):
 
     def authenticate(self, request: HttpRequest, key):
         user = super().authenticate(request, key)
-        if user is not None:
-            request.actor = user.get_username()
+        if user is None:
+            return None
+        if self.perms:
+            sentence = refusal(user, *self.perms)
+        elif not user.is_superuser:
+            sentence = f"{user.get_username()} may not make this call: it is for superusers."
+        else:
+            sentence = ""
+        if sentence:
+            raise HttpError(403, sentence)
+        request.actor = user.get_username()
         return user
+
+
+def can(*perms: str) -> list:
+    """An operation's auth: an admin token, or a staff session holding `perms`."""
+    return [AdminToken(), StaffSession(*perms)]
 
 
 def actor(request: HttpRequest) -> str:

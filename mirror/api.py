@@ -8,7 +8,7 @@ from ninja import Query, Router, Status
 from catalog.schemas import ModelOut
 from fleet import selectors as fleet_selectors
 from llmgw import clock
-from llmgw.api import actor, json_body
+from llmgw.api import actor, can, json_body
 from llmgw.errors import Invalid, NotFound
 
 from . import engines, plans, selectors, services
@@ -24,7 +24,9 @@ def _view(weights_id: int) -> dict:
     return found[0]
 
 
-@router.post("/weights", response={200: WeightsOut, 201: WeightsOut})
+@router.post(
+    "/weights", response={200: WeightsOut, 201: WeightsOut}, auth=can("mirror.add_weights")
+)
 def weights_add(request, payload: WeightsIn):
     """Add weights by source; 201 at once while the download runs behind, 200 if already added."""
     weights, created = services.weights_add(
@@ -33,17 +35,17 @@ def weights_add(request, payload: WeightsIn):
     return Status(201 if created else 200, _view(weights.pk))
 
 
-@router.get("/weights", response=list[WeightsOut])
+@router.get("/weights", response=list[WeightsOut], auth=can("mirror.view_weights"))
 def weights_list(request):
     return selectors.weights_views()
 
 
-@router.get("/weights/{weights_id}", response=WeightsOut)
+@router.get("/weights/{weights_id}", response=WeightsOut, auth=can("mirror.view_weights"))
 def weights_get(request, weights_id: int):
     return _view(weights_id)
 
 
-@router.post("/weights/{weights_id}/retry", response=WeightsOut)
+@router.post("/weights/{weights_id}/retry", response=WeightsOut, auth=can("mirror.change_weights"))
 def weights_retry(request, weights_id: int):
     """Try a failed weights' files again from their first try."""
     _view(weights_id)
@@ -52,7 +54,7 @@ def weights_retry(request, weights_id: int):
     return _view(weights_id)
 
 
-@router.delete("/weights/{weights_id}", response={204: None})
+@router.delete("/weights/{weights_id}", response={204: None}, auth=can("mirror.delete_weights"))
 def weights_remove(request, weights_id: int):
     """Delete weights nothing uses; 409 naming the models that do."""
     services.weights_remove(
@@ -61,14 +63,16 @@ def weights_remove(request, weights_id: int):
     return Status(204, None)
 
 
-@router.get("/weights/{weights_id}/plan", response=PlanOut)
+@router.get("/weights/{weights_id}/plan", response=PlanOut, auth=can("mirror.view_weights"))
 def weights_plan(request, weights_id: int, query: Query[PlanQuery]):
     """What a GGUF file of these weights needs under llama.cpp, and where it fits now."""
     plan, _, _ = plans.weights_plan(weights_id=weights_id, ctx=query.ctx, file=query.file)
     return {**plan.as_dict(), "ctx": plan.ctx}
 
 
-@router.post("/models/serve", response={201: ModelOut}, by_alias=True)
+@router.post(
+    "/models/serve", response={201: ModelOut}, by_alias=True, auth=can("catalog.add_model")
+)
 def model_serve(request):
     """Add a llama.cpp model sized by its weights' plan: {"weights", "name", "ctx"?, "file"?,
     ...ModelIn fields to override}."""
@@ -76,13 +80,20 @@ def model_serve(request):
     return Status(201, fleet_selectors.model_views(name=spec.name)[0])
 
 
-@router.get("/engines", response=list[EngineBuildOut], tags=["engines"])
+@router.get(
+    "/engines", response=list[EngineBuildOut], tags=["engines"], auth=can("mirror.view_enginebuild")
+)
 def engines_list(request):
     """Engine builds the mirror holds, which nodes lacking the engine install."""
     return engines.engine_builds_list()
 
 
-@router.post("/engines", response={200: EngineBuildOut, 201: EngineBuildOut}, tags=["engines"])
+@router.post(
+    "/engines",
+    response={200: EngineBuildOut, 201: EngineBuildOut},
+    tags=["engines"],
+    auth=can("mirror.add_enginebuild"),
+)
 def engines_add(request):
     """Upload a build: multipart, the binary as ``file``, with ``engine``, ``version`` and
     optionally ``platform`` (default: the control plane's own) and ``sha256`` (checked)."""
@@ -104,7 +115,12 @@ def _engine_view(build_id: int) -> dict:
     return next(b for b in engines.engine_builds_list() if b["id"] == build_id)
 
 
-@router.delete("/engines/{build_id}", response={204: None}, tags=["engines"])
+@router.delete(
+    "/engines/{build_id}",
+    response={204: None},
+    tags=["engines"],
+    auth=can("mirror.delete_enginebuild"),
+)
 def engines_remove(request, build_id: int):
     """Forget a build; nodes that installed it keep their copy."""
     engines.engine_build_remove(build_id=build_id)

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_http_methods
 from llmgw import clock
 from llmgw.errors import ServiceError
 from llmgw.pages import fragment_asked, page, page_actor, staff_required
+from llmgw.permissions import needs, require
 
 from . import page_selectors, plans, selectors, services
 from .domain.progress import DOWNLOADING, FAILED, QUEUED, READY, STATES
@@ -55,6 +56,7 @@ class Outcome:
 
 
 @staff_required
+@needs("mirror.view_weights")
 @require_http_methods(["GET", "POST"])
 def weights(request: HttpRequest) -> HttpResponse:
     """Weights by state, a card each with its files, progress, plans and serve forms."""
@@ -67,6 +69,7 @@ def weights(request: HttpRequest) -> HttpResponse:
         handle = ACTIONS.get(request.POST.get("form", ""))
         if handle is None:
             return HttpResponseBadRequest("Post one of the page's forms.")
+        require(request, NEEDS[request.POST["form"]])
         done = handle(request, state)
         if done.response is not None:
             return done.response
@@ -224,6 +227,13 @@ ACTIONS: dict[str, Callable[[HttpRequest, dict], Outcome]] = {
     "retry": _retry,
     "remove": _remove,
     "serve": _serve,
+}
+# What each form needs of the user: serving adds a model to the catalog.
+NEEDS = {
+    "add": "mirror.add_weights",
+    "retry": "mirror.change_weights",
+    "remove": "mirror.delete_weights",
+    "serve": "catalog.add_model",
 }
 
 

@@ -6,7 +6,7 @@ from ninja import Router, Status
 
 from fleet import selectors as fleet_selectors
 from llmgw import clock
-from llmgw.api import actor
+from llmgw.api import actor, can
 
 from . import selectors, services
 from .schemas import (
@@ -34,46 +34,46 @@ from .schemas import (
 router = Router(tags=["tenancy"])
 
 
-@router.get("/orgs", response=list[OrgOut])
+@router.get("/orgs", response=list[OrgOut], auth=can("tenancy.view_organization"))
 def orgs_list(request):
     return selectors.orgs_list()
 
 
-@router.post("/orgs", response={201: OrgOut})
+@router.post("/orgs", response={201: OrgOut}, auth=can("tenancy.add_organization"))
 def org_add(request, payload: OrgIn):
     org = services.org_create(name=payload.name, actor=actor(request))
     return Status(201, selectors.org_view(org))
 
 
-@router.get("/teams", response=list[TeamOut])
+@router.get("/teams", response=list[TeamOut], auth=can("tenancy.view_team"))
 def teams_list(request):
     return selectors.teams_list()
 
 
-@router.post("/teams", response={201: TeamOut})
+@router.post("/teams", response={201: TeamOut}, auth=can("tenancy.add_team"))
 def team_add(request, payload: TeamIn):
     team = services.team_create(org=payload.org, name=payload.name, actor=actor(request))
     return Status(201, selectors.team_view(team))
 
 
-@router.get("/projects", response=list[ProjectOut])
+@router.get("/projects", response=list[ProjectOut], auth=can("tenancy.view_project"))
 def projects_list(request):
     return selectors.projects_list()
 
 
-@router.post("/projects", response={201: ProjectOut})
+@router.post("/projects", response={201: ProjectOut}, auth=can("tenancy.add_project"))
 def project_add(request, payload: ProjectIn):
     project = services.project_create(team=payload.team, name=payload.name, actor=actor(request))
     return Status(201, selectors.project_view(project))
 
 
-@router.get("/quotas", response=list[QuotaOut])
+@router.get("/quotas", response=list[QuotaOut], auth=can("tenancy.view_capacityquota"))
 def quotas_list(request):
     """Every quota with what its scope holds now."""
     return selectors.quota_views(holdings=fleet_selectors.holdings_load())
 
 
-@router.put("/quotas", response=QuotaSetOut)
+@router.put("/quotas", response=QuotaSetOut, auth=can("tenancy.change_capacityquota"))
 def quota_set(request, payload: QuotaIn):
     """Set a scope's guarantee and limit, replacing what it had."""
     key = services.quota_set(
@@ -86,18 +86,20 @@ def quota_set(request, payload: QuotaIn):
 
 
 # `path:` so that a name written with its slashes (team:Acme/ml, or %2F) reaches the handler.
-@router.delete("/quotas/{path:scope}", response=QuotaClearOut)
+@router.delete(
+    "/quotas/{path:scope}", response=QuotaClearOut, auth=can("tenancy.delete_capacityquota")
+)
 def quota_clear(request, scope: str):
     return {"removed": services.quota_clear(scope=scope, actor=actor(request))}
 
 
-@router.get("/keys", response=list[KeyOut])
+@router.get("/keys", response=list[KeyOut], auth=can("tenancy.view_apikey"))
 def keys_list(request):
     """Every gateway key, with its prefix; never a secret."""
     return selectors.keys_list()
 
 
-@router.post("/keys", response={201: KeyMadeOut})
+@router.post("/keys", response={201: KeyMadeOut}, auth=can("tenancy.add_apikey"))
 def key_add(request, payload: KeyIn):
     """A key for a project; its secret is in this answer only."""
     key, secret = services.api_key_create(
@@ -110,19 +112,19 @@ def key_add(request, payload: KeyIn):
     return Status(201, {"id": key.pk, "name": key.name, "prefix": key.prefix, "secret": secret})
 
 
-@router.delete("/keys/{key_id}", response=KeyRevokedOut)
+@router.delete("/keys/{key_id}", response=KeyRevokedOut, auth=can("tenancy.change_apikey"))
 def key_revoke(request, key_id: int):
     """Revoke a key: the gateway refuses it from then on."""
     return {"revoked": services.api_key_revoke(key_id=key_id, actor=actor(request)).pk}
 
 
-@router.get("/limits", response=list[LimitOut])
+@router.get("/limits", response=list[LimitOut], auth=can("tenancy.view_scopelimit"))
 def limits_list(request):
     """Every scope's requests and tokens per minute."""
     return selectors.limits_list()
 
 
-@router.put("/limits", response=LimitSetOut)
+@router.put("/limits", response=LimitSetOut, auth=can("tenancy.change_scopelimit"))
 def limit_set(request, payload: LimitIn):
     """Set a scope's requests and tokens per minute, replacing what it had."""
     key = services.limit_set(
@@ -134,12 +136,14 @@ def limit_set(request, payload: LimitIn):
     return {"scope": key}
 
 
-@router.delete("/limits/{path:scope}", response=LimitClearOut)
+@router.delete(
+    "/limits/{path:scope}", response=LimitClearOut, auth=can("tenancy.delete_scopelimit")
+)
 def limit_clear(request, scope: str):
     return {"removed": services.limit_clear(scope=scope, actor=actor(request))}
 
 
-@router.get("/usage", response=UsageOut)
+@router.get("/usage", response=UsageOut, auth=can("tenancy.view_usage"))
 def usage_report(request, scope: str | None = None, since: str | None = None, by: str = "project"):
     """Requests, errors, tokens and average latency per project, key or model, and per model,
     since a time (ISO 8601) or a span back (`15m`, `24h`, `7d`; a day by default)."""

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from fleet.selectors import holdings_load
 from llmgw.errors import ServiceError
 from llmgw.pages import fragment_asked, page, page_actor, staff_required
+from llmgw.permissions import needs, require
 
 from . import services
 from .forms import QuotaForm
@@ -29,6 +30,7 @@ RESOURCES = (("gpus", "GPUs"), ("cpu_cores", "Cores"), ("memory_gb", "Memory GB"
 
 
 @staff_required
+@needs("tenancy.view_capacityquota")
 @require_http_methods(["GET", "POST"])
 def quotas(request: HttpRequest) -> HttpResponse:
     """Every quota with its holds against guarantee and limit; set and clear them."""
@@ -37,8 +39,10 @@ def quotas(request: HttpRequest) -> HttpResponse:
     notice = ""
     if request.method == "POST":
         if request.POST.get("form") == "clear":
+            require(request, "tenancy.delete_capacityquota")
             notice, clear_error = _clear(request)
         else:
+            require(request, "tenancy.change_capacityquota")
             form, notice = _set(request)
         if notice and not request.htmx:
             messages.success(request, notice)
@@ -200,6 +204,7 @@ def _by_path(tree: ScopeTree, keys: list[str]) -> list[str]:
 
 
 @staff_required
+@needs("tenancy.view_organization")
 @require_GET
 def scopes(request: HttpRequest) -> HttpResponse:
     """Scope names matching `q` (or the asking field's own value) as <option>s for a datalist."""

@@ -66,7 +66,7 @@ def _staff_user_made(cluster: Cluster) -> None:
     code = (
         "from django.contrib.auth import get_user_model; "
         f"get_user_model().objects.create_user({STAFF_NAME!r}, password={STAFF_PASSWORD!r}, "
-        "is_staff=True)"
+        "is_staff=True, is_superuser=True)"
     )
     done = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", code],

@@ -29,7 +29,9 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 
 @pytest.fixture
 def staff(client) -> Client:
-    client.force_login(get_user_model().objects.create_user("ops", is_staff=True))
+    client.force_login(
+        get_user_model().objects.create_user("ops", is_staff=True, is_superuser=True)
+    )
     return client
 
 
@@ -407,7 +409,9 @@ def test_strangers_are_sent_to_log_in_and_non_staff_refused(client, llama, path)
 
 def test_the_forms_refuse_a_post_without_its_csrf_token(llama):
     client = Client(enforce_csrf_checks=True)
-    client.force_login(get_user_model().objects.create_user("ops", is_staff=True))
+    client.force_login(
+        get_user_model().objects.create_user("ops", is_staff=True, is_superuser=True)
+    )
     before = catalog_now()
 
     assert (

@@ -33,7 +33,7 @@ import django
 django.setup()
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
-user = get_user_model().objects.create_user("ops", password="x", is_staff=True)
+user = get_user_model().objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
 session = SessionStore()
 session["_auth_user_id"] = str(user.pk)
 session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"

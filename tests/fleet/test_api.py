@@ -40,7 +40,9 @@ def test_an_agent_token_is_not_an_admin_token(agent_token):
 def test_a_staff_session_may_use_the_api_and_acts_as_its_user():
     node_add("gpu-a", now=clock.now())
     client = Client()
-    client.force_login(get_user_model().objects.create_user("alice", is_staff=True))
+    client.force_login(
+        get_user_model().objects.create_user("alice", is_staff=True, is_superuser=True)
+    )
 
     listed = client.get("/api/v1/nodes")
     cordoned = client.post("/api/v1/nodes/gpu-a/cordon")
@@ -53,7 +55,9 @@ def test_a_staff_session_may_use_the_api_and_acts_as_its_user():
 def test_a_staff_session_must_send_the_csrf_token_to_change_anything():
     node_add("gpu-a", now=clock.now())
     client = Client(enforce_csrf_checks=True)
-    client.force_login(get_user_model().objects.create_user("alice", is_staff=True))
+    client.force_login(
+        get_user_model().objects.create_user("alice", is_staff=True, is_superuser=True)
+    )
     client.get("/api/v1/nodes")  # any page sets the cookie; the API reads it like a page
 
     forged = client.post("/api/v1/nodes/gpu-a/cordon")

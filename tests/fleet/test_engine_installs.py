@@ -197,7 +197,9 @@ def test_the_node_page_shows_its_engines_and_where_each_install_stands(client):
 
     failed = {"engine": "llamacpp", "version": "b6000", "state": "failed", "detail": "no room."}
     a_node(installs=[failed])
-    client.force_login(get_user_model().objects.create_user("alice", is_staff=True))
+    client.force_login(
+        get_user_model().objects.create_user("alice", is_staff=True, is_superuser=True)
+    )
     page = client.get("/nodes/cpu-a").content.decode()
     assert '<span class="badge" data-engine="sim">sim 0.11.0</span>' in page
     assert "llamacpp b6000 failed: no room.</span>" in page

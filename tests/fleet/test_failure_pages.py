@@ -33,7 +33,9 @@ def _fresh():
 
 @pytest.fixture
 def staff(client, django_user_model) -> Client:
-    client.force_login(django_user_model.objects.create_user("ops", password="x", is_staff=True))
+    client.force_login(
+        django_user_model.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
+    )
     return client
 
 
@@ -192,7 +194,9 @@ def test_the_log_page_is_for_staff_only(client):
 @pytest.mark.django_db(transaction=True)
 async def test_the_log_page_shows_the_lines_the_agent_sends(agents, django_user_model):
     user = await in_db(
-        lambda: django_user_model.objects.create_user("ops", password="x", is_staff=True)
+        lambda: django_user_model.objects.create_user(
+            "ops", password="x", is_staff=True, is_superuser=True
+        )
     )
     web = AsyncClient()
     await web.aforce_login(user)

@@ -49,7 +49,9 @@ def now():
 
 @pytest.fixture
 def staff(client, django_user_model) -> Client:
-    client.force_login(django_user_model.objects.create_user("ops", password="x", is_staff=True))
+    client.force_login(
+        django_user_model.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
+    )
     return client
 
 
@@ -150,7 +152,9 @@ def test_no_one_but_staff_can_drain_a_node(client, django_user_model, now):
 def test_a_drain_without_the_csrf_token_is_refused(django_user_model, now):
     node_add("gpu-a", now=now)
     browser = Client(enforce_csrf_checks=True)
-    browser.force_login(django_user_model.objects.create_user("ops", password="x", is_staff=True))
+    browser.force_login(
+        django_user_model.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
+    )
     page = browser.get("/nodes/gpu-a")
     assert b'name="csrfmiddlewaretoken"' in page.content
 

@@ -35,7 +35,9 @@ PAGE_QUERIES = 5
 
 @pytest.fixture
 def staff(client, django_user_model) -> Client:
-    client.force_login(django_user_model.objects.create_user("ops", password="x", is_staff=True))
+    client.force_login(
+        django_user_model.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
+    )
     return client
 
 
@@ -133,7 +135,9 @@ def test_a_post_without_the_csrf_token_is_refused_and_one_with_it_is_done(
 ):
     path = gguf(mirror_dir)
     browser = Client(enforce_csrf_checks=True)
-    browser.force_login(django_user_model.objects.create_user("ops", password="x", is_staff=True))
+    browser.force_login(
+        django_user_model.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
+    )
     page = browser.get("/mirror")
     assert b'name="csrfmiddlewaretoken"' in page.content
 

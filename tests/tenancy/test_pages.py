@@ -26,7 +26,9 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 
 @pytest.fixture
 def staff(client) -> Client:
-    client.force_login(get_user_model().objects.create_user("ops", is_staff=True))
+    client.force_login(
+        get_user_model().objects.create_user("ops", is_staff=True, is_superuser=True)
+    )
     return client
 
 
@@ -286,7 +288,9 @@ def test_clearing_a_quota_that_is_not_there_says_so_and_changes_nothing(staff, t
 
 def test_the_set_form_refuses_a_post_without_its_csrf_token(tree):
     client = Client(enforce_csrf_checks=True)
-    client.force_login(get_user_model().objects.create_user("ops", is_staff=True))
+    client.force_login(
+        get_user_model().objects.create_user("ops", is_staff=True, is_superuser=True)
+    )
     body = {"form": "set", "scope": "org:Acme", "gpus": "1"}
 
     refused = client.post("/quotas", body)

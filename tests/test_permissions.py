@@ -1,0 +1,455 @@
+"""Staff is not superuser: each action of the REST API and the console needs the Django
+permission of the model it touches, and the built-in groups hold them.
+
+For each family of actions: a staff user with no permissions is refused (403, with the
+sentence naming the permission), a viewer may read but not change, an operator may
+change, and a superuser and an admin token may do everything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from django.contrib.auth.models import Group, Permission
+from django.core.management import call_command
+from django.test import Client
+
+from catalog.models import Model
+from fleet.models import Node
+from llmgw import clock
+from llmgw.api import StaffSession, api
+from llmgw.permissions import OPERATORS, VIEWERS
+from mirror.models import EngineBuild, WeightFile, Weights
+from tenancy.models import ApiKey, CapacityQuota, Organization
+from tenancy.services import org_create, project_create, team_create
+from tests.catalog.test_pages import add_form
+from tests.fleet.builders import gpu_model, model_added
+from tests.helpers import detail
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def world(db):
+    """One of everything the actions touch."""
+    now = clock.now()
+    Node.objects.create(id="gpu-a", state_since=now, registered_at=now, last_seen=now)
+    model_added(gpu_model("llama"))
+    org_create(name="Acme", actor="test")
+    team_create(org="Acme", name="ml", actor="test")
+    project_create(team="Acme/ml", name="chat", actor="test")
+    weights = Weights.objects.create(source="hf://acme/w", added_by="test", added_at=now)
+    WeightFile.objects.create(
+        weights=weights, path="w.gguf", fetch_url="https://acme/w.gguf", state="failed",
+        detail="the hub said 404",
+    )  # fmt: skip
+    EngineBuild.objects.create(
+        engine="llamacpp", version="b1", platform="linux-x86_64", sha256="0" * 64, size=1,
+        added_by="test", added_at=now,
+    )  # fmt: skip
+
+
+def session(django_user_model, name: str, *, group: str | None = None, superuser=False):
+    """A browser logged in as a staff user, in `group` when given."""
+    user = django_user_model.objects.create_user(
+        name, password="x", is_staff=True, is_superuser=superuser
+    )
+    if group:
+        user.groups.add(Group.objects.get(name=group))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def nobody(django_user_model):
+    return session(django_user_model, "nobody")
+
+
+@pytest.fixture
+def viewer(django_user_model):
+    return session(django_user_model, "vera", group=VIEWERS)
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return session(django_user_model, "otto", group=OPERATORS)
+
+
+@pytest.fixture
+def root(django_user_model):
+    return session(django_user_model, "root", superuser=True)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family of API actions: one that reads, one that changes, and how to see the change."""
+
+    name: str
+    read: str
+    read_perm: str
+    change: tuple[str, str, dict | None]
+    change_perm: str
+    changed: Callable[[], bool]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+API = [
+    Family(
+        "nodes",
+        "/nodes",
+        "fleet.view_node",
+        ("post", "/nodes/gpu-a/cordon", None),
+        "fleet.change_node",
+        lambda: Node.objects.get(pk="gpu-a").cordoned,
+    ),
+    Family(
+        "models",
+        "/models",
+        "catalog.view_model",
+        ("post", "/models/llama/scale", {"max": 3}),
+        "catalog.change_model",
+        lambda: Model.objects.get(name="llama").max_replicas == 3,
+    ),
+    Family(
+        "adding models",
+        "/models/llama",
+        "catalog.view_model",
+        ("post", "/models", gpu_model("mistral")),
+        "catalog.add_model",
+        lambda: Model.objects.filter(name="mistral").exists(),
+    ),
+    Family(
+        "replicas",
+        "/replicas",
+        "fleet.view_replica",
+        ("post", "/models/llama/restart", None),
+        "fleet.change_replica",
+        lambda: (
+            __import__("tenancy.models")
+            .models.AuditEvent.objects.filter(action="model.restart")
+            .exists()
+        ),
+    ),
+    Family(
+        "keys",
+        "/keys",
+        "tenancy.view_apikey",
+        ("post", "/keys", {"project": "Acme/ml/chat", "name": "bot"}),
+        "tenancy.add_apikey",
+        lambda: ApiKey.objects.filter(name="bot").exists(),
+    ),
+    Family(
+        "quotas",
+        "/quotas",
+        "tenancy.view_capacityquota",
+        ("put", "/quotas", {"scope": "org:Acme", "limit": {"gpus": 4}}),
+        "tenancy.change_capacityquota",
+        lambda: CapacityQuota.objects.exists(),
+    ),
+    Family(
+        "organizations",
+        "/orgs",
+        "tenancy.view_organization",
+        ("post", "/orgs", {"name": "Globex"}),
+        "tenancy.add_organization",
+        lambda: Organization.objects.filter(name="Globex").exists(),
+    ),
+    Family(
+        "weights",
+        "/weights",
+        "mirror.view_weights",
+        ("delete", "/weights/{weights}", None),
+        "mirror.delete_weights",
+        lambda: not Weights.objects.exists(),
+    ),
+    Family(
+        "engine builds",
+        "/engines",
+        "mirror.view_enginebuild",
+        ("delete", "/engines/{build}", None),
+        "mirror.delete_enginebuild",
+        lambda: not EngineBuild.objects.exists(),
+    ),
+]
+
+
+def call(client: Client, method: str, path: str, body=None, **headers):
+    path = path.format(weights=_pk(Weights), build=_pk(EngineBuild))
+    kwargs = dict(headers)
+    if body is not None:
+        kwargs |= {"data": json.dumps(body), "content_type": "application/json"}
+    return getattr(client, method)(f"/api/v1{path}", **kwargs)
+
+
+def _pk(model) -> int:
+    row = model.objects.first()
+    return row.pk if row else 0
+
+
+def refused(response, perm: str) -> str:
+    assert response.status_code == 403, response.content
+    sentence = detail(response)
+    assert perm in sentence
+    return sentence
+
+
+@pytest.mark.parametrize("family", API, ids=str)
+def test_a_staff_user_without_permissions_may_neither_read_nor_change(world, nobody, family):
+    sentence = refused(call(nobody, "get", family.read), family.read_perm)
+    assert sentence.startswith("nobody may not see ")
+    assert "the viewers and operators groups have it" in sentence
+
+    sentence = refused(call(nobody, *family.change), family.change_perm)
+    assert "the operators group has it" in sentence
+    assert not family.changed()
+
+
+@pytest.mark.parametrize("family", API, ids=str)
+def test_a_viewer_reads_but_may_not_change(world, viewer, family):
+    assert call(viewer, "get", family.read).status_code == 200
+
+    refused(call(viewer, *family.change), family.change_perm)
+    assert not family.changed()
+
+
+@pytest.mark.parametrize("family", API, ids=str)
+def test_an_operator_reads_and_changes(world, operator, family):
+    assert call(operator, "get", family.read).status_code == 200
+
+    response = call(operator, *family.change)
+
+    assert response.status_code < 300, response.content
+    assert family.changed()
+
+
+@pytest.mark.parametrize("family", API, ids=str)
+def test_a_superuser_changes_anything(world, root, family):
+    assert call(root, *family.change).status_code < 300
+    assert family.changed()
+
+
+@pytest.mark.parametrize("family", API, ids=str)
+def test_an_admin_token_changes_anything(world, admin_token, family):
+    response = call(Client(), *family.change, HTTP_AUTHORIZATION=f"Bearer {admin_token}")
+
+    assert response.status_code < 300, response.content
+    assert family.changed()
+
+
+def test_the_refusal_says_who_what_and_which_permission(world, viewer):
+    response = call(viewer, "post", "/nodes/gpu-a/drain")
+
+    assert detail(response) == (
+        "vera may not change nodes: that needs the fleet.change_node permission "
+        "(the operators group has it)."
+    )
+
+
+def operations():
+    for _, router in api._routers:
+        for path, view in router.path_operations.items():
+            for op in view.operations:
+                yield path, op
+
+
+def test_every_api_operation_names_the_permissions_a_session_needs():
+    unnamed, unknown = [], []
+    for path, op in operations():
+        sessions = [a for a in op.auth_callbacks if isinstance(a, StaffSession)]
+        perms = [p for s in sessions for p in s.perms]
+        if not perms:
+            unnamed.append(f"{op.methods} {path}")
+        for perm in perms:
+            label, codename = perm.split(".")
+            if not Permission.objects.filter(
+                content_type__app_label=label, codename=codename
+            ).exists():
+                unknown.append(perm)
+    assert unnamed == [] and unknown == []
+
+
+def test_an_operation_naming_no_permission_is_for_superusers(rf, django_user_model):
+    request = rf.get("/api/v1/x")
+    request.user = django_user_model.objects.create_user("otto", is_staff=True)
+    with pytest.raises(Exception, match="otto may not make this call: it is for superusers."):
+        StaffSession().authenticate(request, None)
+
+
+def test_the_groups_hold_the_permissions_of_llmgws_apps_but_not_admin_tokens():
+    def held(name: str) -> set[str]:
+        return {
+            f"{p.content_type.app_label}.{p.codename}"
+            for p in Group.objects.get(name=name).permissions.select_related("content_type")
+        }
+
+    viewers, operators = held(VIEWERS), held(OPERATORS)
+    every = {
+        f"{p.content_type.app_label}.{p.codename}"
+        for p in Permission.objects.filter(
+            content_type__app_label__in=["tenancy", "catalog", "fleet", "mirror"]
+        ).select_related("content_type")
+    }
+    tokens = {p for p in every if p.endswith("_token") and p.startswith("tenancy.")}
+    assert tokens == {f"tenancy.{a}_token" for a in ("add", "change", "delete", "view")}
+    assert operators == every - tokens
+    assert viewers == {p for p in operators if ".view_" in p}
+    assert {"fleet.view_node", "tenancy.view_apikey", "mirror.view_weights"} <= viewers
+    assert {"fleet.change_node", "tenancy.add_apikey", "catalog.delete_model"} <= operators
+
+
+def test_a_migrate_gives_a_group_back_what_it_lost_and_keeps_what_was_added():
+    viewers = Group.objects.get(name=VIEWERS)
+    view_node = Permission.objects.get(content_type__app_label="fleet", codename="view_node")
+    add_user = Permission.objects.get(content_type__app_label="auth", codename="add_user")
+    viewers.permissions.remove(view_node)
+    viewers.permissions.add(add_user)
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+    assert {view_node, add_user} <= set(viewers.permissions.all())
+
+
+@dataclass(frozen=True)
+class PageFamily:
+    """A page, the form on it that changes something, and the element only those who may
+    use that form are shown."""
+
+    name: str
+    path: str
+    read_perm: str
+    form: dict
+    change_perm: str
+    shown: str
+    changed: Callable[[], bool]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _restarted() -> bool:
+    from tenancy.models import AuditEvent
+
+    return AuditEvent.objects.filter(action="model.restart").exists()
+
+
+PAGES = [
+    PageFamily(
+        "node",
+        "/nodes/gpu-a",
+        "fleet.view_node",
+        {"action": "cordon"},
+        "fleet.change_node",
+        'id="cordon-button"',
+        lambda: Node.objects.get(pk="gpu-a").cordoned,
+    ),
+    PageFamily(
+        "model",
+        "/models/llama",
+        "catalog.view_model",
+        {"form": "scale", "max": "3"},
+        "catalog.change_model",
+        'id="scale-form"',
+        lambda: Model.objects.get(name="llama").max_replicas == 3,
+    ),
+    PageFamily(
+        "replicas",
+        "/models/llama",
+        "catalog.view_model",
+        {"form": "restart"},
+        "fleet.change_replica",
+        'id="restart-form"',
+        _restarted,
+    ),
+    PageFamily(
+        "models",
+        "/models",
+        "catalog.view_model",
+        add_form(),
+        "catalog.add_model",
+        'id="model-add-form"',
+        lambda: Model.objects.filter(name="mistral").exists(),
+    ),
+    PageFamily(
+        "quotas",
+        "/quotas",
+        "tenancy.view_capacityquota",
+        {"form": "set", "scope": "org:Acme", "limit_gpus": "4"},
+        "tenancy.change_capacityquota",
+        'id="quota-form"',
+        lambda: CapacityQuota.objects.exists(),
+    ),
+    PageFamily(
+        "mirror",
+        "/mirror?state=failed",
+        "mirror.view_weights",
+        {"form": "remove", "weights": "{weights}"},
+        "mirror.delete_weights",
+        "data-remove=",
+        lambda: not Weights.objects.exists(),
+    ),
+]
+
+
+def post(client: Client, family: PageFamily, **headers):
+    form = {k: v.format(weights=_pk(Weights)) for k, v in family.form.items()}
+    return client.post(family.path, form, **headers)
+
+
+def page_refused(response, perm: str) -> None:
+    assert response.status_code == 403
+    body = response.content.decode()
+    assert perm in body and 'id="refused"' in body
+
+
+@pytest.mark.parametrize("family", PAGES, ids=str)
+def test_a_staff_user_without_permissions_is_refused_the_page_and_its_form(world, nobody, family):
+    page_refused(nobody.get(family.path), family.read_perm)
+    page_refused(nobody.get(family.path, HTTP_HX_REQUEST="true"), family.read_perm)
+    assert post(nobody, family).status_code == 403
+    assert not family.changed()
+
+
+@pytest.mark.parametrize("family", PAGES, ids=str)
+def test_a_viewer_sees_the_page_without_the_form_and_its_post_is_refused(world, viewer, family):
+    page = viewer.get(family.path)
+    assert page.status_code == 200
+    assert family.shown not in page.content.decode()
+
+    page_refused(post(viewer, family), family.change_perm)
+    page_refused(post(viewer, family, HTTP_HX_REQUEST="true"), family.change_perm)
+    assert not family.changed()
+
+
+@pytest.mark.parametrize("family", PAGES, ids=str)
+def test_an_operator_sees_the_form_and_uses_it(world, operator, family):
+    assert family.shown in operator.get(family.path).content.decode()
+
+    assert post(operator, family).status_code in (200, 302)
+    assert family.changed()
+
+
+@pytest.mark.parametrize("family", PAGES, ids=str)
+def test_a_superuser_sees_the_form_and_uses_it(world, root, family):
+    assert family.shown in root.get(family.path).content.decode()
+
+    assert post(root, family).status_code in (200, 302)
+    assert family.changed()
+
+
+@pytest.mark.parametrize(
+    ("path", "perm"),
+    [
+        ("/", "fleet.view_node"),
+        ("/scopes?q=acme", "tenancy.view_organization"),
+        ("/replicas/r-1/log", "fleet.view_replica"),
+    ],
+)
+def test_the_other_pages_need_their_view_permission_too(world, nobody, viewer, path, perm):
+    page_refused(nobody.get(path), perm)
+    assert viewer.get(path).status_code == 200
