@@ -48,9 +48,20 @@ def refused(reason: str, sentence: str) -> None:
     log.warning("%s%s", sentence, more)
 
 
+class _Counted:
+    """The families that counted something: nothing is said of a process that refused none."""
+
+    def collect(self):
+        return (
+            f
+            for f in REGISTRY.collect()
+            if any(s.name.endswith("_total") and s.value for s in f.samples)
+        )
+
+
 def agents_text() -> str:
     """These series in Prometheus' text format, for `/metrics`."""
-    return generate_latest(REGISTRY).decode()
+    return generate_latest(_Counted()).decode()
 
 
 class FrameBudget:

@@ -13,6 +13,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 
 from llmgw import clock
 from llmgw.outage import Outage
@@ -43,11 +44,13 @@ CLOSE_INVALID = 4400
 CLOSE_REFUSED = 4403
 CLOSE_SUPERSEDED = 4409
 CLOSE_FLOOD = 4429
+CLOSE_TRY_AGAIN = 4503
 FLUSH_EVERY_S = 1.0
 # engine_log requests a connection remembers the askers of; older ones are given up on.
 MAX_LOG_REQUESTS = 64
 
 _flusher: asyncio.Task | None = None
+_handshakes = Outage("authenticating agents' connections against the database", log)
 
 
 def _bearer(scope) -> str:
@@ -120,9 +123,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def connect(self):
-        self.credential = await database_sync_to_async(agent_authenticate)(
-            secret=_bearer(self.scope)
-        )
+        try:
+            self.credential = await database_sync_to_async(agent_authenticate)(
+                secret=_bearer(self.scope)
+            )
+        except (OperationalError, InterfaceError) as exc:
+            # Not a refusal (that would make the agent give up its credential): try again.
+            _handshakes.failed(exc)
+            await self.accept()
+            await self.close(code=CLOSE_TRY_AGAIN, reason="the control plane's database is away")
+            return
+        _handshakes.worked()
         if self.credential is None:
             # Refused before accept: the handshake fails with 403 and nothing says why.
             refused(
@@ -157,6 +168,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("could not leave node %s's group: %s", self.node_id, exc)
 
     async def receive(self, text_data=None, bytes_data=None):
+        if self.credential is None:
+            return  # a connection being closed: its handshake found no database
         verdict = self.budget.take(time.monotonic())
         if verdict is not FrameBudget.OK:
             # Over budget: not even parsed. Sustained, the connection is closed.

@@ -48,6 +48,7 @@ from prometheus_client.utils import floatToGoString
 from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
 from llmgw import clock
+from llmgw.outage import Outage
 from tenancy.quota import RESOURCES, ZERO, Amount, Holding
 from tenancy.selectors import quota_policy_load
 
@@ -671,6 +672,32 @@ class FleetCollector(Collector):
         yield from fleet_scrape().families()
 
 
+_last_good = {"text": ""}
+_scrape_outage = Outage(
+    "reading the fleet's metrics from the database", logging.getLogger("llmgw.metrics")
+)
+DATABASE_DOWN = (
+    "# HELP llmgw_database_up Whether this process could read the fleet from the database "
+    "for this scrape; while 0 the fleet's series are those of its last good scrape.\n"
+    "# TYPE llmgw_database_up gauge\nllmgw_database_up 0.0\n"
+)
+
+
+def _fleet_or_last() -> str:
+    """The fleet's series; while the database is away, the last good ones and
+    llmgw_database_up 0, so a scrape answers and says what it is (never an HTML 500)."""
+    from django.db import InterfaceError, OperationalError
+
+    try:
+        text = fleet_text()
+    except (OperationalError, InterfaceError) as exc:
+        _scrape_outage.failed(exc)
+        return _last_good["text"] + DATABASE_DOWN
+    _scrape_outage.worked()
+    _last_good["text"] = text
+    return text
+
+
 @require_safe
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """`GET /metrics`: no authentication, like any exporter; gzip when asked, as Prometheus does.
@@ -680,7 +707,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """
     from llmgw.gateway.metrics import gateway_text
 
-    body = (fleet_text() + gateway_text() + agents_text()).encode()
+    body = (_fleet_or_last() + gateway_text() + agents_text()).encode()
     response = HttpResponse(content_type=CONTENT_TYPE_PLAIN_0_0_4)
     if "gzip" in request.headers.get("Accept-Encoding", ""):
         body = gzip.compress(body, compresslevel=1)

@@ -49,6 +49,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, so the views' database errors reach it first: an outage is a 503, not a 500.
+    "llmgw.middleware.DatabaseAway",
 ]
 
 ROOT_URLCONF = "llmgw.urls"

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from catalog import selectors as catalog_selectors
 from fleet import metrics, selectors
+from fleet.connections import REGISTRY as AGENTS_REGISTRY
 from fleet.events import Load
 from fleet.live import NodeWrite
 from fleet.metrics import DESCS, FleetCollector, fleet_scrape, fleet_text
@@ -44,6 +45,8 @@ EXPORTED = (
     {d.sample for d in DESCS}
     | {d.name for d in DESCS}
     | set(GATEWAY_REGISTRY._names_to_collectors)  # the gateway's own series
+    | set(AGENTS_REGISTRY._names_to_collectors)  # the agents' connections' counts
+    | {"llmgw_database_up"}  # said only while the database is away (fleet/metrics.py)
 )
 
 

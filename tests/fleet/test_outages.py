@@ -48,3 +48,52 @@ def test_an_outage_is_said_when_it_starts_and_when_it_ends_not_per_attempt(caplo
         "once it works",
         "writing heartbeats works again after 0 s; 60 attempts failed meanwhile",
     ]
+
+
+def _away(*args, **kwargs):
+    from django.db import OperationalError
+
+    raise OperationalError("server closed the connection unexpectedly")
+
+
+def test_the_api_answers_503_with_a_sentence_while_the_database_is_away(api, monkeypatch):
+    from fleet import selectors
+
+    monkeypatch.setattr(selectors, "nodes_list", _away)
+
+    response = api.call("GET", "/nodes")
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert response.json() == {
+        "detail": "The control plane's database is not answering; nothing was changed. "
+        "Try again in a moment."
+    }
+
+
+def test_metrics_answer_the_last_good_scrape_and_say_the_database_is_down(client, monkeypatch):
+    from fleet import metrics
+
+    monkeypatch.setattr(metrics, "fleet_text", lambda: "llmgw_node_up 1.0\n")
+    assert client.get("/metrics").content.decode() == "llmgw_node_up 1.0\n"
+
+    monkeypatch.setattr(metrics, "fleet_text", _away)
+    response = client.get("/metrics")
+
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert text.startswith("llmgw_node_up 1.0\n")
+    assert "llmgw_database_up 0.0" in text
+
+
+async def test_a_handshake_while_the_database_is_away_is_told_to_try_again(agents, monkeypatch):
+    """Not refused: an agent refused would give up its own credential."""
+    from fleet import consumers
+
+    monkeypatch.setattr(consumers, "agent_authenticate", _away)
+
+    comm = await agents.connect()
+
+    assert comm.refused is None
+    closed = await comm.receive_output(timeout=5)
+    assert (closed["type"], closed["code"]) == ("websocket.close", 4503)
