@@ -7,10 +7,12 @@ import math
 from ninja import Query, Router
 
 from catalog.domain import MAX_REPLICAS
+from llmgw import clock
 from llmgw.api import actor, can
 from llmgw.errors import Invalid
 
-from . import logs, selectors, services
+from . import identity, logs, selectors, services
+from .dispatch import dispatch, node_disconnect
 from .reconciler import reconcile_once
 from .schemas import (
     DetailOut,
@@ -56,6 +58,22 @@ def node_uncordon(request, node_id: str):
 @router.post("/nodes/{node_id}/drain", response=DetailOut, auth=can("fleet.change_node"))
 def node_drain(request, node_id: str):
     return _schedule(request, node_id, "drain")
+
+
+@router.post("/nodes/{node_id}/approve", response=DetailOut, auth=can("fleet.change_node"))
+def node_approve(request, node_id: str):
+    """Let a node held by LLMGW_NODE_APPROVAL=manual into placement."""
+    return {"detail": identity.node_approve(node_id=node_id, actor=actor(request))}
+
+
+@router.delete("/nodes/{node_id}", response=DetailOut, auth=can("fleet.delete_node"))
+def node_forget(request, node_id: str):
+    """Forget a node: its credential is revoked, what it ran is given up and stopped, and its
+    agent's connection is closed; it can join again only with a join token."""
+    detail, commands = identity.node_forget(node_id=node_id, actor=actor(request), now=clock.now())
+    dispatch(commands)
+    node_disconnect(node_id)
+    return {"detail": detail}
 
 
 @router.get("/replicas", response=list[ReplicaOut], auth=can("fleet.view_replica"))

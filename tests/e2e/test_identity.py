@@ -1,0 +1,118 @@
+"""A node is who it says it is, with real processes: a real server and agent, an impostor
+holding the join token, and `ctl node forget` (issue 12, item 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+import subprocess
+import sys
+
+import httpx
+import openai
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from llmgw.secrets import engine_key
+
+from .harness import REPO, SECRET, wait_for
+
+SMALL = {
+    "name": "small",
+    "source": "org/small-model",
+    "profiles": [
+        {
+            "name": "cpu",
+            "engine": "sim",
+            "cpu_cores": 1,
+            "min_memory_gb": 1,
+            "args": ["--ttft-ms", "2", "--tokens-per-sec", "2000"],
+            "startup_timeout": 60,
+        }
+    ],
+}
+
+
+async def _impostor(cluster, node_id: str) -> tuple[dict, int]:
+    """Register as `node_id` with the join token, as a script holding it would."""
+    url = cluster.url.replace("http://", "ws://") + "/ws/agent/"
+    headers = {"Authorization": f"Bearer {cluster.agent_token}"}
+    async with connect(url, additional_headers=headers) as ws:
+        await ws.send(json.dumps({"type": "register", "node_id": node_id, "mgmt_addr": "6.6.6.6"}))
+        answer = json.loads(await ws.recv())
+        try:
+            await ws.recv()
+        except ConnectionClosed as closed:
+            return answer, closed.rcvd.code
+    raise AssertionError("the impostor's connection was not closed")
+
+
+def _ctl(cluster, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "llmgw", "ctl", "--server", cluster.url, *argv],
+        env={**cluster.env, "LLMGW_TOKEN": cluster.admin_token},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _chat(replica: dict) -> int:
+    client = openai.OpenAI(
+        base_url=f"{replica['endpoint']}/v1", api_key=engine_key(SECRET, replica["id"])
+    )
+    answer = client.chat.completions.create(
+        model="small", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    return answer.usage.completion_tokens
+
+
+def test_a_join_token_cannot_take_a_running_node_and_a_forgotten_node_joins_anew(cluster):
+    cluster.start_agent("cpu-a", "--memory-gb", "8", "--cpus", "4", port_range="32000-32099")
+    cluster.post("/models", SMALL)
+    [replica] = wait_for(
+        "a ready replica", lambda: cluster.ready_replicas("small") or None, timeout=60
+    )
+    kept = cluster.home / "cpu-a" / "node-token"
+    first = kept.read_text()
+    assert first.startswith("llmgw_node_")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    before = cluster.get("/nodes/cpu-a")
+
+    answer, code = asyncio.run(_impostor(cluster, "cpu-a"))
+
+    assert code == 4403
+    assert answer["type"] == "error" and "cpu-a has its own credential" in answer["detail"]
+    after = cluster.get("/nodes/cpu-a")
+    assert (after["state"], after["mgmt_addr"]) == ("ready", before["mgmt_addr"])
+    assert [r["id"] for r in cluster.ready_replicas("small")] == [replica["id"]]
+    assert _chat(replica) == 3
+    scraped = httpx_get(f"{cluster.url}/metrics")
+    assert 'llmgw_agent_refused_total{reason="node_has_credential"} 1.0' in scraped
+
+    # Forgotten, the node's engine is stopped and its agent joins again as a new node.
+    forgot = _ctl(cluster, "node", "forget", "cpu-a")
+    assert forgot.returncode == 0, forgot.stderr
+    assert "credential is revoked" in forgot.stdout
+    wait_for(
+        "the agent to join again with a new credential",
+        lambda: kept.exists() and kept.read_text() != first and _rejoined(cluster),
+        timeout=60,
+    )
+    again = wait_for(
+        "a new ready replica",
+        lambda: [r for r in cluster.ready_replicas("small") if r["id"] != replica["id"]] or None,
+        timeout=60,
+    )
+    assert _chat(again[0]) == 3
+
+
+def _rejoined(cluster) -> bool:
+    nodes = cluster.client.get("/nodes/cpu-a")
+    return nodes.status_code == 200 and nodes.json()["state"] == "ready"
+
+
+def httpx_get(url: str) -> str:
+    return httpx.get(url, timeout=10).text
