@@ -124,10 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("LLMGW_SERVER", "http://127.0.0.1:8000"),
         help="control plane URL (env LLMGW_SERVER; default %(default)s)",
     )
+    # The token by the environment or a file: on the command line every user of the
+    # machine can read it (ps, /proc/PID/cmdline).
     p.add_argument(
         "--token",
         default=os.environ.get("LLMGW_TOKEN"),
-        help="cluster join token (env LLMGW_TOKEN)",
+        help="cluster join token; better given by env LLMGW_TOKEN or --token-file",
+    )
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        default=os.environ.get("LLMGW_TOKEN_FILE") or None,
+        metavar="PATH",
+        help="a file holding the cluster join token (env LLMGW_TOKEN_FILE)",
     )
     p.add_argument("--node-id", help="default: kept in <state-dir>/node-id, made once")
     p.add_argument(
@@ -178,6 +187,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def join_token(args: argparse.Namespace) -> str | None:
+    """The join token: --token (or LLMGW_TOKEN), else the first line of --token-file (or
+    LLMGW_TOKEN_FILE); None when neither is given. ValueError, with a sentence naming the
+    file, when it cannot be read or holds nothing."""
+    if args.token:
+        return args.token
+    if args.token_file is None:
+        return None
+    try:
+        words = Path(args.token_file).read_text().split()
+    except OSError as exc:
+        raise ValueError(
+            f"the token file {args.token_file} cannot be read: {exc.strerror}."
+        ) from None
+    if not words:
+        raise ValueError(f"the token file {args.token_file} is empty.")
+    return words[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``llmgw agent``; the exit status."""
     parser = build_parser()
@@ -188,11 +216,17 @@ def main(argv: list[str] | None = None) -> int:
     # Health and metrics polls every few seconds would drown what the agent decides.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     state_dir: Path = args.state_dir
+    try:
+        args.token = join_token(args)
+    except ValueError as exc:
+        print(f"llmgw agent: {exc}", file=sys.stderr)
+        return 2
     credentials = Credentials(state_dir, args.token)
     if not args.token and not credentials.joined:
         print(
-            "llmgw agent needs the cluster's join token to join: set LLMGW_TOKEN "
-            "(`llmgw createtoken --agent NAME` makes one); once joined, the node's own "
+            "llmgw agent needs the cluster's join token to join: set LLMGW_TOKEN, or "
+            "LLMGW_TOKEN_FILE to a file holding it (`llmgw createtoken --agent NAME` makes "
+            "one); once joined, the node's own "
             f"credential is kept in {credentials.path}.",
             file=sys.stderr,
         )

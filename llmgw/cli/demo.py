@@ -127,7 +127,9 @@ def _setup(home: Path) -> tuple[str, str, str, str]:
     call_command("migrate", interactive=False, verbosity=0)
     password_file = home / "admin-password"
     if not password_file.exists():
-        password_file.write_text(secrets.token_urlsafe(12))
+        fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(12))
     password = password_file.read_text().strip()
     User = get_user_model()
     user, _ = User.objects.get_or_create(
@@ -296,13 +298,20 @@ def main(argv: list[str]) -> int:
     server = f"http://127.0.0.1:{args.port}"
     llmgw = [sys.executable, "-m", "llmgw"]
     logs = home / "logs"
-    logs.mkdir(exist_ok=True)
+    logs.mkdir(mode=0o700, exist_ok=True)
     procs: list[subprocess.Popen] = []
 
-    def spawn(cmd: list[str], log_name: str) -> subprocess.Popen:
-        out = open(logs / log_name, "ab")  # noqa: SIM115 - the child owns it for its life
+    def spawn(cmd: list[str], log_name: str, **more_env: str) -> subprocess.Popen:
+        # Owner-only: the logs name tokens' prefixes, nodes and requests.
+        fd = os.open(logs / log_name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)
+        out = os.fdopen(fd, "ab")  # noqa: SIM115 - the child owns it for its life
         p = subprocess.Popen(
-            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env={**env, **more_env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         procs.append(p)
         return p
@@ -316,19 +325,22 @@ def main(argv: list[str]) -> int:
             return 1
         for node_id, flags in NODES:
             spawn(
-                [*llmgw, "agent", "--server", server, "--token", agent_token, "--node-id", node_id,
+                [*llmgw, "agent", "--server", server, "--node-id", node_id,
                  "--state-dir", str(home / "agents" / node_id), *flags.split()],
                 f"agent-{node_id}.log",
+                # By the environment: on the command line any user could read it (ps).
+                LLMGW_TOKEN=agent_token,
             )  # fmt: skip
         served = ""
         if real is not None:
             # This machine as it is: its own CPUs and memory, and no llama.cpp of its own:
             # it installs the build from the mirror when Gemma is placed on it.
             spawn(
-                [*llmgw, "agent", "--server", server, "--token", agent_token, "--node-id", "cpu-real",
+                [*llmgw, "agent", "--server", server, "--node-id", "cpu-real",
                  "--state-dir", str(home / "agents" / "cpu-real"), "--labels", "kind=real",
                  "--port-range", "23000-23999"],
                 "agent-cpu-real.log",
+                LLMGW_TOKEN=agent_token,
             )  # fmt: skip
             print("adding Gemma 3 270M to the mirror and serving it…", flush=True)
             served = _serve_real(server, admin_token, real[1], serve)
