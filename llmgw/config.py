@@ -107,6 +107,18 @@ class Agents:
 
 
 @dataclass(frozen=True)
+class LoginThrottle:
+    """The console's login throttle: this many failed logins as one name (or from one
+    address) within a window of `window` seconds refuse that name (or address) `lockout`
+    seconds. An address has a larger allowance: people behind one proxy share it."""
+
+    failures: int = 5
+    address_failures: int = 20
+    window: float = 300.0
+    lockout: float = 900.0
+
+
+@dataclass(frozen=True)
 class Config:
     home: Path
     database_url: str | None
@@ -122,6 +134,7 @@ class Config:
     shutdown_grace: float = 30.0
     vllm: Vllm = Vllm()
     agents: Agents = Agents()
+    login: LoginThrottle = LoginThrottle()
 
     @property
     def embedded(self) -> bool:
@@ -234,7 +247,27 @@ def load(env: dict[str, str] | None = None) -> Config:
         mirror=_mirror(env, home),
         vllm=_vllm(env),
         agents=_agents(env),
+        login=_login(env),
     )
+
+
+def _login(env: dict[str, str]) -> LoginThrottle:
+    d = LoginThrottle()
+    throttle = LoginThrottle(
+        failures=int(_number(env, "LLMGW_LOGIN_FAILURES", d.failures, integer=True)),
+        address_failures=int(
+            _number(env, "LLMGW_LOGIN_ADDRESS_FAILURES", d.address_failures, integer=True)
+        ),
+        window=_number(env, "LLMGW_LOGIN_WINDOW_SECONDS", d.window, integer=False),
+        lockout=_number(env, "LLMGW_LOGIN_LOCKOUT_SECONDS", d.lockout, integer=False),
+    )
+    for name, value in (
+        ("LLMGW_LOGIN_WINDOW_SECONDS", throttle.window),
+        ("LLMGW_LOGIN_LOCKOUT_SECONDS", throttle.lockout),
+    ):
+        if value <= 0:
+            raise SettingError(f"{name} must be more than 0.")
+    return throttle
 
 
 def _agents(env: dict[str, str]) -> Agents:

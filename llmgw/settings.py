@@ -118,6 +118,18 @@ else:
         }
     }
 
+# The login throttle's counts (llmgw/logins.py): in Redis when there is one, so every
+# `llmgw serve` behind a balancer counts the same failures; in the process's memory
+# otherwise.
+if LLMGW.redis_url:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": LLMGW.redis_url,
+            "KEY_PREFIX": "llmgw-cache",
+        }
+    }
+
 CELERY_BROKER_URL = LLMGW.redis_url or "memory://"
 CELERY_TASK_ALWAYS_EAGER = LLMGW.redis_url is None
 CELERY_TASK_IGNORE_RESULT = True

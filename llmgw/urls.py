@@ -4,9 +4,13 @@ from django.urls import include, path
 
 from fleet.metrics import metrics_view
 from llmgw.api import api
+from llmgw.logins import AdminLoginForm, ThrottledLoginView
+
+# The admin's own login is throttled as /login/ is: one would be a way around the other.
+admin.site.login_form = AdminLoginForm
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("fleet.urls")),
     path("", include("catalog.urls")),

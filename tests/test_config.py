@@ -178,3 +178,28 @@ def test_a_process_starting_at_the_same_time_uses_the_key_the_first_one_wrote(en
 
     assert load(env).secret_key == theirs
     assert sorted(p.name for p in home.iterdir()) == ["secret_key"]
+
+
+def test_login_throttling_has_documented_defaults_and_reads_its_variables(env):
+    t = load(env).login
+    assert (t.failures, t.address_failures, t.window, t.lockout) == (5, 20, 300, 900)
+
+    t = load(
+        env
+        | {
+            "LLMGW_LOGIN_FAILURES": "3",
+            "LLMGW_LOGIN_ADDRESS_FAILURES": "7",
+            "LLMGW_LOGIN_WINDOW_SECONDS": "60",
+            "LLMGW_LOGIN_LOCKOUT_SECONDS": "120",
+        }
+    ).login
+    assert (t.failures, t.address_failures, t.window, t.lockout) == (3, 7, 60, 120)
+
+
+@pytest.mark.parametrize(
+    "variable",
+    ["LLMGW_LOGIN_FAILURES", "LLMGW_LOGIN_WINDOW_SECONDS", "LLMGW_LOGIN_LOCKOUT_SECONDS"],
+)
+def test_a_login_figure_of_zero_or_less_stops_the_start(env, variable):
+    with pytest.raises(SettingError, match=variable):
+        load(env | {variable: "0"})
