@@ -1,4 +1,5 @@
-"""The fleet pages' forms: the nodes table's filters, and a node's cordon, uncordon and drain."""
+"""The fleet pages' forms: the nodes table's filters, and a node's cordon, uncordon, drain,
+approve and forget."""
 
 from __future__ import annotations
 
@@ -45,4 +46,6 @@ class NodeFilterForm(forms.Form):
 class NodeActionForm(forms.Form):
     """An operator's order for a node (fleet.services.node_set_schedule)."""
 
-    action = forms.ChoiceField(choices=[(a, a) for a in ("cordon", "uncordon", "drain")])
+    action = forms.ChoiceField(
+        choices=[(a, a) for a in ("cordon", "uncordon", "drain", "approve", "forget")]
+    )

@@ -14,6 +14,7 @@ from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods
 
@@ -23,7 +24,8 @@ from llmgw.errors import NotFound, ServiceError
 from llmgw.pages import page, staff_required
 from llmgw.permissions import needs, require
 
-from . import logs, page_selectors as ps, services
+from . import identity, logs, page_selectors as ps, services
+from .dispatch import dispatch, node_disconnect
 from .domain.types import HOLDING
 from .events import LOG_LINES
 from .forms import NodeActionForm, NodeFilterForm
@@ -220,26 +222,33 @@ def replica_log(request: HttpRequest, replica_id: str) -> HttpResponse:
 @needs("fleet.view_node")
 @require_http_methods(["GET", "POST"])
 def node(request: HttpRequest, node_id: str) -> HttpResponse:
-    """A node's page: its readings, GPUs and replicas; POST cordons, uncordons or drains it.
+    """A node's page: its readings, GPUs and replicas; POST cordons, uncordons, drains,
+    approves or forgets it (forgetting needs fleet.delete_node, and ends on the cluster page).
 
     A POST from htmx answers with the node's summary (its state and the result); from a
     plain form it redirects back here with the result as a message.
     """
     done, refused = "", ""
     if request.method == "POST":
-        require(request, "fleet.change_node")
         form = NodeActionForm(request.POST)
-        if form.is_valid():
-            try:
+        action = form.cleaned_data["action"] if form.is_valid() else None
+        require(request, "fleet.delete_node" if action == "forget" else "fleet.change_node")
+        if action == "forget":
+            return _forget(request, node_id)
+        try:
+            if action == "approve":
+                done = identity.node_approve(node_id=node_id, actor=request.user.get_username())
+            elif action is not None:
                 done = services.node_set_schedule(
-                    node_id=node_id,
-                    action=form.cleaned_data["action"],
-                    actor=request.user.get_username(),
+                    node_id=node_id, action=action, actor=request.user.get_username()
                 )
-            except NotFound:
-                return _node_missing(request, node_id)
-        else:
-            refused = "A node can be cordoned, uncordoned or drained; nothing else was asked."
+        except NotFound:
+            return _node_missing(request, node_id)
+        if action is None:
+            refused = (
+                "A node can be cordoned, uncordoned, drained, approved or forgotten; "
+                "nothing else was asked."
+            )
         if not request.htmx:
             if done:
                 messages.success(request, done)
@@ -253,6 +262,25 @@ def node(request: HttpRequest, node_id: str) -> HttpResponse:
     fragment = "summary" if request.method == "POST" else _fragment(request, NODE_FRAGMENTS)
     context = _node_context(view) | {"done": done, "refused": refused, "section": "cluster"}
     return page(request, "fleet/node_detail.html", context, fragment=fragment)
+
+
+def _forget(request: HttpRequest, node_id: str) -> HttpResponse:
+    """Forget the node (fleet.identity.node_forget) and go to the cluster page, where the
+    sentence is shown: the node's own page is gone with it."""
+    try:
+        done, commands = identity.node_forget(
+            node_id=node_id, actor=request.user.get_username(), now=clock.now()
+        )
+    except NotFound:
+        return _node_missing(request, node_id)
+    dispatch(commands)
+    node_disconnect(node_id)
+    messages.success(request, done)
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = reverse("cluster")
+        return response
+    return redirect("cluster")
 
 
 def _node_missing(request: HttpRequest, node_id: str) -> HttpResponse:

@@ -695,12 +695,40 @@ def test_a_plain_form_cordons_and_comes_back_with_the_result(staff, now):
 def test_an_order_that_is_not_cordon_uncordon_or_drain_changes_nothing(staff, now):
     node_add("gpu-a", now=now)
     body = staff.post("/nodes/gpu-a", {"action": "delete"}, **HX).content.decode()
-    assert "can be cordoned, uncordoned or drained" in body
+    assert "can be cordoned, uncordoned, drained, approved or forgotten" in body
     node = Node.objects.get(pk="gpu-a")
     assert not (node.cordoned or node.draining)
     assert staff.get("/nodes/gpu-a", {"action": "drain"}).status_code == 200
     assert not Node.objects.get(pk="gpu-a").draining
     assert staff.put("/nodes/gpu-a").status_code == 405
+
+
+def test_an_unapproved_node_is_approved_from_its_page(staff, now, settings):
+    from dataclasses import replace
+
+    settings.LLMGW = replace(
+        settings.LLMGW, agents=replace(settings.LLMGW.agents, approval="manual")
+    )
+    node_add("gpu-a", now=now)
+    page = staff.get("/nodes/gpu-a").content.decode()
+    assert 'class="state state-unapproved">unapproved<' in page and "approve-button" in page
+
+    body = staff.post("/nodes/gpu-a", {"action": "approve"}, **HX).content.decode()
+
+    assert "node gpu-a approved: placement may use it from the next reconciler pass" in body
+    assert "approve-button" not in body and Node.objects.get(pk="gpu-a").approved
+
+
+def test_forgetting_from_the_page_ends_on_the_cluster_page_with_the_sentence(staff, now):
+    node_add("gpu-a", now=now)
+
+    response = staff.post("/nodes/gpu-a", {"action": "forget"}, follow=True)
+
+    assert response.redirect_chain == [("/", 302)]
+    assert "node gpu-a forgotten: its credential is revoked" in response.content.decode()
+    assert not Node.objects.filter(pk="gpu-a").exists()
+    htmx = staff.post("/nodes/gpu-b", {"action": "forget"}, **HX)
+    assert htmx.status_code == 404
 
 
 def test_a_node_that_does_not_exist_is_a_404_page(staff):
