@@ -69,6 +69,9 @@ class Gpu(models.Model):
     memory_mb = models.PositiveIntegerField(null=True, blank=True)
     gpu_class = models.CharField(max_length=40, blank=True)
     healthy = models.BooleanField(default=True)
+    # Compute processes its agent found on it that no shard of llmgw runs, as last
+    # registered; placement gives out no GPU with any. Null: the agent could not tell.
+    unknown_processes = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["node", "index"]

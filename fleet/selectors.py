@@ -177,7 +177,9 @@ def _chunks(ids: list[str]):
 def _load_node_static(stale: dict[str, datetime | None]) -> None:
     ids = list(stale)
     gpus: dict[str, list[tuple]] = defaultdict(list)
-    gpu_rows = Gpu.objects.order_by().values_list("node_id", "index", "gpu_class", "healthy")
+    gpu_rows = Gpu.objects.order_by().values_list(
+        "node_id", "index", "gpu_class", "healthy", "unknown_processes"
+    )
     node_rows = Node.objects.order_by().values_list(*_NODE_STATIC)
     # A few nodes are named in the query; many (a restart, every node registering) are read
     # all at once, two queries however many.
@@ -200,8 +202,8 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
             {
                 "labels": labels,
                 "gpus": tuple(
-                    GpuView(index=i, gpu_class=override or c, healthy=h)
-                    for i, c, h in sorted(gpus[d["id"]])
+                    GpuView(index=i, gpu_class=override or c, healthy=h, held=bool(u))
+                    for i, c, h, u in sorted(gpus[d["id"]])
                 ),
                 "engines": frozenset(d["engines"] or ()) if d["engines_probed"] else None,
                 "disk_free_gb": d["disk_free_gb"],
@@ -498,7 +500,9 @@ def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[
         "state": view_state,
         "labels": node.labels,
         "gpu_total": len(gpus),
-        "gpu_free": sum(1 for g in gpus if g.healthy and g.index not in used),
+        "gpu_free": sum(
+            1 for g in gpus if g.healthy and not g.unknown_processes and g.index not in used
+        ),
         "gpu_class": ", ".join(classes) or None,
         "gpus": [
             {
@@ -508,6 +512,8 @@ def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[
                 "memory_mb": g.memory_mb,
                 "class": override or g.gpu_class,
                 "healthy": g.healthy,
+                # Processes no shard of llmgw runs, as its agent last said; null: unknown.
+                "unknown_processes": g.unknown_processes,
                 "replica": used.get(g.index),
             }
             for g in gpus

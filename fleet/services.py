@@ -230,6 +230,7 @@ def _own_endpoints(node: Node, msg: Register) -> tuple[Register, list[Command]]:
 
 def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list[Command]:
     commands: list[Command] = []
+    _note_unknown_processes(node, msg)
     catalog = catalog_load()
     known = {s.id: s for s in Shard.objects.filter(node=node).select_related("replica")}
     reported = {s.shard_id: s for s in msg.shards}
@@ -297,6 +298,34 @@ def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list
             )
             log.info(reason, extra={"node": node.id, "replica": replica.id})
     return commands
+
+
+def _note_unknown_processes(node: Node, msg: Register) -> None:
+    """Keep what the agent said of processes no shard of llmgw runs on each GPU: placement
+    gives out no GPU they hold (an orphan of a lost agent state, someone's own job)."""
+    said = {g.index: g.unknown_processes for g in msg.gpus}
+    for gpu in node.gpus.all():
+        count = said.get(gpu.index)
+        if count == gpu.unknown_processes:
+            continue
+        if count:
+            log.warning(
+                "node %s: GPU %d runs %d processes llmgw did not start; nothing is placed on "
+                "it until its agent registers without them",
+                node.id,
+                gpu.index,
+                count,
+                extra={"node": node.id},
+            )
+        elif gpu.unknown_processes:
+            log.info(
+                "node %s: GPU %d no longer runs processes llmgw did not start",
+                node.id,
+                gpu.index,
+                extra={"node": node.id},
+            )
+        gpu.unknown_processes = count
+        gpu.save(update_fields=["unknown_processes"])
 
 
 def _adopt(node: Node, rep, profile, now: datetime) -> None:
