@@ -104,6 +104,11 @@ class Replica(models.Model):
     preempted_for = models.CharField(max_length=64, blank=True)
     reason = models.CharField(max_length=500, blank=True)
     counts_as_failure = models.BooleanField(default=True)
+    # Set while a ready replica is not routed to: a gateway could not reach its engine, or
+    # its node went unheard for the unreachable window. Cleared once its agents are heard
+    # from again (a crashed engine they report failed, and it is replaced).
+    unhealthy_since = models.DateTimeField(null=True, blank=True)
+    unhealthy_reason = models.CharField(max_length=300, blank=True)
 
     class Meta:
         ordering = ["model", "created_at"]

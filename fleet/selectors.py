@@ -89,6 +89,7 @@ _REPLICA_FIELDS = (
     "preempted_for",
     "reason",
     "counts_as_failure",
+    "unhealthy_since",
 )
 _SHARD_STATIC = ("id", "node_id", "rank", "gpu_indices", "memory_gb", "cpu_cores", "http_port")
 _STATE_FIELDS = [

@@ -567,6 +567,8 @@ def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
         )
         if change.state == Node.LOST and not changed:
             heard_meanwhile.add(change.node_id)
+    for h in plan.health:
+        _health_write(h.replica_id, h.reason, now)
     # What a lost node's replicas are told, and that they are forgotten, stands only if it was lost.
     stops = [s for s in plan.stops if s.lost_node not in heard_meanwhile]
     shards_of = _shards_of([s.replica_id for s in stops])
@@ -769,3 +771,31 @@ def model_retry(*, name: str, actor: str) -> str:
 def model_requested(*, name: str, now: datetime) -> None:
     """An on-demand model was asked for: it wants a replica until its idle timeout passes."""
     ModelState.objects.update_or_create(pk=name, defaults={"last_requested_at": now})
+
+
+def _health_write(replica_id: str, reason: str | None, now: datetime) -> bool:
+    """Mark a ready replica unhealthy (reason) or clear its mark (None); True when it changed.
+    state_since moves too: it is what every gateway's tables notice a replica change by."""
+    if reason is None:
+        return bool(
+            Replica.objects.filter(pk=replica_id, unhealthy_since__isnull=False).update(
+                unhealthy_since=None, unhealthy_reason="", state_since=now
+            )
+        )
+    return bool(
+        Replica.objects.filter(pk=replica_id, state="ready", unhealthy_since=None).update(
+            unhealthy_since=now, unhealthy_reason=reason[:300], state_since=now
+        )
+    )
+
+
+def replica_unhealthy_mark(*, replica_id: str, reason: str, now: datetime) -> bool:
+    """A gateway could not reach a ready replica's engine: no gateway routes to it until its
+    agents are heard from again (fleet/domain/health.py); True when this marked it. The
+    caller wakes the reconciler."""
+    marked = _health_write(replica_id, reason, now)
+    if marked:
+        log.warning(
+            "replica %s is not routed to: %s", replica_id, reason, extra={"replica": replica_id}
+        )
+    return marked

@@ -16,6 +16,7 @@ from catalog.domain import ModelSpec, Profile
 from llmgw.config import Timings
 from tenancy.quota import Amount, Policy
 
+from .health import HealthChange, health_changes
 from .holdings import placement_amount, profile_amount
 from .measured import autoscale, measured_for, ordered_profiles
 from .placement import MAX_REASONS_PER_PROFILE, Inventory, Placement, ShardPlan
@@ -130,6 +131,7 @@ class Plan:
     forgets: list[Forget] = field(default_factory=list)
     retires: list[Retire] = field(default_factory=list)
     node_changes: list[NodeChange] = field(default_factory=list)
+    health: list[HealthChange] = field(default_factory=list)
     states: dict[str, ModelState] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
 
@@ -142,6 +144,7 @@ class Plan:
             or self.forgets
             or self.retires
             or self.node_changes
+            or self.health
         )
 
 
@@ -175,6 +178,18 @@ def decide(
     """Compare what should run with what runs, and say what to do about it."""
     plan = Plan()
     nodes = _liveness(snap, now, t, plan)
+    plan.health = health_changes(
+        snap.replicas, nodes, now, unreachable=t.unreachable, floor=snap.silence_floor
+    )
+    for h in plan.health:
+        if h.reason is not None:
+            plan.events.append(
+                Event(
+                    f"replica {h.replica_id} is not routed to: {h.reason}",
+                    "replica_unhealthy",
+                    replica=h.replica_id,
+                )
+            )
     states = {name: snap.states.get(name) or ModelState(model=name) for name in snap.models}
     alive = _housekeeping(snap, nodes, now, t, plan, states)
     reserved = live_reservations(states, now)

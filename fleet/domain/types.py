@@ -141,6 +141,8 @@ class ReplicaView:
     preempted_for: str = ""
     reason: str = ""
     counts_as_failure: bool = True
+    # Not routed to since then: a gateway could not reach it, or its node went unheard.
+    unhealthy_since: datetime | None = None
 
     @cached_property
     def nodes(self) -> frozenset[str]:

@@ -360,6 +360,20 @@ class Runtime:
         except Exception:  # noqa: BLE001
             log.warning("could not ask for %s to be started", model, exc_info=True)
 
+    def report_unreachable(self, replica_id: str, why: str) -> None:
+        """Tell every gateway and the reconciler at once that a replica could not be reached
+        (fleet/services.py `replica_unhealthy_mark`), without waiting for it."""
+
+        async def report() -> None:
+            try:
+                await in_a_thread(_replica_unreachable)(replica_id, why)
+            except Exception:  # noqa: BLE001 - the database being away: suspect it here only
+                log.warning("could not mark replica %s unhealthy", replica_id, exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(report())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def start_soon(self, model: str) -> None:
         """`start_model` without waiting for it."""
         if time.monotonic() - self.asked.get(model, 0) >= 5:
@@ -383,6 +397,17 @@ class Runtime:
             cached = json.dumps({"object": "list", "data": data}).encode()
             self._models_json[key.models] = cached
         return cached
+
+
+def _replica_unreachable(replica_id: str, why: str) -> None:
+    from fleet.reconciler import wake
+    from fleet.services import replica_unhealthy_mark
+    from llmgw import clock
+
+    if replica_unhealthy_mark(
+        replica_id=replica_id, reason=f"the gateway could not reach it: {why}", now=clock.now()
+    ):
+        wake()
 
 
 def _model_requested(model: str) -> None:
@@ -671,7 +696,12 @@ async def _admit(rt: Runtime, req: Request) -> None:
 
 
 class Unreachable(Exception):
-    """The replica could not be reached, or hung up before answering: try another."""
+    """The replica could not be reached, or hung up before answering: try another.
+    `broken`: refused or cut (nothing listens, or the engine died), not merely slow."""
+
+    def __init__(self, message: str, *, broken: bool = True) -> None:
+        super().__init__(message)
+        self.broken = broken
 
 
 async def _route(rt: Runtime, req: Request, receive: Receive, send: Send) -> int:
@@ -720,6 +750,8 @@ async def _route(rt: Runtime, req: Request, receive: Receive, send: Send) -> int
             except Unreachable as exc:
                 log.warning("replica %s of %s unreachable: %s", up.replica_id, up.model, exc)
                 req.tried.add(up.replica_id)
+                if exc.broken and rt.suspect.get(up.replica_id, 0) <= time.monotonic():
+                    rt.report_unreachable(up.replica_id, str(exc))
                 rt.suspect[up.replica_id] = time.monotonic() + SUSPECT_S
                 if len(req.tried) >= 2:
                     req.tried.update(
@@ -830,7 +862,9 @@ async def _proxy(rt: Runtime, req: Request, up: Upstream, send: Send) -> int:
         try:
             resp = await rt.session.post(up.url + req.path, data=body, headers=headers)
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-            raise Unreachable(str(exc) or type(exc).__name__) from None
+            raise Unreachable(
+                str(exc) or type(exc).__name__, broken=not isinstance(exc, TimeoutError)
+            ) from None
         except (aiohttp.ClientError, ValueError) as exc:
             log.error("replica %s of %s answered what is not HTTP: %s", rid, model, exc)
             raise Refused(
@@ -888,7 +922,10 @@ async def _whole(rt: Runtime, req: Request, resp, kind: str, send: Send) -> int:
             chunks.append(chunk)
     except (aiohttp.ClientError, TimeoutError) as exc:
         # Nothing has reached the caller yet: another replica can still answer.
-        raise Unreachable(f"cut before answering in full: {exc or type(exc).__name__}") from None
+        raise Unreachable(
+            f"cut before answering in full: {exc or type(exc).__name__}",
+            broken=not isinstance(exc, TimeoutError),
+        ) from None
     data = b"".join(chunks)
     status = resp.status
     if status in (401, 403):

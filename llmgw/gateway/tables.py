@@ -80,6 +80,7 @@ class ReplicaRow:
     state: str
     endpoint: str
     state_since: object = None  # a datetime; only the loader reads it
+    unhealthy: bool = False  # a gateway could not reach it, or its node went unheard
 
 
 ACTIVE = ("pending", "starting", "ready")
@@ -127,7 +128,7 @@ def build_routes(
     for r in rows:
         if r.state in ("pending", "starting"):
             starting += 1
-        elif r.state == "ready" and r.endpoint:
+        elif r.state == "ready" and r.endpoint and not r.unhealthy:
             profile = spec.profile(r.profile)
             weight = profile.weight if profile is not None else 1
             if weight > 0:  # a profile weighted 0 takes no traffic
@@ -347,7 +348,7 @@ class Loader:
 
         qs = Replica.objects.order_by()
         qs = qs.filter(state__in=ACTIVE) if since is None else qs.filter(state_since__gte=since)
-        rows = qs.values_list("id", "model", "profile", "state", "state_since")
+        rows = qs.values_list("id", "model", "profile", "state", "state_since", "unhealthy_since")
         if since is None:
             endpoints = dict(
                 Shard.objects.filter(rank=0, replica__state="ready").values_list(
@@ -356,7 +357,10 @@ class Loader:
             )
         else:
             endpoints = _endpoints([r[0] for r in rows if r[3] == "ready"])
-        return [ReplicaRow(i, m, p, st, endpoints.get(i, ""), t) for i, m, p, st, t in rows]
+        return [
+            ReplicaRow(i, m, p, st, endpoints.get(i, ""), t, sick is not None)
+            for i, m, p, st, t, sick in rows
+        ]
 
 
 def _endpoints(replica_ids: list[str]) -> dict[str, str]:

@@ -1,0 +1,70 @@
+"""Which ready replicas are not to be routed to: no ghost replicas (pure).
+
+A ready replica whose node has not been heard from for the unreachable window (counted
+from the reconciler's restart at the earliest, as liveness is) has nothing confirming
+an engine behind it: it is marked unhealthy, which every gateway stops routing to,
+long before the node is lost and the replica replaced. A gateway that could not reach
+a replica marks it itself (fleet/services.py `replica_unhealthy_mark`). The mark is
+cleared once every node of the replica was heard from after it: an agent whose engine
+had died says so (the shard fails and the replica is replaced).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from .types import NodeView, ReplicaView
+
+
+@dataclass(frozen=True)
+class HealthChange:
+    """Mark a replica unhealthy (with the reason), or clear its mark (reason None)."""
+
+    replica_id: str
+    reason: str | None
+
+
+def _silence(node: NodeView, now: datetime, floor: datetime | None) -> float:
+    seen = node.last_seen or now
+    if floor is not None and seen < floor:
+        seen = floor
+    return (now - seen).total_seconds()
+
+
+def health_changes(
+    replicas: tuple[ReplicaView, ...],
+    nodes: Mapping[str, NodeView],
+    now: datetime,
+    *,
+    unreachable: float,
+    floor: datetime | None,
+) -> list[HealthChange]:
+    """The marks to set and clear this pass, given the nodes as liveness left them."""
+    out = []
+    for r in replicas:
+        if r.state != "ready" or not r.shards:
+            continue
+        if r.unhealthy_since is None:
+            for s in r.shards:
+                node = nodes.get(s.node_id)
+                if node is None or node.state == "ready":
+                    continue
+                silent = _silence(node, now, floor)
+                if silent >= unreachable:
+                    out.append(
+                        HealthChange(r.id, f"node {node.id} not heard from for {silent:.0f} s")
+                    )
+                    break
+            continue
+        heard = [nodes.get(s.node_id) for s in r.shards]
+        if all(
+            n is not None
+            and n.state == "ready"
+            and n.last_seen is not None
+            and n.last_seen > r.unhealthy_since
+            for n in heard
+        ):
+            out.append(HealthChange(r.id, None))
+    return out
