@@ -12,6 +12,13 @@ after it has handled everything before it on that connection.
   probe; the probe's round trip is the time to handle one, p50 and p99.
 - The same saturated run against a bare Channels consumer under daphne
   (benchmarks/bare_consumer.py), for the ratio.
+
+Those two lift the per-connection frame budget (LLMGW_AGENT_FRAMES_PER_SECOND), which
+would close agents sending back to back: they measure what handling costs. A third run
+keeps the default budget: the agents paced at FLOOD_RATE heartbeats a second in all (well
+within it), probed as above, first alone and then while one more connection floods
+heartbeats as fast as it can (reconnecting with its own credential when it is closed):
+the p99 of the well-behaved, and how much the flood moved it.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import websockets
 AGENTS = int(os.environ.get("BENCH_AGENTS", 50))
 SECONDS = float(os.environ.get("BENCH_SECONDS", 10))
 RATE = float(os.environ.get("BENCH_RATE", 1000))
+FLOOD_RATE = float(os.environ.get("BENCH_FLOOD_RATE", 250))
 PROBE_EVERY = 20
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,13 +74,68 @@ def _register(n: int) -> str:
     )  # fmt: skip
 
 
-async def _connect(url: str, token: str, n: int):
+async def _connect(url: str, token: str, n: int, credentials: dict | None = None):
+    """A registered connection for node n: with the join token the first time, with the node's
+    own credential (kept in `credentials`) after."""
+    credentials = {} if credentials is None else credentials
+    bearer = credentials.get(n, token)
     ws = await websockets.connect(
-        url, additional_headers={"Authorization": f"Bearer {token}"}, max_queue=None
+        url, additional_headers={"Authorization": f"Bearer {bearer}"}, max_queue=None
     )
     await ws.send(_register(n))
-    assert json.loads(await ws.recv())["type"] == "registered"
+    reply = json.loads(await ws.recv())
+    assert reply["type"] == "registered", reply
+    if "node_token" in reply:
+        credentials[n] = reply["node_token"]
     return ws
+
+
+async def _flood(url: str, token: str, stop: asyncio.Event) -> dict:
+    """One connection sending heartbeats back to back until `stop`, reconnecting when the
+    server closes it; how many it sent and how often it was closed."""
+    credentials: dict = {}
+    sent = closed = 0
+    seq = 0
+    while not stop.is_set():
+        ws = await _connect(url, token, 99_999, credentials)
+        try:
+            while not stop.is_set():
+                seq += 1
+                await ws.send(_heartbeat(seq))
+                sent += 1
+                if sent % 50 == 0:
+                    await asyncio.sleep(0)
+        except websockets.ConnectionClosed:
+            closed += 1
+        finally:
+            await ws.close()
+    return {"sent": sent, "closed": closed}
+
+
+async def _flooded(url: str, token: str) -> dict:
+    """The paced p99 of AGENTS well-behaved agents, alone and while one connection floods
+    from a process of its own (so the flood does not slow this client's own loop)."""
+    # Nodes of their own: those of the first run have their credentials in the database.
+    conns = [await _connect(url, token, 50_000 + n) for n in range(AGENTS)]
+    try:
+        quiet = sorted(await _paced(conns, SECONDS, FLOOD_RATE, base=3_000_000))
+        flooder = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--flood", url, token, str(SECONDS + 2),
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        await asyncio.sleep(1)
+        loud = sorted(await _paced(conns, SECONDS, FLOOD_RATE, base=4_000_000))
+        out, _ = await flooder.communicate()
+        return {"quiet": quiet, "loud": loud, **json.loads(out)}
+    finally:
+        for ws in conns:
+            await ws.close()
+
+
+async def _flood_for(url: str, token: str, seconds: float) -> None:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(seconds, stop.set)
+    print(json.dumps(await _flood(url, token, stop)), flush=True)
 
 
 async def _probe(ws, seq: int) -> float:
@@ -166,7 +229,9 @@ def _serve(cmd: list[str], env: dict, log: Path, check_url: str, run) -> dict:
 def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="llmgw-bench-hb-"))
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(LLMGW_HOME=str(home), PYTHONPATH=str(REPO))
+    env.update(LLMGW_HOME=str(home), PYTHONPATH=str(REPO), LLMGW_JOINS_PER_MINUTE="1000000")
+    # The saturated and paced runs measure handling: no budget closes their agents.
+    unbudgeted = {**env, "LLMGW_AGENT_FRAMES_PER_SECOND": "1000000"}
     llmgw = [sys.executable, "-m", "llmgw"]
     subprocess.run([*llmgw, "migrate"], env=env, check=True, capture_output=True)
     made = subprocess.run(
@@ -180,7 +245,7 @@ def main() -> None:
 
     port = _free_port()
     ours = _serve(
-        [*llmgw, "serve", "--port", str(port)], env, home / "serve.log", f"http://127.0.0.1:{port}/api/v1/openapi.json",
+        [*llmgw, "serve", "--port", str(port)], unbudgeted, home / "serve.log", f"http://127.0.0.1:{port}/api/v1/openapi.json",
         lambda pid: _run(f"ws://127.0.0.1:{port}/ws/agent/", token, pid, paced=True),
     )  # fmt: skip
     port = _free_port()
@@ -188,6 +253,13 @@ def main() -> None:
         [sys.executable, "-m", "daphne", "-p", str(port), "benchmarks.bare_consumer:application"], env,
         home / "bare.log", f"http://127.0.0.1:{port}/",
         lambda pid: _run(f"ws://127.0.0.1:{port}/", token, pid, paced=False),
+    )  # fmt: skip
+
+    port = _free_port()
+    flood = _serve(
+        [*llmgw, "serve", "--port", str(port)], env, home / "serve-flood.log",
+        f"http://127.0.0.1:{port}/api/v1/openapi.json",
+        lambda pid: _flooded(f"ws://127.0.0.1:{port}/ws/agent/", token),
     )  # fmt: skip
 
     lat = ours["latencies"]
@@ -201,7 +273,17 @@ def main() -> None:
                       "scale": scale}), flush=True)  # fmt: skip
     print(json.dumps({"figure": "heartbeat_handling_ms", "p50": pct(0.5), "p99": pct(0.99), "aim_p99": 100,
                       "offered_per_second": RATE, "probes": len(lat), "scale": scale}), flush=True)  # fmt: skip
+    p99 = lambda xs: round(xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1000, 2)  # noqa: E731
+    quiet, loud = p99(flood["quiet"]), p99(flood["loud"])
+    print(json.dumps({"figure": "heartbeat_p99_ms_while_one_floods", "quiet_p99": quiet, "flooded_p99": loud,
+                      "moved": round(loud / quiet - 1, 2) if quiet else None, "aim_moved": 0.2,
+                      "flood_frames_sent": flood["sent"], "flood_closed": flood["closed"],
+                      "offered_per_second": FLOOD_RATE, "probes": len(flood["loud"]),
+                      "scale": {**scale, "frame_budget_per_second": 20}}), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--flood"]:
+        asyncio.run(_flood_for(sys.argv[2], sys.argv[3], float(sys.argv[4])))
+    else:
+        main()

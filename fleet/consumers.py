@@ -111,6 +111,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     node_id: str | None = None
     credential: AgentCredential | None = None
+    # Set once this side decided to close: frames still queued behind are not even looked at.
+    closing = False
     mgmt_addr: str = ""
 
     async def dispatch(self, message):
@@ -168,14 +170,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("could not leave node %s's group: %s", self.node_id, exc)
 
     async def receive(self, text_data=None, bytes_data=None):
-        if self.credential is None:
-            return  # a connection being closed: its handshake found no database
+        if self.credential is None or self.closing:
+            return  # a connection being closed (or whose handshake found no database)
         verdict = self.budget.take(time.monotonic())
         if verdict is not FrameBudget.OK:
             # Over budget: not even parsed. Sustained, the connection is closed.
             if verdict is FrameBudget.CLOSE:
                 refused("frames", self.budget.sentence(self.node_id))
-                await self.close(code=CLOSE_FLOOD)
+                await self._end(CLOSE_FLOOD)
             return
         if text_data is None:
             await self._reject("frames must be JSON text, not binary")
@@ -198,6 +200,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.invalid = 0
 
+    async def _end(self, code: int) -> None:
+        """Close from this side, once: a flooding agent leaves thousands of frames queued."""
+        if not self.closing:
+            self.closing = True
+            await self.close(code=code)
+
     async def _reject(self, detail: str) -> None:
         """Answer an invalid frame with an error, change nothing, and close on a run of them."""
         self.invalid += 1
@@ -206,7 +214,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning(
                 "closing agent %s: %d invalid messages in a row", self.node_id or "?", self.invalid
             )
-            await self.close(code=CLOSE_INVALID)
+            await self._end(CLOSE_INVALID)
 
     async def _send_commands(self, commands: list[Command]) -> None:
         for cmd in commands:
@@ -217,7 +225,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         has one, is not disturbed."""
         refused(exc.reason, f"refused to register node {node_id}: {exc}")
         await self.send(text_data=json.dumps({"type": "error", "detail": f"{exc}."}))
-        await self.close(code=CLOSE_REFUSED)
+        await self._end(CLOSE_REFUSED)
 
     async def on_register(self, msg: events.Register) -> None:
         group = node_group(msg.node_id)
@@ -331,9 +339,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 {"type": "error", "detail": f"node {self.node_id} was forgotten by an operator."}
             )
         )
-        await self.close(code=CLOSE_REFUSED)
+        await self._end(CLOSE_REFUSED)
 
     async def agent_superseded(self, event) -> None:
         if event["session"] != self.session:
             log.info("agent %s connected again; closing its older connection", self.node_id)
-            await self.close(code=CLOSE_SUPERSEDED)
+            await self._end(CLOSE_SUPERSEDED)
