@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from llmgw.web import Web, flag, private, web_load
+
 
 class SettingError(Exception):
     """A setting in the environment cannot be used; the message says which and why."""
@@ -133,6 +135,7 @@ class Config:
     # How long a stopping `llmgw serve` lets requests in flight finish.
     shutdown_grace: float = 30.0
     vllm: Vllm = Vllm()
+    web: Web = Web()
     agents: Agents = Agents()
     login: LoginThrottle = LoginThrottle()
 
@@ -185,6 +188,7 @@ def _secret(env: dict[str, str], home: Path) -> str:
     except FileNotFoundError:
         pass
     else:
+        private(path, 0o600)
         if len(key) < 32:
             # A write cut short: Django would refuse an empty key with a stack trace.
             raise SettingError(
@@ -213,7 +217,9 @@ def load(env: dict[str, str] | None = None) -> Config:
     env = dict(os.environ if env is None else env)
     home = Path(env.get("LLMGW_HOME", "").strip() or "./var").resolve()
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Owner-only: it holds the secret key, the embedded database and the mirror.
+        private(home, 0o700)
     except OSError as exc:
         raise SettingError(f"LLMGW_HOME {str(home)!r} cannot be created: {exc.strerror}.") from None
     catalog_raw = env.get("LLMGW_CATALOG", "").strip()
@@ -241,11 +247,12 @@ def load(env: dict[str, str] | None = None) -> Config:
         catalog=catalog,
         timings=timings,
         log_format=log_format,
-        debug=env.get("LLMGW_DEBUG", "") in ("1", "true", "yes"),
+        debug=flag(env, "LLMGW_DEBUG", False, SettingError),
         on_demand_wait=_number(env, "LLMGW_ON_DEMAND_WAIT_SECONDS", 120.0, integer=False),
         shutdown_grace=_number(env, "LLMGW_SHUTDOWN_GRACE_SECONDS", 30.0, integer=False),
         mirror=_mirror(env, home),
         vllm=_vllm(env),
+        web=web_load(env, SettingError),
         agents=_agents(env),
         login=_login(env),
     )

@@ -10,6 +10,7 @@ import sys
 import dj_database_url
 
 from llmgw import config as _config
+from llmgw.web import LOOPBACK_HOSTS, private_database
 
 try:
     LLMGW = _config.load()
@@ -20,7 +21,13 @@ except _config.SettingError as exc:
 BASE_DIR = _config.Path(__file__).resolve().parent.parent
 SECRET_KEY = LLMGW.secret_key
 DEBUG = LLMGW.debug
-ALLOWED_HOSTS = ["*"]
+# Loopback names unless LLMGW_ALLOWED_HOSTS says; `llmgw serve` adds the address it binds.
+ALLOWED_HOSTS = list(LLMGW.web.allowed_hosts or LOOPBACK_HOSTS)
+if LLMGW.web.behind_tls_proxy:
+    # The proxy says the request came over TLS: CSRF's origin check and secure cookies
+    # then see the https:// the browser used. The proxy must set (not pass on) the header.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = LLMGW.web.secure_cookies
 CSRF_TRUSTED_ORIGINS = ["http://127.0.0.1", "http://localhost"]
 
 INSTALLED_APPS = [
@@ -77,6 +84,7 @@ if LLMGW.database_url:
     # dead thread was garbage-collected, and a busy server ran PostgreSQL out of clients.
     DATABASES = {"default": dj_database_url.parse(LLMGW.database_url, conn_max_age=0)}
 else:
+    private_database(LLMGW.home / "llmgw.sqlite3")
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",

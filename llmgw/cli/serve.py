@@ -213,6 +213,10 @@ def main(argv: list[str]) -> int:
     from django.conf import settings
 
     cfg = settings.LLMGW
+    if cfg.web.allowed_hosts is None:
+        from llmgw.web import served_hosts
+
+        settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, *served_hosts(args.host)]
     _prepare(cfg.embedded)
     from fleet.reconciler import served_record
     from llmgw import clock
