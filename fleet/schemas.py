@@ -54,6 +54,8 @@ class ReplicaOut(Schema):
     outdated: bool
     # While its agent fetches the weights from the mirror: {"done", "total"} in bytes.
     fetching: dict[str, int | None] | None = None
+    # Since when no gateway routes to it although ready (fleet/domain/health.py).
+    unhealthy_since: str | None = None
 
 
 class DetailOut(Schema):

@@ -460,6 +460,7 @@ def replica_out(r: ReplicaView, spec: ModelSpec | None, endpoints: dict[str, str
         "reason": r.reason,
         "retiring": r.retiring,
         "outdated": profile is not None and profile.fingerprint() != r.profile_fp,
+        "unhealthy_since": _iso(r.unhealthy_since),
     }
 
 
