@@ -55,6 +55,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "llmgw.csp.ContentSecurityPolicy",
     "django_htmx.middleware.HtmxMiddleware",
     # Last, so the views' database errors reach it first: an outage is a 503, not a 500.
     "llmgw.middleware.DatabaseAway",

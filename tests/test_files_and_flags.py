@@ -1,5 +1,5 @@
 """`llmgw serve` as a process: its home and database owner-only, the host names its pages
-answer to, and cookies and CSRF behind a TLS proxy."""
+answer to, cookies and CSRF behind a TLS proxy, and the console's Content-Security-Policy."""
 
 from __future__ import annotations
 
@@ -135,6 +135,16 @@ def test_behind_a_tls_proxy_cookies_are_secure_and_its_origin_passes_csrf(starte
     # The browser's https:// origin is the request's own once the proxy says it came over TLS.
     assert login(**tls) == 200  # the form again, with its error: CSRF passed
     assert login() == 403
+
+
+def test_the_consoles_pages_carry_a_content_security_policy(started):
+    s = started()
+
+    policy = s.get("/login/").headers["content-security-policy"]
+
+    assert "script-src 'self'" in policy and "style-src 'self'" in policy
+    assert "'unsafe-inline'" not in policy and "'unsafe-eval'" not in policy
+    assert "frame-ancestors 'none'" in policy
 
 
 @pytest.mark.parametrize(

@@ -139,11 +139,19 @@ def page(console, browser):
     tab = context.new_page()
     errors: list[str] = []
     tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    # Chromium tells of what the Content-Security-Policy refused (an inline style or
+    # script, an eval) as an error on the console.
+    refused: list[str] = []
+    tab.on(
+        "console",
+        lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None,
+    )
     try:
         yield tab
     finally:
         context.close()
     assert not errors, f"the page's scripts failed: {errors}"
+    assert not refused, f"the Content-Security-Policy refused: {refused}"
 
 
 @pytest.fixture

@@ -71,6 +71,10 @@ def test_a_quota_with_a_bad_figure_is_refused_beside_that_figure_and_nothing_is_
     expect(page.locator("#quota-table")).to_contain_text("Acme")
     expect(form.locator(".errorlist")).to_have_count(0)
     assert [q["limit"]["gpus"] for q in console.get("/quotas")] == [4]
+    # The guarantee's marker is placed by static/console.js: no style attribute is
+    # allowed under the Content-Security-Policy.
+    marker = page.locator("#quota-table i.guarantee").first
+    expect(marker).to_have_attribute("style", re.compile(r"left: 50(\.0)?%"))
 
 
 def _api_state(console, node: str) -> str:

@@ -640,7 +640,7 @@ def test_a_node_page_shows_its_tiles_gpus_and_replicas(staff, now):
     assert "RAM in use · of 1.0\xa0TB · 512.0\xa0GB available" in body
     assert "3.50" in body and "3.00 5m" in body and "2.50 15m" in body
     gpu0 = re.search(r'<tr data-gpu="0">(.*?)</tr>', body).group(1)
-    assert '<span style="width:87%"></span>' in gpu0  # 612 W of 700 as a bar
+    assert '<span data-width="87"></span>' in gpu0  # 612 W of 700 as a bar
     assert '<span class="muted">nothing</span>' in gpu0  # nothing throttles it
     assert gpu0.endswith('<a href="/models/llama">llama-1</a></td>')
     assert rows(body.encode(), "replica") == ["llama-1", "llama-2"]

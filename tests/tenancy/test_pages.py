@@ -97,7 +97,7 @@ def test_each_quota_shows_its_holds_against_guarantee_and_limit_as_bars(staff, t
     assert "2 / 4 (≤ 8)" in row  # GPUs: holds / guaranteed (≤ limit)
     assert "40 / - (≤ 100)" in row  # memory: limited, not guaranteed
     assert row.count('class="bar') == 2  # cores are not governed: no bar
-    assert 'style="width:25.0%"' in row and 'class="guarantee" style="left:50.0%"' in row
+    assert 'data-width="25.0"' in row and 'class="guarantee" data-left="50.0"' in row
     assert 'data-clear="' + ml + '"' in row
 
 
@@ -108,7 +108,7 @@ def test_a_scope_at_its_limit_is_drawn_full_and_red(staff, tree):
 
     html = staff.get("/quotas").content.decode()
 
-    assert 'class="bar over"' in html and 'style="width:100.0%"' in html
+    assert 'class="bar over"' in html and 'data-width="100.0"' in html
 
 
 def test_the_tenancy_tree_sits_beside_the_quotas_with_scope_names(staff, tree):
