@@ -259,4 +259,5 @@ def test_a_server_on_loopback_is_reached_on_loopback():
 def test_without_a_token_the_agent_says_so_and_exits_2(monkeypatch, capsys):
     monkeypatch.delenv("LLMGW_TOKEN", raising=False)
     assert main([]) == 2
-    assert "--token or set LLMGW_TOKEN" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "set LLMGW_TOKEN, or LLMGW_TOKEN_FILE to a file holding it" in err
