@@ -134,6 +134,8 @@ class Config:
     on_demand_wait: float = 120.0
     # How long a stopping `llmgw serve` lets requests in flight finish.
     shutdown_grace: float = 30.0
+    # How long a connection may take to send a request's headers (slow clients are closed).
+    header_timeout: float = 20.0
     vllm: Vllm = Vllm()
     web: Web = Web()
     agents: Agents = Agents()
@@ -250,6 +252,7 @@ def load(env: dict[str, str] | None = None) -> Config:
         debug=flag(env, "LLMGW_DEBUG", False, SettingError),
         on_demand_wait=_number(env, "LLMGW_ON_DEMAND_WAIT_SECONDS", 120.0, integer=False),
         shutdown_grace=_number(env, "LLMGW_SHUTDOWN_GRACE_SECONDS", 30.0, integer=False),
+        header_timeout=_number(env, "LLMGW_HEADER_TIMEOUT_SECONDS", 20.0, integer=False),
         mirror=_mirror(env, home),
         vllm=_vllm(env),
         web=web_load(env, SettingError),

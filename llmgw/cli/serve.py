@@ -104,6 +104,55 @@ def _lighter_requests() -> None:
     http_protocol.HTTPFactory.log = lambda self, request: None
 
 
+def _header_deadline(seconds: float) -> None:
+    """A connection must finish a request's headers within `seconds` of opening, or of its
+    last answer when it is kept alive, or it is closed: a client sending its headers a byte
+    at a time (slowloris) would otherwise hold a connection for as long as it likes, since
+    Twisted's idle timeout starts again with every byte. Bodies and answers, a stream or a
+    mirror file however long, are not timed by this; idle connections still close after
+    Twisted's 60 s without a byte."""
+    from twisted.internet import reactor
+    from twisted.web import http
+
+    made, headers, done, lost = (
+        http.HTTPChannel.connectionMade,
+        http.HTTPChannel.allHeadersReceived,
+        http.HTTPChannel.requestDone,
+        http.HTTPChannel.connectionLost,
+    )
+
+    def arm(channel) -> None:
+        disarm(channel)
+        channel._llmgw_deadline = reactor.callLater(seconds, channel.transport.abortConnection)
+
+    def disarm(channel) -> None:
+        deadline = getattr(channel, "_llmgw_deadline", None)
+        if deadline is not None and deadline.active():
+            deadline.cancel()
+
+    def connection_made(self):
+        made(self)
+        arm(self)
+
+    def all_headers_received(self):
+        disarm(self)
+        headers(self)
+
+    def request_done(self, request):
+        done(self, request)
+        if not self._handlingRequest and self.transport is not None:
+            arm(self)
+
+    def connection_lost(self, reason):
+        disarm(self)
+        lost(self, reason)
+
+    http.HTTPChannel.connectionMade = connection_made
+    http.HTTPChannel.allHeadersReceived = all_headers_received
+    http.HTTPChannel.requestDone = request_done
+    http.HTTPChannel.connectionLost = connection_lost
+
+
 def _server_class():
     """daphne's Server, letting go of a finished request at once.
 
@@ -217,6 +266,7 @@ def main(argv: list[str]) -> int:
         from llmgw.web import served_hosts
 
         settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, *served_hosts(args.host)]
+    _header_deadline(cfg.header_timeout)
     _prepare(cfg.embedded)
     from fleet.reconciler import served_record
     from llmgw import clock
