@@ -51,6 +51,8 @@ MAX_LOG_REQUESTS = 64
 
 _flusher: asyncio.Task | None = None
 _handshakes = Outage("authenticating agents' connections against the database", log)
+_layer = Outage("joining agents to their nodes' groups on the channel layer (Redis)", log)
+JOIN_RETRY_S = 2.0
 
 
 def _bearer(scope) -> str:
@@ -152,6 +154,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.accept()
 
     async def disconnect(self, code):
+        self.closing = True  # and a group still being joined is given up
         if self.node_id is None:
             return
         # First what needs neither Redis nor the database: this process stops speaking for
@@ -220,6 +223,36 @@ class AgentConsumer(AsyncWebsocketConsumer):
         for cmd in commands:
             await self.send(text_data=json.dumps(cmd.payload))
 
+    async def _join(self, group: str) -> None:
+        """Take the node's group (its commands, and its older connection giving way), here or
+        in another process. With the channel layer (Redis) away the agent stays connected
+        (its heartbeats keep its node ready) and the group is taken in the background, as
+        soon as the layer answers again."""
+        try:
+            await self.channel_layer.group_send(
+                group, {"type": "agent.superseded", "session": self.session}
+            )
+            await self.channel_layer.group_add(group, self.channel_name)
+        except Exception as exc:
+            _layer.failed(exc)
+            self.joining = asyncio.get_running_loop().create_task(self._join_later(group))
+        else:
+            _layer.worked()
+
+    async def _join_later(self, group: str) -> None:
+        while not self.closing:
+            await asyncio.sleep(JOIN_RETRY_S)
+            try:
+                await self.channel_layer.group_send(
+                    group, {"type": "agent.superseded", "session": self.session}
+                )
+                await self.channel_layer.group_add(group, self.channel_name)
+            except Exception as exc:
+                _layer.failed(exc)
+            else:
+                _layer.worked()
+                return
+
     async def _refuse(self, exc: Refused, node_id: str) -> None:
         """Refuse a registration: say why, count it, close; the node's own connection, if it
         has one, is not disturbed."""
@@ -238,11 +271,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             except Refused as exc:
                 await self._refuse(exc, msg.node_id)
                 return
-            # An older connection of the same node, here or in another process, gives way.
-            await self.channel_layer.group_send(
-                group, {"type": "agent.superseded", "session": self.session}
-            )
-            await self.channel_layer.group_add(group, self.channel_name)
+            await self._join(group)
         try:
             registration = await database_sync_to_async(node_register)(
                 msg=msg, session=self.session, now=now, credential=self.credential

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from llmgw.outage import Outage
+
 log = logging.getLogger("llmgw.fleet")
+_layer = Outage("sending commands to agents through the channel layer (Redis)", log)
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,8 @@ def dispatch(commands: list[Command]) -> None:
         return
     try:
         async_to_sync(send_commands)(commands)
-    except Exception:  # the channel layer being away must not undo a committed pass
-        log.exception(
-            "could not send %d commands to agents; they are sent again on re-register",
-            len(commands),
-        )
+    except Exception as exc:  # the channel layer being away must not undo a committed pass
+        # Said when it starts and when it ends; the commands are sent again on re-register.
+        _layer.failed(exc)
+    else:
+        _layer.worked()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -98,3 +99,33 @@ async def test_a_handshake_while_the_database_is_away_is_told_to_try_again(agent
     assert comm.refused is None
     closed = await comm.receive_output(timeout=5)
     assert (closed["type"], closed["code"]) == ("websocket.close", 4503)
+
+
+async def test_with_the_channel_layer_away_an_agent_registers_and_gets_commands_once_it_is_back(
+    agents, layer, monkeypatch
+):
+    from fleet import consumers
+    from fleet.dispatch import Command, send_commands
+
+    monkeypatch.setattr(consumers, "JOIN_RETRY_S", 0.05)
+    real_add, failures = layer.group_add, []
+
+    async def add(group, channel):
+        if len(failures) < 3:
+            failures.append(group)
+            raise ConnectionError("Redis is away")
+        await real_add(group, channel)
+
+    monkeypatch.setattr(layer, "group_add", add)
+
+    comm = await agents.registered(register_frame("gpu-a"))  # registered all the same
+
+    node = await in_db(lambda: Node.objects.get(pk="gpu-a"))
+    assert node.state == Node.READY
+    for _ in range(100):
+        if len(failures) == 3:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+    await send_commands([Command("gpu-a", {"type": "stop_shard", "shard_id": "x", "grace_s": 0})])
+    assert (await comm.receive_json_from(timeout=5))["type"] == "stop_shard"
