@@ -17,6 +17,8 @@ BENCHES = [
     "llamacpp.py",
     # The mirror to an agent against curl; with a llama-server, serve to first token too.
     "mirror.py",
+    # How fast the cluster heals with the default timings: an engine crash, a worker's death.
+    "recovery.py",
 ]
 
 if __name__ == "__main__":
