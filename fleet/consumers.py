@@ -228,6 +228,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
         in another process. With the channel layer (Redis) away the agent stays connected
         (its heartbeats keep its node ready) and the group is taken in the background, as
         soon as the layer answers again."""
+        if not await self._take_group(group):
+            self.joining = asyncio.get_running_loop().create_task(self._join_later(group))
+
+    async def _join_later(self, group: str) -> None:
+        while not self.closing:
+            await asyncio.sleep(JOIN_RETRY_S)
+            if await self._take_group(group):
+                return
+
+    async def _take_group(self, group: str) -> bool:
         try:
             await self.channel_layer.group_send(
                 group, {"type": "agent.superseded", "session": self.session}
@@ -235,23 +245,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
         except Exception as exc:
             _layer.failed(exc)
-            self.joining = asyncio.get_running_loop().create_task(self._join_later(group))
-        else:
-            _layer.worked()
-
-    async def _join_later(self, group: str) -> None:
-        while not self.closing:
-            await asyncio.sleep(JOIN_RETRY_S)
-            try:
-                await self.channel_layer.group_send(
-                    group, {"type": "agent.superseded", "session": self.session}
-                )
-                await self.channel_layer.group_add(group, self.channel_name)
-            except Exception as exc:
-                _layer.failed(exc)
-            else:
-                _layer.worked()
-                return
+            return False
+        _layer.worked()
+        return True
 
     async def _refuse(self, exc: Refused, node_id: str) -> None:
         """Refuse a registration: say why, count it, close; the node's own connection, if it

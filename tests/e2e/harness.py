@@ -203,6 +203,17 @@ class Cluster:
             ],
         )  # fmt: skip
 
+    def ctl(self, *argv: str) -> subprocess.CompletedProcess:
+        """`llmgw ctl ARGV` against this cluster as its admin, as an operator runs it."""
+        return subprocess.run(
+            [sys.executable, "-m", "llmgw", "ctl", "--server", self.url, *argv],
+            env={**self.env, "LLMGW_TOKEN": self.admin_token},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     def get(self, path: str, **params):
         r = self.client.get(path, params=params)
         r.raise_for_status()

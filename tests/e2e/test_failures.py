@@ -43,17 +43,6 @@ print(session.session_key)
 """
 
 
-def _ctl(cluster, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "llmgw", "ctl", "--server", cluster.url, *argv],
-        env={**cluster.env, "LLMGW_TOKEN": cluster.admin_token},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def _staff_cookie(cluster) -> str:
     done = subprocess.run(
         [sys.executable, "-c", _STAFF_SESSION],
@@ -82,16 +71,16 @@ def test_an_engine_that_exits_shows_its_own_error_in_explain_logs_and_the_cluste
     assert failure["detail"].startswith("The engine exited with code 2.\n")
     assert ENGINE_SAYS in failure["detail"]
 
-    explain = _ctl(cluster, "model", "explain", "broken")
+    explain = cluster.ctl("model", "explain", "broken")
     assert explain.returncode == 0, explain.stderr
     assert "backing off after" in explain.stdout or "parked after" in explain.stdout
     assert f"  {ENGINE_SAYS}" in explain.stdout.splitlines()
 
-    models = _ctl(cluster, "models")
+    models = cluster.ctl("models")
     assert f"failing: broken: {ENGINE_SAYS}" in models.stdout
 
     # The replica is forgotten once its failure is counted; its log is still on its node.
-    logs = _ctl(cluster, "logs", failure["replica"], "--lines", "5")
+    logs = cluster.ctl("logs", failure["replica"], "--lines", "5")
     assert logs.returncode == 0, logs.stderr
     assert logs.stdout.splitlines()[-1] == ENGINE_SAYS
 

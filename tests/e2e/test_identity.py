@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import stat
-import subprocess
-import sys
 
 import httpx
 import openai
@@ -16,7 +14,7 @@ from websockets.exceptions import ConnectionClosed
 
 from llmgw.secrets import engine_key
 
-from .harness import REPO, SECRET, wait_for
+from .harness import SECRET, wait_for
 
 SMALL = {
     "name": "small",
@@ -46,17 +44,6 @@ async def _impostor(cluster, node_id: str) -> tuple[dict, int]:
         except ConnectionClosed as closed:
             return answer, closed.rcvd.code
     raise AssertionError("the impostor's connection was not closed")
-
-
-def _ctl(cluster, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "llmgw", "ctl", "--server", cluster.url, *argv],
-        env={**cluster.env, "LLMGW_TOKEN": cluster.admin_token},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def _chat(replica: dict) -> int:
@@ -93,7 +80,7 @@ def test_a_join_token_cannot_take_a_running_node_and_a_forgotten_node_joins_anew
     assert 'llmgw_agent_refused_total{reason="node_has_credential"} 1.0' in scraped
 
     # Forgotten, the node's engine is stopped and its agent joins again as a new node.
-    forgot = _ctl(cluster, "node", "forget", "cpu-a")
+    forgot = cluster.ctl("node", "forget", "cpu-a")
     assert forgot.returncode == 0, forgot.stderr
     assert "credential is revoked" in forgot.stdout
     wait_for(
