@@ -4,6 +4,7 @@ count of refusals by reason on `/metrics`, logged with a count rather than per a
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 import threading
 import time
@@ -109,3 +110,36 @@ class FrameBudget:
             f"{self.per_second:g} frames a second (LLMGW_AGENT_FRAMES_PER_SECOND) and "
             f"{self.dropped} were dropped unread"
         )
+
+
+class PenaltyBox:
+    """Bearers whose connection was closed for flooding, kept out for PENALTY_S: their
+    reconnections are accepted and closed at once, before any database lookup, instead of
+    being let flood again. Keyed by the bearer's digest; at most MAX_HELD are kept."""
+
+    PENALTY_S = 10.0
+    MAX_HELD = 10_000
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    @staticmethod
+    def key(secret: str) -> str:
+        return hashlib.sha256(secret.encode()).hexdigest()
+
+    def hold(self, key: str, now: float) -> None:
+        if len(self._until) >= self.MAX_HELD:
+            self._until = {k: t for k, t in self._until.items() if t > now}
+        self._until[key] = now + self.PENALTY_S
+
+    def holds(self, key: str, now: float) -> bool:
+        until = self._until.get(key)
+        if until is None:
+            return False
+        if until <= now:
+            del self._until[key]
+            return False
+        return True
+
+
+PENALTY = PenaltyBox()

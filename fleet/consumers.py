@@ -19,7 +19,7 @@ from llmgw import clock
 from llmgw.outage import Outage
 
 from . import events
-from .connections import FrameBudget, refused
+from .connections import PENALTY, FrameBudget, refused
 from .dispatch import Command, node_group, send_commands
 from .domain.endpoints import endpoint_refusal
 from .domain.types import parse_shard_id
@@ -113,6 +113,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     node_id: str | None = None
     credential: AgentCredential | None = None
+    node_key: str | None = None
     # Set once this side decided to close: frames still queued behind are not even looked at.
     closing = False
     mgmt_addr: str = ""
@@ -127,10 +128,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def connect(self):
+        secret = _bearer(self.scope)
+        # The node credential this connection speaks with (its digest), once it has one.
+        self.node_key = PENALTY.key(secret)
+        if PENALTY.holds(self.node_key, time.monotonic()):
+            # Closed for flooding a moment ago: not let in again yet, and no database asked.
+            refused("frames", "an agent closed for flooding tried again before its penalty ended")
+            await self.accept()
+            await self.close(code=CLOSE_FLOOD, reason="too many frames; wait before connecting")
+            return
         try:
-            self.credential = await database_sync_to_async(agent_authenticate)(
-                secret=_bearer(self.scope)
-            )
+            self.credential = await database_sync_to_async(agent_authenticate)(secret=secret)
         except (OperationalError, InterfaceError) as exc:
             # Not a refusal (that would make the agent give up its credential): try again.
             _handshakes.failed(exc)
@@ -138,6 +146,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_TRY_AGAIN, reason="the control plane's database is away")
             return
         _handshakes.worked()
+        if self.credential is not None and self.credential.joining:
+            self.node_key = None
         if self.credential is None:
             # Refused before accept: the handshake fails with 403 and nothing says why.
             refused(
@@ -180,6 +190,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # Over budget: not even parsed. Sustained, the connection is closed.
             if verdict is FrameBudget.CLOSE:
                 refused("frames", self.budget.sentence(self.node_id))
+                if self.node_key is not None:  # never a join token: others join with it
+                    PENALTY.hold(self.node_key, time.monotonic())
                 await self._end(CLOSE_FLOOD)
             return
         if text_data is None:
@@ -291,6 +303,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         registered = {"type": "registered", "node_id": msg.node_id}
         if registration.node_token:
             registered["node_token"] = registration.node_token
+            self.node_key = PENALTY.key(registration.node_token)
         if not registration.approved:
             registered["approved"] = False
         await self.send(text_data=json.dumps(registered))

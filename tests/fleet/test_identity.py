@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from django.conf import settings
 
-from fleet.connections import FrameBudget
+from fleet.connections import PENALTY, FrameBudget
 from fleet.live import LIVE
 from fleet.models import Node, Replica, Shard
 from fleet.reconciler import reconcile_once
@@ -280,6 +280,10 @@ async def test_a_connection_flooding_frames_is_closed(agents, agent_settings):
         await comm.send_json_to({"type": "heartbeat", "seq": seq})
 
     assert await closed_with(comm) == 4429
+    # Connecting again at once it is let in and closed straight away, for PENALTY_S.
+    again = await agents.connect(agents.node_tokens["gpu-a"])
+    assert again.refused is None and await closed_with(again) == 4429
+    PENALTY._until.clear()
 
 
 def test_the_frame_budget_drops_a_burst_past_it_and_closes_only_a_sustained_flood():
