@@ -24,6 +24,7 @@ from django.db import DatabaseError, IntegrityError, close_old_connections, conn
 from django.db.models import Q
 
 from llmgw import clock
+from llmgw.outage import Outage
 
 from .dispatch import dispatch
 from .domain.passes import restart_at, settles
@@ -251,14 +252,18 @@ async def run_forever(interval: float) -> None:
     event = asyncio.Event()
     _woken = (asyncio.get_running_loop(), event)
     first = True
+    # A database outage fails every pass: said when it starts and when it ends.
+    outage = Outage(f"the reconciler's pass (tried every {interval:g} s)", log)
     while True:
         try:
             await sync_to_async(_embedded_pass, thread_sensitive=False)(fresh_start=first)
             first = False
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("reconciler pass failed; trying again in %s s", interval)
+        except Exception as exc:
+            outage.failed(exc)
+        else:
+            outage.worked()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout=interval)
         event.clear()

@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from llmgw import clock
+from llmgw.outage import Outage
 
 from . import services, store
 from .domain.sources import inside
@@ -174,12 +175,15 @@ def start_embedded() -> None:
 
 
 def _loop() -> None:
+    outage = Outage("the mirror's worker", log)
     while True:
         try:
             busy = work_once()
-        except Exception:
-            log.exception("mirror: the worker failed; trying again")
+        except Exception as exc:
+            outage.failed(exc)
             busy = False
+        else:
+            outage.worked()
         finally:
             close_old_connections()
         if not busy:

@@ -28,6 +28,7 @@ from llmgw.gateway.limits import Limiter, LocalCounters, RedisCounters, refusal_
 from llmgw.gateway.load import BOARD, publish
 from llmgw.gateway.tables import Key, Loader, Tables, Upstream
 from llmgw.gateway.usage import UsageBook, usage_write
+from llmgw.outage import Outage
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -332,6 +333,8 @@ class Runtime:
 
     async def _background(self) -> None:
         last_flush = time.monotonic()
+        # Every second while the database is away: said when it starts and when it ends.
+        outage = Outage("the gateway's refresh of its tables and usage", log)
         while True:
             await asyncio.sleep(REFRESH_S)
             try:
@@ -344,8 +347,10 @@ class Runtime:
                 self.suspect = {r: t for r, t in self.suspect.items() if t > now}
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001
-                log.exception("gateway background step failed")
+            except Exception as exc:  # noqa: BLE001
+                outage.failed(exc)
+            else:
+                outage.worked()
 
     # On-demand models
 
