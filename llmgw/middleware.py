@@ -31,7 +31,8 @@ class DatabaseAway:
 
     def __call__(self, request):
         response = self.get_response(request)
-        if response.status_code < 500:
+        # /metrics answers its last scrape while the database is away: no sign it is back.
+        if response.status_code < 500 and request.path != "/metrics":
             _outage.worked()
         return response
 
@@ -44,4 +45,6 @@ class DatabaseAway:
         else:
             response = HttpResponse(SENTENCE, status=503, content_type="text/plain; charset=utf-8")
         response["Retry-After"] = "5"
+        # Said once for the outage above, not by Django once per request.
+        response._has_been_logged = True
         return response

@@ -5,8 +5,6 @@ nothing runs twice (issue 12, item 12)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -16,6 +14,7 @@ import time
 import openai
 import pytest
 
+from .balancer import Balancer
 from .harness import Cluster, free_port, gateway_key, gateway_project, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -38,64 +37,6 @@ CHAT = {
     ],
     "scaling": {"min": 2},
 }
-
-
-class Balancer:
-    """Round-robin TCP on loopback, skipping a backend that refuses: what a load balancer in
-    front of several `llmgw serve` does, websockets included (they are TCP too)."""
-
-    def __init__(self, backends: list[int]) -> None:
-        self.backends = backends
-        self.port = free_port()
-        self.turn = 0
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._listen(), self.loop).result(10)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def _listen(self) -> None:
-        self.server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
-
-    async def _client(self, reader, writer) -> None:
-        upstream = None
-        for i in range(len(self.backends)):
-            port = self.backends[(self.turn + i) % len(self.backends)]
-            with contextlib.suppress(OSError):
-                upstream = await asyncio.open_connection("127.0.0.1", port)
-                break
-        self.turn += 1
-        if upstream is None:
-            writer.close()
-            return
-        up_reader, up_writer = upstream
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-
-    async def _shutdown(self) -> None:
-        self.server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-
-async def _pipe(reader, writer) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
 
 
 def _load(base_url: str, secret: str, stop: threading.Event, results: list) -> None:

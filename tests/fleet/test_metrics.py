@@ -477,7 +477,10 @@ async def test_the_asgi_server_renders_it_off_the_event_loop(monkeypatch):
 
     monkeypatch.setattr(metrics, "fleet_text", text)
 
-    response = await HttpCommunicator(application, "GET", "/metrics").get_response()
+    # With a Host the server answers to (LLMGW_ALLOWED_HOSTS: loopback names by default).
+    response = await HttpCommunicator(
+        application, "GET", "/metrics", headers=[(b"host", b"127.0.0.1")]
+    ).get_response()
 
     assert response["status"] == 200
     assert response["body"].startswith(b"# HELP llmgw_x x\n# TYPE llmgw_x gauge\nllmgw_x 1.0\n")
