@@ -94,10 +94,14 @@ async def _flood(url: str, token: str, stop: asyncio.Event) -> dict:
     """One connection sending heartbeats back to back until `stop`, reconnecting when the
     server closes it; how many it sent and how often it was closed."""
     credentials: dict = {}
-    sent = closed = 0
+    sent = closed = refused = 0
     seq = 0
     while not stop.is_set():
-        ws = await _connect(url, token, 99_999, credentials)
+        try:
+            ws = await _connect(url, token, 99_999, credentials)
+        except (websockets.ConnectionClosed, OSError, AssertionError):
+            refused += 1  # held back after a flood: a hostile client tries again at once
+            continue
         try:
             while not stop.is_set():
                 seq += 1
@@ -109,7 +113,7 @@ async def _flood(url: str, token: str, stop: asyncio.Event) -> dict:
             closed += 1
         finally:
             await ws.close()
-    return {"sent": sent, "closed": closed}
+    return {"sent": sent, "closed": closed, "refused": refused}
 
 
 async def _flooded(url: str, token: str) -> dict:
@@ -278,6 +282,7 @@ def main() -> None:
     print(json.dumps({"figure": "heartbeat_p99_ms_while_one_floods", "quiet_p99": quiet, "flooded_p99": loud,
                       "moved": round(loud / quiet - 1, 2) if quiet else None, "aim_moved": 0.2,
                       "flood_frames_sent": flood["sent"], "flood_closed": flood["closed"],
+                      "flood_reconnects_refused": flood["refused"],
                       "offered_per_second": FLOOD_RATE, "probes": len(flood["loud"]),
                       "scale": {**scale, "frame_budget_per_second": 20}}), flush=True)  # fmt: skip
 
