@@ -24,7 +24,7 @@ from llmgw.secrets import engine_key
 from .conftest import MODES
 from .harness import SECRET, Cluster, gateway_key, gateway_project, wait_for
 from .real_engines import gemma_gguf, in_ci, llama_server
-from .test_failures import _ctl, _staff_cookie
+from .test_failures import _staff_cookie
 
 MODEL = "gemma3-270m"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -242,7 +242,7 @@ def test_a_model_whose_file_is_missing_shows_llama_servers_own_error(site, llama
         assert "/nowhere/missing.gguf" in detail, detail
         assert "failed to load model" in detail or "No such file" in detail, detail
 
-        explain = _ctl(cluster, "model", "explain", "missing")
+        explain = cluster.ctl("model", "explain", "missing")
         assert "/nowhere/missing.gguf" in explain.stdout, explain.stdout
 
         page = httpx.get(
