@@ -231,7 +231,9 @@ async def test_delete_weights_keeps_what_a_shard_here_runs_on(tmp_path, mirror):
 async def test_a_disk_that_fails_fails_the_shard_rather_than_leaving_it_fetching(tmp_path, mirror):
     (tmp_path / "blocked").write_text("a file where the cache folder should be")
     rec = Recorder(tmp_path)
-    rec.sup.cache = WeightCache(tmp_path / "blocked" / "cache", server=mirror.url, bearer=lambda: "t")
+    rec.sup.cache = WeightCache(
+        tmp_path / "blocked" / "cache", server=mirror.url, bearer=lambda: "t"
+    )
 
     await rec.sup.start(start_msg() | {"weights": _ref(mirror).__dict__})
     await rec.until("failed")

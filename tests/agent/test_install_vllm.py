@@ -65,7 +65,9 @@ class Node:
 
     def __init__(self, tmp_path, **installer):
         self.root = tmp_path / "engines"
-        self.installer = Installer(self.root, server="http://unused", bearer=lambda: "t", **installer)
+        self.installer = Installer(
+            self.root, server="http://unused", bearer=lambda: "t", **installer
+        )
         self.sup = Supervisor(
             tmp_path,
             advertise_addr="127.0.0.1",
