@@ -4,12 +4,13 @@ count of refusals by reason on `/metrics`, logged with a count rather than per a
 from __future__ import annotations
 
 import enum
-import hashlib
 import logging
 import threading
 import time
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from llmgw.secrets import digest
 
 log = logging.getLogger("llmgw.agents")
 
@@ -125,7 +126,7 @@ class PenaltyBox:
 
     @staticmethod
     def key(secret: str) -> str:
-        return hashlib.sha256(secret.encode()).hexdigest()
+        return digest(secret)
 
     def hold(self, key: str, now: float) -> None:
         if len(self._until) >= self.MAX_HELD:

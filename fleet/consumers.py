@@ -241,7 +241,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         (its heartbeats keep its node ready) and the group is taken in the background, as
         soon as the layer answers again."""
         if not await self._take_group(group):
-            self.joining = asyncio.get_running_loop().create_task(self._join_later(group))
+            # Kept: the loop holds its tasks only weakly.
+            self._joining = asyncio.get_running_loop().create_task(self._join_later(group))
 
     async def _join_later(self, group: str) -> None:
         while not self.closing:

@@ -70,6 +70,7 @@ def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
     None when it may. Only a node's own credential reads files: an engine build any node,
     a file of weights only a node with a shard of a model whose source is those weights."""
     from catalog.models import Model
+    from mirror.domain.sources import inside
     from mirror.selectors import file_sources
 
     credential = agent_authenticate(secret=secret)
@@ -82,7 +83,7 @@ def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
         return None
     models = Shard.objects.filter(node_id=credential.node_id).values("replica__model")
     for source in Model.objects.filter(name__in=models).values_list("source", flat=True):
-        if any(source == s or source.startswith(s.rstrip("/") + "/") for s in sources):
+        if inside(source, sources):  # the weights' source, or a file in it
             return None
     return 403, f"Node {credential.node_id} runs no model whose weights hold the file {sha256}."
 

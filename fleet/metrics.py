@@ -35,7 +35,7 @@ from functools import partial
 from typing import NamedTuple
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
@@ -686,8 +686,6 @@ DATABASE_DOWN = (
 def _fleet_or_last() -> str:
     """The fleet's series; while the database is away, the last good ones and
     llmgw_database_up 0, so a scrape answers and says what it is (never an HTML 500)."""
-    from django.db import InterfaceError, OperationalError
-
     try:
         text = fleet_text()
     except (OperationalError, InterfaceError) as exc:

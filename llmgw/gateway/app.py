@@ -48,8 +48,6 @@ ENDPOINTS = {
     "/v1/embeddings": "embedding",
 }
 JSON_HEADERS = [(b"content-type", b"application/json")]
-# A stopping server's answer: retry at once, on another connection (so another server).
-SHUTTING_DOWN_HEADERS = [*JSON_HEADERS, (b"retry-after", b"1"), (b"connection", b"close")]
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
@@ -1005,6 +1003,12 @@ SHUTTING_DOWN = Refused(
     reason="shutdown",
     retry_after=1,
 )
+# Its headers: retry at once, on another connection (so, behind a balancer, another server).
+SHUTTING_DOWN_HEADERS = [
+    *JSON_HEADERS,
+    (b"retry-after", str(SHUTTING_DOWN.retry_after).encode()),
+    (b"connection", b"close"),
+]
 
 
 async def _stream(rt: Runtime, req: Request, resp, send: Send) -> int:
