@@ -61,7 +61,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from llmgw.secrets import engine_key  # noqa: E402
+from llmgw.core.secrets import engine_key  # noqa: E402
 from tests.e2e.harness import listener_pid  # noqa: E402
 
 SEQUENTIAL = int(os.environ.get("BENCH_SEQUENTIAL", 2000))

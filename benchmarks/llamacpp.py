@@ -37,7 +37,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from llmgw.secrets import engine_key  # noqa: E402
+from llmgw.core.secrets import engine_key  # noqa: E402
 from tests.e2e.harness import SECRET, Cluster, gateway_key, gateway_project, wait_for  # noqa: E402
 from tests.e2e.real_engines import gemma_gguf, llama_server  # noqa: E402
 

@@ -68,7 +68,7 @@ def main() -> None:
     from catalog.models import Model, Profile
     from fleet.metrics import FleetCollector, fleet_text
     from fleet.models import Gpu, ModelState, Node, Replica, Shard
-    from llmgw import clock
+    from llmgw.core import clock
     from tenancy.models import CapacityQuota, Organization, Team
 
     for table in (Shard, Replica, ModelState, Gpu, Node, Profile, Model, CapacityQuota, Team, Organization):  # fmt: skip
@@ -180,7 +180,7 @@ def _heartbeats_while_scraped(scale: dict) -> None:
     from django.db import DatabaseError, connection
 
     from fleet.models import Node
-    from llmgw import clock
+    from llmgw.core import clock
     from tenancy.models import Token
     from tenancy.services import token_create
 

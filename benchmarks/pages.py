@@ -54,7 +54,7 @@ def _build(nodes: int) -> None:
     from fleet.models import Gpu, Lease, ModelState, Node, Replica, Shard
     from fleet.reconciler import reconcile_once
     from fleet.selectors import caches_clear
-    from llmgw import clock
+    from llmgw.core import clock
 
     for table in (Shard, Replica, Gpu, Node, Profile, Model, ModelState, Lease):
         table.objects.all().delete()

@@ -30,7 +30,7 @@ def main() -> None:
     from fleet.models import Gpu, Lease, Node, Replica, Shard
     from fleet.reconciler import reconcile_once
     from fleet.selectors import snapshot_load
-    from llmgw import clock
+    from llmgw.core import clock
 
     for table in (Shard, Replica, Gpu, Node, Profile, Model, Lease):
         table.objects.all().delete()

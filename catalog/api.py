@@ -6,9 +6,10 @@ from __future__ import annotations
 from ninja import Router, Status
 
 from fleet import selectors as fleet_selectors, services as fleet_services
-from llmgw import clock
-from llmgw.api import actor, can, json_body
-from llmgw.errors import Invalid
+from llmgw.core import clock
+from llmgw.core.api import actor, json_body
+from llmgw.core.errors import Invalid
+from tenancy.auth import can
 
 from . import selectors, services
 from .schemas import (

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from llmgw.text import surrogate_refusal
+from llmgw.core.text import surrogate_refusal
 from tenancy.scopes import KEY_RE
 
 ENGINES = ("llamacpp", "vllm", "sim")

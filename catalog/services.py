@@ -11,7 +11,7 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import F
 
-from llmgw.errors import Conflict, Invalid, NotFound
+from llmgw.core.errors import Conflict, Invalid, NotFound
 from tenancy.selectors import scope_find
 from tenancy.services import audit_record
 

@@ -19,10 +19,10 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_http_methods
 
 from fleet import selectors as fleet_selectors, services as fleet_services
-from llmgw import clock
-from llmgw.errors import NotFound, ServiceError
-from llmgw.pages import fragment_asked, page, page_actor, staff_required
-from llmgw.permissions import needs, require
+from llmgw.core import clock
+from llmgw.core.errors import NotFound, ServiceError
+from llmgw.core.pages import fragment_asked, page, page_actor, staff_required
+from llmgw.core.permissions import needs, require
 from mirror.domain.progress import fetched_said
 from tenancy.selectors import scope_tree
 

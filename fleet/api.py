@@ -7,9 +7,10 @@ import math
 from ninja import Query, Router
 
 from catalog.domain import MAX_REPLICAS
-from llmgw import clock
-from llmgw.api import actor, can
-from llmgw.errors import Invalid
+from llmgw.core import clock
+from llmgw.core.api import actor
+from llmgw.core.errors import Invalid
+from tenancy.auth import can
 
 from . import identity, logs, selectors, services
 from .dispatch import dispatch, node_disconnect
@@ -124,6 +125,6 @@ def reconcile(request):
 @router.get("/reconciler", response=ReconcilerOut, auth=can("fleet.view_replica"))
 def reconciler_get(request):
     """When the last pass began, whether it settles, and a sentence when passes stopped."""
-    from llmgw import clock as clock_
+    from llmgw.core import clock as clock_
 
     return selectors.reconciler_status(now=clock_.now())

@@ -10,7 +10,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from llmgw.secrets import digest
+from llmgw.core.secrets import digest
 
 log = logging.getLogger("llmgw.agents")
 

@@ -15,8 +15,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from llmgw import clock
-from llmgw.outage import Outage
+from llmgw.core import clock
+from llmgw.core.outage import Outage
 
 from . import events
 from .connections import PENALTY, FrameBudget, refused

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from llmgw.outage import Outage
+from llmgw.core.outage import Outage
 
 log = logging.getLogger("llmgw.fleet")
 _layer = Outage("sending commands to agents through the channel layer (Redis)", log)

@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
-from llmgw.errors import NotFound, ServiceError
-from llmgw.secrets import digest, new_secret
+from llmgw.core.errors import NotFound, ServiceError
+from llmgw.core.secrets import digest, new_secret
 from tenancy.models import Token
 from tenancy.selectors import token_find
 from tenancy.services import audit_record

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
-from llmgw.errors import Invalid, NotFound, ServiceError
+from llmgw.core.errors import Invalid, NotFound, ServiceError
 
 from .dispatch import node_group
 from .domain.types import shard_id as shard_id_of

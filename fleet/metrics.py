@@ -47,8 +47,8 @@ from prometheus_client.utils import floatToGoString
 
 from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
-from llmgw import clock
-from llmgw.outage import Outage
+from llmgw.core import clock
+from llmgw.core.outage import Outage
 from tenancy.quota import RESOURCES, ZERO, Amount, Holding
 from tenancy.selectors import quota_policy_load
 

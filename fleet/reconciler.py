@@ -23,8 +23,8 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, close_old_connections, connection, transaction
 from django.db.models import Q
 
-from llmgw import clock
-from llmgw.outage import Outage
+from llmgw.core import clock
+from llmgw.core.outage import Outage
 
 from .dispatch import dispatch
 from .domain.passes import restart_at, settles

@@ -17,8 +17,8 @@ from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import MAX_REPLICAS, ModelSpec, reservation_warnings, suggested_cores
 from catalog.selectors import catalog_load, measurements_load
-from llmgw import clock
-from llmgw.errors import Invalid, NotFound
+from llmgw.core import clock
+from llmgw.core.errors import Invalid, NotFound
 from mirror.selectors import weights_waiting
 from tenancy.quota import Holding, Policy
 

@@ -16,8 +16,8 @@ from django.db import connection, transaction
 
 from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
-from llmgw.errors import NotFound
-from llmgw.secrets import engine_key
+from llmgw.core.errors import NotFound
+from llmgw.core.secrets import engine_key
 from mirror.selectors import WeightsRef, weights_for_source
 from tenancy.services import audit_record
 

@@ -19,10 +19,10 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods
 
 from catalog.selectors import catalog_load
-from llmgw import clock
-from llmgw.errors import NotFound, ServiceError
-from llmgw.pages import page, staff_required
-from llmgw.permissions import needs, require
+from llmgw.core import clock
+from llmgw.core.errors import NotFound, ServiceError
+from llmgw.core.pages import page, staff_required
+from llmgw.core.permissions import needs, require
 
 from . import identity, logs, page_selectors as ps, services
 from .dispatch import dispatch, node_disconnect

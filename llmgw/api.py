@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 from django.core.exceptions import RequestDataTooBig
@@ -11,115 +10,13 @@ from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
-from ninja.security import HttpBearer, SessionAuthIsStaff
 
 from llmgw import __version__
-from llmgw.errors import Invalid, ServiceError
-from llmgw.permissions import refusal
-from llmgw.text import SURROGATE, surrogate_refusal
-from tenancy.models import Token
-from tenancy.selectors import token_find
+from llmgw.core.errors import Invalid, ServiceError
+from llmgw.core.text import SURROGATE, surrogate_refusal
+from tenancy.auth import AdminToken, StaffSession
 
 log = logging.getLogger("llmgw.api")
-
-ACTOR_HEADER = "HTTP_X_LLMGW_ACTOR"
-
-
-# An actor is a name recorded beside a change, not a story: one line, printable, this long.
-ACTOR_LONGEST = 64
-
-
-def claimed_actor(header: str) -> str:
-    """The name an X-Llmgw-Actor header claims: its first line, printable characters only,
-    spaces collapsed, at most ACTOR_LONGEST characters; "" when nothing is left."""
-    first = " ".join(header.splitlines()[0].split()) if header.strip() else ""
-    return "".join(ch for ch in first if ch.isprintable())[:ACTOR_LONGEST].strip()
-
-
-class Actor(str):
-    """Who acts, as recorded beside a change, and the admin token that made the call
-    ("name (prefix…)"; "" for a session): a claimed X-Llmgw-Actor cannot hide who acted.
-    Services pass it on as the actor string; audit_record keeps `token` in its own column."""
-
-    token: str
-
-    def __new__(cls, name: str, *, token: str = "") -> Actor:
-        made = super().__new__(cls, name)
-        made.token = token
-        return made
-
-
-class AdminToken(HttpBearer):
-    """`Authorization: Bearer <admin token>`; the actor is X-Llmgw-Actor, else the token's name."""
-
-    def authenticate(self, request: HttpRequest, token: str):
-        found = token_find(secret=token, kind=Token.ADMIN)
-        if found is None:
-            return None
-        name = claimed_actor(request.META.get(ACTOR_HEADER, "")) or found.name
-        request.actor = Actor(name, token=f"{found.name} ({found.prefix}…)")
-        return found
-
-
-class StaffSession(SessionAuthIsStaff):
-    """A logged-in staff user of the pages (CSRF checked on writes), holding the Django
-    permissions the operation names (llmgw/permissions.py); refused with a 403 and the
-    sentence saying which it lacks. An operation naming none is for superusers alone."""
-
-    def __init__(self, *perms: str):
-        super().__init__()
-        self.perms = perms
-
-    def _get_key(self, request: HttpRequest):
-        # CSRF protects a session's cookie; a call with no staff session has none to
-        # protect, and is told it needs a token (401), not that a CSRF check failed.
-        user = request.user
-        if not (user.is_authenticated and user.is_active and user.is_staff):
-            return None
-        return super()._get_key(request)
-
-    def authenticate(self, request: HttpRequest, key):
-        user = super().authenticate(request, key)
-        if user is None:
-            return None
-        if self.perms:
-            sentence = refusal(user, *self.perms)
-        elif not user.is_superuser:
-            sentence = f"{user.get_username()} may not make this call: it is for superusers."
-        else:
-            sentence = ""
-        if sentence:
-            raise HttpError(403, sentence)
-        request.actor = user.get_username()
-        return user
-
-
-def can(*perms: str) -> list:
-    """An operation's auth: an admin token, or a staff session holding `perms`."""
-    return [AdminToken(), StaffSession(*perms)]
-
-
-def actor(request: HttpRequest) -> str:
-    return getattr(request, "actor", "") or "unknown"
-
-
-def _not_json(constant: str):
-    # Python's json reads NaN and Infinity, which JSON has not; a figure of either breaks every rule.
-    raise ValueError(f"{constant} is not JSON")
-
-
-def json_body(request: HttpRequest) -> object:
-    """The body of a view that judges its JSON itself (a model, as the catalog file is):
-    Invalid when it is not JSON (NaN and Infinity are not), or when a string in it holds
-    a lone UTF-16 surrogate, naming where."""
-    try:
-        data = json.loads(request.body or b"null", parse_constant=_not_json)
-    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
-        raise Invalid("The body is not valid JSON.") from None
-    refused = surrogate_refusal(data)
-    if refused:
-        raise Invalid(refused)
-    return data
 
 
 class JsonParser(Parser):

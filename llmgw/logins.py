@@ -22,7 +22,7 @@ from django.contrib.auth.views import LoginView
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 
-from llmgw import clock
+from llmgw.core import clock
 
 log = logging.getLogger("llmgw.logins")
 

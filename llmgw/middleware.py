@@ -3,7 +3,7 @@
 Without this a request during a PostgreSQL outage got Django's HTML 500 page, whether it
 came from `llmgw ctl`, a script or a browser, and a traceback in the log per request. The
 REST API answers its usual `{"detail": ...}` shape; the pages a plain sentence. The log
-says the outage when it starts and when it ends (llmgw.outage), not per request.
+says the outage when it starts and when it ends (llmgw.core.outage), not per request.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 
-from .outage import Outage
+from llmgw.core.outage import Outage
 
 log = logging.getLogger("llmgw.database")
 

@@ -1,4 +1,4 @@
-"""Django settings, all from the environment through llmgw.config.
+"""Django settings, all from the environment through llmgw.core.config.
 
 Embedded by default (SQLite in LLMGW_HOME, in-memory channel layer, the
 reconciler inside `llmgw serve`); production when DATABASE_URL and REDIS_URL
@@ -9,8 +9,8 @@ import sys
 
 import dj_database_url
 
-from llmgw import config as _config
-from llmgw.web import LOOPBACK_HOSTS, private_database
+from llmgw.core import config as _config
+from llmgw.core.web import LOOPBACK_HOSTS, private_database
 
 try:
     LLMGW = _config.load()
@@ -182,10 +182,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "text": {
-            "()": "llmgw.logs.TextFormatter",
+            "()": "llmgw.core.logs.TextFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
         },
-        "json": {"()": "llmgw.logs.JsonFormatter"},
+        "json": {"()": "llmgw.core.logs.JsonFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LLMGW.log_format}},
     "root": {"handlers": ["console"], "level": "INFO"},

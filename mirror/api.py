@@ -7,9 +7,10 @@ from ninja import Query, Router, Status
 
 from catalog.schemas import ModelOut
 from fleet import selectors as fleet_selectors
-from llmgw import clock
-from llmgw.api import actor, can, json_body
-from llmgw.errors import Invalid, NotFound
+from llmgw.core import clock
+from llmgw.core.api import actor, json_body
+from llmgw.core.errors import Invalid, NotFound
+from tenancy.auth import can
 
 from . import engines, plans, selectors, services
 from .schemas import EngineBuildOut, PlanOut, PlanQuery, WeightsIn, WeightsOut

@@ -20,7 +20,7 @@ from typing import BinaryIO
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from llmgw.errors import Conflict, Invalid, NotFound
+from llmgw.core.errors import Conflict, Invalid, NotFound
 
 from . import store
 from .domain.platforms import BINARY_ENGINES, PLATFORM, this_platform

@@ -44,7 +44,7 @@ class MirrorFiles:
 
 
 def _touch(digest: str) -> None:
-    from llmgw import clock
+    from llmgw.core import clock
     from mirror.services import weights_touch
 
     weights_touch(sha256=digest, now=clock.now())

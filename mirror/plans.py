@@ -9,7 +9,7 @@ from typing import Any
 from catalog import services as catalog_services
 from catalog.domain import ModelSpec
 from fleet.selectors import node_rooms
-from llmgw.errors import Conflict, Invalid, NotFound
+from llmgw.core.errors import Conflict, Invalid, NotFound
 
 from . import store
 from .domain.progress import READY

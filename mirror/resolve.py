@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from llmgw.errors import Invalid, Upstream
+from llmgw.core.errors import Invalid, Upstream
 
 from .domain.sources import HF, HTTPS, LOCAL, Source, inside
 

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from llmgw.errors import Conflict, Invalid, NotFound
+from llmgw.core.errors import Conflict, Invalid, NotFound
 
 from . import store
 from .domain.progress import ATTEMPTS, DOWNLOADING, FAILED, QUEUED, READY, retry_delay

@@ -19,10 +19,10 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from llmgw import clock
-from llmgw.errors import ServiceError
-from llmgw.pages import fragment_asked, page, page_actor, staff_required
-from llmgw.permissions import needs, require
+from llmgw.core import clock
+from llmgw.core.errors import ServiceError
+from llmgw.core.pages import fragment_asked, page, page_actor, staff_required
+from llmgw.core.permissions import needs, require
 
 from . import page_selectors, plans, selectors, services
 from .domain.progress import DOWNLOADING, FAILED, QUEUED, READY, STATES

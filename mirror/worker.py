@@ -22,8 +22,8 @@ import httpx
 from django.conf import settings
 from django.db import close_old_connections
 
-from llmgw import clock
-from llmgw.outage import Outage
+from llmgw.core import clock
+from llmgw.core.outage import Outage
 
 from . import services, store
 from .domain.sources import inside

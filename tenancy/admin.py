@@ -19,7 +19,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from catalog.admin import ViewOnly
-from llmgw.errors import Invalid
+from llmgw.core.errors import Invalid
 
 from .models import (
     ApiKey,

@@ -5,10 +5,11 @@ from __future__ import annotations
 from ninja import Router, Status
 
 from fleet import selectors as fleet_selectors
-from llmgw import clock
-from llmgw.api import actor, can
+from llmgw.core import clock
+from llmgw.core.api import actor
 
 from . import selectors, services
+from .auth import can
 from .schemas import (
     KeyIn,
     KeyMadeOut,

@@ -7,8 +7,8 @@ class TenancyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from llmgw.permissions import groups_after_migrate
+        from llmgw.core.permissions import groups_after_migrate
 
-        # The viewers and operators groups (llmgw/permissions.py): after each migrate, as
+        # The viewers and operators groups (llmgw/core/permissions.py): after each migrate, as
         # Django makes permissions then, not in a migration, before they exist.
         post_migrate.connect(groups_after_migrate, sender=self, dispatch_uid="llmgw.groups")

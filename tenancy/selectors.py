@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 from django.db.models import Sum
 
-from llmgw.errors import Invalid
-from llmgw.secrets import digest
+from llmgw.core.errors import Invalid
+from llmgw.core.secrets import digest
 
 from .models import (
     ApiKey,

@@ -9,8 +9,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from llmgw.errors import Conflict, Invalid, NotFound
-from llmgw.secrets import digest, keyed_digest, new_secret
+from llmgw.core.errors import Conflict, Invalid, NotFound
+from llmgw.core.secrets import digest, keyed_digest, new_secret
 
 from .models import (
     ApiKey,
@@ -53,7 +53,7 @@ def token_revoke(*, token: Token) -> None:
 
 def audit_record(*, actor: str, action: str, target: str, detail: dict | None = None) -> None:
     """Write who changed what, inside the caller's transaction when there is one; an actor
-    that came with an admin token (llmgw.api.Actor) records that token beside it."""
+    that came with an admin token (llmgw.core.api.Actor) records that token beside it."""
     AuditEvent.objects.create(
         actor=actor[:150],
         token=getattr(actor, "token", "")[:130],

@@ -14,9 +14,9 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods
 
 from fleet.selectors import holdings_load
-from llmgw.errors import ServiceError
-from llmgw.pages import fragment_asked, page, page_actor, staff_required
-from llmgw.permissions import needs, require
+from llmgw.core.errors import ServiceError
+from llmgw.core.pages import fragment_asked, page, page_actor, staff_required
+from llmgw.core.permissions import needs, require
 
 from . import services
 from .forms import QuotaForm

@@ -2,7 +2,7 @@
 
 import pytest
 
-from llmgw.api import ACTOR_LONGEST, claimed_actor
+from llmgw.core.api import ACTOR_LONGEST, claimed_actor
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 
 from fleet.models import Node
-from llmgw import clock
+from llmgw.core import clock
 from tenancy.models import AuditEvent, Token
 from tests.helpers import detail
 

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from llmgw.config import SettingError, Timings, load
+from llmgw.core.config import SettingError, Timings, load
 
 
 @pytest.fixture
@@ -164,7 +164,7 @@ def test_an_empty_secret_key_file_stops_with_a_sentence_naming_it(env):
 
 
 def test_a_process_starting_at_the_same_time_uses_the_key_the_first_one_wrote(env, monkeypatch):
-    from llmgw import config
+    from llmgw.core import config
 
     home = load(env | {"LLMGW_SECRET_KEY": "k" * 40}).home
     theirs = "t" * 64

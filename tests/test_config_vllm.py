@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.config import VLLM_VERSION, SettingError, load
+from llmgw.core.config import VLLM_VERSION, SettingError, load
 
 
 @pytest.fixture

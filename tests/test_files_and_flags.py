@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from llmgw.config import SettingError, load
+from llmgw.core.config import SettingError, load
 from tests.agent.helpers import free_port
 
 

@@ -7,7 +7,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
 from django.test import RequestFactory
 
-from llmgw.pages import page, staff_required
+from llmgw.core.pages import page, staff_required
 
 pytestmark = pytest.mark.django_db
 
@@ -66,7 +66,7 @@ def throttle(settings, monkeypatch):
 
     from django.core.cache import cache
 
-    from llmgw import clock, config
+    from llmgw.core import clock, config
 
     cache.clear()
     settings.LLMGW = replace(

@@ -19,10 +19,11 @@ from django.test import Client
 
 from catalog.models import Model
 from fleet.models import Node
-from llmgw import clock
-from llmgw.api import StaffSession, api
-from llmgw.permissions import OPERATORS, VIEWERS
+from llmgw.api import api
+from llmgw.core import clock
+from llmgw.core.permissions import OPERATORS, VIEWERS
 from mirror.models import EngineBuild, WeightFile, Weights
+from tenancy.auth import StaffSession
 from tenancy.models import ApiKey, CapacityQuota, Organization
 from tenancy.services import org_create, project_create, team_create
 from tests.catalog.test_pages import add_form

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from catalog.domain import ModelSpec
-from llmgw.config import Timings
+from llmgw.core.config import Timings
 from tenancy.quota import ZERO, Amount, Policy
 
 from .holdings import placement_amount

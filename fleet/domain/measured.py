@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from catalog.domain import ModelSpec, Profile
-from llmgw.config import Timings
+from llmgw.core.config import Timings
 
 from .types import Load, Measured, ModelState
 

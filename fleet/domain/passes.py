@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from llmgw.config import Timings
+from llmgw.core.config import Timings
 
 
 def _since(then: datetime, now: datetime) -> float:

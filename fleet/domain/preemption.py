@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 
 from catalog.domain import ModelSpec, Profile
-from llmgw.config import Timings
+from llmgw.core.config import Timings
 from tenancy.quota import ZERO, Amount, Holding, Policy
 
 from .holdings import holdings, placement_amount, profile_amount

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from catalog.domain import ModelSpec, Profile
-from llmgw.config import Timings
+from llmgw.core.config import Timings
 from tenancy.quota import Amount, Policy
 
 from .health import HealthChange, health_changes

@@ -362,8 +362,8 @@ def add_to_mirror(build: Build) -> tuple[int, bool]:
     from llmgw.cli import _django
 
     _django()
-    from llmgw import clock
-    from llmgw.errors import ServiceError
+    from llmgw.core import clock
+    from llmgw.core.errors import ServiceError
     from mirror.engines import engine_build_add_file
 
     try:

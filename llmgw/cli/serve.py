@@ -29,7 +29,7 @@ def _prepare(embedded: bool) -> None:
         from catalog.declared import read_catalog_file
         from catalog.domain import CatalogError
         from catalog.services import declared_sync
-        from llmgw.errors import Invalid
+        from llmgw.core.errors import Invalid
 
         try:
             declared_sync(specs=read_catalog_file(settings.LLMGW.catalog))
@@ -263,13 +263,13 @@ def main(argv: list[str]) -> int:
 
     cfg = settings.LLMGW
     if cfg.web.allowed_hosts is None:
-        from llmgw.web import served_hosts
+        from llmgw.core.web import served_hosts
 
         settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, *served_hosts(args.host)]
     _header_deadline(cfg.header_timeout)
     _prepare(cfg.embedded)
     from fleet.reconciler import served_record
-    from llmgw import clock
+    from llmgw.core import clock
 
     # Agents reconnect from now: the reconciler settles before it places anything.
     served_record(now=clock.now())

@@ -23,12 +23,12 @@ import aiohttp
 from channels.db import database_sync_to_async
 from django.db import connection
 
+from llmgw.core.outage import Outage
 from llmgw.gateway import metrics
 from llmgw.gateway.limits import Limiter, LocalCounters, RedisCounters, refusal_sentence
 from llmgw.gateway.load import BOARD, publish
 from llmgw.gateway.tables import Key, Loader, Tables, Upstream
 from llmgw.gateway.usage import UsageBook, usage_write
-from llmgw.outage import Outage
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -176,7 +176,7 @@ class Runtime:
         server going down, whose loop will not run the background task again."""
         import threading
 
-        from llmgw import clock
+        from llmgw.core import clock
 
         tallies, used = self.usage.take()
         if not tallies and not used:
@@ -235,7 +235,7 @@ class Runtime:
             raise _bad_key()
         digest = self._digests.get(secret)
         if digest is None:
-            from llmgw.secrets import keyed_digest
+            from llmgw.core.secrets import keyed_digest
 
             digest = keyed_digest(self.secret, secret)
             key = self.tables.keys.get(digest)
@@ -307,7 +307,7 @@ class Runtime:
         tallies, used = self.usage.take()
         if not tallies and not used:
             return
-        from llmgw import clock
+        from llmgw.core import clock
 
         try:
             await in_a_thread(usage_write)(tallies=tallies, used=used, now=clock.now())
@@ -405,7 +405,7 @@ class Runtime:
 def _replica_unreachable(replica_id: str, why: str) -> None:
     from fleet.reconciler import wake
     from fleet.services import replica_unhealthy_mark
-    from llmgw import clock
+    from llmgw.core import clock
 
     if replica_unhealthy_mark(
         replica_id=replica_id, reason=f"the gateway could not reach it: {why}", now=clock.now()
@@ -416,7 +416,7 @@ def _replica_unreachable(replica_id: str, why: str) -> None:
 def _model_requested(model: str) -> None:
     from fleet.reconciler import wake
     from fleet.services import model_requested
-    from llmgw import clock
+    from llmgw.core import clock
 
     model_requested(name=model, now=clock.now())
     wake()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from catalog.domain import ModelSpec
-from llmgw.secrets import engine_key
+from llmgw.core.secrets import engine_key
 
 log = logging.getLogger("llmgw.gateway")
 

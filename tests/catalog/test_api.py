@@ -12,7 +12,7 @@ from catalog.schemas import ModelOut
 from catalog.selectors import catalog_load
 from catalog.services import DECLARED, declared_sync
 from fleet.models import ModelState
-from llmgw import clock
+from llmgw.core import clock
 from tenancy.models import AuditEvent
 from tests.fleet.builders import cpu_model, gpu_model, node_add
 from tests.helpers import detail

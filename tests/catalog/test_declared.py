@@ -10,8 +10,8 @@ from catalog.models import Model
 from catalog.selectors import catalog_load
 from catalog.services import declared_sync
 from fleet.models import ModelState
-from llmgw import clock
-from llmgw.errors import Invalid
+from llmgw.core import clock
+from llmgw.core.errors import Invalid
 from tests.fleet.builders import gpu_model, model_added
 
 CATALOG = """

@@ -11,7 +11,7 @@ from catalog.domain import parse_model
 from catalog.models import Measurement, Model
 from catalog.selectors import catalog_load, measurements_load
 from catalog.services import declared_sync, model_add, model_resources_set
-from llmgw.errors import Invalid
+from llmgw.core.errors import Invalid
 from tenancy.models import AuditEvent, Organization, Team
 from tests.fleet.builders import cpu_model, gpu_model
 from tests.helpers import detail
@@ -399,7 +399,7 @@ def test_every_measurement_write_moves_their_revision_and_nothing_else_does(api)
 def test_a_declared_model_dropped_from_the_file_takes_its_measurements_and_moves_them():
     from catalog.selectors import measurements_revision
     from catalog.services import measurement_save
-    from llmgw import clock
+    from llmgw.core import clock
 
     declared_sync(specs=[parse_model(gpu_model("llama"), declared=True)])
     measurement_save(

@@ -17,7 +17,7 @@ from catalog.models import Model, Profile, Revision
 from catalog.selectors import catalog_load
 from catalog.services import declared_sync, measurement_save, model_add
 from fleet.models import ModelState, Replica, Shard
-from llmgw import clock
+from llmgw.core import clock
 from tenancy.models import AuditEvent
 from tenancy.services import org_create, team_create
 from tests.fleet.builders import cpu_model, gpu_model, node_add

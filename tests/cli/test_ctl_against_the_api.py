@@ -90,7 +90,7 @@ def test_capacity_lists_what_was_measured(capsys, server, api):
 
 
 def test_target_headroom_and_the_preemption_dry_run_read_the_servers_answers(capsys, server, api):
-    from llmgw import clock
+    from llmgw.core import clock
     from tests.fleet.builders import node_add
 
     node_add("gpu-a", now=clock.now())  # two H100s
@@ -128,7 +128,7 @@ def test_ctl_models_says_when_no_reconciler_pass_ran_for_several_intervals(capsy
 
     from fleet.models import Lease
     from fleet.reconciler import LEASE
-    from llmgw import clock
+    from llmgw.core import clock
 
     model_add(data=cpu_model("tiny", cores=2, memory_gb=4), actor="test")
     now = clock.now()

@@ -19,7 +19,6 @@ from hypothesis import given, strategies as st
 from catalog.models import Measurement
 from catalog.schemas import CapacityIn
 from fleet.models import Replica
-from llmgw import clock
 from llmgw.cli import ctl, ctl_bench
 from llmgw.cli.ctl import CtlError
 from llmgw.cli.ctl_bench import (
@@ -39,6 +38,7 @@ from llmgw.cli.ctl_bench import (
     summarize,
     verdict,
 )
+from llmgw.core import clock
 from llmgw.simengine import SimConfig, start_server
 from tests.cli.helpers import FakeServer, run, table
 from tests.fleet.builders import cpu_model, model_added

@@ -25,7 +25,7 @@ from fleet.domain.types import (
     ShardView,
     Snapshot,
 )
-from llmgw.config import Timings
+from llmgw.core.config import Timings
 
 NOW = datetime(2026, 3, 2, 12, 0, 0, tzinfo=UTC)
 TIMINGS = Timings()

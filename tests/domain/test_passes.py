@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleet.domain.passes import gap_allowed, restart_at, settles, stale_after, stale_warning
-from llmgw.config import Timings
+from llmgw.core.config import Timings
 
 T = Timings()  # interval 5 s, unreachable 15 s, settle 30 s
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

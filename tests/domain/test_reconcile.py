@@ -7,7 +7,7 @@ import pytest
 
 from fleet.domain.reconcile import SETTLING, desired_replicas, duration
 from fleet.domain.types import Failure, ModelState
-from llmgw.config import Timings
+from llmgw.core.config import Timings
 
 from .builders import (
     NOW,

@@ -8,7 +8,7 @@ import signal
 import openai
 import pytest
 
-from llmgw.secrets import engine_key
+from llmgw.core.secrets import engine_key
 
 from .harness import SECRET, listener_pid, wait_for
 

@@ -12,7 +12,7 @@ import openai
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from llmgw.secrets import engine_key
+from llmgw.core.secrets import engine_key
 
 from .harness import SECRET, wait_for
 

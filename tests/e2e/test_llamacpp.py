@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from llmgw.secrets import engine_key
+from llmgw.core.secrets import engine_key
 
 from .conftest import MODES
 from .harness import SECRET, Cluster, gateway_key, gateway_project, wait_for

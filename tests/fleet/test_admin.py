@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleet.models import Node, Replica
-from llmgw import clock
+from llmgw.core import clock
 from tests.fleet.builders import node_add
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from fleet.models import Node
-from llmgw import clock
+from llmgw.core import clock
 from tenancy.models import AuditEvent
 from tests.helpers import detail
 

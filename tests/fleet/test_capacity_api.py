@@ -9,7 +9,7 @@ import pytest
 from catalog.services import measurement_save
 from fleet.models import ModelState, Replica
 from fleet.reconciler import reconcile_once
-from llmgw import clock
+from llmgw.core import clock
 from tenancy.models import CapacityQuota, Organization, Team
 from tests.helpers import detail
 

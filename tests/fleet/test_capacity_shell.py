@@ -13,7 +13,7 @@ from fleet.models import ModelState, Node, Replica
 from fleet.readings import Revised
 from fleet.reconciler import MEASUREMENTS, POLICY, reconcile_once
 from fleet.services import shard_status_record
-from llmgw import clock
+from llmgw.core import clock
 from tenancy.models import CapacityQuota, Organization, Team
 
 from .builders import gpu_model, model_added, node_add
@@ -341,7 +341,7 @@ def test_decisions_are_logged_once_each_as_structured_lines(no_settle, caplog):
     import json
     import logging
 
-    from llmgw.logs import JsonFormatter
+    from llmgw.core.logs import JsonFormatter
 
     node_add("gpu-a", now=T0, gpus=(H100, H100))
     model_added(gpu_model("chat", scaling={"min": 2}))

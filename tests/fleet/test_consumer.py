@@ -12,8 +12,8 @@ from fleet.live import LIVE
 from fleet.models import Gpu, Node, Replica, Shard
 from fleet.reconciler import reconcile_once
 from fleet.services import node_live_flush
-from llmgw import clock
-from llmgw.secrets import engine_key
+from llmgw.core import clock
+from llmgw.core.secrets import engine_key
 
 from .builders import L4, cpu_model, gpu_model, model_added, register_frame, running_shard
 from .conftest import answer, barrier, in_db

@@ -16,7 +16,7 @@ from fleet.models import ModelState, Replica
 from fleet.reconciler import reconcile_once
 from fleet.selectors import node_views
 from fleet.services import node_register
-from llmgw.config import Vllm
+from llmgw.core.config import Vllm
 from tests.fleet.builders import agent_credential
 
 from .builders import gpu_model, model_added, register_frame

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from fleet.models import ModelState, Node, Replica, Shard
 from fleet.selectors import caches_clear
-from llmgw import clock
+from llmgw.core import clock
 
 from .builders import gpu_model, model_added, node_add, register_frame
 from .conftest import answer, in_db

@@ -11,7 +11,7 @@ from django.test import Client
 from fleet.models import Lease, ModelState, Replica
 from fleet.reconciler import reconcile_once
 from fleet.services import model_retry
-from llmgw import clock
+from llmgw.core import clock
 
 from .builders import gpu_model, model_added, register_frame
 from .conftest import answer, barrier, in_db

@@ -10,7 +10,7 @@ import pytest
 from fleet.models import Node, Replica
 from fleet.reconciler import reconcile_once
 from fleet.services import replica_unhealthy_mark
-from llmgw import clock
+from llmgw.core import clock
 from llmgw.gateway.tables import Loader
 
 from .builders import gpu_model, model_added, node_add

@@ -16,7 +16,7 @@ from fleet.models import Node, Replica, Shard
 from fleet.reconciler import reconcile_once
 from fleet.selectors import measured_memory, model_loads, replica_views
 from fleet.services import node_live_flush
-from llmgw import clock
+from llmgw.core import clock
 
 from .builders import gpu_model, model_added, register_frame
 from .conftest import answer, barrier, in_db
@@ -301,7 +301,7 @@ def test_the_frame_budget_drops_a_burst_past_it_and_closes_only_a_sustained_floo
 def test_mirror_files_are_read_only_by_nodes_running_a_model_on_them(db, no_settle):
     """The rule the root hands the mirror's file server (fleet.identity.mirror_refusal)."""
     from fleet.identity import mirror_refusal
-    from llmgw.secrets import digest
+    from llmgw.core.secrets import digest
     from mirror.models import EngineBuild, WeightFile, Weights
 
     from .builders import node_add

@@ -9,7 +9,7 @@ from django.test import AsyncClient
 
 from fleet import logs
 from fleet.models import ModelState, Node, Replica, Shard
-from llmgw import clock
+from llmgw.core import clock
 
 from .builders import register_frame
 from .conftest import answer, barrier, in_db

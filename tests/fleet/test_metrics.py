@@ -29,7 +29,7 @@ from fleet.models import Lease, ModelState, Node, Replica
 from fleet.reconciler import LEASE, advisory_take, reconcile_once
 from fleet.selectors import holdings_load
 from fleet.services import node_live_flush
-from llmgw import clock
+from llmgw.core import clock
 from llmgw.gateway.metrics import REGISTRY as GATEWAY_REGISTRY
 from tenancy.models import CapacityQuota, Organization, Team
 from tenancy.selectors import quota_policy_load, quota_views

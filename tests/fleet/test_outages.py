@@ -9,7 +9,7 @@ import pytest
 
 from fleet.live import LIVE
 from fleet.models import Node
-from llmgw.outage import Outage
+from llmgw.core.outage import Outage
 
 from .builders import register_frame
 from .conftest import in_db

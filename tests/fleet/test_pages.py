@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from catalog.models import Model, Profile
 from fleet.models import Gpu, ModelState, Node, Replica, Shard
 from fleet.selectors import caches_clear
-from llmgw import clock
+from llmgw.core import clock
 from tenancy.services import org_create, quota_set
 
 from .builders import H100, L4, cpu_model, gpu_model, model_added, node_add

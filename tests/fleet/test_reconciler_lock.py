@@ -20,7 +20,7 @@ from django.db import connection
 
 from fleet.models import Lease
 from fleet.reconciler import ADVISORY_KEY, LEASE, reconcile_once
-from llmgw import clock
+from llmgw.core import clock
 
 REPO = Path(__file__).resolve().parents[2]
 

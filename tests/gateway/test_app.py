@@ -18,10 +18,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from fleet.models import ModelState, Replica, Shard
+from llmgw.core.secrets import engine_key
 from llmgw.gateway import app as gateway_app
 from llmgw.gateway.app import Gateway, split_events
 from llmgw.gateway.load import BOARD
-from llmgw.secrets import engine_key
 from llmgw.simengine import ENGINE, SimConfig, start_server
 from tenancy.models import Usage
 from tenancy.services import api_key_create, org_create, project_create, team_create

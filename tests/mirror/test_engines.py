@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from llmgw import clock
+from llmgw.core import clock
 from mirror import engines, store
 from mirror.domain.platforms import this_platform
 from mirror.models import EngineBuild
@@ -147,7 +147,7 @@ def test_the_newest_build_is_the_one_offered_per_platform(tmp_path):
 
 
 def test_a_file_that_cannot_be_read_is_a_sentence(tmp_path):
-    from llmgw.errors import Invalid
+    from llmgw.core.errors import Invalid
 
     with pytest.raises(Invalid, match="cannot be read"):
         engines.engine_build_add_file(

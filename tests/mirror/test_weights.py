@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 import trustme
 
-from llmgw import clock
+from llmgw.core import clock
 from mirror import store
 from mirror.models import WeightFile, Weights
 from mirror.worker import work_once, work_until_idle

@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from django.contrib.messages import get_messages
 
-from llmgw.secrets import digest, keyed_digest
+from llmgw.core.secrets import digest, keyed_digest
 from tenancy.models import ApiKey, AuditEvent, CapacityQuota, Organization, Project, Team, Token
 from tenancy.services import org_create, project_create, quota_set, team_create
 

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from llmgw import clock
+from llmgw.core import clock
 from tenancy.models import AuditEvent, CapacityQuota, Organization, Project, Team
 from tests.fleet.builders import gpu_model, node_add
 from tests.helpers import detail

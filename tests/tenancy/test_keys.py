@@ -7,7 +7,7 @@ import pytest
 from django.conf import settings
 
 from catalog.services import model_add
-from llmgw.secrets import keyed_digest
+from llmgw.core.secrets import keyed_digest
 from tenancy.models import ApiKey, AuditEvent, Organization, Project, Team
 from tests.helpers import detail
 

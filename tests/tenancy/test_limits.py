@@ -11,7 +11,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from llmgw.errors import Invalid, NotFound
+from llmgw.core.errors import Invalid, NotFound
 from tenancy.models import AuditEvent, Organization, ScopeLimit
 from tenancy.selectors import limits_list
 from tenancy.services import limit_clear, limit_set, org_create, project_create, team_create

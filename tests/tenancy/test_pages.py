@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from catalog.services import model_add
 from fleet.models import Replica, Shard
-from llmgw import clock
+from llmgw.core import clock
 from tenancy.models import CapacityQuota, Organization, Team
 from tenancy.services import org_create, project_create, quota_set, team_create
 from tests.fleet.builders import gpu_model, node_add

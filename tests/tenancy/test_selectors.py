@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from llmgw.errors import Invalid
+from llmgw.core.errors import Invalid
 from tenancy.models import CapacityQuota, Organization, Project, Team
 from tenancy.quota import Amount, Holding, Resources
 from tenancy.selectors import quota_policy_load, scope_find, scope_tree

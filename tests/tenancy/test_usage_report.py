@@ -10,8 +10,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from llmgw import clock
-from llmgw.errors import Invalid
+from llmgw.core import clock
+from llmgw.core.errors import Invalid
 from tenancy.models import ApiKey, Project, Usage
 from tenancy.selectors import usage_report, usage_since
 from tenancy.services import org_create, project_create, team_create

@@ -1,6 +1,6 @@
 """What guards the console and the REST API as a web site, and the files of LLMGW_HOME.
 
-Read from the environment with the other settings (llmgw.config): the host names
+Read from the environment with the other settings (llmgw.core.config): the host names
 pages answer to, whether llmgw sits behind a TLS proxy, secure cookies; and the
 owner-only permissions of LLMGW_HOME and the database in it. docs/settings.md
 lists the variables.

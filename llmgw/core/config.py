@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from llmgw.web import Web, flag, private, web_load
+from llmgw.core.web import Web, flag, private, web_load
 
 
 class SettingError(Exception):
