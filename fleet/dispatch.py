@@ -20,6 +20,11 @@ class Command:
     payload: dict
 
 
+def stop_command(node_id: str, shard_id: str, grace_s: int) -> Command:
+    """The stop_shard message for a shard: its engine gets `grace_s` to finish what it serves."""
+    return Command(node_id, {"type": "stop_shard", "shard_id": shard_id, "grace_s": grace_s})
+
+
 def node_group(node_id: str) -> str:
     return f"node.{node_id}"
 

@@ -21,7 +21,7 @@ from tenancy.models import Token
 from tenancy.selectors import token_find
 from tenancy.services import audit_record
 
-from .dispatch import Command
+from .dispatch import Command, stop_command
 from .models import Node, Replica, Shard
 
 log = logging.getLogger("llmgw.agents")
@@ -153,8 +153,6 @@ def node_forget(*, node_id: str, actor: str, now: datetime) -> tuple[str, list[C
 
     Returns the sentence and the stop commands for what its agent runs and for the other
     shards of replicas it was part of; the caller sends them, then closes its connection."""
-    from .services import stop_command  # services imports this module for registration
-
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(pk=node_id).first()
         if node is None:

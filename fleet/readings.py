@@ -12,9 +12,11 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from catalog.selectors import measurements_revision
+from catalog.selectors import measurements_load, measurements_revision
 from tenancy.quota import Policy
 from tenancy.selectors import quota_policy_load, quota_policy_revision
+
+from .domain.types import Measured
 
 log = logging.getLogger("llmgw.reconciler")
 
@@ -50,11 +52,10 @@ class Revised:
         self._last, self._failing = None, False
 
 
-def _measured() -> dict:
-    from .selectors import measured_load  # fleet.selectors reads these too
-
-    return measured_load()
+def measured_load() -> dict[tuple[str, str], Measured]:
+    """Every usable benchmark result, keyed (model, profile)."""
+    return {k: Measured(c, t) for k, (c, t) in measurements_load().items() if c > 0 and t > 0}
 
 
 POLICY = Revised("capacity quotas", quota_policy_revision, quota_policy_load, Policy())
-MEASUREMENTS = Revised("benchmark results", measurements_revision, _measured, {})
+MEASUREMENTS = Revised("benchmark results", measurements_revision, measured_load, {})

@@ -34,6 +34,7 @@ from .readings import MEASUREMENTS, POLICY
 from .reclaim import weights_reclaim
 from .selectors import snapshot_load
 from .services import plan_apply
+from .wake import listen
 
 log = logging.getLogger("llmgw.reconciler")
 
@@ -222,35 +223,14 @@ def _embedded_pass(*, fresh_start: bool) -> None:
         close_old_connections()
 
 
-_woken: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
-
-
-def wake() -> None:
-    """Run a pass soon rather than at the next interval: an on-demand model was asked for.
-
-    Embedded, the loop below stops waiting; in production a Celery worker is sent the task
-    (the lease keeps it from running beside beat's). Callable from any thread.
-    """
-    if settings.LLMGW.embedded:
-        if _woken is not None:
-            loop, event = _woken
-            loop.call_soon_threadsafe(event.set)
-        return
-    from fleet.tasks import reconcile
-
-    reconcile.delay()
-
-
 async def run_forever(interval: float) -> None:
     """The embedded reconciler: a loop on the serving process's own event loop.
 
     The pass itself runs in a thread (it uses the ORM); the commands it sends
     are handed back to this loop by async_to_sync, where the in-memory channel
-    layer lives. `wake()` cuts the wait between passes short.
+    layer lives. `fleet.wake.wake()` cuts the wait between passes short.
     """
-    global _woken
-    event = asyncio.Event()
-    _woken = (asyncio.get_running_loop(), event)
+    event = listen()
     first = True
     # A database outage fails every pass: said when it starts and when it ends.
     outage = Outage(f"the reconciler's pass (tried every {interval:g} s)", log)

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import MAX_REPLICAS, ModelSpec, reservation_warnings, suggested_cores
-from catalog.selectors import catalog_load, measurements_load
+from catalog.selectors import catalog_load
 from llmgw.core import clock
 from llmgw.core.errors import Invalid, NotFound
 from mirror.selectors import weights_waiting
@@ -50,6 +50,7 @@ from .domain.types import (
 )
 from .engine_installs import installing_said, installs_of, with_installable
 from .models import Gpu, ModelState, Node, Replica, Shard
+from .readings import MEASUREMENTS, POLICY
 
 # What changes between registrations, read every pass; the rest is cached per node.
 _NODE_DYNAMIC = (
@@ -792,16 +793,9 @@ def _engine_loads(replicas: tuple[ReplicaView, ...], scalable: set[str]) -> dict
     return {m: Load(running=running[m], waiting=waiting[m]) for m in seen}
 
 
-def measured_load() -> dict[tuple[str, str], Measured]:
-    """Every usable benchmark result, keyed (model, profile)."""
-    return {k: Measured(c, t) for k, (c, t) in measurements_load().items() if c > 0 and t > 0}
-
-
 def _standing_snapshot() -> Snapshot:
     """The fleet as it stands, with quotas and measurements as they stand now: the cached
     ones while their revisions say they have not changed, read again once they have."""
-    from .readings import MEASUREMENTS, POLICY  # which reads measured_load() from here
-
     return snapshot_load(
         settling=False,
         silence_floor=None,

@@ -21,7 +21,7 @@ from llmgw.core.secrets import engine_key
 from mirror.selectors import WeightsRef, weights_for_source
 from tenancy.services import audit_record
 
-from .dispatch import Command
+from .dispatch import Command, stop_command
 from .domain.endpoints import endpoint_refusal
 from .domain.gpuclass import gpu_class
 from .domain.reconcile import Plan
@@ -67,10 +67,6 @@ def _weights(source: str) -> dict:
     """``weights`` when the model's source is mirror weights the agent fetches."""
     ref = weights_for_source(source)
     return {"weights": ref.message()} if isinstance(ref, WeightsRef) else {}
-
-
-def stop_command(node_id: str, shard_id: str, grace_s: int) -> Command:
-    return Command(node_id, {"type": "stop_shard", "shard_id": shard_id, "grace_s": grace_s})
 
 
 def _sync_gpus(node: Node, msg: Register) -> None:

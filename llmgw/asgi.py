@@ -16,6 +16,10 @@ from django.urls import path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
 from fleet.identity import mirror_refusal  # noqa: E402
+
+# The project's Celery app, imported to be this process's current one: a wake sent from here
+# (fleet/wake.py, mirror/wake.py) goes to its broker, not to Celery's default app.
+from llmgw.celery import app as celery_app  # noqa: E402, F401
 from llmgw.gateway.app import Gateway  # noqa: E402
 from mirror.files import MirrorFiles  # noqa: E402
 

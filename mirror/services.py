@@ -11,7 +11,7 @@ from django.db.models import Q
 
 from llmgw.core.errors import Conflict, Invalid, NotFound
 
-from . import store
+from . import store, wake
 from .domain.progress import ATTEMPTS, DOWNLOADING, FAILED, QUEUED, READY, retry_delay
 from .domain.sources import SourceError, parse_source
 from .models import EngineBuild, WeightFile, Weights
@@ -62,7 +62,7 @@ def weights_add(
                 )
                 for f in found.files
             )
-            transaction.on_commit(_wake)
+            transaction.on_commit(wake.wake)
     except IntegrityError:
         # Added by another request between the look and the write.
         return Weights.objects.get(source=parsed.text), False
@@ -185,10 +185,4 @@ def claims_release() -> int:
 
 def wake_worker() -> None:
     """Have the worker look for due files once this transaction commits."""
-    transaction.on_commit(_wake)
-
-
-def _wake() -> None:
-    from .worker import wake
-
-    wake()
+    transaction.on_commit(wake.wake)

@@ -25,7 +25,7 @@ from django.db import close_old_connections
 from llmgw.core import clock
 from llmgw.core.outage import Outage
 
-from . import services, store
+from . import services, store, wake
 from .domain.sources import inside
 from .models import WeightFile
 from .resolve import hub_endpoint, hub_headers
@@ -34,7 +34,6 @@ from .transfer import CHUNK, TransferError, fetch
 log = logging.getLogger("llmgw.mirror")
 
 IDLE_WAKE_S = 5.0
-_event = threading.Event()
 _thread: threading.Thread | None = None
 
 
@@ -154,16 +153,6 @@ def _keep(path: Path, digest: str) -> None:
         shutil.move(path, dest)
 
 
-def wake() -> None:
-    """Have the worker look for work now."""
-    if settings.LLMGW.embedded:
-        _event.set()
-    else:
-        from .tasks import fetch as fetch_task
-
-        fetch_task.delay()
-
-
 def start_embedded() -> None:
     """Start the worker thread inside `llmgw serve` (embedded mode)."""
     global _thread
@@ -187,5 +176,4 @@ def _loop() -> None:
         finally:
             close_old_connections()
         if not busy:
-            _event.wait(IDLE_WAKE_S)
-            _event.clear()
+            wake.wait(IDLE_WAKE_S)

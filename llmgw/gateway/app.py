@@ -403,8 +403,8 @@ class Runtime:
 
 
 def _replica_unreachable(replica_id: str, why: str) -> None:
-    from fleet.reconciler import wake
     from fleet.services import replica_unhealthy_mark
+    from fleet.wake import wake
     from llmgw.core import clock
 
     if replica_unhealthy_mark(
@@ -414,8 +414,8 @@ def _replica_unreachable(replica_id: str, why: str) -> None:
 
 
 def _model_requested(model: str) -> None:
-    from fleet.reconciler import wake
     from fleet.services import model_requested
+    from fleet.wake import wake
     from llmgw.core import clock
 
     model_requested(name=model, now=clock.now())
