@@ -47,7 +47,7 @@ from prometheus_client.utils import floatToGoString
 
 from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
-from llmgw.core import clock
+from llmgw.core import clock, sources
 from llmgw.core.outage import Outage
 from tenancy.quota import RESOURCES, ZERO, Amount, Holding
 from tenancy.selectors import quota_policy_load
@@ -703,9 +703,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     A plain (sync) view: daphne runs it in a worker thread, off the event loop that
     serves the agents.
     """
-    from llmgw.gateway.metrics import gateway_text
-
-    body = (_fleet_or_last() + gateway_text() + agents_text()).encode()
+    gateway = sources.read(sources.GATEWAY_METRICS, absent="")
+    body = (_fleet_or_last() + gateway + agents_text()).encode()
     response = HttpResponse(content_type=CONTENT_TYPE_PLAIN_0_0_4)
     if "gzip" in request.headers.get("Accept-Encoding", ""):
         body = gzip.compress(body, compresslevel=1)

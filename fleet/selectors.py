@@ -13,11 +13,12 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Count, Max
 from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import MAX_REPLICAS, ModelSpec, reservation_warnings, suggested_cores
 from catalog.selectors import catalog_load
-from llmgw.core import clock
+from llmgw.core import clock, sources
 from llmgw.core.errors import Invalid, NotFound
 from mirror.selectors import weights_waiting
 from tenancy.quota import Holding, Policy
@@ -746,15 +747,13 @@ def model_loads(replicas: tuple[ReplicaView, ...], models: dict[str, ModelSpec])
     (`combined_load`). Only nodes that host such replicas are read, and a model neither
     said anything about has no entry: unknown is not idle.
     """
-    from llmgw.gateway.load import gateway_loads
-
     scalable = {n for n, m in models.items() if m.max_replicas > m.min_replicas and not m.on_demand}
     if not scalable:
         return {}
     engines = _engine_loads(replicas, scalable)
     at_gateway = {
         m: Load(running=r, waiting=w)
-        for m, (r, w) in (gateway_loads() or {}).items()
+        for m, (r, w) in (sources.read(sources.GATEWAY_LOAD) or {}).items()
         if m in scalable
     }
     out = {}
@@ -898,3 +897,59 @@ def reconciler_status(*, now: datetime) -> dict:
             t=cfg.timings,
         ),
     }
+
+
+def replicas_print() -> tuple:
+    """(state, count, latest state change) per state, in one scan of the replicas: the
+    gateway reads its routes again only when this moved."""
+    rows = Replica.objects.order_by().values_list("state").annotate(Count("id"), Max("state_since"))
+    return tuple(sorted(rows))
+
+
+def routing_rows(*, since: datetime | None) -> list[tuple]:
+    """What the gateway routes by: (id, model, profile, state, first shard's endpoint, state
+    since, unhealthy) of each active replica; with `since`, of every replica whose state
+    changed from then on, whatever its state now."""
+    qs = Replica.objects.order_by()
+    qs = qs.filter(state__in=ACTIVE) if since is None else qs.filter(state_since__gte=since)
+    rows = qs.values_list("id", "model", "profile", "state", "state_since", "unhealthy_since")
+    if since is None:
+        endpoints = dict(
+            Shard.objects.filter(rank=0, replica__state="ready").values_list(
+                "replica_id", "endpoint"
+            )
+        )
+    else:
+        endpoints = _first_endpoints([r[0] for r in rows if r[3] == "ready"])
+    return [
+        (i, m, p, st, endpoints.get(i, ""), t, sick is not None) for i, m, p, st, t, sick in rows
+    ]
+
+
+def _first_endpoints(replica_ids: list[str]) -> dict[str, str]:
+    """Each replica's first shard's endpoint, read in chunks the databases accept."""
+    out: dict[str, str] = {}
+    for chunk in _chunks(replica_ids):
+        out.update(
+            Shard.objects.filter(replica_id__in=chunk, rank=0).values_list("replica_id", "endpoint")
+        )
+    return out
+
+
+def on_demand_trouble(model: str) -> str | None:
+    """Why an on-demand model cannot start, from the reconciler's last word: None while
+    it may still come."""
+    row = (
+        ModelState.objects.filter(pk=model)
+        .values("parked_since", "parked_reason", "unplaceable", "explanation")
+        .first()
+    )
+    if row is None:
+        return None
+    if row["parked_since"]:
+        return f"parked: {row['parked_reason'] or 'it failed to start too often'}"
+    if row["unplaceable"]:
+        entries = [e for e in row["explanation"] or [] if isinstance(e, dict)]
+        first = next((r for e in entries for r in e.get("reasons", ())), "")
+        return f"no room: {first or 'no node can take it now'}"
+    return None

@@ -795,3 +795,9 @@ def replica_unhealthy_mark(*, replica_id: str, reason: str, now: datetime) -> bo
             "replica %s is not routed to: %s", replica_id, reason, extra={"replica": replica_id}
         )
     return marked
+
+
+def replicas_used_mark(*, replica_ids: set[str], now: datetime) -> None:
+    """The gateway served these replicas since its last write: an on-demand model's idle
+    clock starts again from `now`."""
+    Replica.objects.filter(pk__in=replica_ids).update(last_used_at=now)

@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "catalog",
     "fleet",
     "mirror",
+    "llmgw.gateway",
 ]
 
 MIDDLEWARE = [

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import Sum
+from django.db.models import Count, Max, Sum
 
 from llmgw.core.errors import Invalid
 from llmgw.core.secrets import digest
@@ -304,4 +304,45 @@ def _usage_row(found: dict, tree: ScopeTree) -> dict:
         "prompt_tokens": found["n_prompt"] or 0,
         "completion_tokens": found["n_completion"] or 0,
         "avg_latency_ms": round(found["n_latency"] / requests, 1) if requests else None,
+    }
+
+
+def keys_print() -> tuple:
+    """A print of the keys and the scopes' limits that moves when any of them changes: the
+    gateway reads them again only then (or every so often)."""
+    keys = ApiKey.objects.aggregate(
+        n=Count("id"), top=Max("id"), revoked=Count("revoked_at"), last=Max("revoked_at")
+    )
+    limits = ScopeLimit.objects.aggregate(n=Count("id"), last=Max("updated_at"))
+    return (*keys.values(), *limits.values())
+
+
+def key_rows() -> list[tuple]:
+    """Every key not revoked, as the gateway admits by: (id, name, prefix, secret hash,
+    project id, models allowed, requests per minute, tokens per minute)."""
+    return [
+        (i, n, pre, d, p, tuple(m or ()), rpm, tpm)
+        for i, n, pre, d, p, m, rpm, tpm in ApiKey.objects.filter(
+            revoked_at__isnull=True
+        ).values_list(
+            "id",
+            "name",
+            "prefix",
+            "secret_hash",
+            "project_id",
+            "models_allowed",
+            "requests_per_minute",
+            "tokens_per_minute",
+        )
+    ]
+
+
+def scope_limits() -> dict[str, tuple[int | None, int | None]]:
+    """scope -> (requests per minute, tokens per minute), for every scope that limits either."""
+    return {
+        s: (rpm, tpm)
+        for s, rpm, tpm in ScopeLimit.objects.values_list(
+            "scope", "requests_per_minute", "tokens_per_minute"
+        )
+        if rpm is not None or tpm is not None
     }

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -493,3 +494,33 @@ def limit_clear(*, scope: str, actor: str) -> str:
         extra={"event": "limit", "scope": key, "actor": actor},
     )
     return key
+
+
+_USAGE_ADD = """
+INSERT INTO tenancy_usage (bucket, api_key_id, project_id, model, requests, errors,
+                           prompt_tokens, completion_tokens, latency_ms_total)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (bucket, api_key_id, model) DO UPDATE SET
+    requests = tenancy_usage.requests + excluded.requests,
+    errors = tenancy_usage.errors + excluded.errors,
+    prompt_tokens = tenancy_usage.prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = tenancy_usage.completion_tokens + excluded.completion_tokens,
+    latency_ms_total = tenancy_usage.latency_ms_total + excluded.latency_ms_total
+"""
+
+
+def usage_add(*, tallies: Mapping[tuple[int, int, int, str], Sequence[int]]) -> None:
+    """Add the gateway's tallies, keyed (minute since the epoch, key id, project id, model)
+    to [requests, errors, prompt, completion, latency ms], to their one-minute `Usage` rows
+    in one statement: an upsert that adds, so several gateway processes can write the same
+    bucket. Rows for keys deleted meanwhile are dropped rather than failing the batch."""
+    keys = set(ApiKey.objects.filter(pk__in={k[1] for k in tallies}).values_list("pk", flat=True))
+    bucket = connection.ops.adapt_datetimefield_value
+    rows = [
+        (bucket(datetime.fromtimestamp(minute * 60, UTC)), key, project, model, *figures)
+        for (minute, key, project, model), figures in sorted(tallies.items())
+        if key in keys
+    ]
+    if rows:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.executemany(_USAGE_ADD, rows)

@@ -422,27 +422,6 @@ def _model_requested(model: str) -> None:
     wake()
 
 
-def _model_trouble(model: str) -> str | None:
-    """Why an on-demand model cannot start, from the reconciler's last word: None while
-    it may still come."""
-    from fleet.models import ModelState
-
-    row = (
-        ModelState.objects.filter(pk=model)
-        .values("parked_since", "parked_reason", "unplaceable", "explanation")
-        .first()
-    )
-    if row is None:
-        return None
-    if row["parked_since"]:
-        return f"parked: {row['parked_reason'] or 'it failed to start too often'}"
-    if row["unplaceable"]:
-        entries = [e for e in row["explanation"] or [] if isinstance(e, dict)]
-        first = next((r for e in entries for r in e.get("reasons", ())), "")
-        return f"no room: {first or 'no node can take it now'}"
-    return None
-
-
 class Gateway:
     """ASGI: `/v1/…` here, everything else to `inner` (Django)."""
 
@@ -833,13 +812,15 @@ _troubles: dict[str, tuple[float, str | None]] = {}
 
 async def _trouble(model: str) -> str | None:
     """The reconciler's reason a model is not coming, read at most every 2 s per model."""
+    from fleet.selectors import on_demand_trouble
+
     now = time.monotonic()
     cached = _troubles.get(model)
     if cached is not None and now - cached[0] < 2:
         return cached[1]
     _troubles[model] = (now, cached[1] if cached else None)  # one query at a time per model
     try:
-        found = await asyncio.wait_for(in_a_thread(_model_trouble)(model), 2)
+        found = await asyncio.wait_for(in_a_thread(on_demand_trouble)(model), 2)
     except Exception:  # noqa: BLE001 - the database being away is not a reason to refuse
         found = None
     _troubles[model] = (time.monotonic(), found)

@@ -281,34 +281,19 @@ class Loader:
 
     @staticmethod
     def _keys_print() -> tuple:
-        from django.db.models import Count, Max
+        from tenancy.selectors import keys_print
 
-        from tenancy.models import ApiKey, ScopeLimit
-
-        keys = ApiKey.objects.aggregate(
-            n=Count("id"), top=Max("id"), revoked=Count("revoked_at"), last=Max("revoked_at")
-        )
-        limits = ScopeLimit.objects.aggregate(n=Count("id"), last=Max("updated_at"))
-        return (*keys.values(), *limits.values())
+        return keys_print()
 
     @staticmethod
     def _replicas_print() -> tuple:
-        """(state, count, latest state change) per state: one scan of the replicas."""
-        from django.db.models import Count, Max
+        from fleet.selectors import replicas_print
 
-        from fleet.models import Replica
-
-        rows = (
-            Replica.objects.order_by()
-            .values_list("state")
-            .annotate(Count("id"), Max("state_since"))
-        )
-        return tuple(sorted(rows))
+        return replicas_print()
 
     @staticmethod
     def _keys(names: Mapping[str, str]) -> tuple[dict[str, Key], dict, dict[str, str]]:
-        from tenancy.models import ApiKey, ScopeLimit
-        from tenancy.selectors import scope_tree
+        from tenancy.selectors import key_rows, scope_limits, scope_tree
 
         tree = scope_tree()
         chains = {
@@ -316,61 +301,11 @@ class Loader:
             for s, up in tree.parents.items()
             if s.startswith("project:")
         }
-        rows = [
-            KeyRow(i, n, pre, d, p, tuple(m or ()), rpm, tpm)
-            for i, n, pre, d, p, m, rpm, tpm in ApiKey.objects.filter(
-                revoked_at__isnull=True
-            ).values_list(
-                "id",
-                "name",
-                "prefix",
-                "secret_hash",
-                "project_id",
-                "models_allowed",
-                "requests_per_minute",
-                "tokens_per_minute",
-            )
-        ]
-        limits = {
-            s: (rpm, tpm)
-            for s, rpm, tpm in ScopeLimit.objects.values_list(
-                "scope", "requests_per_minute", "tokens_per_minute"
-            )
-            if rpm is not None or tpm is not None
-        }
-        return build_keys(rows, chains, names), limits, dict(tree.names)
+        rows = [KeyRow(*row) for row in key_rows()]
+        return build_keys(rows, chains, names), scope_limits(), dict(tree.names)
 
     @staticmethod
     def _replica_rows(*, since) -> list[ReplicaRow]:
-        """Active replicas with their first shard's endpoint; with `since`, every replica
-        whose state changed from then on, whatever its state now."""
-        from fleet.models import Replica, Shard
+        from fleet.selectors import routing_rows
 
-        qs = Replica.objects.order_by()
-        qs = qs.filter(state__in=ACTIVE) if since is None else qs.filter(state_since__gte=since)
-        rows = qs.values_list("id", "model", "profile", "state", "state_since", "unhealthy_since")
-        if since is None:
-            endpoints = dict(
-                Shard.objects.filter(rank=0, replica__state="ready").values_list(
-                    "replica_id", "endpoint"
-                )
-            )
-        else:
-            endpoints = _endpoints([r[0] for r in rows if r[3] == "ready"])
-        return [
-            ReplicaRow(i, m, p, st, endpoints.get(i, ""), t, sick is not None)
-            for i, m, p, st, t, sick in rows
-        ]
-
-
-def _endpoints(replica_ids: list[str]) -> dict[str, str]:
-    """Each replica's first shard's endpoint, read in chunks the databases accept."""
-    from fleet.models import Shard
-
-    out: dict[str, str] = {}
-    for i in range(0, len(replica_ids), 900):
-        chunk = replica_ids[i : i + 900]
-        out.update(
-            Shard.objects.filter(replica_id__in=chunk, rank=0).values_list("replica_id", "endpoint")
-        )
-    return out
+        return [ReplicaRow(*row) for row in routing_rows(since=since)]

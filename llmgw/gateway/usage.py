@@ -9,9 +9,7 @@ marked used. When the write fails the tallies are kept for the next try.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
-
-from django.db import connection, transaction
+from datetime import datetime
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -69,43 +67,15 @@ class UsageBook:
             log.warning("usage kept in memory passed %d rows; the oldest were dropped", MAX_KEPT)
 
 
-_UPSERT = """
-INSERT INTO tenancy_usage (bucket, api_key_id, project_id, model, requests, errors,
-                           prompt_tokens, completion_tokens, latency_ms_total)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
-ON CONFLICT (bucket, api_key_id, model) DO UPDATE SET
-    requests = tenancy_usage.requests + excluded.requests,
-    errors = tenancy_usage.errors + excluded.errors,
-    prompt_tokens = tenancy_usage.prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = tenancy_usage.completion_tokens + excluded.completion_tokens,
-    latency_ms_total = tenancy_usage.latency_ms_total + excluded.latency_ms_total
-"""
-
-
 def usage_write(*, tallies: Tallies, used: set[str], now: datetime) -> None:
-    """Mark the replicas used, then add the tallies to their rows in one transaction.
+    """Mark the replicas used, then add the tallies to their rows in one transaction
+    (tenancy/services.py `usage_add`, which drops rows of keys deleted meanwhile)."""
+    from fleet.services import replicas_used_mark
+    from tenancy.services import usage_add
 
-    Rows for keys deleted meanwhile are dropped rather than failing the batch.
-    """
-    from fleet.models import Replica
-    from tenancy.models import ApiKey
-
-    if tallies:
-        keys = set(
-            ApiKey.objects.filter(pk__in={k[1] for k in tallies}).values_list("pk", flat=True)
-        )
-        bucket = connection.ops.adapt_datetimefield_value
-        rows = [
-            (bucket(datetime.fromtimestamp(minute * 60, UTC)), key, project, model, *figures)
-            for (minute, key, project, model), figures in sorted(tallies.items())
-            if key in keys
-        ]
-    else:
-        rows = []
     # Replica use first and on its own: usage that cannot be written must not make busy
     # on-demand replicas look idle.
     if used:
-        Replica.objects.filter(pk__in=used).update(last_used_at=now)
-    if rows:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.executemany(_UPSERT, rows)
+        replicas_used_mark(replica_ids=used, now=now)
+    if tallies:
+        usage_add(tallies=tallies)
