@@ -23,8 +23,12 @@ commands:
 def _django() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
     import django
+    from django.apps import apps
 
-    django.setup()
+    # Once a process: a second setup configures logging again, onto whatever
+    # sys.stderr is then (in a test, a capture that is closed after it).
+    if not apps.ready:
+        django.setup()
 
 
 def _manage(args: list[str]) -> int:
