@@ -29,7 +29,7 @@ from typing import Any, TextIO
 import httpx
 
 from llmgw import __version__
-from llmgw.cli.ctl import Api, CtlError, Output, positive_number, segment
+from llmgw.cli.base import Api, CtlError, Output, positive_number, segment
 from llmgw.cli.tables import DASH, number, render
 
 DEFAULT_MAX_CONCURRENCY = 64

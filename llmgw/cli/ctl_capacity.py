@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmgw.cli.ctl import Api, CtlError, Output, positive_number, segment, whole_number
+from llmgw.cli.base import Api, CtlError, Output, positive_number, segment, whole_number
 from llmgw.cli.tables import DASH, age, number, render
 
 CLASS_HELP = """\

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from llmgw.cli.ctl import Api, CtlError, Output, whole_number
+from llmgw.cli.base import Api, CtlError, Output, whole_number
 from llmgw.cli.ctl_weights import size
 from llmgw.cli.tables import DASH, render
 from mirror.domain.platforms import this_platform

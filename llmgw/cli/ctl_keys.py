@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmgw.cli.ctl import Api, Output, whole_number
+from llmgw.cli.base import Api, Output, whole_number
 from llmgw.cli.tables import DASH, render
 
 KEY_HEADERS = ["ID", "NAME", "PREFIX", "PROJECT", "MODELS", "LIMITS", "STATE"]

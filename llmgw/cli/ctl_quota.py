@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmgw.cli.ctl import Api, Output, segment, whole_number
+from llmgw.cli.base import Api, Output, segment, whole_number
 from llmgw.cli.tables import DASH, number, render
 
 RESOURCES = ("gpus", "cpu_cores", "memory_gb")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC
 from typing import Any
 
-from llmgw.cli.ctl import Api, Output, segment, whole_number
+from llmgw.cli.base import Api, Output, segment, whole_number
 from llmgw.cli.tables import DASH, parse_time, render
 
 GROUPINGS = ("project", "key", "model")

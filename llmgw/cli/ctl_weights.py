@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmgw.cli.ctl import Api, CtlError, Output, whole_number
+from llmgw.cli.base import Api, CtlError, Output, whole_number
 from llmgw.cli.tables import DASH, render
 
 WEIGHTS_HEADERS = ["ID", "STATE", "PROGRESS", "SOURCE", "MODELS", "ADDED"]

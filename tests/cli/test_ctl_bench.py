@@ -20,7 +20,7 @@ from catalog.models import Measurement
 from catalog.schemas import CapacityIn
 from fleet.models import Replica
 from llmgw.cli import ctl, ctl_bench
-from llmgw.cli.ctl import CtlError
+from llmgw.cli.base import CtlError
 from llmgw.cli.ctl_bench import (
     LevelSample,
     LevelSummary,

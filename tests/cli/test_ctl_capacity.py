@@ -428,7 +428,7 @@ def test_sizing_figures_are_sent_exactly_and_infinity_is_refused():
 
     import pytest
 
-    from llmgw.cli.ctl import positive_number
+    from llmgw.cli.base import positive_number
 
     with pytest.raises(argparse.ArgumentTypeError):
         positive_number("inf")
