@@ -65,7 +65,7 @@ def _lighter_requests() -> None:
         def _too_large(self) -> None:
             import io
 
-            from llmgw.gateway.app import _too_large
+            from llmgw.gateway.answers import _too_large
 
             self._refused = True
             self.content = io.BytesIO()
@@ -78,7 +78,7 @@ def _lighter_requests() -> None:
             self.channel.loseConnection()
 
         def gotLength(self, length):
-            from llmgw.gateway.app import MAX_BODY_BYTES
+            from llmgw.gateway.answers import MAX_BODY_BYTES
 
             if length is not None and length > MAX_BODY_BYTES and self._for_gateway():
                 self._too_large()
@@ -86,7 +86,7 @@ def _lighter_requests() -> None:
             super().gotLength(length)
 
         def handleContentChunk(self, data):
-            from llmgw.gateway.app import MAX_BODY_BYTES
+            from llmgw.gateway.answers import MAX_BODY_BYTES
 
             if self._refused:
                 return

@@ -20,8 +20,9 @@ from django.utils import timezone
 from fleet.models import ModelState, Replica, Shard
 from llmgw.core.secrets import engine_key
 from llmgw.gateway import app as gateway_app
-from llmgw.gateway.app import Gateway, split_events
+from llmgw.gateway.app import Gateway
 from llmgw.gateway.load import BOARD
+from llmgw.gateway.streaming import split_events
 from llmgw.simengine import ENGINE, SimConfig, start_server
 from tenancy.models import Usage
 from tenancy.services import api_key_create, org_create, project_create, team_create

@@ -1,0 +1,97 @@
+"""What a `/v1/` request is answered with when it is not an engine's answer: the ASGI
+types, the JSON headers, the OpenAI-style error (`Refused`) and its sentences, and the 503
+of a server that is stopping."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+Scope = dict
+Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class Refused(Exception):
+    """A request answered with an OpenAI-style error and no upstream call."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        code: str | None = None,
+        *,
+        reason: str,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code = status, message, kind, code
+        self.reason, self.retry_after = reason, retry_after
+
+    def body(self) -> bytes:
+        error = {"message": self.message, "type": self.kind, "param": None, "code": self.code}
+        return json.dumps({"error": error}).encode()
+
+
+class ClientGone(Exception):
+    """The caller hung up."""
+
+
+def _no_key() -> Refused:
+    return Refused(
+        401,
+        "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
+        "invalid_request_error",
+        "invalid_api_key",
+        reason="auth",
+    )
+
+
+def _bad_key() -> Refused:
+    # The same answer for a wrong, unknown or revoked key: nothing says which keys exist.
+    return Refused(
+        401,
+        "Incorrect API key provided.",
+        "invalid_request_error",
+        "invalid_api_key",
+        reason="auth",
+    )
+
+
+def _bad(message: str, code: str | None = None) -> Refused:
+    return Refused(400, message, "invalid_request_error", code, reason="bad_request")
+
+
+def _too_large() -> Refused:
+    return Refused(
+        413,
+        f"The request body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB.",
+        "invalid_request_error",
+        "request_too_large",
+        reason="bad_request",
+    )
+
+
+async def _answer(send: Send, status: int, body: bytes, headers=JSON_HEADERS) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+SHUTTING_DOWN = Refused(
+    503,
+    "This llmgw server is stopping; retry the request (another server takes it).",
+    "server_error",
+    "server_shutdown",
+    reason="shutdown",
+    retry_after=1,
+)
+# Its headers: retry at once, on another connection (so, behind a balancer, another server).
+SHUTTING_DOWN_HEADERS = [
+    *JSON_HEADERS,
+    (b"retry-after", str(SHUTTING_DOWN.retry_after).encode()),
+    (b"connection", b"close"),
+]

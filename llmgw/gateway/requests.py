@@ -1,0 +1,196 @@
+"""One `/v1/` request from its first byte to its answer: the key, the body read and
+checked, the model found, admission by the limits, then `routing`; whatever fails is
+answered with an OpenAI-style error, and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+from llmgw.gateway import metrics
+from llmgw.gateway.answers import (
+    JSON_HEADERS,
+    MAX_BODY_BYTES,
+    SHUTTING_DOWN,
+    SHUTTING_DOWN_HEADERS,
+    ClientGone,
+    Receive,
+    Refused,
+    Scope,
+    Send,
+    _answer,
+    _bad,
+    _too_large,
+)
+from llmgw.gateway.limits import Limiter, refusal_sentence
+from llmgw.gateway.routing import _route
+from llmgw.gateway.state import Request, State
+from llmgw.gateway.streaming import _record
+
+log = logging.getLogger("llmgw.gateway")
+
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/embeddings": "embedding",
+}
+
+
+async def _read_body(scope: Scope, receive: Receive) -> bytes:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise _bad("Content-Length is not a number.") from None
+            if declared > MAX_BODY_BYTES:
+                raise _too_large()
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _parse(raw: bytes, endpoint: str) -> dict:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # arrays nested thousands deep
+        raise _bad("The body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise _bad("The body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is required: the name of the model to use.", "missing_model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be true or false.")
+    if stream and endpoint == "embedding":
+        raise _bad("Embeddings cannot be streamed.")
+    return body
+
+
+async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer one `/v1/` request, whatever happens: an error is always an OpenAI-style body."""
+    started = time.perf_counter()
+    path, method = scope["path"], scope["method"]
+    req: Request | None = None
+    model_series = metrics.series("")
+    try:
+        key = rt.authenticate(scope["headers"])
+        if path == "/v1/models":
+            if method != "GET":
+                raise Refused(405, "Use GET.", "invalid_request_error", reason="bad_request")
+            await _answer(send, 200, rt.models_json(key))
+            model_series.answered(200)
+            return
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is None:
+            raise Refused(
+                404,
+                f"Unknown request URL: {method} {path}.",
+                "invalid_request_error",
+                "unknown_url",
+                reason="bad_request",
+            )
+        if method != "POST":
+            raise Refused(
+                405, f"Use POST for {path}.", "invalid_request_error", reason="bad_request"
+            )
+        raw = await _read_body(scope, receive)
+        body = _parse(raw, endpoint)
+        spec = rt.tables.resolve(body["model"])
+        if spec is None or (key.models is not None and spec.name not in key.models):
+            # A model the key may not use is as unknown to it as one that does not exist.
+            raise Refused(
+                404,
+                f"The model `{body['model']}` does not exist or you do not have access to it.",
+                "invalid_request_error",
+                "model_not_found",
+                reason="unknown_model",
+            )
+        options = body.get("stream_options")
+        req = Request(
+            key=key,
+            endpoint=endpoint,
+            path=path,
+            body=body,
+            raw=raw,
+            stream=body.get("stream") is True,
+            wants_usage=isinstance(options, dict) and options.get("include_usage") is True,
+            started=started,
+            model=spec.name,
+        )
+        model_series = metrics.series(spec.name)
+        await _admit(rt, req)
+        status = await _route(rt, req, receive, send)
+        model_series = metrics.series(req.model)
+        model_series.answered(status)
+    except Refused as refused:
+        model_series.failed(refused.reason)
+        model_series.answered(refused.status)
+        headers = JSON_HEADERS
+        if refused.retry_after is not None:
+            headers = [*JSON_HEADERS, (b"retry-after", str(refused.retry_after).encode())]
+        if req is not None and refused.reason not in ("auth",):
+            _record(rt, req, None, error=True)
+        await _answer(send, refused.status, refused.body(), headers)
+    except ClientGone:
+        # Hanging up once the whole answer has passed is no failure: only the close was left.
+        if req is not None and req.done:
+            model_series = metrics.series(req.model)
+            model_series.answered(200)
+            _record(rt, req, req.usage, error=False)
+        else:
+            model_series.failed("client_gone")
+            if req is not None:
+                _record(rt, req, req.usage, error=True)
+    except asyncio.CancelledError:
+        if not rt.stopping:
+            raise
+        # Cut by a server that stopped waiting for it (Runtime.drain): said, and counted.
+        asyncio.current_task().uncancel()
+        model_series.failed("shutdown")
+        if req is not None:
+            _record(rt, req, req.usage, error=True)
+        with contextlib.suppress(Exception):  # the answer may have begun already
+            await _answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
+    except Exception:
+        # A bug of ours, or something no rule foresaw: still an OpenAI-style answer, counted.
+        log.exception("gateway request %s %s failed", method, path)
+        model_series.failed("internal")
+        model_series.answered(500)
+        if req is not None:
+            _record(rt, req, req.usage, error=True)
+        error = Refused(500, "The gateway failed to answer.", "server_error", reason="internal")
+        with contextlib.suppress(Exception):  # the answer may have begun already
+            await _answer(send, 500, error.body())
+    finally:
+        model_series.duration.observe(time.perf_counter() - started)
+
+
+async def _admit(rt: State, req: Request) -> None:
+    checks, requests, _ = Limiter.checks(req.key, rt.tables.limits)
+    if not checks:
+        return
+    refusal = await rt.limiter.admit(checks, requests, time.time())
+    if refusal is None:
+        return
+    raise Refused(
+        429,
+        refusal_sentence(refusal, req.key, rt.tables.scope_names),
+        "rate_limit_error" if refusal.subject.endswith(":req") else "tokens",
+        "rate_limit_exceeded",
+        reason="limit",
+        retry_after=refusal.retry_after,
+    )

@@ -1,0 +1,214 @@
+"""What the gateway knows, in memory: in the process (`State`: the tables, the counters,
+the upstream pool, requests in flight per replica) and of one request as it goes through
+(`Request`); and what a request asks of the process: its key looked up, a replica picked,
+an on-demand model asked for, a replica reported unreachable. `app.Runtime` adds the
+process's life: its start, the background loop, drain and close."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from channels.db import database_sync_to_async
+
+from llmgw.gateway.answers import _bad_key, _no_key
+from llmgw.gateway.limits import Limiter, LocalCounters, RedisCounters
+from llmgw.gateway.tables import Key, Tables, Upstream
+from llmgw.gateway.usage import UsageBook
+
+log = logging.getLogger("llmgw.gateway")
+
+MAX_SECRET_CHARS = 256
+
+
+def in_a_thread(fn):
+    """`fn` to await, run off the loop in a worker thread, with Django's stale connections
+    closed around it as Channels does for consumers."""
+    return database_sync_to_async(fn, thread_sensitive=False)
+
+
+@dataclass
+class Request:
+    """What is known of one request as it goes through."""
+
+    key: Key
+    endpoint: str
+    path: str
+    body: dict
+    raw: bytes
+    stream: bool
+    wants_usage: bool
+    started: float
+    model: str = ""  # the catalog name it was served as
+    tried: set[str] = field(default_factory=set)
+    usage: dict | None = None  # the engine's figures, once they have passed
+    done: bool = False  # the answer has reached its end (a stream, its [DONE])
+    recorded: bool = False  # its usage is counted: once, whichever way it ended
+    events: int = 0  # server-sent events passed on: tokens, about, when no usage came
+
+
+class State:
+    """What the request path reads and asks of the process: tables, counters, the upstream
+    pool, in-flight counts and suspect replicas."""
+
+    def __init__(self) -> None:
+        from django.conf import settings
+
+        self.secret = settings.SECRET_KEY
+        self.cfg = settings.LLMGW
+        self.tables = Tables()
+        self.changed = asyncio.Event()  # set, and replaced, whenever the tables change
+        counters = RedisCounters(self.cfg.redis_url) if self.cfg.redis_url else LocalCounters()
+        self.limiter = Limiter(counters)
+        self.usage = UsageBook()
+        self.inflight: dict[str, int] = {}
+        self.suspect: dict[str, float] = {}
+        self.turn = 0
+        self.asked: dict[str, float] = {}  # on-demand model -> when the reconciler was last told
+        self.session: aiohttp.ClientSession | None = None
+        self._digests: dict[str, str] = {}
+        self._models_json: dict[object, bytes] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.stopping = False  # this server is stopping (`Runtime.drain`): no new requests
+
+    def authenticate(self, headers: list[tuple[bytes, bytes]]) -> Key:
+        """The key of the `Authorization: Bearer` header; Refused (401) for none, or for one
+        that is not a key."""
+        auth = None
+        for name, value in headers:
+            if name == b"authorization":
+                auth = value
+                break
+        if not auth:
+            raise _no_key()
+        scheme, _, secret = auth.decode("latin-1").partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            raise _no_key()
+        if len(secret) > MAX_SECRET_CHARS:
+            raise _bad_key()
+        digest = self._digests.get(secret)
+        if digest is None:
+            from llmgw.core.secrets import keyed_digest
+
+            digest = keyed_digest(self.secret, secret)
+            key = self.tables.keys.get(digest)
+            if key is None:
+                raise _bad_key()  # not remembered: callers must not fill the cache
+            if len(self._digests) > 10_000:
+                self._digests.clear()
+            self._digests[secret] = digest
+            return key
+        key = self.tables.keys.get(digest)
+        if key is None:
+            raise _bad_key()
+        return key
+
+    def pick(self, model: str, tried: set[str]) -> Upstream | None:
+        """The ready replica with the fewest requests in flight for its weight; replicas
+        tried already, or recently refusing connections, only when nothing else is left."""
+        ups = self.tables.upstreams.get(model)
+        if not ups:
+            return None
+        now = time.monotonic()
+        best, best_score, fallback = None, None, None
+        n = len(ups)
+        self.turn += 1
+        start = self.turn % n  # ties go round, so one request at a time spreads too
+        for i in range(n):
+            u = ups[(start + i) % n]
+            if u.replica_id in tried:
+                continue
+            if self.suspect.get(u.replica_id, 0) > now:
+                fallback = fallback or u
+                continue
+            score = (self.inflight.get(u.replica_id, 0) + 1) / u.weight
+            if best_score is None or score < best_score:
+                best, best_score = u, score
+        return best or fallback
+
+    def chain(self, model: str) -> list[str]:
+        """The model, then its fallbacks in order, then theirs: each once."""
+        out, queue = [], [model]
+        while queue:
+            name = queue.pop(0)
+            spec = self.tables.resolve(name)
+            if spec is None or spec.name in out:
+                continue
+            out.append(spec.name)
+            queue.extend(spec.fallbacks)
+        return out
+
+    async def start_model(self, model: str) -> None:
+        """Tell the reconciler an on-demand model is wanted, at most every few seconds."""
+        now = time.monotonic()
+        if now - self.asked.get(model, 0) < 5:
+            return
+        self.asked[model] = now
+        try:
+            await in_a_thread(_model_requested)(model)
+        except Exception:  # noqa: BLE001
+            log.warning("could not ask for %s to be started", model, exc_info=True)
+
+    def report_unreachable(self, replica_id: str, why: str) -> None:
+        """Tell every gateway and the reconciler at once that a replica could not be reached
+        (fleet/services.py `replica_unhealthy_mark`), without waiting for it."""
+
+        async def report() -> None:
+            try:
+                await in_a_thread(_replica_unreachable)(replica_id, why)
+            except Exception:  # noqa: BLE001 - the database being away: suspect it here only
+                log.warning("could not mark replica %s unhealthy", replica_id, exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(report())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def start_soon(self, model: str) -> None:
+        """`start_model` without waiting for it."""
+        if time.monotonic() - self.asked.get(model, 0) >= 5:
+            task = asyncio.get_running_loop().create_task(self.start_model(model))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def models_json(self, key: Key) -> bytes:
+        """The `/v1/models` answer for `key`: the models it may use, kept until keys change."""
+        cached = self._models_json.get(key.models)
+        if cached is None:
+            names = sorted(self.tables.models if key.models is None else key.models)
+            data = []
+            for n in names:
+                spec = self.tables.models.get(n)
+                if spec is None:
+                    continue
+                entry = {"id": n, "object": "model", "owned_by": "llmgw"}
+                if spec.aliases:
+                    entry["aliases"] = list(spec.aliases)
+                data.append(entry)
+            cached = json.dumps({"object": "list", "data": data}).encode()
+            self._models_json[key.models] = cached
+        return cached
+
+
+def _replica_unreachable(replica_id: str, why: str) -> None:
+    from fleet.services import replica_unhealthy_mark
+    from fleet.wake import wake
+    from llmgw.core import clock
+
+    if replica_unhealthy_mark(
+        replica_id=replica_id, reason=f"the gateway could not reach it: {why}", now=clock.now()
+    ):
+        wake()
+
+
+def _model_requested(model: str) -> None:
+    from fleet.services import model_requested
+    from fleet.wake import wake
+    from llmgw.core import clock
+
+    model_requested(name=model, now=clock.now())
+    wake()

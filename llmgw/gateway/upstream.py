@@ -1,0 +1,144 @@
+"""Sending a request on to a replica's engine: the aiohttp pool, one attempt against one
+replica (`Unreachable` when it cannot be reached, so that another is tried), and a whole
+(not streamed) answer passed back; a stream goes on to `streaming`."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import aiohttp
+
+from llmgw.gateway import metrics
+from llmgw.gateway.answers import Refused, Send, _answer
+from llmgw.gateway.load import BOARD
+from llmgw.gateway.state import Request, State
+from llmgw.gateway.streaming import _record, _stream
+from llmgw.gateway.tables import Upstream
+
+log = logging.getLogger("llmgw.gateway")
+
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a whole (not streamed) answer from an engine
+
+
+def open_pool() -> aiohttp.ClientSession:
+    """The connection pool to every engine, for one process's requests."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=600),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+    )
+
+
+class Unreachable(Exception):
+    """The replica could not be reached, or hung up before answering: try another.
+    `broken`: refused or cut (nothing listens, or the engine died), not merely slow."""
+
+    def __init__(self, message: str, *, broken: bool = True) -> None:
+        super().__init__(message)
+        self.broken = broken
+
+
+async def _proxy(rt: State, req: Request, up: Upstream, send: Send) -> int:
+    body = req.raw
+    if req.body["model"] != up.model or (req.stream and not req.wants_usage):
+        changed = dict(req.body, model=up.model)
+        if req.stream and not req.wants_usage:
+            options = changed.get("stream_options")
+            changed["stream_options"] = dict(
+                options if isinstance(options, dict) else {}, include_usage=True
+            )
+        body = json.dumps(changed).encode()
+    headers = {"Authorization": up.authorization, "Content-Type": "application/json"}
+    rid, model = up.replica_id, up.model
+    rt.inflight[rid] = rt.inflight.get(rid, 0) + 1
+    BOARD.running[model] = BOARD.running.get(model, 0) + 1
+    rt.usage.used.add(rid)
+    try:
+        try:
+            resp = await rt.session.post(up.url + req.path, data=body, headers=headers)
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise Unreachable(
+                str(exc) or type(exc).__name__, broken=not isinstance(exc, TimeoutError)
+            ) from None
+        except (aiohttp.ClientError, ValueError) as exc:
+            log.error("replica %s of %s answered what is not HTTP: %s", rid, model, exc)
+            raise Refused(
+                502,
+                f"The replica serving {model} gave an answer that is not HTTP.",
+                "api_error",
+                "upstream_invalid",
+                reason="upstream",
+            ) from None
+        try:
+            kind = resp.headers.get("Content-Type", "")
+            if req.stream and resp.status == 200 and kind.startswith("text/event-stream"):
+                return await _stream(rt, req, resp, send)
+            return await _whole(rt, req, resp, kind, send)
+        finally:
+            resp.close()
+    finally:
+        rt.inflight[rid] -= 1
+        BOARD.running[model] -= 1
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _usage_in(data: bytes) -> dict | None:
+    """The `usage` object of a JSON answer, found from the end without parsing the rest
+    (an embeddings answer can be megabytes of numbers)."""
+    at = data.rfind(b'"usage"')
+    if at < 0:
+        return None
+    brace = data.find(b"{", at)
+    if brace < 0:
+        return None
+    try:
+        value, _ = _DECODER.raw_decode(data[brace:].decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+async def _whole(rt: State, req: Request, resp, kind: str, send: Send) -> int:
+    chunks, size = [], 0
+    try:
+        async for chunk in resp.content.iter_any():
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise Refused(
+                    502,
+                    f"The replica serving {req.model} answered more than "
+                    f"{MAX_ANSWER_BYTES // (1024 * 1024)} MiB.",
+                    "api_error",
+                    "upstream_too_large",
+                    reason="upstream",
+                )
+            chunks.append(chunk)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        # Nothing has reached the caller yet: another replica can still answer.
+        raise Unreachable(
+            f"cut before answering in full: {exc or type(exc).__name__}",
+            broken=not isinstance(exc, TimeoutError),
+        ) from None
+    data = b"".join(chunks)
+    status = resp.status
+    if status in (401, 403):
+        # The engine refused the gateway's own key: ours to fix, not the caller's.
+        log.error("replica of %s refused the engine key (HTTP %d)", req.model, status)
+        raise Refused(
+            502,
+            f"The replica serving {req.model} refused the gateway.",
+            "api_error",
+            "upstream_refused",
+            reason="upstream_status",
+        )
+    error = status >= 400
+    if error:
+        metrics.series(req.model).failed("upstream_status")
+    _record(rt, req, _usage_in(data) if status == 200 else None, error=error)
+    content_type = (kind or "application/json").encode("latin-1", "replace")
+    await _answer(send, status, data, [(b"content-type", content_type)])
+    return status
