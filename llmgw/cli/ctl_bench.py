@@ -804,7 +804,7 @@ is the last level that met it.
 replicas), where the reconciler scales the model by it."""
 
 
-def register(add: Callable[..., Any], commands: Any) -> None:
+def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
     """Add ``bench`` to the commands."""
     bench = add(
         commands,

@@ -199,8 +199,9 @@ def cmd_model_preemption(api: Api, args: argparse.Namespace, out: Output) -> Non
     out.show(api.get(f"/models/{segment(args.name)}/preemption"), render_preemption)
 
 
-def register(add: Callable[..., Any], commands: Any, model_actions: Any) -> None:
+def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
     """Add ``capacity`` to the commands and the sizing actions to ``model``."""
+    model_actions = groups["model"]
     klass = add(
         model_actions,
         "class",

@@ -82,7 +82,7 @@ def cmd_engines_rm(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.say(f"engine build {args.id} removed; nodes that installed it keep their copy")
 
 
-def register(add: Callable[..., Any], commands: Any) -> None:
+def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
     """Add ``engines add|list|rm``."""
     engines = add(commands, "engines", "engine builds in the mirror: add, list, rm")
     actions = engines.add_subparsers(dest="action", required=True, metavar="ACTION")

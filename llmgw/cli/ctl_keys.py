@@ -74,7 +74,7 @@ def cmd_key_revoke(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(answer, lambda a: f"API key {a['revoked']} revoked: the gateway refuses it now")
 
 
-def register(add: Callable[..., Any], commands: Any) -> None:
+def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
     """Add ``key create|list|revoke`` to the commands."""
     key = add(commands, "key", "gateway API keys for projects: create, list, revoke")
     actions = key.add_subparsers(dest="action", required=True, metavar="ACTION")

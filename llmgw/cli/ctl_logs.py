@@ -23,7 +23,7 @@ def cmd_logs(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(api.get(f"/replicas/{segment(args.replica)}/logs", lines=args.lines), render_log)
 
 
-def register(add: Callable[..., Any], commands: Any) -> None:
+def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
     """Add ``logs REPLICA [--lines N]`` to the commands."""
     logs = add(commands, "logs", "a replica's engine log, read from its node", cmd_logs)
     logs.add_argument("replica", help="a replica's id (llmgw ctl replicas, ctl model explain)")

@@ -100,8 +100,9 @@ def cmd_model_owner(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(answer, sentence)
 
 
-def register(add: Callable[..., Any], commands: Any, model_actions: Any) -> None:
+def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
     """Add ``quota`` to the commands and ``owner`` to the ``model`` actions."""
+    model_actions = groups["model"]
     quota = add(commands, "quota", "what parts of the tenancy tree are guaranteed, and may hold")
     quota.epilog = QUOTA_HELP
     quota.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -124,7 +124,7 @@ def cmd_limit_clear(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(answer, lambda a: f"{a['removed']}: limits removed")
 
 
-def register(add: Callable[..., Any], commands: Any) -> None:
+def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
     """Add ``usage`` and ``limit list|set|clear`` to the commands."""
     usage = add(
         commands,

@@ -153,8 +153,9 @@ def cmd_model_serve(api: Api, args: argparse.Namespace, out: Output) -> None:
     )
 
 
-def register(add: Callable[..., Any], commands: Any, model_actions: Any) -> None:
+def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
     """Add ``weights add|list|show|retry|rm`` and ``model serve``."""
+    model_actions = groups["model"]
     weights = add(commands, "weights", "weights in the mirror: add, list, show, retry, rm")
     actions = weights.add_subparsers(dest="action", required=True, metavar="ACTION")
     added = add(actions, "add", "add weights by source; the mirror fetches them", cmd_weights_add)

@@ -51,6 +51,11 @@ def number(value: Any, digits: int = 1) -> str:
     return text
 
 
+def gb(value: Any) -> str:
+    """``16`` → ``16 GB``; absent → ``-``."""
+    return DASH if value is None else f"{number(value)} GB"
+
+
 def joined(values: Iterable[Any] | None, sep: str = ", ") -> str:
     """Values joined with ``sep``, or ``-`` when there are none."""
     items = [str(v) for v in values or () if not is_absent(v)]
