@@ -21,23 +21,21 @@ from catalog.schemas import CapacityIn
 from fleet.models import Replica
 from llmgw.cli import ctl, ctl_bench
 from llmgw.cli.base import CtlError
-from llmgw.cli.ctl_bench import (
+from llmgw.cli.bench_judge import (
     LevelSample,
     LevelSummary,
-    Plan,
-    Progress,
     ReplicaBasis,
     RequestResult,
     Slo,
     judge,
     ladder,
-    one_request,
     per_replica,
     percentile,
     replica_basis,
     summarize,
     verdict,
 )
+from llmgw.cli.bench_load import Plan, Progress, one_request
 from llmgw.core import clock
 from llmgw.simengine import SimConfig, start_server
 from tests.cli.helpers import FakeServer, run, table
