@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
+
+from .django_setup import setup_django
 
 USAGE = """usage: llmgw COMMAND [ARGS]
 
@@ -20,19 +21,8 @@ commands:
 """
 
 
-def _django() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
-    import django
-    from django.apps import apps
-
-    # Once a process: a second setup configures logging again, onto whatever
-    # sys.stderr is then (in a test, a capture that is closed after it).
-    if not apps.ready:
-        django.setup()
-
-
 def _manage(args: list[str]) -> int:
-    _django()
+    setup_django()
     from django.core.management import call_command
     from django.core.management.base import CommandError
 

@@ -359,9 +359,9 @@ def add_to_mirror(build: Build) -> tuple[int, bool]:
 
     Raises BuildError with the mirror's sentence when it refuses it.
     """
-    from llmgw.cli import _django
+    from llmgw.cli.django_setup import setup_django
 
-    _django()
+    setup_django()
     from llmgw.core import clock
     from llmgw.core.errors import ServiceError
     from mirror.engines import engine_build_add_file
