@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw.cli.base import Api, CtlError, Output, whole_number
-from llmgw.cli.ctl_weights import size
-from llmgw.cli.tables import DASH, render
+from llmgw.cli.tables import DASH, render, size
 from mirror.domain.platforms import this_platform
 
 HEADERS = ["ID", "ENGINE", "VERSION", "PLATFORM", "SIZE", "SHA256", "ADDED"]

@@ -9,20 +9,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmgw.cli.base import Api, CtlError, Output, whole_number
-from llmgw.cli.tables import DASH, render
+from llmgw.cli.tables import DASH, render, size
 
 WEIGHTS_HEADERS = ["ID", "STATE", "PROGRESS", "SOURCE", "MODELS", "ADDED"]
 WAIT_POLL_S = 1.0
-
-
-def size(n: int | None) -> str:
-    """Bytes for people: 253.1 MB, 1.2 GB; unknown is a dash, never 0."""
-    if n is None:
-        return DASH
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def progress(w: Mapping[str, Any]) -> str:

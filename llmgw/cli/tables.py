@@ -56,6 +56,16 @@ def gb(value: Any) -> str:
     return DASH if value is None else f"{number(value)} GB"
 
 
+def size(n: int | None) -> str:
+    """Bytes for people: 253.1 MB, 1.2 GB; unknown is a dash, never 0."""
+    if n is None:
+        return DASH
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def joined(values: Iterable[Any] | None, sep: str = ", ") -> str:
     """Values joined with ``sep``, or ``-`` when there are none."""
     items = [str(v) for v in values or () if not is_absent(v)]
