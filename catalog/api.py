@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from ninja import Router, Status
 
-from fleet import selectors as fleet_selectors, services as fleet_services
+from fleet import (
+    listings as fleet_listings,
+    services as fleet_services,
+)
 from llmgw.core import clock
 from llmgw.core.api import actor, json_body
 from llmgw.core.errors import Invalid
@@ -31,12 +34,12 @@ router = Router(tags=["models"])
 
 
 def _view(name: str) -> dict:
-    return fleet_selectors.model_views(name=name)[0]
+    return fleet_listings.model_views(name=name)[0]
 
 
 @router.get("/models", response=list[ModelOut], by_alias=True, auth=can("catalog.view_model"))
 def models_list(request):
-    return fleet_selectors.model_views()
+    return fleet_listings.model_views()
 
 
 @router.get("/models/{name}", response=ModelOut, by_alias=True, auth=can("catalog.view_model"))
@@ -160,4 +163,4 @@ def model_retry(request, name: str):
 
 @router.get("/models/{name}/explain", response=ExplainOut, auth=can("catalog.view_model"))
 def model_explain(request, name: str):
-    return fleet_selectors.model_explain(name=name)
+    return fleet_listings.model_explain(name=name)

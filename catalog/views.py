@@ -18,7 +18,11 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import redirect
 from django.views.decorators.http import require_http_methods
 
-from fleet import selectors as fleet_selectors, services as fleet_services
+from fleet import (
+    dry_runs as fleet_dry_runs,
+    listings as fleet_listings,
+    services as fleet_services,
+)
 from llmgw.core import clock
 from llmgw.core.errors import NotFound, ServiceError
 from llmgw.core.pages import fragment_asked, page, page_actor, staff_required
@@ -209,7 +213,7 @@ class ModelRows:
                 "owner_name": tree.names.get(view["owner"], view["owner"]) if view["owner"] else "",
                 "profile_lines": [_profile_line(p) for p in view["profiles"]],
             }
-            for view in fleet_selectors.model_views()
+            for view in fleet_listings.model_views()
         ]
 
 
@@ -228,7 +232,7 @@ class ModelDetail:
     @cached_property
     def view(self) -> dict:
         try:
-            return fleet_selectors.model_views(name=self.name)[0]
+            return fleet_listings.model_views(name=self.name)[0]
         except NotFound:
             raise Http404(f"There is no model {self.name!r}.") from None
 
@@ -264,16 +268,16 @@ class ModelDetail:
                     else ""
                 ),
             }
-            for r in fleet_selectors.replicas_list(model=self.name)
+            for r in fleet_listings.replicas_list(model=self.name)
         ]
 
     @cached_property
     def explain(self) -> dict:
-        return fleet_selectors.model_explain(name=self.name)
+        return fleet_listings.model_explain(name=self.name)
 
     @cached_property
     def headroom(self) -> dict:
-        return fleet_selectors.model_headroom(name=self.name, limit=HEADROOM_LIMIT)
+        return fleet_dry_runs.model_headroom(name=self.name, limit=HEADROOM_LIMIT)
 
     @cached_property
     def measurements(self) -> list[dict]:
@@ -281,7 +285,7 @@ class ModelDetail:
 
     @cached_property
     def preemption(self) -> dict:
-        return fleet_selectors.model_preemption(name=self.name)
+        return fleet_dry_runs.model_preemption(name=self.name)
 
     @property
     def default_class(self) -> str:

@@ -12,7 +12,7 @@ from llmgw.core.api import actor
 from llmgw.core.errors import Invalid
 from tenancy.auth import can
 
-from . import identity, logs, selectors, services
+from . import dry_runs, identity, listings, logs, selectors, services
 from .dispatch import dispatch, node_disconnect
 from .reconciler import reconcile_once
 from .schemas import (
@@ -32,12 +32,12 @@ router = Router(tags=["fleet"])
 
 @router.get("/nodes", response=list[NodeOut], auth=can("fleet.view_node"))
 def nodes_list(request):
-    return selectors.nodes_list()
+    return listings.nodes_list()
 
 
 @router.get("/nodes/{node_id}", response=NodeOut, auth=can("fleet.view_node"))
 def node_get(request, node_id: str):
-    return selectors.nodes_list(node_id=node_id)[0]
+    return listings.nodes_list(node_id=node_id)[0]
 
 
 def _schedule(request, node_id: str, action: str) -> dict:
@@ -79,7 +79,7 @@ def node_forget(request, node_id: str):
 
 @router.get("/replicas", response=list[ReplicaOut], auth=can("fleet.view_replica"))
 def replicas_list(request, model: str | None = None):
-    return selectors.replicas_list(model=model or None)
+    return listings.replicas_list(model=model or None)
 
 
 @router.get("/replicas/{replica_id}/logs", response=EngineLogOut, auth=can("fleet.view_replica"))
@@ -94,7 +94,7 @@ def model_headroom(request, name: str, limit: Query[int] = 10):
     """How many more replicas fit now, placed one after another on a copy of the room."""
     if not 1 <= limit <= MAX_REPLICAS:
         raise Invalid(f"limit must be a whole number from 1 to {MAX_REPLICAS}.")
-    return selectors.model_headroom(name=name, limit=limit)
+    return dry_runs.model_headroom(name=name, limit=limit)
 
 
 @router.get("/models/{name}/target", response=TargetOut, auth=can("catalog.view_model"))
@@ -102,7 +102,7 @@ def model_target(request, name: str, tokens_per_sec: Query[float]):
     """Replicas a throughput needs, from the model's measurement, and whether they fit."""
     if not math.isfinite(tokens_per_sec) or tokens_per_sec <= 0:
         raise Invalid("tokens_per_sec must be a positive number.")
-    return selectors.model_target(name=name, tokens_per_sec=tokens_per_sec)
+    return dry_runs.model_target(name=name, tokens_per_sec=tokens_per_sec)
 
 
 @router.get(
@@ -113,7 +113,7 @@ def model_target(request, name: str, tokens_per_sec: Query[float]):
 )
 def model_preemption(request, name: str):
     """What would be stopped now to place one more replica, and why; changes nothing."""
-    return selectors.model_preemption(name=name)
+    return dry_runs.model_preemption(name=name)
 
 
 @router.post("/reconcile", response=ReconcileOut, auth=can("fleet.change_replica"))

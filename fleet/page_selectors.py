@@ -26,15 +26,9 @@ from tenancy.selectors import quota_views
 from .domain.holdings import holdings
 from .domain.reconcile import desired_replicas
 from .domain.types import HOLDING, Failure, ModelState as ModelStateView, NodeView, ReplicaView
+from .listings import failure_shown, held_for_shown, measured_memory, model_status
 from .models import ModelState, Node, Shard
-from .selectors import (
-    _held_for,
-    _status,
-    aware,
-    failure_shown,
-    measured_memory,
-    node_registrations,
-)
+from .selectors import aware, node_registrations
 
 # What an operator sees, most troubled first: the order of `?sort=state`.
 SHOWN_STATES = ("lost", "unreachable", "draining", "cordoned", "ready")
@@ -269,7 +263,9 @@ def model_rows(
             state.desired if state else desired_replicas(spec, ModelStateView(model=spec.name), now)
         )
         c = counts[spec.name]
-        status, reason = _status(spec, state, desired, c["ready"], c["pending"] + c["starting"])
+        status, reason = model_status(
+            spec, state, desired, c["ready"], c["pending"] + c["starting"]
+        )
         first = spec.profiles[0]
         out.append(
             ModelRow(
@@ -283,7 +279,7 @@ def model_rows(
                 min=spec.min_replicas,
                 max=spec.max_replicas,
                 capacity_class=spec.effective_class,
-                held_for=_held_for(state, counts, states),
+                held_for=held_for_shown(state, counts, states),
                 preempted=state.preempted if state else 0,
                 memory_gb=first.min_memory_gb,
                 cpu_cores=first.reserved_cores,

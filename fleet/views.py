@@ -29,7 +29,8 @@ from .dispatch import dispatch, node_disconnect
 from .domain.types import HOLDING
 from .events import LOG_LINES
 from .forms import NodeActionForm, NodeFilterForm
-from .selectors import nodes_list, reconciler_status, replica_views
+from .listings import nodes_list
+from .selectors import reconciler_status, replica_views
 
 PER_PAGE = 100
 # The fragments htmx may ask for, by the `fragment` parameter, and the partial each is.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ninja import Query, Router, Status
 
 from catalog.schemas import ModelOut
-from fleet import selectors as fleet_selectors
+from fleet import listings as fleet_listings
 from llmgw.core import clock
 from llmgw.core.api import actor, json_body
 from llmgw.core.errors import Invalid, NotFound
@@ -78,7 +78,7 @@ def model_serve(request):
     """Add a llama.cpp model sized by its weights' plan: {"weights", "name", "ctx"?, "file"?,
     ...ModelIn fields to override}."""
     spec = plans.model_serve(data=json_body(request), actor=actor(request))
-    return Status(201, fleet_selectors.model_views(name=spec.name)[0])
+    return Status(201, fleet_listings.model_views(name=spec.name)[0])
 
 
 @router.get(

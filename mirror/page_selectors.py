@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import lru_cache
 
-from fleet.selectors import node_rooms
+from fleet.dry_runs import node_rooms
 
 from . import store
 from .domain.sizing import Plan, SizingError, plan

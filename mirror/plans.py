@@ -8,7 +8,7 @@ from typing import Any
 
 from catalog import services as catalog_services
 from catalog.domain import ModelSpec
-from fleet.selectors import node_rooms
+from fleet.dry_runs import node_rooms
 from llmgw.core.errors import Conflict, Invalid, NotFound
 
 from . import store

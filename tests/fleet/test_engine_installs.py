@@ -13,9 +13,9 @@ import pytest
 from fleet import reconciler
 from fleet.engine_installs import node_engines_record
 from fleet.events import BadMessage, EngineInstallReport, Register, parse
+from fleet.listings import model_explain
 from fleet.models import ModelState, Node, Replica, Shard
 from fleet.reconciler import reconcile_once
-from fleet.selectors import model_explain
 from fleet.services import node_register
 from mirror.engines import engine_build_add
 from tests.fleet.builders import agent_credential

@@ -58,9 +58,9 @@ def _away(*args, **kwargs):
 
 
 def test_the_api_answers_503_with_a_sentence_while_the_database_is_away(api, monkeypatch):
-    from fleet import selectors
+    from fleet import listings
 
-    monkeypatch.setattr(selectors, "nodes_list", _away)
+    monkeypatch.setattr(listings, "nodes_list", _away)
 
     response = api.call("GET", "/nodes")
 

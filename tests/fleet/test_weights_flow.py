@@ -11,9 +11,9 @@ import pytest
 from catalog.services import model_add
 from fleet import reconciler
 from fleet.events import Heartbeat, ShardStatus
+from fleet.listings import replicas_list
 from fleet.models import ModelState, Node, Replica
 from fleet.reconciler import reconcile_once
-from fleet.selectors import replicas_list
 from fleet.services import node_weights_record, shard_status_record
 from mirror.models import WeightFile
 from mirror.worker import work_until_idle
