@@ -26,7 +26,7 @@ from .domain.types import parse_shard_id
 from .engine_installs import node_engines_record
 from .identity import AgentCredential, Refused, agent_authenticate, register_refusal
 from .live import LIVE, OutOfOrder
-from .services import (
+from .reports import (
     node_disconnected,
     node_live_flush,
     node_register,

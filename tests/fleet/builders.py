@@ -10,7 +10,7 @@ from fleet.dispatch import Command
 from fleet.events import Register
 from fleet.identity import AgentCredential
 from fleet.models import Node
-from fleet.services import node_register
+from fleet.reports import node_register
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}
 L4 = {"name": "NVIDIA L4", "memory_total_mb": 23034}

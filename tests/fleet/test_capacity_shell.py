@@ -12,7 +12,7 @@ from fleet.events import ShardStatus
 from fleet.models import ModelState, Node, Replica
 from fleet.readings import Revised
 from fleet.reconciler import MEASUREMENTS, POLICY, reconcile_once
-from fleet.services import shard_status_record
+from fleet.reports import shard_status_record
 from llmgw.core import clock
 from tenancy.models import CapacityQuota, Organization, Team
 

@@ -11,7 +11,7 @@ from django.db import transaction
 from fleet.live import LIVE
 from fleet.models import Gpu, Node, Replica, Shard
 from fleet.reconciler import reconcile_once
-from fleet.services import node_live_flush
+from fleet.reports import node_live_flush
 from llmgw.core import clock
 from llmgw.core.secrets import engine_key
 

@@ -16,7 +16,7 @@ from fleet.events import BadMessage, EngineInstallReport, Register, parse
 from fleet.listings import model_explain
 from fleet.models import ModelState, Node, Replica, Shard
 from fleet.reconciler import reconcile_once
-from fleet.services import node_register
+from fleet.reports import node_register
 from mirror.engines import engine_build_add
 from tests.fleet.builders import agent_credential
 

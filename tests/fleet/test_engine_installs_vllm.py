@@ -14,8 +14,8 @@ from fleet.engine_installs import with_installable
 from fleet.events import Register
 from fleet.models import ModelState, Replica
 from fleet.reconciler import reconcile_once
+from fleet.reports import node_register
 from fleet.selectors import node_views
-from fleet.services import node_register
 from llmgw.core.config import Vllm
 from tests.fleet.builders import agent_credential
 

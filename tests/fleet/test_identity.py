@@ -15,8 +15,8 @@ from fleet.listings import measured_memory
 from fleet.live import LIVE
 from fleet.models import Node, Replica, Shard
 from fleet.reconciler import reconcile_once
+from fleet.reports import node_live_flush
 from fleet.selectors import model_loads, replica_views
-from fleet.services import node_live_flush
 from llmgw.core import clock
 
 from .builders import gpu_model, model_added, register_frame

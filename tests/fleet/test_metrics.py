@@ -27,8 +27,8 @@ from fleet.live import NodeWrite
 from fleet.metrics import DESCS, FleetCollector, fleet_scrape, fleet_text
 from fleet.models import Lease, ModelState, Node, Replica
 from fleet.reconciler import LEASE, advisory_take, reconcile_once
+from fleet.reports import node_live_flush
 from fleet.selectors import holdings_load
-from fleet.services import node_live_flush
 from llmgw.core import clock
 from llmgw.gateway.metrics import REGISTRY as GATEWAY_REGISTRY
 from tenancy.models import CapacityQuota, Organization, Team

@@ -13,7 +13,7 @@ from fleet.events import Disk, Weight
 from fleet.models import Node
 from fleet.reclaim import weights_reclaim
 from fleet.reconciler import reconcile_once
-from fleet.services import node_weights_record
+from fleet.reports import node_weights_record
 from mirror.models import WeightFile
 from mirror.worker import work_until_idle
 from tests.fleet.builders import node_add

@@ -14,7 +14,7 @@ from fleet.events import Heartbeat, ShardStatus
 from fleet.listings import replicas_list
 from fleet.models import ModelState, Node, Replica
 from fleet.reconciler import reconcile_once
-from fleet.services import node_weights_record, shard_status_record
+from fleet.reports import node_weights_record, shard_status_record
 from mirror.models import WeightFile
 from mirror.worker import work_until_idle
 from tests.fleet.builders import node_add

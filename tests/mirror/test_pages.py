@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from catalog.models import Model
 from fleet.events import Register
-from fleet.services import node_register
+from fleet.reports import node_register
 from llmgw.core import clock
 from mirror import services, store
 from mirror.models import WeightFile, Weights

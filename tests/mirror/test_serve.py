@@ -6,7 +6,7 @@ import pytest
 
 from catalog.models import Model
 from fleet.events import Register
-from fleet.services import node_register
+from fleet.reports import node_register
 from llmgw.core import clock
 from mirror.worker import work_until_idle
 from tests.fleet.builders import agent_credential, register_frame

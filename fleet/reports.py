@@ -1,0 +1,509 @@
+"""Fleet writes from what agents report: registration (with the shards they still run),
+heartbeats' live figures, shard status, and the weights they hold.
+
+Each public service is one transaction; the commands it returns go to agents only after
+that transaction has committed (fleet/consumers.py sends them).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from urllib.parse import urlparse
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from catalog.selectors import catalog_load
+
+from .dispatch import Command, stop_command
+from .domain.endpoints import endpoint_refusal
+from .domain.gpuclass import gpu_class
+from .domain.types import parse_shard_id
+from .events import Disk, Register, ShardStatus, Weight
+from .failures import failure_log_attach
+from .identity import AgentCredential, Refused, credential_issue, register_refusal
+from .live import NodeWrite
+from .models import Gpu, Node, Replica, Shard
+from .services import start_command
+
+log = logging.getLogger("llmgw.fleet")
+
+
+def _sync_gpus(node: Node, msg: Register) -> None:
+    wanted = {
+        # Cut to the column's length: only an odd product name makes a class that long.
+        g.index: (g.uuid, g.name, g.memory_total_mb, gpu_class(g.name, g.memory_total_mb)[:40])
+        for g in msg.gpus
+    }
+    have = {g.index: (g.uuid, g.name, g.memory_mb, g.gpu_class) for g in node.gpus.all()}
+    if wanted == have:
+        return
+    node.gpus.all().delete()
+    Gpu.objects.bulk_create(
+        Gpu(node=node, index=i, uuid=u, name=n, memory_mb=m, gpu_class=c)
+        for i, (u, n, m, c) in sorted(wanted.items())
+    )
+    if have:
+        log.info(
+            "node %s now reports %d GPUs (was %d)",
+            node.id,
+            len(wanted),
+            len(have),
+            extra={"node": node.id},
+        )
+
+
+def _believe_figures(node: Node, memory_total_mb: int | None, cpu_count: int | None) -> None:
+    """A node that reports less memory or more CPUs than before is believed, and the change logged."""
+    for attr, value, unit in (
+        ("memory_total_mb", memory_total_mb, "MB of memory"),
+        ("cpu_count", cpu_count, "CPUs"),
+    ):
+        old = getattr(node, attr)
+        if value is not None and old is not None and value != old:
+            log.info(
+                "node %s reports %s %s (was %s)", node.id, value, unit, old, extra={"node": node.id}
+            )
+        if value is not None:
+            setattr(node, attr, value)
+
+
+def _replica_progress(replica_id: str, now: datetime) -> bool:
+    """Move a replica along from its shards' states: ready once all are, starting while any
+    starts. Compare-and-set, so a stop or drain decided meanwhile is never undone. True when
+    it became ready."""
+    states = set(Shard.objects.filter(replica_id=replica_id).values_list("state", flat=True))
+    if states == {"ready"}:
+        return bool(
+            Replica.objects.filter(pk=replica_id, state__in=("pending", "starting")).update(
+                state="ready", ready_at=now, state_since=now
+            )
+        )
+    if "starting" in states:
+        Replica.objects.filter(pk=replica_id, state="pending").update(
+            state="starting", state_since=now
+        )
+    return False
+
+
+def _stopped_once_all_shards_are(replica_id: str, now: datetime) -> None:
+    """A stopping replica is stopped once none of its shards runs; the reconciler then forgets it."""
+    if (
+        not Shard.objects.filter(replica_id=replica_id)
+        .exclude(state__in=("stopped", "failed"))
+        .exists()
+    ):
+        Replica.objects.filter(pk=replica_id, state="stopping").update(
+            state="stopped", state_since=now
+        )
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What registering gave: commands for the agent, and the node's own credential when this
+    registration issued one (sent once, kept nowhere)."""
+
+    commands: list[Command] = field(default_factory=list)
+    node_token: str | None = None
+    approved: bool = True
+
+
+def node_register(
+    *, msg: Register, session: str, now: datetime, credential: AgentCredential
+) -> Registration:
+    """Create or refresh a node from its registration and reconcile the shards it runs.
+
+    The credential must be this node's own, or a join token for a node id that has none
+    (then this registration issues the node's credential); otherwise Refused is raised and
+    nothing changes. Shards the database knows are kept (or stopped again when they should
+    be stopping); unknown shards of a known model and profile are adopted; the rest are
+    stopped, as are shards whose endpoint is not on the node's own address. Shards it
+    should run but does not report are started again, or failed when they had been running.
+    """
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(pk=msg.node_id).first()
+        if node is None and not credential.joining:
+            # Its credential was found a moment ago: the node was forgotten since.
+            raise Refused(f"node {msg.node_id} was forgotten", "forgotten")
+        register_refusal(credential=credential, node_id=msg.node_id, now=now)
+        if node is None:
+            node = Node(
+                id=msg.node_id,
+                registered_at=now,
+                state_since=now,
+                last_seen=now,
+                approved=settings.LLMGW.agents.approval == "auto",
+            )
+            log.info("node %s registered", msg.node_id, extra={"node": msg.node_id})
+        elif node.state != Node.READY:
+            log.info(
+                "node %s is ready again (was %s)", node.id, node.state, extra={"node": node.id}
+            )
+            node.state_since = now
+        node_token = (
+            credential_issue(node, credential=credential, now=now) if credential.joining else None
+        )
+        node.hostname = msg.hostname
+        node.mgmt_addr = msg.mgmt_addr
+        node.labels = dict(msg.labels)
+        node.agent_version = msg.agent_version
+        _believe_figures(node, msg.memory_total_mb, msg.cpu_count)
+        node.engines = dict(msg.engines)
+        node.engines_probed = msg.engines_probed
+        node.disk_free_gb = msg.disk.free_gb if msg.disk else None
+        node.disk_total_gb = msg.disk.total_gb if msg.disk else None
+        node.weights = [w.model_dump() for w in msg.weights]
+        node.platform = msg.platform
+        node.engine_installs = [i.model_dump() for i in msg.engine_installs]
+        node.state = Node.READY
+        node.session = session
+        node.last_seen = now
+        node.spec_at = now
+        node.save()
+        _sync_gpus(node, msg)
+        msg, foreign = _own_endpoints(node, msg)
+        commands = foreign + _reconcile_reported_shards(node, msg, now)
+    return Registration(commands=commands, node_token=node_token, approved=node.approved)
+
+
+def _own_endpoints(node: Node, msg: Register) -> tuple[Register, list[Command]]:
+    """The register with only the shards whose endpoint is on this node's own address, and
+    stops for the others: a node speaks only for itself, never for another's engines."""
+    kept, stops = [], []
+    for rep in msg.shards:
+        why = endpoint_refusal(rep.endpoint, node.mgmt_addr)
+        if why is None:
+            kept.append(rep)
+            continue
+        log.warning(
+            "stopping shard %s on node %s: %s", rep.shard_id, node.id, why, extra={"node": node.id}
+        )
+        stops.append(stop_command(node.id, rep.shard_id, 0))
+    if not stops:
+        return msg, []
+    return msg.model_copy(update={"shards": kept}), stops
+
+
+def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list[Command]:
+    commands: list[Command] = []
+    _note_unknown_processes(node, msg)
+    catalog = catalog_load()
+    known = {s.id: s for s in Shard.objects.filter(node=node).select_related("replica")}
+    reported = {s.shard_id: s for s in msg.shards}
+    for shard_id, rep in reported.items():
+        shard = known.get(shard_id)
+        if shard is not None:
+            replica = shard.replica
+            if replica.state in ("stopping", "stopped", "failed"):
+                commands.append(stop_command(node.id, shard_id, replica.stop_grace_s))
+                continue
+            shard.state = rep.state if rep.state != "pending" else shard.state
+            shard.endpoint = rep.endpoint or shard.endpoint
+            shard.save(update_fields=["state", "endpoint"])
+            _replica_progress(replica.id, now)
+            continue
+        spec = catalog.get(rep.model)
+        profile = spec.profile(rep.profile) if spec else None
+        if profile is None or rep.state not in ("starting", "ready"):
+            why = (
+                "its model is not in the catalog"
+                if spec is None
+                else "its profile is not in the catalog"
+            )
+            log.info(
+                "stopping shard %s on node %s: %s", shard_id, node.id, why, extra={"node": node.id}
+            )
+            commands.append(stop_command(node.id, shard_id, 0))
+            continue
+        holder = Shard.objects.filter(pk=shard_id).values_list("node_id", flat=True).first()
+        if holder is not None:
+            # Another node holds this shard: adopting it here would run it twice.
+            log.info(
+                "stopping shard %s on node %s: node %s holds it",
+                shard_id,
+                node.id,
+                holder,
+                extra={"node": node.id},
+            )
+            commands.append(stop_command(node.id, shard_id, 0))
+            continue
+        _adopt(node, rep, profile, now)
+    for shard_id, shard in known.items():
+        if shard_id in reported:
+            continue
+        replica = shard.replica
+        if replica.state in ("stopping", "stopped", "failed"):
+            shard.state = "stopped"
+            shard.save(update_fields=["state"])
+            _stopped_once_all_shards_are(replica.id, now)
+        elif shard.state in ("pending", "starting") and replica.state in ("pending", "starting"):
+            # It may never have received start_shard while it was away: start_shard is idempotent.
+            cmd = start_command(shard, replica, catalog.get(replica.model))
+            if cmd:
+                commands.append(cmd)
+        else:
+            reason = f"shard {shard_id} was not running when node {node.id} registered again"
+            shard.state = "failed"
+            shard.save(update_fields=["state"])
+            # Only a replica that never became ready failed to start (domain.md, Failures).
+            Replica.objects.filter(pk=replica.pk).exclude(state__in=("stopped", "failed")).update(
+                state="failed",
+                state_since=now,
+                reason=reason,
+                counts_as_failure=replica.state in ("pending", "starting"),
+            )
+            log.info(reason, extra={"node": node.id, "replica": replica.id})
+    return commands
+
+
+def _note_unknown_processes(node: Node, msg: Register) -> None:
+    """Keep what the agent said of processes no shard of llmgw runs on each GPU: placement
+    gives out no GPU they hold (an orphan of a lost agent state, someone's own job)."""
+    said = {g.index: g.unknown_processes for g in msg.gpus}
+    for gpu in node.gpus.all():
+        count = said.get(gpu.index)
+        if count == gpu.unknown_processes:
+            continue
+        if count:
+            log.warning(
+                "node %s: GPU %d runs %d processes llmgw did not start; nothing is placed on "
+                "it until its agent registers without them",
+                node.id,
+                gpu.index,
+                count,
+                extra={"node": node.id},
+            )
+        elif gpu.unknown_processes:
+            log.info(
+                "node %s: GPU %d no longer runs processes llmgw did not start",
+                node.id,
+                gpu.index,
+                extra={"node": node.id},
+            )
+        gpu.unknown_processes = count
+        gpu.save(update_fields=["unknown_processes"])
+
+
+def _adopt(node: Node, rep, profile, now: datetime) -> None:
+    """Take over a running shard this control plane did not know, so nothing runs twice."""
+    replica, created = Replica.objects.get_or_create(
+        pk=rep.replica_id,
+        defaults={
+            "model": rep.model,
+            "profile": rep.profile,
+            "profile_fp": rep.profile_fp,
+            "state": rep.state,
+            "state_since": now,
+            "created_at": now,
+            "ready_at": now if rep.state == "ready" else None,
+            "counts_as_failure": True,
+        },
+    )
+    _, rank = parse_shard_id(rep.shard_id)
+    try:
+        port = urlparse(rep.endpoint).port or 0
+    except ValueError:  # a port out of range: the shard is still taken over, not left running
+        port = 0
+    Shard.objects.create(
+        id=rep.shard_id,
+        replica=replica,
+        node=node,
+        rank=rank,
+        gpu_indices=list(rep.gpu_indices),
+        memory_gb=profile.min_memory_gb,
+        cpu_cores=profile.reserved_cores,
+        http_port=port,
+        endpoint=rep.endpoint,
+        state=rep.state,
+    )
+    log.info(
+        "adopted shard %s of %s on node %s",
+        rep.shard_id,
+        rep.model,
+        node.id,
+        # Not "created": that is a LogRecord attribute, and logging refuses to overwrite it.
+        extra={"node": node.id, "replica": replica.id, "new_replica": created},
+    )
+
+
+def node_disconnected(*, node_id: str, session: str, now: datetime) -> None:
+    """The agent's connection closed: unreachable at once, unless it already reconnected elsewhere."""
+    changed = Node.objects.filter(pk=node_id, session=session, state=Node.READY).update(
+        state=Node.UNREACHABLE, state_since=now
+    )
+    if changed:
+        log.info("node %s is unreachable: its connection closed", node_id, extra={"node": node_id})
+
+
+def node_live_flush(*, writes: list[NodeWrite], now: datetime) -> list[str]:
+    """Write heartbeats behind in bulk: last_seen and load per node, last use per replica.
+
+    A node marked unreachable for silence that has been heard from since is ready again.
+    Returns the nodes found lost while still connected: their replicas were given up, so
+    their agents must register again to say what they run.
+    """
+    if not writes:
+        return []
+    by_id = {w.node_id: w for w in writes}
+    with transaction.atomic():
+        nodes = [
+            node
+            for node in Node.objects.filter(pk__in=by_id).only(
+                "id", "session", "state", "state_since", "memory_total_mb", "cpu_count"
+            )
+            # A node that registered again elsewhere is that connection's to write.
+            if node.session == by_id[node.id].session
+        ]
+        heard_again = []
+        lost = [node.id for node in nodes if node.state == Node.LOST]
+        for node in nodes:
+            w = by_id[node.id]
+            node.last_seen = w.last_seen
+            node.load = w.load
+            _believe_figures(node, w.memory_total_mb, w.cpu_count)
+            if node.state == Node.UNREACHABLE and node.state_since < w.last_seen:
+                heard_again.append(node.id)
+        _write_live(nodes)
+        if heard_again:
+            Node.objects.filter(pk__in=heard_again, state=Node.UNREACHABLE).update(
+                state=Node.READY, state_since=now
+            )
+            log.info("nodes heard from again, ready: %s", ", ".join(sorted(heard_again)))
+        used = set().union(*(w.used_replicas for w in writes))
+        if used:
+            # Only replicas with a shard on the node that said so: an agent speaks for itself.
+            held = Shard.objects.filter(
+                node_id__in={n for n, _ in used}, replica_id__in={r for _, r in used}
+            ).values_list("node_id", "replica_id")
+            mine = {replica for node, replica in held if (node, replica) in used}
+            Replica.objects.filter(pk__in=mine).update(last_used_at=now)
+    return lost
+
+
+def node_running_unknown(*, writes: list[NodeWrite]) -> list[Command]:
+    """Stop what agents say they run but this control plane does not know: a backstop for
+    an engine whose stop never arrived, found within a heartbeat or two."""
+    running = {(w.node_id, shard) for w in writes for shard in w.running}
+    if not running:
+        return []
+    known = set(
+        Shard.objects.filter(
+            node_id__in={n for n, _ in running}, id__in={s for _, s in running}
+        ).values_list("node_id", "id")
+    )
+    unknown = sorted(running - known)
+    for node_id, shard_id in unknown:
+        log.info(
+            "stopping shard %s on node %s: nothing here runs it",
+            shard_id,
+            node_id,
+            extra={"node": node_id},
+        )
+    return [stop_command(node_id, shard_id, 0) for node_id, shard_id in unknown]
+
+
+def _write_live(nodes: list[Node]) -> None:
+    """One prepared UPDATE run for every node: bulk_update's CASE expressions cost the
+    serving process milliseconds of Python per node, in a thread beside the agents' loop."""
+    table = Node._meta.db_table
+    field = Node._meta.get_field
+    rows = [
+        (
+            field("last_seen").get_db_prep_save(n.last_seen, connection),
+            field("load").get_db_prep_save(n.load, connection),
+            n.memory_total_mb,
+            n.cpu_count,
+            n.id,
+        )
+        for n in nodes
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"UPDATE {table} SET last_seen = %s, load = %s, memory_total_mb = %s, cpu_count = %s WHERE id = %s",
+            rows,
+        )
+
+
+def node_weights_record(*, node_id: str, weights: list[Weight] | None, disk: Disk | None) -> None:
+    """What a node's weight cache holds now, and its free disk (a heartbeat says so when
+    either changed); what is absent is left as it was."""
+    fields: dict = {}
+    if weights is not None:
+        fields["weights"] = [w.model_dump() for w in weights]
+    if disk is not None:
+        fields["disk_free_gb"], fields["disk_total_gb"] = disk.free_gb, disk.total_gb
+    if fields:
+        Node.objects.filter(pk=node_id).update(**fields)
+
+
+def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> list[Command]:
+    """Record what an agent says of one shard, and move its replica along."""
+    with transaction.atomic():
+        shard = (
+            Shard.objects.select_related("replica").filter(pk=msg.shard_id, node_id=node_id).first()
+        )
+        if shard is None:
+            if msg.state in ("fetching", "starting", "ready"):
+                # Nobody here runs this: a leftover of a replica already forgotten.
+                return [stop_command(node_id, msg.shard_id, 0)]
+            return []
+        replica = shard.replica
+        shard.state = msg.state
+        shard.endpoint = msg.endpoint or shard.endpoint
+        shard.detail = msg.detail
+        shard.exit_code = msg.exit_code
+        shard.progress_done = msg.progress.done if msg.progress else None
+        shard.progress_total = msg.progress.total if msg.progress else None
+        shard.save(
+            update_fields=[
+                "state",
+                "endpoint",
+                "detail",
+                "exit_code",
+                "progress_done",
+                "progress_total",
+            ]
+        )
+        if msg.state in ("failed", "stopped"):
+            _shard_ended(shard, replica, msg, now)
+        elif replica.state in ("stopping", "stopped", "failed"):
+            # An engine started again (a start_shard resent while it was away) for a replica
+            # given up meanwhile: it must not run on untracked.
+            return [stop_command(node_id, shard.id, 0)]
+        elif _replica_progress(replica.id, now):
+            log.info(
+                "replica %s of %s is ready",
+                replica.id,
+                replica.model,
+                extra={"replica": replica.id},
+            )
+    return []
+
+
+def _shard_ended(shard: Shard, replica: Replica, msg: ShardStatus, now: datetime) -> None:
+    if replica.state in ("stopping", "stopped"):
+        if msg.detail:
+            failure_log_attach(model=replica.model, replica_id=replica.id, detail=msg.detail)
+        _stopped_once_all_shards_are(replica.id, now)
+        return
+    if replica.state == "failed":
+        return
+    code = f" (exit code {msg.exit_code})" if msg.exit_code is not None else ""
+    # The sentence only: the engine's log lines after it are kept with the model's failure.
+    first = msg.detail.strip().splitlines()[0] if msg.detail.strip() else ""
+    detail = f": {first}" if first else ""
+    verb = "failed" if msg.state == "failed" else "stopped by itself"
+    reason = f"shard {shard.id} on node {shard.node_id} {verb}{code}{detail}"[:500]
+    # Failing to start counts toward backoff and parking; a ready replica that ends (an agent
+    # restarted, an engine crashed after serving) is replaced without counting against its model.
+    Replica.objects.filter(pk=replica.pk).exclude(
+        state__in=("stopping", "stopped", "failed")
+    ).update(
+        state="failed",
+        state_since=now,
+        reason=reason,
+        counts_as_failure=replica.state in ("pending", "starting"),
+    )
+    log.info(reason, extra={"replica": replica.id, "model": replica.model})
