@@ -87,7 +87,7 @@ def models(request: HttpRequest) -> HttpResponse:
             form, profiles = ModelAddForm(), ProfileFormSet(prefix=PROFILES)
         fragment = "models-main" if request.htmx else None
     else:
-        fragment = fragment_asked(request, LIST_FRAGMENTS)
+        fragment = fragment_asked(request, LIST_FRAGMENTS, main=LIST_FRAGMENTS[0])
         if fragment == "profile-added":
             return page(request, LIST, _profile_row(request), fragment=fragment)
     failed = bool(form.errors or profiles.total_error_count()) if form.is_bound else False
@@ -474,7 +474,7 @@ def model(request: HttpRequest, name: str) -> HttpResponse:
             failed = True
         fragment = "model-main" if request.htmx else None
     else:
-        fragment = fragment_asked(request, DETAIL_FRAGMENTS)
+        fragment = fragment_asked(request, DETAIL_FRAGMENTS, main=DETAIL_FRAGMENTS[0])
     return page(
         request,
         DETAIL,

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 from asgiref.sync import async_to_sync
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from catalog.selectors import catalog_load
 from llmgw.core import clock
 from llmgw.core.errors import NotFound, ServiceError
-from llmgw.core.pages import page, staff_required
+from llmgw.core.pages import fragment_asked, page, staff_required
 from llmgw.core.permissions import needs, require
 
 from . import identity, logs, page_selectors as ps, services
@@ -54,16 +54,6 @@ LOAD_FIGURES = (
 ATTENTION_NAMED = 10
 
 
-def _fragment(request: HttpRequest, known: dict[str, str]) -> str | None:
-    """The partial htmx asks for; None for the whole page (a browser, or htmx without one)."""
-    name = request.GET.get("fragment")
-    if not request.htmx or name is None:
-        return None
-    if name not in known:
-        raise Http404(f"There is no fragment {name!r} of this page.")
-    return known[name]
-
-
 def _query(**params) -> str:
     return urlencode({k: v for k, v in params.items() if v not in ("", None)})
 
@@ -73,7 +63,7 @@ def _query(**params) -> str:
 @require_GET
 def cluster(request: HttpRequest) -> HttpResponse:
     """The cluster page: counters, what needs attention, the nodes and the models."""
-    fragment = _fragment(request, CLUSTER_FRAGMENTS)
+    fragment = fragment_asked(request, CLUSTER_FRAGMENTS)
     replicas = replica_views()
     context: dict = {"section": "cluster"}
     down = None
@@ -260,7 +250,7 @@ def node(request: HttpRequest, node_id: str) -> HttpResponse:
         view = nodes_list(node_id=node_id)[0]
     except NotFound:
         return _node_missing(request, node_id)
-    fragment = "summary" if request.method == "POST" else _fragment(request, NODE_FRAGMENTS)
+    fragment = "summary" if request.method == "POST" else fragment_asked(request, NODE_FRAGMENTS)
     context = _node_context(view) | {"done": done, "refused": refused, "section": "cluster"}
     return page(request, "fleet/node_detail.html", context, fragment=fragment)
 

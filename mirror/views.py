@@ -83,7 +83,7 @@ def weights(request: HttpRequest) -> HttpResponse:
             failed = True
         fragment = "mirror-main" if request.htmx else None
     else:
-        fragment = fragment_asked(request, FRAGMENTS)
+        fragment = fragment_asked(request, FRAGMENTS, main=FRAGMENTS[0])
     shown = _cards(tab, state["serve_forms"], state["card_errors"], follow=follow)
     context = {
         "section": "mirror",

@@ -50,7 +50,7 @@ def quotas(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         fragment = "quotas-main" if request.htmx else None
     else:
-        fragment = fragment_asked(request, FRAGMENTS)
+        fragment = fragment_asked(request, FRAGMENTS, main=FRAGMENTS[0])
     return page(
         request,
         TEMPLATE,

@@ -7,12 +7,12 @@ on HX-Request, so a cache never serves a fragment for a page or the reverse.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import wraps
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
 
@@ -59,13 +59,25 @@ def page(
     return response
 
 
-def fragment_asked(request: HttpRequest, known: tuple[str, ...]) -> str | None:
-    """The fragment an htmx request asks for, the page's main part (the first of `known`)
-    when it names none it has; None for a browser, which gets the whole page."""
+def fragment_asked(
+    request: HttpRequest, known: Mapping[str, str] | Sequence[str], *, main: str | None = None
+) -> str | None:
+    """The partial an htmx request asks for by `?fragment=NAME`: `known` maps each name the
+    page answers to its partial (a list: each name is its own partial). A browser gets the
+    whole page (None). htmx naming none gets `main`, the page's main part, or the whole page
+    when it has none; naming one the page lacks gets `main` too, or, on a page with no main
+    part to give, a 404 saying so."""
     if not getattr(request, "htmx", False):
         return None
+    parts = known if isinstance(known, Mapping) else {name: name for name in known}
     wanted = request.GET.get("fragment")
-    return wanted if wanted in known else known[0]
+    if wanted is None:
+        return main
+    if wanted in parts:
+        return parts[wanted]
+    if main is None:
+        raise Http404(f"There is no fragment {wanted!r} of this page.")
+    return main
 
 
 def page_actor(request: HttpRequest) -> str:
