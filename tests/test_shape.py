@@ -1,0 +1,187 @@
+"""The shape of the code, read from the source: imports run one way.
+
+Apps (catalog, tenancy, fleet, mirror) import the kernel (llmgw/core/) and one another;
+the root (the rest of llmgw: settings, urls, asgi, celery, the API, the CLI, the gateway)
+imports apps; the kernel imports no app and nothing of the root; and no module reaches
+itself again through its imports, counting imports made inside functions. The pure rules
+and the agent import no Django, however far down. docs/architecture.md draws it.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("llmgw", "catalog", "tenancy", "fleet", "mirror")
+APPS = frozenset({"catalog", "tenancy", "fleet", "mirror"})
+KERNEL = "llmgw.core"
+# The rules are pure (style.md) and the agent runs on nodes with no Django installed.
+NO_DJANGO = (
+    "catalog.domain",
+    "fleet.domain",
+    "mirror.domain",
+    "tenancy.quota",
+    "tenancy.scopes",
+    "fleet.agent",
+)
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {
+        _name(f): f
+        for package in PACKAGES
+        for f in (ROOT / package).rglob("*.py")
+        if "migrations" not in f.parts
+    }
+
+
+def _known(name: str) -> str | None:
+    """The project's module `name` is, or lies in; None when it is not the project's."""
+    mods = modules()
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+@cache
+def imports() -> dict[str, tuple[frozenset[str], frozenset[str]]]:
+    """Each module's imports: (the project's modules, the other top-level packages)."""
+    out = {}
+    for name, path in modules().items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        ours, theirs = set(), set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                # `from package import module` imports the module; else the names are in base.
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules() else base
+                    for a in node.names
+                ]
+            else:
+                continue
+            for target in targets:
+                found = _known(target)
+                if found is None:
+                    theirs.add(target.partition(".")[0])
+                elif found != name:
+                    ours.add(found)
+        out[name] = (frozenset(ours), frozenset(theirs))
+    return out
+
+
+def _room(name: str) -> str:
+    top = name.partition(".")[0]
+    if top in APPS:
+        return "app"
+    if name == KERNEL or name.startswith(KERNEL + "."):
+        return "kernel"
+    # The package itself only says its version, which every room may read.
+    return "package" if name == "llmgw" else "root"
+
+
+def test_the_graph_is_read_from_the_source():
+    graph = imports()
+    assert {"fleet.reconciler", "llmgw.core.clock", "llmgw.gateway.app"} <= graph.keys()
+    assert "fleet.selectors" in graph["fleet.reconciler"][0]
+    assert "django" in graph["fleet.reconciler"][1]
+
+
+def test_no_app_imports_the_root():
+    wrong = [
+        f"{name} imports {target}"
+        for name, (ours, _) in sorted(imports().items())
+        if _room(name) == "app"
+        for target in sorted(ours)
+        if _room(target) == "root"
+    ]
+    assert not wrong, "apps import the kernel and one another, never the root:\n" + "\n".join(wrong)
+
+
+def test_the_kernel_imports_no_app_and_nothing_of_the_root():
+    wrong = [
+        f"{name} imports {target}"
+        for name, (ours, _) in sorted(imports().items())
+        if _room(name) == "kernel"
+        for target in sorted(ours)
+        if _room(target) in ("app", "root")
+    ]
+    assert not wrong, "the kernel imports no app and nothing of the root:\n" + "\n".join(wrong)
+
+
+def circles(graph: dict[str, frozenset[str]]) -> list[list[str]]:
+    """Every set of modules that reach one another through their imports (Tarjan's
+    strongly connected components, of more than one module), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_circles_are_found_where_there_are_some():
+    graph = {"a": frozenset({"b"}), "b": frozenset({"c"}), "c": frozenset({"a"}), "d": frozenset()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": frozenset({"b"}), "b": frozenset()}) == []
+
+
+def test_no_module_reaches_itself_through_its_imports():
+    found = circles({name: ours for name, (ours, _) in imports().items()})
+    assert not found, "modules that import one another:\n" + "\n".join(map(", ".join, found))
+
+
+def test_the_pure_rules_and_the_agent_import_no_django_however_far_down():
+    graph = imports()
+    wrong = []
+    for name in sorted(graph):
+        if not name.startswith(NO_DJANGO):
+            continue
+        seen, todo = {name}, [name]
+        while todo:
+            here = todo.pop()
+            ours, theirs = graph[here]
+            if "django" in theirs:
+                wrong.append(f"{name} reaches django through {here}")
+                break
+            todo += [m for m in ours if m not in seen]
+            seen.update(ours)
+    assert not wrong, "\n".join(wrong)
