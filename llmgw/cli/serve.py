@@ -62,14 +62,14 @@ def _lighter_requests() -> None:
         def _for_gateway(self) -> bool:
             return getattr(self.channel, "_path", b"").startswith(b"/v1/")
 
-        def _too_large(self) -> None:
+        def too_large(self) -> None:
             import io
 
-            from llmgw.gateway.answers import _too_large
+            from llmgw.gateway.answers import too_large
 
             self._refused = True
             self.content = io.BytesIO()
-            body = _too_large().body()
+            body = too_large().body()
             head = (
                 b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)

@@ -41,7 +41,7 @@ class ClientGone(Exception):
     """The caller hung up."""
 
 
-def _no_key() -> Refused:
+def no_key() -> Refused:
     return Refused(
         401,
         "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
@@ -51,7 +51,7 @@ def _no_key() -> Refused:
     )
 
 
-def _bad_key() -> Refused:
+def bad_key() -> Refused:
     # The same answer for a wrong, unknown or revoked key: nothing says which keys exist.
     return Refused(
         401,
@@ -62,11 +62,11 @@ def _bad_key() -> Refused:
     )
 
 
-def _bad(message: str, code: str | None = None) -> Refused:
+def bad_request(message: str, code: str | None = None) -> Refused:
     return Refused(400, message, "invalid_request_error", code, reason="bad_request")
 
 
-def _too_large() -> Refused:
+def too_large() -> Refused:
     return Refused(
         413,
         f"The request body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB.",
@@ -76,7 +76,7 @@ def _too_large() -> Refused:
     )
 
 
-async def _answer(send: Send, status: int, body: bytes, headers=JSON_HEADERS) -> None:
+async def send_answer(send: Send, status: int, body: bytes, headers=JSON_HEADERS) -> None:
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

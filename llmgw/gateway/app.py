@@ -29,7 +29,7 @@ from llmgw.gateway.answers import (
     Receive,
     Scope,
     Send,
-    _answer,
+    send_answer,
 )
 from llmgw.gateway.load import BOARD, publish
 from llmgw.gateway.requests import serve
@@ -187,7 +187,7 @@ class Gateway:
             return await self.inner(scope, receive, send)
         rt = self.runtime or await self._start()
         if rt.stopping:
-            await _answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
+            await send_answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
             return
         task = asyncio.current_task()
         rt.requests.add(task)

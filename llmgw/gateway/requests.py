@@ -21,14 +21,14 @@ from llmgw.gateway.answers import (
     Refused,
     Scope,
     Send,
-    _answer,
-    _bad,
-    _too_large,
+    bad_request,
+    send_answer,
+    too_large,
 )
 from llmgw.gateway.limits import Limiter, refusal_sentence
-from llmgw.gateway.routing import _route
+from llmgw.gateway.routing import route
 from llmgw.gateway.state import Request, State
-from llmgw.gateway.streaming import _record
+from llmgw.gateway.streaming import record_usage
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -45,9 +45,9 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
             try:
                 declared = int(value)
             except ValueError:
-                raise _bad("Content-Length is not a number.") from None
+                raise bad_request("Content-Length is not a number.") from None
             if declared > MAX_BODY_BYTES:
-                raise _too_large()
+                raise too_large()
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -56,7 +56,7 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise _too_large()
+            raise too_large()
         chunks.append(chunk)
         if not message.get("more_body"):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -66,17 +66,17 @@ def _parse(raw: bytes, endpoint: str) -> dict:
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):  # arrays nested thousands deep
-        raise _bad("The body is not valid JSON.") from None
+        raise bad_request("The body is not valid JSON.") from None
     if not isinstance(body, dict):
-        raise _bad("The body must be a JSON object.")
+        raise bad_request("The body must be a JSON object.")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise _bad("'model' is required: the name of the model to use.", "missing_model")
+        raise bad_request("'model' is required: the name of the model to use.", "missing_model")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise _bad("'stream' must be true or false.")
+        raise bad_request("'stream' must be true or false.")
     if stream and endpoint == "embedding":
-        raise _bad("Embeddings cannot be streamed.")
+        raise bad_request("Embeddings cannot be streamed.")
     return body
 
 
@@ -91,7 +91,7 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
         if path == "/v1/models":
             if method != "GET":
                 raise Refused(405, "Use GET.", "invalid_request_error", reason="bad_request")
-            await _answer(send, 200, rt.models_json(key))
+            await send_answer(send, 200, rt.models_json(key))
             model_series.answered(200)
             return
         endpoint = ENDPOINTS.get(path)
@@ -133,7 +133,7 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
         )
         model_series = metrics.series(spec.name)
         await _admit(rt, req)
-        status = await _route(rt, req, receive, send)
+        status = await route(rt, req, receive, send)
         model_series = metrics.series(req.model)
         model_series.answered(status)
     except Refused as refused:
@@ -143,18 +143,18 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
         if refused.retry_after is not None:
             headers = [*JSON_HEADERS, (b"retry-after", str(refused.retry_after).encode())]
         if req is not None and refused.reason not in ("auth",):
-            _record(rt, req, None, error=True)
-        await _answer(send, refused.status, refused.body(), headers)
+            record_usage(rt, req, None, error=True)
+        await send_answer(send, refused.status, refused.body(), headers)
     except ClientGone:
         # Hanging up once the whole answer has passed is no failure: only the close was left.
         if req is not None and req.done:
             model_series = metrics.series(req.model)
             model_series.answered(200)
-            _record(rt, req, req.usage, error=False)
+            record_usage(rt, req, req.usage, error=False)
         else:
             model_series.failed("client_gone")
             if req is not None:
-                _record(rt, req, req.usage, error=True)
+                record_usage(rt, req, req.usage, error=True)
     except asyncio.CancelledError:
         if not rt.stopping:
             raise
@@ -162,19 +162,19 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
         asyncio.current_task().uncancel()
         model_series.failed("shutdown")
         if req is not None:
-            _record(rt, req, req.usage, error=True)
+            record_usage(rt, req, req.usage, error=True)
         with contextlib.suppress(Exception):  # the answer may have begun already
-            await _answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
+            await send_answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
     except Exception:
         # A bug of ours, or something no rule foresaw: still an OpenAI-style answer, counted.
         log.exception("gateway request %s %s failed", method, path)
         model_series.failed("internal")
         model_series.answered(500)
         if req is not None:
-            _record(rt, req, req.usage, error=True)
+            record_usage(rt, req, req.usage, error=True)
         error = Refused(500, "The gateway failed to answer.", "server_error", reason="internal")
         with contextlib.suppress(Exception):  # the answer may have begun already
-            await _answer(send, 500, error.body())
+            await send_answer(send, 500, error.body())
     finally:
         model_series.duration.observe(time.perf_counter() - started)
 

@@ -12,14 +12,14 @@ import time
 from llmgw.gateway.answers import ClientGone, Receive, Refused, Send
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.state import Request, State, in_a_thread
-from llmgw.gateway.upstream import Unreachable, _proxy
+from llmgw.gateway.upstream import Unreachable, proxy
 
 log = logging.getLogger("llmgw.gateway")
 
 SUSPECT_S = 10.0  # a replica that refused a connection is avoided this long
 
 
-async def _route(rt: State, req: Request, receive: Receive, send: Send) -> int:
+async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
     """Find a replica (waiting for an on-demand one), send the request, pass the answer
     back; a replica that cannot be reached is tried once more elsewhere. The HTTP status
     answered."""
@@ -61,7 +61,7 @@ async def _route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                 continue
             req.model = up.model
             try:
-                return await _proxy(rt, req, up, send)
+                return await proxy(rt, req, up, send)
             except Unreachable as exc:
                 log.warning("replica %s of %s unreachable: %s", up.replica_id, up.model, exc)
                 req.tried.add(up.replica_id)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from channels.db import database_sync_to_async
 
-from llmgw.gateway.answers import _bad_key, _no_key
+from llmgw.gateway.answers import bad_key, no_key
 from llmgw.gateway.limits import Limiter, LocalCounters, RedisCounters
 from llmgw.gateway.tables import Key, Tables, Upstream
 from llmgw.gateway.usage import UsageBook
@@ -84,13 +84,13 @@ class State:
                 auth = value
                 break
         if not auth:
-            raise _no_key()
+            raise no_key()
         scheme, _, secret = auth.decode("latin-1").partition(" ")
         secret = secret.strip()
         if scheme.lower() != "bearer" or not secret:
-            raise _no_key()
+            raise no_key()
         if len(secret) > MAX_SECRET_CHARS:
-            raise _bad_key()
+            raise bad_key()
         digest = self._digests.get(secret)
         if digest is None:
             from llmgw.core.secrets import keyed_digest
@@ -98,14 +98,14 @@ class State:
             digest = keyed_digest(self.secret, secret)
             key = self.tables.keys.get(digest)
             if key is None:
-                raise _bad_key()  # not remembered: callers must not fill the cache
+                raise bad_key()  # not remembered: callers must not fill the cache
             if len(self._digests) > 10_000:
                 self._digests.clear()
             self._digests[secret] = digest
             return key
         key = self.tables.keys.get(digest)
         if key is None:
-            raise _bad_key()
+            raise bad_key()
         return key
 
     def pick(self, model: str, tried: set[str]) -> Upstream | None:

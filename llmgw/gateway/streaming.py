@@ -27,7 +27,7 @@ SSE_HEADERS = [
 ]
 
 
-def _record(rt: State, req: Request, usage: dict | None, *, error: bool) -> None:
+def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) -> None:
     """Usage and token counts for one request, from the engine's own `usage` figures; only
     the first call for a request counts."""
     if req.recorded:
@@ -117,7 +117,7 @@ SHUTDOWN_CUT = (
 )
 
 
-async def _stream(rt: State, req: Request, resp, send: Send) -> int:
+async def relay_stream(rt: State, req: Request, resp, send: Send) -> int:
     """Pass the events on as they arrive; a stream cut upstream ends with an error event."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     series = metrics.series(req.model)
@@ -153,5 +153,5 @@ async def _stream(rt: State, req: Request, resp, send: Send) -> int:
     await send({"type": "http.response.body", "body": tail, "more_body": False})
     if cut:
         series.failed("stream_cut")
-    _record(rt, req, usage, error=cut)
+    record_usage(rt, req, usage, error=cut)
     return 200

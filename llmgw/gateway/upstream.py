@@ -10,10 +10,10 @@ import logging
 import aiohttp
 
 from llmgw.gateway import metrics
-from llmgw.gateway.answers import Refused, Send, _answer
+from llmgw.gateway.answers import Refused, Send, send_answer
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.state import Request, State
-from llmgw.gateway.streaming import _record, _stream
+from llmgw.gateway.streaming import record_usage, relay_stream
 from llmgw.gateway.tables import Upstream
 
 log = logging.getLogger("llmgw.gateway")
@@ -40,7 +40,7 @@ class Unreachable(Exception):
         self.broken = broken
 
 
-async def _proxy(rt: State, req: Request, up: Upstream, send: Send) -> int:
+async def proxy(rt: State, req: Request, up: Upstream, send: Send) -> int:
     body = req.raw
     if req.body["model"] != up.model or (req.stream and not req.wants_usage):
         changed = dict(req.body, model=up.model)
@@ -74,7 +74,7 @@ async def _proxy(rt: State, req: Request, up: Upstream, send: Send) -> int:
         try:
             kind = resp.headers.get("Content-Type", "")
             if req.stream and resp.status == 200 and kind.startswith("text/event-stream"):
-                return await _stream(rt, req, resp, send)
+                return await relay_stream(rt, req, resp, send)
             return await _whole(rt, req, resp, kind, send)
         finally:
             resp.close()
@@ -138,7 +138,7 @@ async def _whole(rt: State, req: Request, resp, kind: str, send: Send) -> int:
     error = status >= 400
     if error:
         metrics.series(req.model).failed("upstream_status")
-    _record(rt, req, _usage_in(data) if status == 200 else None, error=error)
+    record_usage(rt, req, _usage_in(data) if status == 200 else None, error=error)
     content_type = (kind or "application/json").encode("latin-1", "replace")
-    await _answer(send, status, data, [(b"content-type", content_type)])
+    await send_answer(send, status, data, [(b"content-type", content_type)])
     return status
