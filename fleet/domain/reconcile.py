@@ -16,19 +16,13 @@ from catalog.domain import ModelSpec, Profile
 from llmgw.core.config import Timings
 from tenancy.quota import Amount, Policy
 
+from .context import Context, context
 from .health import HealthChange, health_changes
 from .holdings import placement_amount, profile_amount
 from .measured import autoscale, measured_for, ordered_profiles
 from .placement import MAX_REASONS_PER_PROFILE, Inventory, Placement, ShardPlan
-from .preemption import (
-    Context,
-    Preemption,
-    context,
-    live_reservations,
-    place_kept,
-    preempt,
-    reserved_amount,
-)
+from .preemption import preempt
+from .reserved import live_reservations, place_kept, reserved_amount
 from .types import (
     ACTIVE,
     HOLDING,
@@ -41,6 +35,7 @@ from .types import (
     Snapshot,
     shard_id,
 )
+from .victims import Preemption
 
 SETTLING = "waiting for agents to report their shards after a control plane restart"
 
