@@ -5,7 +5,9 @@ from datetime import timedelta
 
 import pytest
 
-from fleet.domain.reconcile import SETTLING, desired_replicas, duration
+from fleet.domain.housekeeping import SETTLING
+from fleet.domain.plan import duration
+from fleet.domain.reconcile import desired_replicas
 from fleet.domain.types import Failure, ModelState
 from llmgw.core.config import Timings
 
