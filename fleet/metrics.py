@@ -54,34 +54,10 @@ from .metrics_models import (
 )
 from .metrics_nodes import held_read, node_caches_clear, node_caches_trim, node_series
 from .metrics_series import (
-    BY_NAME,
-    DESCS,
-    GPU,
-    GPU_METRICS,
-    NODE,
-    NODE_METRICS,
-    Desc,
     Scrape,
     series_cache_trim,
     series_caches_clear,
 )
-
-__all__ = [
-    "BY_NAME",
-    "DATABASE_DOWN",
-    "DESCS",
-    "GPU",
-    "GPU_METRICS",
-    "NODE",
-    "NODE_METRICS",
-    "Desc",
-    "FleetCollector",
-    "Scrape",
-    "caches_clear",
-    "fleet_scrape",
-    "fleet_text",
-    "metrics_view",
-]
 
 _lock = threading.Lock()
 

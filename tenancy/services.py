@@ -72,7 +72,7 @@ def policy_revision_bump() -> None:
         PolicyRevision.objects.get_or_create(pk=1, defaults={"value": 1})
 
 
-def _name(value: object, *, what: str) -> str:
+def tree_name(value: object, *, what: str) -> str:
     """A name for the tenancy tree, stripped; Invalid with the reason when it cannot be one."""
     name = value.strip() if isinstance(value, str) else ""
     if not name:
@@ -114,7 +114,7 @@ def _named(text: object, kind: str) -> str:
 
 def org_create(*, name: str, actor: str) -> Organization:
     """Add an organization; Invalid for a bad name, Conflict when the name is taken."""
-    name = _name(name, what="An organization")
+    name = tree_name(name, what="An organization")
     try:
         with transaction.atomic():
             _unique(Organization.objects.all(), name, what="an organization")
@@ -131,7 +131,7 @@ def org_create(*, name: str, actor: str) -> Organization:
 
 def team_create(*, org: str | int, name: str, actor: str) -> Team:
     """Add a team to an organization named by name or ID; Invalid, or Conflict when taken."""
-    name = _name(name, what="A team")
+    name = tree_name(name, what="A team")
     try:
         with transaction.atomic():
             parent = _found(Organization.objects, scope_find(_named(org, "org")))
@@ -152,7 +152,7 @@ def team_create(*, org: str | int, name: str, actor: str) -> Team:
 
 def project_create(*, team: str | int, name: str, actor: str) -> Project:
     """Add a project to a team named `Acme/ml` or by ID; Invalid, or Conflict when taken."""
-    name = _name(name, what="A project")
+    name = tree_name(name, what="A project")
     try:
         with transaction.atomic():
             parent = _found(Team.objects.select_related("org"), scope_find(_named(team, "team")))
@@ -363,7 +363,7 @@ def api_key_create(
     secret, which is stored nowhere: only a prefix and a keyed hash of it are kept."""
     from django.conf import settings
 
-    name = _name(name, what="an API key")
+    name = tree_name(name, what="an API key")
     allowed = api_key_models(models)
     figures = limit_figures(limits)
     with transaction.atomic():

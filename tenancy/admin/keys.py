@@ -22,10 +22,6 @@ from tenancy.services import (
 
 from .actor import who
 
-# What an API key's secret starts with; its first KEY_PREFIX_LENGTH characters name it in lists.
-KEY_SECRET_PREFIX = "llmgw_key_"
-KEY_PREFIX_LENGTH = 14
-
 
 class KeyState(admin.SimpleListFilter):
     title = "state"

@@ -16,12 +16,12 @@ from django.db.models import Count, Q
 from llmgw.core.errors import Invalid
 from tenancy.models import Organization, Project, Team
 from tenancy.services import (
-    _name,
     audit_record,
     org_create,
     policy_revision_bump,
     project_create,
     team_create,
+    tree_name,
 )
 
 from .actor import who
@@ -36,7 +36,7 @@ class NamedForm(forms.ModelForm):
 
     def clean_name(self) -> str:
         try:
-            name = _name(self.cleaned_data.get("name"), what=self.what)
+            name = tree_name(self.cleaned_data.get("name"), what=self.what)
         except Invalid as exc:
             raise forms.ValidationError(str(exc)) from None
         return name

@@ -24,7 +24,8 @@ from fleet import metrics, selectors
 from fleet.connections import REGISTRY as AGENTS_REGISTRY
 from fleet.events import Load
 from fleet.live import NodeWrite
-from fleet.metrics import DESCS, FleetCollector, fleet_scrape, fleet_text
+from fleet.metrics import FleetCollector, fleet_scrape, fleet_text
+from fleet.metrics_series import DESCS
 from fleet.models import Lease, ModelState, Node, Replica
 from fleet.reconciler import LEASE, advisory_take, reconcile_once
 from fleet.reports import node_live_flush
