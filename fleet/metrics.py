@@ -18,14 +18,13 @@ as long as it takes to call it unreachable are not published.
 
 The metrics are described, and a scrape's series written, in fleet/metrics_series.py;
 the nodes' and GPUs' families are read in fleet/metrics_nodes.py, the models' and the
-reconciler's in fleet/metrics_models.py. Here: one consistent read of them all, and the
-view that serves it, with the last good scrape while the database is away.
+reconciler's in fleet/metrics_models.py. Here: one consistent read of them all, with the
+last good scrape while the database is away; fleet/metrics_view.py serves it.
 """
 
 from __future__ import annotations
 
 import gc
-import gzip
 import logging
 import threading
 from collections.abc import Iterator
@@ -34,17 +33,13 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.http import HttpRequest, HttpResponse
-from django.views.decorators.http import require_safe
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from catalog.selectors import catalog_load
-from llmgw.core import clock, sources
+from llmgw.core import clock
 from llmgw.core.outage import Outage
 
-from .connections import agents_text
 from .engine_installs import install_rows
 from .metrics_models import (
     # Looked up here at each scrape, so that a caller can wrap one family's read.
@@ -158,7 +153,7 @@ DATABASE_DOWN = (
 )
 
 
-def _fleet_or_last() -> str:
+def fleet_or_last() -> str:
     """The fleet's series; while the database is away, the last good ones and
     llmgw_database_up 0, so a scrape answers and says what it is (never an HTML 500)."""
     try:
@@ -169,21 +164,3 @@ def _fleet_or_last() -> str:
     _scrape_outage.worked()
     _last_good["text"] = text
     return text
-
-
-@require_safe
-def metrics_view(request: HttpRequest) -> HttpResponse:
-    """`GET /metrics`: no authentication, like any exporter; gzip when asked, as Prometheus does.
-
-    A plain (sync) view: daphne runs it in a worker thread, off the event loop that
-    serves the agents.
-    """
-    gateway = sources.read(sources.GATEWAY_METRICS, absent="")
-    body = (_fleet_or_last() + gateway + agents_text()).encode()
-    response = HttpResponse(content_type=CONTENT_TYPE_PLAIN_0_0_4)
-    if "gzip" in request.headers.get("Accept-Encoding", ""):
-        body = gzip.compress(body, compresslevel=1)
-        response["Content-Encoding"] = "gzip"
-    response["Vary"] = "Accept-Encoding"
-    response.content = body
-    return response

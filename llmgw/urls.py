@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from fleet.metrics import metrics_view
+from fleet.metrics_view import metrics_view
 from llmgw.api import api
 from llmgw.logins import AdminLoginForm, ThrottledLoginView
 

@@ -273,6 +273,10 @@ def main(argv: list[str]) -> int:
 
     # Agents reconnect from now: the reconciler settles before it places anything.
     served_record(now=clock.now())
+    from fleet.metrics_renderer import RENDERER
+
+    # /metrics renders the fleet's series in a process of its own, off this one's loop.
+    RENDERER.start()
 
     from llmgw.asgi import application
 
@@ -305,6 +309,7 @@ def main(argv: list[str]) -> int:
         reactor.callWhenRunning(stop_on_signals, server, cfg.shutdown_grace)
         # The last seconds of the gateway's usage are written before the process ends.
         reactor.addSystemEventTrigger("before", "shutdown", flush_usage)
+        reactor.addSystemEventTrigger("after", "shutdown", RENDERER.stop)
         mode = (
             f"embedded: SQLite in {cfg.home}, reconciler and mirror in this process"
             if cfg.embedded

@@ -1,0 +1,37 @@
+"""`GET /metrics`: the fleet's series (from the renderer process when one runs,
+fleet/metrics_renderer.py), the gateway's, and the agents' connections."""
+
+from __future__ import annotations
+
+import gzip
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_safe
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from llmgw.core import sources
+
+from . import metrics_renderer
+from .connections import agents_text
+from .metrics import fleet_or_last
+
+
+@require_safe
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """`GET /metrics`: no authentication, like any exporter; gzip when asked, as Prometheus does.
+
+    A plain (sync) view: daphne runs it in a worker thread, off the event loop that
+    serves the agents; the fleet's series come from the renderer when one runs.
+    """
+    fleet = metrics_renderer.RENDERER.fleet()
+    if fleet is None:
+        fleet = fleet_or_last().encode()
+    gateway = sources.read(sources.GATEWAY_METRICS, absent="")
+    body = fleet + (gateway + agents_text()).encode()
+    response = HttpResponse(content_type=CONTENT_TYPE_PLAIN_0_0_4)
+    if "gzip" in request.headers.get("Accept-Encoding", ""):
+        body = gzip.compress(body, compresslevel=1)
+        response["Content-Encoding"] = "gzip"
+    response["Vary"] = "Accept-Encoding"
+    response.content = body
+    return response
