@@ -62,7 +62,7 @@ def _lighter_requests() -> None:
         def _for_gateway(self) -> bool:
             return getattr(self.channel, "_path", b"").startswith(b"/v1/")
 
-        def too_large(self) -> None:
+        def _refuse_too_large(self) -> None:
             import io
 
             from llmgw.gateway.answers import too_large
@@ -81,7 +81,7 @@ def _lighter_requests() -> None:
             from llmgw.gateway.answers import MAX_BODY_BYTES
 
             if length is not None and length > MAX_BODY_BYTES and self._for_gateway():
-                self._too_large()
+                self._refuse_too_large()
                 return
             super().gotLength(length)
 
@@ -92,7 +92,7 @@ def _lighter_requests() -> None:
                 return
             self._body_bytes += len(data)
             if self._body_bytes > MAX_BODY_BYTES and self._for_gateway():
-                self._too_large()
+                self._refuse_too_large()
                 return
             super().handleContentChunk(data)
 
