@@ -28,6 +28,7 @@ from llmgw.core.outage import Outage
 
 from .dispatch import dispatch
 from .domain.passes import restart_at, settles
+from .domain.quiet import QuietModels
 from .domain.reconcile import Event, decide
 from .models import Lease
 from .readings import MEASUREMENTS, POLICY
@@ -159,6 +160,11 @@ def _settle_window(now: datetime, fresh_start: bool) -> tuple[bool, datetime | N
 # Quotas and measurements (POLICY, MEASUREMENTS) are read again at a pass only when their
 # revision moved, the last good ones kept while the database is away: fleet/readings.py.
 
+# The models whose last step did nothing, kept from pass to pass: one whose inputs are the
+# same is not looked at again (fleet/domain/quiet.py). Keyed by what the step reads, so a
+# pass run meanwhile by another process changes nothing.
+QUIET = QuietModels()
+
 
 def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) -> dict:
     """Run one pass; return what it did: `{"ran", "events", "starts", "stops", ...}`."""
@@ -179,8 +185,10 @@ def _pass(now: datetime, fresh_start: bool) -> dict:
         measurements=MEASUREMENTS.get(),
         with_weights=True,
     )
-    plan = decide(snap, now, settings.LLMGW.timings)
-    if not plan.empty or any(snap.states.get(n) != s for n, s in plan.states.items()):
+    plan = decide(snap, now, settings.LLMGW.timings, quiet=QUIET)
+    if not plan.empty or any(
+        (was := snap.states.get(n)) is not s and was != s for n, s in plan.states.items()
+    ):
         with transaction.atomic():
             commands = plan_apply(
                 plan=plan, now=now, before={"catalog": snap.models, "states": snap.states}

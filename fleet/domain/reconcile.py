@@ -16,7 +16,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from catalog.domain import ModelSpec
 from llmgw.core.config import Timings
@@ -30,6 +30,7 @@ from .measured import autoscale, measured_for, ordered_profiles
 from .placement import Inventory
 from .placing import end_holds, scale_up
 from .plan import Event, Pass, Plan, Stop, seconds_since
+from .quiet import Quiet, QuietModels
 from .reserved import live_reservations
 from .stopping import retire, scale_down, stop_first, stop_retired
 from .types import ACTIVE, Measured, ModelState, ReplicaView, Snapshot
@@ -45,8 +46,13 @@ def decide(
     now: datetime,
     t: Timings,
     new_id: Callable[[str], str] = new_replica_id,
+    quiet: QuietModels | None = None,
 ) -> Plan:
-    """Compare what should run with what runs, and say what to do about it."""
+    """Compare what should run with what runs, and say what to do about it.
+
+    With `quiet` (kept by the caller from pass to pass), a model whose step did nothing
+    last time and whose inputs are the same is not looked at again (quiet.py): the plan
+    is the same as without it."""
     plan = Plan()
     nodes = liveness(snap, now, t, plan)
     plan.health = health_changes(
@@ -69,8 +75,16 @@ def decide(
             states[name] = replace(state, reserved=(), reserved_until=None)
     inventory = Inventory(nodes, alive, reserved)
     by_model: dict[str, list[ReplicaView]] = {}
+    # Per model, its live replicas' count as the pass goes (placements add to it).
+    live: dict[str, int] = {}
     for r in alive:
-        by_model.setdefault(r.model, []).append(r)
+        reps = by_model.get(r.model)
+        if reps is None:
+            reps = by_model[r.model] = []
+            live[r.model] = 0
+        reps.append(r)
+        if r.state in ACTIVE and not r.retiring:
+            live[r.model] += 1
     for name in sorted(by_model.keys() - snap.models.keys()):
         for r in by_model[name]:
             if r.state not in ("stopping",):
@@ -86,13 +100,20 @@ def decide(
         ctx=ctx,
         draining=frozenset(n.id for n in nodes.values() if n.draining),
         new_id=new_id,
-        live={
-            name: sum(1 for r in reps if r.state in ACTIVE and not r.retiring)
-            for name, reps in by_model.items()
-        },
+        live=live,
     )
-    for model in pass_order(snap.models.values(), ctx.policy, ctx.usage, snap.measurements):
-        states[model.name] = _reconcile_model(model, by_model.get(model.name, []), p)
+    order = (snap.models.values(), ctx.policy, dict(ctx.usage), snap.measurements)
+    if quiet is None:
+        ordered = pass_order(*order)
+    else:
+        quiet.begin(
+            (t, snap.settling, dict(snap.measurements), dict(snap.weights_waiting), p.draining)
+        )
+        ordered = quiet.ordered((list(order[0]), *order[1:]), lambda: pass_order(*order))
+    for model in ordered:
+        _step(model, by_model.get(model.name, []), p, quiet)
+    if quiet is not None:
+        quiet.trim(snap.models.keys())
     end_holds(p)
     for name, state in states.items():
         was = snap.states.get(name)
@@ -144,12 +165,68 @@ def desired_replicas(
     return min(model.min_replicas + state.extra, model.max_replicas)
 
 
-def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> ModelState:
+def _step(
+    model: ModelSpec, replicas: list[ReplicaView], p: Pass, quiet: QuietModels | None
+) -> None:
+    """A model's step, or, when it did nothing last time from these very inputs, what it
+    returned then (quiet.py); a step that did nothing now is kept for the next pass."""
+    name, state_in, load = model.name, p.states[model.name], p.snap.loads.get(model.name)
+    taken = bool(p.ctx.taken) and any(r.id in p.ctx.taken for r in replicas)
+    if quiet is None or taken:
+        p.states[name] = _reconcile_model(model, replicas, p)[0]
+        if quiet is not None:
+            quiet.put(None, name)
+        return
+    kept = quiet.get(model, replicas, state_in, load, p.now)
+    if kept is not None:
+        p.states[name] = kept
+        return
+    before = _marks(p, name)
+    state, keep, until = _reconcile_model(model, replicas, p)
+    p.states[name] = state
+    quiet.put(
+        Quiet(model, list(replicas), state_in, load, state, p.now, until)
+        if keep and _marks(p, name) == before
+        else None,
+        name,
+    )
+
+
+def _marks(p: Pass, name: str) -> tuple:
+    """What a step that did nothing leaves as it found: the plan, what the pass took, and
+    the model's live count."""
+    plan = p.plan
+    return (
+        len(plan.starts),
+        len(plan.drains),
+        len(plan.stops),
+        len(plan.forgets),
+        len(plan.retires),
+        len(plan.events),
+        len(p.ctx.taken),
+        p.live.get(name),
+    )
+
+
+def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _reconcile_model(
+    model: ModelSpec, replicas: list[ReplicaView], p: Pass
+) -> tuple[ModelState, bool, datetime | None]:
     """One model's step: scale from load, what it wants, its replicas on their way out,
-    then what is missing placed (or why not); returns its new state."""
+    then what is missing placed (or why not). Returns its new state, whether the step
+    read only its own model and clocks (quiet.py), and the first moment one of those
+    clocks could decide otherwise (None: none runs)."""
     name, now, t, plan = model.name, p.now, p.t, p.plan
     state = clear_failures_once_ready(replicas, p.states[name])
+    # A step reading other models, the fleet's room or a running load clock is not kept.
+    keep, until = not state.held_for, None
     if model.max_replicas > model.min_replicas or state.extra or state.busy_since:
+        load = p.snap.loads.get(name)
+        if load is not None and not model.on_demand and model.max_replicas > model.min_replicas:
+            keep = False
         ready_count = sum(1 for r in replicas if r.state == "ready" and not r.retiring)
         running = [r.profile for r in replicas if r.state in ACTIVE]
         found = measured_for(model, running, p.snap.measurements)
@@ -165,8 +242,16 @@ def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> 
         else None
     )
     desired = desired_replicas(model, state, now, last_used)
+    if model.on_demand and desired:
+        # Wanted until its idle timeout passes from the last time it was asked for or used.
+        asked = max(x for x in (state.last_requested_at, last_used) if x)
+        until = asked + timedelta(seconds=model.idle_timeout_s)
 
+    # Replicas that retire are taken from the pass (retire): such a step is not kept.
     state, retiring, deadlines = retire(model, replicas, state, p)
+    for r in replicas:
+        if r.state == "draining" and r.drain_deadline is not None:
+            until = _earliest(until, r.drain_deadline)
 
     # A replica another model's preemption took this pass is already on its way out.
     active = [
@@ -187,16 +272,19 @@ def _reconcile_model(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> 
     unplaceable, explanation = False, state.explanation if state.unplaceable else ()
     if missing > 0:
         blocked = why_not_now(state, p.snap, now) or _held(state, p)
+        if state.backoff_until is not None and now < state.backoff_until:
+            until = _earliest(until, state.backoff_until)
         if blocked:
             explanation = ({"profile": "", "reasons": [blocked]},)
         else:
+            keep = False
             state, unplaceable, explanation = scale_up(model, state, missing, p)
             if unplaceable:
                 stop_first(model, replicas, retiring, deadlines, explanation, p)
     explanation = tuple(explanation)
-    if (state.desired, state.unplaceable, state.explanation) == (desired, unplaceable, explanation):
-        return state
-    return replace(state, desired=desired, unplaceable=unplaceable, explanation=explanation)
+    if (state.desired, state.unplaceable, state.explanation) != (desired, unplaceable, explanation):
+        state = replace(state, desired=desired, unplaceable=unplaceable, explanation=explanation)
+    return state, keep, until
 
 
 def held_for(state: ModelState, now: datetime, live: int, wants: ModelState | None) -> str:
