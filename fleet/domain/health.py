@@ -43,10 +43,14 @@ def health_changes(
 ) -> list[HealthChange]:
     """The marks to set and clear this pass, given the nodes as liveness left them."""
     out = []
+    # Only a node not ready marks a replica: with none, only marks to clear are looked at.
+    not_ready = {k for k, n in nodes.items() if n.state != "ready"}
     for r in replicas:
         if r.state != "ready" or not r.shards:
             continue
         if r.unhealthy_since is None:
+            if not_ready.isdisjoint(r.nodes):
+                continue
             for s in r.shards:
                 node = nodes.get(s.node_id)
                 if node is None or node.state == "ready":

@@ -86,7 +86,13 @@ def housekeeping(
 ) -> list[ReplicaView]:
     """Forget what no longer runs, count failures, time out slow starts; return what still holds room."""
     alive = []
+    # A ready replica whose nodes are all there and not lost has nothing to be done to it
+    # here: most replicas, most passes (the loop below would find the same, slower).
+    present = {k for k, n in nodes.items() if n.state != "lost"}
     for r in snap.replicas:
+        if r.state == "ready" and r.nodes <= present:
+            alive.append(r)
+            continue
         if r.state == "stopped":
             plan.forgets.append(Forget(r.id, "stopped"))
             continue
