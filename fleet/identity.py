@@ -23,6 +23,7 @@ from tenancy.services import audit_record
 
 from .dispatch import Command, stop_command
 from .models import Node, Replica, Shard
+from .node_figures import node_figures_refresh
 
 log = logging.getLogger("llmgw.agents")
 
@@ -171,6 +172,7 @@ def node_forget(*, node_id: str, actor: str, now: datetime) -> tuple[str, list[C
             counts_as_failure=False,
         )
         node.delete()
+        node_figures_refresh(nodes={other for other, _, _ in elsewhere})
         audit_record(
             actor=actor, action="node.forget", target=node_id, detail={"replicas": sorted(replicas)}
         )

@@ -1,6 +1,50 @@
 """The fleet: nodes and their GPUs, replicas and their shards, the controller's state."""
 
 from django.db import models
+from django.db.models import Func
+
+
+class JsonNumber(Func):
+    """A key of a JSON object column when it holds a number; NULL for anything else.
+
+    What a node does not report (an absent key, text, true, a list) is unknown, never a
+    reading, and never fails the write: a cast alone would make "abc" an error on
+    PostgreSQL and true a 1 on SQLite.
+    """
+
+    output_field = models.FloatField()
+
+    def __init__(self, column: str, key: str):
+        super().__init__(models.F(column), models.Value(key))
+        self.key = key
+
+    def as_sqlite(self, compiler, connection, **extra):
+        column, _ = compiler.compile(self.source_expressions[0])
+        path = f'$."{self.key}"'
+        return (
+            f"CASE WHEN json_type({column}, %s) IN ('integer', 'real') "
+            f"THEN json_extract({column}, %s) END",
+            [path, path],
+        )
+
+    def as_postgresql(self, compiler, connection, **extra):
+        column, _ = compiler.compile(self.source_expressions[0])
+        # A number past a double's range (JSON has no limit) is no reading either, not an error.
+        number = f"({column} -> %s)::numeric"
+        return (
+            f"CASE WHEN jsonb_typeof({column} -> %s) = 'number' AND abs({number}) < 1e300 "
+            f"AND ({number} = 0 OR abs({number}) > 1e-300) "
+            f"THEN ({column} ->> %s)::double precision END",
+            [self.key] * 5,
+        )
+
+
+def _load_figure(key: str) -> models.GeneratedField:
+    # Kept by the database from `load` on every write (the heartbeats' write-behind, a
+    # test's update), so the cluster page can sort and filter by it and it cannot drift.
+    return models.GeneratedField(
+        expression=JsonNumber("load", key), output_field=models.FloatField(), db_persist=True
+    )
 
 
 class Node(models.Model):
@@ -37,6 +81,20 @@ class Node(models.Model):
     cordoned = models.BooleanField(default=False)
     draining = models.BooleanField(default=False)
     load = models.JSONField(default=dict, blank=True)
+    # The figures of `load` the cluster page shows, sorts by and counts (fleet/events.py, Load).
+    load1 = _load_figure("load1")
+    memory_used_bytes = _load_figure("memory_used_bytes")
+    cpu_temp_c = _load_figure("cpu_temp_c")
+    cpu_power_w = _load_figure("cpu_power_w")
+    inlet_temp_c = _load_figure("inlet_temp_c")
+    # What the cluster page derives from the node's GPUs, labels and the replicas holding
+    # them, kept by fleet.node_figures.node_figures_refresh in each writer's transaction:
+    # its GPUs, those healthy and not held (null when it has none: no figure, not zero),
+    # their classes as placement names them, and how many holding replicas run here.
+    gpu_total = models.PositiveIntegerField(default=0)
+    gpu_free = models.PositiveIntegerField(null=True, blank=True)
+    gpu_classes = models.JSONField(default=list, blank=True)
+    replica_count = models.PositiveIntegerField(default=0)
     session = models.CharField(max_length=32, blank=True)
     # The node's own credential (only its SHA-256), issued at its first register with a
     # join token; from then on only that credential registers this id.

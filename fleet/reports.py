@@ -26,6 +26,7 @@ from .failures import failure_log_attach
 from .identity import AgentCredential, Refused, credential_issue, register_refusal
 from .live import NodeWrite
 from .models import Gpu, Node, Replica, Shard
+from .node_figures import node_figures_refresh
 from .services import start_command
 
 log = logging.getLogger("llmgw.fleet")
@@ -165,6 +166,11 @@ def node_register(
         _sync_gpus(node, msg)
         msg, foreign = _own_endpoints(node, msg)
         commands = foreign + _reconcile_reported_shards(node, msg, now)
+        # Its GPUs and labels are new; a replica it ran that failed frees GPUs elsewhere too.
+        node_figures_refresh(
+            nodes=[node.id],
+            replicas=Shard.objects.filter(node=node).values_list("replica_id", flat=True),
+        )
     return Registration(commands=commands, node_token=node_token, approved=node.approved)
 
 
@@ -468,6 +474,7 @@ def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> lis
         )
         if msg.state in ("failed", "stopped"):
             _shard_ended(shard, replica, msg, now)
+            node_figures_refresh(replicas=[replica.id])
         elif replica.state in ("stopping", "stopped", "failed"):
             # An engine started again (a start_shard resent while it was away) for a replica
             # given up meanwhile: it must not run on untracked.

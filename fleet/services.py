@@ -25,6 +25,7 @@ from .dispatch import Command, stop_command
 from .domain.reconcile import Plan
 from .engine_installs import engine_build
 from .models import ModelState, Node, Replica, Shard
+from .node_figures import node_figures_refresh
 
 log = logging.getLogger("llmgw.fleet")
 
@@ -83,9 +84,12 @@ def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
     # What a lost node's replicas are told, and that they are forgotten, stands only if it was lost.
     stops = [s for s in plan.stops if s.lost_node not in heard_meanwhile]
     shards_of = _shards_of([s.replica_id for s in stops])
-    for forget in plan.forgets:
-        if forget.lost_node not in heard_meanwhile:
-            Replica.objects.filter(pk=forget.replica_id).delete()
+    forgotten = [f.replica_id for f in plan.forgets if f.lost_node not in heard_meanwhile]
+    # The nodes whose GPUs free and replicas change: read before the forgotten go.
+    touched = {n for held in _shards_of(forgotten).values() for n, _ in held}
+    touched |= {n for held in shards_of.values() for n, _ in held}
+    touched |= {sp.node_id for start in plan.starts for _, sp in start.shards}
+    Replica.objects.filter(pk__in=forgotten).delete()
     for retire in plan.retires:
         Replica.objects.filter(pk=retire.replica_id).update(
             retiring=True, drain_deadline=retire.deadline
@@ -106,6 +110,7 @@ def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
         for node_id, shard_id in shards_of.get(stop.replica_id, ()):
             commands.append(stop_command(node_id, shard_id, stop.grace_s))
     commands.extend(_record_starts(plan.starts, before["catalog"], now))
+    node_figures_refresh(nodes=touched)
     _write_states(plan, before["states"])
     return commands
 
