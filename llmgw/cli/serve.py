@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import os
+import signal
 import sys
 
 log = logging.getLogger("llmgw.serve")
@@ -247,13 +248,19 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="llmgw serve", description="Run the llmgw control plane.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=None,
+        help="processes serving the port, REDIS_URL set (default 1: see docs/metrics.md)",
+    )
+    # A worker of `llmgw serve --workers N`: the listening socket it inherits, the renderer.
+    parser.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-socket", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     # daphne installs Twisted's asyncio reactor when imported: it must come first.
     from daphne.endpoints import build_endpoint_description_strings
-
-    _lighter_requests()
-    Server = _server_class()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
     import django
@@ -266,18 +273,79 @@ def main(argv: list[str]) -> int:
         from llmgw.core.web import served_hosts
 
         settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, *served_hosts(args.host)]
-    _header_deadline(cfg.header_timeout)
+    from fleet.metrics_renderer import RENDERER
+
+    if args.worker_fd is not None:
+        _fd_endpoints()
+        RENDERER.attach(args.metrics_socket)
+        family = "INET6" if ":" in args.host else "INET"
+        return _serve(args, [f"fd:fileno={args.worker_fd}:domain={family}"], cfg, worker=True)
+
+    from .workers import Supervisor, workers_wanted
+
+    workers = workers_wanted(args.workers, embedded=cfg.embedded)
     _prepare(cfg.embedded)
     from fleet.reconciler import served_record
     from llmgw.core import clock
 
     # Agents reconnect from now: the reconciler settles before it places anything.
     served_record(now=clock.now())
-    from fleet.metrics_renderer import RENDERER
-
-    # /metrics renders the fleet's series in a process of its own, off this one's loop.
+    # /metrics renders the fleet's series in a process of its own, off the serving loops.
     RENDERER.start()
+    if workers == 1:
+        return _serve(args, build_endpoint_description_strings(host=args.host, port=args.port), cfg)
+    return Supervisor(args.host, args.port, workers, RENDERER).run()
 
+
+def _fd_endpoints() -> None:
+    """Let daphne serve on a listening socket it inherits (`fd:fileno=N:domain=INET`, the
+    form its own --fd writes), which this Twisted has no string parser for: Twisted's
+    adopted-port endpoint, reached by that name."""
+    import socket
+
+    from twisted.internet import endpoints
+
+    def parse(factory, fileno: str, domain: str = "INET"):
+        # (arguments, keywords), the factory second, as Twisted's own parsers give them:
+        # serverFromString drops it before it makes the endpoint.
+        return (int(fileno), factory, getattr(socket, "AF_" + domain)), {}
+
+    endpoints._serverParsers["fd"] = parse
+    endpoints._endpointServerFactories["FD"] = endpoints.AdoptedStreamServerEndpoint
+
+
+def _stop_when_orphaned(parent: int) -> None:
+    """A worker whose `llmgw serve` is gone (killed: it could pass nothing on) stops as
+    if told to, gracefully. Its own session keeps a terminal's Ctrl-C, which the first
+    process passes on once, from reaching it twice."""
+    loop = asyncio.get_event_loop()
+
+    def look() -> None:
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            loop.call_later(1, look)
+
+    loop.call_later(1, look)
+
+
+def _workers(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (1 or more)")
+    return count
+
+
+def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
+    """Serve `endpoints` in this process until stopped: the whole of `llmgw serve`, or one
+    of its workers (which leaves the embedded loops and the start's notes to the first)."""
+    _lighter_requests()
+    Server = _server_class()
+    _header_deadline(cfg.header_timeout)
+    from fleet.metrics_renderer import RENDERER
     from llmgw.asgi import application
 
     def ready() -> None:
@@ -310,6 +378,9 @@ def main(argv: list[str]) -> int:
         # The last seconds of the gateway's usage are written before the process ends.
         reactor.addSystemEventTrigger("before", "shutdown", flush_usage)
         reactor.addSystemEventTrigger("after", "shutdown", RENDERER.stop)
+        if worker:
+            reactor.callWhenRunning(_stop_when_orphaned, os.getppid())
+            return
         mode = (
             f"embedded: SQLite in {cfg.home}, reconciler and mirror in this process"
             if cfg.embedded
@@ -323,7 +394,7 @@ def main(argv: list[str]) -> int:
 
     server = Server(
         application=application,
-        endpoints=build_endpoint_description_strings(host=args.host, port=args.port),
+        endpoints=endpoints,
         # SIGTERM and SIGINT stop it gracefully (stopping.py), not at once as Twisted would.
         signal_handlers=False,
         verbosity=0,

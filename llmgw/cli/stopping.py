@@ -4,7 +4,9 @@ It stops accepting connections, closes the agents' websockets with 1001 (going a
 they reconnect at once, to another server where there is one, lets the gateway's requests
 in flight finish for up to LLMGW_SHUTDOWN_GRACE_SECONDS, ends the streams it must cut with
 an error event and writes their usage, and only then stops the reactor (whose shutdown
-writes the last usage tallied). A second signal stops it at once.
+writes the last usage tallied). A second signal stops it at once; one within a second of
+the first is the same ask (systemd signals every process of the service, and a worker's
+`llmgw serve` passes the stop on too).
 """
 
 from __future__ import annotations
@@ -17,20 +19,24 @@ import time
 
 log = logging.getLogger("llmgw.serve")
 
+SAME_ASK_S = 1.0
+
 
 def stop_on_signals(server, grace_s: float) -> None:
     """Install the handlers on the reactor's loop (called once it runs)."""
     from twisted.internet import reactor
 
     loop = asyncio.get_event_loop()
-    state = {"stopping": False}
+    state = {"stopping": False, "at": 0.0}
 
     def asked(signum: int) -> None:
         if state["stopping"]:
+            if time.monotonic() - state["at"] < SAME_ASK_S:
+                return
             _say("llmgw serve: asked again; stopping now")
             reactor.stop()
             return
-        state["stopping"] = True
+        state["stopping"], state["at"] = True, time.monotonic()
         task = loop.create_task(_stop(server, grace_s))
         task.add_done_callback(lambda _t: reactor.stop())
 

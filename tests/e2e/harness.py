@@ -157,9 +157,9 @@ class Cluster:
     def log(self, name: str) -> str:
         return (self.home / f"{name}.log").read_text(errors="replace")
 
-    def start_server(self) -> None:
+    def start_server(self, *flags: str) -> None:
         proc = self._spawn(
-            "serve", [sys.executable, "-m", "llmgw", "serve", "--port", str(self.port)]
+            "serve", [sys.executable, "-m", "llmgw", "serve", "--port", str(self.port), *flags]
         )
         wait_for(
             "llmgw serve to answer",
@@ -264,3 +264,44 @@ def engine_gauge(endpoint: str, name: str) -> float:
         if line.startswith(f"llmgw_sim:{name}{{"):
             return float(line.rsplit(" ", 1)[1])
     raise KeyError(f"llmgw_sim:{name} is not in {endpoint}/metrics")
+
+
+def _tcp_rows() -> list[tuple[int, int, str, str]]:
+    """(local port, remote port, state, inode) of every TCP socket here, from /proc."""
+    rows = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            local, remote = (int(a.rsplit(":", 1)[1], 16) for a in (f[1], f[2]))
+            rows.append((local, remote, f[3], f[9]))
+    return rows
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def serving_pid(server_port: int, client_port: int, pids: list[int]) -> int | None:
+    """Which of `pids` holds the server's end of the connection from `client_port`."""
+    inodes = {i for lp, rp, _, i in _tcp_rows() if lp == server_port and rp == client_port}
+    return next((pid for pid in pids if _socket_inodes(pid) & inodes), None)
+
+
+def client_ports(pid: int, server_port: int) -> list[int]:
+    """The local ports of `pid`'s connections to `server_port`."""
+    mine = _socket_inodes(pid)
+    return [
+        lp for lp, rp, state, i in _tcp_rows() if rp == server_port and state == "01" and i in mine
+    ]

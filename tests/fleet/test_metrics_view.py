@@ -57,12 +57,31 @@ def test_the_view_answers_the_same_with_the_renderer_as_without(
     assert b"llmgw_replicas{" in through
 
 
+def test_a_worker_asks_the_renderer_its_server_started(cluster, renderer):
+    worker = Renderer()
+    worker.attach(renderer.address)
+    try:
+        assert worker.fleet() == renderer.fleet() == fleet_or_last().encode()
+    finally:
+        worker.stop()
+    assert renderer.fleet() is not None  # a worker that stops asking stops nothing
+
+
 def test_a_renderer_that_died_is_replaced_and_the_scrape_rendered_here(cluster, renderer):
     renderer._process.kill()
     renderer._process.join()
 
     assert renderer.fleet() is None  # this scrape: the caller renders it itself
     assert renderer.fleet() == fleet_or_last().encode()  # the next: a new renderer
+
+
+def test_a_renderer_that_died_between_scrapes_is_started_again(cluster, renderer):
+    renderer._process.kill()
+    renderer._process.join()
+
+    renderer.keep_alive()
+
+    assert renderer.fleet() == fleet_or_last().encode()
 
 
 def test_without_a_renderer_the_view_renders_in_its_own_process(cluster, client):
