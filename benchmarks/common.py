@@ -18,7 +18,12 @@ def django_ready() -> None:
     import django
 
     django.setup()
+    from django.conf import settings
     from django.core.management import call_command
+
+    # Django's test client calls itself "testserver", which LLMGW_ALLOWED_HOSTS' default
+    # does not let in (Django's own test runner adds it the same way).
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
 
     call_command("migrate", interactive=False, verbosity=0)
 
