@@ -51,9 +51,14 @@ def _going_away(server) -> int:
 
     told = 0
     for protocol in list(server.connections):
-        if isinstance(protocol, WebSocketProtocol) and protocol.path.startswith(b"/ws/agent"):
-            protocol.sendCloseFrame(code=1001, reasonUtf8=b"llmgw serve is stopping")
-            told += 1
+        if not (isinstance(protocol, WebSocketProtocol) and protocol.path.startswith(b"/ws/agent")):
+            continue
+        if protocol.state != WebSocketProtocol.STATE_OPEN:
+            # Still in its handshake (or closing already): Autobahn cannot close it with a
+            # frame; stopping the server ends it, and its agent connects again.
+            continue
+        protocol.sendCloseFrame(code=1001, reasonUtf8=b"llmgw serve is stopping")
+        told += 1
     return told
 
 
