@@ -19,6 +19,9 @@ BENCHES = [
     "mirror.py",
     # How fast the cluster heals with the default timings: an engine crash, a worker's death.
     "recovery.py",
+    # 5,000 real agents over websockets (BENCH_FLEET_AGENTS): held, heartbeats, a restart,
+    # silence to unreachable, a pass. About 10 minutes.
+    "fleet.py",
 ]
 
 if __name__ == "__main__":
