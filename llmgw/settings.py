@@ -123,7 +123,7 @@ if LLMGW.redis_url:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "BACKEND": "llmgw.layers.PacedInMemoryChannelLayer",
             "CONFIG": {"group_expiry": _GROUP_EXPIRY},
         }
     }
