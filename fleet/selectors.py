@@ -342,8 +342,12 @@ _state_cache: dict[str, tuple] = {}
 
 
 def replica_views(*, model: str | None = None) -> tuple[ReplicaView, ...]:
+    """Every replica (or one model's) with its shards, by model and age; the views of
+    unchanged rows are last time's."""
     replicas = Replica.objects.all()
-    shards = Shard.objects.all()
+    # In no order: they are grouped by replica and put in rank order there, and the sort
+    # the model's ordering asks for was most of reading them.
+    shards = Shard.objects.order_by()
     if model:
         replicas = replicas.filter(model=model)
         shards = shards.filter(replica__model=model)
@@ -382,23 +386,30 @@ def model_states(*, name: str | None = None) -> dict[str, ModelStateView]:
     # The last failure (JSON) comes with the row: its column is null for most models.
     rows = _raw_values(states, (*_STATE_FIELDS, "last_failure"))
     dates = _date_columns(ModelState, _STATE_FIELDS)
-    views = _views(
-        _state_cache,
-        rows,
-        key=lambda row: (
-            row[0],
-            row,
-            tuple(explanations.get(row[0]) or ()),
-            reserved.get(row[0], ()),
-        ),
-        build=lambda row: ModelStateView(
-            **dict(zip(_STATE_FIELDS, _decoded(row[:-1], dates), strict=True)),
-            explanation=tuple(explanations.get(row[0]) or ()),
-            reserved=reserved.get(row[0], ()),
-            last_failure=_failure_of(row[-1]),
-        ),
-    )
-    return {v.model: v for v in views}
+
+    def build(_) -> dict[str, ModelStateView]:
+        views = _views(
+            _state_cache,
+            rows,
+            key=lambda row: (
+                row[0],
+                row,
+                tuple(explanations.get(row[0]) or ()),
+                reserved.get(row[0], ()),
+            ),
+            build=lambda row: ModelStateView(
+                **dict(zip(_STATE_FIELDS, _decoded(row[:-1], dates), strict=True)),
+                explanation=tuple(explanations.get(row[0]) or ()),
+                reserved=reserved.get(row[0], ()),
+                last_failure=_failure_of(row[-1]),
+            ),
+        )
+        return {v.model: v for v in views}
+
+    if name is None:
+        # Every model's, as each pass reads them: the same rows give the same views.
+        return dict(_memoized("states", (rows, explanations, reserved), build))
+    return build(None)
 
 
 def _failure_of(value) -> Failure | None:
