@@ -116,8 +116,7 @@ def decide(
         quiet.trim(snap.models.keys())
     end_holds(p)
     for name, state in states.items():
-        was = snap.states.get(name)
-        if state.parked_since and not (was and was.parked_since):
+        if state.parked_since and not ((was := snap.states.get(name)) and was.parked_since):
             plan.events.append(
                 Event(
                     f"model {name} parked after {state.failures} failures in a row: "
