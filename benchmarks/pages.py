@@ -52,6 +52,7 @@ def _build(nodes: int) -> None:
     from catalog.models import Model, Profile
     from catalog.selectors import catalog_load
     from fleet.models import Gpu, Lease, ModelState, Node, Replica, Shard
+    from fleet.node_figures import node_figures_refresh
     from fleet.reconciler import reconcile_once
     from fleet.selectors import caches_clear
     from llmgw.core import clock
@@ -97,6 +98,8 @@ def _build(nodes: int) -> None:
                             memory_gb=40, state="ready"))  # fmt: skip
     Replica.objects.bulk_create(replicas, batch_size=2000)
     Shard.objects.bulk_create(shards, batch_size=2000)
+    # Written in bulk, as no writer does: the figures the page sorts by, as writers keep them.
+    node_figures_refresh(nodes=[f"n{i:05d}" for i in range(nodes)])
     # Two passes, as a running cluster has made: the model states the models table reads.
     later = now + timedelta(seconds=settings.LLMGW.timings.settle + 1)
     reconcile_once(now=now)
@@ -179,10 +182,12 @@ def main() -> None:
     # Not setup_test_environment(): it instruments every template render to copy its
     # context for the tests, which a served page does not pay.
     users = get_user_model().objects
+    # A superuser: the page needs fleet.view_node and catalog.view_model.
     staff = users.filter(username="bench").first() or users.create_user(
-        "bench", password="bench-pw", is_staff=True
+        "bench", password="bench-pw", is_staff=True, is_superuser=True
     )
-    client = Client()
+    # A loopback name the settings allow (the test client says "testserver").
+    client = Client(HTTP_HOST="localhost")
     client.force_login(staff)
     for nodes in SIZES:
         _measure(nodes, client)

@@ -68,9 +68,8 @@ def cluster(request: HttpRequest) -> HttpResponse:
     context: dict = {"section": "cluster"}
     down = None
     if fragment in (None, "nodes-refresh"):
-        rows = ps.node_rows(replicas)
-        down = [(r["id"], r["state"]) for r in rows if r["state"] in ps.DOWN]
-        context |= _nodes_context(request, rows, replicas)
+        context |= _nodes_context(request, replicas)
+        down = context.pop("down")
     if fragment in (None, "models-refresh"):
         catalog = catalog_load()
         models = ps.model_rows(catalog, replicas, clock.now())
@@ -98,17 +97,27 @@ def cluster(request: HttpRequest) -> HttpResponse:
     return page(request, "fleet/node_list.html", context, fragment=fragment)
 
 
-def _nodes_context(request: HttpRequest, rows: list[ps.NodeRow], replicas) -> dict:
-    """The nodes table's page of rows, its filters, order and links, and the fleet's counters."""
-    classes = sorted({c for r in rows for c in r["classes"]})
-    form = NodeFilterForm(request.GET, classes=classes)
-    form.is_valid()
-    got = form.cleaned_data
-    state, label, gpu_class = got.get("state", ""), got.get("label"), got.get("gpu_class", "")
+def _nodes_context(request: HttpRequest, replicas) -> dict:
+    """The nodes table's page of rows, its filters, order and links, and the fleet's counters
+    (with `down`, the nodes that cannot be reached, for the attention strip)."""
+    # The filters first, the class aside: which classes there are comes with the nodes.
+    asked = NodeFilterForm(request.GET, classes=[])
+    asked.is_valid()
+    got = asked.cleaned_data
+    state, label = got.get("state", ""), got.get("label")
     sort = got.get("sort") or "id"
-    shown = ps.nodes_filter(rows, state=state, label=label, gpu_class=gpu_class)
-    shown = ps.nodes_sort(shown, sort.lstrip("-"), descending=sort.startswith("-"))
-    paged = Paginator(shown, PER_PAGE).get_page(got.get("page"))
+    table = ps.nodes_table(
+        state=state,
+        label=label,
+        gpu_class=request.GET.get("gpu_class", ""),
+        sort=sort.lstrip("-"),
+        descending=sort.startswith("-"),
+    )
+    form = NodeFilterForm(request.GET, classes=table.classes)
+    form.is_valid()
+    gpu_class = form.cleaned_data.get("gpu_class", "")
+    paged = Paginator(table.shown(of_class=bool(gpu_class)), PER_PAGE).get_page(got.get("page"))
+    paged.object_list = [ps.node_row(r) for r in paged.object_list]
     filters = {
         "state": state,
         "label": "=".join(label) if label else "",
@@ -133,7 +142,7 @@ def _nodes_context(request: HttpRequest, rows: list[ps.NodeRow], replicas) -> di
         "filter_form": form,
         "nodes_page": paged,
         "sorts": columns,
-        "sensors": {s: any(r[s] is not None for r in rows) for s in ps.NODE_SENSORS},
+        "sensors": table.sensors,
         "nodes_refresh": f"?{_query(fragment='nodes')}&{here}".rstrip("&"),
         "page_prev": (
             link(page=paged.number - 1 if paged.number > 2 else "")
@@ -141,17 +150,14 @@ def _nodes_context(request: HttpRequest, rows: list[ps.NodeRow], replicas) -> di
             else None
         ),
         "page_next": link(page=paged.next_page_number()) if paged.has_next() else None,
-        "nodes_shown": len(shown),
+        "nodes_shown": paged.paginator.count,
         "filtered": bool(state or label or gpu_class),
-        "counters": {
-            "nodes_ready": sum(1 for r in rows if r["state"] == "ready"),
-            "nodes": len(rows),
-            # Free where something may be placed: a lost node's idle GPUs are not room.
-            "gpus_free": sum(r["gpu_free"] for r in rows if r["state"] == "ready"),
-            "gpus": sum(r["gpu_total"] for r in rows),
+        "counters": table.counters
+        | {
             "replicas_ready": sum(1 for r in replicas if r.state == "ready"),
             "replicas": sum(1 for r in replicas if r.state in HOLDING),
         },
+        "down": table.down,
     }
 
 

@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from catalog.models import Model, Profile
 from fleet.models import Gpu, ModelState, Node, Replica, Shard
+from fleet.node_figures import node_figures_refresh
 from fleet.selectors import caches_clear
 from llmgw.core import clock
 from tenancy.services import org_create, quota_set
@@ -28,9 +29,9 @@ pytestmark = pytest.mark.django_db
 HX = {"HTTP_HX_REQUEST": "true"}
 # The cluster page's queries at any size: the session and user, the replicas and their
 # shards, the nodes, the catalog (two), the models' states, their measured memory, and
-# whether any quota sets a limit (four more, the policy and its scope tree, when one does).
-# Two more read the labels and GPUs of nodes that registered since the last view, and
-# one the reconciler's row (whether passes stopped).
+# whether any quota sets a limit (four more, the policy and its scope tree, when one does),
+# and the reconciler's row (whether passes stopped). The nodes are one query: their
+# figures are their own columns.
 CLUSTER_QUERIES = 11
 # Nodes alone: the session and user, the replicas and shards, the nodes.
 NODES_FRAGMENT_QUERIES = 5
@@ -88,6 +89,7 @@ def place(replica_id: str, model: str, node_id: str, gpus: list[int], *, now, st
         http_port=20000,
         state="ready" if state == "ready" else "pending",
     )
+    node_figures_refresh(nodes=[node_id])
 
 
 def loaded(node_id: str, **load) -> None:
@@ -227,6 +229,7 @@ def test_each_node_shows_its_gpus_free_of_total_with_their_class_and_its_replica
     place("r2", "llama", "gpu-a", [2], now=now, state="starting")
     place("r3", "llama", "gpu-a", [3], now=now, state="stopped")  # holds nothing
     Gpu.objects.filter(node_id="gpu-a", index=3).update(healthy=False)
+    node_figures_refresh(nodes=["gpu-a"])
 
     body = staff.get("/").content.decode()
     gpu_a = re.search(r'<tr data-node="gpu-a">(.*?)</tr>', body).group(1)
@@ -547,6 +550,7 @@ def bulk_fleet(*, nodes: int, models: int, now, start: int = 0, start_model: int
     Replica.objects.bulk_create(replicas, batch_size=2000)
     Shard.objects.bulk_create(shards, batch_size=2000)
     ModelState.objects.bulk_create((ModelState(model=n, desired=2) for n in names), batch_size=1000)
+    node_figures_refresh(nodes=ids)
 
 
 def queries(client: Client, url: str, **headers) -> tuple[int, bytes]:
