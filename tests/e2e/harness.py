@@ -19,10 +19,34 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PATIENCE_S = 60.0
 SECRET = "e2e-secret-" + "x" * 40
+
+
+# A model of one CPU core on the sim engine, answering at once: what most cluster tests run.
+SMALL = {
+    "name": "small",
+    "source": "org/small-model",
+    "profiles": [
+        {
+            "name": "cpu",
+            "engine": "sim",
+            "cpu_cores": 1,
+            "min_memory_gb": 1,
+            "args": ["--ttft-ms", "2", "--tokens-per-sec", "2000"],
+            "startup_timeout": 60,
+        }
+    ],
+}
+
+# Tests of several servers or workers: they share PostgreSQL and Redis.
+needs_production = pytest.mark.skipif(
+    not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")),
+    reason="servers share PostgreSQL and Redis; DATABASE_URL and REDIS_URL are not set",
+)
 
 
 def free_port() -> int:
@@ -52,27 +76,12 @@ def wait_for(
 
 def listener_pid(port: int) -> int | None:
     """The pid of the process listening on a TCP port here, read from /proc."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            for fd in (proc / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:[") and target[8:-1] in inodes:
-                    return int(proc.name)
-        except OSError:
-            continue
-    return None
+    inodes = {i for lp, _, state, i in _tcp_rows() if state == "0A" and lp == port}
+    return next((pid for pid in _pids() if _socket_inodes(pid) & inodes), None)
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
 class Cluster:

@@ -14,22 +14,7 @@ from websockets.exceptions import ConnectionClosed
 
 from llmgw.core.secrets import engine_key
 
-from .harness import SECRET, wait_for
-
-SMALL = {
-    "name": "small",
-    "source": "org/small-model",
-    "profiles": [
-        {
-            "name": "cpu",
-            "engine": "sim",
-            "cpu_cores": 1,
-            "min_memory_gb": 1,
-            "args": ["--ttft-ms", "2", "--tokens-per-sec", "2000"],
-            "startup_timeout": 60,
-        }
-    ],
-}
+from .harness import SECRET, SMALL, wait_for
 
 
 async def _impostor(cluster, node_id: str) -> tuple[dict, int]:

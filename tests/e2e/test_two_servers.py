@@ -12,15 +12,18 @@ import threading
 import time
 
 import openai
-import pytest
 
 from .balancer import Balancer
-from .harness import Cluster, free_port, gateway_key, gateway_project, wait_for
-
-pytestmark = pytest.mark.skipif(
-    not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")),
-    reason="two servers share PostgreSQL and Redis; DATABASE_URL and REDIS_URL are not set",
+from .harness import (
+    Cluster,
+    free_port,
+    gateway_key,
+    gateway_project,
+    needs_production,
+    wait_for,
 )
+
+pytestmark = needs_production
 
 CHAT = {
     "name": "chat",

@@ -8,42 +8,24 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from .harness import (
+    SMALL,
     Cluster,
     client_ports,
     gateway_key,
     gateway_project,
+    needs_production,
     serving_pid,
     wait_for,
 )
 
-pytestmark = pytest.mark.skipif(
-    not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")),
-    reason="workers share PostgreSQL and Redis; DATABASE_URL and REDIS_URL are not set",
-)
-
-SMALL = {
-    "name": "small",
-    "source": "org/small-model",
-    "profiles": [
-        {
-            "name": "cpu",
-            "engine": "sim",
-            "cpu_cores": 1,
-            "min_memory_gb": 1,
-            "args": ["--ttft-ms", "2", "--tokens-per-sec", "2000"],
-            "startup_timeout": 60,
-        }
-    ],
-}
+pytestmark = needs_production
 
 
 def _workers(parent: int) -> list[int]:
