@@ -186,8 +186,7 @@ def main() -> None:
     staff = users.filter(username="bench").first() or users.create_user(
         "bench", password="bench-pw", is_staff=True, is_superuser=True
     )
-    # A loopback name the settings allow (the test client says "testserver").
-    client = Client(HTTP_HOST="localhost")
+    client = Client()
     client.force_login(staff)
     for nodes in SIZES:
         _measure(nodes, client)
