@@ -250,7 +250,9 @@ def _heartbeats_while_scraped(scale: dict) -> None:
     helpers = [threading.Thread(target=keep_heard, daemon=True), scraper]
     for t in helpers:
         t.start()
-    env = {**os.environ, "PYTHONPATH": str(hb.REPO)}
+    # Each agent sends 40 frames a second here (a heartbeat and its probe, 20 times), past the
+    # per-connection budget, which would close them: this measures handling, as heartbeats.py.
+    env = {**os.environ, "PYTHONPATH": str(hb.REPO), "LLMGW_AGENT_FRAMES_PER_SECOND": "1000000"}
     log = Path(os.environ.get("LLMGW_HOME") or tempfile.gettempdir()) / "bench-metrics-serve.log"
     try:
         found = hb._serve([sys.executable, "-m", "llmgw", "serve", "--port", str(port)], env, log,
