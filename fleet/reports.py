@@ -165,12 +165,14 @@ def node_register(
         node.save()
         _sync_gpus(node, msg)
         msg, foreign = _own_endpoints(node, msg)
+        held = Shard.objects.filter(node=node).values_list("replica_id", "replica__state")
+        before = dict(held)
         commands = foreign + _reconcile_reported_shards(node, msg, now)
-        # Its GPUs and labels are new; a replica it ran that failed frees GPUs elsewhere too.
-        node_figures_refresh(
-            nodes=[node.id],
-            replicas=Shard.objects.filter(node=node).values_list("replica_id", flat=True),
-        )
+        # Its GPUs and labels are new; a replica it failed or stopped frees GPUs elsewhere
+        # too. Only those: nodes that all register at once (a restart) must not each lock
+        # the others' rows while holding their own.
+        ended = [r for r, state in held.all() if before.get(r, state) != state]
+        node_figures_refresh(nodes=[node.id], replicas=ended)
     return Registration(commands=commands, node_token=node_token, approved=node.approved)
 
 

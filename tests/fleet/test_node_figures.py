@@ -15,7 +15,7 @@ from fleet.node_figures import node_figures_refresh
 from fleet.reconciler import reconcile_once
 from fleet.reports import node_live_flush, shard_status_record
 
-from .builders import H100, L4, gpu_model, model_added, node_add
+from .builders import H100, L4, gpu_model, model_added, node_add, running_shard
 
 pytestmark = pytest.mark.django_db
 
@@ -59,7 +59,8 @@ def test_placing_then_a_failed_shard_takes_then_gives_back_a_gpu(no_settle):
     assert figures("gpu-a") == (2, 2, ["h100-80g"], 0)
 
 
-def test_forgetting_a_node_frees_what_its_replicas_held_elsewhere():
+def two_node_replica() -> None:
+    """A ready replica with a shard of two GPUs on each of gpu-a and gpu-b."""
     node_add("gpu-a", now=T0)
     node_add("gpu-b", now=T0)
     Replica.objects.create(
@@ -69,13 +70,33 @@ def test_forgetting_a_node_frees_what_its_replicas_held_elsewhere():
     for rank, node_id in enumerate(("gpu-a", "gpu-b")):
         Shard.objects.create(
             id=f"big-1-{rank}", replica_id="big-1", node_id=node_id, rank=rank,
-            gpu_indices=[0, 1], http_port=20000,
+            gpu_indices=[0, 1], http_port=20000, state="ready",
         )  # fmt: skip
     node_figures_refresh(replicas=["big-1"])
     assert figures("gpu-b") == (2, 0, ["h100-80g"], 1)
 
+
+def test_forgetting_a_node_frees_what_its_replicas_held_elsewhere():
+    two_node_replica()
     node_forget(node_id="gpu-a", actor="ops", now=T0)
     assert figures("gpu-b") == (2, 2, ["h100-80g"], 0)
+
+
+def test_a_node_registering_without_its_shard_frees_the_replicas_gpus_elsewhere():
+    two_node_replica()
+    node_add("gpu-a", now=T0 + timedelta(seconds=1))  # reports no shard: big-1 failed
+    assert Replica.objects.get().state == "failed"
+    assert figures("gpu-a") == figures("gpu-b") == (2, 2, ["h100-80g"], 0)
+
+
+def test_a_node_registering_with_what_it_runs_changes_nothing_elsewhere():
+    two_node_replica()
+    node_add("gpu-b", now=T0 + timedelta(seconds=1), shards=(
+        {**running_shard("big-1", "big", "gpu"), "shard_id": "big-1-1",
+         "endpoint": "http://10.0.0.7:20000", "gpu_indices": [0, 1]},
+    ))  # fmt: skip
+    assert Replica.objects.get().state == "ready"
+    assert figures("gpu-a") == figures("gpu-b") == (2, 0, ["h100-80g"], 1)
 
 
 def test_the_load_figures_follow_every_heartbeat_and_what_is_not_said_is_null():
