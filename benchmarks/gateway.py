@@ -1,4 +1,5 @@
-"""What the gateway adds to a request, against the same engine direct and through LiteLLM.
+"""What the gateway adds to a request, against the same engine direct, through LiteLLM
+and through Portkey.
 
 Everything is a real process on 127.0.0.1, in a temporary LLMGW_HOME, and is stopped
 at the end:
@@ -10,25 +11,35 @@ at the end:
 - a project and a gateway key made over REST;
 - LiteLLM's proxy (`litellm[proxy]` from PyPI, in a venv of its own made on the first
   run under var/bench/) with one model pointing at the same engine, no database,
-  logging at ERROR, a master key.
+  logging at ERROR, a master key;
+- Portkey's open-source gateway (`@portkey-ai/gateway` from npm, installed with
+  `npm install --prefix var/bench/portkey` on the first run, run with node, headless and
+  on loopback only), sent each request at its OpenAI-compatible path with the headers
+  x-portkey-provider: openai and x-portkey-custom-host: the engine's /v1, and the
+  engine's key. One chat request through it must come back with the engine's own words,
+  and one streamed must end with [DONE], before anything is measured.
 
-So "direct", "llmgw" and "litellm" all end at the identical engine process; direct uses
-the engine key the control plane derives for the replica (LLMGW_SECRET_KEY is set here).
+So "direct", "llmgw", "litellm" and "portkey" all end at the identical engine process;
+direct and Portkey use the engine key the control plane derives for the replica
+(LLMGW_SECRET_KEY is set here). The peers are started in benchmarks/peers.py.
 
 The load comes from this process: a bare asyncio HTTP/1.1 client on keep-alive
 connections, each request's bytes made once, the answer read with a minimal parser
 (Content-Length or chunked). It costs a few tens of microseconds a request, far less
 than aiohttp or httpx would, which matters because the load generator, the gateway,
-the engine and the idle agent share the machine's cores (and LiteLLM's process, idle
-while the others are measured).
+the engine and the idle agent share the machine's cores (and the peers' processes, each
+idle while the others are measured).
 
-Figures, each for llmgw and LiteLLM with their ratio (LiteLLM over llmgw):
+Figures, each for llmgw and each peer with its ratio to llmgw (the peer over llmgw;
+llmgw over the peer for requests a second):
 
 - added latency one request at a time: SEQUENTIAL non-streamed chat requests
-  (max_tokens 1) per target, in blocks taking turns between targets so drift hits all
-  alike; p50 and p99 of each target, added = through − direct at each percentile;
+  (max_tokens 1) per target, in blocks taking turns between targets, down the list and
+  back up, so drift hits all alike; p50 and p99 of each target, added = through − direct
+  at each percentile;
 - added p99 at 16 and 64 requests at once: closed loops of that many connections for
-  a fixed time, after a warm-up; added = p99 through − p99 direct at the same level;
+  a fixed time, after a warm-up, the targets one after another; added = p99 through −
+  p99 direct at the same level;
 - throughput: requests a second through each at 64 at once for THROUGHPUT_SECONDS
   (direct for reference), and the proxy's CPU time per request;
 - time to first token when streaming: the first byte of the body after the headers,
@@ -37,6 +48,11 @@ Figures, each for llmgw and LiteLLM with their ratio (LiteLLM over llmgw):
 BENCH_SEQUENTIAL, BENCH_SECONDS (the 16 level), BENCH_THROUGHPUT_SECONDS,
 BENCH_STREAMED scale it; BENCH_LITELLM=0 leaves LiteLLM out; BENCH_LITELLM_SPEC is what
 pip installs (pinned: the newest [proxy] extra whose dependencies the registry serves).
+BENCH_PORTKEY=0 leaves Portkey out; BENCH_PORTKEY_VERSION is the version npm installs,
+pinned at 1.15.2: the newest the registry serves (its only other is 1.9.8), and the one
+whose start script and custom-host checks (127.0.0.1 is a trusted host) were read; with
+@hono/node-server held at 1.14.1, as newer ones break its streaming (benchmarks/peers.py).
+Without node and npm, Portkey is left out with a line saying so.
 """
 
 from __future__ import annotations
@@ -47,7 +63,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -61,6 +76,15 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.peers import (  # noqa: E402
+    Peer,
+    Procs,
+    cpu_seconds,
+    free_port,
+    start_litellm,
+    start_portkey,
+    wait,
+)
 from llmgw.core.secrets import engine_key  # noqa: E402
 from tests.e2e.harness import listener_pid  # noqa: E402
 
@@ -70,12 +94,8 @@ STREAMED = int(os.environ.get("BENCH_STREAMED", 1000))
 SECONDS = float(os.environ.get("BENCH_SECONDS", 5))
 THROUGHPUT_SECONDS = float(os.environ.get("BENCH_THROUGHPUT_SECONDS", 10))
 WARMUP_SECONDS = 2.0
-LITELLM = os.environ.get("BENCH_LITELLM", "1") != "0"
-LITELLM_SPEC = os.environ.get("BENCH_LITELLM_SPEC", "litellm[proxy]==1.106.12")
-LITELLM_VENV = Path(os.environ.get("BENCH_LITELLM_VENV", REPO / "var" / "bench" / "litellm-venv"))
 MODEL = "bench"
 SIM_ARGS = ["--ttft-ms", "0", "--tokens-per-sec", "1000000", "--slots", "1024", "--max-tokens", "1"]
-PATIENCE_S = 120.0
 
 
 def _emit(figure: str, value, unit: str, scale: dict, **extra) -> None:
@@ -107,6 +127,7 @@ class _Conn(asyncio.Protocol):
         self.status = 0
         self.length = -1  # Content-Length, or -1 for chunked
         self.pos = 0  # chunked: where the next chunk's size line starts
+        self.closed = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -114,6 +135,7 @@ class _Conn(asyncio.Protocol):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_lost(self, exc) -> None:
+        self.closed = True
         if self.done is not None and not self.done.done():
             self.done.set_exception(ConnectionError(f"connection closed: {exc}"))
 
@@ -159,6 +181,8 @@ class _Conn(asyncio.Protocol):
             self.done.set_result(body)
 
     async def ask(self, request: bytes) -> tuple[int, float, float, bytes]:
+        if self.closed:  # a write would vanish and the answer never come
+            raise ConnectionError("connection closed by the server")
         self.buf.clear()
         self.head_end, self.first_body, self.status, self.pos = -1, 0.0, 0, 0
         self.done = asyncio.get_running_loop().create_future()
@@ -184,7 +208,7 @@ async def _connect(port: int) -> _Conn:
     return conn
 
 
-def _request(port: int, key: str, *, stream: bool) -> bytes:
+def _request(port: int, key: str, *, stream: bool, headers: tuple = ()) -> bytes:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "say hi"}], "max_tokens": 1}
     if stream:
         body.update(stream=True, max_tokens=4)
@@ -192,18 +216,27 @@ def _request(port: int, key: str, *, stream: bool) -> bytes:
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(raw)}\r\n\r\n"
+        f"Content-Length: {len(raw)}\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in headers)
+        + "\r\n"
     )
     return head.encode() + raw
 
 
 class Target:
-    """Where a request goes: the engine direct, llmgw's gateway, or LiteLLM's proxy."""
+    """Where a request goes: the engine direct, llmgw's gateway, or a peer's proxy; the
+    headers a peer needs (Portkey's provider and host) are in every request's bytes."""
 
-    def __init__(self, name: str, port: int, key: str, pids: Callable[[], list[int]]) -> None:
+    def __init__(self, name: str, port: int, key: str, pids: Callable[[], list[int]],
+                 headers: tuple = ()) -> None:  # fmt: skip
         self.name, self.port, self.key, self.pids = name, port, key, pids
-        self.plain = _request(port, key, stream=False)
-        self.streamed = _request(port, key, stream=True)
+        self.plain = _request(port, key, stream=False, headers=headers)
+        self.streamed = _request(port, key, stream=True, headers=headers)
+
+    @classmethod
+    def of(cls, peer: Peer) -> Target:
+        """The target that sends the benchmark's requests to `peer`."""
+        return cls(peer.name, peer.port, peer.key, peer.pids, peer.headers)
 
 
 def _check(status: int, body: bytes, target: Target, *, stream: bool) -> None:
@@ -214,23 +247,28 @@ def _check(status: int, body: bytes, target: Target, *, stream: bool) -> None:
 
 async def _sequential(targets: list[Target], total: int, stream: bool) -> dict[str, list[float]]:
     """`total` requests one at a time per target, BLOCK at a turn; the time to the whole
-    answer, or to the first body byte when streaming."""
+    answer, or to the first body byte when streaming. The turns go down the targets and
+    back up, so each is as often early in a round as late, and none always follows the
+    same one."""
     conns = {t.name: await _connect(t.port) for t in targets}
     out: dict[str, list[float]] = {t.name: [] for t in targets}
     for t in targets:  # warm: connections, caches, the proxies' first-request work
         for _ in range(50):
             status, _, _, body = await conns[t.name].ask(t.streamed if stream else t.plain)
             _check(status, body, t, stream=stream)
-    done = 0
+    done, order = 0, list(targets)
     while done < total:
         n = min(BLOCK, total - done)
-        for t in targets:
+        for t in order:
+            if conns[t.name].closed:  # idle past its keep-alive while the others took turns
+                conns[t.name] = await _connect(t.port)
             conn, req, got = conns[t.name], (t.streamed if stream else t.plain), out[t.name]
             for _ in range(n):
                 status, first, whole, body = await conn.ask(req)
                 _check(status, body, t, stream=stream)
                 got.append(first if stream else whole)
         done += n
+        order.reverse()
     for c in conns.values():
         c.transport.close()
     return out
@@ -261,12 +299,12 @@ async def _closed_loop(target: Target, concurrency: int, seconds: float) -> dict
 
     stop_at = time.perf_counter() + WARMUP_SECONDS
     await asyncio.gather(*(worker(c) for c in conns))
-    cpu_before, own_before = _cpu_seconds(target.pids()), time.process_time()
+    cpu_before, own_before = cpu_seconds(target.pids()), time.process_time()
     measuring, start = True, time.perf_counter()
     stop_at = start + seconds
     await asyncio.gather(*(worker(c) for c in conns))
     elapsed = time.perf_counter() - start
-    cpu = _cpu_seconds(target.pids()) - cpu_before
+    cpu = cpu_seconds(target.pids()) - cpu_before
     for c in conns:
         c.transport.close()
     return {"latencies": latencies, "errors": errors, "per_second": len(latencies) / elapsed,
@@ -280,134 +318,6 @@ def _pct(values: list[float], q: float) -> float:
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
-
-
-# Processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants, from /proc."""
-    parents: dict[int, list[int]] = {}
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(p.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(parents.get(p, ()))
-    return out
-
-
-def _wait(what: str, check, timeout: float = PATIENCE_S, proc: subprocess.Popen | None = None):
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: {proc.args[0]} exited with {proc.returncode}; see its log")
-        try:
-            got = check()
-            if got:
-                return got
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-            last = exc
-        time.sleep(0.3)
-    raise RuntimeError(f"timed out waiting for {what}" + (f" ({last})" if last else ""))
-
-
-class Procs:
-    """What this benchmark started, each in a session of its own, stopped in reverse."""
-
-    def __init__(self, home: Path) -> None:
-        self.home, self.procs = home, []
-
-    def spawn(self, name: str, cmd: list[str], env: dict) -> subprocess.Popen:
-        log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - the child writes it for its life
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
-
-
-def _litellm_binary() -> Path | None:
-    """LiteLLM's `litellm` command, installed into its venv on the first run; None (and a
-    line saying why) when it cannot be."""
-    binary = LITELLM_VENV / "bin" / "litellm"
-    if binary.exists():
-        return binary
-    python = shutil.which("python3.11") or sys.executable
-    log = REPO / "var" / "bench" / "litellm-install.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"installing {LITELLM_SPEC} into {LITELLM_VENV} (a few minutes; log {log})",
-          file=sys.stderr, flush=True)  # fmt: skip
-    with open(log, "wb") as out:
-        made = subprocess.run([python, "-m", "venv", str(LITELLM_VENV)], stdout=out, stderr=out)
-        if made.returncode == 0:
-            made = subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", LITELLM_SPEC],
-                                  stdout=out, stderr=out, timeout=1800)  # fmt: skip
-    if made.returncode != 0 or not binary.exists():
-        print(json.dumps({"bench": "gateway", "figure": "litellm", "value": None,
-                          "note": f"{LITELLM_SPEC} could not be installed; see {log}"}), flush=True)  # fmt: skip
-        return None
-    return binary
-
-
-def _start_litellm(procs: Procs, home: Path, engine_url: str, key: str) -> Target | None:
-    binary = _litellm_binary() if LITELLM else None
-    if binary is None:
-        return None
-    master = "sk-bench-" + secrets.token_hex(16)
-    config = home / "litellm.yaml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "model_list": [{"model_name": MODEL, "litellm_params": {
-            "model": f"openai/{MODEL}", "api_base": f"{engine_url}/v1", "api_key": key}}],
-        "litellm_settings": {"telemetry": False, "set_verbose": False},
-        "general_settings": {"master_key": master},
-    }, indent=1))  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False", LITELLM_LOG="ERROR",
-               NO_PROXY="*", HOME=str(home))  # fmt: skip
-    port = _free_port()
-    proc = procs.spawn("litellm", [str(binary), "--config", str(config), "--host", "127.0.0.1",
-                                   "--port", str(port), "--num_workers", "1"], env)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    _wait(
-        "LiteLLM's proxy to answer",
-        lambda: httpx.get(f"{url}/health/liveliness", timeout=2).status_code == 200,
-        timeout=180,
-        proc=proc,
-    )
-    return Target("litellm", port, master, lambda: _tree(proc.pid))
 
 
 def _cluster(procs: Procs, home: Path) -> tuple[Target, Target, str, str]:
@@ -428,10 +338,10 @@ def _cluster(procs: Procs, home: Path) -> tuple[Target, Target, str, str]:
 
     run("migrate")
     admin, agent_token = run("createtoken", "bench"), run("createtoken", "--agent", "bench-agents")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     serve = procs.spawn("serve", [*llmgw, "serve", "--port", str(port)], env)
-    _wait("llmgw serve to answer", lambda: httpx.get(f"{url}/api/v1/openapi.json"), proc=serve)
+    wait("llmgw serve to answer", lambda: httpx.get(f"{url}/api/v1/openapi.json"), proc=serve)
     api = httpx.Client(
         base_url=f"{url}/api/v1", headers={"Authorization": f"Bearer {admin}"}, timeout=10
     )
@@ -446,7 +356,7 @@ def _cluster(procs: Procs, home: Path) -> tuple[Target, Target, str, str]:
     agent = procs.spawn("agent", [*llmgw, "agent", "--server", url, "--token", agent_token, "--node-id", "bench-cpu",
                           "--state-dir", str(home / "agent"), "--memory-gb", "64", "--cpus", "16",
                           "--port-range", f"{low}-{low + 99}"], env)  # fmt: skip
-    _wait(
+    wait(
         "the node to be ready",
         lambda: [n["state"] for n in api.get("/nodes").json()] == ["ready"],
         proc=agent,
@@ -454,7 +364,7 @@ def _cluster(procs: Procs, home: Path) -> tuple[Target, Target, str, str]:
     post("/models", {"name": MODEL, "source": "org/bench", "scaling": {"min": 1},
                      "profiles": [{"name": "cpu", "engine": "sim", "cpu_cores": 1, "min_memory_gb": 1,
                                    "args": SIM_ARGS, "startup_timeout": 60}]})  # fmt: skip
-    replica = _wait(
+    replica = wait(
         "the replica to be ready",
         lambda: next((r for r in api.get("/replicas", params={"model": MODEL}).json() if r["state"] == "ready"), None),
     )  # fmt: skip
@@ -470,7 +380,7 @@ def _cluster(procs: Procs, home: Path) -> tuple[Target, Target, str, str]:
     direct = Target("direct", engine_port, ekey, lambda: [engine_pid])
     through = Target("llmgw", port, api_key, lambda: [serve.pid])
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    _wait("the gateway to route to the replica", lambda: httpx.post(
+    wait("the gateway to route to the replica", lambda: httpx.post(
         f"{url}/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {api_key}"}, timeout=5,
     ).status_code == 200)  # fmt: skip
     return direct, through, engine_url, ekey
@@ -483,6 +393,7 @@ def _load1() -> float:
 async def _measure(targets: list[Target], scale: dict) -> None:
     names = [t.name for t in targets]
     through = [t for t in targets if t.name != "direct"]
+    peers = [t.name for t in through if t.name != "llmgw"]  # each figure's ratio to llmgw
 
     def ratio(a: float, b: float) -> float | None:
         return round(a / b, 2) if b > 0 else None
@@ -505,8 +416,8 @@ async def _measure(targets: list[Target], scale: dict) -> None:
         _emit(f"{t.name}_ms", {"p50": _ms(p[0.5]), "p99": _ms(p[0.99])}, "ms", s)
         _emit(f"{t.name}_added_ms", {"p50": _ms(added[t.name][0.5]), "p99": _ms(added[t.name][0.99])}, "ms", s,
               aim={"p50": 1, "p99": 3} if t.name == "llmgw" else None)  # fmt: skip
-    if "litellm" in added:
-        _emit("litellm_over_llmgw_added", {q: ratio(added["litellm"][k], added["llmgw"][k])
+    for peer in peers:
+        _emit(f"{peer}_over_llmgw_added", {q: ratio(added[peer][k], added["llmgw"][k])
                                            for q, k in (("p50", 0.5), ("p99", 0.99))}, "ratio", s)  # fmt: skip
 
     # Many at once.
@@ -526,13 +437,9 @@ async def _measure(targets: list[Target], scale: dict) -> None:
             a99[t.name] = _pct(r[t.name]["latencies"], 0.99) - d99
             _emit(f"{t.name}_added_p99_ms_at_{concurrency}", _ms(a99[t.name]), "ms", s,
                   aim={16: 10, 64: 25}[concurrency] if t.name == "llmgw" else None)  # fmt: skip
-        if "litellm" in a99:
-            _emit(
-                f"litellm_over_llmgw_added_p99_at_{concurrency}",
-                ratio(a99["litellm"], a99["llmgw"]),
-                "ratio",
-                s,
-            )
+        for peer in peers:
+            _emit(f"{peer}_over_llmgw_added_p99_at_{concurrency}", ratio(a99[peer], a99["llmgw"]),
+                  "ratio", s)  # fmt: skip
 
     # Throughput at 64.
     r = loops[64]
@@ -550,8 +457,8 @@ async def _measure(targets: list[Target], scale: dict) -> None:
               process_cpu_ms_per_request=round(per_request_cpu * 1000, 3),
               process_cpu_s=round(r[n]["cpu_s"], 2), load_generator_cpu_s=round(r[n]["load_cpu_s"], 2),
               process=("the engine" if n == "direct" else f"{n}'s proxy, not the engine"))  # fmt: skip
-    if "litellm" in r:
-        _emit("llmgw_over_litellm_requests_per_second", ratio(r["llmgw"]["per_second"], r["litellm"]["per_second"]),
+    for peer in peers:
+        _emit(f"llmgw_over_{peer}_requests_per_second", ratio(r["llmgw"]["per_second"], r[peer]["per_second"]),
               "ratio", s)  # fmt: skip
 
     # Time to first token, streamed, one at a time.
@@ -572,10 +479,8 @@ async def _measure(targets: list[Target], scale: dict) -> None:
         _emit(f"{t.name}_ttft_ms", {"p50": _ms(p[0.5]), "p99": _ms(p[0.99])}, "ms", s)
         _emit(f"{t.name}_ttft_added_ms", {"p50": _ms(p[0.5] - d[0.5]), "p99": _ms(p[0.99] - d[0.99])}, "ms", s,
               aim={"p50": 2} if t.name == "llmgw" else None)  # fmt: skip
-    if "litellm" in added:
-        _emit(
-            "litellm_over_llmgw_ttft_added_p50", ratio(added["litellm"], added["llmgw"]), "ratio", s
-        )
+    for peer in peers:
+        _emit(f"{peer}_over_llmgw_ttft_added_p50", ratio(added[peer], added["llmgw"]), "ratio", s)
 
 
 def main() -> None:
@@ -584,19 +489,20 @@ def main() -> None:
     try:
         direct, through, engine_url, ekey = _cluster(procs, home)
         targets = [direct, through]
-        litellm = _start_litellm(procs, home, engine_url, ekey)
-        version = None
-        if litellm is not None:
-            targets.append(litellm)
-            version = subprocess.run([str(LITELLM_VENV / "bin" / "python"), "-c",
-                                      "import importlib.metadata as m; print(m.version('litellm'))"],
-                                     capture_output=True, text=True).stdout.strip()  # fmt: skip
+        versions = {}
+        for start in (start_litellm, start_portkey):
+            peer = start(procs, home, engine_url, ekey, MODEL)
+            if peer is not None:
+                targets.append(Target.of(peer))
+                versions[peer.name] = peer.version
         scale = {
             "machine_cores": os.cpu_count(), "load1_at_start": _load1(),
             "sharing_the_cores": "load generator (this process, one asyncio loop, bare HTTP/1.1 client), "
                                  "llmgw serve (embedded, SQLite, reconciler in-process), llmgw agent (idle), "
-                                 "the sim engine, LiteLLM's proxy (idle while the others run), other work",
-            "engine": "llmgw sim-engine " + " ".join(SIM_ARGS), "litellm": version, "mode": "embedded",
+                                 "the sim engine, LiteLLM's proxy (idle while the others run), "
+                                 "Portkey's gateway on node (idle while the others run), other work",
+            "engine": "llmgw sim-engine " + " ".join(SIM_ARGS), "litellm": versions.get("litellm"),
+            "portkey": versions.get("portkey"), "mode": "embedded",
         }  # fmt: skip
         gc.collect()
         gc.freeze()
