@@ -35,6 +35,7 @@ ANSWER_TIMEOUT_S = 30.0
 # How long a first ask waits for a renderer still setting Django up.
 START_TIMEOUT_S = 30.0
 ASK = b"scrape"
+NICENESS = 10
 
 
 class Renderer:
@@ -155,6 +156,9 @@ def serve(address: str, database: str | None, parent: int) -> None:
     then answer each ask, one render at a time, until the process that started it is gone."""
     # A terminal's Ctrl-C is the server's to act on; it ends this process when it stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Where cores are few, the serving loop comes first: a scrape may take longer, a
+    # heartbeat should not.
+    os.nice(NICENESS)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
     import django
 
