@@ -40,6 +40,8 @@ def main() -> None:
     now = clock.now()
     models = REPLICAS // 2  # two replicas each, two GPUs per replica
     gpu_nodes(NODES, now)
+    # As agents that install engines say it: each node is told the pinned vLLM it would install.
+    Node.objects.update(platform="linux-x86_64")
     rows = Model.objects.bulk_create(
         (Model(name=f"m{i:05d}", min_replicas=2, max_replicas=2) for i in range(models)),
         batch_size=1000,

@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 
+from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Max, TextField
-from django.db.models.functions import Cast
+from django.db.models import Count, Max
 
 from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
 from llmgw.core import sources
+from mirror.engines import builds_offered
 from mirror.selectors import weights_waiting
 from tenancy.quota import Holding, Policy
 
@@ -39,6 +40,7 @@ from .domain.types import (
 )
 from .engine_installs import installs_of, with_installable
 from .models import Gpu, ModelState, Node, Replica, Shard
+from .rows import aware, date_columns, decoded, memoized, raw_values, views_of
 
 # What changes between registrations, read every pass; the rest is cached per node.
 _NODE_DYNAMIC = (
@@ -93,81 +95,6 @@ _CHUNK = 500
 # 5,000 nodes: keyed by what the database says changed, so other processes' writes count.
 _node_static: dict[str, tuple[datetime | None, dict]] = {}
 _shard_static: dict[tuple[str, str], dict] = {}
-
-
-def _raw_values(qs, fields: tuple[str, ...]) -> list[tuple]:
-    """`qs.values_list(*fields)` as cheaply as the driver hands it over, to be compared with
-    what the last pass read and decoded (`_decoded`) only where a row changed.
-
-    Django's per-value converters decode every timestamp in Python (on SQLite twice), which
-    was most of a pass at 10,000 replicas. On SQLite timestamps are selected as text (cast,
-    so the driver's converter does not parse them either); on PostgreSQL psycopg's own C
-    loader makes them aware datetimes (_postgres_rows).
-    """
-    if connection.vendor == "sqlite":
-        dates = {f for f in fields if _kind(qs.model, f) == "DateTimeField"}
-        if dates:
-            qs = qs.annotate(**{f"_text_{f}": Cast(f, TextField()) for f in dates})
-            fields = tuple(f"_text_{f}" if f in dates else f for f in fields)
-    sql, params = qs.values_list(*fields).query.sql_with_params()
-    if connection.vendor == "postgresql":
-        return _postgres_rows(sql, params)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
-
-def _kind(model, field: str) -> str:
-    return model._meta.get_field(field.removesuffix("_id")).get_internal_type()
-
-
-def _date_columns(model, fields: tuple[str, ...]) -> tuple[int, ...]:
-    """Where the timestamps are in a row of `fields`: what `_decoded` makes aware."""
-    return tuple(i for i, f in enumerate(fields) if _kind(model, f) == "DateTimeField")
-
-
-def _decoded(row: tuple, dates: tuple[int, ...]) -> tuple:
-    """A row from `_raw_values` with its timestamps aware datetimes, as the ORM gives them."""
-    if not dates:
-        return row
-    out = list(row)
-    for i in dates:
-        out[i] = aware(out[i])
-    return tuple(out)
-
-
-def aware(value: datetime | str | None) -> datetime | None:
-    """A timestamp as a driver hands it over (SQLite: text or naive UTC), made an aware
-    datetime; one already aware is left as it is."""
-    if isinstance(value, str):
-        # SQLite's text is naive UTC: read with its offset, one call rather than two.
-        try:
-            return datetime.fromisoformat(value + "+00:00")
-        except ValueError:
-            value = datetime.fromisoformat(value)
-    if value is not None and value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value
-
-
-def _postgres_rows(sql: str, params) -> list[tuple]:
-    """Rows through psycopg's own C timestamp loader.
-
-    Django registers a pure-Python loader for timestamptz on its connections;
-    at 10,000 replicas it was most of a pass. The connection's time zone is
-    UTC (Django sets it), so the datetimes come back aware, as Django's would.
-    """
-    import psycopg
-
-    connection.ensure_connection()
-    loader = psycopg.adapters.get_loader(
-        psycopg.postgres.types["timestamptz"].oid, psycopg.pq.Format.TEXT
-    )
-    # Django's error wrapper, so a bad value raises django.db.DataError as through the ORM.
-    with connection.wrap_database_errors, connection.connection.cursor() as cursor:
-        cursor.adapters.register_loader("timestamptz", loader)
-        cursor.execute(sql, params)
-        return cursor.fetchall()
 
 
 def caches_clear() -> None:
@@ -238,16 +165,22 @@ def node_registrations(spec_at: Mapping[str, datetime | None]) -> dict[str, dict
 
 
 def node_views() -> dict[str, NodeView]:
-    """Every node as placement sees it. A node's view is built again only when its row
-    changed; when only its last-seen time moved (every heartbeat), last pass's view is
-    copied with the new time (`_heard`)."""
-    rows = _raw_values(Node.objects.all(), _NODE_DYNAMIC)
+    """Every node as placement sees it, told which engines it would install
+    (`engine_installs.with_installable`). A node's view is built again only when its row
+    or what the mirror offers changed; when only its last-seen time moved (every
+    heartbeat), last pass's view is copied with the new time (`_heard`)."""
+    rows = raw_values(Node.objects.all(), _NODE_DYNAMIC)
+    offer = (builds_offered(), settings.LLMGW.vllm.version)
+    if offer != _node_offer[0]:
+        _node_cache.clear()
+        _node_offer[0] = offer
     stale = [r for r in rows if (hit := _node_cache.get(r[0])) is None or hit[0] != r[:-1]]
     if stale or len(rows) != len(_node_cache):
         registered = node_registrations({r[0]: aware(r[7]) for r in rows})
+        built = {}
         for row in stale:
             node_id, state, cordoned, draining, approved, memory_mb, cpus, _, _ = row
-            view = NodeView(
+            built[node_id] = NodeView(
                 id=node_id,
                 state=state,
                 cordoned=cordoned,
@@ -257,7 +190,10 @@ def node_views() -> dict[str, NodeView]:
                 cpu_count=cpus or None,
                 **registered[node_id],
             )
-            _node_cache[node_id] = (row[:-1], view, None, view)
+        built = with_installable(built) if built else built
+        for row in stale:
+            view = built[row[0]]
+            _node_cache[row[0]] = (row[:-1], view, None, view)
         for gone in _node_cache.keys() - registered.keys():
             del _node_cache[gone]
     views = {}
@@ -270,6 +206,9 @@ def node_views() -> dict[str, NodeView]:
     return views
 
 
+# What the mirror offered and the pinned vLLM when the views were built: what each view was
+# told it would install (with_installable), so its views are built again when it moves.
+_node_offer: list = [None]
 # Per node: its row but for last_seen, its view without a last-seen time, and the last-seen
 # time as read and the view with it.
 _node_cache: dict[str, tuple[tuple, NodeView, object, NodeView]] = {}
@@ -282,19 +221,6 @@ def _heard(base: NodeView, last_seen: datetime | None) -> NodeView:
     view.__dict__.update(base.__dict__)
     view.__dict__["last_seen"] = last_seen
     return view
-
-
-def _memoized(name: str, rows, build):
-    """`build(rows)`, or last time's result when the rows are the same (compared in C)."""
-    hit = _memo.get(name)
-    if hit is not None and hit[0] == rows:
-        return hit[1]
-    result = build(rows)
-    _memo[name] = (rows, result)
-    return result
-
-
-_memo: dict[str, tuple] = {}
 
 
 def _group_shards(rows: list[tuple]) -> dict[str, tuple[ShardView, ...]]:
@@ -320,23 +246,7 @@ def _group_shards(rows: list[tuple]) -> dict[str, tuple[ShardView, ...]]:
     return {rid: tuple(sorted(v, key=lambda s: s.rank)) for rid, v in by_replica.items()}
 
 
-def _views(cache: dict, rows, key, build):
-    """Views of rows, reusing the view built last time for a row (and extra) that is unchanged."""
-    out = []
-    for row in rows:
-        k = key(row)
-        hit = cache.get(k[0])
-        if hit is None or hit[0] != k:
-            hit = (k, build(row))
-            cache[k[0]] = hit
-        out.append(hit[1])
-    if len(cache) > 2 * len(out) + 1000:
-        live = {key(r)[0] for r in rows}
-        for gone in cache.keys() - live:
-            del cache[gone]
-    return out
-
-
+_memo: dict[str, tuple] = {}
 _replica_cache: dict[str, tuple] = {}
 _state_cache: dict[str, tuple] = {}
 
@@ -351,24 +261,26 @@ def replica_views(*, model: str | None = None) -> tuple[ReplicaView, ...]:
     if model:
         replicas = replicas.filter(model=model)
         shards = shards.filter(replica__model=model)
-    shard_rows = _raw_values(shards, ("id", "replica_id", "node_id", "state"))
-    rows = _raw_values(replicas, _REPLICA_FIELDS)
+    shard_rows = raw_values(shards, ("id", "replica_id", "node_id", "state"))
+    rows = raw_values(replicas, _REPLICA_FIELDS)
     if model is None:
         # The whole fleet, as each pass reads it: the same rows give the same views.
-        return _memoized("replicas", (rows, shard_rows), lambda _: _replica_views(rows, shard_rows))
+        return memoized(
+            _memo, "replicas", (rows, shard_rows), lambda _: _replica_views(rows, shard_rows)
+        )
     return _replica_views(rows, shard_rows)
 
 
 def _replica_views(rows: list[tuple], shard_rows: list[tuple]) -> tuple[ReplicaView, ...]:
     by_replica = _group_shards(shard_rows)
-    dates = _date_columns(Replica, _REPLICA_FIELDS)
+    dates = date_columns(Replica, _REPLICA_FIELDS)
     return tuple(
-        _views(
+        views_of(
             _replica_cache,
             rows,
             key=lambda row: (row[0], row, by_replica.get(row[0], ())),
             build=lambda row: ReplicaView(
-                **dict(zip(_REPLICA_FIELDS, _decoded(row, dates), strict=True)),
+                **dict(zip(_REPLICA_FIELDS, decoded(row, dates), strict=True)),
                 shards=by_replica.get(row[0], ()),
             ),
         )
@@ -384,11 +296,11 @@ def model_states(*, name: str | None = None) -> dict[str, ModelStateView]:
         for model, rows in states.exclude(reserved=[]).values_list("model", "reserved")
     }
     # The last failure (JSON) comes with the row: its column is null for most models.
-    rows = _raw_values(states, (*_STATE_FIELDS, "last_failure"))
-    dates = _date_columns(ModelState, _STATE_FIELDS)
+    rows = raw_values(states, (*_STATE_FIELDS, "last_failure"))
+    dates = date_columns(ModelState, _STATE_FIELDS)
 
     def build(_) -> dict[str, ModelStateView]:
-        views = _views(
+        views = views_of(
             _state_cache,
             rows,
             key=lambda row: (
@@ -398,7 +310,7 @@ def model_states(*, name: str | None = None) -> dict[str, ModelStateView]:
                 reserved.get(row[0], ()),
             ),
             build=lambda row: ModelStateView(
-                **dict(zip(_STATE_FIELDS, _decoded(row[:-1], dates), strict=True)),
+                **dict(zip(_STATE_FIELDS, decoded(row[:-1], dates), strict=True)),
                 explanation=tuple(explanations.get(row[0]) or ()),
                 reserved=reserved.get(row[0], ()),
                 last_failure=_failure_of(row[-1]),
@@ -408,7 +320,7 @@ def model_states(*, name: str | None = None) -> dict[str, ModelStateView]:
 
     if name is None:
         # Every model's, as each pass reads them: the same rows give the same views.
-        return dict(_memoized("states", (rows, explanations, reserved), build))
+        return dict(memoized(_memo, "states", (rows, explanations, reserved), build))
     return build(None)
 
 
@@ -459,7 +371,7 @@ def snapshot_load(
         models = catalog_load()
         replicas = replica_views()
         return Snapshot(
-            nodes=with_installable(node_views()),
+            nodes=node_views(),
             models=models,
             replicas=replicas,
             states=model_states(),
@@ -537,8 +449,6 @@ def _engine_loads(replicas: tuple[ReplicaView, ...], scalable: set[str]) -> dict
 def reconciler_status(*, now: datetime) -> dict:
     """When the last pass began, whether it settles, and a sentence when passes stopped
     (fleet/domain/passes.py): what `ctl models`, the cluster page and GET /reconciler say."""
-    from django.conf import settings
-
     from .domain.passes import stale_warning
     from .models import Lease
 

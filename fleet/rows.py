@@ -1,0 +1,114 @@
+"""Reading many rows cheaply: as the driver hands them over, compared with what was read
+last time, and decoded only where a row changed (fleet/selectors.py's snapshot).
+
+Django's per-value converters decode every timestamp in Python (on SQLite twice), which
+was most of a reconciler pass at 10,000 replicas; here the rows stay undecoded until a
+view has to be built of one.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.db import connection
+from django.db.models import TextField
+from django.db.models.functions import Cast
+
+
+def raw_values(qs, fields: tuple[str, ...]) -> list[tuple]:
+    """`qs.values_list(*fields)` as cheaply as the driver hands it over, to be compared with
+    what was read last time and decoded (`decoded`) only where a row changed. On SQLite
+    timestamps are selected as text (cast, so the driver's converter does not parse them
+    either); on PostgreSQL psycopg's own C loader makes them aware datetimes
+    (`postgres_rows`)."""
+    if connection.vendor == "sqlite":
+        dates = {f for f in fields if _kind(qs.model, f) == "DateTimeField"}
+        if dates:
+            qs = qs.annotate(**{f"_text_{f}": Cast(f, TextField()) for f in dates})
+            fields = tuple(f"_text_{f}" if f in dates else f for f in fields)
+    sql, params = qs.values_list(*fields).query.sql_with_params()
+    if connection.vendor == "postgresql":
+        return postgres_rows(sql, params)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _kind(model, field: str) -> str:
+    return model._meta.get_field(field.removesuffix("_id")).get_internal_type()
+
+
+def date_columns(model, fields: tuple[str, ...]) -> tuple[int, ...]:
+    """Where the timestamps are in a row of `fields`: what `decoded` makes aware."""
+    return tuple(i for i, f in enumerate(fields) if _kind(model, f) == "DateTimeField")
+
+
+def decoded(row: tuple, dates: tuple[int, ...]) -> tuple:
+    """A row from `raw_values` with its timestamps aware datetimes, as the ORM gives them."""
+    if not dates:
+        return row
+    out = list(row)
+    for i in dates:
+        out[i] = aware(out[i])
+    return tuple(out)
+
+
+def aware(value: datetime | str | None) -> datetime | None:
+    """A timestamp as a driver hands it over (SQLite: text or naive UTC), made an aware
+    datetime; one already aware is left as it is."""
+    if isinstance(value, str):
+        # SQLite's text is naive UTC: read with its offset, one call rather than two.
+        try:
+            return datetime.fromisoformat(value + "+00:00")
+        except ValueError:
+            value = datetime.fromisoformat(value)
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
+
+
+def postgres_rows(sql: str, params) -> list[tuple]:
+    """Rows through psycopg's own C timestamp loader.
+
+    Django registers a pure-Python loader for timestamptz on its connections;
+    at 10,000 replicas it was most of a pass. The connection's time zone is
+    UTC (Django sets it), so the datetimes come back aware, as Django's would.
+    """
+    import psycopg
+
+    connection.ensure_connection()
+    loader = psycopg.adapters.get_loader(
+        psycopg.postgres.types["timestamptz"].oid, psycopg.pq.Format.TEXT
+    )
+    # Django's error wrapper, so a bad value raises django.db.DataError as through the ORM.
+    with connection.wrap_database_errors, connection.connection.cursor() as cursor:
+        cursor.adapters.register_loader("timestamptz", loader)
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def memoized(cache: dict, name: str, rows, build):
+    """`build(rows)`, or last time's result when the rows are the same (compared in C)."""
+    hit = cache.get(name)
+    if hit is not None and hit[0] == rows:
+        return hit[1]
+    result = build(rows)
+    cache[name] = (rows, result)
+    return result
+
+
+def views_of(cache: dict, rows, key, build):
+    """Views of rows, reusing the view built last time for a row (and extra) that is unchanged."""
+    out = []
+    for row in rows:
+        k = key(row)
+        hit = cache.get(k[0])
+        if hit is None or hit[0] != k:
+            hit = (k, build(row))
+            cache[k[0]] = hit
+        out.append(hit[1])
+    if len(cache) > 2 * len(out) + 1000:
+        live = {key(r)[0] for r in rows}
+        for gone in cache.keys() - live:
+            del cache[gone]
+    return out
