@@ -14,6 +14,7 @@ The process is driven over a pipe by the benchmark: commands in, one reply each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -201,7 +202,8 @@ class FakeAgent:
     async def _heartbeats(self, ws) -> None:
         loop = asyncio.get_running_loop()
         next_at, seq = loop.time(), 0
-        try:
+        # A connection that ends stops the beats; the session's reader sees it end.
+        with contextlib.suppress(WebSocketException, OSError):
             while True:
                 if not self.quiet:
                     seq += 1
@@ -220,8 +222,6 @@ class FakeAgent:
                         await self._probe(seq, sent)
                 next_at = max(next_at + HEARTBEAT_INTERVAL_S, loop.time())
                 await asyncio.sleep(next_at - loop.time())
-        except (WebSocketException, OSError):
-            pass  # the session's reader sees the connection end
 
     async def _probe(self, seq: int, sent: float) -> None:
         """The same seq again: answered with an error only once the server has handled the

@@ -85,7 +85,8 @@ class TenancyAdmin(admin.ModelAdmin):
         return [*super().get_readonly_fields(request, obj), *moved, "created_at"]
 
     def create(self, obj, actor: str):
-        raise NotImplementedError
+        """Add `obj` through its service (each admin below names its own); the made row."""
+        raise NotImplementedError(f"{type(self).__name__} names no service to add through")
 
     def save_model(self, request, obj, form, change):
         if not change:
