@@ -179,6 +179,7 @@ class Loader:
 
     def refresh(self) -> Tables | None:
         from catalog.selectors import catalog_load
+        from tenancy.selectors import keys_print
 
         self._count += 1
         catalog = catalog_load()
@@ -186,15 +187,15 @@ class Loader:
         self._catalog = catalog
         tables = self.tables
         names = names_of(catalog) if catalog_changed else tables.names
-        keys_print = self._keys_print()
+        keys_seen = keys_print()
         if (
             catalog_changed
             or self._count % self.KEYS_EVERY == 0
-            or keys_print != self._prints.get("keys")
+            or keys_seen != self._prints.get("keys")
         ):
             keys, limits, scope_names = self._keys(names)
             tables = replace(tables, keys=keys, limits=limits, scope_names=scope_names)
-            self._prints["keys"] = keys_print
+            self._prints["keys"] = keys_seen
         changed = self._replica_changes()
         if catalog_changed:
             changed = set(self._by_model) | set(tables.upstreams) | set(tables.starting)
@@ -228,7 +229,9 @@ class Loader:
         """The models whose active replicas changed since the last look."""
         from django.utils import timezone
 
-        counts = tuple(c for c in self._replicas_print() if c[0] in ACTIVE)
+        from fleet.selectors import replicas_print
+
+        counts = tuple(c for c in replicas_print() if c[0] in ACTIVE)
         if counts == self._prints.get("replicas"):
             return set()
         self._prints["replicas"] = counts
@@ -278,18 +281,6 @@ class Loader:
             ids.discard(r.id)
             if not ids:
                 del self._by_model[r.model]
-
-    @staticmethod
-    def _keys_print() -> tuple:
-        from tenancy.selectors import keys_print
-
-        return keys_print()
-
-    @staticmethod
-    def _replicas_print() -> tuple:
-        from fleet.selectors import replicas_print
-
-        return replicas_print()
 
     @staticmethod
     def _keys(names: Mapping[str, str]) -> tuple[dict[str, Key], dict, dict[str, str]]:
