@@ -26,7 +26,17 @@ LARGEST = 2**31 - 1
 RESOURCE_WORDS = {"gpus": "GPUs", "cpu_cores": "CPU cores", "memory_gb": "memory GB"}
 
 
-class QuotaForm(forms.ModelForm):
+class ScopedForm(forms.ModelForm):
+    """A form naming a scope of the tenancy tree, by path or ID, never guessed."""
+
+    def clean_scope(self) -> str:
+        try:
+            return scope_find(self.cleaned_data.get("scope") or "")
+        except Invalid as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class QuotaForm(ScopedForm):
     """A scope named as people write it (`team:Acme/ml` or `team:7`) and each resource's
     guarantee and limit; a guarantee above its limit is refused beside it."""
 
@@ -38,12 +48,6 @@ class QuotaForm(forms.ModelForm):
             *(f"limit_{r}" for r in RESOURCES),
         ]
         help_texts = {"scope": "org:Acme, team:Acme/ml, project:Acme/ml/training, or team:7."}
-
-    def clean_scope(self) -> str:
-        try:
-            return scope_find(self.cleaned_data.get("scope") or "")
-        except Invalid as exc:
-            raise forms.ValidationError(str(exc)) from None
 
     def clean(self):
         cleaned = super().clean()
@@ -175,7 +179,7 @@ class CapacityQuotaAdmin(ScopedAdmin):
         self.saved_as(obj, key)
 
 
-class ScopeLimitForm(forms.ModelForm):
+class ScopeLimitForm(ScopedForm):
     """A scope named as people write it and its requests and tokens per minute, checked as
     the limit service checks them, each refusal beside its field."""
 
@@ -187,12 +191,6 @@ class ScopeLimitForm(forms.ModelForm):
             "requests_per_minute": "Left empty: not limited.",
             "tokens_per_minute": "Left empty: not limited.",
         }
-
-    def clean_scope(self) -> str:
-        try:
-            return scope_find(self.cleaned_data.get("scope") or "")
-        except Invalid as exc:
-            raise forms.ValidationError(str(exc)) from None
 
     def clean(self):
         cleaned = super().clean()
