@@ -1,5 +1,6 @@
 """`GET /metrics`: the fleet's series (from the renderer process when one runs,
-fleet/metrics_renderer.py), the gateway's, and the agents' connections."""
+fleet/metrics_renderer.py), the gateway's, and the agents' connections (summed over
+the workers of one server, llmgw/core/worker_series.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from llmgw.core import sources
+from llmgw.core import sources, worker_series
 
 from . import metrics_renderer
 from .connections import agents_text
@@ -26,8 +27,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     fleet = metrics_renderer.RENDERER.fleet()
     if fleet is None:
         fleet = fleet_or_last().encode()
-    gateway = sources.read(sources.GATEWAY_METRICS, absent="")
-    body = fleet + (gateway + agents_text()).encode()
+    own = worker_series.summed_text()  # a worker's: every worker's, summed
+    if own is None:
+        own = sources.read(sources.GATEWAY_METRICS, absent="") + agents_text()
+    body = fleet + own.encode()
     response = HttpResponse(content_type=CONTENT_TYPE_PLAIN_0_0_4)
     if "gzip" in request.headers.get("Accept-Encoding", ""):
         body = gzip.compress(body, compresslevel=1)

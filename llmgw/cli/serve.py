@@ -252,7 +252,7 @@ def main(argv: list[str]) -> int:
         "--workers",
         type=_workers,
         default=None,
-        help="processes serving the port, REDIS_URL set (default 1: see docs/metrics.md)",
+        help="processes serving the port (production only; default: one per core)",
     )
     # A worker of `llmgw serve --workers N`: the listening socket it inherits, the renderer.
     parser.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)

@@ -13,11 +13,14 @@ passes a stop on to every worker, which then stops gracefully (stopping.py).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+from llmgw.core import worker_series
 
 log = logging.getLogger("llmgw.serve")
 
@@ -28,16 +31,16 @@ RESTART_BACKOFF_S = 5.0
 STOP_MARGIN_S = 10.0
 
 
-def workers_wanted(asked: int | None, *, embedded: bool) -> int:
-    """How many workers to run: as asked, else one. More than one embedded is refused
-    (SystemExit with the reason).
+def cores() -> int:
+    """The cores this process may run on (its affinity, as a container's cpuset sets it)."""
+    return len(os.sched_getaffinity(0))
 
-    Not one per core unless asked: the gateway's and the agents' own series on `/metrics`
-    (requests, tokens, refusals) are each worker's, and a scrape reaches one worker, so with
-    several they read as counters that jump; until they are summed across workers, an
-    operator chooses the trade (docs/metrics.md)."""
+
+def workers_wanted(asked: int | None, *, embedded: bool) -> int:
+    """How many workers to run: as asked, else one per core in production and one
+    embedded. More than one embedded is refused (SystemExit with the reason)."""
     if asked is None:
-        return 1
+        return 1 if embedded else cores()
     if asked > 1 and embedded:
         raise SystemExit(
             f"llmgw: --workers {asked} needs REDIS_URL (and DATABASE_URL): embedded, the "
@@ -55,6 +58,8 @@ class Supervisor:
         self.procs: list[subprocess.Popen | None] = [None] * count
         self.started: list[float] = [0.0] * count
         self.stopping = False
+        # Where the workers' own series are summed for `/metrics` (worker_series.py).
+        self.series = worker_series.made()
 
     def run(self) -> int:
         from django.conf import settings
@@ -81,7 +86,10 @@ class Supervisor:
                     self._died(i, proc, listener)
         # Once the workers have stopped listening, the port refuses, as one server's does.
         listener.close()
-        return self._wait(grace + STOP_MARGIN_S)
+        try:
+            return self._wait(grace + STOP_MARGIN_S)
+        finally:
+            worker_series.removed(self.series)
 
     def _listen(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -110,7 +118,10 @@ class Supervisor:
         argv += ["--worker-fd", str(fd), "--metrics-socket", self.renderer.address]
         # A session of its own: a terminal's Ctrl-C reaches this process only, which passes
         # it on once (a second signal would stop a worker at once).
-        self.procs[i] = subprocess.Popen(argv, pass_fds=(fd,), start_new_session=True)
+        env = {**os.environ, worker_series.FOLDER_ENV: self.series}
+        self.procs[i] = subprocess.Popen(
+            argv, pass_fds=(fd,), start_new_session=True, env=env
+        )
         self.started[i] = time.monotonic()
 
     def _died(self, i: int, proc: subprocess.Popen, listener: socket.socket) -> None:
@@ -123,6 +134,7 @@ class Supervisor:
             f" in {RESTART_BACKOFF_S:g} s" if young else "",
         )
         self.procs[i] = None
+        worker_series.worker_gone(self.series, proc.pid)
         if young:
             time.sleep(RESTART_BACKOFF_S)
         if not self.stopping:

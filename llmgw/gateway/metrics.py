@@ -1,8 +1,9 @@
 """The gateway's series on `/metrics`: requests, errors, tokens and latency by model.
 
 Kept by prometheus_client in a registry of their own, per process: with several
-`llmgw serve` processes, Prometheus scrapes each (the `instance` label tells
-them apart) and sums. `model` is always a catalog name (never what a caller
+`llmgw serve` servers, Prometheus scrapes each (the `instance` label tells
+them apart) and sums; the workers of one server are summed by the server
+(llmgw/core/worker_series.py). `model` is always a catalog name (never what a caller
 typed), or "" for a request that named no model the gateway knows, so the
 label cannot grow without bound.
 """
@@ -55,12 +56,14 @@ RUNNING = Gauge(
     "Requests sent to an engine and not yet answered, by model.",
     ["model"],
     registry=REGISTRY,
+    multiprocess_mode="livesum",
 )
 WAITING = Gauge(
     "llmgw_gateway_requests_waiting",
     "Requests waiting at the gateway for a replica to be ready, by model.",
     ["model"],
     registry=REGISTRY,
+    multiprocess_mode="livesum",
 )
 
 

@@ -95,6 +95,16 @@ def test_two_workers_serve_one_cluster_and_stop_gracefully(tmp_path):
         assert statuses == [200, 200, 200, 429, 429, 429], answered
         assert all(answered[w] for w in workers)
 
+        # Either worker's /metrics counts the requests both answered.
+        for w in workers:
+            conn = _connection_to(cluster, w, workers)
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+            conn.close()
+            assert 'llmgw_gateway_requests_total{code="200",model="small"} 3.0' in text, text
+            assert 'llmgw_gateway_requests_total{code="429",model="small"} 3.0' in text, text
+            assert 'llmgw_gateway_errors_total{model="small",reason="limit"} 3.0' in text, text
+
         # Forgotten through the other worker, the node's connection on the first is closed
         # and its agent joins again.
         conn = _connection_to(cluster, other, workers)

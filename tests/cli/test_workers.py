@@ -1,0 +1,69 @@
+"""How many workers `llmgw serve` runs, and their own series summed for `/metrics`
+(issue 13, item 5). The workers serving one cluster are tests/e2e/test_workers.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from llmgw.cli import workers
+from llmgw.core import worker_series
+
+# A worker's share: requests answered, a refusal, requests running at the gateway.
+_WORKER = """
+import sys
+from fleet import connections
+from llmgw.gateway import metrics
+for _ in range(int(sys.argv[1])):
+    metrics.series("small").answered(200)
+connections.REFUSED.labels("join_rate").inc()
+metrics.load_gauges({"small": (int(sys.argv[1]), 0)})
+"""
+
+
+def test_one_worker_per_core_in_production_and_one_embedded(monkeypatch):
+    monkeypatch.setattr(workers, "cores", lambda: 6)
+    assert workers.workers_wanted(None, embedded=False) == 6
+    assert workers.workers_wanted(None, embedded=True) == 1
+    assert workers.workers_wanted(3, embedded=False) == 3
+    assert workers.workers_wanted(1, embedded=True) == 1
+
+
+def test_several_workers_embedded_are_refused_with_the_reason():
+    with pytest.raises(SystemExit, match="--workers 2 needs REDIS_URL"):
+        workers.workers_wanted(2, embedded=True)
+
+
+def test_one_process_has_no_shared_folder(monkeypatch):
+    monkeypatch.delenv(worker_series.FOLDER_ENV, raising=False)
+    assert worker_series.summed_text() is None
+
+
+def test_workers_series_are_summed_and_a_gone_workers_gauges_leave(monkeypatch):
+    folder = worker_series.made()
+    try:
+        env = {**os.environ, worker_series.FOLDER_ENV: folder}
+        pids = []
+        for requests in (2, 5):
+            proc = subprocess.Popen([sys.executable, "-c", _WORKER, str(requests)], env=env)
+            assert proc.wait(timeout=60) == 0
+            pids.append(proc.pid)
+        monkeypatch.setenv(worker_series.FOLDER_ENV, folder)
+
+        text = worker_series.summed_text()
+        assert 'llmgw_gateway_requests_total{code="200",model="small"} 7.0' in text
+        assert 'llmgw_agent_refused_total{reason="join_rate"} 2.0' in text
+        assert 'llmgw_gateway_requests_running{model="small"} 7.0' in text
+        # Counters that counted nothing say nothing, as one process's registry does.
+        assert "llmgw_agent_frames_dropped" not in text
+
+        worker_series.worker_gone(folder, pids[1])
+        text = worker_series.summed_text()
+        assert 'llmgw_gateway_requests_total{code="200",model="small"} 7.0' in text
+        assert 'llmgw_gateway_requests_running{model="small"} 2.0' in text
+    finally:
+        worker_series.removed(folder)
+    assert not os.path.exists(folder)
