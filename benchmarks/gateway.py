@@ -93,6 +93,9 @@ BLOCK = 200  # sequential requests per turn of a target
 STREAMED = int(os.environ.get("BENCH_STREAMED", 1000))
 SECONDS = float(os.environ.get("BENCH_SECONDS", 5))
 THROUGHPUT_SECONDS = float(os.environ.get("BENCH_THROUGHPUT_SECONDS", 10))
+# 0: embedded, one process. N: production (DATABASE_URL's server, a database of its own,
+# REDIS_URL), `llmgw serve --workers N`, and Celery's worker and beat for the reconciler.
+WORKERS = int(os.environ.get("BENCH_GATEWAY_WORKERS", 0))
 WARMUP_SECONDS = 2.0
 MODEL = "bench"
 SIM_ARGS = ["--ttft-ms", "0", "--tokens-per-sec", "1000000", "--slots", "1024", "--max-tokens", "1"]
@@ -328,6 +331,8 @@ def _cluster(procs: Procs, home: Path) -> tuple[Target, Target, str, str]:
     env.update(LLMGW_HOME=str(home), LLMGW_SECRET_KEY=secret, PYTHONPATH=str(REPO),
                LLMGW_SETTLE_SECONDS="1", PYTHONUNBUFFERED="1")  # fmt: skip
     llmgw = [sys.executable, "-m", "llmgw"]
+    if WORKERS:
+        _production(env)
 
     def run(*args: str) -> str:
         done = subprocess.run([*llmgw, *args], env=env, cwd=REPO, capture_output=True, text=True,
@@ -340,8 +345,13 @@ def _cluster(procs: Procs, home: Path) -> tuple[Target, Target, str, str]:
     admin, agent_token = run("createtoken", "bench"), run("createtoken", "--agent", "bench-agents")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    serve = procs.spawn("serve", [*llmgw, "serve", "--port", str(port)], env)
+    workers = ["--workers", str(WORKERS)] if WORKERS else []
+    serve = procs.spawn("serve", [*llmgw, "serve", "--port", str(port), *workers], env)
     wait("llmgw serve to answer", lambda: httpx.get(f"{url}/api/v1/openapi.json"), proc=serve)
+    if WORKERS:
+        celery = [sys.executable, "-m", "celery", "-A", "llmgw"]
+        procs.spawn("worker", [*celery, "worker", "--pool", "solo", "-n", "reconciler@%h"], env)
+        procs.spawn("beat", [*celery, "beat", "--schedule", str(home / "beat-schedule")], env)
     api = httpx.Client(
         base_url=f"{url}/api/v1", headers={"Authorization": f"Bearer {admin}"}, timeout=10
     )
@@ -378,12 +388,56 @@ def _cluster(procs: Procs, home: Path) -> tuple[Target, Target, str, str]:
     engine_port = int(engine_url.rsplit(":", 1)[1])
     engine_pid = listener_pid(engine_port)
     direct = Target("direct", engine_port, ekey, lambda: [engine_pid])
-    through = Target("llmgw", port, api_key, lambda: [serve.pid])
+    through = Target("llmgw", port, api_key, lambda: [serve.pid, *_children(serve.pid)])
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     wait("the gateway to route to the replica", lambda: httpx.post(
         f"{url}/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {api_key}"}, timeout=5,
     ).status_code == 200)  # fmt: skip
     return direct, through, engine_url, ekey
+
+
+def _admin_sql(sql: str) -> None:
+    from urllib.parse import urlparse
+
+    import psycopg
+
+    url = urlparse(os.environ["DATABASE_URL"])._replace(path="/postgres").geturl()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+_DATABASE: list[str] = []  # the database _production made, dropped at the end
+
+
+def _production(env: dict) -> None:
+    """Point `env` at a new database on DATABASE_URL's server and an emptied Redis
+    database (6), as the end-to-end tests' clusters are."""
+    from urllib.parse import urlparse
+
+    import redis
+
+    base = urlparse(os.environ["DATABASE_URL"])
+    name = f"llmgw_bench_{secrets.token_hex(4)}"
+    _admin_sql(f'CREATE DATABASE "{name}"')
+    _DATABASE.append(name)
+    env["DATABASE_URL"] = base._replace(path=f"/{name}").geturl()
+    env["REDIS_URL"] = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/6"
+    redis.Redis.from_url(env["REDIS_URL"]).flushdb()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes `pid` started (the workers of `llmgw serve --workers N`)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (
+                proc.name.isdigit()
+                and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid
+            ):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
 
 
 def _load1() -> float:
@@ -498,17 +552,22 @@ def main() -> None:
         scale = {
             "machine_cores": os.cpu_count(), "load1_at_start": _load1(),
             "sharing_the_cores": "load generator (this process, one asyncio loop, bare HTTP/1.1 client), "
-                                 "llmgw serve (embedded, SQLite, reconciler in-process), llmgw agent (idle), "
+                                 + ("llmgw serve (embedded, SQLite, reconciler in-process), " if not WORKERS else
+                                    f"llmgw serve --workers {WORKERS} (PostgreSQL, Redis), Celery worker and beat, ")
+                                 + "llmgw agent (idle), "
                                  "the sim engine, LiteLLM's proxy (idle while the others run), "
                                  "Portkey's gateway on node (idle while the others run), other work",
             "engine": "llmgw sim-engine " + " ".join(SIM_ARGS), "litellm": versions.get("litellm"),
-            "portkey": versions.get("portkey"), "mode": "embedded",
+            "portkey": versions.get("portkey"), "mode": "production" if WORKERS else "embedded",
+            "workers": WORKERS or 1,
         }  # fmt: skip
         gc.collect()
         gc.freeze()
         asyncio.run(_measure(targets, scale))
     finally:
         procs.stop()
+        for name in _DATABASE:
+            _admin_sql(f'DROP DATABASE IF EXISTS "{name}"')
         if os.environ.get("BENCH_KEEP_HOME"):
             print(f"logs kept in {home}", file=sys.stderr)
         else:

@@ -44,6 +44,8 @@ __all__ = ["MAX_BODY_BYTES", "Gateway", "Runtime"]
 log = logging.getLogger("llmgw.gateway")
 
 REFRESH_S = 1.0  # how often the tables' fingerprints are checked
+# At most this often, a key the tables do not hold has them read again (State.key_of).
+MISS_REFRESH_S = 0.25
 FLUSH_S = 2.0  # how often usage is written
 
 
@@ -58,6 +60,9 @@ class Runtime(State):
         self._task: asyncio.Task | None = None
         self._redis = None
         self.requests: set[asyncio.Task] = set()  # the /v1/ requests being answered (drain)
+        self._reading = asyncio.Lock()  # one refresh at a time: the loader is not shared
+        self._missed: asyncio.Task | None = None  # the refresh the unknown keys wait for
+        self._missed_at = float("-inf")
 
     async def start(self) -> None:
         self.session = open_pool()
@@ -110,7 +115,29 @@ class Runtime(State):
         if self.session is not None:
             await self.session.close()
 
+    async def refreshed(self) -> None:
+        """Read the tables again for a key they do not hold: every miss meanwhile waits for
+        the same read, and reads come at most every MISS_REFRESH_S, so wrong keys cannot
+        make the database work harder than that."""
+        if self._missed is None:
+            self._missed = asyncio.get_running_loop().create_task(self._refresh_missed())
+        await asyncio.shield(self._missed)
+
+    async def _refresh_missed(self) -> None:
+        try:
+            wait = self._missed_at + MISS_REFRESH_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._missed_at = time.monotonic()
+            await self._refresh()
+        finally:
+            self._missed = None
+
     async def _refresh(self) -> None:
+        async with self._reading:
+            await self._read()
+
+    async def _read(self) -> None:
         try:
             tables = await in_a_thread(self.loader.refresh)()
         except Exception:  # noqa: BLE001 - keep routing on what we have

@@ -87,7 +87,7 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
     req: Request | None = None
     model_series = metrics.series("")
     try:
-        key = rt.authenticate(scope["headers"])
+        key = await rt.key_of(scope["headers"])
         if path == "/v1/models":
             if method != "GET":
                 raise Refused(405, "Use GET.", "invalid_request_error", reason="bad_request")

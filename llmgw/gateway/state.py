@@ -77,7 +77,29 @@ class State:
 
     def authenticate(self, headers: list[tuple[bytes, bytes]]) -> Key:
         """The key of the `Authorization: Bearer` header; Refused (401) for none, or for one
-        that is not a key."""
+        that is not a key these tables hold."""
+        key = self._key(headers)
+        if key is None:
+            raise bad_key()
+        return key
+
+    async def key_of(self, headers: list[tuple[bytes, bytes]]) -> Key:
+        """As `authenticate`, but a secret these tables do not hold is looked for again
+        after a refresh (`refreshed`): a key made a moment ago through another server or
+        worker is accepted at once, not a refresh later."""
+        key = self._key(headers)
+        if key is None:
+            await self.refreshed()
+            key = self._key(headers)
+            if key is None:
+                raise bad_key()
+        return key
+
+    async def refreshed(self) -> None:
+        """Read the tables again now (the runtime does; these tables are given)."""
+
+    def _key(self, headers: list[tuple[bytes, bytes]]) -> Key | None:
+        """The header's key; None for a secret the tables do not hold; Refused for no key."""
         auth = None
         for name, value in headers:
             if name == b"authorization":
@@ -98,15 +120,12 @@ class State:
             digest = keyed_digest(self.secret, secret)
             key = self.tables.keys.get(digest)
             if key is None:
-                raise bad_key()  # not remembered: callers must not fill the cache
+                return None  # not remembered: callers must not fill the cache
             if len(self._digests) > 10_000:
                 self._digests.clear()
             self._digests[secret] = digest
             return key
-        key = self.tables.keys.get(digest)
-        if key is None:
-            raise bad_key()
-        return key
+        return self.tables.keys.get(digest)
 
     def pick(self, model: str, tried: set[str]) -> Upstream | None:
         """The ready replica with the fewest requests in flight for its weight; replicas

@@ -425,3 +425,18 @@ def test_an_engine_a_heartbeat_lists_but_nothing_here_runs_is_stopped(no_settle)
     assert [(c.node_id, c.payload["type"], c.payload["shard_id"]) for c in commands] == [
         ("gpu-a", "stop_shard", "ghost-abc123-0")
     ]
+
+
+def test_the_kept_rows_are_frozen_once_warm_and_again_as_the_fleet_grows(monkeypatch):
+    frozen = []
+    monkeypatch.setattr(reconciler.gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(reconciler.gc, "collect", lambda: 0)
+    warm = reconciler.WarmFreeze()
+    for size in (10, 999):  # a small fleet: a collection costs little
+        warm.after(size)
+    assert frozen == []
+    warm.after(1000)
+    warm.after(1200)  # grown by less than a quarter
+    assert len(frozen) == 1
+    warm.after(1300)
+    assert len(frozen) == 2

@@ -185,6 +185,28 @@ async def test_missing_or_wrong_keys_get_the_openai_401(world, gateway, header, 
     assert message in r.json()["error"]["message"]
 
 
+async def test_a_key_made_after_the_tables_were_read_is_accepted_at_once(world, gateway):
+    # As when it is made through another server or worker: nothing here told the gateway.
+    await add(model_added, gpu_model("llama"))
+    first = await new_key()
+    async with client(gateway, first) as c:
+        assert (await c.get("/v1/models")).status_code == 200
+    gateway.runtime._task.cancel()  # no read but the ones the keys ask for
+    reads = []
+    loader = gateway.runtime.loader
+    real = loader.refresh
+    loader.refresh = lambda: reads.append(1) or real()
+    secret = await new_key()
+    async with client(gateway, secret) as c:
+        r = await c.get("/v1/models")
+    assert r.status_code == 200, r.text
+    # Wrong keys at once share one read of the tables, and wait for it.
+    async with client(gateway, "llmgw_key_wrong") as c:
+        answers = await asyncio.gather(*(c.get("/v1/models") for _ in range(20)))
+    assert {a.status_code for a in answers} == {401}
+    assert len(reads) == 2
+
+
 async def test_a_revoked_key_is_refused_once_the_tables_refresh(world, gateway):
     from tenancy.services import api_key_revoke
 
