@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "ninja",  # Swagger UI's assets, served from static/ (no CDN)
     "template_partials",
     "tenancy",
     "catalog",

@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from fleet.metrics_view import metrics_view
 from llmgw.api import api
@@ -20,4 +22,6 @@ urlpatterns = [
     path("api/v1/", api.urls),
     # Prometheus scrapes this without credentials, as it does any exporter.
     path("metrics", metrics_view),
+    # What a browser asks for on a page that names no icon (the admin's, the API's docs).
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
 ]

@@ -27,6 +27,7 @@ from .schemas import (
     QuotaIn,
     QuotaOut,
     QuotaSetOut,
+    RenameIn,
     TeamIn,
     TeamOut,
     UsageOut,
@@ -66,6 +67,28 @@ def projects_list(request):
 def project_add(request, payload: ProjectIn):
     project = services.project_create(team=payload.team, name=payload.name, actor=actor(request))
     return Status(201, selectors.project_view(project))
+
+
+@router.patch("/orgs/{ref}", response=OrgOut, auth=can("tenancy.change_organization"))
+def org_rename(request, ref: str, payload: RenameIn):
+    org = services.tree_rename(kind="org", scope=ref, name=payload.name, actor=actor(request))
+    return selectors.org_view(org)
+
+
+@router.patch("/teams/{path:ref}", response=TeamOut, auth=can("tenancy.change_team"))
+def team_rename(request, ref: str, payload: RenameIn):
+    """The team as `Acme/ml` or its ID."""
+    team = services.tree_rename(kind="team", scope=ref, name=payload.name, actor=actor(request))
+    return selectors.team_view(team)
+
+
+@router.patch("/projects/{path:ref}", response=ProjectOut, auth=can("tenancy.change_project"))
+def project_rename(request, ref: str, payload: RenameIn):
+    """The project as `Acme/ml/training` or its ID."""
+    project = services.tree_rename(
+        kind="project", scope=ref, name=payload.name, actor=actor(request)
+    )
+    return selectors.project_view(project)
 
 
 @router.get("/quotas", response=list[QuotaOut], auth=can("tenancy.view_capacityquota"))

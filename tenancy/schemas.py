@@ -48,6 +48,10 @@ class ProjectOut(Schema):
     path: str = Field(description="Acme/ml/training")
 
 
+class RenameIn(_In):
+    name: StrictStr = Field(description="the new name")
+
+
 class ResourcesIn(_In):
     """Each resource a whole number; one left out is not governed."""
 

@@ -171,6 +171,56 @@ def project_create(*, team: str | int, name: str, actor: str) -> Project:
     return project
 
 
+# What each kind of the tree is called, its rows, and (for a row) its siblings, said as
+# create says them.
+_KINDS = {
+    "org": (
+        "An organization",
+        lambda: Organization.objects,
+        lambda row: (Organization.objects.all(), "an organization"),
+    ),
+    "team": (
+        "A team",
+        lambda: Team.objects.select_related("org"),
+        lambda row: (row.org.teams.all(), f"a team in {row.org.name}"),
+    ),
+    "project": (
+        "A project",
+        lambda: Project.objects.select_related("team__org"),
+        lambda row: (row.team.projects.all(), f"a project in {row.team}"),
+    ),
+}
+
+
+def tree_rename(*, kind: str, scope: str | int, name: str, actor: str):
+    """Rename an org, team or project named by its path or ID (`Acme/ml`, `team:7`, 7).
+    Keys, quotas, limits and usage follow: they hold its ID. Invalid for a bad name or
+    none such; Conflict when a sibling has the name."""
+    what, rows, siblings = _KINDS[kind]
+    name = tree_name(name, what=what)
+    try:
+        with transaction.atomic():
+            row = _found(rows(), scope_find(_named(scope, kind)))
+            old = row.name
+            if old != name:
+                others, among = siblings(row)
+                _unique(others.exclude(pk=row.pk), name, what=among)
+                row.name = name
+                row.save(update_fields=["name"])
+                audit_record(
+                    actor=actor,
+                    action=f"{kind}.rename",
+                    target=f"{kind}:{row.pk}",
+                    detail={"from": old, "to": name},
+                )
+                policy_revision_bump()
+    except IntegrityError:
+        raise Conflict(f"there is already {what.lower()} named {name} there.") from None
+    if old != name:
+        log.info("%s:%s renamed from %s to %s by %s", kind, row.pk, old, name, actor)
+    return row
+
+
 def _resources(given: Mapping | None, *, what: str) -> Resources:
     """GPUs, cores and memory GB, each a whole number of at least zero, or left out."""
     given = given or {}

@@ -14,6 +14,8 @@ commands:
   sim-engine    run the simulated OpenAI-compatible engine
   demo          run a whole simulated cluster on this machine
   createtoken   create an admin token (or with --agent, an agent join token)
+  createsuperuser  create a console login with every permission (Django's createsuperuser)
+  changepassword   set a console login's password (Django's changepassword)
   migrate       create or update the database tables
   engines       build an engine once on this machine (llmgw engines build llamacpp)
   ctl           talk to a running control plane's REST API (llmgw ctl --help)
@@ -74,6 +76,8 @@ def _main(argv: list[str]) -> int:
         return ctl(rest)
     if command == "createtoken":
         return _manage(["createtoken", *rest])
+    if command in ("createsuperuser", "changepassword"):
+        return _manage([command, *rest])
     if command == "migrate":
         return _manage(["migrate", "--noinput", *rest])
     if command == "version":

@@ -14,7 +14,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 
@@ -99,6 +99,24 @@ class Api:
             )
         except (httpx.InvalidURL, ValueError) as exc:
             raise CtlError(f"{server} is not a URL llmgw ctl can use: {exc}", 2) from None
+        self._models: list | None = None
+
+    # A model named in a path (`/models/chat/scale`): looked for by alias on a 404.
+    MODEL_PATH = re.compile(r"^/models/([^/]+)(/.*)?$")
+
+    def model_name(self, name: str) -> str:
+        """The catalog name of the model `name` names, by its name or one of its aliases
+        (as the gateway answers to either); `name` itself when no model has it."""
+        if self._models is None:
+            try:
+                found = self.get("/models")
+            except CtlError:  # said by the request that names the model, if it matters
+                found = None
+            self._models = found if isinstance(found, list) else []
+        if any(m.get("name") == name for m in self._models):
+            return name
+        owners = [m.get("name") for m in self._models if name in (m.get("aliases") or ())]
+        return str(owners[0]) if len(owners) == 1 else name
 
     def __enter__(self) -> Api:
         return self
@@ -117,7 +135,43 @@ class Api:
         data: Mapping[str, str] | None = None,
     ) -> Any:
         """Send one request and return the decoded JSON answer (None for an empty one);
-        with ``files``, a multipart upload of them and the fields in ``data``."""
+        with ``files``, a multipart upload of them and the fields in ``data``.
+
+        A model may be named by an alias wherever ctl names one: in a `/models/NAME` path
+        the server does not know, and in a `model` filter that found nothing (each tried
+        again by the name of the model it is an alias of)."""
+
+        def send(path: str, params: Mapping[str, Any] | None) -> httpx.Response:
+            return self._send(method, path, params, body, files, data)
+
+        response = send(path, params)
+        named = self.MODEL_PATH.match(path)
+        if response.status_code == 404 and named is not None:
+            alias = unquote(named[1])
+            name = self.model_name(alias)
+            if name != alias:
+                response = send(f"/models/{segment(name)}{named[2] or ''}", params)
+        answer = self._answer(response)
+        if answer == [] and params and isinstance(params.get("model"), str):
+            name = self.model_name(params["model"])
+            if name != params["model"]:
+                answer = self._answer(send(path, {**params, "model": name}))
+        return answer
+
+    def _answer(self, response: httpx.Response) -> Any:
+        """The decoded JSON answer (None for an empty one); CtlError for a refusal."""
+        if not response.is_success:
+            raise CtlError(error_detail(response, server=self.server))
+        if not response.content.strip():
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise CtlError(
+                f"the answer from {self.server} is not JSON; is --server the llmgw control plane?"
+            ) from None
+
+    def _send(self, method, path, params, body, files, data) -> httpx.Response:
         content = None
         headers = {}
         if body is not None:
@@ -149,16 +203,7 @@ class Api:
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__
             raise CtlError(f"cannot reach llmgw at {self.server}: {reason}") from None
-        if not response.is_success:
-            raise CtlError(error_detail(response, server=self.server))
-        if not response.content.strip():
-            return None
-        try:
-            return response.json()
-        except ValueError:
-            raise CtlError(
-                f"the answer from {self.server} is not JSON; is --server the llmgw control plane?"
-            ) from None
+        return response
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})

@@ -31,6 +31,7 @@ from llmgw.cli import (
     ctl_nodes,
     ctl_quota,
     ctl_replicas,
+    ctl_tenancy,
     ctl_usage,
     ctl_weights,
 )
@@ -44,6 +45,7 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 COMMANDS = [
     ctl_nodes,
     ctl_models,
+    ctl_tenancy,
     ctl_quota,
     ctl_capacity,
     ctl_keys,

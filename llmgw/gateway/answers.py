@@ -51,6 +51,17 @@ def no_key() -> Refused:
     )
 
 
+def unknown_model(name: str) -> Refused:
+    # A model the key may not use is as unknown to it as one that does not exist.
+    return Refused(
+        404,
+        f"The model `{name}` does not exist or you do not have access to it.",
+        "invalid_request_error",
+        "model_not_found",
+        reason="unknown_model",
+    )
+
+
 def bad_key() -> Refused:
     # The same answer for a wrong, unknown or revoked key: nothing says which keys exist.
     return Refused(

@@ -24,6 +24,7 @@ from llmgw.gateway.answers import (
     bad_request,
     send_answer,
     too_large,
+    unknown_model,
 )
 from llmgw.gateway.limits import Limiter, refusal_sentence
 from llmgw.gateway.routing import route
@@ -88,10 +89,13 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
     model_series = metrics.series("")
     try:
         key = await rt.key_of(scope["headers"])
-        if path == "/v1/models":
+        if path == "/v1/models" or path.startswith("/v1/models/"):
             if method != "GET":
                 raise Refused(405, "Use GET.", "invalid_request_error", reason="bad_request")
-            await send_answer(send, 200, rt.models_json(key))
+            # The ASGI path is decoded already: `/v1/models/org%2Fm` names `org/m`.
+            name = path[len("/v1/models/") :] if path != "/v1/models" else None
+            answer = rt.models_json(key) if name is None else rt.model_json(key, name)
+            await send_answer(send, 200, answer)
             model_series.answered(200)
             return
         endpoint = ENDPOINTS.get(path)
@@ -111,14 +115,7 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
         body = _parse(raw, endpoint)
         spec = rt.tables.resolve(body["model"])
         if spec is None or (key.models is not None and spec.name not in key.models):
-            # A model the key may not use is as unknown to it as one that does not exist.
-            raise Refused(
-                404,
-                f"The model `{body['model']}` does not exist or you do not have access to it.",
-                "invalid_request_error",
-                "model_not_found",
-                reason="unknown_model",
-            )
+            raise unknown_model(body["model"])
         options = body.get("stream_options")
         req = Request(
             key=key,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from channels.db import database_sync_to_async
 
-from llmgw.gateway.answers import bad_key, no_key
+from llmgw.gateway.answers import bad_key, no_key, unknown_model
 from llmgw.gateway.limits import Limiter, LocalCounters, RedisCounters
 from llmgw.gateway.tables import Key, Tables, Upstream
 from llmgw.gateway.usage import UsageBook
@@ -199,18 +199,26 @@ class State:
         cached = self._models_json.get(key.models)
         if cached is None:
             names = sorted(self.tables.models if key.models is None else key.models)
-            data = []
-            for n in names:
-                spec = self.tables.models.get(n)
-                if spec is None:
-                    continue
-                entry = {"id": n, "object": "model", "owned_by": "llmgw"}
-                if spec.aliases:
-                    entry["aliases"] = list(spec.aliases)
-                data.append(entry)
+            specs = (self.tables.models.get(n) for n in names)
+            data = [_model_entry(spec) for spec in specs if spec is not None]
             cached = json.dumps({"object": "list", "data": data}).encode()
             self._models_json[key.models] = cached
         return cached
+
+    def model_json(self, key: Key, name: str) -> bytes:
+        """The `/v1/models/{name}` answer for `key`: the model `name` names (by its name or
+        an alias); Refused (404) for one that does not exist or the key may not use."""
+        spec = self.tables.resolve(name)
+        if spec is None or (key.models is not None and spec.name not in key.models):
+            raise unknown_model(name)
+        return json.dumps(_model_entry(spec)).encode()
+
+
+def _model_entry(spec) -> dict:
+    entry = {"id": spec.name, "object": "model", "owned_by": "llmgw"}
+    if spec.aliases:
+        entry["aliases"] = list(spec.aliases)
+    return entry
 
 
 def _replica_unreachable(replica_id: str, why: str) -> None:

@@ -153,3 +153,81 @@ def test_ctl_models_says_when_no_reconciler_pass_ran_for_several_intervals(capsy
         r"warning: no reconciler pass for (4[7-9]|[5-9]\d) s \(every 5 s expected\): " + cause,
         out.rstrip().splitlines()[-1],
     )
+
+
+def test_a_model_is_named_by_its_alias_wherever_ctl_names_one(capsys, server):
+    model_add(data=gpu_model("llama", aliases=["chat"]), actor="test")
+
+    code, out, err = ctl_run(capsys, server, "scale", "chat", "--min", "2", "--max", "3")
+    assert (code, err) == (0, "")
+    row = Model.objects.get()
+    assert (row.name, row.min_replicas, row.max_replicas) == ("llama", 2, 3)
+
+    code, out, _ = ctl_run(capsys, server, "model", "show", "chat")
+    assert code == 0
+    assert "llama" in out
+    code, out, _ = ctl_run(capsys, server, "model", "class", "chat", "critical")
+    assert (code, out) == (0, "llama is critical\n")
+    assert ctl_run(capsys, server, "--json", "replicas", "--model", "chat")[0] == 0
+
+    # A name nothing has is still told as it was.
+    code, _, err = ctl_run(capsys, server, "scale", "nope", "--min", "1")
+    assert code == 1
+    assert "nope" in err
+
+
+def test_the_tenancy_tree_is_made_listed_and_renamed_with_ctl(capsys, server):
+    from tenancy.models import AuditEvent, Project
+
+    assert ctl_run(capsys, server, "org", "list")[1] == (
+        "No organizations yet: llmgw ctl org create Acme\n"
+    )
+    code, out, err = ctl_run(capsys, server, "org", "create", "Acme")
+    assert (code, err) == (0, "")
+    org = Organization.objects.get()
+    assert out == f"organization Acme added (org:{org.pk})\n"
+    assert ctl_run(capsys, server, "team", "create", "Acme/ml")[0] == 0
+    code, out, _ = ctl_run(capsys, server, "project", "create", "Acme/ml/training")
+    project = Project.objects.get()
+    assert (code, out) == (0, f"project Acme/ml/training added (project:{project.pk})\n")
+    # The README's own next step now works on a fresh install.
+    assert ctl_run(capsys, server, "key", "create", "--project", "Acme/ml/training", "ci")[0] == 0
+
+    _, out, _ = ctl_run(capsys, server, "project", "list")
+    assert table(out) == [["ID", "PATH"], [str(project.pk), "Acme/ml/training"]]
+
+    code, out, _ = ctl_run(capsys, server, "team", "rename", "Acme/ml", "research")
+    team = Team.objects.get()
+    assert (code, out) == (0, f"team Acme/ml is now Acme/research (team:{team.pk})\n")
+    code, out, _ = ctl_run(capsys, server, "project", "rename", str(project.pk), "train")
+    assert (code, out) == (0, f"project {project.pk} is now Acme/research/train (project:{project.pk})\n")
+    assert list(AuditEvent.objects.filter(action__endswith=".rename").order_by("pk").values_list("detail", flat=True)) == [
+        {"from": "ml", "to": "research"},
+        {"from": "training", "to": "train"},
+    ]
+    # The key follows its project: it holds the project's ID.
+    _, out, _ = ctl_run(capsys, server, "key", "list")
+    assert "Acme/research/train" in out
+
+
+def test_bad_tenancy_input_is_refused_and_changes_nothing(capsys, server):
+    ctl_run(capsys, server, "org", "create", "Acme")
+    ctl_run(capsys, server, "org", "create", "Beta")
+    ctl_run(capsys, server, "team", "create", "Acme/ml")
+
+    code, _, err = ctl_run(capsys, server, "team", "create", "ml")
+    assert (code, err) == (2, "error: give the team as NAME/NAME, e.g. Acme/ml\n")
+    code, _, err = ctl_run(capsys, server, "org", "create", "Acme")
+    assert (code, err) == (1, "error: there is already an organization named Acme.\n")
+    code, _, err = ctl_run(capsys, server, "org", "rename", "Beta", "acme")
+    assert (code, err) == (1, "error: there is already an organization named Acme.\n")
+    code, _, err = ctl_run(capsys, server, "team", "rename", "Acme/nope", "x")
+    assert code == 1
+    assert "nope" in err
+    code, _, err = ctl_run(capsys, server, "team", "rename", "Acme/ml", "a/b")
+    assert code == 1
+    assert "may not contain '/'" in err
+    code, _, err = ctl_run(capsys, server, "project", "create", "Acme/nope/x")
+    assert code == 1
+    assert sorted(Organization.objects.values_list("name", flat=True)) == ["Acme", "Beta"]
+    assert list(Team.objects.values_list("name", flat=True)) == ["ml"]

@@ -638,3 +638,25 @@ async def test_secrets_the_gateway_does_not_know_are_not_remembered(world, gatew
         r = await c.get("/v1/models", headers={"Authorization": "Bearer " + "x" * 10_000})
         assert r.status_code == 401
     assert list(gateway.runtime._digests) == [secret]
+
+
+async def test_a_model_is_retrieved_by_its_name_or_alias_as_the_openai_client_asks(world, gateway):
+    import openai
+
+    await add(model_added, gpu_model("llama", aliases=["chat"]))
+    await add(model_added, gpu_model("qwen"))
+    secret = await new_key(models=["llama"])
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://gw/v1")
+    sdk = openai.AsyncOpenAI(api_key=secret, base_url="http://gw/v1", http_client=http)
+    for name in ("llama", "chat"):
+        model = await sdk.models.retrieve(name)
+        assert (model.id, model.object, model.owned_by) == ("llama", "model", "llmgw")
+    # One the key may not use reads as one that does not exist.
+    for name in ("qwen", "nope"):
+        with pytest.raises(openai.NotFoundError) as missing:
+            await sdk.models.retrieve(name)
+        assert missing.value.code == "model_not_found"
+        assert f"`{name}` does not exist" in missing.value.message
+    async with client(gateway, secret) as c:
+        assert (await c.delete("/v1/models/llama")).status_code == 405
+    await http.aclose()

@@ -151,6 +151,51 @@ def test_a_bad_name_or_parent_is_400_and_nothing_is_written(api, tree, path, bod
     assert nothing_written() == before
 
 
+def test_an_org_team_or_project_is_renamed_by_path_or_id_and_audited(api, tree):
+    team = api.call("PATCH", "/teams/Acme/ml", {"name": "research"}, HTTP_X_LLMGW_ACTOR="dan")
+    project = api.call("PATCH", f"/projects/{tree['training']}", {"name": "train"})
+    org = api.call("PATCH", "/orgs/Scania", {"name": "Scania AB"})
+
+    assert (team.status_code, team.json()["path"]) == (200, "Acme/research")
+    assert project.json()["path"] == "Acme/research/train"
+    assert org.json() == {"id": tree["scania"], "name": "Scania AB"}
+    assert api.call("GET", "/teams").json()[2]["path"] == "Scania AB/ml"
+    event = AuditEvent.objects.filter(action="team.rename").get()
+    assert (event.actor, event.target, event.detail) == (
+        "dan",
+        f"team:{tree['ml']}",
+        {"from": "ml", "to": "research"},
+    )
+    # The same name again is no change, and says nothing.
+    before = nothing_written()
+    assert api.call("PATCH", "/orgs/Acme", {"name": "Acme"}).status_code == 200
+    assert nothing_written() == before
+
+
+@pytest.mark.parametrize(
+    "path, body, status, says",
+    [
+        ("/orgs/Acme", {"name": "scania"}, 409, "there is already an organization named Scania."),
+        ("/teams/Acme/ml", {"name": "WEB"}, 409, "there is already a team in Acme named web."),
+        ("/teams/Acme/nope", {"name": "x"}, 400, 'there is no team "Acme/nope"'),
+        ("/teams/ml", {"name": "x"}, 400, '"ml" could be any of 2 teams; give its ID'),
+        ("/projects/Acme/ml/training", {"name": "a/b"}, 400, "may not contain '/'"),
+        ("/orgs/Acme", {"name": ""}, 400, "An organization needs a name."),
+        ("/orgs/Acme", {"name": 5}, 400, "name"),
+        ("/orgs/Acme", {}, 400, "name"),
+        ("/orgs/Acme", {"name": "x", "colour": "red"}, 400, "colour"),
+    ],
+)
+def test_a_bad_rename_is_refused_and_nothing_is_written(api, tree, path, body, status, says):
+    before = nothing_written()
+
+    response = api.call("PATCH", path, body)
+
+    assert response.status_code == status, response.content
+    assert says in detail(response)
+    assert nothing_written() == before
+
+
 def test_listing_the_tree_takes_one_query_whatever_its_size(api, tree):
     for i in range(5):
         api.call("POST", "/teams", {"org": "Acme", "name": f"t{i}"})
