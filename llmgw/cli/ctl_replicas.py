@@ -24,7 +24,7 @@ def cmd_scale(api: Api, args: argparse.Namespace, out: Output) -> None:
     def sentence(a: Any) -> str:
         got = a if isinstance(a, dict) else {}
         lo, hi = got.get("min", args.min), got.get("max", args.max)
-        return said(a, f"{args.name}: min {lo}, max {cell(hi)}")
+        return said(a, f"{got.get('name', args.name)}: min {lo}, max {cell(hi)}")
 
     out.show(answer, sentence)
 

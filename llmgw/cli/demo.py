@@ -29,21 +29,9 @@ import httpx
 
 CATALOG = """\
 # The demo's declared models: edit this file and restart the demo to change them.
+# chat-70b (alias chat) is a runtime model instead, added over the REST API, so that
+# `llmgw ctl scale chat --min 3` and the README's other commands can change it.
 models:
-  - name: chat-70b
-    description: General chat for every team; two replicas on four GPUs each
-    source: meta-llama/Llama-3.3-70B-Instruct
-    aliases: [chat]
-    class: critical
-    scaling: {min: 2, max: 3}
-    slo: {ttft_p95_ms: 500, tpot_p95_ms: 50}
-    profiles:
-      - name: tp4
-        engine: sim
-        gpu_class: h100-80g
-        tp: 4
-        min_memory_gb: 32
-        args: [--ttft-ms, "120", --tokens-per-sec, "45", --slots, "16"]
   - name: embed-small
     description: Embeddings on CPU for search
     source: BAAI/bge-small-en-v1.5
@@ -68,6 +56,28 @@ models:
         args: [--ttft-ms, "60", --tokens-per-sec, "90"]
 """
 
+# The demo's runtime model: added once, as `llmgw ctl model add --file` would, and then
+# the operator's to change (scale, class, owner, restart, remove).
+RUNTIME = {
+    "name": "chat-70b",
+    "description": "General chat for every team; two replicas on four GPUs each",
+    "source": "meta-llama/Llama-3.3-70B-Instruct",
+    "aliases": ["chat"],
+    "class": "critical",
+    "scaling": {"min": 2, "max": 3},
+    "slo": {"ttft_p95_ms": 500, "tpot_p95_ms": 50},
+    "profiles": [
+        {
+            "name": "tp4",
+            "engine": "sim",
+            "gpu_class": "h100-80g",
+            "tp": 4,
+            "min_memory_gb": 32,
+            "args": ["--ttft-ms", "120", "--tokens-per-sec", "45", "--slots", "16"],
+        }
+    ],
+}
+
 # Three agents share this machine: each gets its own range of engine ports.
 NODES = (
     (
@@ -86,16 +96,28 @@ def _tenants() -> None:
     """A small tenancy tree with quotas, so `ctl quota list` and the dry runs have something
     to show: Acme's ml team is guaranteed one node, and Acme may hold at most two."""
     from tenancy.models import CapacityQuota, Organization
-    from tenancy.services import org_create, quota_set, team_create
+    from tenancy.services import org_create, project_create, quota_set, team_create
 
     if Organization.objects.filter(name="Acme").exists():
         return
     org_create(name="Acme", actor="demo")
     team_create(org="Acme", name="ml", actor="demo")
     team_create(org="Acme", name="web", actor="demo")
+    project_create(team="Acme/ml", name="training", actor="demo")  # the README's examples
     if not CapacityQuota.objects.exists():
         quota_set(scope="team:Acme/ml", guarantee={"gpus": 8}, limit=None, actor="demo")
         quota_set(scope="org:Acme", guarantee=None, limit={"gpus": 16}, actor="demo")
+
+
+def _runtime_model() -> None:
+    """Add RUNTIME unless it is there. An older demo's home declared it in the file: it is
+    made a runtime model, which the file then leaves alone."""
+    from catalog.models import Model
+    from catalog.services import model_add
+
+    Model.objects.filter(name=RUNTIME["name"], declared=True).update(declared=False)
+    if not Model.objects.filter(name=RUNTIME["name"]).exists():
+        model_add(data=RUNTIME, actor="demo")
 
 
 def _gateway_key() -> str:
@@ -139,6 +161,7 @@ def _setup(home: Path) -> tuple[str, str, str, str]:
     user.set_password(password)
     user.save()
     _tenants()
+    _runtime_model()
     Token.objects.filter(name__in=("demo", "demo-agents")).delete()
     _, admin = token_create(name="demo")
     _, agent = token_create(name="demo-agents", kind=Token.AGENT)
@@ -362,8 +385,10 @@ Try:
   .venv/bin/llmgw ctl nodes
   .venv/bin/llmgw ctl replicas
   .venv/bin/llmgw ctl quota list
-  .venv/bin/llmgw ctl model preemption chat-70b
-  LLMGW_API_KEY={api_key} .venv/bin/llmgw ctl bench chat-70b --levels 1,2,4,8,16 --seconds 5 --save
+  .venv/bin/llmgw ctl scale chat --min 3         # chat-70b, by its alias; a runtime model
+  .venv/bin/llmgw ctl model explain chat
+  .venv/bin/llmgw ctl model preemption chat
+  LLMGW_API_KEY={api_key} .venv/bin/llmgw ctl bench chat --levels 1,2,4,8,16 --seconds 5 --save
   .venv/bin/llmgw ctl usage
 
 Logs are in {logs}. Ctrl-C stops everything.

@@ -159,7 +159,7 @@ def test_a_model_is_named_by_its_alias_wherever_ctl_names_one(capsys, server):
     model_add(data=gpu_model("llama", aliases=["chat"]), actor="test")
 
     code, out, err = ctl_run(capsys, server, "scale", "chat", "--min", "2", "--max", "3")
-    assert (code, err) == (0, "")
+    assert (code, out, err) == (0, "llama: min 2, max 3\n", "")
     row = Model.objects.get()
     assert (row.name, row.min_replicas, row.max_replicas) == ("llama", 2, 3)
 
