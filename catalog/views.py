@@ -20,6 +20,7 @@ from django.views.decorators.http import require_http_methods
 
 from fleet import (
     dry_runs as fleet_dry_runs,
+    event_log,
     listings as fleet_listings,
     services as fleet_services,
 )
@@ -282,6 +283,10 @@ class ModelDetail:
     @cached_property
     def measurements(self) -> list[dict]:
         return [m for m in measurements_list() if m["model"] == self.name]
+
+    @cached_property
+    def events(self) -> list[dict]:
+        return event_log.recent(model=self.name)
 
     @cached_property
     def preemption(self) -> dict:

@@ -12,12 +12,13 @@ from llmgw.core.api import actor
 from llmgw.core.errors import Invalid
 from tenancy.auth import can
 
-from . import dry_runs, identity, listings, logs, selectors, services
+from . import dry_runs, event_log, identity, listings, logs, selectors, services
 from .dispatch import dispatch, node_disconnect
 from .reconciler import reconcile_once
 from .schemas import (
     DetailOut,
     EngineLogOut,
+    EventsOut,
     HeadroomOut,
     NodeOut,
     PreemptionOut,
@@ -80,6 +81,29 @@ def node_forget(request, node_id: str):
 @router.get("/replicas", response=list[ReplicaOut], auth=can("fleet.view_replica"))
 def replicas_list(request, model: str | None = None):
     return listings.replicas_list(model=model or None)
+
+
+@router.get("/events", response=EventsOut, auth=can("fleet.view_replica"))
+def events_list(
+    request,
+    model: str | None = None,
+    node: str | None = None,
+    since: str | None = None,
+    before: str | None = None,
+    limit: int = 50,
+):
+    """What happened to models, replicas and nodes, and who changed what, newest first:
+    `since` a time or a span back (`1h`), `before` a page's `next`, at most 500 a page."""
+    if not 1 <= limit <= event_log.PAGE_MOST:
+        raise Invalid(f"limit must be from 1 to {event_log.PAGE_MOST}, not {limit}.")
+    now = clock.now()
+    return event_log.events_page(
+        model=model or None,
+        node=node or None,
+        since=clock.since(since, now=now) if since else None,
+        before=before or None,
+        limit=limit,
+    )
 
 
 @router.get("/replicas/{replica_id}/logs", response=EngineLogOut, auth=can("fleet.view_replica"))

@@ -252,3 +252,30 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class EventRecord(models.Model):
+    """Something that happened to a model, a replica or a node, in a sentence with its
+    figures: a decision of the reconciler or what an agent reported (fleet/event_log.py).
+    The same sentence again about the same thing counts on the last row, as Kubernetes'
+    events do, rather than adding one per pass."""
+
+    at = models.DateTimeField()  # the first time it was said
+    last_at = models.DateTimeField()  # the latest
+    count = models.PositiveIntegerField(default=1)
+    kind = models.CharField(max_length=40)
+    model = models.CharField(max_length=64, blank=True)
+    node = models.CharField(max_length=64, blank=True)
+    replica = models.CharField(max_length=80, blank=True)
+    message = models.TextField()
+    fields = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["-last_at", "-id"], name="event_newest"),
+            models.Index(fields=["model", "-last_at", "-id"], name="event_model_newest"),
+            models.Index(fields=["node", "-last_at", "-id"], name="event_node_newest"),
+        ]
+
+    def __str__(self) -> str:
+        return self.message

@@ -27,6 +27,7 @@ from django.db.models import Q
 from llmgw.core import clock
 from llmgw.core.outage import Outage
 
+from . import event_log
 from .dispatch import dispatch
 from .domain.passes import restart_at, settles
 from .domain.quiet import QuietModels
@@ -234,6 +235,8 @@ def _pass(now: datetime, fresh_start: bool) -> dict:
     for line in events:
         fields = {"event": line.kind, **line.fields} if isinstance(line, Event) else {}
         log.info(line, extra=fields)
+    event_log.record(_happened(plan, snap), now=now)
+    event_log.expire(now=now, keep_days=settings.LLMGW.events_keep_days)
     events = [str(line) for line in events]
     return {
         "ran": True,
@@ -244,6 +247,22 @@ def _pass(now: datetime, fresh_start: bool) -> dict:
         "drains": len(plan.drains),
         "forgets": len(plan.forgets),
     }
+
+
+def _happened(plan, snap) -> list[event_log.Happened]:
+    """The pass's decisions as the event log keeps them: each event, and each drain and
+    stop with its reason, under its replica's model."""
+    happened = [event_log.of_event(e) for e in plan.events]
+    said = set(plan.events)
+    models = {r.id: r.model for r in snap.replicas}
+    for kind, actions in (("drain", plan.drains), ("stop", plan.stops)):
+        for a in actions:
+            if a.reason not in said:
+                model = models.get(a.replica_id, "")
+                happened.append(
+                    event_log.Happened(kind, a.reason, model=model, replica=a.replica_id)
+                )
+    return happened
 
 
 def _embedded_pass(*, fresh_start: bool) -> None:

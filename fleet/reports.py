@@ -17,6 +17,7 @@ from django.db import connection, transaction
 
 from catalog.selectors import catalog_load
 
+from . import event_log
 from .dispatch import Command, stop_command
 from .domain.endpoints import endpoint_refusal
 from .domain.gpuclass import gpu_class
@@ -458,6 +459,7 @@ def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> lis
                 return [stop_command(node_id, msg.shard_id, 0)]
             return []
         replica = shard.replica
+        was = shard.state
         shard.state = msg.state
         shard.endpoint = msg.endpoint or shard.endpoint
         shard.detail = msg.detail
@@ -488,7 +490,37 @@ def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> lis
                 replica.model,
                 extra={"replica": replica.id},
             )
+            _happened(
+                shard, replica, "ready", f"replica {replica.id} of {replica.model} is ready", now
+            )
+        elif was != msg.state and msg.state in _ON_THE_WAY:
+            what = _ON_THE_WAY[msg.state].format(shard=shard.id, node=node_id)
+            _happened(
+                shard, replica, msg.state, f"replica {replica.id} of {replica.model} {what}", now
+            )
     return []
+
+
+# A shard's steps to ready, as its events say them.
+_ON_THE_WAY = {
+    "fetching": "is fetching its weights on node {node}",
+    "starting": "is starting its engine on node {node} (shard {shard})",
+}
+
+
+def _happened(shard: Shard, replica: Replica, state: str, message: str, now: datetime) -> None:
+    event_log.record(
+        [
+            event_log.Happened(
+                f"shard_{state}",
+                message,
+                model=replica.model,
+                node=shard.node_id,
+                replica=replica.id,
+            )
+        ],
+        now=now,
+    )
 
 
 def _shard_ended(shard: Shard, replica: Replica, msg: ShardStatus, now: datetime) -> None:
@@ -515,4 +547,5 @@ def _shard_ended(shard: Shard, replica: Replica, msg: ShardStatus, now: datetime
         reason=reason,
         counts_as_failure=replica.state in ("pending", "starting"),
     )
+    # The event log says it once, from the reconciler's pass that replaces it.
     log.info(reason, extra={"replica": replica.id, "model": replica.model})

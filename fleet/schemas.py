@@ -137,3 +137,22 @@ class ReconcilerOut(Schema):
     settling: bool
     interval_s: float
     warning: str | None
+
+
+class EventOut(Schema):
+    at: datetime = Field(description="when it was first said")
+    last_at: datetime = Field(description="when it was last said")
+    count: int = Field(description="how many times it was said, from at to last_at")
+    kind: str = Field(
+        description="placement, preemption, replica_failed, shard_ready, …; model.scale, node.drain, … for a change someone made"
+    )
+    model: str
+    node: str
+    replica: str
+    message: str
+    by: str = Field(description="who made the change; empty for what the cluster did")
+
+
+class EventsOut(Schema):
+    events: list[EventOut]
+    next: str | None = Field(description="`before` for the next page; null at the end")

@@ -24,7 +24,7 @@ from llmgw.core.errors import NotFound, ServiceError
 from llmgw.core.pages import fragment_asked, page, staff_required
 from llmgw.core.permissions import needs, require
 
-from . import identity, logs, page_selectors as ps, services
+from . import event_log, identity, logs, page_selectors as ps, services
 from .dispatch import dispatch, node_disconnect
 from .domain.types import HOLDING
 from .events import LOG_LINES
@@ -258,6 +258,11 @@ def node(request: HttpRequest, node_id: str) -> HttpResponse:
         return _node_missing(request, node_id)
     fragment = "summary" if request.method == "POST" else fragment_asked(request, NODE_FRAGMENTS)
     context = _node_context(view) | {"done": done, "refused": refused, "section": "cluster"}
+    if fragment is None:  # the whole page: what happened to it, newest first
+        context |= {
+            "events": event_log.recent(node=node_id),
+            "more": f"llmgw ctl events --node {node_id}",
+        }
     return page(request, "fleet/node_detail.html", context, fragment=fragment)
 
 

@@ -3,18 +3,19 @@ usage reports."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.db.models import Count, Max, Sum
 
+from llmgw.core import clock
 from llmgw.core.errors import Invalid
 from llmgw.core.secrets import digest
 
 from .models import (
     ApiKey,
+    AuditEvent,
     CapacityQuota,
     Organization,
     PolicyRevision,
@@ -210,10 +211,6 @@ def limits_list() -> list[dict]:
 USAGE_GROUPINGS = ("project", "key", "model")
 # How far back a report reaches when nobody says.
 USAGE_DEFAULT_SPAN = timedelta(hours=24)
-_SPAN_RE = re.compile(r"^([0-9]{1,9})([smhdw])$")
-_SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-# Longer than any ISO 8601 time; refused before parsing.
-_SINCE_LONGEST = 64
 # Usage rows filtered to a scope by the column that holds that kind's ID.
 _SCOPE_COLUMNS = {
     "org": "project__team__org_id",
@@ -223,28 +220,11 @@ _SCOPE_COLUMNS = {
 
 
 def usage_since(text: str | None, *, now: datetime) -> datetime:
-    """When a usage report starts: an ISO 8601 time (UTC when it names no zone), a span back
-    from `now` (`90s`, `15m`, `24h`, `7d`, `2w`), or a day before `now` when none is given.
-
-    Raises Invalid with an example of each form for anything else.
-    """
+    """When a usage report starts: an ISO 8601 time or a span back from `now`
+    (llmgw.core.clock.since), or a day before `now` when none is given."""
     if text is None or not text.strip():
         return now - USAGE_DEFAULT_SPAN
-    text = text.strip()
-    refused = Invalid(
-        "since must be a time such as 2026-01-31T09:00:00Z or a span such as 15m, 24h or 7d, "
-        f"not {text[:_SINCE_LONGEST]!r}."
-    )
-    if len(text) > _SINCE_LONGEST:
-        raise refused
-    try:
-        span = _SPAN_RE.match(text.lower())
-        if span:
-            return now - timedelta(seconds=int(span[1]) * _SPAN_UNITS[span[2]])
-        when = datetime.fromisoformat(text)
-    except (ValueError, OverflowError):  # not a time, or one before the year 1
-        raise refused from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    return clock.since(text, now=now)
 
 
 def usage_report(*, scope: str | None, since: datetime, by: str) -> dict:
@@ -346,3 +326,27 @@ def scope_limits() -> dict[str, tuple[int | None, int | None]]:
         )
         if rpm is not None or tpm is not None
     }
+
+
+def audit_rows(
+    *,
+    prefix: str = "",
+    target: str | None = None,
+    since: datetime | None = None,
+    before: datetime | None = None,
+    limit: int,
+) -> list[tuple]:
+    """Who changed what, newest first: (id, at, actor, action, target, detail), the actions
+    starting with `prefix` (`model.`, `node.`), about `target` when given, at `since` or
+    later and before `before`."""
+    rows = AuditEvent.objects.all()
+    if prefix:
+        rows = rows.filter(action__startswith=prefix)
+    if target is not None:
+        rows = rows.filter(target=target)
+    if since is not None:
+        rows = rows.filter(at__gte=since)
+    if before is not None:
+        rows = rows.filter(at__lt=before)
+    fields = ("id", "at", "actor", "action", "target", "detail")
+    return list(rows.order_by("-at", "-id").values_list(*fields)[:limit])

@@ -136,6 +136,8 @@ class Config:
     shutdown_grace: float = 30.0
     # How long a connection may take to send a request's headers (slow clients are closed).
     header_timeout: float = 20.0
+    # How long what happened to models and nodes is kept (fleet/event_log.py), in days.
+    events_keep_days: float = 14.0
     vllm: Vllm = Vllm()
     web: Web = Web()
     agents: Agents = Agents()
@@ -253,6 +255,7 @@ def load(env: dict[str, str] | None = None) -> Config:
         on_demand_wait=_number(env, "LLMGW_ON_DEMAND_WAIT_SECONDS", 120.0, integer=False),
         shutdown_grace=_number(env, "LLMGW_SHUTDOWN_GRACE_SECONDS", 30.0, integer=False),
         header_timeout=_number(env, "LLMGW_HEADER_TIMEOUT_SECONDS", 20.0, integer=False),
+        events_keep_days=_number(env, "LLMGW_EVENTS_KEEP_DAYS", 14.0, integer=False),
         mirror=_mirror(env, home),
         vllm=_vllm(env),
         web=web_load(env, SettingError),

@@ -200,8 +200,15 @@ def test_the_tenancy_tree_is_made_listed_and_renamed_with_ctl(capsys, server):
     team = Team.objects.get()
     assert (code, out) == (0, f"team Acme/ml is now Acme/research (team:{team.pk})\n")
     code, out, _ = ctl_run(capsys, server, "project", "rename", str(project.pk), "train")
-    assert (code, out) == (0, f"project {project.pk} is now Acme/research/train (project:{project.pk})\n")
-    assert list(AuditEvent.objects.filter(action__endswith=".rename").order_by("pk").values_list("detail", flat=True)) == [
+    assert (code, out) == (
+        0,
+        f"project {project.pk} is now Acme/research/train (project:{project.pk})\n",
+    )
+    assert list(
+        AuditEvent.objects.filter(action__endswith=".rename")
+        .order_by("pk")
+        .values_list("detail", flat=True)
+    ) == [
         {"from": "ml", "to": "research"},
         {"from": "training", "to": "train"},
     ]
@@ -231,3 +238,22 @@ def test_bad_tenancy_input_is_refused_and_changes_nothing(capsys, server):
     assert code == 1
     assert sorted(Organization.objects.values_list("name", flat=True)) == ["Acme", "Beta"]
     assert list(Team.objects.values_list("name", flat=True)) == ["ml"]
+
+
+def test_ctl_events_pages_through_the_real_api(capsys, server):
+    from datetime import UTC, datetime
+
+    from fleet.event_log import Happened, record
+
+    at = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+    record([Happened("restart", f"model m restarted ({i})", model="m") for i in range(3)], now=at)
+    code, out, _ = ctl_run(capsys, server, "events", "--model", "m", "--limit", "2")
+    assert code == 0
+    assert "model m restarted (2)" in out
+    assert "model m restarted (0)" not in out
+    cursor = out.rsplit("--before ", 1)[1].strip().strip("'")
+    assert out.splitlines()[-1].startswith("older: llmgw ctl events --model m --limit 2 --before ")
+    code, out, _ = ctl_run(capsys, server, "events", "--model", "m", "--before", cursor)
+    assert (code, "model m restarted (0)" in out) == (0, True)
+    code, _, err = ctl_run(capsys, server, "events", "--since", "yesterday")
+    assert (code, "since must be a time such as" in err) == (1, True)

@@ -756,5 +756,6 @@ def test_a_node_page_makes_the_same_few_queries_whatever_it_runs(staff, now):
     for i in range(8):
         place(f"m{i}-1", f"m{i}", "gpu-a", [i], now=now)
     count, _ = queries(staff, "/nodes/gpu-a")
-    # Session, user, the node, its GPUs, the shards holding them, its replicas.
-    assert count == 6
+    # Session, user, the node, its GPUs, the shards holding them, its replicas, and what
+    # happened to it: its events and the changes people made to it.
+    assert count == 8

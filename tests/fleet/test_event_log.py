@@ -1,0 +1,224 @@
+"""The event log (issue 14, item 3): what happened to each model and node, from the
+reconciler's passes, the agents' reports and who changed what, newest first and paged."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from catalog.services import model_scale
+from fleet import event_log
+from fleet.event_log import Happened, events_page, expire, record
+from fleet.events import ShardStatus
+from fleet.models import EventRecord, Replica
+from fleet.reconciler import reconcile_once
+from fleet.reports import shard_status_record
+from llmgw.core.errors import Invalid
+
+from .builders import gpu_model, model_added, node_add
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture(autouse=True)
+def _forget_what_this_process_wrote():
+    """A test's rows go with its transaction: what the log remembers of them must too."""
+    event_log._last.clear()
+    event_log._expired_at = float("-inf")
+    yield
+    event_log._last.clear()
+
+
+def rows() -> list[tuple]:
+    return list(EventRecord.objects.order_by("id").values_list("kind", "message", "count"))
+
+
+def test_the_same_sentence_again_counts_on_its_row_and_another_is_a_row_of_its_own():
+    said = Happened("unplaceable", "model m cannot be placed: no node has 8 GPUs", model="m")
+    record([said], now=at(0))
+    record([said], now=at(5))
+    event_log._last.clear()  # a process started since: the database tells it the last row
+    record([said], now=at(10))
+    record([Happened("unplaceable", "model m cannot be placed: 3 GB short", model="m")], now=at(15))
+    record([said], now=at(20))
+
+    assert rows() == [
+        ("unplaceable", "model m cannot be placed: no node has 8 GPUs", 3),
+        ("unplaceable", "model m cannot be placed: 3 GB short", 1),
+        ("unplaceable", "model m cannot be placed: no node has 8 GPUs", 1),
+    ]
+    first = EventRecord.objects.order_by("id").first()
+    assert (first.at, first.last_at) == (at(0), at(10))
+
+
+def test_a_sentence_said_again_after_a_day_is_told_again():
+    said = Happened("node_state", "node a is unreachable: silent for 15 s", node="a")
+    record([said], now=at(0))
+    record([said], now=at(0) + event_log.REPEAT_WITHIN + timedelta(seconds=1))
+    assert [c for _, _, c in rows()] == [1, 1]
+
+
+def test_a_passs_decisions_are_kept_under_their_model_and_node(no_settle):
+    model_added(gpu_model("llama"))
+    huge = gpu_model("huge")
+    huge["profiles"][0]["tp"] = 16  # more GPUs than any node has
+    model_added(huge)
+    node_add("gpu-a", now=T0)
+
+    for second in (0, 5, 10):
+        reconcile_once(now=at(second))
+
+    replica = Replica.objects.get(model="llama")
+    placed = EventRecord.objects.get(kind="placement")
+    assert (placed.model, placed.node, placed.replica) == ("llama", "gpu-a", replica.id)
+    assert placed.message.startswith(f"replica {replica.id} of llama placed on gpu-a")
+    # A row per sentence: the room changed once (llama took a GPU), the third pass said
+    # nothing new.
+    unplaceable = list(
+        EventRecord.objects.filter(kind="unplaceable")
+        .order_by("id")
+        .values_list("model", "message")
+    )
+    assert unplaceable == [
+        ("huge", "model huge cannot be placed: node gpu-a has 2 free h100-80g GPUs of 2, needs 16"),
+        ("huge", "model huge cannot be placed: node gpu-a has 1 free h100-80g GPUs of 2, needs 16"),
+    ]
+
+
+def test_a_shards_way_to_ready_is_told_once_a_step(no_settle):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    shard = Replica.objects.get().shards.get()
+
+    def says(state: str, second: float, **more) -> None:
+        msg = ShardStatus(type="shard_status", shard_id=shard.id, state=state, **more)
+        shard_status_record(node_id="gpu-a", msg=msg, now=at(second))
+
+    says("fetching", 1, progress={"done": 1, "total": 10})
+    says("fetching", 2, progress={"done": 5, "total": 10})  # progress: no new event
+    says("starting", 3)
+    says("ready", 4)
+
+    told = list(
+        EventRecord.objects.filter(kind__startswith="shard_")
+        .order_by("id")
+        .values_list("kind", "node", "count")
+    )
+    assert told == [
+        ("shard_fetching", "gpu-a", 1),
+        ("shard_starting", "gpu-a", 1),
+        ("shard_ready", "gpu-a", 1),
+    ]
+    happened = [e for e in events_page(model="llama")["events"] if not e["by"]]
+    assert happened[0]["message"] == f"replica {shard.replica_id} of llama is ready"
+
+
+def test_a_page_is_newest_first_with_who_changed_what_beside_what_happened(no_settle):
+    model_added(gpu_model("llama", scaling={"min": 1, "max": 3}))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    model_scale(name="llama", actor="dana", scaling={"min": 2})
+
+    page = events_page(model="llama")
+    kinds = [e["kind"] for e in page["events"]]
+    assert kinds[0] == "model.scale"
+    assert page["events"][0]["by"] == "dana"
+    assert page["events"][0]["message"] == "model llama scaled by dana: min 2"
+    assert "placement" in kinds
+    assert page["next"] is None
+    # Another model's or node's are not on it.
+    record([Happened("placement", "replica q-1 of qwen placed", model="qwen")], now=T0)
+    assert all(e["model"] == "llama" for e in events_page(model="llama")["events"])
+    assert [e["model"] for e in events_page(node="gpu-b")["events"]] == []
+
+
+def test_pages_follow_one_another_without_losing_or_repeating_one():
+    # Many said in the same pass share its moment: the cursor still cuts between them.
+    record(
+        [
+            Happened("placement", f"replica r{i} placed", model="m", replica=f"r{i}")
+            for i in range(7)
+        ],
+        now=at(0),
+    )
+    record(
+        [Happened("restart", f"model m restarted ({i})", model="m") for i in range(3)], now=at(5)
+    )
+    seen, before = [], None
+    while True:
+        page = events_page(model="m", limit=3, before=before)
+        seen += [e["message"] for e in page["events"]]
+        if page["next"] is None:
+            break
+        before = page["next"]
+    assert len(seen) == len(set(seen)) == 10
+    assert seen[0] == "model m restarted (2)"
+    assert events_page(model="m", since=at(1))["events"][-1]["message"] == "model m restarted (0)"
+
+
+@pytest.mark.parametrize(
+    "cursor", ["yesterday", "2026-03-02T09:00:00~2~1", "2026-03-02T09:00:00~1~x", "~~"]
+)
+def test_a_cursor_that_is_not_a_pages_is_refused(cursor):
+    with pytest.raises(Invalid, match="before must be the `next` of a page"):
+        events_page(before=cursor)
+
+
+def test_rows_kept_past_their_days_are_deleted_at_most_hourly():
+    record([Happened("restart", "model m restarted", model="m")], now=at(0))
+    record([Happened("restart", "model n restarted", model="n")], now=at(0) + timedelta(days=20))
+    assert expire(now=at(0) + timedelta(days=20), keep_days=14) == 1
+    assert [m for _, m, _ in rows()] == ["model n restarted"]
+    # Within the hour nothing is looked at again.
+    assert expire(now=at(0) + timedelta(days=40), keep_days=14) == 0
+
+
+def test_the_api_pages_events_and_refuses_what_is_not_a_query(api, no_settle):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+
+    answer = api.call("GET", "/events?model=llama&since=1000w")
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["next"] is None
+    assert {"placement"} <= {e["kind"] for e in body["events"]}
+    for query, says in [
+        ("limit=0", "limit must be from 1 to 500"),
+        ("limit=501", "limit must be from 1 to 500"),
+        ("since=yesterday", "since must be a time such as"),
+        ("before=nope", "before must be the `next` of a page"),
+        ("limit=x", "limit"),
+    ]:
+        refused = api.call("GET", f"/events?{query}")
+        assert refused.status_code == 400, (query, refused.content)
+        assert says in refused.content.decode(), (query, refused.content)
+
+
+def test_the_model_and_node_pages_show_what_happened_newest_first(admin_client, no_settle):
+    model_added(gpu_model("llama", scaling={"min": 1, "max": 3}))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    model_scale(name="llama", actor="dana", scaling={"min": 2})
+    replica = Replica.objects.get()
+
+    page = admin_client.get("/models/llama").content.decode()
+    events = page[page.index('<section id="events">') :]
+    assert events.index("model llama scaled by dana: min 2") < events.index(
+        f"replica {replica.id} of llama placed on gpu-a"
+    )
+    assert "llmgw ctl events --model llama" in events
+
+    page = admin_client.get("/nodes/gpu-a").content.decode()
+    events = page[page.index('<section id="events">') :]
+    assert f"replica {replica.id} of llama placed on gpu-a" in events
+    assert "scaled by dana" not in events  # a change to the model, not to the node
+    assert "llmgw ctl events --node gpu-a" in events
