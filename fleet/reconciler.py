@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, close_old_connections, connection, transaction
 from django.db.models import Q
 
-from llmgw.core import clock
+from llmgw.core import clock, tracing
 from llmgw.core.outage import Outage
 
 from . import event_log
@@ -192,12 +192,24 @@ FREEZE = WarmFreeze()
 
 
 def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) -> dict:
-    """Run one pass; return what it did: `{"ran", "events", "starts", "stops", ...}`."""
+    """Run one pass; return what it did: `{"ran", "events", "starts", "stops", ...}`.
+    With tracing on, in a span of its own, each decision an event on it."""
     now = now or clock.now()
-    with pass_lock(holder=_holder(), now=now) as mine:
-        if not mine:
-            return {"ran": False, "detail": "another reconciler pass is running", "events": []}
-        return _pass(now, fresh_start)
+    with tracing.span("llmgw.reconciler.pass") as span:
+        with pass_lock(holder=_holder(), now=now) as mine:
+            if not mine:
+                tracing.said(span, **{"llmgw.ran": False})
+                return {"ran": False, "detail": "another reconciler pass is running", "events": []}
+            done = _pass(now, fresh_start)
+        if span is not None:
+            tracing.said(
+                span,
+                **{"llmgw.ran": True, "llmgw.settling": done["settling"]},
+                **{f"llmgw.{k}": done[k] for k in ("starts", "stops", "drains", "forgets")},
+            )
+            for line in done["events"]:
+                span.add_event("decision", {"message": line})
+        return done
 
 
 def _pass(now: datetime, fresh_start: bool) -> dict:

@@ -20,6 +20,7 @@ from fleet.identity import mirror_refusal  # noqa: E402
 # The project's Celery app, imported to be this process's current one: a wake sent from here
 # (fleet/wake.py, mirror/wake.py) goes to its broker, not to Celery's default app.
 from llmgw.celery import app as celery_app  # noqa: E402, F401
+from llmgw.core import tracing  # noqa: E402
 from llmgw.gateway.app import Gateway  # noqa: E402
 from mirror.files import MirrorFiles  # noqa: E402
 
@@ -36,6 +37,8 @@ class StaticFiles(ASGIStaticFilesHandler):
             raise Http404("There is no such static file.") from None
 
 
+# Spans over OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT says where (docs/tracing.md).
+tracing.configure()
 gateway = Gateway(MirrorFiles(StaticFiles(django_asgi), refusal=mirror_refusal))
 application = ProtocolTypeRouter(
     {

@@ -43,7 +43,9 @@ def _create(kind: str) -> Callable[[Api, argparse.Namespace, Output], None]:
         parent, name = split(kind, args.path)
         body = {"name": name} if parent_field is None else {parent_field: parent, "name": name}
         made = api.post(f"/{collection}", body)
-        out.show(made, lambda m: f"{NOUNS[kind]} {m.get('path') or m['name']} added ({kind}:{m['id']})")
+        out.show(
+            made, lambda m: f"{NOUNS[kind]} {m.get('path') or m['name']} added ({kind}:{m['id']})"
+        )
 
     return run
 

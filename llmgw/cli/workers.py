@@ -119,9 +119,7 @@ class Supervisor:
         # A session of its own: a terminal's Ctrl-C reaches this process only, which passes
         # it on once (a second signal would stop a worker at once).
         env = {**os.environ, worker_series.FOLDER_ENV: self.series}
-        self.procs[i] = subprocess.Popen(
-            argv, pass_fds=(fd,), start_new_session=True, env=env
-        )
+        self.procs[i] = subprocess.Popen(argv, pass_fds=(fd,), start_new_session=True, env=env)
         self.started[i] = time.monotonic()
 
     def _died(self, i: int, proc: subprocess.Popen, listener: socket.socket) -> None:

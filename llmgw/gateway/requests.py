@@ -10,6 +10,7 @@ import json
 import logging
 import time
 
+from llmgw.core import tracing
 from llmgw.gateway import metrics
 from llmgw.gateway.answers import (
     JSON_HEADERS,
@@ -82,20 +83,39 @@ def _parse(raw: bytes, endpoint: str) -> dict:
 
 
 async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
-    """Answer one `/v1/` request, whatever happens: an error is always an OpenAI-style body."""
+    """Answer one `/v1/` request, whatever happens: an error is always an OpenAI-style body.
+    With tracing on, inside a span of its own (docs/tracing.md)."""
+    if tracing.TRACER is None:
+        await _serve(rt, scope, receive, send, None)
+        return
+    path = scope["path"]
+    with tracing.span(
+        f"{scope['method']} {path}",
+        "SERVER",
+        **{"http.request.method": scope["method"], "url.path": path},
+    ) as span:
+        await _serve(rt, scope, receive, send, span)
+
+
+async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) -> None:
     started = time.perf_counter()
     path, method = scope["path"], scope["method"]
     req: Request | None = None
     model_series = metrics.series("")
+    status = 0
     try:
-        key = await rt.key_of(scope["headers"])
+        with tracing.span("llmgw.admission.key"):
+            key = await rt.key_of(scope["headers"])
+        if span is not None:
+            project = rt.tables.scope_names.get(key.scopes[0], key.scopes[0])
+            tracing.said(span, **{"llmgw.key": key.prefix, "llmgw.project": project})
         if path == "/v1/models" or path.startswith("/v1/models/"):
             if method != "GET":
                 raise Refused(405, "Use GET.", "invalid_request_error", reason="bad_request")
             # The ASGI path is decoded already: `/v1/models/org%2Fm` names `org/m`.
             name = path[len("/v1/models/") :] if path != "/v1/models" else None
             answer = rt.models_json(key) if name is None else rt.model_json(key, name)
-            await send_answer(send, 200, answer)
+            await send_answer(send, status := 200, answer)
             model_series.answered(200)
             return
         endpoint = ENDPOINTS.get(path)
@@ -129,11 +149,15 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
             model=spec.name,
         )
         model_series = metrics.series(spec.name)
-        await _admit(rt, req)
+        tracing.said(span, **{"gen_ai.request.model": body["model"], "llmgw.model": spec.name})
+        with tracing.span("llmgw.admission.limits"):
+            await _admit(rt, req)
         status = await route(rt, req, receive, send)
         model_series = metrics.series(req.model)
         model_series.answered(status)
     except Refused as refused:
+        status = refused.status
+        tracing.said(span, **{"llmgw.refused": refused.reason, "error.type": refused.code})
         model_series.failed(refused.reason)
         model_series.answered(refused.status)
         headers = JSON_HEADERS
@@ -145,10 +169,12 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
     except ClientGone:
         # Hanging up once the whole answer has passed is no failure: only the close was left.
         if req is not None and req.done:
+            status = 200
             model_series = metrics.series(req.model)
             model_series.answered(200)
             record_usage(rt, req, req.usage, error=False)
         else:
+            status = 499  # as nginx says it: the client went before its answer
             model_series.failed("client_gone")
             if req is not None:
                 record_usage(rt, req, req.usage, error=True)
@@ -160,6 +186,7 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
         model_series.failed("shutdown")
         if req is not None:
             record_usage(rt, req, req.usage, error=True)
+        status = 503
         with contextlib.suppress(Exception):  # the answer may have begun already
             await send_answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
     except Exception:
@@ -169,11 +196,37 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
         model_series.answered(500)
         if req is not None:
             record_usage(rt, req, req.usage, error=True)
+        status = 500
         error = Refused(500, "The gateway failed to answer.", "server_error", reason="internal")
         with contextlib.suppress(Exception):  # the answer may have begun already
             await send_answer(send, 500, error.body())
     finally:
         model_series.duration.observe(time.perf_counter() - started)
+        if span is not None:
+            _span_end(span, req, status)
+
+
+def _span_end(span, req: Request | None, status: int) -> None:
+    """What the request's span says once it is answered: its status, the model that
+    served it, and the engine's token counts when they came."""
+    usage = req.usage if req is not None and isinstance(req.usage, dict) else {}
+    tracing.said(
+        span,
+        **{
+            "http.response.status_code": status or None,
+            "llmgw.served_by": req.model if req is not None else None,
+            "gen_ai.usage.input_tokens": _count(usage.get("prompt_tokens")),
+            "gen_ai.usage.output_tokens": _count(usage.get("completion_tokens")),
+        },
+    )
+    if status >= 500 or not status:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, f"answered {status or 'nothing'}"))
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 async def _admit(rt: State, req: Request) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import time
 
+from llmgw.core import tracing
 from llmgw.gateway.answers import ClientGone, Receive, Refused, Send
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.state import Request, State, in_a_thread
@@ -37,16 +38,19 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
     watcher = asyncio.get_running_loop().create_task(watch())
     try:
         while True:
-            up = None
-            for i, model in enumerate(chain):
-                up = rt.pick(model, req.tried)
-                if up is not None:
-                    # Served by a fallback for now; an on-demand model before it is started.
-                    for m in chain[:i]:
-                        spec = rt.tables.models.get(m)
-                        if spec is not None and spec.on_demand:
-                            rt.start_soon(m)
-                    break
+            with tracing.span("llmgw.routing") as span:
+                up = None
+                for i, model in enumerate(chain):
+                    up = rt.pick(model, req.tried)
+                    if up is not None:
+                        # Served by a fallback for now; an on-demand model before it is started.
+                        for m in chain[:i]:
+                            spec = rt.tables.models.get(m)
+                            if spec is not None and spec.on_demand:
+                                rt.start_soon(m)
+                        break
+                if span is not None:
+                    _routing_said(span, rt, req, up)
             if up is None:
                 if req.tried:
                     raise Refused(
@@ -79,6 +83,29 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
         raise
     finally:
         watcher.cancel()
+
+
+def _routing_said(span, rt: State, req: Request, up) -> None:
+    """The replica chosen, and why: the fewest requests in flight for its weight among the
+    ready ones, a fallback's, or none."""
+    if up is None:
+        why = "no replica ready" + (f" untried ({len(req.tried)} tried)" if req.tried else "")
+    else:
+        ready = len(rt.tables.upstreams.get(up.model, ()))
+        inflight = rt.inflight.get(up.replica_id, 0)
+        why = f"fewest requests in flight ({inflight}) of {ready} ready"
+        if up.model != req.model:
+            why = f"a fallback of {req.model}: {why}"
+        if req.tried:
+            why += f"; {len(req.tried)} tried already"
+    tracing.said(
+        span,
+        **{
+            "llmgw.replica": up.replica_id if up else None,
+            "llmgw.model": up.model if up else req.model,
+            "llmgw.why": why,
+        },
+    )
 
 
 async def _wait_for_replica(rt: State, req: Request, chain: list[str]) -> None:

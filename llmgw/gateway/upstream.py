@@ -9,6 +9,7 @@ import logging
 
 import aiohttp
 
+from llmgw.core import tracing
 from llmgw.gateway import metrics
 from llmgw.gateway.answers import Refused, Send, send_answer
 from llmgw.gateway.load import BOARD
@@ -51,6 +52,30 @@ async def proxy(rt: State, req: Request, up: Upstream, send: Send) -> int:
             )
         body = json.dumps(changed).encode()
     headers = {"Authorization": up.authorization, "Content-Type": "application/json"}
+    if tracing.TRACER is not None:
+        return await _traced(rt, req, up, send, body, headers)
+    return await _proxy(rt, req, up, send, body, headers)
+
+
+async def _traced(rt: State, req: Request, up: Upstream, send: Send, body, headers) -> int:
+    """One attempt inside a span of its own, its W3C traceparent passed on to the engine."""
+    attributes = {
+        "llmgw.replica": up.replica_id,
+        "llmgw.model": up.model,
+        "url.full": up.url + req.path,
+    }
+    with tracing.span("llmgw.upstream", "CLIENT", **attributes) as span:
+        tracing.inject(headers)
+        try:
+            status = await _proxy(rt, req, up, send, body, headers)
+        except Unreachable as exc:
+            tracing.said(span, **{"error.type": "unreachable", "llmgw.why": str(exc)})
+            raise
+        tracing.said(span, **{"http.response.status_code": status})
+        return status
+
+
+async def _proxy(rt: State, req: Request, up: Upstream, send: Send, body, headers) -> int:
     rid, model = up.replica_id, up.model
     rt.inflight[rid] = rt.inflight.get(rid, 0) + 1
     BOARD.running[model] = BOARD.running.get(model, 0) + 1
@@ -138,7 +163,9 @@ async def _whole(rt: State, req: Request, resp, kind: str, send: Send) -> int:
     error = status >= 400
     if error:
         metrics.series(req.model).failed("upstream_status")
-    record_usage(rt, req, _usage_in(data) if status == 200 else None, error=error)
+    if status == 200:
+        req.usage = _usage_in(data)  # the engine's figures, for the request's span too
+    record_usage(rt, req, req.usage if status == 200 else None, error=error)
     content_type = (kind or "application/json").encode("latin-1", "replace")
     await send_answer(send, status, data, [(b"content-type", content_type)])
     return status
