@@ -12,7 +12,7 @@ from llmgw.core.api import actor
 from llmgw.core.errors import Invalid
 from tenancy.auth import can
 
-from . import dry_runs, event_log, identity, listings, logs, selectors, services
+from . import dry_runs, event_log, identity, listings, logs, selectors, services, upgrades
 from .dispatch import dispatch, node_disconnect
 from .reconciler import reconcile_once
 from .schemas import (
@@ -24,8 +24,11 @@ from .schemas import (
     PreemptionOut,
     ReconcileOut,
     ReconcilerOut,
+    ReleaseIn,
+    ReleaseOut,
     ReplicaOut,
     TargetOut,
+    UpgradeIn,
 )
 
 router = Router(tags=["fleet"])
@@ -66,6 +69,26 @@ def node_drain(request, node_id: str):
 def node_approve(request, node_id: str):
     """Let a node held by LLMGW_NODE_APPROVAL=manual into placement."""
     return {"detail": identity.node_approve(node_id=node_id, actor=actor(request))}
+
+
+@router.post("/releases", response=ReleaseOut, auth=can("fleet.change_node"))
+def release_offer(request, payload: ReleaseIn):
+    """The llmgw release nodes would be upgraded to: the mirror's `version`, or without one
+    the release this control plane runs (its wheel built and kept on first asking)."""
+    return upgrades.release_for_upgrade(
+        version=payload.version, actor=actor(request), now=clock.now()
+    )
+
+
+@router.post("/nodes/{node_id}/upgrade", response=DetailOut, auth=can("fleet.change_node"))
+def node_upgrade(request, node_id: str, payload: UpgradeIn):
+    """Tell the node's agent to install `version` and re-execute itself, its engines kept
+    running; it reports back as events (`upgrade`, `upgrade_failed`)."""
+    return {
+        "detail": upgrades.node_upgrade(
+            node_id=node_id, version=payload.version, actor=actor(request), now=clock.now()
+        )
+    }
 
 
 @router.delete("/nodes/{node_id}", response=DetailOut, auth=can("fleet.delete_node"))

@@ -34,6 +34,7 @@ from .reports import (
     node_weights_record,
     shard_status_record,
 )
+from .upgrades import upgrade_reported
 
 log = logging.getLogger("llmgw.agents")
 
@@ -341,6 +342,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
             node_id=self.node_id, msg=msg, now=clock.now()
         )
         await self._send_commands(commands)
+
+    async def on_upgrade_status(self, msg: events.UpgradeStatus) -> None:
+        await database_sync_to_async(upgrade_reported)(
+            node_id=self.node_id, msg=msg, now=clock.now()
+        )
 
     async def on_engine_log_lines(self, msg: events.EngineLogLines) -> None:
         asked = self.log_requests.pop(msg.request_id, None)

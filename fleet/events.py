@@ -209,7 +209,17 @@ class EngineLogLines(_Message):
     ] = []
 
 
-Message = Register | Heartbeat | ShardStatus | EngineLoad | EngineLogLines
+class UpgradeStatus(_Message):
+    """How an `upgrade` the control plane asked for goes: the release being installed, the
+    agent restarting into it, or failed with why (nothing changed then)."""
+
+    type: Literal["upgrade_status"]
+    version: Annotated[str, StringConstraints(min_length=1, max_length=40, pattern=_TEXT)]
+    state: Literal["installing", "restarting into", "failed"]
+    detail: Annotated[str, StringConstraints(max_length=2000, pattern=_TEXT)] = ""
+
+
+Message = Register | Heartbeat | ShardStatus | EngineLoad | EngineLogLines | UpgradeStatus
 AgentMessage = Annotated[Message, Field(discriminator="type")]
 _adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
 

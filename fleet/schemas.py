@@ -156,3 +156,19 @@ class EventOut(Schema):
 class EventsOut(Schema):
     events: list[EventOut]
     next: str | None = Field(description="`before` for the next page; null at the end")
+
+
+class ReleaseIn(Schema):
+    version: str | None = Field(
+        None, description="a release the mirror holds; none: this control plane's own"
+    )
+
+
+class ReleaseOut(Schema):
+    version: str
+    sha256: str
+    size: int
+
+
+class UpgradeIn(Schema):
+    version: str = Field(description="a release the mirror holds (POST /releases offers one)")

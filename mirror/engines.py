@@ -23,7 +23,7 @@ from django.db import IntegrityError, transaction
 from llmgw.core.errors import Conflict, Invalid, NotFound
 
 from . import store
-from .domain.platforms import BINARY_ENGINES, PLATFORM, this_platform
+from .domain.platforms import BINARY_ENGINES, PLATFORM, RELEASE, RELEASE_PLATFORM, this_platform
 from .models import EngineBuild, WeightFile
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -54,10 +54,11 @@ class EngineBuildRef:
 
 def _checked(engine: str, version: str, platform: str, sha256: str) -> tuple[str, str, str, str]:
     engine = (engine or "").strip()
-    if engine not in BINARY_ENGINES:
+    if engine not in BINARY_ENGINES and engine != RELEASE:
         known = ", ".join(sorted(BINARY_ENGINES))
         raise Invalid(
-            f"The mirror holds builds of {known} only, not {engine or '(no engine)'!r}; "
+            f"The mirror holds builds of {known} (and {RELEASE}'s own releases) only, not "
+            f"{engine or '(no engine)'!r}; "
             "vLLM is installed with pip by each GPU node, the version LLMGW_VLLM_VERSION pins."
         )
     version = (version or "").strip()
@@ -66,7 +67,9 @@ def _checked(engine: str, version: str, platform: str, sha256: str) -> tuple[str
             "version must be 1 to 100 characters with no slash or control character "
             "(what the engine's --version says)."
         )
-    platform = (platform or "").strip() or this_platform()
+    platform = (
+        RELEASE_PLATFORM if engine == RELEASE else (platform or "").strip() or this_platform()
+    )
     if not PLATFORM.match(platform):
         raise Invalid(f"platform {platform!r} is not <os>-<machine>, such as linux-x86_64.")
     digest = (sha256 or "").strip().lower()

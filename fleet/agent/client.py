@@ -14,7 +14,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import random
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,7 @@ from fleet.agent.discovery import LoadSampler, Machine
 from fleet.agent.gpu_holders import gpu_holders
 from fleet.agent.sensors import SensorSampler
 from fleet.agent.supervisor import Supervisor
+from fleet.agent.upgrade import UpgradeError, Upgrader, restart_argv
 from mirror.domain.platforms import this_platform
 
 log = logging.getLogger(__name__)
@@ -104,6 +107,8 @@ class Agent:
         self._weights_sent: list[dict[str, Any]] | None = None
         self._disk_sent: dict[str, float] | None = None
         self._installs_sent: list[dict[str, str]] | None = None
+        # Set by main: installs releases the control plane names (fleet/agent/upgrade.py).
+        self.upgrader: Upgrader | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set, then stop every engine and return."""
@@ -347,12 +352,51 @@ class Agent:
             self._delete_weights(msg)
         elif kind == "engine_log":
             self._spawn(self._answer_engine_log(msg), "engine-log")
+        elif kind == "upgrade":
+            self._spawn(self._upgrade(msg), "upgrade")
         elif kind == "error":
             log.warning("control plane error: %s", msg.get("detail"))
         elif kind == "registered":
             pass
         else:
             log.debug("ignoring a %r message", kind)
+
+    async def _upgrade(self, msg: dict[str, Any]) -> None:
+        """Install the release the control plane names and re-execute into it, engines left
+        running for the new agent to adopt; or say why not, and go on as before."""
+        upgrader = self.upgrader
+        version = str(msg.get("version"))[:40]
+        if upgrader is None:
+            await self._say_upgrade(
+                version, "failed", "this agent was not started to upgrade itself"
+            )
+            return
+        await self._say_upgrade(version, "installing")
+        try:
+            await upgrader.install(msg)
+        except UpgradeError as exc:
+            log.error("upgrade to llmgw %s failed: %s", version, exc)
+            await self._say_upgrade(version, "failed", str(exc))
+            return
+        log.info("llmgw %s installed; restarting into it, engines left running", version)
+        await self._say_upgrade(version, "restarting into")
+        await self._flush(FLUSH_ON_EXIT_S)
+        if self._ws is not None:
+            with contextlib.suppress(WebSocketException, OSError, TimeoutError):
+                await asyncio.wait_for(self._ws.close(1012, "agent upgrading"), 2.0)
+        self.supervisor.ledger_flush()
+        os.execv(sys.executable, restart_argv())
+
+    async def _say_upgrade(self, version: str, state: str, detail: str = "") -> None:
+        with contextlib.suppress(ConnectionError, WebSocketException, OSError):
+            await self._send(
+                {
+                    "type": "upgrade_status",
+                    "version": version,
+                    "state": state,
+                    "detail": detail[:2000],
+                }
+            )
 
     def _delete_weights(self, msg: dict[str, Any]) -> None:
         """Delete cached weights the control plane says nothing here uses; a file a shard

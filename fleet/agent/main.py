@@ -25,6 +25,7 @@ from fleet.agent.discovery import Machine, advertise_address, parse_gpu_spec, si
 from fleet.agent.engines import use_binary
 from fleet.agent.install import Installer
 from fleet.agent.supervisor import Supervisor
+from fleet.agent.upgrade import Upgrader
 
 log = logging.getLogger("fleet.agent")
 
@@ -287,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         advertise,
         url,
     )
-    asyncio.run(_run(Agent(settings, machine, supervisor)))
+    agent = Agent(settings, machine, supervisor)
+    agent.upgrader = Upgrader(state_dir, server=args.server, bearer=credentials)
+    asyncio.run(_run(agent))
     return 0
 
 

@@ -354,6 +354,12 @@ class Supervisor:
     def _endpoint(self, port: int) -> str:
         return f"http://{host_for_url(self.advertise_addr)}:{port}"
 
+    def ledger_flush(self) -> None:
+        """Write down every engine as it is now: this agent is about to be replaced by its
+        next release (fleet/agent/upgrade.py), which adopts them."""
+        for shard in list(self._shards.values()):
+            self._record(shard)
+
     def _record(self, shard: Shard) -> None:
         """Write down the shard's engine (ledger.py), as it is now."""
         proc, port = shard.process, shard.port

@@ -19,6 +19,7 @@ commands:
   migrate       create or update the database tables
   engines       build an engine once on this machine (llmgw engines build llamacpp)
   ctl           talk to a running control plane's REST API (llmgw ctl --help)
+  upgrade       upgrade this machine's llmgw by hand and restart its service (the nodes: ctl upgrade)
   version       print llmgw's version
 """
 
@@ -70,6 +71,10 @@ def _main(argv: list[str]) -> int:
         from .engines import main as engines
 
         return engines(rest)
+    if command == "upgrade":
+        from .upgrade import main as upgrade
+
+        return upgrade(rest)
     if command == "ctl":
         from .ctl import main as ctl
 

@@ -33,6 +33,7 @@ from llmgw.cli import (
     ctl_quota,
     ctl_replicas,
     ctl_tenancy,
+    ctl_upgrade,
     ctl_usage,
     ctl_weights,
 )
@@ -57,6 +58,7 @@ COMMANDS = [
     ctl_weights,
     ctl_engines,
     ctl_replicas,
+    ctl_upgrade,
 ]
 
 

@@ -47,9 +47,9 @@ def configure() -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from llmgw import __version__
+    from .version import installed
 
-    attributes = {"service.version": __version__}
+    attributes = {"service.version": installed()}
     if not os.environ.get("OTEL_SERVICE_NAME", "").strip():
         attributes["service.name"] = "llmgw"
     provider = TracerProvider(resource=Resource.create(attributes))
