@@ -257,3 +257,29 @@ def test_ctl_events_pages_through_the_real_api(capsys, server):
     assert (code, "model m restarted (0)" in out) == (0, True)
     code, _, err = ctl_run(capsys, server, "events", "--since", "yesterday")
     assert (code, "since must be a time such as" in err) == (1, True)
+
+
+def test_ctl_upgrade_refuses_what_it_cannot_roll_and_sends_nothing(
+    capsys, server, settings, tmp_path
+):
+    import io
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    from fleet.models import EventRecord
+    from mirror.engines import engine_build_add
+    from tests.fleet.builders import node_add
+
+    settings.LLMGW = replace(settings.LLMGW, mirror=replace(settings.LLMGW.mirror, dir=tmp_path))
+    now = datetime.now(UTC)
+    node_add("gpu-a", now=now)
+    code, _, err = ctl_run(capsys, server, "upgrade", "1.2.3")
+    assert code == 1
+    assert "The mirror holds no llmgw 1.2.3: add its wheel with llmgw ctl engines add" in err
+
+    engine_build_add(data=io.BytesIO(b"wheel"), engine="llmgw", version="1.2.3", actor="t", now=now)
+    code, _, err = ctl_run(capsys, server, "upgrade", "1.2.3", "--nodes", "gpu-a,nope")
+    assert (code, err) == (2, "error: there is no node nope; nothing was upgraded\n")
+    code, _, err = ctl_run(capsys, server, "upgrade", "1.2.3", "--wait", "0")
+    assert code == 2
+    assert not EventRecord.objects.filter(kind="upgrade").exists()

@@ -222,3 +222,70 @@ def test_the_model_and_node_pages_show_what_happened_newest_first(admin_client, 
     assert f"replica {replica.id} of llama placed on gpu-a" in events
     assert "scaled by dana" not in events  # a change to the model, not to the node
     assert "llmgw ctl events --node gpu-a" in events
+
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}
+
+
+def test_a_preemption_says_for_whom_and_the_drain_and_stop_say_why(no_settle):
+    from tests.fleet.test_reconciler import heard, ready
+
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    reconcile_once(now=T0)
+    for r in Replica.objects.all():
+        ready(r, at(10))
+    heard("gpu-a", at(400))
+    model_added(gpu_model("vital", **{"class": "critical"}))
+    reconcile_once(now=at(400))
+    heard("gpu-a", at(431))
+    reconcile_once(now=at(431))
+
+    victim = Replica.objects.get(preempted_for="vital")
+    told = {e["kind"]: e for e in events_page(model="chat")["events"] if not e["by"]}
+    assert "preempted for vital (critical)" in told["preemption"]["message"]
+    assert told["preemption"]["replica"] == victim.pk
+    assert told["preemption"]["node"] == "gpu-a"
+    stops = [e for e in events_page(model="chat", limit=100)["events"] if e["replica"] == victim.pk]
+    assert any("it gave room to vital" in e["message"] for e in stops)
+
+
+def test_a_failure_says_its_cause_and_a_node_its_state(no_settle):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    shard = Replica.objects.get().shards.get()
+    shard_status_record(
+        node_id="gpu-a",
+        msg=ShardStatus(
+            type="shard_status",
+            shard_id=shard.id,
+            state="failed",
+            exit_code=1,
+            detail="CUDA out of memory: tried to allocate 20.00 GiB\nlast line",
+        ),
+        now=at(5),
+    )
+    reconcile_once(now=at(6))
+    failed = EventRecord.objects.get(kind="replica_failed")
+    assert failed.model == "llama"
+    assert "(exit code 1): CUDA out of memory: tried to allocate 20.00 GiB" in failed.message
+
+    for second in range(10, 30, 5):  # passes on their beat while the node stays silent
+        reconcile_once(now=at(second))
+    states = [
+        e["message"] for e in events_page(node="gpu-a")["events"] if e["kind"] == "node_state"
+    ]
+    assert states and all(m.startswith("node gpu-a is ") for m in states)
+
+
+def test_quota_and_limit_changes_are_in_the_list_with_who_made_them():
+    from tenancy.services import limit_set, org_create, quota_set
+
+    org_create(name="Acme", actor="t")
+    quota_set(scope="org:Acme", guarantee={"gpus": 8}, limit=None, actor="dana")
+    limit_set(scope="org:Acme", requests_per_minute=600, tokens_per_minute=None, actor="erin")
+    told = {e["kind"]: e for e in events_page()["events"]}
+    assert told["quota.set"]["by"] == "dana"
+    assert told["quota.set"]["message"].startswith("quota org:")
+    assert told["limit.set"]["by"] == "erin"
