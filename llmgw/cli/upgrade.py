@@ -11,13 +11,14 @@ watched until it has stayed active, as the seed's `llmgw upgrade` does.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .engines import sha256_of
 
 # How long a restarted unit has to be seen active three checks in a row.
 SERVICE_WAIT_S = 30.0
@@ -63,7 +64,7 @@ def _wheel(args) -> tuple[Path, str]:
     if args.wheel is not None:
         if not args.wheel.is_file():
             raise UpgradeFailed(f"{args.wheel} is not a file")
-        return args.wheel, (args.sha256 or "").strip().lower() or _digest(args.wheel)
+        return args.wheel, (args.sha256 or "").strip().lower() or sha256_of(args.wheel)
     from .django_setup import setup_django
 
     setup_django()
@@ -79,7 +80,7 @@ def _wheel(args) -> tuple[Path, str]:
 
 
 def _install(wheel: Path, version: str, digest: str) -> None:
-    got = _digest(wheel)
+    got = sha256_of(wheel)
     if got != digest:
         raise UpgradeFailed(f"{wheel} has sha256 {got}, not {digest}: nothing was installed")
     with tempfile.TemporaryDirectory(prefix="llmgw-upgrade-") as folder:
@@ -113,11 +114,3 @@ def _restart(unit: str) -> None:
         f"{unit} is not running after the upgrade; see journalctl -u {unit}, and upgrade back "
         "with llmgw upgrade OLD_VERSION --wheel FILE"
     )
-
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

@@ -1,6 +1,10 @@
 import os
 
 import pytest
+from asgiref.sync import sync_to_async
+
+from llmgw.gateway.app import Gateway
+from tests.gateway.world import World, _tenancy, django_inner
 
 
 @pytest.fixture(autouse=True)
@@ -16,3 +20,19 @@ def _no_counts_from_before():
             client.delete(k)
         client.close()
     yield
+
+
+@pytest.fixture
+async def world():
+    w = World()
+    await sync_to_async(_tenancy)()
+    yield w
+    await w.close()
+
+
+@pytest.fixture
+async def gateway():
+    g = Gateway(django_inner)
+    yield g
+    if g.runtime is not None:
+        await g.runtime.close()

@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from fleet.reconciler import reconcile_once
 from llmgw.core import tracing
 from llmgw.core.secrets import engine_key
-from llmgw.gateway.app import Gateway
 from tests.fleet.builders import gpu_model, model_added, node_add
 
-from .test_app import World, _replica, _tenancy, add, chat, client, django_inner, new_key
+from .test_app import add, chat, client, new_key
+from .world import _replica
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,22 +32,6 @@ def spans():
     tracing.use(provider)
     yield exporter
     tracing.use(None)
-
-
-@pytest.fixture
-async def gateway():
-    g = Gateway(django_inner)
-    yield g
-    if g.runtime is not None:
-        await g.runtime.close()
-
-
-@pytest.fixture
-async def world():
-    w = World()
-    await sync_to_async(_tenancy)()
-    yield w
-    await w.close()
 
 
 class HeadersSeen:

@@ -10,7 +10,8 @@ import pytest
 from fleet.models import Replica
 from llmgw.gateway.tables import Loader
 from tests.fleet.builders import gpu_model, model_added
-from tests.gateway.test_app import _replica, add, chat, client, new_key, world  # noqa: F401
+from tests.gateway.test_app import add, chat, client, new_key
+from tests.gateway.world import _replica
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,7 +47,7 @@ async def test_a_replica_refusing_connections_is_marked_for_every_gateway_and_th
 @pytest.fixture
 async def gateway():
     from llmgw.gateway.app import Gateway
-    from tests.gateway.test_app import django_inner
+    from tests.gateway.world import django_inner
 
     g = Gateway(django_inner)
     yield g
