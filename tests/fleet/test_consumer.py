@@ -571,3 +571,42 @@ async def test_an_engine_the_agent_runs_but_the_control_plane_does_not_know_is_s
     )
 
     assert await answer(comm) == {"type": "stop_shard", "shard_id": "ghost-abc123-0", "grace_s": 0}
+
+
+async def test_past_the_registrations_at_once_an_agent_is_told_to_try_again_before_any_query(
+    agents, settings, monkeypatch
+):
+    from dataclasses import replace
+
+    from fleet import consumers
+
+    settings.LLMGW = replace(
+        settings.LLMGW, agents=replace(settings.LLMGW.agents, registrations_at_once=1)
+    )
+    asked = []
+    real = consumers.agent_authenticate
+    monkeypatch.setattr(consumers, "agent_authenticate", lambda **kw: asked.append(1) or real(**kw))
+    first = await agents.connect()  # in its handshake, not registered yet
+    assert first.refused is None
+    second = await agents.connect()
+    closed = await second.receive_output(timeout=5)
+    assert (closed["type"], closed["code"]) == ("websocket.close", consumers.CLOSE_TRY_AGAIN)
+    assert closed["reason"] == "registering other agents; try again"
+    assert len(asked) == 1  # the second cost the database nothing
+
+    await first.send_json_to(register_frame("gpu-a"))
+    assert (await answer(first))["type"] == "registered"
+    await agents.registered(register_frame("gpu-b"))  # now there is room again
+    assert await in_db(lambda: Node.objects.count()) == 2
+
+
+async def test_a_connection_that_never_registers_is_closed_and_gives_its_place_back(
+    agents, monkeypatch
+):
+    from fleet import consumers
+
+    monkeypatch.setattr(consumers, "REGISTER_WITHIN_S", 0.2)
+    comm = await agents.connect()
+    closed = await comm.receive_output(timeout=5)
+    assert (closed["type"], closed["code"]) == ("websocket.close", consumers.CLOSE_TRY_AGAIN)
+    assert consumers._registering == 0
