@@ -19,8 +19,7 @@ REFUSED = Counter(
     "llmgw_agent_refused",
     "Agent connections and registrations refused, by why: unknown_credential, "
     "node_has_credential (a join token for a node that has its own), wrong_node, forgotten, "
-    "join_rate, frames (a connection over its frame budget), busy (told to connect again: "
-    "LLMGW_AGENT_REGISTRATIONS_AT_ONCE registrations under way).",
+    "join_rate, frames (a connection over its frame budget).",
     ["reason"],
     registry=REGISTRY,
 )

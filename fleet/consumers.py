@@ -52,10 +52,6 @@ MAX_LOG_REQUESTS = 64
 
 _flusher: asyncio.Task | None = None
 _handshakes = Outage("authenticating agents' connections against the database", log)
-# Connections of this process between their handshake and their registration (or close),
-# and how long one may stay so (the agent gives up on its register after 30 s).
-_registering = 0
-REGISTER_WITHIN_S = 30.0
 _layer = Outage("joining agents to their nodes' groups on the channel layer (Redis)", log)
 JOIN_RETRY_S = 2.0
 
@@ -132,39 +128,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
 
-    registering = False
-
-    def _registration_begins(self) -> bool:
-        """Count this connection among the registrations under way, unless there are
-        LLMGW_AGENT_REGISTRATIONS_AT_ONCE already: then it is to try again later."""
-        global _registering
-        if _registering >= settings.LLMGW.agents.registrations_at_once:
-            return False
-        _registering += 1
-        self.registering = True
-        return True
-
-    def _registration_ends(self) -> None:
-        global _registering
-        if self.registering:
-            self.registering = False
-            _registering -= 1
-        deadline = getattr(self, "register_deadline", None)
-        if deadline is not None:
-            deadline.cancel()
-            self.register_deadline = None
-
-    def _register_within(self, seconds: float) -> None:
-        """Close a connection that has not registered `seconds` after its handshake: it
-        holds one of the registrations at once."""
-
-        def late() -> None:
-            if self.node_id is None and not self.closing:
-                log.info("closing an agent's connection: no register within %g s", seconds)
-                asyncio.ensure_future(self._end(CLOSE_TRY_AGAIN))
-
-        self.register_deadline = asyncio.get_running_loop().call_later(seconds, late)
-
     async def connect(self):
         secret = _bearer(self.scope)
         # The node credential this connection speaks with (its digest), once it has one.
@@ -175,18 +138,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.accept()
             await self.close(code=CLOSE_FLOOD, reason="too many frames; wait before connecting")
             return
-        if not self._registration_begins():
-            # A stampede (every agent after a restart): the ones let in finish quickly, the
-            # rest come back after their backoff, and none costs the database anything now.
-            refused("busy", "agents were told to connect again: registrations at once are full")
-            await self.accept()
-            await self.close(code=CLOSE_TRY_AGAIN, reason="registering other agents; try again")
-            return
         try:
             self.credential = await database_sync_to_async(agent_authenticate)(secret=secret)
         except (OperationalError, InterfaceError) as exc:
             # Not a refusal (that would make the agent give up its credential): try again.
-            self._registration_ends()
             _handshakes.failed(exc)
             await self.accept()
             await self.close(code=CLOSE_TRY_AGAIN, reason="the control plane's database is away")
@@ -195,7 +150,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.credential is not None and self.credential.joining:
             self.node_key = None
         if self.credential is None:
-            self._registration_ends()
             # Refused before accept: the handshake fails with 403 and nothing says why.
             refused(
                 "unknown_credential", "an agent's credential is neither a join token nor a node's"
@@ -209,11 +163,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.log_requests: dict[str, tuple[str, str]] = {}
         ensure_flusher()
         await self.accept()
-        self._register_within(REGISTER_WITHIN_S)
 
     async def disconnect(self, code):
         self.closing = True  # and a group still being joined is given up
-        self._registration_ends()
         if self.node_id is None:
             return
         # First what needs neither Redis nor the database: this process stops speaking for
@@ -268,7 +220,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         """Close from this side, once: a flooding agent leaves thousands of frames queued."""
         if not self.closing:
             self.closing = True
-            self._registration_ends()
             await self.close(code=code)
 
     async def _reject(self, detail: str) -> None:
@@ -328,7 +279,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
                     credential=self.credential, node_id=msg.node_id, now=now
                 )
             except Refused as exc:
-                self._registration_ends()
                 await self._refuse(exc, msg.node_id)
                 return
             await self._join(group)
@@ -339,9 +289,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except Refused as exc:
             await self._refuse(exc, msg.node_id)
             return
-        finally:
-            # Registered or refused: the next connection waiting may come in.
-            self._registration_ends()
         commands = registration.commands
         self.node_id = msg.node_id
         self.mgmt_addr = msg.mgmt_addr

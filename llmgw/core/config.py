@@ -106,9 +106,6 @@ class Agents:
     approval: str = "auto"
     joins_per_minute: int = 60
     frames_per_second: int = 20
-    # Connections a serving process takes through authentication and registration at once;
-    # more are told to try again (4503) before any database work (a restart's stampede).
-    registrations_at_once: int = 32
 
 
 @dataclass(frozen=True)
@@ -294,9 +291,6 @@ def _agents(env: dict[str, str]) -> Agents:
         approval=approval,
         joins_per_minute=int(_number(env, "LLMGW_JOINS_PER_MINUTE", 60, integer=True)),
         frames_per_second=int(_number(env, "LLMGW_AGENT_FRAMES_PER_SECOND", 20, integer=True)),
-        registrations_at_once=int(
-            _number(env, "LLMGW_AGENT_REGISTRATIONS_AT_ONCE", 32, integer=True)
-        ),
     )
 
 
