@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from llmgw.cli.base import Api, CtlError, Output, positive_number, segment
@@ -51,15 +50,17 @@ def cmd_upgrade(api: Api, args: argparse.Namespace, out: Output) -> None:
 def _one(api: Api, out: Output, node: dict, version: str, wait_s: float) -> None:
     """Upgrade one node and wait for it to be back on `version`; CtlError stops the roll."""
     node_id = node["id"]
-    since = datetime.now(UTC).isoformat()
+    # What the node had said before, by the server's clock: only what it says after counts.
+    newest = api.get("/events", node=node_id, limit=1)["events"]
+    before = newest[0]["last_at"] if newest else None
     api.post(f"/nodes/{segment(node_id)}/upgrade", {"version": version})
     out.say(f"{node_id}: {node.get('agent_version') or 'unknown'} → {version} …")
     deadline = time.monotonic() + wait_s
     while True:
         failed = [
             e
-            for e in api.get("/events", node=node_id, since=since, limit=20)["events"]
-            if e["kind"] == "upgrade_failed"
+            for e in api.get("/events", node=node_id, since=before, limit=20)["events"]
+            if e["kind"] == "upgrade_failed" and (before is None or e["last_at"] > before)
         ]
         if failed:
             raise CtlError(f"the roll stopped at {node_id}: {failed[0]['message']}")
