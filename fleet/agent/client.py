@@ -374,9 +374,10 @@ class Agent:
         await self._say_upgrade(version, "installing")
         try:
             await upgrader.install(msg)
-        except UpgradeError as exc:
-            log.error("upgrade to llmgw %s failed: %s", version, exc)
-            await self._say_upgrade(version, "failed", str(exc))
+        except Exception as exc:  # noqa: BLE001 - whatever it was, said, and the agent goes on
+            why = str(exc) if isinstance(exc, UpgradeError) else f"{type(exc).__name__}: {exc}"
+            log.error("upgrade to llmgw %s failed: %s", version, why)
+            await self._say_upgrade(version, "failed", why)
             return
         log.info("llmgw %s installed; restarting into it, engines left running", version)
         await self._say_upgrade(version, "restarting into")
