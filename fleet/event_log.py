@@ -188,6 +188,8 @@ _DONE = {
     "revoke": "revoked",
     "rename": "renamed",
 }
+# Changes whose detail is a whole spec, said without it.
+_WHOLE = frozenset({"add", "update"})
 PAGE_MOST = 500
 
 
@@ -236,11 +238,17 @@ def events_page(
 
 
 def recent(*, model: str | None = None, node: str | None = None, limit: int = 20) -> list[dict]:
-    """The newest events about a model or a node, for its page: times as datetimes."""
-    return [
-        e | {"at": datetime.fromisoformat(e["at"]), "last_at": datetime.fromisoformat(e["last_at"])}
-        for e in events_page(model=model, node=node, limit=limit)["events"]
-    ]
+    """The newest events about a model or a node, for its page: times as datetimes, and
+    `ago`, the last time said as "3 min ago"."""
+    from llmgw.core import clock
+    from llmgw.core.text import ago
+
+    now = clock.now()
+    out = []
+    for e in events_page(model=model, node=node, limit=limit)["events"]:
+        at, last = datetime.fromisoformat(e["at"]), datetime.fromisoformat(e["last_at"])
+        out.append(e | {"at": at, "last_at": last, "ago": ago(last, now)})
+    return out
 
 
 _TICK = timedelta(microseconds=1)
@@ -273,6 +281,8 @@ def _changed(row: tuple) -> dict:
         f"{k} {v}" for k, v in (detail or {}).items() if isinstance(v, str | int | float)
     )
     sentence = f"{noun} {target} {_DONE.get(verb, verb)} by {actor}"
+    if verb in _WHOLE:  # its figures are the whole spec: the model page shows those
+        figures = ""
     return {
         "source": 0,
         "pk": pk,

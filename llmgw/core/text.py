@@ -63,3 +63,15 @@ def surrogate_refusal(value: object, *, where: str = "") -> str | None:
         return None
     field = ", ".join(p for p in (where, path) if p)
     return f"{field}: {SURROGATE}." if field else f"The text {SURROGATE}."
+
+
+def ago(then, now) -> str:
+    """How long before `now` `then` was, as a page says it: "12 s ago", "3 min ago",
+    "5 h ago", "2 d ago"; "just now" within a second."""
+    seconds = (now - then).total_seconds()
+    if seconds < 1:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds)} s ago"

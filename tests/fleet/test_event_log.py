@@ -289,3 +289,10 @@ def test_quota_and_limit_changes_are_in_the_list_with_who_made_them():
     assert told["quota.set"]["by"] == "dana"
     assert told["quota.set"]["message"].startswith("quota org:")
     assert told["limit.set"]["by"] == "erin"
+
+
+def test_a_page_says_how_long_ago_as_a_person_would():
+    from llmgw.core.text import ago
+
+    said = [ago(T0, T0 + timedelta(seconds=s)) for s in (0.4, 12, 61, 3 * 3600 + 5, 2 * 86400)]
+    assert said == ["just now", "12 s ago", "1 min ago", "3 h ago", "2 d ago"]
