@@ -42,14 +42,3 @@ async def test_a_replica_refusing_connections_is_marked_for_every_gateway_and_th
     assert (await add(Replica.objects.get, pk="llama-2")).unhealthy_since is None
     await add(other.refresh)
     assert [u.replica_id for u in other.tables.upstreams["llama"]] == ["llama-2"]
-
-
-@pytest.fixture
-async def gateway():
-    from llmgw.gateway.app import Gateway
-    from tests.gateway.world import django_inner
-
-    g = Gateway(django_inner)
-    yield g
-    if g.runtime is not None:
-        await g.runtime.close()
