@@ -38,9 +38,12 @@ class Revised:
             if last is None or last[0] != revision:
                 # Read after the revision: a change committed in between is read again next time.
                 self._last = last = (revision, self.read())
-        except DatabaseError:
+        except DatabaseError as exc:
             if not self._failing:
-                log.warning("could not read %s; keeping the last ones", self.name, exc_info=True)
+                # The cause in the sentence, no traceback: a pass the outage fails logs its
+                # own, once (llmgw.core.outage), and this would be a second for the same cause.
+                cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                log.warning("could not read %s (%s); keeping the last ones", self.name, cause)
             self._failing = True
         else:
             if self._failing:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -89,7 +90,9 @@ def test_a_quota_limit_refuses_a_replica_and_says_which_scope(no_settle):
     assert state.explanation[0]["reasons"] == ["org:Acme is at its capacity limit (2 GPUs of 1)"]
 
 
-def test_quotas_are_read_again_only_when_their_revision_moves_and_kept_when_the_store_fails():
+def test_quotas_are_read_again_only_when_their_revision_moves_and_kept_when_the_store_fails(
+    caplog,
+):
     revision, reads, down = [1], [], [False]
 
     def ask():
@@ -108,8 +111,16 @@ def test_quotas_are_read_again_only_when_their_revision_moves_and_kept_when_the_
     assert cached.get() == "policy 2", "changed: read at once, however soon"
     down[0] = True
     revision[0] = 3
-    assert cached.get() == "policy 2", "a failing store keeps the last good policy"
+    with caplog.at_level(logging.WARNING, logger="llmgw.reconciler"):
+        assert cached.get() == "policy 2", "a failing store keeps the last good policy"
+        assert cached.get() == "policy 2"
     assert reads == [1, 2]
+    # Said once, with its cause and no traceback: the pass's own outage line has that.
+    [said] = [r for r in caplog.records if "could not read" in r.getMessage()]
+    assert said.getMessage() == (
+        "could not read capacity quotas (the database went away); keeping the last ones"
+    )
+    assert said.exc_info is None
     down[0] = False
     assert cached.get() == "policy 3" and reads == [1, 2, 3]
     fresh = Revised("capacity quotas", lambda: (_ for _ in ()).throw(DatabaseError()), read, "e")
