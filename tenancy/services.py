@@ -211,7 +211,7 @@ def tree_rename(*, kind: str, scope: str | int, name: str, actor: str):
                     actor=actor,
                     action=f"{kind}.rename",
                     target=f"{kind}:{row.pk}",
-                    detail={"from": old, "to": name},
+                    detail={"name": name, "was": old},
                 )
                 policy_revision_bump()
     except IntegrityError:

@@ -1,9 +1,9 @@
 """The tenancy tree in Django admin: organizations, teams and projects.
 
-Each is added through its tenancy service, so admin keeps their rules (a name
-checked as the services check it) and leaves the same audit trail as the API, the
-CLI and the pages; a rename is recorded here, and a rename or delete moves the
-quota policy's revision, since the policy names the tree.
+Each is added and renamed through its tenancy service, so admin keeps their rules (a
+name checked as the services check it) and leaves the same audit trail as the API,
+the CLI and the pages; a delete moves the quota policy's revision here, since the
+policy names the tree.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from django.db.models import Count, Q
 from llmgw.core.errors import Invalid
 from tenancy.models import Organization, Project, Team
 from tenancy.services import (
-    audit_record,
     org_create,
     policy_revision_bump,
     project_create,
     team_create,
     tree_name,
+    tree_rename,
 )
 
 from .actor import who
@@ -72,9 +72,13 @@ class ProjectForm(NamedForm):
     parent_field = "team"
 
 
+# Each kind's service that adds one, taking its parent (org, team) by the admin's field.
+_CREATE = {"org": org_create, "team": team_create, "project": project_create}
+
+
 class TenancyAdmin(admin.ModelAdmin):
-    """Adds through the service, which records who did it; a rename is recorded here, and a
-    rename or delete moves the quota policy's revision, since the policy names the tree."""
+    """Adds and renames through the services, which record who did it; a delete moves the
+    quota policy's revision, since the policy names the tree."""
 
     kind = ""
     parent_field = ""
@@ -84,25 +88,18 @@ class TenancyAdmin(admin.ModelAdmin):
         moved = [self.parent_field] if obj is not None and self.parent_field else []
         return [*super().get_readonly_fields(request, obj), *moved, "created_at"]
 
-    def create(self, obj, actor: str):
-        """Add `obj` through its service (each admin below names its own); the made row."""
-        raise NotImplementedError(f"{type(self).__name__} names no service to add through")
-
     def save_model(self, request, obj, form, change):
         if not change:
-            made = self.create(obj, who(request))
+            # team_create(org=ID), project_create(team=ID): the parent by its admin field.
+            parent = (
+                {self.parent_field: obj.serializable_value(self.parent_field)}
+                if self.parent_field
+                else {}
+            )
+            made = _CREATE[self.kind](name=obj.name, actor=who(request), **parent)
             obj.pk, obj.created_at = made.pk, made.created_at
-            return
-        with transaction.atomic():
-            super().save_model(request, obj, form, change)
-            if "name" in form.changed_data:
-                audit_record(
-                    actor=who(request),
-                    action=f"{self.kind}.rename",
-                    target=f"{self.kind}:{obj.pk}",
-                    detail={"name": obj.name, "was": form.initial.get("name")},
-                )
-            policy_revision_bump()
+        elif "name" in form.changed_data:
+            tree_rename(kind=self.kind, scope=obj.pk, name=obj.name, actor=who(request))
 
     def delete_model(self, request, obj):
         with transaction.atomic():
@@ -142,9 +139,6 @@ class OrganizationAdmin(TenancyAdmin):
     def project_count(self, obj) -> int:
         return obj.n_projects
 
-    def create(self, obj, actor):
-        return org_create(name=obj.name, actor=actor)
-
 
 @admin.register(Team)
 class TeamAdmin(TenancyAdmin):
@@ -162,9 +156,6 @@ class TeamAdmin(TenancyAdmin):
     @admin.display(description="projects", ordering="n_projects")
     def project_count(self, obj) -> int:
         return obj.n_projects
-
-    def create(self, obj, actor):
-        return team_create(org=obj.org_id, name=obj.name, actor=actor)
 
 
 @admin.register(Project)
@@ -187,6 +178,3 @@ class ProjectAdmin(TenancyAdmin):
     @admin.display(description="live API keys", ordering="n_keys")
     def live_keys(self, obj) -> int:
         return obj.n_keys
-
-    def create(self, obj, actor):
-        return project_create(team=obj.team_id, name=obj.name, actor=actor)

@@ -209,8 +209,8 @@ def test_the_tenancy_tree_is_made_listed_and_renamed_with_ctl(capsys, server):
         .order_by("pk")
         .values_list("detail", flat=True)
     ) == [
-        {"from": "ml", "to": "research"},
-        {"from": "training", "to": "train"},
+        {"name": "research", "was": "ml"},
+        {"name": "train", "was": "training"},
     ]
     # The key follows its project: it holds the project's ID.
     _, out, _ = ctl_run(capsys, server, "key", "list")

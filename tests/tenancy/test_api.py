@@ -164,7 +164,7 @@ def test_an_org_team_or_project_is_renamed_by_path_or_id_and_audited(api, tree):
     assert (event.actor, event.target, event.detail) == (
         "dan",
         f"team:{tree['ml']}",
-        {"from": "ml", "to": "research"},
+        {"name": "research", "was": "ml"},
     )
     # The same name again is no change, and says nothing.
     before = nothing_written()
