@@ -38,6 +38,18 @@ def wheel_name(version: str) -> str:
     return f"llmgw-{version.replace('-', '_')}-py3-none-any.whl"
 
 
+def pip_argv(wheel: Path) -> list[str]:
+    """Install `wheel` over this environment's llmgw, its dependencies left as they are."""
+    argv = [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall"]
+    return [*argv, "--disable-pip-version-check", "--no-input", "--quiet", str(wheel)]
+
+
+def pip_refusal(output: str, code: int) -> str:
+    """Why pip did not install, from what it printed: its last line."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else f"pip exited with code {code}"
+
+
 def restart_argv() -> list[str]:
     """This agent's command line again, for os.execv (`python -m llmgw agent …`)."""
     return [sys.executable, "-m", "llmgw", *sys.argv[1:]]
@@ -104,10 +116,11 @@ class Upgrader:
         return wheel
 
     async def _pip(self, wheel: Path) -> None:
-        argv = [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall"]
-        argv += ["--disable-pip-version-check", "--no-input", "--quiet", str(wheel)]
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            *pip_argv(wheel),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), self.pip_timeout_s)
@@ -118,8 +131,7 @@ class Upgrader:
                 f"installing {wheel.name} took more than {self.pip_timeout_s:g} s"
             ) from None
         if proc.returncode != 0:
-            lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
-            why = lines[-1].strip()[:300] if lines else f"pip exited with code {proc.returncode}"
+            why = pip_refusal(out.decode(errors="replace"), proc.returncode)
             raise UpgradeError(f"installing {wheel.name} into {sys.prefix} failed: {why}")
         wheel.unlink(missing_ok=True)
         shutil.rmtree(self.folder / "partial", ignore_errors=True)

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fleet.agent.upgrade import pip_argv, pip_refusal, wheel_name
+
 from .engines import sha256_of
 
 # How long a restarted unit has to be seen active three checks in a row.
@@ -85,14 +87,11 @@ def _install(wheel: Path, version: str, digest: str) -> None:
         raise UpgradeFailed(f"{wheel} has sha256 {got}, not {digest}: nothing was installed")
     with tempfile.TemporaryDirectory(prefix="llmgw-upgrade-") as folder:
         # pip takes a wheel by its file name: the mirror keeps it by digest.
-        named = Path(folder) / f"llmgw-{version.replace('-', '_')}-py3-none-any.whl"
+        named = Path(folder) / wheel_name(version)
         shutil.copyfile(wheel, named)
-        argv = [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall"]
-        argv += ["--disable-pip-version-check", "--no-input", "--quiet", str(named)]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(pip_argv(named), capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        lines = [ln for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
-        why = lines[-1].strip() if lines else f"pip exited with code {done.returncode}"
+        why = pip_refusal(done.stderr or done.stdout, done.returncode)
         raise UpgradeFailed(f"installing llmgw {version} failed: {why}")
 
 
