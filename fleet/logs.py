@@ -12,9 +12,9 @@ import asyncio
 import uuid
 from dataclasses import dataclass
 
-from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
+from llmgw.core.db import database_call
 from llmgw.core.errors import Invalid, NotFound, ServiceError
 
 from .dispatch import node_group
@@ -87,7 +87,7 @@ async def replica_log(
     """The last `lines` lines of a replica's engine log, as its agent reads them:
     `{"replica", "shard", "node", "lines"}`, oldest first (see `log_ask`)."""
     lines = lines_checked(lines)
-    target = await database_sync_to_async(log_target)(replica_id=replica_id)
+    target = await database_call(log_target)(replica_id=replica_id)
     return await log_ask(target=target, lines=lines, timeout_s=timeout_s)
 
 

@@ -33,20 +33,27 @@ from .services import start_command
 log = logging.getLogger("llmgw.fleet")
 
 
-def _sync_gpus(node: Node, msg: Register) -> None:
+def _sync_gpus(node: Node, msg: Register, *, new: bool) -> bool:
+    """Make the node's Gpu rows what it reported, with the processes llmgw did not start on
+    each; True when its GPUs changed (read once, and not at all for a node just made)."""
     wanted = {
         # Cut to the column's length: only an odd product name makes a class that long.
         g.index: (g.uuid, g.name, g.memory_total_mb, gpu_class(g.name, g.memory_total_mb)[:40])
         for g in msg.gpus
     }
-    have = {g.index: (g.uuid, g.name, g.memory_mb, g.gpu_class) for g in node.gpus.all()}
+    rows = [] if new else list(node.gpus.all())
+    have = {g.index: (g.uuid, g.name, g.memory_mb, g.gpu_class) for g in rows}
     if wanted == have:
-        return
-    node.gpus.all().delete()
-    Gpu.objects.bulk_create(
+        _note_unknown_processes(node, msg, rows, save=True)
+        return False
+    if rows:
+        node.gpus.all().delete()
+    made = [
         Gpu(node=node, index=i, uuid=u, name=n, memory_mb=m, gpu_class=c)
         for i, (u, n, m, c) in sorted(wanted.items())
-    )
+    ]
+    _note_unknown_processes(node, msg, made, save=False)
+    Gpu.objects.bulk_create(made)
     if have:
         log.info(
             "node %s now reports %d GPUs (was %d)",
@@ -55,6 +62,7 @@ def _sync_gpus(node: Node, msg: Register) -> None:
             len(have),
             extra={"node": node.id},
         )
+    return True
 
 
 def _believe_figures(node: Node, memory_total_mb: int | None, cpu_count: int | None) -> None:
@@ -130,7 +138,8 @@ def node_register(
             # Its credential was found a moment ago: the node was forgotten since.
             raise Refused(f"node {msg.node_id} was forgotten", "forgotten")
         register_refusal(credential=credential, node_id=msg.node_id, now=now)
-        if node is None:
+        new = node is None
+        if new:
             node = Node(
                 id=msg.node_id,
                 registered_at=now,
@@ -147,6 +156,7 @@ def node_register(
         node_token = (
             credential_issue(node, credential=credential, now=now) if credential.joining else None
         )
+        labels_before = node.labels
         node.hostname = msg.hostname
         node.mgmt_addr = msg.mgmt_addr
         node.labels = dict(msg.labels)
@@ -164,16 +174,20 @@ def node_register(
         node.last_seen = now
         node.spec_at = now
         node.save()
-        _sync_gpus(node, msg)
+        gpus_changed = _sync_gpus(node, msg, new=new)
         msg, foreign = _own_endpoints(node, msg)
-        held = Shard.objects.filter(node=node).values_list("replica_id", "replica__state")
-        before = dict(held)
-        commands = foreign + _reconcile_reported_shards(node, msg, now)
+        known = {s.id: s for s in Shard.objects.filter(node=node).select_related("replica")}
+        before = {s.replica_id: s.replica.state for s in known.values()}
+        shards_commands, wrote = _reconcile_reported_shards(node, msg, known, now)
+        commands = foreign + shards_commands
         # Its GPUs and labels are new; a replica it failed or stopped frees GPUs elsewhere
         # too. Only those: nodes that all register at once (a restart) must not each lock
-        # the others' rows while holding their own.
-        ended = [r for r, state in held.all() if before.get(r, state) != state]
-        node_figures_refresh(nodes=[node.id], replicas=ended)
+        # the others' rows while holding their own. A node registering again as it was (a
+        # restart of the control plane) changed none of its figures.
+        if new or gpus_changed or wrote or node.labels != labels_before:
+            after = dict(Replica.objects.filter(pk__in=before).values_list("id", "state"))
+            ended = [r for r, state in before.items() if after.get(r) != state]
+            node_figures_refresh(nodes=[node.id], replicas=ended)
     return Registration(commands=commands, node_token=node_token, approved=node.approved)
 
 
@@ -195,11 +209,14 @@ def _own_endpoints(node: Node, msg: Register) -> tuple[Register, list[Command]]:
     return msg.model_copy(update={"shards": kept}), stops
 
 
-def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list[Command]:
+def _reconcile_reported_shards(
+    node: Node, msg: Register, known: dict[str, Shard], now: datetime
+) -> tuple[list[Command], bool]:
+    """The commands for the shards the node reported and those it should run, and whether a
+    shard or replica row was written. `known` are the node's shards, with their replicas."""
     commands: list[Command] = []
-    _note_unknown_processes(node, msg)
-    catalog = catalog_load()
-    known = {s.id: s for s in Shard.objects.filter(node=node).select_related("replica")}
+    wrote = False
+    catalog: dict | None = None  # read only for a shard the node does not hold as known
     reported = {s.shard_id: s for s in msg.shards}
     for shard_id, rep in reported.items():
         shard = known.get(shard_id)
@@ -208,11 +225,19 @@ def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list
             if replica.state in ("stopping", "stopped", "failed"):
                 commands.append(stop_command(node.id, shard_id, replica.stop_grace_s))
                 continue
-            shard.state = rep.state if rep.state != "pending" else shard.state
-            shard.endpoint = rep.endpoint or shard.endpoint
+            state = rep.state if rep.state != "pending" else shard.state
+            endpoint = rep.endpoint or shard.endpoint
+            if (state, endpoint) == (shard.state, shard.endpoint) and replica.state not in (
+                "pending",
+                "starting",
+            ):
+                continue  # as the control plane knew it: nothing to move along
+            shard.state, shard.endpoint = state, endpoint
             shard.save(update_fields=["state", "endpoint"])
             _replica_progress(replica.id, now)
+            wrote = True
             continue
+        catalog = catalog_load() if catalog is None else catalog
         spec = catalog.get(rep.model)
         profile = spec.profile(rep.profile) if spec else None
         if profile is None or rep.state not in ("starting", "ready"):
@@ -239,6 +264,7 @@ def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list
             commands.append(stop_command(node.id, shard_id, 0))
             continue
         _adopt(node, rep, profile, now)
+        wrote = True
     for shard_id, shard in known.items():
         if shard_id in reported:
             continue
@@ -247,8 +273,10 @@ def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list
             shard.state = "stopped"
             shard.save(update_fields=["state"])
             _stopped_once_all_shards_are(replica.id, now)
+            wrote = True
         elif shard.state in ("pending", "starting") and replica.state in ("pending", "starting"):
             # It may never have received start_shard while it was away: start_shard is idempotent.
+            catalog = catalog_load() if catalog is None else catalog
             cmd = start_command(shard, replica, catalog.get(replica.model))
             if cmd:
                 commands.append(cmd)
@@ -264,14 +292,15 @@ def _reconcile_reported_shards(node: Node, msg: Register, now: datetime) -> list
                 counts_as_failure=replica.state in ("pending", "starting"),
             )
             log.info(reason, extra={"node": node.id, "replica": replica.id})
-    return commands
+            wrote = True
+    return commands, wrote
 
 
-def _note_unknown_processes(node: Node, msg: Register) -> None:
+def _note_unknown_processes(node: Node, msg: Register, gpus: list[Gpu], *, save: bool) -> None:
     """Keep what the agent said of processes no shard of llmgw runs on each GPU: placement
     gives out no GPU they hold (an orphan of a lost agent state, someone's own job)."""
     said = {g.index: g.unknown_processes for g in msg.gpus}
-    for gpu in node.gpus.all():
+    for gpu in gpus:
         count = said.get(gpu.index)
         if count == gpu.unknown_processes:
             continue
@@ -292,7 +321,8 @@ def _note_unknown_processes(node: Node, msg: Register) -> None:
                 extra={"node": node.id},
             )
         gpu.unknown_processes = count
-        gpu.save(update_fields=["unknown_processes"])
+        if save:
+            gpu.save(update_fields=["unknown_processes"])
 
 
 def _adopt(node: Node, rep, profile, now: datetime) -> None:

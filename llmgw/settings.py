@@ -85,7 +85,12 @@ if LLMGW.database_url:
     # No persistent connections: under daphne each request runs in a thread of its own, so
     # a connection kept for the next request is never reused. It was left open until its
     # dead thread was garbage-collected, and a busy server ran PostgreSQL out of clients.
-    DATABASES = {"default": dj_database_url.parse(LLMGW.database_url, conn_max_age=0)}
+    # The one that is kept, the agents' thread's (llmgw.core.db), is checked before reuse.
+    DATABASES = {
+        "default": dj_database_url.parse(
+            LLMGW.database_url, conn_max_age=0, conn_health_checks=True
+        )
+    }
 else:
     private_database(LLMGW.home / "llmgw.sqlite3")
     DATABASES = {
@@ -101,6 +106,7 @@ else:
                 "timeout": 30,
             },
             "TEST": {"NAME": LLMGW.home / "test.sqlite3"},
+            "CONN_HEALTH_CHECKS": True,
         }
     }
 

@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable
 
-from channels.db import database_sync_to_async
+from llmgw.core.db import database_call
 
 PREFIX = "/api/v1/mirror/files/"
 _PATH = re.compile(r"^/api/v1/mirror/files/([0-9a-f]{64})$")
@@ -67,7 +67,7 @@ async def _serve(scope, receive, send, refusal: Refusal) -> None:
         await _answer(send, 404, "A mirror file is named by its 64-digit lowercase sha256.")
         return
     digest = m[1]
-    refused = await database_sync_to_async(refusal)(secret=secret, sha256=digest)
+    refused = await database_call(refusal)(secret=secret, sha256=digest)
     if refused is not None:
         await _answer(send, *refused)
         return
@@ -117,7 +117,7 @@ async def _serve(scope, receive, send, refusal: Refusal) -> None:
         await send({"type": "http.response.body", "body": b""})
         return
     if start == 0:
-        await database_sync_to_async(_touch)(digest)
+        await database_call(_touch)(digest)
     gone = asyncio.Event()
     watcher = asyncio.ensure_future(_until_disconnect(receive, gone))
     try:

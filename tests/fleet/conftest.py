@@ -8,10 +8,10 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
-from django.db import connections
 
 from fleet import consumers
 from fleet.live import LIVE
+from llmgw.core.db import database_close
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ async def layer():
     await layer.flush()
     # The consumers' database thread keeps its connection, which would keep the test
     # database from being dropped at the end of the run.
-    await database_sync_to_async(connections.close_all)()
+    await database_close()
 
 
 class Agents:

@@ -7,15 +7,24 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.events import Load, ShardStatus
+from fleet.events import Load, Register, ShardStatus
 from fleet.identity import node_forget
 from fleet.live import NodeWrite
 from fleet.models import Node, Replica, Shard
 from fleet.node_figures import node_figures_refresh
 from fleet.reconciler import reconcile_once
-from fleet.reports import node_live_flush, shard_status_record
+from fleet.reports import node_live_flush, node_register, shard_status_record
 
-from .builders import H100, L4, gpu_model, model_added, node_add, running_shard
+from .builders import (
+    H100,
+    L4,
+    agent_credential,
+    gpu_model,
+    model_added,
+    node_add,
+    register_frame,
+    running_shard,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -97,6 +106,23 @@ def test_a_node_registering_with_what_it_runs_changes_nothing_elsewhere():
     ))  # fmt: skip
     assert Replica.objects.get().state == "ready"
     assert figures("gpu-a") == figures("gpu-b") == (2, 0, ["h100-80g"], 1)
+
+
+def test_a_node_registering_again_as_it_was_writes_only_its_own_row(django_assert_num_queries):
+    """What 5,000 nodes do together when the control plane restarts: each register is its
+    own row read and written, its GPUs and shards read, and nothing else."""
+    two_node_replica()
+    shard = {**running_shard("big-1", "big", "gpu"), "shard_id": "big-1-1",
+             "endpoint": "http://10.0.0.7:20000", "gpu_indices": [0, 1]}  # fmt: skip
+    node_add("gpu-b", now=T0 + timedelta(seconds=1), shards=(shard,))
+    again = Register.model_validate(register_frame("gpu-b", shards=(shard,)))
+    credential = agent_credential("gpu-b")
+    # Its row locked and written, its GPUs and shards read; and the (save)point's two.
+    with django_assert_num_queries(6):
+        node_register(
+            msg=again, session="again", now=T0 + timedelta(seconds=2), credential=credential
+        )
+    assert figures("gpu-b") == (2, 0, ["h100-80g"], 1)
 
 
 def test_the_load_figures_follow_every_heartbeat_and_what_is_not_said_is_null():
