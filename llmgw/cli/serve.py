@@ -130,6 +130,25 @@ def _lighter_handshakes() -> None:
     protocol.Timings.__str__ = lambda self: pprint.pformat(self._timings)
 
 
+def _close_reasons() -> None:
+    """daphne closes a websocket with the code the application gave and drops its reason,
+    so an agent was never told why it was closed, nor how long a busy control plane asked
+    it to wait (fleet/connections.py, Registering). The reason is sent, cut to the 123
+    bytes a close frame holds."""
+    from daphne.ws_protocol import WebSocketProtocol
+
+    handle_reply = WebSocketProtocol.handle_reply
+
+    def with_reason(self, message):
+        reason = message.get("reason") if message.get("type") == "websocket.close" else None
+        if not reason or self.state == self.STATE_CONNECTING:
+            return handle_reply(self, message)
+        code = message.get("code") or 1000
+        self.sendClose(code=code, reason=reason.encode()[:123].decode(errors="ignore"))
+
+    WebSocketProtocol.handle_reply = with_reason
+
+
 def _header_deadline(seconds: float) -> None:
     """A connection must finish a request's headers within `seconds` of opening, or of its
     last answer when it is kept alive, or it is closed: a client sending its headers a byte
@@ -369,6 +388,7 @@ def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
     of its workers (which leaves the embedded loops and the start's notes to the first)."""
     _lighter_requests()
     _lighter_handshakes()
+    _close_reasons()
     Server = _server_class()
     _header_deadline(cfg.header_timeout)
     from fleet.metrics_renderer import RENDERER

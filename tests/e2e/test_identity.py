@@ -14,7 +14,7 @@ from websockets.exceptions import ConnectionClosed
 
 from llmgw.core.secrets import engine_key
 
-from .harness import SECRET, SMALL, wait_for
+from .harness import SECRET, SMALL, Cluster, wait_for
 
 
 async def _impostor(cluster, node_id: str) -> tuple[dict, int]:
@@ -79,6 +79,42 @@ def test_a_join_token_cannot_take_a_running_node_and_a_forgotten_node_joins_anew
         timeout=60,
     )
     assert _chat(again[0]) == 3
+
+
+async def _flood_then_connect_again(cluster) -> tuple[int, str]:
+    """Register, send frames far over the budget until closed, and connect again at once
+    with the node's own credential: the close that answers, code and reason."""
+    url = cluster.url.replace("http://", "ws://") + "/ws/agent/"
+    join = {"Authorization": f"Bearer {cluster.agent_token}"}
+    async with connect(url, additional_headers=join) as ws:
+        await ws.send(
+            json.dumps({"type": "register", "node_id": "flood-a", "mgmt_addr": "10.0.0.9"})
+        )
+        token = json.loads(await ws.recv())["node_token"]
+        try:
+            for seq in range(1, 200):
+                await ws.send(json.dumps({"type": "heartbeat", "seq": seq}))
+            await ws.recv()
+        except ConnectionClosed as closed:
+            assert closed.rcvd.code == 4429
+    async with connect(url, additional_headers={"Authorization": f"Bearer {token}"}) as again:
+        try:
+            await again.recv()
+        except ConnectionClosed as closed:
+            return closed.rcvd.code, closed.rcvd.reason
+    raise AssertionError("the flooding node's new connection was not closed")
+
+
+def test_an_agent_is_told_why_its_connection_was_closed(tmp_path):
+    cluster = Cluster(tmp_path, production=False)
+    cluster.env["LLMGW_AGENT_FRAMES_PER_SECOND"] = "1"
+    try:
+        cluster.start_server()
+        # The reason reaches the agent through daphne, which used to send the code alone.
+        code, reason = asyncio.run(_flood_then_connect_again(cluster))
+        assert (code, reason) == (4429, "too many frames; wait before connecting")
+    finally:
+        cluster.close()
 
 
 def _rejoined(cluster) -> bool:
