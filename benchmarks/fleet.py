@@ -8,8 +8,9 @@ agents (benchmarks/fleet_agents.py) in PROCS client processes, asyncio and `webs
 in each, join with a join token, heartbeat every 5 s (the agent's interval) and answer
 the control plane's commands as `llmgw agent` does. In order:
 
-1. connections held and the server's RSS per connection (VmRSS before the agents, after
-   a warm-up few, and after all of them registered and heartbeated twice);
+1. connections held and the server's RSS per connection (VmRSS, of its workers together
+   with `--workers`, before the agents, after a warm-up few, and after all of them
+   registered and heartbeated twice);
 2. heartbeat handling with all of them heartbeating for SECONDS: some heartbeats are
    followed by the same seq again, answered with an error once the heartbeat before it
    was handled; from the heartbeat's send to that answer, p50 and p99;
@@ -77,11 +78,30 @@ def _pct(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1) if xs else None
 
 
+def _serving(pid: int) -> list[int]:
+    """The processes that serve: `llmgw serve` itself, or with workers (production) each
+    worker it started (not the metrics renderer beside them)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    workers = [
+        int(c) for c in children
+        if b"--worker-fd" in Path(f"/proc/{c}/cmdline").read_bytes()
+    ]  # fmt: skip
+    return workers or [pid]
+
+
 def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
+    """The serving processes' resident memory together."""
+    total = 0
+    for each in _serving(pid):
+        for line in Path(f"/proc/{each}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total
+
+
+def _cpu_s(pid: int) -> float:
+    """The serving processes' CPU time together."""
+    return sum(_cpu_seconds(each) for each in _serving(pid))
 
 
 def _load1() -> float:
@@ -214,12 +234,12 @@ def _join(clients: Clients, deadline: float) -> bool:
 def _heartbeats(clients: Clients, pid: int, scale: dict) -> None:
     """Figure 2: probes while every agent heartbeats on its interval."""
     fraction = min(1.0, PROBES_PER_SECOND * HEARTBEAT_INTERVAL_S / AGENTS)
-    before, began, beats0 = _cpu_seconds(pid), time.monotonic(), clients.stats()["beats"]
+    before, began, beats0 = _cpu_s(pid), time.monotonic(), clients.stats()["beats"]
     clients.ask("probe", [fraction] * len(clients.pipes))
     time.sleep(SECONDS)
     clients.ask("probe", [0.0] * len(clients.pipes))
     stats = clients.stats()
-    wall, cpu = time.monotonic() - began, _cpu_seconds(pid) - before
+    wall, cpu = time.monotonic() - began, _cpu_s(pid) - before
     lat = stats["latencies"]
     _emit("heartbeat_handling_ms", scale, p50=_pct(lat, 0.5), p99=_pct(lat, 0.99),
           max=_pct(lat, 1.0), aim_p99=100, probes=len(lat), probe_timeouts=stats["probe_timeouts"],

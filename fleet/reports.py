@@ -387,24 +387,24 @@ def node_live_flush(*, writes: list[NodeWrite], now: datetime) -> list[str]:
         return []
     by_id = {w.node_id: w for w in writes}
     with transaction.atomic():
+        rows = Node.objects.filter(pk__in=by_id).values_list(
+            "id", "session", "state", "state_since", "memory_total_mb", "cpu_count"
+        )
         nodes = [
-            node
-            for node in Node.objects.filter(pk__in=by_id).only(
-                "id", "session", "state", "state_since", "memory_total_mb", "cpu_count"
-            )
+            _Heard(node_id, state, since, memory, cpus)
+            for node_id, session, state, since, memory, cpus in rows
             # A node that registered again elsewhere is that connection's to write.
-            if node.session == by_id[node.id].session
+            if session == by_id[node_id].session
         ]
         heard_again = []
         lost = [node.id for node in nodes if node.state == Node.LOST]
         for node in nodes:
             w = by_id[node.id]
             node.last_seen = w.last_seen
-            node.load = w.load
             _believe_figures(node, w.memory_total_mb, w.cpu_count)
             if node.state == Node.UNREACHABLE and node.state_since < w.last_seen:
                 heard_again.append(node.id)
-        _write_live(nodes)
+        _write_live(nodes, {w.node_id: w.load_json for w in writes})
         if heard_again:
             Node.objects.filter(pk__in=heard_again, state=Node.UNREACHABLE).update(
                 state=Node.READY, state_since=now
@@ -443,15 +443,30 @@ def node_running_unknown(*, writes: list[NodeWrite]) -> list[Command]:
     return [stop_command(node_id, shard_id, 0) for node_id, shard_id in unknown]
 
 
-def _write_live(nodes: list[Node]) -> None:
-    """One prepared UPDATE run for every node: bulk_update's CASE expressions cost the
-    serving process milliseconds of Python per node, in a thread beside the agents' loop."""
+@dataclass(slots=True)
+class _Heard:
+    """A node's row as a flush reads and writes it (model instances were a third of it)."""
+
+    id: str
+    state: str
+    state_since: datetime
+    memory_total_mb: int | None
+    cpu_count: int | None
+    last_seen: datetime | None = None
+
+
+def _write_live(nodes: list[_Heard], loads: dict[str, str]) -> None:
+    """One prepared UPDATE run for every node, its load written as the JSON text given:
+    bulk_update's CASE expressions cost the serving process milliseconds of Python per
+    node, in a thread beside the agents' loop."""
     table = Node._meta.db_table
-    field = Node._meta.get_field
+    # The heartbeats' times are aware: straight to the driver's text, not through the field.
+    adapt = connection.ops.adapt_datetimefield_value
+    load = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
     rows = [
         (
-            field("last_seen").get_db_prep_save(n.last_seen, connection),
-            field("load").get_db_prep_save(n.load, connection),
+            adapt(n.last_seen),
+            loads[n.id],
             n.memory_total_mb,
             n.cpu_count,
             n.id,
@@ -460,7 +475,8 @@ def _write_live(nodes: list[Node]) -> None:
     ]
     with connection.cursor() as cursor:
         cursor.executemany(
-            f"UPDATE {table} SET last_seen = %s, load = %s, memory_total_mb = %s, cpu_count = %s WHERE id = %s",
+            f"UPDATE {table} SET last_seen = %s, load = {load}, memory_total_mb = %s,"
+            " cpu_count = %s WHERE id = %s",
             rows,
         )
 

@@ -145,3 +145,28 @@ def test_the_load_figures_follow_every_heartbeat_and_what_is_not_said_is_null():
     node = Node.objects.get()
     assert (node.load1, node.memory_used_bytes, node.inlet_temp_c) == (2.5, 1 << 30, 21.0)
     assert (node.cpu_temp_c, node.cpu_power_w) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "sample, engines",
+    [
+        (None, {}),
+        (None, {"gpu-a-r1-0": {"running": 1, "waiting": 0}}),
+        (Load(load1=0.5, gpus=[{"index": 0, "temp_c": 61.5}]), {}),
+        (Load(cpu_percent=12.5), {"gpu-a-r1-0": {"running": 2, "waiting": 3}}),
+    ],
+)
+def test_the_load_is_stored_as_the_heartbeat_said_it_with_the_engines_beside(sample, engines):
+    node_add("gpu-a", now=T0)
+    node_live_flush(
+        writes=[
+            NodeWrite(
+                node_id="gpu-a", session="session-gpu-a", last_seen=T0, sample=sample,
+                engines=engines, memory_total_mb=None, cpu_count=None, used_replicas=frozenset(),
+            )
+        ],
+        now=T0,
+    )  # fmt: skip
+    said = sample.model_dump(exclude_none=True) if sample is not None else {}
+    assert Node.objects.get().load == ({**said, "engines": engines} if engines else said)
+    assert Node.objects.get().last_seen == T0
