@@ -7,6 +7,7 @@ import json
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
@@ -86,10 +87,15 @@ def _flush(writes) -> tuple[list[str], list[Command]]:
     return node_live_flush(writes=writes, now=clock.now()), node_running_unknown(writes=writes)
 
 
+# The heartbeats' writes have a thread of their own: behind the registrations of a whole
+# fleet reconnecting they waited long enough for nodes to look silent.
+_WRITE_BEHIND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-write-behind")
+
+
 async def _write_behind(writes) -> None:
     """Write heartbeats, then act on what they showed: lost nodes register again, engines
     nobody knows of are stopped."""
-    lost, stops = await database_call(_flush)(writes)
+    lost, stops = await database_call(_flush, executor=_WRITE_BEHIND)(writes)
     await _ask_to_register_again(lost)
     await send_commands(stops)
 

@@ -471,7 +471,8 @@ def _write_live(nodes: list[_Heard], loads: dict[str, str]) -> None:
             n.cpu_count,
             n.id,
         )
-        for n in nodes
+        # In id order, as node_figures_refresh locks them: two writers never wait on each other.
+        for n in sorted(nodes, key=lambda n: n.id)
     ]
     with connection.cursor() as cursor:
         cursor.executemany(

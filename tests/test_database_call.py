@@ -1,6 +1,8 @@
 """`database_call`: the agents' database calls share one kept connection, closed when it
 is old or a call left it in a state it cannot be trusted in."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from django.db import connection, transaction
 
@@ -45,3 +47,12 @@ async def test_a_connection_older_than_it_may_be_kept_is_closed(monkeypatch):
     monkeypatch.setattr(db, "KEEP_S", 0.0)
     assert not await database_call(_is_open)()
     await database_close()
+
+
+async def test_a_call_on_a_thread_of_its_own_keeps_that_threads_connection():
+    own = ThreadPoolExecutor(max_workers=1)
+    first = await database_call(_which, executor=own)()
+    assert await database_call(_which, executor=own)() is first
+    assert await database_call(_which)() is not first  # the other thread's own
+    await database_close()
+    assert not await database_call(_is_open, executor=own)()

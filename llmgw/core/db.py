@@ -6,18 +6,24 @@ database opened a connection of its own: on SQLite, opening and closing it was 1
 registration's 4.5; on PostgreSQL it is a TCP handshake and a login. The calls made with
 `database_call` all run on asgiref's one thread-sensitive thread, so one connection serves
 them: kept `KEEP_S`, closed at once when an error left it unusable or a call left its
-autocommit changed, as `close_old_connections` would have.
+autocommit changed, as `close_old_connections` would have. Work that must not wait in
+that thread's queue (the heartbeats' writes, behind a whole fleet's registrations) has a
+thread of its own (`executor=`), with its own kept connection.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import SyncToAsync
 from django.db import connections
 
 KEEP_S = 60.0
+# The threads of their own some calls run on (`database_call(..., executor=)`).
+_executors: weakref.WeakSet[ThreadPoolExecutor] = weakref.WeakSet()
 # (thread, alias) -> (the connection object's id, when this thread first saw it open).
 _opened: dict[tuple[int, str], tuple[int, float]] = {}
 
@@ -47,9 +53,13 @@ class _KeptConnection(SyncToAsync):
             _close_if_done()
 
 
-def database_call(fn):
-    """`fn` made awaitable, run on the thread-sensitive thread with its connection kept."""
-    return _KeptConnection(fn, thread_sensitive=True)
+def database_call(fn, *, executor: ThreadPoolExecutor | None = None):
+    """`fn` made awaitable, run on the thread-sensitive thread with its connection kept; or
+    on `executor`'s one thread, for work that must not wait behind that thread's queue."""
+    if executor is None:
+        return _KeptConnection(fn, thread_sensitive=True)
+    _executors.add(executor)
+    return _KeptConnection(fn, thread_sensitive=False, executor=executor)
 
 
 def _close_all() -> None:
@@ -62,3 +72,5 @@ def _close_all() -> None:
 async def database_close() -> None:
     """Close the connections `database_call` kept (a server stopping, a test's end)."""
     await SyncToAsync(_close_all, thread_sensitive=True)()
+    for executor in list(_executors):
+        await SyncToAsync(_close_all, thread_sensitive=False, executor=executor)()
