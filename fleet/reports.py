@@ -65,7 +65,9 @@ def _sync_gpus(node: Node, msg: Register, *, new: bool) -> bool:
     return True
 
 
-def _believe_figures(node: Node, memory_total_mb: int | None, cpu_count: int | None) -> None:
+def _believe_figures(
+    node: Node | _Heard, memory_total_mb: int | None, cpu_count: int | None
+) -> None:
     """A node that reports less memory or more CPUs than before is believed, and the change logged."""
     for attr, value, unit in (
         ("memory_total_mb", memory_total_mb, "MB of memory"),
