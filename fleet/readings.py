@@ -13,6 +13,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from catalog.selectors import measurements_load, measurements_revision
+from llmgw.core.errors import cause
 from tenancy.quota import Policy
 from tenancy.selectors import quota_policy_load, quota_policy_revision
 
@@ -42,8 +43,7 @@ class Revised:
             if not self._failing:
                 # The cause in the sentence, no traceback: a pass the outage fails logs its
                 # own, once (llmgw.core.outage), and this would be a second for the same cause.
-                cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-                log.warning("could not read %s (%s); keeping the last ones", self.name, cause)
+                log.warning("could not read %s (%s); keeping the last ones", self.name, cause(exc))
             self._failing = True
         else:
             if self._failing:

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from llmgw.core.errors import Invalid, Upstream
+from llmgw.core.errors import Invalid, Upstream, cause
 
 from .domain.sources import HF, HTTPS, LOCAL, Source, inside
 
@@ -119,7 +119,7 @@ def _hub(source: Source) -> Resolved:
         # huggingface_hub brings its own HTTP client, whose errors are no class of ours:
         # whatever stopped the hub answering is said, not raised as a 500.
         raise Upstream(
-            f"The hub at {endpoint} could not be asked about {source.repo}: {_first(exc)}."
+            f"The hub at {endpoint} could not be asked about {source.repo}: {cause(exc)}."
         ) from None
     revision = info.sha or source.revision or "main"
     files = []
@@ -151,7 +151,7 @@ def _https(source: Source, sha256: str) -> RemoteFile:
                 with client.stream("GET", url) as g:
                     r = g
     except httpx.HTTPError as exc:
-        raise Upstream(f"{url} could not be reached: {_first(exc)}.") from None
+        raise Upstream(f"{url} could not be reached: {cause(exc)}.") from None
     if r.status_code == 404 or r.status_code == 410:
         raise Invalid(f"{url} answered HTTP {r.status_code}: there is no such file.")
     if r.status_code >= 400:
@@ -196,8 +196,3 @@ def _local(source: Source, roots: tuple[str, ...]) -> tuple[RemoteFile, ...]:
     if not found:
         raise Invalid(f"The folder {source.text} holds no files.")
     return tuple(found)
-
-
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:200]

@@ -24,6 +24,8 @@ from urllib.parse import urljoin
 
 import httpx
 
+from llmgw.core.errors import cause
+
 CHUNK = 1 << 20
 SINK_BLOCK = 1 << 20
 PROGRESS_EVERY_S = 1.0
@@ -193,7 +195,7 @@ def _download(client, url, part, h, have, size, headers, on_progress, what):
                 sink.close()
     except httpx.HTTPError as exc:
         raise TransferError(
-            f"{what} was cut at {have:,} bytes: {_reason(exc)}.", retry=True
+            f"{what} was cut at {have:,} bytes: {cause(exc)}.", retry=True
         ) from None
     except OSError as exc:
         raise TransferError(
@@ -266,8 +268,3 @@ def _total(r: httpx.Response, have: int) -> int | None:
 
 def _refusal(what: str, r: httpx.Response) -> str:
     return f"{what} answered HTTP {r.status_code} {r.reason_phrase}".rstrip() + "."
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:200]

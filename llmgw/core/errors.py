@@ -27,3 +27,10 @@ class Upstream(ServiceError):
     """Something outside llmgw the request needed did not answer: the hub, a source (502)."""
 
     status = 502
+
+
+def cause(exc: BaseException) -> str:
+    """What went wrong, for a sentence: the exception's first line (its type when it says
+    nothing), at most 200 characters."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:200]

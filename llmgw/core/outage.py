@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import time
 
+from .errors import cause
+
 
 class Outage:
     """What a loop retrying something (a database, Redis) tells the log about it."""
@@ -24,7 +26,7 @@ class Outage:
             self.log.error(
                 "%s failed: %s; retrying, and saying so again only once it works",
                 self.what,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                cause(exc),
                 exc_info=exc,
             )
 
