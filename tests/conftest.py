@@ -7,10 +7,12 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _fresh_caches():
-    """Each test starts with no cached views: they are keyed by ids and times tests reuse."""
+    """Each test starts with no cached views (they are keyed by ids and times tests reuse)
+    and ends with no database connection kept."""
     from catalog import selectors as catalog_selectors
     from fleet.reconciler import MEASUREMENTS, POLICY
     from fleet.selectors import caches_clear
+    from llmgw.core.db import kept_connections_close
     from llmgw.gateway.load import BOARD
 
     caches_clear()
@@ -19,6 +21,9 @@ def _fresh_caches():
     catalog_selectors._cache["version"] = None
     POLICY.clear()
     MEASUREMENTS.clear()
+    yield
+    # The agents' database thread keeps its connection: none outlives the test.
+    kept_connections_close()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ thread of its own (`executor=`), with its own kept connection.
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -24,24 +23,20 @@ from django.db import connections
 KEEP_S = 60.0
 # The threads of their own some calls run on (`database_call(..., executor=)`).
 _executors: weakref.WeakSet[ThreadPoolExecutor] = weakref.WeakSet()
-# (thread, alias) -> (the connection object's id, when this thread first saw it open).
-_opened: dict[tuple[int, str], tuple[int, float]] = {}
 
 
 def _close_if_done() -> None:
+    """This thread's connections closed when `close_old_connections` would (an error left
+    one unusable, autocommit left changed), or once open for KEEP_S."""
     now = time.monotonic()
-    thread = threading.get_ident()
     for conn in connections.all(initialized_only=True):
         if conn.connection is None:
             continue
-        key = (thread, conn.alias)
-        seen = _opened.get(key)
-        if seen is None or seen[0] != id(conn.connection):
-            seen = _opened[key] = (id(conn.connection), now)
-        conn.close_at = seen[1] + KEEP_S
+        # When this connection (the driver's object) was first seen open.
+        if getattr(conn, "_llmgw_kept", None) is not conn.connection:
+            conn._llmgw_kept, conn._llmgw_since = conn.connection, now
+        conn.close_at = conn._llmgw_since + KEEP_S
         conn.close_if_unusable_or_obsolete()
-        if conn.connection is None:
-            del _opened[key]
 
 
 class _KeptConnection(SyncToAsync):
@@ -62,15 +57,8 @@ def database_call(fn, *, executor: ThreadPoolExecutor | None = None):
     return _KeptConnection(fn, thread_sensitive=False, executor=executor)
 
 
-def _close_all() -> None:
-    connections.close_all()
-    thread = threading.get_ident()
-    for key in [k for k in _opened if k[0] == thread]:
-        del _opened[key]
-
-
-async def database_close() -> None:
-    """Close the connections `database_call` kept (a server stopping, a test's end)."""
-    await SyncToAsync(_close_all, thread_sensitive=True)()
-    for executor in list(_executors):
-        await SyncToAsync(_close_all, thread_sensitive=False, executor=executor)()
+def kept_connections_close() -> None:
+    """Close the connections `database_call` kept, each on the thread that keeps it; from
+    sync code (a test's end: no connection may keep the test database from being dropped)."""
+    for executor in (SyncToAsync.single_thread_executor, *_executors):
+        executor.submit(connections.close_all).result()

@@ -11,7 +11,6 @@ from channels.testing import WebsocketCommunicator
 
 from fleet import consumers
 from fleet.live import LIVE
-from llmgw.core.db import database_close
 
 
 @pytest.fixture
@@ -34,9 +33,6 @@ async def layer():
         consumers._flusher.cancel()
         consumers._flusher = None
     await layer.flush()
-    # The consumers' database thread keeps its connection, which would keep the test
-    # database from being dropped at the end of the run.
-    await database_close()
 
 
 class Agents:
