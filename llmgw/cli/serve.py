@@ -132,9 +132,8 @@ def _lighter_handshakes() -> None:
 
 def _close_reasons() -> None:
     """daphne closes a websocket with the code the application gave and drops its reason,
-    so an agent was never told why it was closed, nor how long a busy control plane asked
-    it to wait (fleet/connections.py, Registering). The reason is sent, cut to the 123
-    bytes a close frame holds."""
+    so an agent was never told why it was closed (too many frames, the database away).
+    The reason is sent, cut to the 123 bytes a close frame holds."""
     from daphne.ws_protocol import WebSocketProtocol
 
     handle_reply = WebSocketProtocol.handle_reply

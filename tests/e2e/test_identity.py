@@ -17,9 +17,13 @@ from llmgw.core.secrets import engine_key
 from .harness import SECRET, SMALL, Cluster, wait_for
 
 
+def _agent_url(cluster) -> str:
+    return cluster.url.replace("http://", "ws://") + "/ws/agent/"
+
+
 async def _impostor(cluster, node_id: str) -> tuple[dict, int]:
     """Register as `node_id` with the join token, as a script holding it would."""
-    url = cluster.url.replace("http://", "ws://") + "/ws/agent/"
+    url = _agent_url(cluster)
     headers = {"Authorization": f"Bearer {cluster.agent_token}"}
     async with connect(url, additional_headers=headers) as ws:
         await ws.send(json.dumps({"type": "register", "node_id": node_id, "mgmt_addr": "6.6.6.6"}))
@@ -84,7 +88,7 @@ def test_a_join_token_cannot_take_a_running_node_and_a_forgotten_node_joins_anew
 async def _flood_then_connect_again(cluster) -> tuple[int, str]:
     """Register, send frames far over the budget until closed, and connect again at once
     with the node's own credential: the close that answers, code and reason."""
-    url = cluster.url.replace("http://", "ws://") + "/ws/agent/"
+    url = _agent_url(cluster)
     join = {"Authorization": f"Bearer {cluster.agent_token}"}
     async with connect(url, additional_headers=join) as ws:
         await ws.send(
