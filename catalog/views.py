@@ -24,10 +24,13 @@ from fleet import (
     listings as fleet_listings,
     services as fleet_services,
 )
+from fleet.history import replica_lines
 from llmgw.core import clock
+from llmgw.core.charts import Chart, charts_context
 from llmgw.core.errors import NotFound, ServiceError
 from llmgw.core.pages import fragment_asked, page, page_actor, staff_required
 from llmgw.core.permissions import needs, require
+from llmgw.core.traffic import model_charts
 from mirror.domain.progress import fetched_said
 from tenancy.selectors import scope_tree
 
@@ -47,7 +50,7 @@ from .selectors import catalog_load, measurements_list
 LIST = "catalog/model_list.html"
 DETAIL = "catalog/model_detail.html"
 LIST_FRAGMENTS = ("models-main", "model-table", "profile-added")
-DETAIL_FRAGMENTS = ("model-main", "replicas")
+DETAIL_FRAGMENTS = ("model-main", "replicas", "charts")
 DECLARED_REASON = "declared in the catalog file; edit that file and restart llmgw serve"
 # Headroom is worked out by placing replicas one by one: ten says "plenty" without the cost.
 HEADROOM_LIMIT = 10
@@ -480,6 +483,7 @@ def model(request: HttpRequest, name: str) -> HttpResponse:
         fragment = "model-main" if request.htmx else None
     else:
         fragment = fragment_asked(request, DETAIL_FRAGMENTS, main=DETAIL_FRAGMENTS[0])
+    charts = _model_charts(request, name) if fragment in (None, "model-main", "charts") else {}
     return page(
         request,
         DETAIL,
@@ -489,7 +493,14 @@ def model(request: HttpRequest, name: str) -> HttpResponse:
             "forms": shown,
             "notice": notice,
             "declared_reason": DECLARED_REASON,
-        },
+        }
+        | charts,
         fragment=fragment,
         status=400 if failed else 200,
     )
+
+
+def _model_charts(request: HttpRequest, name: str) -> dict:
+    """Its traffic (what the gateway measured) and its replicas over time."""
+    replicas = Chart("replicas", "Replicas", "", f"replicas:{name}", replica_lines(name))
+    return charts_context(request, (*model_charts(name), replicas))

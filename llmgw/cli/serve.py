@@ -404,6 +404,12 @@ def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
         gc.set_threshold(50_000, 50, 100)
 
         def start() -> None:
+            if cfg.prometheus_url is None:
+                from llmgw.core import history
+
+                # The console's charts read this process's history (docs/console.md).
+                history.HISTORY.clear(cfg.history_step)
+                asyncio.get_event_loop().create_task(history.run_forever())
             if cfg.embedded:
                 from fleet.reconciler import run_forever
                 from mirror.worker import start_embedded

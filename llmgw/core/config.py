@@ -138,6 +138,10 @@ class Config:
     header_timeout: float = 20.0
     # How long what happened to models and nodes is kept (fleet/event_log.py), in days.
     events_keep_days: float = 14.0
+    # Where the console's charts read history (None: the history `llmgw serve` keeps, one
+    # slot every `history_step` seconds; llmgw/core/history.py).
+    prometheus_url: str | None = None
+    history_step: float = 15.0
     vllm: Vllm = Vllm()
     web: Web = Web()
     agents: Agents = Agents()
@@ -256,12 +260,23 @@ def load(env: dict[str, str] | None = None) -> Config:
         shutdown_grace=_number(env, "LLMGW_SHUTDOWN_GRACE_SECONDS", 30.0, integer=False),
         header_timeout=_number(env, "LLMGW_HEADER_TIMEOUT_SECONDS", 20.0, integer=False),
         events_keep_days=_number(env, "LLMGW_EVENTS_KEEP_DAYS", 14.0, integer=False),
+        prometheus_url=_url(env, "LLMGW_PROMETHEUS_URL", ("http", "https")),
+        history_step=_history_step(env),
         mirror=_mirror(env, home),
         vllm=_vllm(env),
         web=web_load(env, SettingError),
         agents=_agents(env),
         login=_login(env),
     )
+
+
+def _history_step(env: dict[str, str]) -> float:
+    step = _number(env, "LLMGW_HISTORY_STEP_SECONDS", 15.0, integer=False)
+    if not 1 <= step <= 3600:
+        raise SettingError(
+            f"LLMGW_HISTORY_STEP_SECONDS must be from 1 to 3600 seconds, not {step:g}."
+        )
+    return step
 
 
 def _login(env: dict[str, str]) -> LoginThrottle:

@@ -314,3 +314,33 @@ def client_ports(pid: int, server_port: int) -> list[int]:
     return [
         lp for lp, rp, state, i in _tcp_rows() if rp == server_port and state == "01" and i in mine
     ]
+
+
+_STAFF_SESSION = """
+import django
+django.setup()
+from django.contrib.auth import get_user_model
+from django.contrib.sessions.backends.db import SessionStore
+import sys
+user, _ = get_user_model().objects.get_or_create(username=sys.argv[1], defaults={"is_staff": True, "is_superuser": True})
+session = SessionStore()
+session["_auth_user_id"] = str(user.pk)
+session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+session["_auth_user_hash"] = user.get_session_auth_hash()
+session.create()
+print(session.session_key)
+"""
+
+
+def staff_cookie(cluster: Cluster, name: str = "ops") -> str:
+    """A logged-in staff superuser's session key, made in the cluster's own database."""
+    done = subprocess.run(
+        [sys.executable, "-c", _STAFF_SESSION, name],
+        env={**cluster.env, "DJANGO_SETTINGS_MODULE": "llmgw.settings"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]

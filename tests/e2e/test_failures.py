@@ -4,12 +4,10 @@ Its own error reaches `ctl model explain`, `ctl logs` and the cluster page's "Ne
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import httpx
 
-from .harness import REPO, wait_for
+from .harness import staff_cookie, wait_for
 
 BAD = {
     "name": "broken",
@@ -27,33 +25,6 @@ BAD = {
 }
 # What the engine itself says (argparse's own words), not what llmgw makes of it.
 ENGINE_SAYS = "llmgw sim-engine: error: unrecognized arguments: --no-such-flag"
-
-_STAFF_SESSION = """
-import django
-django.setup()
-from django.contrib.auth import get_user_model
-from django.contrib.sessions.backends.db import SessionStore
-user = get_user_model().objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
-session = SessionStore()
-session["_auth_user_id"] = str(user.pk)
-session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
-session["_auth_user_hash"] = user.get_session_auth_hash()
-session.create()
-print(session.session_key)
-"""
-
-
-def _staff_cookie(cluster) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", _STAFF_SESSION],
-        env={**cluster.env, "DJANGO_SETTINGS_MODULE": "llmgw.settings"},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip().splitlines()[-1]
 
 
 def test_an_engine_that_exits_shows_its_own_error_in_explain_logs_and_the_cluster_page(cluster):
@@ -84,11 +55,11 @@ def test_an_engine_that_exits_shows_its_own_error_in_explain_logs_and_the_cluste
     assert logs.returncode == 0, logs.stderr
     assert logs.stdout.splitlines()[-1] == ENGINE_SAYS
 
-    cookie = _staff_cookie(cluster)
+    cookie = staff_cookie(cluster)
     page = httpx.get(f"{cluster.url}/", cookies={"sessionid": cookie}, timeout=10)
     assert page.status_code == 200
-    strip = re.search(r'<ul id="attention".*?</ul>', page.text, re.S).group(0)
-    assert "Nothing needs attention" not in strip
+    strip = re.search(r'<section id="attention".*?</section>', page.text, re.S).group(0)
+    assert " hidden>" not in strip.split("\n")[0]
     assert re.search(r"broken</a> is (backing off|parked) after \d+ failures?: ", strip)
     assert "unrecognized arguments: --no-such-flag" in strip
     detail = httpx.get(

@@ -22,9 +22,8 @@ import pytest
 from llmgw.core.secrets import engine_key
 
 from .conftest import MODES
-from .harness import SECRET, Cluster, gateway_key, gateway_project, wait_for
+from .harness import SECRET, Cluster, gateway_key, gateway_project, staff_cookie, wait_for
 from .real_engines import gemma_gguf, in_ci, llama_server
-from .test_failures import _staff_cookie
 
 MODEL = "gemma3-270m"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -246,9 +245,9 @@ def test_a_model_whose_file_is_missing_shows_llama_servers_own_error(site, llama
         assert "/nowhere/missing.gguf" in explain.stdout, explain.stdout
 
         page = httpx.get(
-            f"{cluster.url}/", cookies={"sessionid": _staff_cookie(cluster)}, timeout=10
+            f"{cluster.url}/", cookies={"sessionid": staff_cookie(cluster)}, timeout=10
         )
-        strip = re.search(r'<ul id="attention".*?</ul>', page.text, re.S).group(0)
+        strip = re.search(r'<section id="attention".*?</section>', page.text, re.S).group(0)
         assert "missing</a> is" in strip and "/nowhere/missing.gguf" in strip, strip
     finally:
         cluster.client.delete("/models/missing")

@@ -1,0 +1,244 @@
+"""The fleet's readings for the console's history (llmgw/core/history.py), and the charts
+the cluster and node pages draw of them.
+
+Each step, in a few queries whatever the size of the fleet: every node heard from within
+LLMGW_UNREACHABLE_SECONDS gives its CPU and memory use and, per registered GPU, its
+utilisation, memory use, temperature and power, each only when its agent measured it; a
+node not heard from gives nothing (a gap, not a zero). The fleet gives its GPUs' mean
+utilisation over those that report one, the share of its GPUs held by replicas and its
+ready nodes; each model its replicas ready and holding room.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Count, Q
+
+from catalog.selectors import catalog_load
+from llmgw.core.charts import Chart, Line
+from llmgw.core.history import Reading, Schema
+from llmgw.core.promql import quoted
+
+from .domain.types import HOLDING
+from .metrics_series import raw_rows
+from .models import Gpu, Node, Replica, Shard
+
+# A percentage to half a point, degrees to one, watts to five.
+_PERCENT, _DEGREES, _WATTS = 2.0, 1.0, 0.2
+GPU_SERIES = (("util", _PERCENT), ("memory", _PERCENT), ("temp", _DEGREES), ("power", _WATTS))
+FLEET = Schema(("gpu_util", "gpus_held", "gpus", "nodes_ready"))
+REPLICAS = Schema(("ready", "holding"))
+_schemas: dict[tuple[int, ...], Schema] = {}
+
+
+def node_schema(indices: tuple[int, ...]) -> Schema:
+    """A node's series: its CPU and memory use, then four per GPU (one object per shape)."""
+    schema = _schemas.get(indices)
+    if schema is None:
+        names = ["cpu", "memory"]
+        scales = [_PERCENT, _PERCENT]
+        for i in indices:
+            for name, scale in GPU_SERIES:
+                names.append(f"gpu{i}.{name}")
+                scales.append(scale)
+        schema = _schemas[indices] = Schema(tuple(names), tuple(scales))
+    return schema
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _when(value) -> datetime | None:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
+
+
+def _percent(part, whole) -> float | None:
+    if part is None or not whole:
+        return None
+    return 100.0 * part / whole
+
+
+def node_reading(load: dict, memory_total_mb: int | None, gpus: list[tuple[int, int | None]]):
+    """A node's reading from its load as stored and its GPUs (index, memory MB)."""
+    values: list[float | None] = [
+        load.get("cpu_percent"),
+        _percent(load.get("memory_used_bytes"), (memory_total_mb or 0) * 1048576),
+    ]
+    by_index = {g.get("index"): g for g in load.get("gpus") or () if isinstance(g, dict)}
+    utils = []
+    for index, memory_mb in gpus:
+        g = by_index.get(index, {})
+        util = g.get("utilization")
+        if util is not None:
+            utils.append(util)
+        values += [
+            util,
+            _percent(g.get("memory_used_mb"), memory_mb),
+            g.get("temp_c"),
+            g.get("power_w"),
+        ]
+    return values, utils
+
+
+def fleet_sample(now: float) -> dict[str, Reading]:
+    """Every heard node's reading, the fleet's and each model's replicas."""
+    heard_since = datetime.fromtimestamp(now, UTC) - timedelta(
+        seconds=settings.LLMGW.timings.unreachable
+    )
+    gpus: dict[str, list[tuple[int, int | None]]] = defaultdict(list)
+    for node_id, index, memory_mb in raw_rows(
+        Gpu.objects.order_by("node_id", "index"), ("node_id", "index", "memory_mb")
+    ):
+        gpus[node_id].append((index, memory_mb))
+    readings: dict[str, Reading] = {}
+    utils: list[float] = []
+    total = ready = 0
+    for node_id, state, last_seen, load, memory_total_mb in raw_rows(
+        Node.objects.order_by(), ("id", "state", "last_seen", "load", "memory_total_mb")
+    ):
+        mine = gpus.get(node_id, [])
+        total += len(mine)
+        if state != Node.READY:
+            continue
+        ready += 1
+        seen = _when(last_seen)
+        if seen is None or seen < heard_since:
+            continue
+        values, node_utils = node_reading(_json(load) or {}, memory_total_mb, mine)
+        utils += node_utils
+        readings[f"node:{node_id}"] = (node_schema(tuple(i for i, _ in mine)), values)
+    held = 0
+    for (indices,) in raw_rows(
+        Shard.objects.filter(replica__state__in=HOLDING).order_by(), ("gpu_indices",)
+    ):
+        held += len(_json(indices) or ())
+    readings["fleet"] = (
+        FLEET,
+        [
+            sum(utils) / len(utils) if utils else None,
+            100.0 * held / total if total else None,
+            float(total),
+            float(ready),
+        ],
+    )
+    # Every model of the catalog: none ready is a count of none.
+    counts = {name: [0.0, 0.0] for name in catalog_load()}
+    for row in (
+        Replica.objects.order_by()
+        .values("model")
+        .annotate(
+            ready=Count("id", filter=Q(state="ready")),
+            holding=Count("id", filter=Q(state__in=HOLDING)),
+        )
+    ):
+        counts[row["model"]] = [float(row["ready"]), float(row["holding"])]
+    for model, values in counts.items():
+        readings[f"replicas:{model}"] = (REPLICAS, values)
+    return readings
+
+
+def cluster_charts() -> tuple[Chart, ...]:
+    return (
+        Chart(
+            "gpu-use",
+            "GPU use",
+            "%",
+            "fleet",
+            (
+                Line("utilisation (mean)", "gpu_util", "avg(llmgw_gpu_utilization_percent)"),
+                Line(
+                    "held by replicas",
+                    "gpus_held",
+                    "100 * (1 - sum(llmgw_node_gpus_free * llmgw_node_up) / sum(llmgw_node_gpus))",
+                ),
+            ),
+            top=100.0,
+        ),
+    )
+
+
+def node_charts(node_id: str, indices: tuple[int, ...]) -> tuple[Chart, ...]:
+    """The node page's charts: one line per GPU, and its CPU and memory."""
+    node = f"node={quoted(node_id)}"
+
+    def per_gpu(name: str) -> tuple[Line, ...]:
+        return tuple(Line(f"GPU {i}", f"gpu{i}.{name}", match=(("gpu", str(i)),)) for i in indices)
+
+    charts = [
+        Chart(
+            "host",
+            "CPU and memory",
+            "%",
+            f"node:{node_id}",
+            (
+                Line("CPU", "cpu", f"llmgw_node_cpu_percent{{{node}}}"),
+                Line(
+                    "memory",
+                    "memory",
+                    f"100 * llmgw_node_memory_used_bytes{{{node}}} / llmgw_node_memory_total_bytes{{{node}}}",
+                ),
+            ),
+            top=100.0,
+        )
+    ]
+    if indices:
+        charts += [
+            Chart(
+                "gpu-util",
+                "GPU utilisation",
+                "%",
+                f"node:{node_id}",
+                per_gpu("util"),
+                f"llmgw_gpu_utilization_percent{{{node}}}",
+                top=100.0,
+            ),
+            Chart(
+                "gpu-memory",
+                "GPU memory used",
+                "%",
+                f"node:{node_id}",
+                per_gpu("memory"),
+                f"100 * llmgw_gpu_memory_used_bytes{{{node}}} "
+                f"/ llmgw_gpu_memory_total_bytes{{{node}}}",
+                top=100.0,
+            ),
+            Chart(
+                "gpu-temp",
+                "GPU temperature",
+                "°C",
+                f"node:{node_id}",
+                per_gpu("temp"),
+                f"llmgw_gpu_temperature_celsius{{{node}}}",
+            ),
+            Chart(
+                "gpu-power",
+                "GPU power",
+                "W",
+                f"node:{node_id}",
+                per_gpu("power"),
+                f"llmgw_gpu_power_watts{{{node}}}",
+            ),
+        ]
+    return tuple(charts)
+
+
+def replica_lines(model: str) -> tuple[Line, ...]:
+    """A model's replicas over time, for its page's chart."""
+    m = f"model={quoted(model)}"
+    return (
+        Line("ready", "ready", f"llmgw_model_replicas_ready{{{m}}}"),
+        Line(
+            "holding room",
+            "holding",
+            f'sum(llmgw_replicas{{{m},state=~"pending|starting|ready|draining|stopping"}})',
+        ),
+    )
