@@ -27,7 +27,9 @@ class ViewOnly:
         return False
 
     def changelist_view(self, request, extra_context=None):
-        extra = {"subtitle": self.description, **(extra_context or {})}
+        # Said under the heading (templates/admin/change_list.html), not as the subtitle,
+        # which the admin also puts in the page's <title>.
+        extra = {"view_only_said": self.description, **(extra_context or {})}
         return super().changelist_view(request, extra_context=extra)
 
 

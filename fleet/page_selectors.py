@@ -398,13 +398,30 @@ def quotas_at_limit(
 
 
 def node_replicas(node_id: str) -> list[dict]:
-    """The replicas holding room on a node, by model: id, model, state and its GPUs here."""
+    """The replicas holding room on a node, by model: id, model, state, its shard here, the
+    GPUs and the cores and memory it reserves here."""
     rows = (
         Shard.objects.filter(node_id=node_id, replica__state__in=HOLDING)
         .order_by("replica__model", "replica_id")
-        .values_list("replica_id", "replica__model", "replica__state", "gpu_indices")
+        .values_list(
+            "replica_id",
+            "replica__model",
+            "replica__state",
+            "gpu_indices",
+            "id",
+            "cpu_cores",
+            "memory_gb",
+        )
     )
     return [
-        {"id": rid, "model": model, "state": state, "gpus": list(indices or ())}
-        for rid, model, state, indices in rows
+        {
+            "id": rid,
+            "model": model,
+            "state": state,
+            "gpus": list(indices or ()),
+            "shard": shard,
+            "cpu_cores": cores,
+            "memory_gb": memory_gb,
+        }
+        for rid, model, state, indices, shard, cores, memory_gb in rows
     ]

@@ -20,22 +20,25 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from catalog.selectors import catalog_load
 from llmgw.core import clock
+from llmgw.core.charts import charts_context
 from llmgw.core.errors import NotFound, ServiceError
 from llmgw.core.pages import fragment_asked, page, staff_required
 from llmgw.core.permissions import needs, require
+from llmgw.core.traffic import requests_chart
 
 from . import event_log, identity, logs, page_selectors as ps, services
 from .dispatch import dispatch, node_disconnect
 from .domain.types import HOLDING
 from .events import LOG_LINES
 from .forms import NodeActionForm, NodeFilterForm
+from .history import cluster_charts, node_charts
 from .listings import nodes_list
 from .selectors import reconciler_status, replica_views
 
 PER_PAGE = 100
 # The fragments htmx may ask for, by the `fragment` parameter, and the partial each is.
-CLUSTER_FRAGMENTS = {"nodes": "nodes-refresh", "models": "models-refresh"}
-NODE_FRAGMENTS = {"live": "live-refresh"}
+CLUSTER_FRAGMENTS = {"nodes": "nodes-refresh", "models": "models-refresh", "charts": "charts"}
+NODE_FRAGMENTS = {"live": "live-refresh", "charts": "charts"}
 # Of a node's GPUs' readings (fleet/events.py, GpuLoad), those that get a column when measured.
 GPU_SENSORS = ("temp_c", "memory_temp_c", "power_w", "utilization", "memory_used_mb")
 # A node's own readings (fleet/events.py, Load) its page shows, each only when reported.
@@ -64,8 +67,12 @@ def _query(**params) -> str:
 def cluster(request: HttpRequest) -> HttpResponse:
     """The cluster page: counters, what needs attention, the nodes and the models."""
     fragment = fragment_asked(request, CLUSTER_FRAGMENTS)
-    replicas = replica_views()
     context: dict = {"section": "cluster"}
+    if fragment in (None, "charts"):
+        context |= charts_context(request, (*cluster_charts(), requests_chart()))
+        if fragment == "charts":
+            return page(request, "fleet/node_list.html", context, fragment=fragment)
+    replicas = replica_views()
     down = None
     if fragment in (None, "nodes-refresh"):
         context |= _nodes_context(request, replicas)
@@ -257,7 +264,13 @@ def node(request: HttpRequest, node_id: str) -> HttpResponse:
     except NotFound:
         return _node_missing(request, node_id)
     fragment = "summary" if request.method == "POST" else fragment_asked(request, NODE_FRAGMENTS)
+    if fragment == "charts":
+        return page(
+            request, "fleet/node_detail.html", _node_charts(request, view), fragment=fragment
+        )
     context = _node_context(view) | {"done": done, "refused": refused, "section": "cluster"}
+    if fragment is None:
+        context |= _node_charts(request, view)
     if fragment is None:  # the whole page: what happened to it, newest first
         context |= {
             "events": event_log.recent(node=node_id),
@@ -292,6 +305,12 @@ def _node_missing(request: HttpRequest, node_id: str) -> HttpResponse:
     )
     patch_vary_headers(response, ("HX-Request",))
     return response
+
+
+def _node_charts(request: HttpRequest, view: dict) -> dict:
+    return charts_context(
+        request, node_charts(view["id"], tuple(sorted(g["index"] for g in view["gpus"])))
+    )
 
 
 def _reading(value) -> float | None:
@@ -332,6 +351,17 @@ def _node_context(view: dict) -> dict:
             }
         )
     measured = {k: any(g[k] is not None for g in gpus) for k in GPU_SENSORS}
+    used_by = load.get("shards") if isinstance(load.get("shards"), dict) else {}
+    gpu_used = {g["index"]: g["memory_used_gb"] for g in gpus}
+    for r in replicas:
+        use = used_by.get(r["shard"]) if isinstance(used_by.get(r["shard"]), dict) else {}
+        on_gpus = [gpu_used.get(i) for i in r["gpus"]]
+        r |= {
+            "cores_used": _reading(use.get("cpu_cores")),
+            "rss_bytes": _reading(use.get("rss_bytes")),
+            # Its GPUs' memory in use, when every one of them says.
+            "gpu_memory_gb": sum(on_gpus) if on_gpus and None not in on_gpus else None,
+        }
     memory_total = view["memory_gb"] * 1024**3 if view["memory_gb"] else None
     used = _reading(load.get("memory_used_bytes"))
     return {
@@ -342,5 +372,11 @@ def _node_context(view: dict) -> dict:
         "gpus": gpus,
         "gpu_columns": measured | {"throttle": bool(readings)},
         "replicas": replicas,
+        "replica_use": {
+            k: any(r[k] is not None for r in replicas)
+            for k in ("cores_used", "rss_bytes", "gpu_memory_gb")
+        },
+        "weights": sorted(view["weights"], key=lambda w: w["source"]),
+        "disk": view["disk"],
         "live_refresh": f"?{_query(fragment='live')}",
     }

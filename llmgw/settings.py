@@ -72,6 +72,8 @@ TEMPLATES = [
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
+            # `|when`: a time, relative, with the exact one on hover (llmgw/core/when.py).
+            "builtins": ["llmgw.core.when"],
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.utils import timezone
 
@@ -151,3 +153,12 @@ def test_the_model_list_reads_the_tenancy_tree_once_whatever_the_rows(
 
     with django_assert_max_num_queries(11):
         assert admin_client.get("/admin/catalog/model/").status_code == 200
+
+
+def test_a_view_only_lists_title_is_a_title_and_where_to_change_it_is_said_under_it(
+    admin_client, llama
+):
+    body = admin_client.get("/admin/catalog/model/").content.decode()
+    assert "<title>Select model to view | Django site admin</title>" in body
+    said = re.search(r'<p class="help" id="view-only">(.*?)</p>', body).group(1)
+    assert said.startswith("View only: change models with llmgw ctl or the REST API")

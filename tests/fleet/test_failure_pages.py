@@ -62,7 +62,7 @@ def failing(name: str, *, failures: int = 3, parked: bool = False, node: str = "
 
 
 def attention(body: str) -> str:
-    return re.search(r'<ul id="attention".*?</ul>', body, re.S).group(0)
+    return re.search(r'<section id="attention".*?</section>', body, re.S).group(0)
 
 
 @pytest.mark.django_db
@@ -76,7 +76,7 @@ def test_needs_attention_names_each_model_backing_off_or_parked_with_its_engines
     body = staff.get("/").content.decode()
 
     text = attention(body)
-    assert "Nothing needs attention" not in text
+    assert " hidden>" not in text.split("\n")[0]
     assert re.search(
         r'chat</a> is backing off after 3 failures: <span class="failure-said"[^>]*>'
         r"error: failed to open GGUF file &#x27;/m/chat.gguf&#x27;</span>",
@@ -89,7 +89,7 @@ def test_needs_attention_names_each_model_backing_off_or_parked_with_its_engines
     # The strip that comes with the models' refresh says the same.
     oob = staff.get("/?fragment=models", **HX).content.decode()
     assert attention(oob) == text.replace(
-        'class="attention">', 'class="attention" hx-swap-oob="true">'
+        '<section id="attention">', '<section id="attention" hx-swap-oob="true">'
     )
 
 
@@ -97,7 +97,7 @@ def test_needs_attention_names_each_model_backing_off_or_parked_with_its_engines
 def test_a_model_whose_failures_no_longer_count_needs_no_attention(staff):
     model_added(gpu_model("chat"))
     failing("chat", failures=0)
-    assert "Nothing needs attention." in staff.get("/").content.decode()
+    assert '<section id="attention" hidden>' in staff.get("/").content.decode()
 
 
 def _queries(client: Client, url: str) -> int:

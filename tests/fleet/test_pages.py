@@ -213,7 +213,7 @@ def test_the_models_fragment_brings_the_attention_strip_out_of_band(staff, now):
     assert "<html" not in body
     assert body.lstrip().startswith('<div id="models"')
     assert rows(body.encode(), "model") == ["llama"]
-    assert '<ul id="attention" class="attention" hx-swap-oob="true">' in body
+    assert '<section id="attention" hx-swap-oob="true" hidden>' in body
     assert 'id="nodes-table"' not in body
 
 
@@ -447,7 +447,7 @@ def test_the_attention_strip_names_what_cannot_run_what_is_down_and_quotas_at_a_
     body = staff.get("/").content.decode()
     # gpu-a has one GPU of two free; gpu-b's two idle ones are not room while it is unreachable.
     assert counter(body, "gpus") == "1 / 4"
-    text = re.search(r'<ul id="attention".*?</ul>', body, re.S).group(0)
+    text = re.search(r'<section id="attention".*?</section>', body, re.S).group(0)
     assert "parked-one</a> is parked: the engine exited 3 times" in text
     assert "stuck</a> cannot be placed: no node has 1 free h100-80g" in text
     assert '<a href="/nodes/gpu-b">gpu-b</a> is <span class="state state-unreachable">' in text
@@ -461,7 +461,7 @@ def test_the_attention_strip_names_what_cannot_run_what_is_down_and_quotas_at_a_
 
 def test_nothing_needs_attention_on_a_quiet_cluster(staff, now):
     node_add("gpu-a", now=now)
-    assert "Nothing needs attention." in staff.get("/").content.decode()
+    assert '<section id="attention" hidden>' in staff.get("/").content.decode()
 
 
 def test_the_attention_strip_says_when_no_reconciler_pass_ran_for_several_intervals(staff, now):
@@ -471,7 +471,7 @@ def test_the_attention_strip_says_when_no_reconciler_pass_ran_for_several_interv
     node_add("gpu-a", now=now)
     Lease.objects.create(name=LEASE, expires_at=now, last_pass_at=now - timedelta(minutes=5))
 
-    text = re.search(r'<ul id="attention".*?</ul>', staff.get("/").content.decode(), re.S)
+    text = re.search(r'<section id="attention".*?</section>', staff.get("/").content.decode(), re.S)
     assert 'data-attention="reconciler">No reconciler pass for 3' in text.group(0)
     cause = (
         "the reconciler in llmgw serve has stopped"
@@ -759,3 +759,47 @@ def test_a_node_page_makes_the_same_few_queries_whatever_it_runs(staff, now):
     # Session, user, the node, its GPUs, the shards holding them, its replicas, and what
     # happened to it: its events and the changes people made to it.
     assert count == 8
+
+
+def test_a_nodes_page_says_when_it_was_seen_its_disk_weights_and_what_each_replica_uses(staff, now):
+    node_add("gpu-a", now=now)
+    Node.objects.filter(pk="gpu-a").update(
+        weights=[
+            {"sha256": "ab" * 32, "source": "hf://acme/llama/model.gguf", "size": 4 << 30},
+            {"sha256": "cd" * 32, "source": ""},
+        ]
+    )
+    place("llama-1", "llama", "gpu-a", [0, 1], now=now)
+    Shard.objects.filter(pk="llama-1-0").update(cpu_cores=4, memory_gb=16)
+    loaded(
+        "gpu-a",
+        shards={"llama-1-0": {"cpu_cores": 1.5, "rss_bytes": 2 << 30}},
+        gpus=[{"index": 0, "memory_used_mb": 40960}, {"index": 1, "memory_used_mb": 20480}],
+    )
+    body = staff.get("/nodes/gpu-a").content.decode()
+    # When it was last seen: relative, the exact time on hover.
+    seen = re.search(r'last seen <time datetime="([^"]+)" title="([^"]+)">([^<]+)</time>', body)
+    assert seen and seen.group(2).endswith(" UTC") and seen.group(3) in ("just now", "1 s ago")
+    assert "500 GB free of 1000 GB" in body
+    weights = re.search(r'<table id="node-weights">.*?</table>', body, re.S).group(0)
+    assert 'title="hf://acme/llama/model.gguf"' in weights and "4.0\xa0GB" in weights
+    assert f'title="{"cd" * 32}"' in weights
+    row = re.search(r'<tr data-replica="llama-1">(.*?)</tr>', body).group(1)
+    assert "16 GB · 4 cores" in row
+    assert '<td class="num" data-use="cores">1.5</td>' in row
+    assert '<td class="num" data-use="memory">2.0\xa0GB</td>' in row
+    assert '<td class="num" data-use="gpu-memory">60.0 GB</td>' in row
+
+
+def test_a_replica_use_no_node_reported_has_no_column(staff, now):
+    node_add("gpu-a", now=now)
+    place("llama-1", "llama", "gpu-a", [0], now=now)
+    body = staff.get("/nodes/gpu-a").content.decode()
+    head = re.search(r'<table id="node-replicas">\s*<thead>(.*?)</thead>', body, re.S).group(1)
+    assert re.findall(r"<th[^>]*>([^<]+)</th>", head) == [
+        "Replica",
+        "Model",
+        "State",
+        "GPUs",
+        "Reserves",
+    ]
