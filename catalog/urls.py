@@ -2,9 +2,10 @@
 
 from django.urls import path
 
-from . import views
+from . import playground, views
 
 urlpatterns = [
     path("models", views.models, name="models"),
     path("models/<str:name>", views.model, name="model"),
+    path("playground", playground.playground, name="playground"),
 ]

@@ -49,6 +49,10 @@ class Request:
     done: bool = False  # the answer has reached its end (a stream, its [DONE])
     recorded: bool = False  # its usage is counted: once, whichever way it ended
     events: int = 0  # server-sent events passed on: tokens, about, when no usage came
+    replica: str = ""  # the replica answering it, told to the caller (X-Llmgw-Replica)
+
+    def replica_header(self) -> list[tuple[bytes, bytes]]:
+        return [(b"x-llmgw-replica", self.replica.encode())] if self.replica else []
 
 
 class State:

@@ -119,7 +119,8 @@ SHUTDOWN_CUT = (
 
 async def relay_stream(rt: State, req: Request, resp, send: Send) -> int:
     """Pass the events on as they arrive; a stream cut upstream ends with an error event."""
-    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    headers = [*SSE_HEADERS, *req.replica_header()]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     series = metrics.series(req.model)
     drop = not req.wants_usage
     rest, usage, first, cut, stopped = b"", None, True, False, False

@@ -80,6 +80,7 @@ async def _proxy(rt: State, req: Request, up: Upstream, send: Send, body, header
     rt.inflight[rid] = rt.inflight.get(rid, 0) + 1
     BOARD.running[model] = BOARD.running.get(model, 0) + 1
     rt.usage.used.add(rid)
+    req.replica = rid
     try:
         try:
             resp = await rt.session.post(up.url + req.path, data=body, headers=headers)
@@ -167,5 +168,5 @@ async def _whole(rt: State, req: Request, resp, kind: str, send: Send) -> int:
         req.usage = _usage_in(data)  # the engine's figures, for the request's span too
     record_usage(rt, req, req.usage if status == 200 else None, error=error)
     content_type = (kind or "application/json").encode("latin-1", "replace")
-    await send_answer(send, status, data, [(b"content-type", content_type)])
+    await send_answer(send, status, data, [(b"content-type", content_type), *req.replica_header()])
     return status

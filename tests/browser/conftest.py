@@ -86,6 +86,8 @@ def console(tmp_path_factory) -> Iterator[Cluster]:
     if not CHROMIUM.exists():
         pytest.skip(NO_CHROMIUM)
     cluster = Cluster(tmp_path_factory.mktemp("console"), production=False)
+    # One-second slots, so a chart has a history within the test.
+    cluster.env["LLMGW_HISTORY_STEP_SECONDS"] = "1"
     try:
         _staff_user_made(cluster)
         cluster.start_server()

@@ -71,6 +71,8 @@ async def test_a_chat_completion_is_answered_by_a_ready_replica_with_its_engine_
     assert body["model"] == "llama"
     assert body["usage"]["completion_tokens"] == 3
     assert world.engines["llama-1"].requests_total == 1
+    # The caller is told which replica answered (the console's playground shows it).
+    assert r.headers["x-llmgw-replica"] == "llama-1"
 
 
 async def test_models_lists_what_the_key_may_use(world, gateway):
@@ -408,6 +410,7 @@ async def test_a_stream_is_passed_on_and_the_usage_asked_for_on_the_callers_beha
             json=chat("llama", stream=True, max_tokens=4, stream_options={"include_usage": True}),
         )
     assert plain.headers["content-type"] == "text/event-stream"
+    assert plain.headers["x-llmgw-replica"] == "llama-1"
     plain_events = [e for e in plain.text.split("\n\n") if e]
     assert plain_events[-1] == "data: [DONE]"
     assert not any('"usage": {' in e for e in plain_events)

@@ -1,0 +1,143 @@
+"""The console's charts, its playground and every page at a glance, in a real browser.
+
+A scripted agent (scripted_agent.py) reports GPU 0's readings stepping through known
+values and nothing for GPU 1; the server keeps its history in one-second slots
+(conftest.py), so the first window is a minute. Screenshots of every page at 1440×900,
+light and dark, are kept in LLMGW_SCREENSHOTS when it names a folder (.ci/run sets it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.harness import wait_for
+
+from .conftest import PATIENCE_MS, log_in
+from .scripted_agent import NODE, ScriptedAgent
+
+
+@pytest.fixture(scope="module")
+def scripted(console):
+    agent = ScriptedAgent(console.url, console.agent_token)
+    agent.start()
+    # A few seconds of history before the first page: a line, not a dot.
+    wait_for("five scripted heartbeats", lambda: agent.beats >= 5, timeout=30)
+    try:
+        yield agent
+    finally:
+        agent.stop()
+
+
+def _chart(page, key: str):
+    return page.locator(f'#charts figure[data-chart="{key}"]')
+
+
+def test_a_nodes_scripted_gpu_readings_are_drawn_and_what_it_never_measured_says_no_data(
+    scripted, staff_page
+):
+    page = staff_page
+    page.goto(f"/nodes/{NODE}?window=1m")
+    util = _chart(page, "gpu-util")
+    # The page refreshes its charts itself as the history grows.
+    expect(util).to_have_attribute("data-measured", "yes", timeout=PATIENCE_MS)
+    expect(util.locator("path.series.c0")).to_have_count(1)
+    expect(util.locator(".legend")).to_contain_text(re.compile(r"GPU 0 (20|40|60|80) %"))
+    expect(util.locator(".legend")).not_to_contain_text("GPU 1")
+    expect(_chart(page, "gpu-power").locator(".legend")).to_contain_text(re.compile(r"GPU 0 \d+ W"))
+    # A simulated node's GPUs measure nothing: every GPU chart says so, none draws a zero.
+    page.goto("/nodes/gpu-a?window=1m")
+    for key in ("gpu-util", "gpu-memory", "gpu-temp", "gpu-power"):
+        chart = _chart(page, key)
+        expect(chart).to_have_attribute("data-measured", "no")
+        expect(chart.locator("text.nodata")).to_have_text("no data")
+        expect(chart.locator("path")).to_have_count(0)
+
+
+def test_the_window_chosen_stays_through_the_charts_refresh_and_a_reload(scripted, staff_page):
+    page = staff_page
+    page.goto(f"/nodes/{NODE}")
+    expect(page.locator('.windows a[aria-current="true"]')).to_have_text("4m")  # the default
+    page.click('.windows a[data-window="1m"]')
+    expect(page).to_have_url(re.compile(r"\?window=1m$"))
+    expect(page.locator('.windows a[aria-current="true"]')).to_have_text("1m")
+    with page.expect_response(lambda r: "fragment=charts" in r.url, timeout=PATIENCE_MS):
+        pass  # the charts' own refresh, every 15 s
+    expect(page.locator('.windows a[aria-current="true"]')).to_have_text("1m")
+    page.reload()
+    expect(page.locator('.windows a[aria-current="true"]')).to_have_text("1m")
+
+
+def test_the_playground_streams_an_answer_from_the_sim_engine_with_its_figures(console, staff_page):
+    page = staff_page
+    page.goto("/playground?model=chat")
+    page.fill("#chat-message", "What does a control plane do?")
+    page.click("#chat-send")
+    turn = page.locator("#chat-turns li.turn").first
+    expect(turn).to_have_attribute("data-done", "")
+    expect(turn.locator(".answer")).not_to_be_empty()
+    expect(turn.locator('[data-figure="ttft"]')).to_contain_text(re.compile(r"first token \d+ ms"))
+    expect(turn.locator('[data-figure="tps"]')).to_contain_text("tokens/s")
+    replica = turn.locator('[data-figure="replica"]').inner_text().removeprefix("replica ")
+    assert replica in {r["id"] for r in console.ready_replicas("chat")}
+
+    # A second turn carries the conversation on.
+    page.fill("#chat-message", "And then?")
+    page.click("#chat-send")
+    expect(page.locator("#chat-turns li.turn[data-done]")).to_have_count(2)
+
+
+def test_a_cell_cut_short_has_its_whole_text_on_hover(console, browser):
+    context = browser.new_context(base_url=console.url, viewport={"width": 700, "height": 900})
+    context.set_default_timeout(PATIENCE_MS)
+    page = context.new_page()
+    try:
+        log_in(page, console.url)
+        page.goto("/models/chat")
+        expect(page.locator("#replicas tr[data-replica]").first).to_be_visible()
+        cells = page.evaluate(
+            """() => Array.from(document.querySelectorAll("td, th"))
+                 .filter(c => c.scrollWidth > c.clientWidth + 1)
+                 .map(c => [c.textContent.replace(/\\s+/g, " ").trim(), c.title])"""
+        )
+        assert cells, "at 700 px wide some cell is cut short"
+        for text, title in cells:
+            assert title, f"the cell {text!r} is cut with nothing on hover"
+    finally:
+        context.close()
+
+
+PAGES = ("/", f"/nodes/{NODE}", "/models/chat", "/models", "/playground", "/quotas", "/mirror")
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_every_page_at_1440_by_900_in_light_and_dark(console, browser, scripted, scheme, tmp_path):
+    folder = Path(os.environ.get("LLMGW_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(
+        base_url=console.url, viewport={"width": 1440, "height": 900}, color_scheme=scheme
+    )
+    context.set_default_timeout(PATIENCE_MS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        log_in(page, console.url)
+        for path in PAGES:
+            page.goto(path)
+            expect(page.locator("main h1").first).to_be_visible()
+            name = path.strip("/").replace("/", "-") or "cluster"
+            shot = folder / f"{name}-{scheme}.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000, f"{shot} is blank"
+        page.goto("/admin/fleet/node/")
+        expect(page).to_have_title("Select node to view | Django site admin")
+        expect(page.locator("#view-only")).to_contain_text("View only: nodes are what their agents")
+        page.screenshot(path=str(folder / f"admin-nodes-{scheme}.png"), full_page=True)
+    finally:
+        context.close()
+    assert not errors, f"the pages' scripts failed: {errors}"
