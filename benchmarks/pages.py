@@ -24,6 +24,8 @@ RUNS = int(os.environ.get("BENCH_RUNS", 21))
 AIM_P95_MS = 100
 AIM_QUERIES = 10
 AIM_FRAGMENT_KB = 50
+# The cluster, node and model pages with their charts (the console issue's aims).
+AIM_CHART_QUERIES = 12
 
 
 def _load(i: int) -> dict:
@@ -107,11 +109,34 @@ def _build(nodes: int) -> None:
     caches_clear()
 
 
+def _history_filled(nodes: int) -> None:
+    """A whole day of this process's history for every node and model, as llmgw serve
+    keeps it when no Prometheus is named (benchmarks/history.py records the same)."""
+    from benchmarks.history import _times
+    from fleet.history import FLEET, REPLICAS, node_schema
+    from llmgw.core.history import HISTORY
+    from llmgw.core.traffic import GATEWAY, MODEL
+
+    schema = node_schema(tuple(range(8)))
+    HISTORY.clear(15)
+    for t in _times(HISTORY.step, time.time()):
+        util = 50 + 40 * ((t // 60) % 2)
+        readings = {f"node:n{i:05d}": (schema, [util] * 34) for i in range(nodes)}
+        readings["fleet"] = (FLEET, [util, 50.0, nodes * 8.0, float(nodes)])
+        readings["gateway"] = (GATEWAY, [100.0, 4000.0, 0.0])
+        for m in range(MODELS):
+            readings[f"model:m{m:04d}"] = (MODEL, [10.0, 400.0, 0.2, 0.0])
+            readings[f"replicas:m{m:04d}"] = (REPLICAS, [2.0, 2.0])
+        HISTORY.record(t, readings)
+
+
 def _measure(nodes: int, client) -> None:
     from django.conf import settings
     from django.db import connection
 
     _build(nodes)
+    # A whole day of charts behind every page, as a server up for a day has.
+    _history_filled(nodes)
     page = client.get("/")
     assert page.status_code == 200, page.status_code
     rows = page.content.count(b"<tr data-node=")
@@ -143,6 +168,31 @@ def _measure(nodes: int, client) -> None:
         client.get("/?fragment=nodes", **htmx)
         fragment_samples.append(time.perf_counter() - start)
 
+    # The node and model pages with their charts.
+    pages = {}
+    for name, path in (("node_page", "/nodes/n00000"), ("model_page", "/models/m0000")):
+        shown = client.get(path)
+        assert shown.status_code == 200 and b'data-measured="yes"' in shown.content, path
+        taken = []
+        for _ in range(RUNS):
+            start = time.perf_counter()
+            client.get(path)
+            taken.append(time.perf_counter() - start)
+        asked: list[str] = []
+
+        def counted_here(execute, sql, params, many, context, asked=asked):
+            asked.append(sql)
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(counted_here):
+            client.get(path)
+        pages[name] = (taken, len(asked))
+    chart_samples = []
+    for _ in range(RUNS):
+        start = time.perf_counter()
+        client.get("/?fragment=charts", **htmx)
+        chart_samples.append(time.perf_counter() - start)
+
     scale = {
         "nodes": nodes,
         "gpus": nodes * 8,
@@ -167,7 +217,13 @@ def _measure(nodes: int, client) -> None:
          "p95": ms(fragment_samples, 95), "aim": None},
         {"figure": "models_fragment_kb", "value": round(len(models.content) / 1024, 1),
          "aim": None},
+        {"figure": "charts_fragment_ms", "median": ms(chart_samples, 50),
+         "p95": ms(chart_samples, 95), "aim": None},
     ]  # fmt: skip
+    for name, (taken, asked) in pages.items():
+        figures.append({"figure": f"{name}_ms", "median": ms(taken, 50), "p95": ms(taken, 95),
+                        "aim": AIM_P95_MS})  # fmt: skip
+        figures.append({"figure": f"{name}_queries", "value": asked, "aim": AIM_CHART_QUERIES})
     for figure in figures:
         print(json.dumps({**figure, "scale": scale}), flush=True)
 

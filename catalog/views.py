@@ -277,7 +277,7 @@ class ModelDetail:
 
     @cached_property
     def explain(self) -> dict:
-        return fleet_listings.model_explain(name=self.name)
+        return fleet_listings.model_explain(name=self.name, view=self.view)
 
     @cached_property
     def headroom(self) -> dict:
@@ -484,20 +484,22 @@ def model(request: HttpRequest, name: str) -> HttpResponse:
     else:
         fragment = fragment_asked(request, DETAIL_FRAGMENTS, main=DETAIL_FRAGMENTS[0])
     charts = _model_charts(request, name) if fragment in (None, "model-main", "charts") else {}
-    return page(
-        request,
-        DETAIL,
-        {
-            "section": "models",
-            "m": m,
-            "forms": shown,
-            "notice": notice,
-            "declared_reason": DECLARED_REASON,
-        }
-        | charts,
-        fragment=fragment,
-        status=400 if failed else 200,
-    )
+    # Headroom and the preemption dry run answer from one reading of the fleet.
+    with fleet_dry_runs.one_reading():
+        return page(
+            request,
+            DETAIL,
+            {
+                "section": "models",
+                "m": m,
+                "forms": shown,
+                "notice": notice,
+                "declared_reason": DECLARED_REASON,
+            }
+            | charts,
+            fragment=fragment,
+            status=400 if failed else 200,
+        )
 
 
 def _model_charts(request: HttpRequest, name: str) -> dict:

@@ -317,9 +317,10 @@ def measured_memory(
     return out
 
 
-def model_explain(*, name: str) -> dict:
-    """Why the model's last placement failed, per profile and node."""
-    view = model_views(name=name)[0]
+def model_explain(*, name: str, view: dict | None = None) -> dict:
+    """Why the model's last placement failed, per profile and node (`view`: its
+    model_views entry, when the caller has read it already)."""
+    view = view if view is not None else model_views(name=name)[0]
     state = model_states(name=name).get(name)
     return {
         "model": name,

@@ -89,15 +89,16 @@ def test_readings_past_a_byte_are_held_at_its_top_and_negative_ones_at_zero():
     assert (series["cpu"][-1], series["temp"][-1], series["power"][-1]) == (127.0, 0.0, 1270.0)
 
 
-def test_a_node_of_eight_gpus_keeps_a_day_in_under_nine_kilobytes():
-    """5,000 such nodes: about 41 MB of rings (the issue's bound is 50 MB)."""
+def test_a_day_of_5000_nodes_of_eight_gpus_is_held_in_under_45_mb():
+    """Four rings of 60 one-byte slots for each of 34 series (CPU, memory, four per GPU):
+    8,160 bytes a node, and the rows a block keeps spare as it grows (the issue's bound is
+    50 MB; benchmarks/history.py measures the process's memory too)."""
     history = History(15)
     schema = node_schema(tuple(range(8)))
-    for i in range(100):
-        history.record(T0, {f"node:{i}": (schema, [50.0] * len(schema.names))})
-    per_node = (history.nbytes() - history._stamps.nbytes) / 100
-    assert per_node == 4 * 34 * POINTS
-    assert per_node * 5000 < 45 * 1024 * 1024
+    assert len(schema.names) == 34
+    history.record(T0, {f"node:{i}": (schema, [50.0] * 34) for i in range(5000)})
+    assert history.nbytes() < 45 * 1024 * 1024
+    assert history.window("node:4999", 0, T0).series["gpu7.power"][-1] == 50.0
 
 
 readings = st.lists(

@@ -63,44 +63,70 @@ Reading = tuple[Schema, Sequence[float | None]]
 Sampler = Callable[[float], Mapping[str, Reading]]
 
 
-class _Group:
-    __slots__ = ("schema", "data", "given", "index")
+class _Block:
+    """Every group of one schema, in one array: (groups, rings, series, slots). A record
+    writes, and a closing slot averages, every group of a block at once."""
 
-    def __init__(self, schema: Schema, levels: int, given: float) -> None:
+    def __init__(self, schema: Schema, levels: int) -> None:
         self.schema = schema
-        shape = (levels, len(schema.names), POINTS)
-        if schema.compact:
-            self.data = np.full(shape, ABSENT, dtype=np.uint8)
-        else:
-            self.data = np.full(shape, np.nan, dtype=np.float32)
-        self.given = given
+        self.empty = ABSENT if schema.compact else np.nan
+        dtype = np.uint8 if schema.compact else np.float32
+        self.data = np.full((0, levels, len(schema.names), POINTS), self.empty, dtype=dtype)
+        self.names: list[str | None] = []  # each row's group; None: free
+        self.given = np.zeros(0)  # when each row was last given a reading
+        self.free: list[int] = []
         self.index = {name: i for i, name in enumerate(schema.names)}
+        self._scales = np.array(schema.scales) if schema.compact else None
 
-    def encoded(self, values: Sequence[float | None]) -> np.ndarray:
-        raw = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
-        if not self.schema.compact:
+    def add(self, name: str, t: float) -> int:
+        if not self.free:
+            old = len(self.names)
+            grown = old + max(16, old // 16)
+            data = np.full((grown, *self.data.shape[1:]), self.empty, dtype=self.data.dtype)
+            data[:old] = self.data
+            self.data = data
+            self.given = np.concatenate([self.given, np.zeros(grown - old)])
+            self.names.extend([None] * (grown - old))
+            self.free = list(range(grown - 1, old - 1, -1))
+        row = self.free.pop()
+        self.data[row] = self.empty
+        self.names[row] = name
+        self.given[row] = t
+        return row
+
+    def remove(self, row: int) -> None:
+        self.names[row] = None
+        self.data[row] = self.empty
+        self.free.append(row)
+
+    def encoded(self, values: list[Sequence[float | None]]) -> np.ndarray:
+        """Readings (groups × series) as stored."""
+        raw = np.array(
+            [[math.nan if v is None else v for v in row] for row in values], dtype=np.float64
+        )
+        if self._scales is None:
             return raw.astype(np.float32)
-        scaled = np.rint(raw * np.array(self.schema.scales))
+        scaled = np.rint(raw * self._scales)
         return np.where(np.isnan(scaled), ABSENT, np.clip(scaled, 0, _BYTE_TOP)).astype(np.uint8)
 
     def decoded(self, stored: np.ndarray) -> np.ndarray:
-        """Stored slots (series × slots) back to readings, NaN where absent."""
-        if not self.schema.compact:
+        """One group's stored slots (series × slots) back to readings, NaN where absent."""
+        if self._scales is None:
             return stored.astype(np.float64)
         out = stored.astype(np.float64)
         out[stored == ABSENT] = math.nan
-        return out / np.array(self.schema.scales)[:, None]
+        return out / self._scales[:, None]
 
     def mean(self, stored: np.ndarray) -> np.ndarray:
-        """The mean over slots (series × slots, stored form) of what was measured, stored."""
+        """The mean over the last axis (slots, stored form) of what was measured, stored."""
         values = stored.astype(np.float32)
-        if self.schema.compact:
+        if self._scales is not None:
             values[stored == ABSENT] = np.nan
-        counted = (~np.isnan(values)).sum(axis=1)
-        sums = np.nansum(values, axis=1)
+        counted = (~np.isnan(values)).sum(axis=-1)
+        sums = np.nansum(values, axis=-1)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(counted > 0, sums / np.maximum(counted, 1), np.nan)
-        if not self.schema.compact:
+        if self._scales is None:
             return mean.astype(np.float32)
         return np.where(np.isnan(mean), ABSENT, np.rint(mean)).astype(np.uint8)
 
@@ -127,12 +153,8 @@ class History:
             raise ValueError("a history's step must be more than 0 seconds")
         self.step = float(step)
         self.multiples = tuple(multiples)
-        self._groups: dict[str, _Group] = {}
-        # Per ring, the slot number each position last held (-1: none yet), shared by every
-        # group: each record writes every group, given a reading or not.
-        self._stamps = np.full((len(self.multiples), POINTS), -1, dtype=np.int64)
-        self._open: list[int | None] = [None] * len(self.multiples)
         self._lock = threading.Lock()
+        self.clear()
 
     def spans(self) -> tuple[float, ...]:
         """How far back each ring reaches, in seconds."""
@@ -145,28 +167,40 @@ class History:
         """Record what was measured at `t` (Unix seconds). A group known before and not in
         `readings` is recorded as not measured; one not given for a whole day is dropped."""
         with self._lock:
-            longest = self.spans()[-1]
-            for name, (schema, _) in readings.items():
-                group = self._groups.get(name)
-                if group is None or group.schema != schema:
+            given: dict[int, tuple[_Block, list[int], list]] = {}
+            for name, (schema, values) in readings.items():
+                where = self._where.get(name)
+                if where is not None and where[0].schema != schema:
                     # A node whose GPUs changed starts a new history.
-                    self._groups[name] = _Group(schema, len(self.multiples), t)
+                    where[0].remove(where[1])
+                    where = None
+                if where is None:
+                    block = self._blocks.get(schema)
+                    if block is None:
+                        block = self._blocks[schema] = _Block(schema, len(self.multiples))
+                    where = self._where[name] = (block, block.add(name, t))
+                block, row = where
+                _, rows, rows_values = given.setdefault(id(block), (block, [], []))
+                rows.append(row)
+                rows_values.append(values)
             for level in range(1, len(self.multiples)):
                 self._close(level, self._slot(level, t))
             slot = self._slot(0, t)
             position = slot % POINTS
             self._stamps[0, position] = slot
             self._open[0] = slot
-            for name, group in list(self._groups.items()):
-                given = readings.get(name)
-                if given is None:
-                    if t - group.given > longest:
-                        del self._groups[name]
-                        continue
-                    group.data[0, :, position] = ABSENT if group.schema.compact else np.nan
-                else:
-                    group.given = t
-                    group.data[0, :, position] = group.encoded(given[1])
+            longest = self.spans()[-1]
+            for block in self._blocks.values():
+                block.data[:, 0, :, position] = block.empty
+                if id(block) in given:
+                    _, rows, rows_values = given[id(block)]
+                    block.data[rows, 0, :, position] = block.encoded(rows_values)
+                    block.given[rows] = t
+                for row in np.flatnonzero(block.given < t - longest):
+                    name = block.names[row]
+                    if name is not None:
+                        del self._where[name]
+                        block.remove(int(row))
 
     def _close(self, level: int, current: int) -> None:
         """Close ring `level`'s open slot once time has moved past it: its value is the
@@ -178,11 +212,13 @@ class History:
         positions = self._covered(level - 1, level, open_slot)
         position = open_slot % POINTS
         self._stamps[level, position] = open_slot
-        for group in self._groups.values():
+        for block in self._blocks.values():
             if positions:
-                group.data[level, :, position] = group.mean(group.data[level - 1][:, positions])
+                block.data[:, level, :, position] = block.mean(
+                    block.data[:, level - 1][..., positions]
+                )
             else:
-                group.data[level, :, position] = ABSENT if group.schema.compact else np.nan
+                block.data[:, level, :, position] = block.empty
 
     def _covered(self, finer: int, level: int, slot: int) -> list[int]:
         """The positions in ring `finer` of the slots that slot `slot` of ring `level`
@@ -193,18 +229,18 @@ class History:
             s % POINTS for s in range(first, first + ratio) if self._stamps[finer, s % POINTS] == s
         ]
 
-    def _open_values(self, group: _Group, level: int) -> np.ndarray:
-        """Ring `level`'s open slot, worked out from the finer ring (stored form)."""
+    def _open_values(self, block: _Block, row: int, level: int) -> np.ndarray:
+        """Ring `level`'s open slot of one group, worked out from the finer ring (stored)."""
         slot = self._open[level]
         if level == 0 or slot is None:
-            return group.data[0][:, (slot or 0) % POINTS]
+            return block.data[row, 0][:, (slot or 0) % POINTS]
         positions = self._covered(level - 1, level, slot)
-        finer = [group.data[level - 1][:, positions]] if positions else []
-        if self._open[level - 1] is not None and level - 1 > 0:
-            finer.append(self._open_values(group, level - 1)[:, None])
+        finer = [block.data[row, level - 1][:, positions]] if positions else []
+        if level - 1 > 0 and self._open[level - 1] is not None:
+            finer.append(self._open_values(block, row, level - 1)[:, None])
         if not finer:
-            return np.full(len(group.schema.names), ABSENT if group.schema.compact else np.nan)
-        return group.mean(np.concatenate(finer, axis=1))
+            return np.full(len(block.schema.names), block.empty, dtype=block.data.dtype)
+        return block.mean(np.concatenate(finer, axis=1))
 
     def window(self, name: str, level: int, now: float) -> Window:
         """Ring `level` of group `name` up to `now`: 60 slots, the last one open."""
@@ -213,19 +249,18 @@ class History:
         slots = range(last - POINTS + 1, last + 1)
         times = tuple(s * step for s in slots)
         with self._lock:
-            group = self._groups.get(name)
-            if group is None:
+            where = self._where.get(name)
+            if where is None:
                 return Window(times, step, {})
-            stored = np.empty((len(group.schema.names), POINTS), dtype=group.data.dtype)
+            block, row = where
+            stored = np.full((len(block.schema.names), POINTS), block.empty, dtype=block.data.dtype)
             for i, s in enumerate(slots):
                 if s == self._open[level]:
-                    stored[:, i] = self._open_values(group, level)
+                    stored[:, i] = self._open_values(block, row, level)
                 elif self._stamps[level, s % POINTS] == s:
-                    stored[:, i] = group.data[level][:, s % POINTS]
-                else:
-                    stored[:, i] = ABSENT if group.schema.compact else np.nan
-            values = group.decoded(stored)
-            names = group.schema.names
+                    stored[:, i] = block.data[row, level][:, s % POINTS]
+            values = block.decoded(stored)
+            names = block.schema.names
         return Window(
             times,
             step,
@@ -237,21 +272,24 @@ class History:
 
     def names(self) -> list[str]:
         with self._lock:
-            return list(self._groups)
+            return list(self._where)
 
     def nbytes(self) -> int:
         """The rings' bytes (what grows with the fleet), for the benchmark."""
         with self._lock:
-            return sum(g.data.nbytes for g in self._groups.values()) + self._stamps.nbytes
+            return sum(b.data.nbytes for b in self._blocks.values()) + self._stamps.nbytes
 
     def clear(self, step: float | None = None) -> None:
         """Forget everything; with `step`, start over with slots of that many seconds."""
         if step is not None and step <= 0:
             raise ValueError("a history's step must be more than 0 seconds")
         with self._lock:
-            self._groups.clear()
-            self._stamps[:] = -1
-            self._open = [None] * len(self.multiples)
+            self._blocks: dict[Schema, _Block] = {}
+            self._where: dict[str, tuple[_Block, int]] = {}
+            # Per ring, the slot number each position last held (-1: none yet), shared by
+            # every group: each record writes every group, given a reading or not.
+            self._stamps = np.full((len(self.multiples), POINTS), -1, dtype=np.int64)
+            self._open: list[int | None] = [None] * len(self.multiples)
             if step is not None:
                 self.step = float(step)
 

@@ -660,8 +660,9 @@ def test_a_models_page_makes_as_many_queries_at_40_replicas_as_at_one(
         ready_replica(f"llama-{i}", "llama", node=f"gpu-{i}", gpus=[0])
     staff.get("/models/llama")  # the new nodes' static figures read once, then cached
 
-    # Two of them the events: what happened to it, and the changes people made.
-    with django_assert_max_num_queries(66) as many:
+    # Two of them the events: what happened to it, and the changes people made. Headroom
+    # and the preemption dry run share one reading of the fleet (it was 64 with two).
+    with django_assert_max_num_queries(39) as many:
         response = staff.get("/models/llama")
 
     assert response.content.decode().count("<tr data-replica=") == 41
