@@ -12,6 +12,8 @@ BENCHES = [
     "placement.py",
     "metrics.py",
     "pages.py",
+    # The console's history at 5,000 nodes: memory, a step's record, the sampler.
+    "history.py",
     "gateway.py",
     # A real llama-server when one is built (llmgw engines build llamacpp); else one line saying so.
     "llamacpp.py",

@@ -11,7 +11,6 @@ ready nodes; each model its replicas ready and holding room.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
@@ -24,7 +23,7 @@ from llmgw.core.history import Reading, Schema
 from llmgw.core.promql import quoted
 
 from .domain.types import HOLDING
-from .metrics_series import raw_rows
+from .metrics_series import raw_json, raw_rows, raw_time
 from .models import Gpu, Node, Replica, Shard
 
 # A percentage to half a point, degrees to one, watts to five.
@@ -47,18 +46,6 @@ def node_schema(indices: tuple[int, ...]) -> Schema:
                 scales.append(scale)
         schema = _schemas[indices] = Schema(tuple(names), tuple(scales))
     return schema
-
-
-def _json(value):
-    return json.loads(value) if isinstance(value, str | bytes) else value
-
-
-def _when(value) -> datetime | None:
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if value is not None and value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value
 
 
 def _percent(part, whole) -> float | None:
@@ -134,17 +121,17 @@ def fleet_sample(now: float) -> dict[str, Reading]:
         if state != Node.READY:
             continue
         ready += 1
-        seen = _when(last_seen)
+        seen = raw_time(last_seen)
         if seen is None or seen < heard_since:
             continue
-        values, node_utils = node_reading(_json(load) or {}, memory_total_mb, mine)
+        values, node_utils = node_reading(raw_json(load) or {}, memory_total_mb, mine)
         utils += node_utils
         readings[f"node:{node_id}"] = (node_schema(tuple(i for i, _ in mine)), values)
     held = 0
     for (indices,) in raw_rows(
         Shard.objects.filter(replica__state__in=HOLDING).order_by(), ("gpu_indices",)
     ):
-        held += len(_json(indices) or ())
+        held += len(raw_json(indices) or ())
     readings["fleet"] = (
         FLEET,
         [

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import NamedTuple
 
 from tenancy.quota import Amount
@@ -25,7 +25,9 @@ from .metrics_series import (
     YIELD_EVERY,
     Scrape,
     line_prefix,
+    raw_json,
     raw_rows,
+    raw_time,
     yield_now,
 )
 from .models import Gpu, Node, Shard
@@ -60,19 +62,6 @@ def node_caches_trim() -> None:
     """Forget the shards' parsed GPU indices once there are too many kinds of them."""
     if len(_indices) > 10_000:
         _indices.clear()
-
-
-def _when(value) -> datetime | None:
-    """A datetime from a raw row: SQLite gives text, PostgreSQL an aware datetime."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def _json(value):
-    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def _gpu_rows(stale: dict[str, object]) -> None:
@@ -190,7 +179,7 @@ def node_series(
                 gmem_p.append(g.prefixes[0])
             health_v.append(1.0 if g.healthy else 0.0)
             health_p.append(g.prefixes[1])
-        seen = _when(last_seen)
+        seen = raw_time(last_seen)
         if seen is None:
             continue
         seen_v.append(seen.timestamp())
@@ -198,7 +187,7 @@ def node_series(
         if (now - seen).total_seconds() >= fresh_s or not load:
             continue
         try:
-            readings.add(node_id, pre, gpus, _json(load))
+            readings.add(node_id, pre, gpus, raw_json(load))
         except (TypeError, ValueError, AttributeError):
             # Written only after validation; a row that is not is skipped, not the scrape.
             log.warning("node %s: unreadable load; its readings are left out", node_id)

@@ -137,3 +137,27 @@ def test_a_percentage_kept_as_a_byte_is_within_half_a_point(values):
         assert (want is None) == (have is None)
         if want is not None:
             assert abs(want - have) <= 0.25 + 1e-9
+
+
+def test_a_failing_sampler_leaves_its_groups_unmeasured_keeps_the_others_and_is_said_once(
+    caplog, monkeypatch
+):
+    from llmgw.core import history as history_module
+
+    def broken(now):
+        raise RuntimeError("the database is away")
+
+    monkeypatch.setattr(
+        history_module,
+        "_samplers",
+        {"fleet": broken, "gateway": lambda now: {"gateway": (FLOATS, [4.0])}},
+    )
+    history = History(15)
+    for i in range(3):
+        history_module.sample(T0 + 15 * i, history)
+    assert history.window("gateway", 0, T0 + 30).series["rps"][-3:] == (4.0, 4.0, 4.0)
+    said = [r.getMessage() for r in caplog.records if "fleet's history" in r.getMessage()]
+    assert said == [
+        "reading the fleet's history failed: the database is away; retrying, and saying so "
+        "again only once it works"
+    ]

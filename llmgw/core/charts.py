@@ -143,9 +143,12 @@ def _latest(values: Sequence[float | None]) -> float | None:
 
 
 def figure(value: float | None, unit: str) -> str:
-    """A reading as the chart says it: 83 %, 412 W, 0.42 s, 1.2k /s; a dash for none."""
+    """A reading as the chart says it: 83 %, 412 W, 420 ms, 1.2k /s, 0.005 /s; a dash for
+    none."""
     if value is None:
         return "–"
+    if unit == "s" and 0 < abs(value) < 1:
+        return figure(value * 1000, "ms")
     magnitude = abs(value)
     if magnitude >= 10_000:
         text = f"{value / 1000:.0f}k"
@@ -155,8 +158,10 @@ def figure(value: float | None, unit: str) -> str:
         text = f"{value:.0f}"
     elif magnitude >= 10:
         text = f"{value:.1f}"
-    else:
+    elif magnitude >= 0.1:
         text = f"{value:.2f}"
+    else:
+        text = f"{value:.2g}"
     return f"{text} {unit}".strip() if unit else text
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .outage import Outage
+
 log = logging.getLogger("llmgw.history")
 
 POINTS = 60
@@ -304,16 +306,25 @@ def sampler(name: str, read: Sampler) -> None:
     _samplers[name] = read
 
 
+_outages: dict[str, Outage] = {}
+
+
 def sample(now: float | None = None, history: History | None = None) -> None:
-    """Ask every sampler once and record what they said; a sampler that fails is logged
-    and its groups are recorded as not measured, the others' kept."""
+    """Ask every sampler once and record what they said. A sampler that fails has its
+    groups recorded as not measured, the others' kept; the log says so when it starts
+    failing and when it works again, not every step (a database outage)."""
     now = time.time() if now is None else now
     readings: dict[str, Reading] = {}
     for name, read in list(_samplers.items()):
+        outage = _outages.get(name)
+        if outage is None:
+            outage = _outages[name] = Outage(f"reading the {name}'s history", log)
         try:
             readings.update(read(now))
         except Exception as exc:  # a sampler's fault must not stop the others' history
-            log.warning("the %s history could not be read: %s", name, exc)
+            outage.failed(exc)
+        else:
+            outage.worked()
     (history or HISTORY).record(now, readings)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -133,10 +134,12 @@ def log_in(page, url: str) -> None:
     page.wait_for_url(f"{url}/")
 
 
-@pytest.fixture
-def page(console, browser):
-    """A fresh browser context (no cookies) with one page, not logged in yet."""
-    context = browser.new_context(base_url=console.url)
+@contextmanager
+def browsing(browser, base_url: str, **options) -> Iterator:
+    """A fresh browser context (no cookies, `options` as Playwright takes them) with one
+    tab; on leaving, the tab's scripts must not have failed nor the Content-Security-Policy
+    have refused anything."""
+    context = browser.new_context(base_url=base_url, **options)
     context.set_default_timeout(PATIENCE_MS)
     tab = context.new_page()
     errors: list[str] = []
@@ -154,6 +157,13 @@ def page(console, browser):
         context.close()
     assert not errors, f"the page's scripts failed: {errors}"
     assert not refused, f"the Content-Security-Policy refused: {refused}"
+
+
+@pytest.fixture
+def page(console, browser):
+    """A fresh browser context (no cookies) with one page, not logged in yet."""
+    with browsing(browser, console.url) as tab:
+        yield tab
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.harness import wait_for
 
-from .conftest import PATIENCE_MS, log_in
+from .conftest import PATIENCE_MS, browsing, log_in
 from .scripted_agent import NODE, ScriptedAgent
 
 
@@ -92,10 +92,7 @@ def test_the_playground_streams_an_answer_from_the_sim_engine_with_its_figures(c
 
 
 def test_a_cell_cut_short_has_its_whole_text_on_hover(console, browser):
-    context = browser.new_context(base_url=console.url, viewport={"width": 700, "height": 900})
-    context.set_default_timeout(PATIENCE_MS)
-    page = context.new_page()
-    try:
+    with browsing(browser, console.url, viewport={"width": 700, "height": 900}) as page:
         log_in(page, console.url)
         page.goto("/models/chat")
         expect(page.locator("#replicas tr[data-replica]").first).to_be_visible()
@@ -107,8 +104,6 @@ def test_a_cell_cut_short_has_its_whole_text_on_hover(console, browser):
         assert cells, "at 700 px wide some cell is cut short"
         for text, title in cells:
             assert title, f"the cell {text!r} is cut with nothing on hover"
-    finally:
-        context.close()
 
 
 PAGES = ("/", f"/nodes/{NODE}", "/models/chat", "/models", "/playground", "/quotas", "/mirror")
@@ -118,14 +113,8 @@ PAGES = ("/", f"/nodes/{NODE}", "/models/chat", "/models", "/playground", "/quot
 def test_every_page_at_1440_by_900_in_light_and_dark(console, browser, scripted, scheme, tmp_path):
     folder = Path(os.environ.get("LLMGW_SCREENSHOTS") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(
-        base_url=console.url, viewport={"width": 1440, "height": 900}, color_scheme=scheme
-    )
-    context.set_default_timeout(PATIENCE_MS)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
+    viewport = {"width": 1440, "height": 900}
+    with browsing(browser, console.url, viewport=viewport, color_scheme=scheme) as page:
         log_in(page, console.url)
         for path in PAGES:
             page.goto(path)
@@ -138,6 +127,3 @@ def test_every_page_at_1440_by_900_in_light_and_dark(console, browser, scripted,
         expect(page).to_have_title("Select node to view | Django site admin")
         expect(page.locator("#view-only")).to_contain_text("View only: nodes are what their agents")
         page.screenshot(path=str(folder / f"admin-nodes-{scheme}.png"), full_page=True)
-    finally:
-        context.close()
-    assert not errors, f"the pages' scripts failed: {errors}"

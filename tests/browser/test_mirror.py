@@ -19,7 +19,7 @@ from playwright.sync_api import expect
 from tests.e2e.harness import Cluster, wait_for
 from tests.mirror.ggufs import write_gguf
 
-from .conftest import CHROMIUM, NO_CHROMIUM, PATIENCE_MS, _staff_user_made, log_in
+from .conftest import CHROMIUM, NO_CHROMIUM, _staff_user_made, browsing, log_in
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +43,9 @@ def mirror_console(tmp_path_factory) -> Iterator[tuple[Cluster, Path]]:
 @pytest.fixture
 def mirror_page(mirror_console, browser):
     cluster, _ = mirror_console
-    context = browser.new_context(base_url=cluster.url, viewport={"width": 1400, "height": 1000})
-    context.set_default_timeout(PATIENCE_MS)
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
+    with browsing(browser, cluster.url, viewport={"width": 1400, "height": 1000}) as tab:
         log_in(tab, cluster.url)
         yield tab
-    finally:
-        context.close()
-    assert not errors, f"the page's scripts failed: {errors}"
 
 
 def test_weights_added_on_the_page_arrive_and_are_served_as_a_model(mirror_console, mirror_page):

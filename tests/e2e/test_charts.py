@@ -46,8 +46,13 @@ def _page(cluster: Cluster, cookie: str, path: str) -> str:
     return answer.text
 
 
-def _measured(cluster: Cluster, cookie: str, path: str, key: str) -> bool:
-    return 'data-measured="yes"' in _chart(_page(cluster, cookie, path), key)
+def _until_drawn(cluster: Cluster, cookie: str, path: str, key: str, what: str) -> None:
+    """Wait until chart `key` on page `path` draws something measured."""
+    wait_for(
+        what,
+        lambda: 'data-measured="yes"' in _chart(_page(cluster, cookie, path), key),
+        timeout=30,
+    )
 
 
 @pytest.fixture
@@ -78,16 +83,8 @@ def test_the_servers_own_history_draws_what_the_agent_and_the_gateway_measured(c
             pass
 
     # One-second slots: the first window is a minute of them.
-    wait_for(
-        "the node's CPU on its page",
-        lambda: _measured(cluster, cookie, "/nodes/cpu-a?window=1m", "host"),
-        timeout=30,
-    )
-    wait_for(
-        "the model's requests on its page",
-        lambda: _measured(cluster, cookie, "/models/chat?window=1m", "requests"),
-        timeout=30,
-    )
+    _until_drawn(cluster, cookie, "/nodes/cpu-a?window=1m", "host", "the node's CPU")
+    _until_drawn(cluster, cookie, "/models/chat?window=1m", "requests", "the model's requests")
     model = _page(cluster, cookie, "/models/chat?window=1m")
     assert 'data-measured="yes"' in _chart(model, "ttft")
     assert "ready <b>1</b>" in _chart(model, "replicas")
@@ -134,11 +131,7 @@ def test_with_prometheus_named_the_pages_draw_what_it_scraped_and_say_when_it_is
             ).json()["data"]["result"],
             timeout=60,
         )
-        wait_for(
-            "the node's CPU on its page, from Prometheus",
-            lambda: _measured(cluster, cookie, "/nodes/cpu-a?window=15m", "host"),
-            timeout=30,
-        )
+        _until_drawn(cluster, cookie, "/nodes/cpu-a?window=15m", "host", "the CPU, from Prometheus")
         node = _page(cluster, cookie, "/nodes/cpu-a?window=15m")
         # Prometheus' windows, not the server's rings.
         assert re.search(r'data-window="15m"[^>]*aria-current="true"', node)

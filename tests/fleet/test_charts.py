@@ -172,7 +172,8 @@ def test_a_models_page_draws_its_requests_tokens_and_latency_from_the_gateways_c
     assert "requests <b>2 /s</b>" in figures(body, "requests")
     assert "tokens <b>20 /s</b>" in figures(body, "tokens")
     ttft = figures(body, "ttft")
-    assert "p95 <b>0.24 s</b>" in ttft and "(streamed requests)" in ttft
+    # 95 % of 30 in the bucket (0.1, 0.25]: 0.1 + 0.15 × 0.95 s.
+    assert re.search(r"p95 <b>24[23] ms</b>", ttft) and "(streamed requests)" in ttft
     # The fleet's sampler counted its replicas: none ready is a reading of none.
     assert "ready <b>0</b>" in figures(body, "replicas")
 
@@ -208,7 +209,10 @@ def test_a_rate_needs_two_readings_and_none_when_a_counter_went_back():
 def test_figures_as_a_chart_says_them():
     assert charts.figure(None, "%") == "–"
     assert charts.figure(83.0, "%") == "83 %"
-    assert charts.figure(0.423, "s") == "0.42 s"
+    assert charts.figure(0.423, "s") == "423 ms"
+    assert charts.figure(0.0052, "s") == "5.20 ms"
+    assert charts.figure(2.5, "s") == "2.50 s"
+    assert charts.figure(0.004, "/s") == "0.004 /s"
     assert charts.figure(1234.0, "/s") == "1.2k /s"
     assert charts.figure(12.5, "") == "12.5"
 
