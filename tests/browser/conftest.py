@@ -149,7 +149,11 @@ def browsing(browser, base_url: str, **options) -> Iterator:
     refused: list[str] = []
     tab.on(
         "console",
-        lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None,
+        lambda m: (
+            refused.append(f"{tab.url}: {m.text[:100]} ({m.location})")
+            if "Content Security Policy" in m.text
+            else None
+        ),
     )
     try:
         yield tab

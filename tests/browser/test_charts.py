@@ -121,9 +121,11 @@ def test_every_page_at_1440_by_900_in_light_and_dark(console, browser, scripted,
             expect(page.locator("main h1").first).to_be_visible()
             name = path.strip("/").replace("/", "-") or "cluster"
             shot = folder / f"{name}-{scheme}.png"
-            page.screenshot(path=str(shot), full_page=True)
+            page.screenshot(path=str(shot), full_page=True, caret="initial")
             assert shot.stat().st_size > 10_000, f"{shot} is blank"
         page.goto("/admin/fleet/node/")
         expect(page).to_have_title("Select node to view | Django site admin")
         expect(page.locator("#view-only")).to_contain_text("View only: nodes are what their agents")
-        page.screenshot(path=str(folder / f"admin-nodes-{scheme}.png"), full_page=True)
+        page.screenshot(
+            path=str(folder / f"admin-nodes-{scheme}.png"), full_page=True, caret="initial"
+        )
