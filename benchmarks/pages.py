@@ -170,13 +170,18 @@ def _measure(nodes: int, client) -> None:
 
     # The node and model pages with their charts.
     pages = {}
-    for name, path in (("node_page", "/nodes/n00000"), ("model_page", "/models/m0000")):
-        shown = client.get(path)
-        assert shown.status_code == 200 and b'data-measured="yes"' in shown.content, path
+    for name, path, headers, shows in (
+        ("node_page", "/nodes/n00000", {}, b'data-measured="yes"'),
+        ("model_page", "/models/m0000", {}, b'data-measured="yes"'),
+        # What the model page asks after it: its last placement, headroom and dry run.
+        ("model_analysis", "/models/m0000?fragment=analysis", htmx, b'id="headroom"'),
+    ):
+        shown = client.get(path, **headers)
+        assert shown.status_code == 200 and shows in shown.content, path
         taken = []
         for _ in range(RUNS):
             start = time.perf_counter()
-            client.get(path)
+            client.get(path, **headers)
             taken.append(time.perf_counter() - start)
         asked: list[str] = []
 
@@ -185,7 +190,7 @@ def _measure(nodes: int, client) -> None:
             return execute(sql, params, many, context)
 
         with connection.execute_wrapper(counted_here):
-            client.get(path)
+            client.get(path, **headers)
         pages[name] = (taken, len(asked))
     chart_samples = []
     for _ in range(RUNS):
@@ -221,9 +226,11 @@ def _measure(nodes: int, client) -> None:
          "p95": ms(chart_samples, 95), "aim": None},
     ]  # fmt: skip
     for name, (taken, asked) in pages.items():
+        page_aim = name.endswith("_page")  # the issue's aims are the pages'
         figures.append({"figure": f"{name}_ms", "median": ms(taken, 50), "p95": ms(taken, 95),
-                        "aim": AIM_P95_MS})  # fmt: skip
-        figures.append({"figure": f"{name}_queries", "value": asked, "aim": AIM_CHART_QUERIES})
+                        "aim": AIM_P95_MS if page_aim else None})  # fmt: skip
+        figures.append({"figure": f"{name}_queries", "value": asked,
+                        "aim": AIM_CHART_QUERIES if page_aim else None})  # fmt: skip
     for figure in figures:
         print(json.dumps({**figure, "scale": scale}), flush=True)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import connection
 
+from llmgw.core import reads
+
 from .domain import ModelSpec, Profile, Slo
 from .models import Measurement, Model, Profile as ProfileRow, Revision
 
@@ -71,7 +73,12 @@ def _catalog_version() -> tuple[int, int]:
 
 
 def catalog_load() -> dict[str, ModelSpec]:
-    """Every model with its profiles: one small query when unchanged, three when changed."""
+    """Every model with its profiles: one small query when unchanged, three when changed
+    (none more inside llmgw.core.reads.once_each, once read)."""
+    return dict(reads.once("catalog", _catalog_read))
+
+
+def _catalog_read() -> dict[str, ModelSpec]:
     key = _catalog_version()
     if _cache["version"] != key:
         rows = Model.objects.prefetch_related("profiles").order_by("name")

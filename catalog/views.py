@@ -25,14 +25,14 @@ from fleet import (
     services as fleet_services,
 )
 from fleet.history import replica_lines
-from llmgw.core import clock
+from llmgw.core import clock, reads
 from llmgw.core.charts import Chart, charts_context
 from llmgw.core.errors import NotFound, ServiceError
 from llmgw.core.pages import fragment_asked, page, page_actor, staff_required
 from llmgw.core.permissions import needs, require
 from llmgw.core.traffic import model_charts
 from mirror.domain.progress import fetched_said
-from tenancy.selectors import scope_tree
+from tenancy.selectors import scope_named, scope_tree
 
 from . import services
 from .forms import (
@@ -50,7 +50,7 @@ from .selectors import catalog_load, measurements_list
 LIST = "catalog/model_list.html"
 DETAIL = "catalog/model_detail.html"
 LIST_FRAGMENTS = ("models-main", "model-table", "profile-added")
-DETAIL_FRAGMENTS = ("model-main", "replicas", "charts")
+DETAIL_FRAGMENTS = ("model-main", "replicas", "charts", "analysis", "record")
 DECLARED_REASON = "declared in the catalog file; edit that file and restart llmgw serve"
 # Headroom is worked out by placing replicas one by one: ten says "plenty" without the cost.
 HEADROOM_LIMIT = 10
@@ -245,13 +245,9 @@ class ModelDetail:
         return catalog_load()[self.name]
 
     @cached_property
-    def tree(self):
-        return scope_tree()
-
-    @cached_property
     def owner_name(self) -> str:
         owner = self.view["owner"]
-        return self.tree.names.get(owner, owner) if owner else ""
+        return scope_named(owner) if owner else ""
 
     @cached_property
     def replicas(self) -> list[dict]:
@@ -458,48 +454,67 @@ NEEDS = {
 @require_http_methods(["GET", "POST"])
 def model(request: HttpRequest, name: str) -> HttpResponse:
     """One model: its replicas, why it is not placed, headroom, measurements, the preemption
-    dry run, and the forms changing it (disabled, with the reason, for a declared model)."""
+    dry run, and the forms changing it (disabled, with the reason, for a declared model).
+
+    Its parts (the view, replicas, explanation, headroom, the dry run) read each of the
+    catalog, the models' states, the replicas and the fleet once (llmgw.core.reads): a
+    page is one moment's. A form's change is made first, and the page read after it."""
+    if request.method != "POST":
+        with reads.once_each():
+            m = ModelDetail(name)
+            m.view  # noqa: B018 — an unknown model is a 404 before anything else is read
+            fragment = fragment_asked(request, DETAIL_FRAGMENTS, main=DETAIL_FRAGMENTS[0])
+            return _model_page(request, m, m.forms(), fragment=fragment)
     m = ModelDetail(name)
-    m.view  # noqa: B018 — an unknown model is a 404 before anything else is read
+    m.view  # noqa: B018
     shown = m.forms()
-    notice = ""
-    failed = False
-    if request.method == "POST":
-        action = ACTIONS.get(request.POST.get("form", ""))
-        if action is None:
-            return HttpResponseBadRequest("Post one of the page's forms.")
-        require(request, NEEDS[request.POST["form"]])
-        key, handle = action
-        form, notice = handle(request, m)
-        if notice:
-            if not request.htmx:
-                messages.success(request, notice)
-                return redirect("model", name=name)
-            m = ModelDetail(name)  # read again: the change shows everywhere on the page
-            shown = m.forms()
-        else:
-            shown[key] = form
-            failed = True
-        fragment = "model-main" if request.htmx else None
-    else:
-        fragment = fragment_asked(request, DETAIL_FRAGMENTS, main=DETAIL_FRAGMENTS[0])
-    charts = _model_charts(request, name) if fragment in (None, "model-main", "charts") else {}
-    # Headroom and the preemption dry run answer from one reading of the fleet.
-    with fleet_dry_runs.one_reading():
-        return page(
-            request,
-            DETAIL,
-            {
-                "section": "models",
-                "m": m,
-                "forms": shown,
-                "notice": notice,
-                "declared_reason": DECLARED_REASON,
-            }
-            | charts,
-            fragment=fragment,
-            status=400 if failed else 200,
-        )
+    action = ACTIONS.get(request.POST.get("form", ""))
+    if action is None:
+        return HttpResponseBadRequest("Post one of the page's forms.")
+    require(request, NEEDS[request.POST["form"]])
+    key, handle = action
+    form, notice = handle(request, m)
+    fragment = "model-main" if request.htmx else None
+    if not notice:
+        shown[key] = form
+        with reads.once_each():
+            return _model_page(request, m, shown, fragment=fragment, failed=True)
+    if not request.htmx:
+        messages.success(request, notice)
+        return redirect("model", name=name)
+    with reads.once_each():
+        m = ModelDetail(name)  # read again: the change shows everywhere on the page
+        return _model_page(request, m, m.forms(), fragment=fragment, notice=notice)
+
+
+def _model_page(
+    request: HttpRequest,
+    m: ModelDetail,
+    shown: dict,
+    *,
+    fragment: str | None,
+    notice: str = "",
+    failed: bool = False,
+) -> HttpResponse:
+    charts = _model_charts(request, m.name) if fragment in (None, "model-main", "charts") else {}
+    # The last placement, headroom and the dry run, and the events and measurements, come
+    # as fragments of their own after the page; ?all=1 (no scripts) has them inline.
+    lazy = fragment not in ("analysis", "record") and request.GET.get("all") != "1"
+    return page(
+        request,
+        DETAIL,
+        {
+            "section": "models",
+            "m": m,
+            "forms": shown,
+            "notice": notice,
+            "declared_reason": DECLARED_REASON,
+            "lazy": lazy,
+        }
+        | charts,
+        fragment=fragment,
+        status=400 if failed else 200,
+    )
 
 
 def _model_charts(request: HttpRequest, name: str) -> dict:

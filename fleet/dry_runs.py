@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-
 from django.conf import settings
 
 from catalog.domain import MAX_REPLICAS, ModelSpec
-from llmgw.core import clock
+from llmgw.core import clock, reads
 from llmgw.core.errors import Invalid, NotFound
 
 from .domain.capacity import (
@@ -27,37 +23,21 @@ from .domain.types import (
 from .readings import MEASUREMENTS, POLICY
 from .selectors import snapshot_load
 
-# While a page asks several dry runs (a model's page: headroom and the preemption dry
-# run), they answer from one reading of the fleet (one_reading).
-_reading: ContextVar[list[Snapshot] | None] = ContextVar("dry_runs_reading", default=None)
-
-
-@contextmanager
-def one_reading() -> Iterator[None]:
-    """Within it, every dry run reads the fleet once: the first one's picture serves the
-    rest (what a page shows is then one moment's, and a third of its queries)."""
-    token = _reading.set([])
-    try:
-        yield
-    finally:
-        _reading.reset(token)
-
 
 def _standing_snapshot() -> Snapshot:
     """The fleet as it stands, with quotas and measurements as they stand now: the cached
-    ones while their revisions say they have not changed, read again once they have."""
-    shared = _reading.get()
-    if shared:
-        return shared[0]
-    snap = snapshot_load(
-        settling=False,
-        silence_floor=None,
-        policy=POLICY.get(),
-        measurements=MEASUREMENTS.get(),
+    ones while their revisions say they have not changed, read again once they have.
+    Several dry runs a page asks inside llmgw.core.reads.once_each (a model's: headroom
+    and the preemption dry run) answer from one reading."""
+    return reads.once(
+        "standing snapshot",
+        lambda: snapshot_load(
+            settling=False,
+            silence_floor=None,
+            policy=POLICY.get(),
+            measurements=MEASUREMENTS.get(),
+        ),
     )
-    if shared is not None:
-        shared.append(snap)
-    return snap
 
 
 def _spec(snap: Snapshot, name: str) -> ModelSpec:

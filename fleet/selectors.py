@@ -17,7 +17,7 @@ from django.db.models import Count, Max
 
 from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
-from llmgw.core import sources
+from llmgw.core import reads, sources
 from mirror.engines import builds_offered
 from mirror.selectors import weights_waiting
 from tenancy.quota import Holding, Policy
@@ -253,7 +253,14 @@ _state_cache: dict[str, tuple] = {}
 
 def replica_views(*, model: str | None = None) -> tuple[ReplicaView, ...]:
     """Every replica (or one model's) with its shards, by model and age; the views of
-    unchanged rows are last time's."""
+    unchanged rows are last time's. Inside llmgw.core.reads.once_each, read once."""
+    if reads.sharing():
+        every = reads.once("replicas", _replica_views_read)
+        return every if model is None else tuple(r for r in every if r.model == model)
+    return _replica_views_read(model=model)
+
+
+def _replica_views_read(*, model: str | None = None) -> tuple[ReplicaView, ...]:
     replicas = Replica.objects.all()
     # In no order: they are grouped by replica and put in rank order there, and the sort
     # the model's ordering asks for was most of reading them.
@@ -288,7 +295,15 @@ def _replica_views(rows: list[tuple], shard_rows: list[tuple]) -> tuple[ReplicaV
 
 
 def model_states(*, name: str | None = None) -> dict[str, ModelStateView]:
-    """Every model's controller state (or one's); explanations (JSON) are read only where there is one."""
+    """Every model's controller state (or one's); explanations (JSON) are read only where
+    there is one. Inside llmgw.core.reads.once_each, read once."""
+    if reads.sharing():
+        every = reads.once("states", _model_states_read)
+        return dict(every) if name is None else {k: v for k, v in every.items() if k == name}
+    return _model_states_read(name=name)
+
+
+def _model_states_read(*, name: str | None = None) -> dict[str, ModelStateView]:
     states = ModelState.objects.all() if name is None else ModelState.objects.filter(pk=name)
     explanations = dict(states.exclude(explanation=[]).values_list("model", "explanation"))
     reserved = {

@@ -78,6 +78,28 @@ def scope_tree() -> ScopeTree:
     return ScopeTree(parents=parents, names=names)
 
 
+def scope_named(key: str) -> str:
+    """The name (`team:Acme/ml`) of the scope `key` (`team:7`), in one query; the key itself
+    when it names nothing there is (a scope removed since)."""
+    kind, _, raw = key.partition(":")
+    if not raw.isdigit():
+        return key
+    pk = int(raw)
+    if kind == "org":
+        found = Organization.objects.filter(pk=pk).values_list("name").first()
+    elif kind == "team":
+        found = Team.objects.filter(pk=pk).values_list("org__name", "name").first()
+    elif kind == "project":
+        found = (
+            Project.objects.filter(pk=pk)
+            .values_list("team__org__name", "team__name", "name")
+            .first()
+        )
+    else:
+        found = None
+    return f"{kind}:{'/'.join(found)}" if found else key
+
+
 def scope_find(text: str, *, tree: ScopeTree | None = None) -> str:
     """The key (`team:7`) of the scope `text` names (`team:Acme/ml` or `team:7`); Invalid if none.
 

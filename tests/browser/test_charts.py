@@ -119,6 +119,10 @@ def test_every_page_at_1440_by_900_in_light_and_dark(console, browser, scripted,
         for path in PAGES:
             page.goto(path)
             expect(page.locator("main h1").first).to_be_visible()
+            if path == "/models/chat":
+                # What comes after the page: its analysis, its events and measurements.
+                expect(page.locator("div#analysis #headroom")).to_be_visible()
+                expect(page.locator("div#record #measurements")).to_be_visible()
             name = path.strip("/").replace("/", "-") or "cluster"
             shot = folder / f"{name}-{scheme}.png"
             page.screenshot(path=str(shot), full_page=True, caret="initial")

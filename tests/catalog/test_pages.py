@@ -340,7 +340,8 @@ def fleet(llama):
 def test_a_models_page_shows_replicas_explanation_headroom_measurements_and_the_dry_run(
     staff, fleet
 ):
-    response = staff.get("/models/llama")
+    # ?all=1: everything inline, as a browser without scripts asks (the page below).
+    response = staff.get("/models/llama?all=1")
 
     assert response.status_code == 200
     html = response.content.decode()
@@ -385,6 +386,21 @@ def test_htmx_gets_the_models_main_part_or_its_replicas_alone(staff, fleet):
     assert 'id="scale-form"' in main.content.decode()
     assert 'id="scale-form"' not in replicas.content.decode()
     assert 'id="headroom"' not in replicas.content.decode()
+
+
+def test_the_analysis_and_the_record_come_after_the_page_as_fragments_of_their_own(staff, fleet):
+    page = staff.get("/models/llama").content.decode()
+    for part, shows in (("analysis", 'id="headroom"'), ("record", 'id="measurements"')):
+        placeholder = re.search(rf'<section id="{part}"([^>]*)>(.*?)</section>', page, re.S)
+        assert f'hx-get="/models/llama?fragment={part}" hx-trigger="load"' in placeholder[1]
+        assert '<a href="?all=1">' in placeholder[2]  # without scripts
+        assert shows not in page
+        fragment = staff.get(f"/models/llama?fragment={part}", **HTMX).content.decode()
+        assert fragment.lstrip().startswith(f'<div id="{part}">') and "<html" not in fragment
+        assert shows in fragment
+    analysis = staff.get("/models/llama?fragment=analysis", **HTMX).content.decode()
+    assert re.search(r'id="headroom-more">1<', analysis)
+    assert "llama fits" in error_text(analysis, "preemption-summary")
 
 
 def test_an_unknown_model_is_not_found(staff, db):
@@ -660,9 +676,10 @@ def test_a_models_page_makes_as_many_queries_at_40_replicas_as_at_one(
         ready_replica(f"llama-{i}", "llama", node=f"gpu-{i}", gpus=[0])
     staff.get("/models/llama")  # the new nodes' static figures read once, then cached
 
-    # Two of them the events: what happened to it, and the changes people made. Headroom
-    # and the preemption dry run share one reading of the fleet (it was 64 with two).
-    with django_assert_max_num_queries(39) as many:
+    # The analysis (headroom, the dry run) and the record (events, measurements) come after
+    # the page as fragments of their own; the page reads the catalog, the states and the
+    # replicas once (it was 64, and 39 with them inline).
+    with django_assert_max_num_queries(12) as many:
         response = staff.get("/models/llama")
 
     assert response.content.decode().count("<tr data-replica=") == 41

@@ -74,3 +74,19 @@ def test_a_scope_is_found_by_name_or_refused_as_bad_input(acme):
     assert scope_find("project:training") == acme["project"]
     with pytest.raises(Invalid, match='there is no team "web"'):
         scope_find("team:web")
+
+
+def test_a_scope_is_named_by_its_path_in_one_query(django_assert_num_queries):
+    from tenancy.selectors import scope_named
+    from tenancy.services import org_create, project_create, team_create
+
+    org = org_create(name="Acme", actor="t")
+    team = team_create(org="Acme", name="ml", actor="t")
+    project = project_create(team="Acme/ml", name="training", actor="t")
+    with django_assert_num_queries(1):
+        assert scope_named(f"project:{project.pk}") == "project:Acme/ml/training"
+    assert scope_named(f"team:{team.pk}") == "team:Acme/ml"
+    assert scope_named(f"org:{org.pk}") == "org:Acme"
+    # A scope removed since, or not a key: said as it was given.
+    assert scope_named("team:999") == "team:999"
+    assert scope_named("shared") == "shared"
