@@ -87,7 +87,7 @@ class _Block:
             data = np.full((grown, *self.data.shape[1:]), self.empty, dtype=self.data.dtype)
             data[:old] = self.data
             self.data = data
-            self.given = np.concatenate([self.given, np.zeros(grown - old)])
+            self.given = np.concatenate([self.given, np.full(grown - old, np.inf)])
             self.names.extend([None] * (grown - old))
             self.free = list(range(grown - 1, old - 1, -1))
         row = self.free.pop()
@@ -99,6 +99,7 @@ class _Block:
     def remove(self, row: int) -> None:
         self.names[row] = None
         self.data[row] = self.empty
+        self.given[row] = np.inf  # never stale: nothing to forget
         self.free.append(row)
 
     def encoded(self, values: list[Sequence[float | None]]) -> np.ndarray:
@@ -141,9 +142,6 @@ class Window:
     times: tuple[float, ...]
     step: float
     series: Mapping[str, tuple[float | None, ...]]
-
-    def measured(self) -> bool:
-        return any(v is not None for values in self.series.values() for v in values)
 
 
 class History:
