@@ -11,7 +11,6 @@ ready nodes; each model its replicas ready and holding room.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -23,8 +22,9 @@ from llmgw.core.history import Reading, Schema
 from llmgw.core.promql import quoted
 
 from .domain.types import HOLDING
-from .metrics_series import raw_json, raw_rows, raw_time
-from .models import Gpu, Node, Replica, Shard
+from .models import Node, Replica, Shard
+from .rows import aware, raw_json, raw_values
+from .selectors import node_registrations
 
 # A percentage to half a point, degrees to one, watts to five.
 _PERCENT, _DEGREES, _WATTS = 2.0, 1.0, 0.2
@@ -76,59 +76,34 @@ def node_reading(load: dict, memory_total_mb: int | None, gpus: list[tuple[int, 
     return values, utils
 
 
-# Each node's GPUs (index, memory MB) as it last registered, by its spec_at: read again
-# only for the nodes that registered since (all 40,000 GPU rows of 5,000 nodes were a
-# fifth of a step's cost).
-_gpus: dict[str, tuple[object, tuple[tuple[int, int | None], ...]]] = {}
-
-
-def gpus_forget() -> None:
-    """Forget the GPUs kept per node (tests reuse node ids and times)."""
-    _gpus.clear()
-
-
-def _gpus_of(spec_at: dict[str, object]) -> dict[str, tuple[tuple[int, int | None], ...]]:
-    stale = [n for n, at in spec_at.items() if n not in _gpus or _gpus[n][0] != at]
-    if stale:
-        found: dict[str, list[tuple[int, int | None]]] = defaultdict(list)
-        rows = Gpu.objects.order_by("node_id", "index")
-        if len(stale) < 500:
-            rows = rows.filter(node_id__in=stale)
-        for node_id, index, memory_mb in raw_rows(rows, ("node_id", "index", "memory_mb")):
-            found[node_id].append((index, memory_mb))
-        for node_id in stale:
-            _gpus[node_id] = (spec_at[node_id], tuple(found.get(node_id, ())))
-    for gone in _gpus.keys() - spec_at.keys():
-        del _gpus[gone]
-    return {n: g for n, (_, g) in _gpus.items()}
-
-
 def fleet_sample(now: float) -> dict[str, Reading]:
     """Every heard node's reading, the fleet's and each model's replicas."""
     heard_since = datetime.fromtimestamp(now, UTC) - timedelta(
         seconds=settings.LLMGW.timings.unreachable
     )
-    nodes = raw_rows(
+    nodes = raw_values(
         Node.objects.order_by(), ("id", "state", "last_seen", "load", "memory_total_mb", "spec_at")
     )
-    gpus = _gpus_of({row[0]: row[5] for row in nodes})
+    # What each node registered, as the reconciler's views keep it: read again only for
+    # nodes that registered since.
+    registered = node_registrations({row[0]: aware(row[5]) for row in nodes})
     readings: dict[str, Reading] = {}
     utils: list[float] = []
     total = ready = 0
     for node_id, state, last_seen, load, memory_total_mb, _ in nodes:
-        mine = gpus.get(node_id, ())
+        mine = [(g.index, g.memory_mb) for g in registered[node_id]["gpus"]]
         total += len(mine)
         if state != Node.READY:
             continue
         ready += 1
-        seen = raw_time(last_seen)
+        seen = aware(last_seen)
         if seen is None or seen < heard_since:
             continue
         values, node_utils = node_reading(raw_json(load) or {}, memory_total_mb, mine)
         utils += node_utils
         readings[f"node:{node_id}"] = (node_schema(tuple(i for i, _ in mine)), values)
     held = 0
-    for (indices,) in raw_rows(
+    for (indices,) in raw_values(
         Shard.objects.filter(replica__state__in=HOLDING).order_by(), ("gpu_indices",)
     ):
         held += len(raw_json(indices) or ())

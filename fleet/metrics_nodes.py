@@ -25,12 +25,11 @@ from .metrics_series import (
     YIELD_EVERY,
     Scrape,
     line_prefix,
-    raw_json,
     raw_rows,
-    raw_time,
     yield_now,
 )
 from .models import Gpu, Node, Shard
+from .rows import aware, raw_json
 
 log = logging.getLogger("llmgw.metrics")
 _MiB = 1048576.0
@@ -179,7 +178,7 @@ def node_series(
                 gmem_p.append(g.prefixes[0])
             health_v.append(1.0 if g.healthy else 0.0)
             health_p.append(g.prefixes[1])
-        seen = raw_time(last_seen)
+        seen = aware(last_seen)
         if seen is None:
             continue
         seen_v.append(seen.timestamp())

@@ -11,12 +11,10 @@ and fleet/metrics_models.py.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from functools import partial
 
 from django.db import connection
@@ -232,17 +230,3 @@ def raw_rows(qs, fields: tuple[str, ...]) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
-
-
-def raw_time(value) -> datetime | None:
-    """A datetime from a raw row: SQLite gives text, PostgreSQL an aware datetime."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def raw_json(value):
-    """A JSON column from a raw row: SQLite gives its text, PostgreSQL the value."""
-    return json.loads(value) if isinstance(value, str | bytes) else value

@@ -8,6 +8,7 @@ view has to be built of one.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 from django.db import connection
@@ -65,6 +66,12 @@ def aware(value: datetime | str | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value
+
+
+def raw_json(value):
+    """A JSON column as the driver hands it over: SQLite gives its text, PostgreSQL the
+    value itself."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def postgres_rows(sql: str, params) -> list[tuple]:

@@ -112,7 +112,7 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
     ids = list(stale)
     gpus: dict[str, list[tuple]] = defaultdict(list)
     gpu_rows = Gpu.objects.order_by().values_list(
-        "node_id", "index", "gpu_class", "healthy", "unknown_processes"
+        "node_id", "index", "gpu_class", "healthy", "unknown_processes", "memory_mb"
     )
     node_rows = Node.objects.order_by().values_list(*_NODE_STATIC)
     # A few nodes are named in the query; many (a restart, every node registering) are read
@@ -136,8 +136,8 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
             {
                 "labels": labels,
                 "gpus": tuple(
-                    GpuView(index=i, gpu_class=override or c, healthy=h, held=bool(u))
-                    for i, c, h, u in sorted(gpus[d["id"]])
+                    GpuView(index=i, gpu_class=override or c, healthy=h, held=bool(u), memory_mb=m)
+                    for i, c, h, u, m in sorted(gpus[d["id"]])
                 ),
                 "engines": frozenset(d["engines"] or ()) if d["engines_probed"] else None,
                 "disk_free_gb": d["disk_free_gb"],

@@ -10,7 +10,6 @@ def _fresh_caches():
     """Each test starts with no cached views (they are keyed by ids and times tests reuse)
     and ends with no database connection kept."""
     from catalog import selectors as catalog_selectors
-    from fleet.history import gpus_forget
     from fleet.reconciler import MEASUREMENTS, POLICY
     from fleet.selectors import caches_clear
     from llmgw.core.db import kept_connections_close
@@ -18,7 +17,6 @@ def _fresh_caches():
     from llmgw.gateway.load import BOARD
 
     caches_clear()
-    gpus_forget()
     HISTORY.clear(15)
     BOARD.running.clear()
     BOARD.waiting.clear()

@@ -40,6 +40,9 @@ class GpuView:
     # agent whose state was lost, someone's own job): placement leaves it alone. False where
     # the agent could not tell (no NVML, simulated GPUs): unknown, as for any figure.
     held: bool = False
+    # Its memory as registered (placement does not read it; the console's charts take its
+    # memory use as a share of it); None where the agent did not say.
+    memory_mb: int | None = None
 
     @property
     def free_to_place(self) -> bool:
