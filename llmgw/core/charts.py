@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import groupby
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.utils.html import escape
@@ -26,9 +28,8 @@ from django.utils.safestring import SafeString, mark_safe
 
 from . import history, promql
 
-# The windows a chart shows, each one of the history's rings, as a page's ?window= names it.
-WINDOW_KEYS = ("15m", "1h", "6h", "24h")
-DEFAULT_WINDOW = "1h"
+# The window shown when none is asked: the second of the four (1 h at the default step).
+_DEFAULT_LEVEL = 1
 WIDTH, HEIGHT = 420, 130
 _LEFT, _RIGHT, _TOP, _BOTTOM = 46, 6, 8, 8
 _COLOURS = 8
@@ -70,12 +71,17 @@ class Drawn:
 
 @dataclass(frozen=True)
 class Windows:
-    """The windows offered, the one shown, and a refusal of what was asked instead."""
+    """The windows offered (one per ring, as `?window=` names them) and their lengths, the
+    one shown, and a refusal of what was asked instead."""
 
     keys: tuple[str, ...]
+    spans: tuple[float, ...]
     shown: str
     refused: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def level(self) -> int:
+        return self.keys.index(self.shown)
 
 
 def _span_text(seconds: float) -> str:
@@ -96,33 +102,27 @@ def _spans() -> tuple[float, ...]:
 def windows(asked: str | None) -> Windows:
     """The window a page's `?window=` asks for: one of the four, else the default and a
     sentence saying which may be asked."""
-    keys = tuple(_span_text(s) for s in _spans())
-    default = keys[WINDOW_KEYS.index(DEFAULT_WINDOW)]
-    labels = {k: k for k in keys}
-    if asked is None or asked == "":
-        return Windows(keys, default, labels=labels)
-    if asked in keys:
-        return Windows(keys, asked, labels=labels)
-    return Windows(
-        keys,
-        default,
-        f"window must be one of {', '.join(keys)}, not {asked[:20]!r}; showing {default}.",
-        labels,
-    )
+    spans = _spans()
+    keys = tuple(_span_text(s) for s in spans)
+    default = keys[_DEFAULT_LEVEL]
+    if not asked or asked in keys:
+        return Windows(keys, spans, asked or default)
+    said = f"window must be one of {', '.join(keys)}, not {asked[:20]!r}; showing {default}."
+    return Windows(keys, spans, default, said)
 
 
 def drawn(charts: Sequence[Chart], window: str, now: float | None = None) -> list[Drawn]:
-    """Each chart over `window` (one of windows()' keys), ending `now`."""
+    """Each chart over `window` (one of windows()' keys; the default for any other),
+    ending `now`."""
     now = time.time() if now is None else now
-    spans = _spans()
-    keys = [_span_text(s) for s in spans]
-    level = keys.index(window) if window in keys else WINDOW_KEYS.index(DEFAULT_WINDOW)
+    shown = windows(window)
+    level, span = shown.level, shown.spans[shown.level]
     url = settings.LLMGW.prometheus_url
     out = []
     for chart in charts:
         if url:
             try:
-                times, values = promql.chart_read(url, chart, spans[level], now)
+                times, values = promql.chart_read(url, chart, span, now)
             except promql.Unanswered as exc:
                 out.append(_unanswered(chart, str(exc)))
                 continue
@@ -130,7 +130,7 @@ def drawn(charts: Sequence[Chart], window: str, now: float | None = None) -> lis
             got = history.HISTORY.window(chart.group, level, now)
             times = got.times
             values = [got.series.get(line.series, (None,) * len(times)) for line in chart.lines]
-        out.append(_drawn(chart, times, values, spans[level]))
+        out.append(_drawn(chart, times, values, span))
     return out
 
 
@@ -192,14 +192,26 @@ def _drawn(
     return Drawn(chart, _svg(chart, times, values, top), legend, True, spans=spans)
 
 
-def _svg_empty(text: str) -> SafeString:
-    return mark_safe(
-        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(text)}">'
+def _frame(label: str) -> str:
+    return (
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(label)}">'
         f'<rect class="frame" x="{_LEFT}" y="{_TOP}" width="{WIDTH - _LEFT - _RIGHT}" '
         f'height="{HEIGHT - _TOP - _BOTTOM}"/>'
-        f'<text class="nodata" x="{(WIDTH + _LEFT) / 2:.0f}" y="{HEIGHT / 2:.0f}">'
-        f"{escape(text)}</text></svg>"
     )
+
+
+def _svg_empty(text: str) -> SafeString:
+    return mark_safe(
+        _frame(text) + f'<text class="nodata" x="{(WIDTH + _LEFT) / 2:.0f}" '
+        f'y="{HEIGHT / 2:.0f}">{escape(text)}</text></svg>'
+    )
+
+
+def _runs(series: Sequence[float | None]) -> Iterator[list[tuple[int, float]]]:
+    """Each run of slots in a row that measured something: [(slot, reading), ...]."""
+    for measured, run in groupby(enumerate(series), key=lambda slot: slot[1] is not None):
+        if measured:
+            yield list(run)
 
 
 def _svg(
@@ -209,17 +221,12 @@ def _svg(
     plot_h = HEIGHT - _TOP - _BOTTOM
     n = max(len(times) - 1, 1)
 
-    def x(i: int) -> float:
-        return _LEFT + plot_w * i / n
+    def point(i: int, v: float) -> tuple[str, str]:
+        x = _LEFT + plot_w * i / n
+        y = _TOP + plot_h * (1 - min(max(v, 0.0), top) / top)
+        return f"{x:.1f}", f"{y:.1f}"
 
-    def y(v: float) -> float:
-        return _TOP + plot_h * (1 - min(max(v, 0.0), top) / top)
-
-    parts = [
-        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
-        f'aria-label="{escape(chart.title)}">',
-        f'<rect class="frame" x="{_LEFT}" y="{_TOP}" width="{plot_w}" height="{plot_h}"/>',
-    ]
+    parts = [_frame(chart.title)]
     for fraction in (0.0, 0.5, 1.0):
         gy = _TOP + plot_h * (1 - fraction)
         parts.append(
@@ -231,30 +238,22 @@ def _svg(
         )
     for index, (line, series) in enumerate(zip(chart.lines, values, strict=True)):
         colour = index % _COLOURS
-        path, dots = [], []
-        run: list[str] = []
-        for i, v in enumerate(series):
-            if v is None:
-                if len(run) == 1:
-                    dots.append(run[0])
-                elif run:
-                    path.append("M" + " L".join(run))
-                run = []
-                continue
-            run.append(f"{x(i):.1f} {y(v):.1f}")
-        if len(run) == 1:
-            dots.append(run[0])
-        elif run:
-            path.append("M" + " L".join(run))
-        said = f"{line.label}: {figure(_latest(series), chart.unit)}"
-        if path:
+        said = escape(f"{line.label}: {figure(_latest(series), chart.unit)}")
+        segments = []
+        for run in _runs(series):
+            points = [point(i, v) for i, v in run]
+            if len(points) == 1:  # a reading alone between gaps: a dot
+                ((cx, cy),) = points
+                parts.append(
+                    f'<circle class="dot c{colour}" cx="{cx}" cy="{cy}" r="2">'
+                    f"<title>{said}</title></circle>"
+                )
+            else:
+                segments.append("M" + " L".join(f"{x} {y}" for x, y in points))
+        if segments:
             parts.append(
-                f'<path class="series c{colour}" d="{" ".join(path)}"><title>{escape(said)}</title></path>'
-            )
-        for dot in dots:
-            cx, cy = dot.split()
-            parts.append(
-                f'<circle class="dot c{colour}" cx="{cx}" cy="{cy}" r="2"><title>{escape(said)}</title></circle>'
+                f'<path class="series c{colour}" d="{" ".join(segments)}">'
+                f"<title>{said}</title></path>"
             )
     parts.append("</svg>")
     return mark_safe("".join(parts))
@@ -264,8 +263,6 @@ def charts_context(request, charts: Sequence[Chart], now: float | None = None) -
     """What templates/charts.html needs: the charts drawn over the window the request's
     `?window=` asks for, a link per window keeping the page's other parameters, and the
     address its refresh asks (the same window, only the charts)."""
-    from urllib.parse import urlencode
-
     shown = windows(request.GET.get("window"))
     rest = {k: v for k, v in request.GET.items() if k not in ("window", "fragment")}
 
