@@ -10,6 +10,8 @@ a time whatever the number of logins, and `ctl usage` shows what they tried.
 
 from __future__ import annotations
 
+import contextlib
+
 from django.db import transaction
 
 from llmgw.core.errors import Conflict
@@ -27,28 +29,23 @@ def project_name(user: str) -> str:
 
 
 def _project(user: str) -> Project:
+    """The user's own project, made (with the organization and team) when missing. Made by
+    another request in between, each is found rather than refused (Conflict)."""
     name = project_name(user)
-    found = Project.objects.filter(
+    mine = Project.objects.filter(
         team__org__name__iexact=ORG, team__name__iexact=TEAM, name__iexact=name
-    ).first()
-    if found is not None:
+    )
+    if (found := mine.first()) is not None:
         return found
-    try:
+    with contextlib.suppress(Conflict):
         if not Organization.objects.filter(name__iexact=ORG).exists():
             org_create(name=ORG, actor=user)
-    except Conflict:
-        pass  # made by another request in between
-    try:
+    with contextlib.suppress(Conflict):
         if not Team.objects.filter(org__name__iexact=ORG, name__iexact=TEAM).exists():
             team_create(org=ORG, name=TEAM, actor=user)
-    except Conflict:
-        pass
-    try:
+    with contextlib.suppress(Conflict):
         return project_create(team=f"{ORG}/{TEAM}", name=name, actor=user)
-    except Conflict:
-        return Project.objects.get(
-            team__org__name__iexact=ORG, team__name__iexact=TEAM, name__iexact=name
-        )
+    return mine.get()
 
 
 def playground_key_usable(key_id: object) -> bool:
