@@ -19,6 +19,10 @@ ENGINES = ("llamacpp", "vllm", "sim")
 CLASSES = ("critical", "standard", "opportunistic")
 CLASS_RANK = {"critical": 3, "standard": 2, "opportunistic": 1}
 ROUTING_PROFILES = ("chat", "completion", "embedding")
+# How the gateway chooses among a model's ready replicas (docs/gateway.md, Routing).
+ROUTINGS = ("prefix", "least_loaded", "round_robin")
+# Engines that keep the KV cache of what they served, and so gain from prefix affinity.
+PREFIX_CACHING_ENGINES = frozenset({"llamacpp", "vllm"})
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # Paths under /models/ that are actions, not models.
 RESERVED_NAMES = frozenset({"serve"})
@@ -54,6 +58,15 @@ class Profile:
     weight: int = 1
     priority: int = 0
     startup_timeout_s: int = 600
+    routing: str = ""  # empty: the engine's default (`routes_by`)
+
+    @property
+    def routes_by(self) -> str:
+        """How the gateway chooses among this profile's replicas: as given, else by prefix
+        for the engines that cache prefixes and by load for the rest."""
+        if self.routing:
+            return self.routing
+        return "prefix" if self.engine in PREFIX_CACHING_ENGINES else "least_loaded"
 
     @property
     def cpu_only(self) -> bool:
@@ -81,8 +94,11 @@ class Profile:
         return d
 
     def fingerprint(self) -> str:
-        """A hash of the profile's canonical JSON: a replica started with another is outdated."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """A hash of the profile's canonical JSON: a replica started with another is outdated.
+        Routing is the gateway's, not the engine's: changing it restarts nothing."""
+        fields = self.to_dict()
+        del fields["routing"]
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
@@ -243,6 +259,11 @@ def parse_profile(data: Mapping, *, model: str) -> Profile:
     cpu_cores = _int(data, "cpu_cores", None, where=where, minimum=1)
     # The spec's name is startup_timeout; startup_timeout_s is the dataclass's, also accepted.
     timeout_key = "startup_timeout_s" if "startup_timeout_s" in data else "startup_timeout"
+    routing = data.get("routing") or ""
+    if routing not in ("", *ROUTINGS):
+        raise CatalogError(
+            f"{where}: routing must be one of {', '.join(ROUTINGS)}, not {routing!r}."
+        )
     selector = _string_map(data, "node_selector", where=where)
     for k in selector:
         if not LABEL_RE.match(k):
@@ -264,6 +285,7 @@ def parse_profile(data: Mapping, *, model: str) -> Profile:
         weight=_int(data, "weight", 1, where=where, minimum=0),
         priority=_int(data, "priority", 0, where=where, minimum=-1000),
         startup_timeout_s=_int(data, timeout_key, 600, where=where, minimum=1),
+        routing=routing,
     )
 
 

@@ -59,6 +59,8 @@ class Profile(models.Model):
     weight = models.PositiveIntegerField(default=1)
     priority = models.IntegerField(default=0)
     startup_timeout_s = models.PositiveIntegerField(default=600)
+    # How the gateway chooses among its replicas; empty: the engine's default.
+    routing = models.CharField(max_length=16, blank=True, default="")
 
     class Meta:
         ordering = ["model", "position"]

@@ -8,7 +8,7 @@ from typing import Any
 from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
-from .domain import CLASSES, ENGINES, MAX_IDLE_TIMEOUT_S, MAX_REPLICAS, ROUTING_PROFILES
+from .domain import CLASSES, ENGINES, MAX_IDLE_TIMEOUT_S, MAX_REPLICAS, ROUTING_PROFILES, ROUTINGS
 
 
 class SloOut(Schema):
@@ -174,6 +174,12 @@ class ProfileIn(_Documented):
     weight: int = Field(1, ge=0, description="share of traffic")
     priority: int = Field(0, ge=-1000, description="placement tries higher first")
     startup_timeout: int = Field(600, ge=1, description="seconds (startup_timeout_s also read)")
+    routing: str = Field(
+        "",
+        description="how the gateway picks a replica; empty: prefix for llamacpp and vllm, "
+        "least_loaded for sim",
+        json_schema_extra={"enum": ["", *ROUTINGS]},
+    )
 
 
 class ScalingIn(_Documented):

@@ -28,6 +28,7 @@ def profile_from_row(row: ProfileRow) -> Profile:
         weight=row.weight,
         priority=row.priority,
         startup_timeout_s=row.startup_timeout_s,
+        routing=row.routing,
     )
 
 

@@ -69,6 +69,7 @@ def _write(spec: ModelSpec, *, actor: str, row: Model | None = None) -> Model:
             weight=p.weight,
             priority=p.priority,
             startup_timeout_s=p.startup_timeout_s,
+            routing=p.routing,
         )
         for i, p in enumerate(spec.profiles)
     )

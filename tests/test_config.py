@@ -89,6 +89,10 @@ BAD = {
     "a Redis URL that is a host name": ("REDIS_URL", "cache.internal"),
     "a log format nobody reads": ("LLMGW_LOG_FORMAT", "xml"),
     "a short secret key": ("LLMGW_SECRET_KEY", "hunter2"),
+    "an imbalance that is not a number": ("LLMGW_ROUTING_IMBALANCE", "lots"),
+    "a negative imbalance": ("LLMGW_ROUTING_IMBALANCE", "-1"),
+    "prefix blocks past what memory allows": ("LLMGW_ROUTING_PREFIX_BLOCKS", "2000000"),
+    "prefix blocks of a fraction": ("LLMGW_ROUTING_PREFIX_BLOCKS", "10.5"),
 }
 
 
@@ -203,3 +207,11 @@ def test_login_throttling_has_documented_defaults_and_reads_its_variables(env):
 def test_a_login_figure_of_zero_or_less_stops_the_start(env, variable):
     with pytest.raises(SettingError, match=variable):
         load(env | {variable: "0"})
+
+
+def test_routing_is_read_from_its_variables(env):
+    routing = load(
+        env | {"LLMGW_ROUTING_IMBALANCE": "0", "LLMGW_ROUTING_PREFIX_BLOCKS": "64"}
+    ).routing
+    assert (routing.imbalance, routing.prefix_blocks) == (0.0, 64)
+    assert (load(env).routing.imbalance, load(env).routing.prefix_blocks) == (4.0, 16384)

@@ -121,6 +121,17 @@ class LoginThrottle:
 
 
 @dataclass(frozen=True)
+class Routing:
+    """How the gateway weighs a replica holding a request's prefix against load."""
+
+    # Requests in flight per unit of weight by which the replica holding a prefix may
+    # be busier than the least loaded before the least loaded gets the request.
+    imbalance: float = 4.0
+    # Leading blocks of prompts remembered per model (docs/gateway.md, Routing).
+    prefix_blocks: int = 16384
+
+
+@dataclass(frozen=True)
 class Config:
     home: Path
     database_url: str | None
@@ -146,6 +157,7 @@ class Config:
     web: Web = Web()
     agents: Agents = Agents()
     login: LoginThrottle = LoginThrottle()
+    routing: Routing = Routing()
 
     @property
     def embedded(self) -> bool:
@@ -156,14 +168,21 @@ class Config:
 _LONGEST = 10 * 365 * 86400
 
 
-def _number(env: dict[str, str], name: str, default: float, *, integer: bool) -> float:
+def _number(
+    env: dict[str, str],
+    name: str,
+    default: float,
+    *,
+    integer: bool,
+    kind: str = "a number of seconds",
+) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
         value = int(raw) if integer else float(raw)
     except ValueError:
-        kind = "a whole number" if integer else "a number of seconds"
+        kind = "a whole number" if integer else kind
         raise SettingError(f"{name} must be {kind}, not {raw!r}.") from None
     if value < 0 or (integer and value < 1) or value != value:
         raise SettingError(f"{name} must be positive, not {raw!r}.")
@@ -267,7 +286,24 @@ def load(env: dict[str, str] | None = None) -> Config:
         web=web_load(env, SettingError),
         agents=_agents(env),
         login=_login(env),
+        routing=_routing(env),
     )
+
+
+MOST_PREFIX_BLOCKS = 1 << 20  # about 200 MB of the gateway's memory per model
+
+
+def _routing(env: dict[str, str]) -> Routing:
+    imbalance = _number(
+        env, "LLMGW_ROUTING_IMBALANCE", Routing.imbalance, integer=False, kind="a number"
+    )
+    blocks = int(_number(env, "LLMGW_ROUTING_PREFIX_BLOCKS", Routing.prefix_blocks, integer=True))
+    if blocks > MOST_PREFIX_BLOCKS:
+        raise SettingError(
+            f"LLMGW_ROUTING_PREFIX_BLOCKS must be at most {MOST_PREFIX_BLOCKS} "
+            f"(about 200 MB per model), not {blocks}."
+        )
+    return Routing(imbalance=imbalance, prefix_blocks=blocks)
 
 
 def _history_step(env: dict[str, str]) -> float:

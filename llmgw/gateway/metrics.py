@@ -33,8 +33,17 @@ ERRORS = Counter(
 )
 TOKENS = Counter(
     "llmgw_gateway_tokens",
-    "Tokens the engines reported in their usage, by model and kind (prompt, completion).",
+    "Tokens the engines reported in their usage, by model and kind (prompt, completion, "
+    "cached: the prompt tokens an engine found in its cache).",
     ["model", "kind"],
+    registry=REGISTRY,
+)
+ROUTED = Counter(
+    "llmgw_gateway_routed",
+    "Requests sent to a replica, by model and how it was chosen: prefix (it served the "
+    "prompt's prefix lately), imbalance (that replica was too busy), least_loaded, "
+    "round_robin, suspect (only replicas refusing connections were left).",
+    ["model", "how"],
     registry=REGISTRY,
 )
 DURATION = Histogram(
@@ -70,7 +79,16 @@ WAITING = Gauge(
 class ModelSeries:
     """One model's children, looked up once rather than on every request."""
 
-    __slots__ = ("model", "duration", "first_token", "prompt", "completion", "_codes")
+    __slots__ = (
+        "model",
+        "duration",
+        "first_token",
+        "prompt",
+        "completion",
+        "cached",
+        "_codes",
+        "_routed",
+    )
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -78,12 +96,20 @@ class ModelSeries:
         self.first_token = FIRST_TOKEN.labels(model)
         self.prompt = TOKENS.labels(model, "prompt")
         self.completion = TOKENS.labels(model, "completion")
+        self.cached = TOKENS.labels(model, "cached")
         self._codes: dict[int, object] = {}
+        self._routed: dict[str, object] = {}
 
     def answered(self, code: int) -> None:
         child = self._codes.get(code)
         if child is None:
             child = self._codes[code] = REQUESTS.labels(self.model, str(code))
+        child.inc()
+
+    def routed(self, how: str) -> None:
+        child = self._routed.get(how)
+        if child is None:
+            child = self._routed[how] = ROUTED.labels(self.model, how)
         child.inc()
 
     def failed(self, reason: str) -> None:

@@ -10,9 +10,10 @@ import logging
 import time
 
 from llmgw.core import tracing
+from llmgw.gateway import metrics
 from llmgw.gateway.answers import ClientGone, Receive, Refused, Send
 from llmgw.gateway.load import BOARD
-from llmgw.gateway.state import Request, State, in_a_thread
+from llmgw.gateway.state import Picked, Request, State, in_a_thread
 from llmgw.gateway.upstream import Unreachable, proxy
 
 log = logging.getLogger("llmgw.gateway")
@@ -39,10 +40,11 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
     try:
         while True:
             with tracing.span("llmgw.routing") as span:
-                up = None
+                picked = up = None
                 for i, model in enumerate(chain):
-                    up = rt.pick(model, req.tried)
-                    if up is not None:
+                    picked = rt.pick(model, req.tried, req.prefix)
+                    if picked is not None:
+                        up = picked.up
                         # Served by a fallback for now; an on-demand model before it is started.
                         for m in chain[:i]:
                             spec = rt.tables.models.get(m)
@@ -50,7 +52,7 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                                 rt.start_soon(m)
                         break
                 if span is not None:
-                    _routing_said(span, rt, req, up)
+                    _routing_said(span, rt, req, picked)
             if up is None:
                 if req.tried:
                     raise Refused(
@@ -64,6 +66,7 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                 await _wait_for_replica(rt, req, chain)
                 continue
             req.model = up.model
+            metrics.series(up.model).routed(picked.how)
             try:
                 return await proxy(rt, req, up, send)
             except Unreachable as exc:
@@ -85,15 +88,13 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
         watcher.cancel()
 
 
-def _routing_said(span, rt: State, req: Request, up) -> None:
-    """The replica chosen, and why: the fewest requests in flight for its weight among the
-    ready ones, a fallback's, or none."""
-    if up is None:
+def _routing_said(span, rt: State, req: Request, picked: Picked | None) -> None:
+    """The replica chosen, and why (`routing_why`), a fallback's, or none."""
+    if picked is None:
         why = "no replica ready" + (f" untried ({len(req.tried)} tried)" if req.tried else "")
     else:
-        ready = len(rt.tables.upstreams.get(up.model, ()))
-        inflight = rt.inflight.get(up.replica_id, 0)
-        why = f"fewest requests in flight ({inflight}) of {ready} ready"
+        up = picked.up
+        why = routing_why(picked, len(rt.tables.upstreams.get(up.model, ())))
         if up.model != req.model:
             why = f"a fallback of {req.model}: {why}"
         if req.tried:
@@ -101,11 +102,29 @@ def _routing_said(span, rt: State, req: Request, up) -> None:
     tracing.said(
         span,
         **{
-            "llmgw.replica": up.replica_id if up else None,
-            "llmgw.model": up.model if up else req.model,
+            "llmgw.replica": picked.up.replica_id if picked else None,
+            "llmgw.model": picked.up.model if picked else req.model,
+            "llmgw.routing": picked.how if picked else None,
             "llmgw.why": why,
         },
     )
+
+
+def routing_why(picked: Picked, ready: int) -> str:
+    """Why a replica was chosen, in words, with the figures."""
+    of = f"{picked.inflight} in flight, of {ready} ready"
+    if picked.how == "prefix":
+        return f"it served {picked.depth} of the {picked.blocks} leading blocks of this prompt lately ({of})"
+    if picked.how == "imbalance":
+        return (
+            f"fewest requests in flight ({of}): the replica holding this prompt's prefix "
+            "is busier than the imbalance allowed"
+        )
+    if picked.how == "round_robin":
+        return f"next in turn ({of})"
+    if picked.how == "suspect":
+        return f"only replicas refusing connections lately were left ({of})"
+    return f"fewest requests in flight ({picked.inflight}) of {ready} ready"
 
 
 async def _wait_for_replica(rt: State, req: Request, chain: list[str]) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -17,6 +18,7 @@ from channels.db import database_sync_to_async
 
 from llmgw.gateway.answers import bad_key, no_key, unknown_model
 from llmgw.gateway.limits import Limiter, LocalCounters, RedisCounters
+from llmgw.gateway.prefixes import PrefixTable, block_hashes, choose, prompt_text
 from llmgw.gateway.tables import Key, Tables, Upstream
 from llmgw.gateway.usage import UsageBook
 
@@ -50,9 +52,32 @@ class Request:
     recorded: bool = False  # its usage is counted: once, whichever way it ended
     events: int = 0  # server-sent events passed on: tokens, about, when no usage came
     replica: str = ""  # the replica answering it, told to the caller (X-Llmgw-Replica)
+    _prefix: list[int] | None = None
+
+    @property
+    def prefix(self) -> list[int]:
+        """The chained hashes of its prompt's leading blocks (`prefixes.block_hashes`),
+        worked out once; none for a request with no prompt to cache."""
+        if self._prefix is None:
+            text = prompt_text(self.endpoint, self.body)
+            self._prefix = block_hashes(text) if text else []
+        return self._prefix
 
     def replica_header(self) -> list[tuple[bytes, bytes]]:
         return [(b"x-llmgw-replica", self.replica.encode())] if self.replica else []
+
+
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """A replica chosen for a request, and how: `prefix` (it holds `depth` of the prompt's
+    `blocks` leading blocks), `imbalance` (the holder was too loaded), `least_loaded`,
+    `round_robin`, or `suspect` (only replicas recently refusing were left)."""
+
+    up: Upstream
+    how: str
+    depth: int = 0
+    blocks: int = 0
+    inflight: int = 0  # requests it had in flight before this one
 
 
 class State:
@@ -72,6 +97,7 @@ class State:
         self.inflight: dict[str, int] = {}
         self.suspect: dict[str, float] = {}
         self.turn = 0
+        self.prefixes: dict[str, PrefixTable] = {}  # per model, what its replicas served lately
         self.asked: dict[str, float] = {}  # on-demand model -> when the reconciler was last told
         self.session: aiohttp.ClientSession | None = None
         self._digests: dict[str, str] = {}
@@ -131,28 +157,43 @@ class State:
             return key
         return self.tables.keys.get(digest)
 
-    def pick(self, model: str, tried: set[str]) -> Upstream | None:
-        """The ready replica with the fewest requests in flight for its weight; replicas
-        tried already, or recently refusing connections, only when nothing else is left."""
+    def pick(self, model: str, tried: set[str], prefix: Sequence[int] = ()) -> Picked | None:
+        """A ready replica of `model` for a request whose prompt's leading blocks hash to
+        `prefix` (`prefixes.block_hashes`), by its profiles' routing: the one holding the
+        longest prefix unless it is too loaded (`prefixes.choose`), the least loaded, or
+        the next in turn. Replicas tried already, or recently refusing connections, only
+        when nothing else is left."""
         ups = self.tables.upstreams.get(model)
         if not ups:
             return None
         now = time.monotonic()
-        best, best_score, fallback = None, None, None
         n = len(ups)
         self.turn += 1
         start = self.turn % n  # ties go round, so one request at a time spreads too
-        for i in range(n):
-            u = ups[(start + i) % n]
-            if u.replica_id in tried:
-                continue
-            if self.suspect.get(u.replica_id, 0) > now:
-                fallback = fallback or u
-                continue
-            score = (self.inflight.get(u.replica_id, 0) + 1) / u.weight
-            if best_score is None or score < best_score:
-                best, best_score = u, score
-        return best or fallback
+        rotated = [ups[(start + i) % n] for i in range(n)]
+        candidates = [u for u in rotated if u.replica_id not in tried]
+        fresh = [u for u in candidates if self.suspect.get(u.replica_id, 0) <= now]
+        if not fresh:
+            return Picked(candidates[0], "suspect") if candidates else None
+        inflight = self.inflight
+        loads = [(inflight.get(u.replica_id, 0) + 1) / u.weight for u in fresh]
+        routings = {u.routing for u in fresh}
+        if routings == {"round_robin"}:
+            return Picked(fresh[0], "round_robin", inflight=inflight.get(fresh[0].replica_id, 0))
+        table = None
+        depths = [0] * len(fresh)
+        if prefix and "prefix" in routings:
+            table = self.prefixes.get(model)
+            if table is None:
+                table = self.prefixes[model] = PrefixTable(self.cfg.routing.prefix_blocks)
+            held = table.depths(prefix, (u.replica_id for u in fresh if u.routing == "prefix"))
+            depths = [held.get(u.replica_id, 0) for u in fresh]
+        choice = choose(loads, depths, self.cfg.routing.imbalance)
+        up = fresh[choice.index]
+        if table is not None and up.routing == "prefix":
+            table.served(prefix, up.replica_id)
+        held = inflight.get(up.replica_id, 0)
+        return Picked(up, choice.how, choice.depth, len(prefix), held)
 
     def chain(self, model: str) -> list[str]:
         """The model, then its fallbacks in order, then theirs: each once."""

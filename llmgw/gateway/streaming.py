@@ -33,10 +33,13 @@ def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) ->
     if req.recorded:
         return
     req.recorded = True
-    prompt = completion = 0
+    prompt = completion = cached = 0
     if isinstance(usage, dict):
         prompt = _tokens(usage.get("prompt_tokens"))
         completion = _tokens(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):  # OpenAI's, vLLM's and llama.cpp's place for it
+            cached = min(_tokens(details.get("cached_tokens")), prompt)
     elif req.events:
         # A stream that ended before its usage (cut, or the caller hung up): each event
         # passed on carried about a token, and they count against the token limits.
@@ -56,6 +59,8 @@ def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) ->
         s = metrics.series(req.model)
         s.prompt.inc(prompt)
         s.completion.inc(completion)
+        if cached:
+            s.cached.inc(cached)
         _, _, tokens = Limiter.checks(req.key, rt.tables.limits)
         rt.limiter.spent(tokens, prompt + completion, now)
 

@@ -43,6 +43,7 @@ class Upstream:
     url: str
     authorization: str
     weight: int
+    routing: str = "least_loaded"  # its profile's (catalog.domain.Profile.routes_by)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ def build_routes(
         elif r.state == "ready" and r.endpoint and not r.unhealthy:
             profile = spec.profile(r.profile)
             weight = profile.weight if profile is not None else 1
+            routing = profile.routes_by if profile is not None else "least_loaded"
             if weight > 0:  # a profile weighted 0 takes no traffic
                 ready.append(
                     Upstream(
@@ -139,6 +141,7 @@ def build_routes(
                         url=r.endpoint.rstrip("/"),
                         authorization=f"Bearer {key_of(r.id)}",
                         weight=weight,
+                        routing=routing,
                     )
                 )
     return tuple(sorted(ready, key=lambda u: u.replica_id)), starting

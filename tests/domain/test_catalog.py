@@ -451,3 +451,28 @@ def test_a_gpu_model_needs_no_host_memory_figure():
 def test_a_model_of_several_profiles_is_not_judged_on_one_measurement():
     m = parse_model({"name": "m", "profiles": [cpu(min_memory_gb=6), gpu(min_memory_gb=6)]})
     assert reservation_warnings(m, measured_memory_gb=20) == []
+
+
+# Routing
+
+
+def test_routing_defaults_to_prefix_where_the_engine_caches_prefixes():
+    assert parse_profile(gpu(), model="m").routes_by == "prefix"
+    assert parse_profile(cpu(), model="m").routes_by == "prefix"
+    assert parse_profile({"name": "s", "engine": "sim"}, model="m").routes_by == "least_loaded"
+    assert parse_profile(gpu(routing="least_loaded"), model="m").routes_by == "least_loaded"
+
+
+def test_an_unknown_routing_is_refused_with_the_choices():
+    refused(
+        a_model(profiles=[gpu(routing="fastest")]),
+        "routing must be one of prefix, least_loaded, round_robin",
+    )
+
+
+def test_changing_routing_restarts_nothing():
+    # The gateway's, not the engine's: a replica started before is not outdated.
+    assert (
+        parse_profile(gpu(routing="round_robin"), model="m").fingerprint()
+        == parse_profile(gpu(), model="m").fingerprint()
+    )
