@@ -2,9 +2,10 @@
 
 It stands in for llama-server or vLLM on machines with no GPU and no weights:
 demos, tests and benchmarks. Each request waits for one of `slots` in FIFO
-order, waits `ttft_ms`, then produces a token every `1 / tokens_per_sec`
-seconds. The words come from a small vocabulary seeded by the prompt, so the
-same prompt always gets the same answer.
+order, waits `ttft_ms` (plus, with `prefill_tokens_per_sec`, the prefill of
+the prompt's words its prefix cache lacks), then produces a token every
+`1 / tokens_per_sec` seconds. The words come from a small vocabulary seeded
+by the prompt, so the same prompt always gets the same answer.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw.simcache import PrefixCache, first_token_seconds
+
 API_KEY_ENV = "LLMGW_ENGINE_API_KEY"
 MAX_BODY_BYTES = 1024 * 1024
 _WORDS = "the a of and to in is it that was for on are with as be at by this from or have an they"
@@ -51,6 +54,9 @@ class SimConfig:
     threads: int = 0
     embedding_dim: int = 16
     api_key: str | None = None
+    prefill_tokens_per_sec: float = 0.0  # 0: prefill is free, as before the cache was modelled
+    prefix_cache_tokens: int = 32768  # 0 turns the cache off
+    prefix_block_tokens: int = 16  # vLLM's block size
 
 
 class BadRequest(Exception):
@@ -106,13 +112,31 @@ class Slots:
 
 
 class Engine:
-    """The state the handlers share: config, slots and a request counter."""
+    """The state the handlers share: config, slots, the prefix cache and counters."""
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.slots = Slots(config.slots)
+        self.cache = PrefixCache(config.prefix_cache_tokens, config.prefix_block_tokens)
         self.requests_total = 0
+        self.prompt_tokens_total = 0
+        self.prompt_tokens_cached_total = 0
+        self.prefix_cache_hits_total = 0
         self.created = int(time.time())
+
+    def prefill(self, tokens: list[str], prompt_tokens: int) -> int:
+        """Look the prompt up in the prefix cache and count it; returns the cached tokens.
+
+        The last prompt token is always computed, as vLLM and llama-server do
+        (its logits give the first answer token), so an exact repeat is cached
+        up to the last whole block before it.
+        """
+        cached = self.cache.lookup(tokens[:-1])
+        self.prompt_tokens_total += prompt_tokens
+        self.prompt_tokens_cached_total += cached
+        if cached:
+            self.prefix_cache_hits_total += 1
+        return cached
 
 
 ENGINE = web.AppKey("engine", Engine)
@@ -252,6 +276,30 @@ async def metrics(request: web.Request) -> web.Response:
         ("requests_waiting", "gauge", "Requests queued for a slot.", slots.waiting),
         ("kv_cache_usage_perc", "gauge", "Share of slots in use.", slots.running / slots.size),
         ("requests_total", "counter", "Inference requests accepted.", engine.requests_total),
+        (
+            "prompt_tokens_total",
+            "counter",
+            "Prompt tokens of chat and completion requests prefilled.",
+            engine.prompt_tokens_total,
+        ),
+        (
+            "prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens found in the prefix cache.",
+            engine.prompt_tokens_cached_total,
+        ),
+        (
+            "prefix_cache_hits_total",
+            "counter",
+            "Requests with at least one cached prefix block.",
+            engine.prefix_cache_hits_total,
+        ),
+        (
+            "prefix_cache_tokens",
+            "gauge",
+            "Tokens the prefix cache holds.",
+            engine.cache.held_tokens,
+        ),
     ]
     lines = []
     for name, kind, help_text, value in series:
@@ -278,7 +326,10 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
     """POST /v1/chat/completions or /v1/completions: wait for a slot, then answer.
 
     The answer is streamed as server-sent events or sent whole at the time the
-    last token would have been streamed.
+    last token would have been streamed. The prompt's words are looked up in
+    the prefix cache once the slot is held, and the prompt and the answer are
+    cached when the answer is done: vLLM and llama-server keep what they
+    generated too, so a next turn that repeats the answer hits.
     """
     body = await read_body(request)
     engine = request.app[ENGINE]
@@ -301,8 +352,7 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
     tokens = (w if i == 0 else " " + w for i, w in enumerate(words))
     # A limit the client chose was reached; under the default the "model" chose to stop.
     finish = "length" if limited else "stop"
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count}
-    usage["total_tokens"] = prompt_tokens + count
+    prompt_words = prompt.split()
     model = body.get("model")
     meta = {
         "id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
@@ -310,7 +360,6 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
         "created": int(time.time()),
         "model": model if isinstance(model, str) else engine.config.model,
     }
-    first = engine.config.ttft_ms / 1000.0
     step = 1.0 / engine.config.tokens_per_sec
 
     def chunk(content: str | None, reason: str | None = None, **delta: Any) -> dict[str, Any]:
@@ -322,10 +371,28 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
             choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": reason}
         return meta | {"choices": [choice]}
 
+    def remember() -> None:
+        # The cache reads only what it can hold, so even a huge answer costs little.
+        answer_words = itertools.islice(generate_words(prompt), count)
+        engine.cache.insert(itertools.chain(prompt_words, answer_words))
+
     async with engine.slots.hold():
         start = asyncio.get_running_loop().time()
+        cached = engine.prefill(prompt_words, prompt_tokens)
+        first = first_token_seconds(
+            ttft_ms=engine.config.ttft_ms,
+            uncached_tokens=prompt_tokens - cached,
+            prefill_tokens_per_sec=engine.config.prefill_tokens_per_sec,
+        )
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": count,
+            "total_tokens": prompt_tokens + count,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
         if not stream:
             await _sleep_until(start + first + step * max(count - 1, 0))
+            remember()
             text = "".join(tokens)
             if chat:
                 message = {"role": "assistant", "content": text}
@@ -351,6 +418,7 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
             for k, token in enumerate(tokens):
                 await _sleep_until(start + first + k * step)
                 await send(chunk(token))
+            remember()
             await send(chunk(None if chat else "", finish))
             if include_usage:
                 await send(meta | {"choices": [], "usage": usage})
@@ -449,6 +517,14 @@ def main(argv: list[str] | None = None) -> int:
     add("--max-tokens", type=_at_least(0), default=16, help="when a request sets none")
     add("--threads", type=_at_least(0), default=0, help="reserved CPU cores (0: unknown)")
     add("--embedding-dim", type=_at_least(1), default=16)
+    add(
+        "--prefill-tokens-per-sec",
+        type=_at_least(0, float),
+        default=0.0,
+        help="prefill rate of prompt tokens not in the prefix cache (0: prefill is free)",
+    )
+    add("--prefix-cache-tokens", type=_at_least(0), default=32768, help="0 turns the cache off")
+    add("--prefix-block-tokens", type=_at_least(1), default=16, help="tokens per cached block")
     add("--api-key", help=f"for manual use; the agent passes the key in ${API_KEY_ENV}")
     args = vars(parser.parse_args(argv))
     host, port = args.pop("host"), args.pop("port")

@@ -137,7 +137,12 @@ async def test_usage_counts_what_was_generated() -> None:
         answer = await (await client.post(CHAT, json=body)).json()
         content = answer["choices"][0]["message"]["content"]
         assert len(content.split()) == 7
-        assert answer["usage"] == {"prompt_tokens": 4, "completion_tokens": 7, "total_tokens": 11}
+        assert answer["usage"] == {
+            "prompt_tokens": 4,
+            "completion_tokens": 7,
+            "total_tokens": 11,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
         assert answer["choices"][0]["finish_reason"] == "length"
         assert answer["object"] == "chat.completion"
 
@@ -193,6 +198,7 @@ async def test_include_usage_adds_a_final_usage_chunk() -> None:
             "prompt_tokens": 2,
             "completion_tokens": 4,
             "total_tokens": 6,
+            "prompt_tokens_details": {"cached_tokens": 0},
         }
         assert all(c["usage"] is None for c in chunks[:-1])
 
@@ -203,7 +209,12 @@ async def test_completions_stream_and_whole_agree() -> None:
         body = {"model": "sim", "prompt": "once upon a time", "max_tokens": 5}
         whole = await (await client.post("/v1/completions", json=body)).json()
         assert whole["object"] == "text_completion"
-        assert whole["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
+        assert whole["usage"] == {
+            "prompt_tokens": 4,
+            "completion_tokens": 5,
+            "total_tokens": 9,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
         assert whole["choices"][0]["finish_reason"] == "length"
         chunks = await events(await client.post("/v1/completions", json=body | {"stream": True}))
         assert chunks[-1] == "[DONE]"
