@@ -15,6 +15,9 @@ BENCHES = [
     # The console's history at 5,000 nodes: memory, a step's record, the sampler.
     "history.py",
     "gateway.py",
+    # Prefix-aware routing against least-loaded and round-robin: a multi-turn trace over 4
+    # sim replicas, then 2 real llama.cpp replicas when one is built. About 6 minutes.
+    "routing.py",
     # A real llama-server when one is built (llmgw engines build llamacpp); else one line saying so.
     "llamacpp.py",
     # The mirror to an agent against curl; with a llama-server, serve to first token too.

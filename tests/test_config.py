@@ -214,4 +214,4 @@ def test_routing_is_read_from_its_variables(env):
         env | {"LLMGW_ROUTING_IMBALANCE": "0", "LLMGW_ROUTING_PREFIX_BLOCKS": "64"}
     ).routing
     assert (routing.imbalance, routing.prefix_blocks) == (0.0, 64)
-    assert (load(env).routing.imbalance, load(env).routing.prefix_blocks) == (4.0, 16384)
+    assert (load(env).routing.imbalance, load(env).routing.prefix_blocks) == (2.0, 16384)

@@ -73,7 +73,19 @@ RUNTIME = {
             "gpu_class": "h100-80g",
             "tp": 4,
             "min_memory_gb": 32,
-            "args": ["--ttft-ms", "120", "--tokens-per-sec", "45", "--slots", "16"],
+            "args": [
+                "--ttft-ms",
+                "120",
+                "--tokens-per-sec",
+                "45",
+                "--slots",
+                "16",
+                "--prefill-tokens-per-sec",
+                "4000",
+            ],
+            # A conversation's turns stay on the replica holding its prefix (the playground
+            # shows which); the sim engine's own default is by load.
+            "routing": "prefix",
         }
     ],
 }

@@ -126,7 +126,7 @@ class Routing:
 
     # Requests in flight per unit of weight by which the replica holding a prefix may
     # be busier than the least loaded before the least loaded gets the request.
-    imbalance: float = 4.0
+    imbalance: float = 2.0
     # Leading blocks of prompts remembered per model (docs/gateway.md, Routing).
     prefix_blocks: int = 16384
 

@@ -68,7 +68,7 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
             req.model = up.model
             metrics.series(up.model).routed(picked.how)
             try:
-                return await proxy(rt, req, up, send)
+                status = await proxy(rt, req, up, send)
             except Unreachable as exc:
                 log.warning("replica %s of %s unreachable: %s", up.replica_id, up.model, exc)
                 req.tried.add(up.replica_id)
@@ -79,6 +79,10 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                     req.tried.update(
                         u.replica_id for m in chain for u in rt.tables.upstreams.get(m, ())
                     )
+                continue
+            if status == 200:
+                rt.served(up, req.prefix)
+            return status
     except asyncio.CancelledError:
         if gone.is_set():
             main.uncancel()  # ours, not the server's: nothing else should see it

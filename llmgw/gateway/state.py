@@ -160,9 +160,9 @@ class State:
     def pick(self, model: str, tried: set[str], prefix: Sequence[int] = ()) -> Picked | None:
         """A ready replica of `model` for a request whose prompt's leading blocks hash to
         `prefix` (`prefixes.block_hashes`), by its profiles' routing: the one holding the
-        longest prefix unless it is too loaded (`prefixes.choose`), the least loaded, or
-        the next in turn. Replicas tried already, or recently refusing connections, only
-        when nothing else is left."""
+        longest prefix unless it is too loaded (`prefixes.choose`; what each served is
+        told by `served`), the least loaded, or the next in turn. Replicas tried
+        already, or recently refusing connections, only when nothing else is left."""
         ups = self.tables.upstreams.get(model)
         if not ups:
             return None
@@ -180,20 +180,25 @@ class State:
         routings = {u.routing for u in fresh}
         if routings == {"round_robin"}:
             return Picked(fresh[0], "round_robin", inflight=inflight.get(fresh[0].replica_id, 0))
-        table = None
         depths = [0] * len(fresh)
-        if prefix and "prefix" in routings:
-            table = self.prefixes.get(model)
-            if table is None:
-                table = self.prefixes[model] = PrefixTable(self.cfg.routing.prefix_blocks)
+        table = self.prefixes.get(model)
+        if prefix and table is not None and "prefix" in routings:
             held = table.depths(prefix, (u.replica_id for u in fresh if u.routing == "prefix"))
             depths = [held.get(u.replica_id, 0) for u in fresh]
         choice = choose(loads, depths, self.cfg.routing.imbalance)
         up = fresh[choice.index]
-        if table is not None and up.routing == "prefix":
-            table.served(prefix, up.replica_id)
         held = inflight.get(up.replica_id, 0)
         return Picked(up, choice.how, choice.depth, len(prefix), held)
+
+    def served(self, up: Upstream, prefix: Sequence[int]) -> None:
+        """`up` answered a request whose prompt's leading blocks hash to `prefix`: its engine
+        holds them now. Not before it answered: a request sent while the first is still
+        filling the engine's cache would find nothing there, only a busier replica."""
+        if prefix and up.routing == "prefix":
+            table = self.prefixes.get(up.model)
+            if table is None:
+                table = self.prefixes[up.model] = PrefixTable(self.cfg.routing.prefix_blocks)
+            table.served(prefix, up.replica_id)
 
     def chain(self, model: str) -> list[str]:
         """The model, then its fallbacks in order, then theirs: each once."""

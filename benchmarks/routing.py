@@ -1,0 +1,306 @@
+"""Prefix-aware routing against routing by load and in turn, on a multi-turn trace.
+
+Everything is a real process on 127.0.0.1, in a temporary LLMGW_HOME, stopped at the end:
+an embedded `llmgw serve` and one `llmgw agent` (a CPU node). Two setups, one after the
+other:
+
+- **sim**: a model with 4 replicas of `llmgw sim-engine` modelling a prefix cache
+  (`--prefix-cache-tokens`, LRU of 16-token blocks) and prefill time
+  (`--prefill-tokens-per-sec`): a prompt's time to first token is its uncached tokens
+  over that rate, as on an engine with automatic prefix caching;
+- **llamacpp**: a model with 2 replicas of a real `llama-server` (Gemma 3 270M Q4_K_M on
+  the CPU, one thread each, two slots, its own prompt cache), when one is built
+  (`llmgw engines build llamacpp`); else one line saying so.
+
+The trace, for each routing in turn (`prefix`, `least_loaded`, `round_robin`, set on the
+model's profile over REST: routing restarts nothing, so the same replicas serve all
+three), after a warm-up that is not measured: SESSIONS conversations, CONCURRENCY at
+once, each of TURNS turns sharing one long system prompt; each turn repeats the
+conversation so far (the earlier questions and the engine's answers) and asks a new
+question, 0.5 to 1.5 s after the last answer (the person reading and writing), streamed
+through the gateway with the official `openai` client. Each routing gets a system prompt
+and questions of its own, of the same lengths, so what one left in the engines' caches
+does not help the next. The sim engines' caches hold about 6 of the 16 conversations
+going on at once; each llama-server has 2 slots for the 4 going on at once.
+
+Figures per setup and routing: time to first token p50 and p95 (the client's, to the
+first content chunk), the share of prompt tokens the engines found cached (their
+`usage.prompt_tokens_details.cached_tokens`), requests per replica (the
+`X-Llmgw-Replica` header) as the busiest over the mean; and prefix's TTFT p50 as a share
+lower than least_loaded's and round_robin's. Aim (issue 16): ≥ 30 % lower than
+least_loaded, no replica above 1.5 × the mean.
+
+BENCH_ROUTING_SESSIONS, BENCH_ROUTING_TURNS, BENCH_ROUTING_CONCURRENCY scale the sim
+trace; BENCH_ROUTING_SIM=0 leaves the sim engines out, BENCH_ROUTING_LLAMACPP=0 the real
+ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.harness import Cluster, gateway_key, gateway_project, wait_for  # noqa: E402
+from tests.e2e.real_engines import gemma_gguf, llama_server  # noqa: E402
+
+ROUTINGS = ("prefix", "least_loaded", "round_robin")
+SIM = {
+    "replicas": 4,
+    "sessions": int(os.environ.get("BENCH_ROUTING_SESSIONS", 48)),
+    "turns": int(os.environ.get("BENCH_ROUTING_TURNS", 4)),
+    "concurrency": int(os.environ.get("BENCH_ROUTING_CONCURRENCY", 16)),
+    "system_words": 1000,
+    "question_words": 200,
+    "max_tokens": 100,
+    "think_s": (0.5, 1.5),
+}
+# A GPU's order of prefill, decode slowed to what 2 cores of sim engines keep up with, and
+# a cache holding about 6 conversations of the 16 going on at once: each replica holds its
+# share of them when they stay put, and not all of them when they are scattered.
+SIM_ARGS = [
+    "--prefill-tokens-per-sec", "10000", "--prefix-cache-tokens", "8192",
+    "--ttft-ms", "5", "--tokens-per-sec", "400", "--slots", "4",
+]  # fmt: skip
+LLAMACPP = {
+    "replicas": 2,
+    "sessions": 8,
+    "turns": 3,
+    "concurrency": 4,
+    "system_words": 300,
+    "question_words": 80,
+    "max_tokens": 32,
+    "think_s": (0.5, 1.5),
+}
+WORDS = [
+    "cluster",
+    "node",
+    "replica",
+    "engine",
+    "token",
+    "cache",
+    "prompt",
+    "memory",
+    "tensor",
+    "kernel",
+    "rack",
+    "power",
+    "budget",
+    "fabric",
+    "switch",
+    "queue",
+    "batch",
+    "latency",
+    "throughput",
+    "schedule",
+    "placement",
+    "weight",
+    "model",
+    "shard",
+    "slot",
+    "context",
+    "window",
+    "prefix",
+    "block",
+    "hash",
+    "route",
+    "load",
+    "balance",
+    "gateway",
+    "tenant",
+    "quota",
+]
+
+
+def _emit(setup: str, figure: str, value, unit: str, scale: dict, **extra) -> None:
+    line = {"bench": "routing", "setup": setup, "figure": figure, "value": value, "unit": unit}
+    print(json.dumps({**line, **extra, "scale": scale}), flush=True)
+
+
+def _load1() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+async def _turn(client, model: str, messages: list[dict], max_tokens: int) -> dict:
+    """One streamed turn: the client's time to first content, the usage, who served it."""
+    started = time.perf_counter()
+    first = None
+    parts: list[str] = []
+    usage = None
+    raw = await client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    replica = raw.headers.get("x-llmgw-replica", "")
+    async for chunk in raw.parse():
+        if chunk.choices and chunk.choices[0].delta.content:
+            if first is None:
+                first = time.perf_counter() - started
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = (getattr(details, "cached_tokens", None) or 0) if details else 0
+    return {
+        "ttft": first if first is not None else time.perf_counter() - started,
+        "answer": "".join(parts),
+        "prompt": usage.prompt_tokens if usage else 0,
+        "cached": cached,
+        "replica": replica,
+    }
+
+
+async def _trace(url: str, secret: str, model: str, shape: dict, seed: int) -> list[dict]:
+    from openai import AsyncOpenAI
+
+    rng = random.Random(seed)
+    system = _text(rng, shape["system_words"])
+    sessions = [
+        [_text(rng, shape["question_words"]) for _ in range(shape["turns"])]
+        for _ in range(shape["sessions"])
+    ]
+    pace = random.Random(seed + 100)
+    results: list[dict] = []
+    gate = asyncio.Semaphore(shape["concurrency"])
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key=secret, max_retries=0, timeout=300)
+
+    async def conversation(questions: list[str]) -> None:
+        async with gate:
+            messages = [{"role": "system", "content": system}]
+            for turn, q in enumerate(questions):
+                if turn:  # the person reads the answer and writes the next question
+                    await asyncio.sleep(pace.uniform(*shape["think_s"]))
+                messages.append({"role": "user", "content": q})
+                done = await _turn(client, model, messages, shape["max_tokens"])
+                messages.append({"role": "assistant", "content": done["answer"]})
+                results.append({**done, "turn": turn})
+
+    try:
+        await asyncio.gather(*(conversation(q) for q in sessions))
+    finally:
+        await client.close()
+    return results
+
+
+def _routing_set(cluster: Cluster, model: dict, routing: str) -> None:
+    """The model's profile routed by `routing`, and the gateway's tables showing it."""
+    body = {**model, "profiles": [{**model["profiles"][0], "routing": routing}]}
+    r = cluster.client.put(f"/models/{model['name']}", json=body)
+    assert r.status_code == 200, f"PUT /models/{model['name']}: {r.status_code} {r.text}"
+    time.sleep(3)  # the gateway reads its tables every second; a catalog change rebuilds them
+
+
+def _figures(setup: str, results: dict[str, list[dict]], scale: dict) -> None:
+    p50 = {}
+    for routing, rs in results.items():
+        ttft = sorted(r["ttft"] * 1000 for r in rs)
+        p50[routing] = statistics.median(ttft)
+        p95 = ttft[min(len(ttft) - 1, int(len(ttft) * 0.95))]
+        prompt = sum(r["prompt"] for r in rs)
+        served: dict[str, int] = {}
+        for r in rs:
+            served[r["replica"]] = served.get(r["replica"], 0) + 1
+        mean = len(rs) / scale["replicas"]
+        of = {"routing": routing, "requests": len(rs)}
+        _emit(setup, "ttft_p50", round(p50[routing], 1), "ms", scale, **of)
+        _emit(setup, "ttft_p95", round(p95, 1), "ms", scale, **of)
+        share = sum(r["cached"] for r in rs) / prompt if prompt else None
+        _emit(setup, "prompt_tokens_cached", round(share, 3) if share is not None else None,
+              "share", scale, **of)  # fmt: skip
+        _emit(setup, "busiest_replica_over_mean", round(max(served.values()) / mean, 2),
+              "ratio", scale, **of, served=dict(sorted(served.items())))  # fmt: skip
+    for other in ("least_loaded", "round_robin"):
+        _emit(setup, f"prefix_ttft_p50_lower_than_{other}",
+              round(1 - p50["prefix"] / p50[other], 3), "share", scale)  # fmt: skip
+
+
+def _run(cluster: Cluster, setup: str, model: dict, shape: dict, extra_scale: dict) -> None:
+    cluster.post("/models", model)
+    wait_for(
+        f"{shape['replicas']} replicas of {model['name']}",
+        lambda: len(cluster.ready_replicas(model["name"])) == shape["replicas"],
+        timeout=600,
+        every=0.5,
+    )
+    project = gateway_project(cluster, f"bench-{setup}")
+    secret = gateway_key(cluster, project, "routing")["secret"]
+    scale = {**{k: v for k, v in shape.items()}, **extra_scale, "load1_before": _load1(),
+             "cpus": len(os.sched_getaffinity(0))}  # fmt: skip
+    # A warm-up, not measured: the engines' first requests and the client's first
+    # connections would otherwise slow whichever routing goes first.
+    warm = {**shape, "sessions": shape["concurrency"], "turns": 1}
+    asyncio.run(_trace(cluster.url, secret, model["name"], warm, 99))
+    results = {}
+    for i, routing in enumerate(ROUTINGS):
+        _routing_set(cluster, model, routing)
+        results[routing] = asyncio.run(_trace(cluster.url, secret, model["name"], shape, i))
+    scale["load1_after"] = _load1()
+    _figures(setup, results, scale)
+
+
+def _sim(cluster: Cluster) -> None:
+    sim = {
+        "name": "routing-sim", "source": "hf://bench/routing", "scaling": {"min": SIM["replicas"]},
+        "profiles": [{"name": "cpu", "engine": "sim", "cpu_cores": 1, "min_memory_gb": 1,
+                      "args": SIM_ARGS}],
+    }  # fmt: skip
+    _run(cluster, "sim", sim, SIM, {"sim_args": " ".join(SIM_ARGS)})
+    cluster.client.delete("/models/routing-sim")
+
+
+def main() -> int:
+    home = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-"))
+    cluster = Cluster(home, production=False)
+    try:
+        cluster.start_server()
+        cluster.start_agent("cpu-sim", "--cpus", "8", "--memory-gb", "32", port_range="35000-35099")
+        wait_for("the node", lambda: [n["state"] for n in cluster.get("/nodes")] == ["ready"])
+        if os.environ.get("BENCH_ROUTING_SIM", "1") != "0":
+            _sim(cluster)
+        binary, why = llama_server()
+        if os.environ.get("BENCH_ROUTING_LLAMACPP", "1") == "0" or binary is None:
+            skipped = why or "BENCH_ROUTING_LLAMACPP=0"
+            print(json.dumps({"bench": "routing", "setup": "llamacpp", "skipped": skipped}))
+            return 0
+        cluster.start_agent(
+            "cpu-real", "--llama-server", str(binary), "--cpus", "2", "--memory-gb", "8",
+            "--labels", "engine=llamacpp", port_range="35100-35199",
+        )  # fmt: skip
+        wait_for("the llama.cpp node", lambda: len(cluster.get("/nodes")) == 2)
+        real = {
+            "name": "routing-gemma", "source": str(gemma_gguf()),
+            "scaling": {"min": LLAMACPP["replicas"]},
+            "profiles": [{"name": "cpu", "engine": "llamacpp", "cpu_cores": 1, "min_memory_gb": 2,
+                          "node_selector": {"engine": "llamacpp"}, "startup_timeout": 300,
+                          "args": ["--ctx-size", "8192", "--parallel", "2", "--threads", "1"]}],
+        }  # fmt: skip
+        _run(cluster, "llamacpp", real, LLAMACPP, {"model": "gemma-3-270m Q4_K_M"})
+    except httpx.HTTPError as exc:
+        print(json.dumps({"bench": "routing", "failed": str(exc)}), flush=True)
+        return 1
+    finally:
+        cluster.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
