@@ -68,7 +68,10 @@ MODELS = [
     _model("lazy", scaling={"min": 0, "max": 1}),
     _model("nowhere", gpu_class=NOBODYS_GPU, scaling={"min": 0, "max": 1}),
     _model("late", gpu_class="l40s-48g", scaling={"min": 1}),  # on the node gpu-late
+    # Routed by prefix, with the sim engine's prefix cache (on by default) counted.
+    _model("sessions", scaling={"min": 2}),
 ]
+MODELS[-1]["profiles"][0]["routing"] = "prefix"
 HELLO = [{"role": "user", "content": "hello there"}]
 # `llmgw sim-engine`, but a streamed body ends 0.3 s after its last event (`data: [DONE]`).
 LATE_ENDING_ENGINE = """
@@ -632,3 +635,41 @@ def test_ctl_bench_ramps_through_the_gateway_and_saves_what_a_replica_served(sit
     saved = [m for m in cluster.get("/capacity") if m["model"] == "chat"]
     assert [(m["profile"], m["max_concurrency"]) for m in saved] == [("one", 2)]
     assert saved[0]["tok_per_sec"] > 0
+
+
+def test_a_conversations_turns_go_to_the_replica_holding_its_prefix(site):
+    wait_for(
+        "2 ready replicas of sessions", lambda: len(site.cluster.ready_replicas("sessions")) == 2
+    )
+    client = site.client()
+    system = {"role": "system", "content": "You answer briefly about GPU clusters. " * 40}
+    served, cached = [], []
+    for topic in ("NVLink", "HBM", "PCIe", "InfiniBand"):
+        messages, turns = [system], []
+        for part in range(3):
+            messages.append(
+                {"role": "user", "content": f"Tell me about {topic}, part {part}. " * 8}
+            )
+            raw = client.chat.completions.with_raw_response.create(
+                model="sessions", messages=messages, max_tokens=6
+            )
+            answer = raw.parse()
+            turns.append(raw.headers["x-llmgw-replica"])
+            cached.append(answer.usage.prompt_tokens_details.cached_tokens)
+            messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+        served.append(turns)
+    assert all(len(set(turns)) == 1 for turns in served), served
+    # Every turn after a conversation's first found its history in the engine's cache.
+    later = [c for i, c in enumerate(cached) if i % 3]
+    assert all(c > 0 for c in later), cached
+
+    def routed(how: str) -> float:
+        text = httpx.get(f"{site.cluster.url}/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            if family.name == "llmgw_gateway_routed":
+                for sample in family.samples:
+                    if sample.labels == {"model": "sessions", "how": how}:
+                        return sample.value
+        return 0.0
+
+    wait_for("the routed requests counted", lambda: routed("prefix") >= 11)
