@@ -21,18 +21,23 @@ MAX_BLOCKS = 256  # the first 64 KiB of a prompt name its prefix; the rest is no
 HOLDERS = 4  # replicas remembered per block, the most recent last
 
 
-def prompt_text(endpoint: str, body: Mapping) -> str | None:
-    """The text an engine would see first, in the order it sees it; None for a request
-    with no prompt to cache (embeddings, or a body that names none)."""
+def prompt_text(endpoint: str, body: Mapping, most: int = BLOCK_CHARS * MAX_BLOCKS) -> str | None:
+    """The text an engine would see first, in the order it sees it, read as far as the
+    first message that takes it past `most` characters; None for a request with no
+    prompt to cache (embeddings, or a body that names none)."""
     if endpoint == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list):
             return None
         parts = []
+        length = 0
         tools = body.get("tools")
         if tools:  # chat templates put the tools before the system prompt
             parts.append(json.dumps(tools, sort_keys=True, default=str))
+            length = len(parts[0])
         for m in messages:
+            if length >= most:
+                break
             if not isinstance(m, dict):
                 return None
             content = m.get("content")
@@ -46,6 +51,7 @@ def prompt_text(endpoint: str, body: Mapping) -> str | None:
             elif not isinstance(content, str):
                 content = "" if content is None else json.dumps(content, default=str)
             parts.append(f"{m.get('role')}\x1f{content}\x1e")
+            length += len(parts[-1])
         return "".join(parts)
     if endpoint == "completion":
         prompt = body.get("prompt")

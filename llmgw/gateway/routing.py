@@ -118,7 +118,10 @@ def routing_why(picked: Picked, ready: int) -> str:
     """Why a replica was chosen, in words, with the figures."""
     of = f"{picked.inflight} in flight, of {ready} ready"
     if picked.how == "prefix":
-        return f"it served {picked.depth} of the {picked.blocks} leading blocks of this prompt lately ({of})"
+        return (
+            f"it served {picked.depth} of the {picked.blocks} leading blocks of this prompt "
+            f"lately ({of})"
+        )
     if picked.how == "imbalance":
         return (
             f"fewest requests in flight ({of}): the replica holding this prompt's prefix "

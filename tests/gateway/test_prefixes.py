@@ -190,3 +190,12 @@ def test_nothing_grows_without_bound(capacity, served):
         for p in prompts:
             kept = [h in t._blocks for h in p]
             assert kept == sorted(kept, reverse=True)
+
+
+def test_a_prompt_is_read_only_as_far_as_its_prefix_can_reach():
+    body = chat("x" * (BLOCK_CHARS * MAX_BLOCKS), "never read", "nor this")
+    text = prompt_text("chat", body)
+    assert "never read" not in text
+    assert block_hashes(text) == block_hashes(
+        prompt_text("chat", chat("x" * (BLOCK_CHARS * MAX_BLOCKS)))
+    )
