@@ -9,7 +9,7 @@ from django.contrib import admin
 
 from catalog.admin import ViewOnly
 
-from .models import Gpu, Node, Replica, Shard
+from .models import Gpu, Node, PowerBudget, Replica, Shard
 
 
 class GpuInline(ViewOnly, admin.TabularInline):
@@ -89,3 +89,14 @@ class ReplicaAdmin(ViewOnly, admin.ModelAdmin):
     @admin.display(description="nodes")
     def nodes(self, obj) -> str:
         return ", ".join(s.node_id for s in obj.shards.all()) or "-"
+
+
+@admin.register(PowerBudget)
+class PowerBudgetAdmin(ViewOnly, admin.ModelAdmin):
+    description = (
+        "View only: set and clear budgets with llmgw ctl facility or the REST API "
+        "(/api/v1/facility/budgets), which check them and record who did it."
+    )
+    list_display = ["kind", "name", "watts", "updated_by", "updated_at"]
+    list_filter = ["kind"]
+    search_fields = ["name"]

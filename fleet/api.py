@@ -12,15 +12,28 @@ from llmgw.core.api import actor
 from llmgw.core.errors import Invalid
 from tenancy.auth import can
 
-from . import dry_runs, event_log, identity, listings, logs, selectors, services, upgrades
+from . import (
+    dry_runs,
+    event_log,
+    facility,
+    identity,
+    listings,
+    logs,
+    selectors,
+    services,
+    upgrades,
+)
 from .dispatch import dispatch, node_disconnect
 from .reconciler import reconcile_once
 from .schemas import (
     DetailOut,
     EngineLogOut,
     EventsOut,
+    FacilityDomainOut,
     HeadroomOut,
     NodeOut,
+    PowerBudgetIn,
+    PowerBudgetOut,
     PreemptionOut,
     ReconcileOut,
     ReconcilerOut,
@@ -175,3 +188,29 @@ def reconciler_get(request):
     from llmgw.core import clock as clock_
 
     return selectors.reconciler_status(now=clock_.now())
+
+
+@router.get("/facility", response=list[FacilityDomainOut], auth=can("fleet.view_powerbudget"))
+def facility_list(request):
+    """Every rack and PDU the nodes' labels or a budget name: its nodes, GPUs, what the GPUs
+    held there draw, and its budget."""
+    held = facility.held_gpus(selectors.replica_views())
+    return [d.as_dict() for d in facility.facility_domains(held)]
+
+
+@router.put("/facility/budgets", response=PowerBudgetOut, auth=can("fleet.change_powerbudget"))
+def power_budget_set(request, payload: PowerBudgetIn):
+    """Set the most a rack or PDU may draw, in watts; the next reconciler pass places by it."""
+    return services.power_budget_set(
+        kind=payload.kind, name=payload.name, watts=payload.watts, actor=actor(request)
+    )
+
+
+@router.delete(
+    "/facility/budgets/{kind}/{name}",
+    response=PowerBudgetOut,
+    auth=can("fleet.delete_powerbudget"),
+)
+def power_budget_clear(request, kind: str, name: str):
+    """Remove a rack's or PDU's power budget."""
+    return services.power_budget_clear(kind=kind, name=name, actor=actor(request))

@@ -15,6 +15,7 @@ from llmgw.core.errors import NotFound
 
 from .domain.gpuclass import CLASS_LABEL
 from .domain.reconcile import desired_replicas, held_for
+from .domain.spread import location_of
 from .domain.types import (
     HOLDING,
     ModelState as ModelStateView,
@@ -98,6 +99,7 @@ def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[
         "hostname": node.hostname,
         "state": view_state,
         "labels": node.labels,
+        "location": location_of(node.labels or {}),
         "gpu_total": len(gpus),
         "gpu_free": sum(
             1 for g in gpus if g.healthy and not g.unknown_processes and g.index not in used

@@ -41,6 +41,7 @@ from llmgw.core import clock
 from llmgw.core.outage import Outage
 
 from .engine_installs import install_rows
+from .facility import facility_domains
 from .metrics_models import (
     # Looked up here at each scrape, so that a caller can wrap one family's read.
     model_series as _models,
@@ -100,6 +101,10 @@ def _scrape(now: datetime) -> Scrape:
         _models(scrape, now, catalog)
         quota_series(scrape, catalog, held.models)
         reconciler_series(scrape, now)
+        for d in facility_domains(held.gpus.items()):
+            if d.budget_w is not None:
+                scrape.add("llmgw_domain_power_budget_watts", (d.kind, d.name), d.budget_w)
+            scrape.add("llmgw_domain_power_held_watts", (d.kind, d.name), d.estimated_w)
         for node_id, engine, version, state in install_rows():
             scrape.add("llmgw_node_engine_install", (engine, node_id, state, version), 1)
     series_cache_trim(scrape.series())

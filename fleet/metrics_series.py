@@ -90,6 +90,8 @@ DESCS = (
     Desc("llmgw_capacity_limit", "The most of a resource a part of the tenancy tree may hold.", ("resource", "scope")),
     Desc("llmgw_node_engine_install", "Where installing an engine stands on a node: 1 for the current state "
          "(installing, installed, failed), as its agent last said.", ("engine", "node", "state", "version")),
+    Desc("llmgw_domain_power_budget_watts", "The most a rack or PDU may draw, as an operator set it (llmgw ctl facility set).", ("kind", "name")),
+    Desc("llmgw_domain_power_held_watts", "What the GPUs held by replicas in a rack or PDU draw as placement counts it: per GPU the larger of its power limit and its measured draw.", ("kind", "name")),
     Desc("llmgw_leader", "1 for the process holding the reconciler's lease; it is held only while a pass runs.", ("holder",)),
     Desc("llmgw_reconciler_last_pass_timestamp_seconds", "When the last reconciler pass began, whichever process ran it.", ()),
     Desc("llmgw_reconciler_settling", "1 while the reconciler waits after a start for agents to report before it places anything.", ()),

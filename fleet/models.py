@@ -279,3 +279,29 @@ class EventRecord(models.Model):
 
     def __str__(self) -> str:
         return self.message
+
+
+class PowerBudget(models.Model):
+    """The most a rack or a PDU may draw, in watts, as an operator set it (docs/facility.md).
+
+    `name` is the value of the nodes' `llmgw.io/rack` or `llmgw.io/pdu` label. Placement
+    refuses a replica whose estimated draw would take the rack or PDU past it; a rack or
+    PDU with no row has no budget.
+    """
+
+    KINDS = [("rack", "rack"), ("pdu", "PDU")]
+
+    kind = models.CharField(max_length=8, choices=KINDS)
+    name = models.CharField(max_length=63)
+    watts = models.FloatField()
+    updated_by = models.CharField(max_length=150, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["kind", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "name"], name="power_budget_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}: {self.watts:g} W"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from ninja import Field, Schema
+from pydantic import ConfigDict, StrictFloat, StrictInt, StrictStr
 
 
 class NodeOut(Schema):
@@ -12,6 +13,8 @@ class NodeOut(Schema):
     hostname: str
     state: str
     labels: dict
+    # Where its llmgw.io/zone, llmgw.io/rack and llmgw.io/pdu labels say it is.
+    location: dict[str, str] = {}
     gpu_total: int
     gpu_free: int
     gpu_class: str | None
@@ -172,3 +175,34 @@ class ReleaseOut(Schema):
 
 class UpgradeIn(Schema):
     version: str = Field(description="a release the mirror holds (POST /releases offers one)")
+
+
+class PowerBudgetIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: StrictStr = Field(description="rack or pdu")
+    name: StrictStr = Field(
+        description="the value of the nodes' llmgw.io/rack or llmgw.io/pdu label"
+    )
+    watts: StrictFloat | StrictInt = Field(description="the most it may draw, in watts")
+
+
+class PowerBudgetOut(Schema):
+    kind: str
+    name: str
+    watts: float
+
+
+class FacilityDomainOut(Schema):
+    kind: str
+    name: str
+    nodes: int
+    gpus: int
+    # Per GPU held by a replica, the larger of its power limit and its measured draw.
+    estimated_w: float
+    measured_w: float | None
+    # GPUs held by replicas whose agent reports neither figure: not counted.
+    unknown_gpus: int
+    budget_w: float | None
+    over: bool
+    said: str

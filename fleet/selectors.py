@@ -39,6 +39,7 @@ from .domain.types import (
     Snapshot,
 )
 from .engine_installs import installs_of, with_installable
+from .facility import power_load
 from .models import Gpu, ModelState, Node, Replica, Shard
 from .rows import aware, date_columns, decoded, memoized, raw_values, views_of
 
@@ -385,8 +386,9 @@ def snapshot_load(
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         models = catalog_load()
         replicas = replica_views()
+        nodes = node_views()
         return Snapshot(
-            nodes=node_views(),
+            nodes=nodes,
             models=models,
             replicas=replicas,
             states=model_states(),
@@ -400,6 +402,7 @@ def snapshot_load(
             weights_waiting=(
                 weights_waiting({n: m.source for n, m in models.items()}) if with_weights else {}
             ),
+            power=power_load(nodes),
         )
 
 

@@ -9,6 +9,7 @@ only after that transaction has committed.
 from __future__ import annotations
 
 import logging
+import math
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -16,15 +17,16 @@ from django.db import transaction
 
 from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
-from llmgw.core.errors import NotFound
+from llmgw.core.errors import Invalid, NotFound
 from llmgw.core.secrets import engine_key
 from mirror.selectors import WeightsRef, weights_for_source
 from tenancy.services import audit_record
 
 from .dispatch import Command, stop_command
+from .domain.power import KINDS, MOST_WATTS, name_refusal, watts as watts_said
 from .domain.reconcile import Plan
 from .engine_installs import engine_build
-from .models import ModelState, Node, Replica, Shard
+from .models import ModelState, Node, PowerBudget, Replica, Shard
 from .node_figures import node_figures_refresh
 
 log = logging.getLogger("llmgw.fleet")
@@ -132,7 +134,7 @@ def _record_starts(starts, catalog: dict[str, ModelSpec], now: datetime) -> list
             state="pending",
             state_since=now,
             created_at=now,
-            reason=start.reason,
+            reason=start.reason[:500],
         )
         replicas.append(replica)
         for shard_id, sp in start.shards:
@@ -321,3 +323,67 @@ def replicas_used_mark(*, replica_ids: set[str], now: datetime) -> None:
     """The gateway served these replicas since its last write: an on-demand model's idle
     clock starts again from `now`."""
     Replica.objects.filter(pk__in=replica_ids).update(last_used_at=now)
+
+
+def _budget_key(kind: object, name: object) -> tuple[str, str]:
+    """The (kind, name) of a budget, checked; Invalid with the sentence when it is not one."""
+    if kind not in KINDS:
+        raise Invalid(f"a power budget is for a rack or a pdu, not {kind!r}.")
+    if why := name_refusal(str(kind), name):
+        raise Invalid(why)
+    return str(kind), str(name)
+
+
+def power_budget_set(*, kind: str, name: str, watts: float, actor: str) -> dict:
+    """Set the most a rack or PDU may draw, in watts, replacing what it had; return the
+    budget ({kind, name, watts}). Raises Invalid for an unknown kind, a name that no node
+    label could carry, or watts that are not a positive number of at most 10 MW. The next
+    reconciler pass places against it."""
+    kind, name = _budget_key(kind, name)
+    if (
+        isinstance(watts, bool)
+        or not isinstance(watts, int | float)
+        or not math.isfinite(watts)
+        or not 0 < watts <= MOST_WATTS
+    ):
+        raise Invalid(f"watts must be a number above 0 and at most {MOST_WATTS:,}, not {watts!r}.")
+    with transaction.atomic():
+        old = PowerBudget.objects.filter(kind=kind, name=name).values_list("watts", flat=True)
+        before = old.first()
+        PowerBudget.objects.update_or_create(
+            kind=kind, name=name, defaults={"watts": float(watts), "updated_by": actor[:150]}
+        )
+        audit_record(
+            actor=actor, action="power_budget.set", target=f"{kind}:{name}", detail={"watts": watts}
+        )
+    log.info(
+        "power budget of %s %s set by %s: %s W (was %s)",
+        kind,
+        name,
+        actor,
+        watts_said(watts),
+        f"{watts_said(before)} W" if before is not None else "none",
+        extra={"event": "power_budget", "kind": kind, "domain": name, "watts": watts},
+    )
+    return {"kind": kind, "name": name, "watts": float(watts)}
+
+
+def power_budget_clear(*, kind: str, name: str, actor: str) -> dict:
+    """Remove a rack's or PDU's budget; return what it was ({kind, name, watts}). NotFound
+    when it has none; Invalid when kind or name could not be one."""
+    kind, name = _budget_key(kind, name)
+    with transaction.atomic():
+        row = PowerBudget.objects.filter(kind=kind, name=name).first()
+        if row is None:
+            raise NotFound(f"{kind} {name} has no power budget.")
+        row.delete()
+        audit_record(actor=actor, action="power_budget.clear", target=f"{kind}:{name}")
+    log.info(
+        "power budget of %s %s (%s W) removed by %s",
+        kind,
+        name,
+        watts_said(row.watts),
+        actor,
+        extra={"event": "power_budget", "kind": kind, "domain": name, "watts": None},
+    )
+    return {"kind": kind, "name": name, "watts": row.watts}

@@ -30,6 +30,7 @@ from . import event_log, identity, logs, page_selectors as ps, services
 from .dispatch import dispatch, node_disconnect
 from .domain.types import HOLDING
 from .events import LOG_LINES
+from .facility import facility_domains, held_gpus
 from .forms import NodeActionForm, NodeFilterForm
 from .history import cluster_charts, node_charts
 from .listings import nodes_list
@@ -73,6 +74,9 @@ def cluster(request: HttpRequest) -> HttpResponse:
         if fragment == "charts":
             return page(request, "fleet/node_list.html", context, fragment=fragment)
     replicas = replica_views()
+    if fragment is None and request.user.has_perm("fleet.view_powerbudget"):
+        # Shown only when a node says where it is or a budget exists: one query either way.
+        context["racks"] = facility_domains(held_gpus(replicas))
     down = None
     if fragment in (None, "nodes-refresh"):
         context |= _nodes_context(request, replicas)

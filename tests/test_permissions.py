@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from catalog.models import Model
-from fleet.models import Node
+from fleet.models import Node, PowerBudget
 from llmgw.api import api
 from llmgw.core import clock
 from llmgw.core.permissions import OPERATORS, VIEWERS
@@ -152,6 +152,14 @@ API = [
         ("put", "/quotas", {"scope": "org:Acme", "limit": {"gpus": 4}}),
         "tenancy.change_capacityquota",
         lambda: CapacityQuota.objects.exists(),
+    ),
+    Family(
+        "power budgets",
+        "/facility",
+        "fleet.view_powerbudget",
+        ("put", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 16000}),
+        "fleet.change_powerbudget",
+        lambda: PowerBudget.objects.exists(),
     ),
     Family(
         "organizations",

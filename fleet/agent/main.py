@@ -26,6 +26,7 @@ from fleet.agent.engines import use_binary
 from fleet.agent.install import Installer
 from fleet.agent.supervisor import Supervisor
 from fleet.agent.upgrade import Upgrader
+from fleet.domain.power import PDU_LABEL, RACK_LABEL, ZONE_LABEL, name_refusal
 
 log = logging.getLogger("fleet.agent")
 
@@ -56,6 +57,45 @@ def parse_labels(values: list[str]) -> dict[str, str]:
             if not sep or not key.strip():
                 raise ValueError(f"label {item!r} is not key=value")
             labels[key.strip()] = val.strip()
+    return labels
+
+
+def location_labels(*, zone: str | None, rack: str | None, pdu: str | None) -> dict[str, str]:
+    """The well-known labels for ``--zone``, ``--rack`` and ``--pdu`` (several PDUs comma
+    separated, for a dual-fed rack); ValueError, with a sentence, for a name a budget could
+    not name (docs/facility.md)."""
+    out: dict[str, str] = {}
+    for what, label, value in (("zone", ZONE_LABEL, zone), ("rack", RACK_LABEL, rack)):
+        if value is not None:
+            if why := name_refusal(what, value.strip()):
+                raise ValueError(f"--{what}: {why.rstrip('.')}")
+            out[label] = value.strip()
+    if pdu is not None:
+        names = [p.strip() for p in pdu.split(",")]
+        for name in names:
+            if why := name_refusal("PDU", name):
+                raise ValueError(f"--pdu: {why.rstrip('.')}")
+        out[PDU_LABEL] = ",".join(dict.fromkeys(names))
+    return out
+
+
+def labels_file(path: Path) -> dict[str, str]:
+    """The labels in a file, one ``key=value`` a line (blank lines and ``#`` comments left
+    out); ValueError, with a sentence naming the file, when it cannot be read or a line is
+    not key=value."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"the labels file {path} cannot be read: {exc.strerror}") from None
+    labels: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"line {number} of the labels file {path} is not key=value")
+        labels[key.strip()] = value.strip()
     return labels
 
 
@@ -154,6 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--labels", action="append", default=[], metavar="K=V[,K=V]", help="node labels; repeatable"
     )
     p.add_argument(
+        "--labels-file",
+        type=Path,
+        metavar="PATH",
+        help="node labels from a file, one key=value a line; --labels and the flags below win",
+    )
+    p.add_argument("--zone", help="the zone the node is in (the label llmgw.io/zone)")
+    p.add_argument("--rack", help="the rack the node is in (the label llmgw.io/rack)")
+    p.add_argument(
+        "--pdu",
+        metavar="PDU[,PDU]",
+        help="the PDUs the node draws from, both feeds of a dual-fed rack (llmgw.io/pdu)",
+    )
+    p.add_argument(
         "--simulate-gpus",
         metavar="SPEC",
         type=_arg(_gpu_spec),
@@ -234,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         url = ws_url(args.server)
-        labels = parse_labels(args.labels)
+        labels = labels_file(args.labels_file) if args.labels_file else {}
+        labels |= parse_labels(args.labels)
+        labels |= location_labels(zone=args.zone, rack=args.rack, pdu=args.pdu)
     except ValueError as exc:
         print(f"llmgw agent: {exc}.", file=sys.stderr)
         return 2

@@ -63,7 +63,7 @@ def headroom(
     usage = dict(usage)
     while out.more < limit:
         avoid = frozenset(inv.model_nodes.get(model.name, ()))
-        placed = inv.place_spread(profiles, avoid, model.source)
+        placed = inv.place_spread(profiles, avoid, model.source, model.name)
         if not isinstance(placed, Placement):
             out.blocked = list(dict.fromkeys(r for _, rs in placed.reasons for r in rs))
             return out
@@ -145,7 +145,7 @@ def standing(snap: Snapshot, now: datetime, t: Timings) -> Standing:
         if r.state in ACTIVE and not r.retiring:
             live[r.model] = live.get(r.model, 0) + 1
     return Standing(
-        Inventory(snap.nodes, alive, reserved),
+        Inventory(snap.nodes, alive, reserved, snap.power),
         context(snap.models, alive, snap.policy, now, t, reserved),
         live,
     )
@@ -186,7 +186,7 @@ def preemption_dry_run(model: ModelSpec, snap: Snapshot, now: datetime, t: Timin
     if state and state.reserved:
         st.ctx.charge(model.owner, reserved_amount(state.reserved), -1)
     avoid = frozenset(st.inv.model_nodes.get(model.name, ()))
-    placed = st.inv.place_spread(profiles, avoid, model.source)
+    placed = st.inv.place_spread(profiles, avoid, model.source, model.name)
     if isinstance(placed, Placement):
         need = placement_amount(placed)
         if model.owner and (over := snap.policy.at_limit(model.owner, st.ctx.usage, need)):

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from catalog.domain import Profile
 
+from .power import Ledger, Power
+from .spread import Spread, located
 from .types import FABRIC_LABEL, HOLDING, NodeView, ReplicaView, Reservation, ShardView
 
 PORT_BASE = 20000
@@ -77,6 +79,9 @@ class ShardPlan:
 class Placement:
     profile: Profile
     shards: tuple[ShardPlan, ...]
+    # What the choice went by beyond the usual order, in sentences: the spread over racks,
+    # a draw that could not be counted against a budget (docs/facility.md).
+    said: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,11 +106,17 @@ class Inventory:
         nodes: Mapping[str, NodeView],
         replicas: Iterable[ReplicaView],
         reserved: Mapping[str, Iterable[Reservation]] | None = None,
+        power: Power | None = None,
     ):
         # Built on first use: a pass with nothing to place never needs it.
         self._nodes = nodes
         self._replicas = replicas
+        self._power = power
         self._rooms: dict[str, NodeRoom] | None = None
+        # Watts held under each rack's and PDU's budget (None: no budget applies), and each
+        # model's replicas per rack and zone (None: no node says where it is).
+        self.ledger: Ledger | None = None
+        self.spread: Spread | None = None
         self._model_nodes: dict[str, set[str]] = defaultdict(set)
         # Per model, room freed for it by preemption, taken from everyone else meanwhile.
         self.reserved: dict[str, list[Reservation]] = {
@@ -128,6 +139,9 @@ class Inventory:
         would find there if they stopped. The inventory itself is not changed."""
         rooms = {n: self.rooms[n].copy() for n in node_ids if n in self.rooms}
         trial = Inventory.of_rooms(rooms)
+        # The whole budgets go with it: what the victims draw is freed in their rack too.
+        trial.ledger = self.ledger.copy() if self.ledger is not None else None
+        trial.spread = self.spread
         for replica in release:
             for shard in replica.shards:
                 trial._give_back(shard)
@@ -147,6 +161,9 @@ class Inventory:
 
     def _build(self) -> None:
         self._rooms = {}
+        labels = {n.id: n.labels for n in self._nodes.values()}
+        self.ledger = Ledger.of(self._power, labels)
+        self.spread = Spread(labels) if located(labels.values()) else None
         for node in self._nodes.values():
             free: dict[str, list[int]] = defaultdict(list)
             for gpu in node.gpus:
@@ -160,6 +177,8 @@ class Inventory:
                 for shard in replica.shards:
                     self._take(shard)
                     self._model_nodes[replica.model].add(shard.node_id)
+                if self.spread is not None:
+                    self.spread.add(replica.model, replica.nodes)
         for model, held in list(self.reserved.items()):
             self.reserved.pop(model)
             self.keep(model, held)
@@ -244,6 +263,8 @@ class Inventory:
             for cls, indices in room.free_gpus.items():
                 room.free_gpus[cls] = [i for i in indices if i not in taken]
             self._reindex(room, before)
+            if self.ledger is not None:
+                self.ledger.take(room.node.id, taken)
         room.memory_reserved += shard.memory_gb or 0.0
         room.cores_reserved += shard.cpu_cores or 0
         if not isinstance(shard, Reservation):
@@ -263,6 +284,8 @@ class Inventory:
                     free.append(gpu.index)
         if given:
             self._reindex(room, before)
+            if self.ledger is not None:
+                self.ledger.take(room.node.id, given, -1)
         room.memory_reserved -= shard.memory_gb or 0.0
         room.cores_reserved -= shard.cpu_cores or 0
         if not isinstance(shard, Reservation):
@@ -274,6 +297,8 @@ class Inventory:
         for shard in placement.shards:
             self._take(shard)
             self.model_nodes[model].add(shard.node_id)
+        if self.spread is not None:
+            self.spread.add(model, (s.node_id for s in placement.shards))
 
     def place(
         self,
@@ -282,76 +307,108 @@ class Inventory:
         avoid: frozenset[str] = frozenset(),
         weights_source: str = "",
         judge: bool = True,
+        model: str = "",
     ) -> Placement | Refusal:
         """The first profile, in the order given, that fits; else why each did not (with
-        `judge=False`, an indexed search that finds nothing does not judge every node)."""
+        `judge=False`, an indexed search that finds nothing does not judge every node).
+        With `model`, its replicas are spread over racks and zones (spread.py)."""
         reasons = []
         for profile in profiles:
-            result = self._place_profile(profile, avoid, weights_source, judge)
+            result = self._place_profile(profile, avoid, weights_source, judge, model)
             if isinstance(result, Placement):
                 return result
             reasons.append((profile.name, tuple(result)))
         return Refusal(tuple(reasons))
 
     def place_spread(
-        self, profiles: Sequence[Profile], avoid: frozenset[str], source: str = ""
+        self, profiles: Sequence[Profile], avoid: frozenset[str], source: str = "", model: str = ""
     ) -> Placement | Refusal:
         """Place avoiding nodes that already run the model; give that up when it is the only
         obstacle (a second replica on one node still survives an engine crash)."""
-        placed = self.place(profiles, avoid=avoid, weights_source=source, judge=not avoid)
+        placed = self.place(
+            profiles, avoid=avoid, weights_source=source, judge=not avoid, model=model
+        )
         if isinstance(placed, Placement) or not avoid:
             return placed
-        return self.place(profiles, weights_source=source)
+        return self.place(profiles, weights_source=source, model=model)
 
-    def _first_fit(self, profile: Profile, avoid: frozenset[str], source: str) -> NodeRoom | None:
+    def _first_fit(
+        self, profile: Profile, avoid: frozenset[str], source: str, model: str = ""
+    ) -> NodeRoom | None:
         """The node a one-node GPU profile goes to, found through the index rather than by
-        judging every node: holders of the weights first, then the fewest free (pack)."""
+        judging every node: holders of the weights first, then the fewest free (pack). While
+        the model's replicas are spread over racks, the rack and zone holding fewest of them
+        come before both (`Spread.first`)."""
         buckets = self._index().get(profile.gpu_class)
         if not buckets:
             return None
-        need = profile.gpus_on_each_node
-        rooms = self.rooms
-        holders = [
-            rooms[n]
-            for n in self._weights.get(source, ())
-            if source
-            if refuse(rooms[n], profile, avoid, source) is None
-        ]
-        if holders:
+        need, rooms, spread = profile.gpus_on_each_node, self.rooms, self.spread
+
+        def fits(node_id: str) -> bool:
+            return refuse(rooms[node_id], profile, avoid, source, self.ledger) is None
+
+        held = [n for n in self._weights.get(source, ()) if fits(n)] if source else []
+        ordered = (
+            n
+            for free in sorted(f for f, ids in buckets.items() if f >= need and ids)
+            for n in buckets[free]
+            if n not in avoid
+        )
+        if spread is not None and spread.holds(model):
+
+            def key(node_id: str) -> tuple:
+                return (*spread.key(model, node_id), *_preference(rooms[node_id], profile, source))
+
+            found = spread.first(model, held, ordered, fits, key)
+            return rooms[found] if found is not None else None
+        if held:
             return min(
-                holders, key=lambda r: (len(r.free_gpus.get(profile.gpu_class, ())), r.node.id)
+                (rooms[n] for n in held),
+                key=lambda r: (len(r.free_gpus.get(profile.gpu_class, ())), r.node.id),
             )
-        for free in sorted(f for f, ids in buckets.items() if f >= need and ids):
-            for node_id in buckets[free]:
-                if node_id not in avoid and refuse(rooms[node_id], profile, avoid, source) is None:
-                    return rooms[node_id]
-        return None
+        return next((rooms[n] for n in ordered if fits(n)), None)
 
     def _place_profile(
-        self, profile: Profile, avoid: frozenset[str], source: str, judge: bool = True
+        self,
+        profile: Profile,
+        avoid: frozenset[str],
+        source: str,
+        judge: bool = True,
+        model: str = "",
     ) -> Placement | list[str]:
+        spread = self.spread if self.spread is not None and self.spread.holds(model) else None
         if profile.nodes == 1 and not profile.cpu_only and len(self.rooms) >= INDEX_FROM:
-            room = self._first_fit(profile, avoid, source)
+            room = self._first_fit(profile, avoid, source, model)
             if room is not None:
-                return Placement(profile, (self._shard(room, profile, 0),))
+                return self._placed(profile, [room], model, spread is not None)
             if not judge:
                 return []
             # Nothing fits: judge every node, for the sentences saying why.
         eligible: list[NodeRoom] = []
         refused: list[str] = []
         for room in self.rooms.values():
-            why = refuse(room, profile, avoid, source)
+            why = refuse(room, profile, avoid, source, self.ledger)
             if why is None:
                 eligible.append(room)
             else:
                 refused.append(why)
+
+        def order(r: NodeRoom) -> tuple:
+            near = spread.key(model, r.node.id) if spread is not None else (0, 0)
+            return (*near, *_preference(r, profile, source))
+
         if profile.nodes == 1:
             if eligible:
-                best = min(eligible, key=lambda r: _preference(r, profile, source))
-                return Placement(profile, (self._shard(best, profile, 0),))
+                best = min(eligible, key=order)
+                return self._placed(profile, [best], model, spread is not None)
             return _cap(refused) or ["there are no nodes"]
-        eligible.sort(key=lambda r: _preference(r, profile, source))
+        eligible.sort(key=order)
         chosen = _fabric_group(eligible, profile.nodes)
+        if chosen is not None and self.ledger is not None:
+            # Each shard alone was judged by `refuse`; together they may pass a budget.
+            each = [(r.node.id, self._shard(r, profile, 0).gpu_indices) for r in chosen]
+            if over := self.ledger.refusal_together(each):
+                return _cap([*refused, over])
         if chosen is None:
             groups = defaultdict(int)
             for room in eligible:
@@ -362,7 +419,19 @@ class Inventory:
                 f"no {FABRIC_LABEL} group has {profile.nodes} eligible nodes (the largest has {largest})"
             )
             return _cap(refused)
-        return Placement(profile, tuple(self._shard(r, profile, i) for i, r in enumerate(chosen)))
+        return self._placed(profile, chosen, model, spread is not None)
+
+    def _placed(
+        self, profile: Profile, rooms: list[NodeRoom], model: str, spread: bool = False
+    ) -> Placement:
+        """The placement on these nodes, with what it went by said (spread, unknown draw)."""
+        shards = tuple(self._shard(r, profile, i) for i, r in enumerate(rooms))
+        said = []
+        if spread and self.spread is not None:
+            said.append(self.spread.said(model, rooms[0].node.id))
+        if self.ledger is not None:
+            said.extend(u for s in shards if (u := self.ledger.unknown(s.node_id, s.gpu_indices)))
+        return Placement(profile, shards, tuple(said))
 
     def _shard(self, room: NodeRoom, profile: Profile, rank: int) -> ShardPlan:
         need = profile.gpus_on_each_node
@@ -388,8 +457,15 @@ def _gb(x: float) -> str:
     return f"{x:g}" if x == int(x) else f"{x:.1f}"
 
 
-def refuse(room: NodeRoom, profile: Profile, avoid: frozenset[str], source: str) -> str | None:
-    """Why this node cannot take a shard of this profile now, in a sentence; None when it can."""
+def refuse(
+    room: NodeRoom,
+    profile: Profile,
+    avoid: frozenset[str],
+    source: str,
+    ledger: Ledger | None = None,
+) -> str | None:
+    """Why this node cannot take a shard of this profile now, in a sentence; None when it can.
+    With `ledger`, a shard that would take its rack or PDU past a power budget is refused."""
     node = room.node
     if node.state != "ready":
         return f"node {node.id} is {node.state}"
@@ -442,6 +518,9 @@ def refuse(room: NodeRoom, profile: Profile, avoid: frozenset[str], source: str)
             f"node {node.id} has {_gb(node.disk_free_gb)} GB of disk free, "
             f"needs {_gb(profile.min_disk_gb)}"
         )
+    if ledger is not None and need:
+        indices = tuple(sorted(room.free_gpus.get(profile.gpu_class, []))[:need])
+        return ledger.refusal(node.id, indices)
     return None
 
 

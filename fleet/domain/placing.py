@@ -165,12 +165,15 @@ def _start(model: ModelSpec, placed: Placement, p: Pass) -> None:
     shards = tuple((shard_id(replica_id, s.rank), s) for s in placed.shards)
     p.inv.reserve(model.name, placed)
     where = ", ".join(s.node_id for s in placed.shards)
+    # What the choice went by beyond the usual order: the spread over racks, a draw that
+    # could not be counted against a budget.
+    said = "".join(f"; {line}" for line in placed.said)
     p.plan.starts.append(
-        Start(replica_id, model.name, placed.profile, shards, f"placed on {where}")
+        Start(replica_id, model.name, placed.profile, shards, f"placed on {where}{said}")
     )
     p.plan.events.append(
         Event(
-            f"replica {replica_id} of {model.name} placed on {where} ({placed.profile.name})",
+            f"replica {replica_id} of {model.name} placed on {where} ({placed.profile.name}){said}",
             "placement",
             replica=replica_id,
             model=model.name,
@@ -183,7 +186,7 @@ def _start(model: ModelSpec, placed: Placement, p: Pass) -> None:
 
 def _place(model: ModelSpec, profiles: list[Profile], inv: Inventory) -> Placement | list[dict]:
     """Spread over nodes that do not run the model yet; give that up when it is the only obstacle."""
-    placed = inv.place_spread(profiles, _avoid(model, inv), model.source)
+    placed = inv.place_spread(profiles, _avoid(model, inv), model.source, model.name)
     return placed if isinstance(placed, Placement) else placed.as_explanation()
 
 

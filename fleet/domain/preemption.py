@@ -138,7 +138,7 @@ def preempt(
         group: frozenset[str], chosen: list[Candidate], flow: list[ReplicaView]
     ) -> Placement | None:
         trial = freed_trial(inv, group, [c.replica for c in chosen], flow, ctx.promised)
-        placed = trial.place_spread(profiles, avoid & group, want.source)
+        placed = trial.place_spread(profiles, avoid & group, want.source, want.name)
         return placed if isinstance(placed, Placement) else None
 
     def reclaiming(chosen: list[Candidate], need: Amount) -> bool:

@@ -73,7 +73,7 @@ def decide(
     for name, state in states.items():
         if state.reserved and name not in reserved:
             states[name] = replace(state, reserved=(), reserved_until=None)
-    inventory = Inventory(nodes, alive, reserved)
+    inventory = Inventory(nodes, alive, reserved, snap.power)
     by_model: dict[str, list[ReplicaView]] = {}
     # Per model, its live replicas' count as the pass goes (placements add to it).
     live: dict[str, int] = {}

@@ -10,6 +10,8 @@ from functools import cached_property
 from catalog.domain import ModelSpec
 from tenancy.quota import Amount, Policy
 
+from .power import Power
+
 FABRIC_LABEL = "llmgw.io/fabric"
 
 # Replica states that hold capacity on their nodes until the engine is confirmed gone.
@@ -301,3 +303,5 @@ class Snapshot:
     # Keyed by model: why its weights cannot be fetched from the mirror yet (still
     # downloading, failed); such a model is not placed until they can.
     weights_waiting: Mapping[str, str] = field(default_factory=dict)
+    # Power budgets per rack and PDU, and the GPUs' power limits and draw under them.
+    power: Power = field(default_factory=Power)

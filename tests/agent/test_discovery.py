@@ -14,7 +14,16 @@ from fleet.agent.discovery import (
     parse_version_output,
     simulated_gpus,
 )
-from fleet.agent.main import main, node_id_for, parse_labels, parse_port_range, ws_url
+from fleet.agent.main import (
+    build_parser,
+    labels_file,
+    location_labels,
+    main,
+    node_id_for,
+    parse_labels,
+    parse_port_range,
+    ws_url,
+)
 
 
 def test_simulated_h100s_carry_the_real_cards_name_and_memory():
@@ -227,6 +236,37 @@ def test_labels_are_repeatable_and_comma_separated():
     }
     with pytest.raises(ValueError, match="not key=value"):
         parse_labels(["rack"])
+
+
+def test_zone_rack_and_pdu_flags_set_the_well_known_labels():
+    args = build_parser().parse_args(["--zone", "z1", "--rack", "r12-07", "--pdu", "p-a, p-b"])
+    assert location_labels(zone=args.zone, rack=args.rack, pdu=args.pdu) == {
+        "llmgw.io/zone": "z1",
+        "llmgw.io/rack": "r12-07",
+        "llmgw.io/pdu": "p-a,p-b",
+    }
+    assert location_labels(zone=None, rack=None, pdu=None) == {}
+    with pytest.raises(ValueError, match="--rack: 'r 1' is not a rack's name"):
+        location_labels(zone=None, rack="r 1", pdu=None)
+    with pytest.raises(ValueError, match="--pdu: a PDU needs a name"):
+        location_labels(zone=None, rack=None, pdu="p-a,")
+
+
+def test_labels_come_from_a_file_one_key_value_a_line(tmp_path):
+    path = tmp_path / "labels"
+    path.write_text("# where it is\nllmgw.io/rack = r12-07\n\nteam=ml\n")
+    assert labels_file(path) == {"llmgw.io/rack": "r12-07", "team": "ml"}
+    path.write_text("rack\n")
+    with pytest.raises(ValueError, match="line 1 of the labels file .* is not key=value"):
+        labels_file(path)
+    with pytest.raises(ValueError, match="cannot be read"):
+        labels_file(tmp_path / "missing")
+
+
+def test_a_bad_rack_flag_stops_the_agent_before_it_connects(tmp_path, capsys):
+    code = main(["--token", "t", "--state-dir", str(tmp_path), "--rack", "r/1"])
+    assert code == 2
+    assert "--rack: 'r/1' is not a rack's name" in capsys.readouterr().err
 
 
 def test_the_websocket_url_follows_the_servers_scheme():

@@ -29,6 +29,29 @@ def acme(db):
     return {"org": org.pk, "ml": Team.objects.create(org=org, name="ml").pk}
 
 
+def test_a_power_budget_is_set_listed_and_cleared_with_ctl(capsys, server):
+    from fleet.models import PowerBudget
+
+    code, out, err = ctl_run(capsys, server, "facility", "set", "rack", "r12-07", "16000")
+    assert (code, err) == (0, "")
+    assert out == "rack r12-07: budget 16,000 W; it takes effect at the next reconciler pass\n"
+    assert list(PowerBudget.objects.values_list("kind", "name", "watts")) == [
+        ("rack", "r12-07", 16000.0)
+    ]
+
+    _, out, _ = ctl_run(capsys, server, "facility", "list")
+    rows = table(out.split("\n\n")[0])
+    assert rows[1] == ["rack", "r12-07", "0", "0", "0", "-", "16,000"]
+
+    code, _, err = ctl_run(capsys, server, "facility", "set", "rack", "r 1", "100")
+    assert code == 1 and "is not a rack's name" in err
+    code, out, _ = ctl_run(capsys, server, "facility", "clear", "rack", "r12-07")
+    assert (code, out) == (0, "rack r12-07: budget removed\n")
+    assert PowerBudget.objects.count() == 0
+    code, _, err = ctl_run(capsys, server, "facility", "clear", "rack", "r12-07")
+    assert (code, err) == (1, "error: rack r12-07 has no power budget.\n")
+
+
 def test_a_quota_is_set_listed_and_cleared_with_ctl(capsys, server, acme):
     team = f"team:{acme['ml']}"
 

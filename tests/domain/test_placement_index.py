@@ -8,7 +8,9 @@ from hypothesis import given, settings, strategies as st
 from catalog.domain import Profile
 from fleet.domain import placement
 from fleet.domain.placement import Inventory, Placement
+from fleet.domain.power import RACK_LABEL, ZONE_LABEL, Budget, GpuPower, Power
 
+from .builders import gpu_node
 from .test_placement_properties import ENGINES, GPU_CLASSES, SOURCES, nodes
 
 
@@ -23,11 +25,11 @@ def gpu_profiles(draw) -> Profile:
     )
 
 
-def placed_by(inv: Inventory, index_from: int, profile: Profile, avoid, source):
+def placed_by(inv: Inventory, index_from: int, profile: Profile, avoid, source, model=""):
     was = placement.INDEX_FROM
     placement.INDEX_FROM = index_from
     try:
-        return inv.place([profile], avoid=avoid, weights_source=source)
+        return inv.place([profile], avoid=avoid, weights_source=source, model=model)
     finally:
         placement.INDEX_FROM = was
 
@@ -60,3 +62,63 @@ def test_the_index_places_where_judging_every_node_would(fleet, asks):
             slow.reserve("m", b)
         else:
             assert a == b, "when nothing fits, both say why the same way"
+
+
+@st.composite
+def racked(draw):
+    """A fleet of GPU nodes in racks and zones (some without), with power limits reported
+    for some, under budgets for some racks."""
+    out, gpus = [], {}
+    for i in range(draw(st.integers(1, 12))):
+        labels = {}
+        if rack := draw(st.sampled_from(["r1", "r2", "r3", None])):
+            labels[RACK_LABEL] = rack
+        if zone := draw(st.sampled_from(["z1", "z2", None])):
+            labels[ZONE_LABEL] = zone
+        count = draw(st.integers(1, 8))
+        out.append(
+            gpu_node(
+                f"n{i}",
+                gpus=count,
+                labels=labels,
+                weights=draw(st.sets(st.sampled_from(SOURCES), max_size=1)),
+            )
+        )
+        if draw(st.booleans()):
+            gpus[f"n{i}"] = {g: GpuPower(700.0) for g in range(count)}
+    budgets = tuple(
+        Budget("rack", r, draw(st.integers(0, 20_000))) for r in ("r1", "r2") if draw(st.booleans())
+    )
+    return out, Power(budgets, gpus)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    racked(),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["m1", "m2"]),
+            st.sampled_from([1, 2, 4]),
+            st.sampled_from(["", *SOURCES]),
+            st.frozensets(st.sampled_from(["n0", "n1", "n2"]), max_size=1),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_spread_over_racks_the_index_places_where_judging_every_node_would(fleet, asks):
+    nodes, power = fleet
+    by_id = {n.id: n for n in nodes}
+    fast, slow = Inventory(by_id, (), power=power), Inventory(by_id, (), power=power)
+    for model, tp, source, avoid in asks:
+        profile = Profile(name="p", engine="vllm", gpu_class="h100-80g", tp=tp)
+        a = placed_by(fast, 0, profile, avoid, source, model)
+        b = placed_by(slow, 10**9, profile, avoid, source, model)
+        assert isinstance(a, Placement) == isinstance(b, Placement)
+        if isinstance(b, Placement):
+            assert [(s.node_id, s.gpu_indices) for s in a.shards] == [
+                (s.node_id, s.gpu_indices) for s in b.shards
+            ]
+            assert a.said == b.said
+            fast.reserve(model, a)
+            slow.reserve(model, b)

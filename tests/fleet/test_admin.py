@@ -87,3 +87,14 @@ def test_the_replica_list_shows_its_nodes_and_finds_replicas_by_node(admin_clien
 
     assert [r.id for r in response.context["cl"].result_list] == ["llama-1"]
     assert "column-nodes" in response.content.decode()
+
+
+def test_power_budgets_are_listed_in_admin_but_changed_through_the_api(admin_client, api):
+    from fleet.models import PowerBudget
+
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 16000})
+    body = admin_client.get("/admin/fleet/powerbudget/").content.decode()
+    assert "r1" in body and "llmgw ctl facility" in body
+    budget = PowerBudget.objects.get()
+    assert admin_client.post(f"/admin/fleet/powerbudget/{budget.pk}/delete/", {"post": "yes"})
+    assert PowerBudget.objects.count() == 1

@@ -26,7 +26,7 @@ from fleet.events import Load
 from fleet.live import NodeWrite
 from fleet.metrics import FleetCollector, fleet_scrape, fleet_text
 from fleet.metrics_series import DESCS
-from fleet.models import Lease, ModelState, Node, Replica
+from fleet.models import Lease, ModelState, Node, PowerBudget, Replica
 from fleet.reconciler import LEASE, advisory_take, reconcile_once
 from fleet.reports import node_live_flush
 from fleet.selectors import holdings_load
@@ -199,8 +199,9 @@ def a_whole_cluster(no_settle) -> None:
     ml = Team.objects.create(org=acme, name="ml")
     CapacityQuota.objects.create(scope=f"org:{acme.pk}", guarantee_gpus=1, limit_gpus=2)
     CapacityQuota.objects.create(scope=f"team:{ml.pk}", limit_gpus=1, limit_memory_gb=64)
-    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    node_add("gpu-a", now=T0, gpus=(H100, H100), labels={"llmgw.io/rack": "r1"})
     node_add("gpu-b", now=T0, gpus=(L4,))
+    PowerBudget.objects.create(kind="rack", name="r1", watts=16000)
     model_added(gpu_model("chat", owner=f"team:{ml.pk}"))
     model_added(gpu_model("huge", gpu_class="b200-192g"))
     reconcile_once(now=T0)
@@ -303,6 +304,9 @@ def test_the_fleet_as_it_stands(no_settle):
         f"llmgw_reconciler_last_pass_timestamp_seconds -> {T0.timestamp():g}",
         "llmgw_reconciler_settling -> 0",
         "llmgw_node_engine_install engine=llamacpp node=gpu-b state=failed version=b6000 -> 1",
+        # chat holds gpu-a's GPU 0, drawing 698 W of a 700 W limit.
+        "llmgw_domain_power_budget_watts kind=rack name=r1 -> 16000",
+        "llmgw_domain_power_held_watts kind=rack name=r1 -> 700",
     ):
         assert want in out, want
     assert placed.node_id == "gpu-a"

@@ -1,0 +1,98 @@
+"""``llmgw ctl facility list|set|clear``: racks and PDUs, what they draw, and their budgets.
+
+A node is in the rack and PDUs its ``llmgw.io/rack`` and ``llmgw.io/pdu`` labels
+name (``llmgw agent --rack R --pdu P``). A budget is the most a rack or PDU may
+draw, in watts; placement refuses a replica whose estimated draw would pass it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from llmgw.cli.base import Api, Output, positive_number, segment
+from llmgw.cli.tables import DASH, render
+
+HEADERS = ["KIND", "NAME", "NODES", "GPUS", "HELD W", "MEASURED W", "BUDGET W"]
+LEGEND = (
+    "HELD W: per GPU held by a replica, the larger of its power limit and its measured "
+    "draw; MEASURED W: the part its agents measured."
+)
+NOTHING = (
+    "No node has a llmgw.io/rack or llmgw.io/pdu label and no budget is set: "
+    "placement does not look at power."
+)
+FACILITY_HELP = """\
+A replica's draw is estimated from the enforced power limits of the GPUs it
+would be given, as their agents report them; a GPU that reports no limit is
+not counted, and such a replica is placed as if there were no budget.
+Changes take effect at the next reconciler pass."""
+
+
+def _watts(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return DASH
+    return f"{float(value):,.0f}"
+
+
+def render_facility(domains: list[Mapping[str, Any]]) -> str:
+    """``ctl facility list``: a row per rack and PDU, and how to read the figures."""
+    if not domains:
+        return NOTHING
+    rows = []
+    for d in domains:
+        held = _watts(d.get("estimated_w"))
+        if d.get("over"):
+            held += " (over)"
+        if d.get("unknown_gpus"):
+            held += f" ({d['unknown_gpus']} GPUs unknown)"
+        rows.append(
+            [
+                d.get("kind"),
+                d.get("name"),
+                d.get("nodes"),
+                d.get("gpus"),
+                held,
+                _watts(d.get("measured_w")),
+                _watts(d.get("budget_w")),
+            ]
+        )
+    return f"{render(HEADERS, rows)}\n\n{LEGEND}"
+
+
+def cmd_facility_list(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get("/facility"), render_facility)
+
+
+def cmd_facility_set(api: Api, args: argparse.Namespace, out: Output) -> None:
+    body = {"kind": args.kind, "name": args.name, "watts": args.watts}
+    answer = api.put("/facility/budgets", body)
+    out.show(
+        answer,
+        lambda a: (
+            f"{a['kind']} {a['name']}: budget {_watts(a['watts'])} W; it takes effect at the "
+            "next reconciler pass"
+        ),
+    )
+
+
+def cmd_facility_clear(api: Api, args: argparse.Namespace, out: Output) -> None:
+    answer = api.delete(f"/facility/budgets/{segment(args.kind)}/{segment(args.name)}")
+    out.show(answer, lambda a: f"{a['kind']} {a['name']}: budget removed")
+
+
+def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
+    """Add ``facility`` to the commands."""
+    facility = add(commands, "facility", "racks and PDUs: what they draw, and their budgets")
+    facility.epilog = FACILITY_HELP
+    facility.formatter_class = argparse.RawDescriptionHelpFormatter
+    actions = facility.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add(actions, "list", "every rack and PDU, with what it draws and its budget", cmd_facility_list)
+    setting = add(actions, "set", "set the most a rack or PDU may draw, in watts", cmd_facility_set)
+    setting.add_argument("kind", metavar="KIND", help="rack or pdu")
+    setting.add_argument("name", metavar="NAME", help="the nodes' llmgw.io/rack or pdu label")
+    setting.add_argument("watts", metavar="WATTS", type=positive_number, help="e.g. 16000")
+    clearing = add(actions, "clear", "remove a rack's or PDU's budget", cmd_facility_clear)
+    clearing.add_argument("kind", metavar="KIND", help="rack or pdu")
+    clearing.add_argument("name", metavar="NAME")

@@ -1,0 +1,118 @@
+"""``llmgw ctl facility list|set|clear``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli.helpers import FakeServer, row_for, run, table
+
+DOMAINS = [
+    {
+        "kind": "rack",
+        "name": "r12-07",
+        "nodes": 4,
+        "gpus": 32,
+        "estimated_w": 14200.0,
+        "measured_w": 9100.5,
+        "unknown_gpus": 0,
+        "budget_w": 16000.0,
+        "over": False,
+        "said": "14.2 of 16 kW",
+    },
+    {
+        "kind": "pdu",
+        "name": "r12-07-a",
+        "nodes": 4,
+        "gpus": 32,
+        "estimated_w": 14200.0,
+        "measured_w": None,
+        "unknown_gpus": 2,
+        "budget_w": None,
+        "over": False,
+        "said": "14.2 kW",
+    },
+]
+
+
+def test_facility_list_shows_each_rack_and_pdu_with_its_draw_and_budget(capsys):
+    server = FakeServer({("GET", "/api/v1/facility"): (200, DOMAINS)})
+
+    code, out, err = run(capsys, server, "facility", "list")
+
+    assert (code, err) == (0, "")
+    body, legend = out.rstrip("\n").split("\n\n")
+    rows = table(body)
+    assert rows[0] == ["KIND", "NAME", "NODES", "GPUS", "HELD W", "MEASURED W", "BUDGET W"]
+    assert row_for(rows, "rack") == ["rack", "r12-07", "4", "32", "14,200", "9,100", "16,000"]
+    assert row_for(rows, "pdu") == [
+        "pdu",
+        "r12-07-a",
+        "4",
+        "32",
+        "14,200 (2 GPUs unknown)",
+        "-",
+        "-",
+    ]
+    assert legend.startswith("HELD W: per GPU held by a replica")
+
+
+def test_facility_list_with_nothing_says_power_is_not_looked_at(capsys):
+    server = FakeServer({("GET", "/api/v1/facility"): (200, [])})
+    _, out, _ = run(capsys, server, "facility", "list")
+    assert "placement does not look at power" in out
+
+
+def test_facility_list_json_is_the_servers_answer(capsys):
+    server = FakeServer({("GET", "/api/v1/facility"): (200, DOMAINS)})
+    _, out, _ = run(capsys, server, "facility", "list", "--json")
+    assert json.loads(out) == DOMAINS
+
+
+def test_facility_set_puts_the_budget(capsys):
+    answer = {"kind": "rack", "name": "r12-07", "watts": 16000.0}
+    server = FakeServer({("PUT", "/api/v1/facility/budgets"): (200, answer)})
+
+    code, out, _ = run(capsys, server, "facility", "set", "rack", "r12-07", "16000")
+
+    assert code == 0
+    assert server.body() == {"kind": "rack", "name": "r12-07", "watts": 16000.0}
+    assert out == "rack r12-07: budget 16,000 W; it takes effect at the next reconciler pass\n"
+
+
+def test_facility_set_shows_the_servers_refusal(capsys):
+    refusal = "a power budget is for a rack or a pdu, not 'row'."
+    server = FakeServer({("PUT", "/api/v1/facility/budgets"): (400, {"detail": refusal})})
+
+    code, out, err = run(capsys, server, "facility", "set", "row", "r1", "100")
+
+    assert (code, out, err) == (1, "", f"error: {refusal}\n")
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "lots", "inf"])
+def test_facility_set_refuses_watts_that_are_not_a_positive_number_before_asking(capsys, value):
+    server = FakeServer()
+
+    code, _, err = run(capsys, server, "facility", "set", "rack", "r1", value)
+
+    assert code == 2
+    assert "WATTS" in err or "watts" in err
+    assert server.requests == []
+
+
+def test_facility_clear_deletes_the_budget_by_kind_and_name(capsys):
+    answer = {"kind": "pdu", "name": "r12-07-a", "watts": 7400.0}
+    server = FakeServer({("DELETE", "/api/v1/facility/budgets/pdu/r12-07-a"): (200, answer)})
+
+    code, out, _ = run(capsys, server, "facility", "clear", "pdu", "r12-07-a")
+
+    assert code == 0
+    assert out == "pdu r12-07-a: budget removed\n"
+
+
+def test_facility_clear_of_a_rack_with_none_says_so(capsys):
+    server = FakeServer()  # 404 {"detail": ...} to everything
+    code, _, err = run(capsys, server, "facility", "clear", "rack", "r1")
+    assert code == 1
+    assert err.startswith("error: ")

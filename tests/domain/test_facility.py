@@ -1,0 +1,374 @@
+"""Facility-aware placement through decide(): replicas spread over racks and zones, power
+budgets per rack and PDU, and missing data changing nothing (docs/facility.md)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from catalog.domain import ModelSpec
+from fleet.domain.capacity import headroom, preemption_dry_run
+from fleet.domain.placement import Inventory, Placement
+from fleet.domain.power import (
+    PDU_LABEL,
+    RACK_LABEL,
+    ZONE_LABEL,
+    Budget,
+    GpuPower,
+    Power,
+    draws,
+)
+from fleet.domain.types import HOLDING, Snapshot
+from tenancy.quota import Policy
+
+from .builders import (
+    NOW,
+    TIMINGS,
+    Cluster,
+    gpu_node,
+    gpu_profile,
+    model,
+    replica,
+    run,
+    snapshot,
+)
+
+TP4 = gpu_profile("tp4", tp=4)
+
+
+def racked(node_id: str, rack: str | None = None, zone: str | None = None, **kw):
+    labels = dict(kw.pop("labels", {}))
+    if rack:
+        labels[RACK_LABEL] = rack
+    if zone:
+        labels[ZONE_LABEL] = zone
+    return gpu_node(node_id, labels=labels, **kw)
+
+
+def limits(*nodes, watts: float = 700.0, gpus: int = 8, draw: float | None = None) -> dict:
+    """Every GPU of these nodes reporting `watts` as its enforced limit (and `draw`)."""
+    return {n: {i: GpuPower(watts, draw) for i in range(gpus)} for n in nodes}
+
+
+def with_power(snap: Snapshot, *budgets: Budget, gpus=None) -> Snapshot:
+    return replace(snap, power=Power(tuple(budgets), gpus or {}))
+
+
+def placed_on(plan) -> list[str]:
+    return [p.node_id for s in plan.starts for _, p in s.shards]
+
+
+def reasons(plan, name: str) -> list[str]:
+    return [r for e in plan.states[name].explanation for r in e["reasons"]]
+
+
+# Spreading.
+
+TWO_RACKS = [
+    racked("a1", "r1"),
+    racked("a2", "r1"),
+    racked("b1", "r2"),
+    racked("b2", "r2"),
+]
+
+
+def test_replicas_spread_over_two_racks_before_filling_one():
+    plan = run(snapshot(TWO_RACKS, [model("chat", min=2)]))
+    assert placed_on(plan) == ["a1", "b1"]
+    second = plan.starts[1]
+    assert "spread over racks: r2 holds 0, r1 holds 1" in second.reason
+    assert any("spread over racks: r2 holds 0, r1 holds 1" in e for e in plan.events)
+
+
+def test_without_labels_replicas_go_where_they_went_before():
+    bare = [gpu_node(n) for n in ("a1", "a2", "b1", "b2")]
+    other = [gpu_node(n, labels={"team": "ml"}) for n in ("a1", "a2", "b1", "b2")]
+    for fleet in (bare, other):
+        plan = run(snapshot(fleet, [model("chat", min=2)]))
+        assert placed_on(plan) == ["a1", "a2"]
+        assert all("spread" not in s.reason for s in plan.starts)
+
+
+def test_a_third_replica_goes_to_the_rack_holding_fewest_even_past_a_fuller_node():
+    # r1 holds one replica on a1; a2 is free in r1, b1 in r2: b1, though a2 packs better.
+    fleet = [racked("a1", "r1"), racked("a2", "r1", gpus=2), racked("b1", "r2")]
+    have = [replica("chat-0", "chat", on="a1")]
+    plan = run(snapshot(fleet, [model("chat", min=2)], have))
+    assert placed_on(plan) == ["b1"]
+
+
+def test_zones_break_ties_between_racks_holding_as_many():
+    fleet = [
+        racked("a1", "r1", "z1"),
+        racked("a2", "r2", "z1"),
+        racked("b1", "r3", "z2"),
+    ]
+    plan = run(snapshot(fleet, [model("chat", min=2)]))
+    # r2 and r3 both hold 0; r3's zone z2 holds none where z1 holds one.
+    assert placed_on(plan) == ["a1", "b1"]
+
+
+def test_spreading_is_a_preference_never_a_refusal():
+    # Only r1 has room for a second replica: it goes there rather than nowhere.
+    fleet = [racked("a1", "r1"), racked("a2", "r1"), racked("b1", "r2", gpus=0)]
+    plan = run(snapshot(fleet, [model("chat", min=2)]))
+    assert placed_on(plan) == ["a1", "a2"]
+    assert not plan.states["chat"].unplaceable
+
+
+# Power budgets.
+
+RACK = Budget("rack", "r1", 2000)
+
+
+def test_a_budget_refuses_a_node_with_a_sentence_with_the_figures():
+    snap = with_power(
+        snapshot([racked("n1", "r1")], [model("chat", min=3)]), RACK, gpus=limits("n1")
+    )
+    plan = run(snap)
+    assert len(plan.starts) == 2
+    assert plan.states["chat"].unplaceable
+    assert "node n1 is in rack r1: 1,400 of 2,000 W held, this replica needs ~700 W" in reasons(
+        plan, "chat"
+    )
+    assert any(
+        "cannot be placed: node n1 is in rack r1: 1,400 of 2,000 W held" in e for e in plan.events
+    )
+
+
+def test_a_pdu_budget_counts_against_every_feed_of_a_dual_fed_rack():
+    node = racked("n1", labels={PDU_LABEL: "p-a,p-b"})
+    snap = with_power(
+        snapshot([node], [model("chat", min=2)]),
+        Budget("pdu", "p-a", 10_000),
+        Budget("pdu", "p-b", 1000),
+        gpus=limits("n1"),
+    )
+    plan = run(snap)
+    assert len(plan.starts) == 1
+    assert "node n1 is in pdu p-b: 700 of 1,000 W held, this replica needs ~700 W" in reasons(
+        plan, "chat"
+    )
+
+
+def test_measured_draw_above_the_limit_counts_as_held():
+    # The replica there draws 900 W on a 700 W card (the limit was raised since): the rack
+    # holds 900 W, and a replica needing 700 more passes a 1,500 W budget.
+    snap = with_power(
+        snapshot(
+            [racked("n1", "r1")], [model("chat", min=2)], [replica("chat-0", "chat", on="n1")]
+        ),
+        Budget("rack", "r1", 1500),
+        gpus={"n1": {0: GpuPower(700, 900), **{i: GpuPower(700) for i in range(1, 8)}}},
+    )
+    plan = run(snap)
+    assert not plan.starts
+    assert "node n1 is in rack r1: 900 of 1,500 W held, this replica needs ~700 W" in reasons(
+        plan, "chat"
+    )
+
+
+def test_unknown_power_limits_never_block_and_say_the_draw_is_unknown():
+    snap = with_power(snapshot([racked("n1", "r1")], [model("chat", min=3)]), RACK)
+    plan = run(snap)
+    assert len(plan.starts) == 3
+    assert not plan.states["chat"].unplaceable
+    assert "its draw is unknown (node n1 does not report its GPUs' power limits)" in (
+        plan.starts[0].reason
+    )
+
+
+def test_a_budget_for_a_rack_no_node_is_in_changes_nothing():
+    fleet = [racked("n1", "r1")]
+    plain = run(snapshot(fleet, [model("chat", min=3)]))
+    budgeted = run(
+        with_power(
+            snapshot(fleet, [model("chat", min=3)]),
+            Budget("rack", "elsewhere", 1),
+            gpus=limits("n1"),
+        )
+    )
+    assert [s.reason for s in budgeted.starts] == [s.reason for s in plain.starts]
+    assert placed_on(budgeted) == placed_on(plain)
+
+
+def test_a_multi_node_replica_is_judged_with_all_its_shards_in_the_rack():
+    # Each shard alone fits the rack's 6,000 W; the two together (2 × 4 × 1,000) do not.
+    fleet = [racked(n, "r1", fabric="ib") for n in ("n1", "n2")]
+    two = gpu_profile("two", tp=8, nodes=2)
+    inv = Inventory(
+        {n.id: n for n in fleet},
+        (),
+        power=Power((Budget("rack", "r1", 6000),), limits("n1", "n2", watts=1000)),
+    )
+    refused = inv.place([two], model="big")
+    assert not isinstance(refused, Placement)
+    assert (
+        "node n2 is in rack r1: 4,000 of 6,000 W held, this replica needs ~4,000 W"
+        in (refused.reasons[0][1])
+    )
+
+
+def test_a_standard_model_passing_a_budget_preempts_an_opportunistic_replica_in_that_rack():
+    # One node of eight 1,000 W cards under a 4,000 W rack budget: the opportunistic model
+    # holds four cards; four more are free but their watts are not.
+    opp = model("batch", TP4, capacity_class="opportunistic")
+    chat = model("chat", TP4)
+    c = Cluster(
+        with_power(
+            snapshot([racked("n1", "r1")], [opp, replace(chat, min_replicas=0, max_replicas=0)]),
+            Budget("rack", "r1", 4000),
+            gpus=limits("n1", watts=1000),
+        )
+    )
+    c.step()
+    (batch,) = c.ids()
+    c.report(batch, "ready")
+    c.wait(TIMINGS.min_lifetime + 60)
+    c.change(models={"batch": opp, "chat": chat})
+    plan = c.step()
+    assert [d.replica_id for d in plan.drains] == [batch]
+    assert "preempted for chat" in plan.drains[0].reason
+    assert c.replica(batch).preempted_for == "chat"
+    # Once it is gone, chat is placed into the watts it freed.
+    c.all_stopped()
+    c.wait(TIMINGS.preempt_grace + 1)
+    c.report(batch, "stopped")
+    for _ in range(3):
+        plan = c.step()
+        if plan.starts:
+            break
+    assert [s.model for s in plan.starts] == ["chat"]
+
+
+def test_the_dry_run_names_the_victim_for_a_budget():
+    opp = model("batch", TP4, capacity_class="opportunistic")
+    chat = model("chat", TP4)
+    snap = with_power(
+        snapshot(
+            [racked("n1", "r1")],
+            [opp, chat],
+            [replica("batch-1", "batch", on="n1", gpus=(0, 1, 2, 3), profile="tp4")],
+        ),
+        Budget("rack", "r1", 4000),
+        gpus=limits("n1", watts=1000),
+    )
+    out = preemption_dry_run(chat, snap, NOW, TIMINGS)
+    assert [v["replica"] for v in out["victims"]] == ["batch-1"]
+
+
+# Properties.
+
+
+@st.composite
+def racked_fleets(draw):
+    nodes, gpus = [], {}
+    for i in range(draw(st.integers(1, 6))):
+        rack = draw(st.sampled_from(["r1", "r2", None]))
+        count = draw(st.integers(1, 8))
+        node = racked(f"n{i}", rack, gpus=count, fabric=draw(st.sampled_from([None, "ib"])))
+        nodes.append(node)
+        gpus[node.id] = {
+            g: GpuPower(draw(st.sampled_from([300.0, 450.0, 700.0]))) for g in range(count)
+        }
+    budgets = tuple(
+        Budget("rack", r, draw(st.integers(0, 12_000))) for r in ("r1", "r2") if draw(st.booleans())
+    )
+    return nodes, Power(budgets, gpus)
+
+
+@st.composite
+def gpu_catalogs(draw) -> list[ModelSpec]:
+    out = []
+    for i in range(draw(st.integers(1, 4))):
+        nodes = draw(st.sampled_from([1, 1, 1, 2]))
+        profile = gpu_profile(f"p{i}", tp=draw(st.sampled_from([1, 2, 4])) * nodes, nodes=nodes)
+        out.append(
+            model(
+                f"m{i}",
+                profile,
+                min=draw(st.integers(1, 4)),
+                capacity_class=draw(st.sampled_from(["", "critical", "opportunistic"])),
+            )
+        )
+    return out
+
+
+def rack_draw(snap: Snapshot) -> dict[str, float]:
+    held = [
+        (s.node_id, s.gpu_indices) for r in snap.replicas if r.state in HOLDING for s in r.shards
+    ]
+    labels = {n.id: n.labels for n in snap.nodes.values()}
+    return {name: d.estimated_w for (kind, name), d in draws(labels, held, snap.power.gpus).items()}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleet=racked_fleets(), catalog=gpu_catalogs())
+def test_with_known_limits_placement_never_takes_a_rack_past_its_budget(fleet, catalog):
+    nodes, power = fleet
+    c = Cluster(replace(snapshot(nodes, catalog), power=power))
+    for _ in range(4):
+        c.step()
+        for r in c.snap.replicas:
+            if r.state == "pending":
+                c.report(r.id, "ready")
+        c.wait(TIMINGS.min_lifetime + 60)
+        held = rack_draw(c.snap)
+        for b in power.budgets:
+            assert held.get(b.name, 0.0) <= b.watts, f"rack {b.name}: {held} of {b.watts}"
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleet=racked_fleets(), catalog=gpu_catalogs())
+def test_with_no_budget_binding_placement_is_what_it_is_without_budgets(fleet, catalog):
+    nodes, power = fleet
+    plain = Cluster(snapshot(nodes, catalog))
+    # Every GPU's limit reported, and budgets no placement can reach: nothing differs.
+    roomy = tuple(Budget("rack", r, 10**9) for r in ("r1", "r2"))
+    budgeted = Cluster(replace(snapshot(nodes, catalog), power=replace(power, budgets=roomy)))
+    readings_only = Cluster(replace(snapshot(nodes, catalog), power=replace(power, budgets=())))
+    for _ in range(3):
+        want = plain.step()
+        for other in (budgeted, readings_only):
+            got = other.step()
+            assert [(s.replica_id, s.shards, s.reason) for s in got.starts] == [
+                (s.replica_id, s.shards, s.reason) for s in want.starts
+            ]
+            assert got.drains == want.drains and got.stops == want.stops
+        for cluster in (plain, budgeted, readings_only):
+            for r in cluster.snap.replicas:
+                if r.state == "pending":
+                    cluster.report(r.id, "ready")
+
+
+def test_draws_add_up_per_rack_with_the_measured_part_beside():
+    labels = {"n1": {RACK_LABEL: "r1"}, "n2": {RACK_LABEL: "r1"}, "n3": {}}
+    gpus = {"n1": {0: GpuPower(700, 350), 1: GpuPower(700)}, "n2": {0: GpuPower(None, 200)}}
+    out = draws(labels, [("n1", (0, 1)), ("n2", (0, 1)), ("n3", (0,))], gpus)
+    r1 = out[("rack", "r1")]
+    assert (r1.estimated_w, r1.measured_w, r1.unknown_gpus) == (1600, 550, 1)
+    assert set(out) == {("rack", "r1")}
+
+
+def test_a_large_fleet_spreads_over_racks_too():
+    # From 64 nodes placement finds GPUs through an index; with racks it judges every node.
+    fleet = [racked(f"a{i:02}", "r1") for i in range(40)] + [
+        racked(f"b{i:02}", "r2") for i in range(40)
+    ]
+    plan = run(snapshot(fleet, [model("chat", min=2)]))
+    assert placed_on(plan) == ["a00", "b00"]
+
+
+def test_headroom_stops_at_a_budget_and_says_why():
+    inv = Inventory(
+        {"n1": racked("n1", "r1")},
+        (),
+        power=Power((Budget("rack", "r1", 2000),), limits("n1")),
+    )
+    chat = model("chat", max=8)
+    room = headroom(chat, inv, 0, 8, Policy(), {}, {})
+    assert room.more == 2
+    assert room.blocked == [
+        "node n1 is in rack r1: 1,400 of 2,000 W held, this replica needs ~700 W"
+    ]

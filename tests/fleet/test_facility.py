@@ -1,0 +1,243 @@
+"""Power budgets over REST and through the reconciler's shell; racks on the pages
+(docs/facility.md)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from fleet.models import ModelState, Node, PowerBudget, Replica
+from fleet.reconciler import reconcile_once
+from llmgw.core.permissions import OPERATORS
+from tests.helpers import detail
+
+from .builders import H100, gpu_model, model_added, node_add
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+RACK = "llmgw.io/rack"
+
+
+def powered(node_id: str, *, limit: float = 700, draw: float | None = None, gpus: int = 2):
+    """The node's agent reported each GPU's enforced power limit (and its draw)."""
+    readings = [
+        {"index": i, "power_limit_w": limit, **({"power_w": draw} if draw else {})}
+        for i in range(gpus)
+    ]
+    Node.objects.filter(pk=node_id).update(load={"gpus": readings})
+
+
+def budgets() -> list[tuple]:
+    return list(PowerBudget.objects.values_list("kind", "name", "watts"))
+
+
+# The API.
+
+
+def test_a_budget_is_set_listed_replaced_and_cleared(api):
+    answer = api.call(
+        "PUT", "/facility/budgets", {"kind": "rack", "name": "r12-07", "watts": 16000}
+    )
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {"kind": "rack", "name": "r12-07", "watts": 16000.0}
+    api.call("PUT", "/facility/budgets", {"kind": "pdu", "name": "r12-07-a", "watts": 7400.5})
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r12-07", "watts": 15000})
+    assert budgets() == [("pdu", "r12-07-a", 7400.5), ("rack", "r12-07", 15000.0)]
+
+    listed = api.call("GET", "/facility").json()
+    assert [(d["kind"], d["name"], d["budget_w"], d["said"]) for d in listed] == [
+        ("rack", "r12-07", 15000.0, "0 of 15 kW"),
+        ("pdu", "r12-07-a", 7400.5, "0 of 7.4 kW"),
+    ]
+
+    gone = api.call("DELETE", "/facility/budgets/rack/r12-07")
+    assert gone.status_code == 200 and gone.json()["watts"] == 15000.0
+    assert budgets() == [("pdu", "r12-07-a", 7400.5)]
+    again = api.call("DELETE", "/facility/budgets/rack/r12-07")
+    assert again.status_code == 404
+    assert detail(again) == "rack r12-07 has no power budget."
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "said"),
+    [
+        ({"kind": "rack", "name": "r1", "watts": -5}, 400, "watts must be a number above 0"),
+        ({"kind": "rack", "name": "r1", "watts": 0}, 400, "watts must be a number above 0"),
+        ({"kind": "rack", "name": "r1", "watts": 1e12}, 400, "at most 10,000,000"),
+        ({"kind": "row", "name": "r1", "watts": 100}, 400, "for a rack or a pdu, not 'row'"),
+        ({"kind": "rack", "name": "r 1/2", "watts": 100}, 400, "is not a rack's name"),
+        ({"kind": "rack", "name": "-r1", "watts": 100}, 400, "is not a rack's name"),
+        ({"kind": "rack", "name": "r" * 64, "watts": 100}, 400, "at most 63 characters, not 64"),
+        ({"kind": "rack", "name": "", "watts": 100}, 400, "a rack needs a name"),
+        ({"kind": "rack", "name": "r1", "watts": "100"}, 400, "watts"),
+        ({"kind": "rack", "name": "r1", "watts": True}, 400, "watts"),
+        ({"kind": "rack", "name": "r1"}, 400, "watts"),
+        ({"kind": "rack", "name": "r1", "watts": 100, "margin": 5}, 400, "margin"),
+        ({"kind": "rack", "name": 7, "watts": 100}, 400, "name"),
+    ],
+)
+def test_bad_input_is_refused_and_changes_nothing(api, body, status, said):
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 9000})
+    answer = api.call("PUT", "/facility/budgets", body)
+    assert answer.status_code == status, answer.content
+    assert said in detail(answer)
+    assert budgets() == [("rack", "r1", 9000.0)]
+
+
+def test_clearing_a_budget_by_a_bad_kind_or_name_is_refused(api):
+    assert api.call("DELETE", "/facility/budgets/row/r1").status_code == 400
+    assert api.call("DELETE", "/facility/budgets/rack/-x").status_code == 400
+
+
+def test_a_viewer_may_list_but_not_set_budgets(client, django_user_model):
+    from django.contrib.auth.models import Group
+
+    from llmgw.core.permissions import VIEWERS
+
+    for name, group in (("vera", VIEWERS), ("otto", OPERATORS)):
+        user = django_user_model.objects.create_user(name, password="x", is_staff=True)
+        user.groups.add(Group.objects.get(name=group))
+    client.login(username="vera", password="x")
+    assert client.get("/api/v1/facility").status_code == 200
+    body = {"kind": "rack", "name": "r1", "watts": 100}
+    refused = client.put("/api/v1/facility/budgets", body, content_type="application/json")
+    assert refused.status_code == 403
+    assert "fleet.change_powerbudget" in detail(refused)
+    client.login(username="otto", password="x")
+    took = client.put("/api/v1/facility/budgets", body, content_type="application/json")
+    assert took.status_code == 200
+    assert budgets() == [("rack", "r1", 100.0)]
+
+
+# Through the reconciler.
+
+
+def test_the_reconciler_places_within_a_racks_budget_and_says_why_not(api, no_settle):
+    for node_id in ("gpu-a", "gpu-b"):
+        node_add(node_id, now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+        powered(node_id)
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 2000})
+    model_added(gpu_model("chat", scaling={"min": 3}))
+
+    reconcile_once(now=T0)
+
+    assert Replica.objects.count() == 2
+    state = ModelState.objects.get(pk="chat")
+    assert state.unplaceable
+    said = [r for e in state.explanation for r in e["reasons"]]
+    assert any("is in rack r1: 1,400 of 2,000 W held, this replica needs ~700 W" in r for r in said)
+    (rack,) = api.call("GET", "/facility").json()
+    assert (rack["nodes"], rack["gpus"], rack["estimated_w"], rack["said"]) == (
+        2,
+        4,
+        1400.0,
+        "1.4 of 2 kW",
+    )
+
+
+def test_without_readings_a_budget_blocks_nothing(api, no_settle):
+    node_add("gpu-a", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 1})
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    reconcile_once(now=T0)
+    assert Replica.objects.count() == 2
+    reasons = set(Replica.objects.values_list("reason", flat=True))
+    assert all("its draw is unknown" in r for r in reasons), reasons
+    (rack,) = api.call("GET", "/facility").json()
+    assert (rack["estimated_w"], rack["unknown_gpus"]) == (0.0, 2)
+
+
+def test_replicas_spread_over_racks_through_the_shell(no_settle):
+    node_add("gpu-a", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    node_add("gpu-b", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    node_add("gpu-c", now=T0, gpus=(H100, H100), labels={RACK: "r2"})
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    reconcile_once(now=T0)
+    nodes = sorted(Replica.objects.values_list("shards__node_id", flat=True))
+    assert nodes == ["gpu-a", "gpu-c"]
+    second = Replica.objects.get(shards__node_id="gpu-c")
+    assert "spread over racks: r2 holds 0, r1 holds 1" in second.reason
+
+
+# The pages.
+
+
+@pytest.fixture
+def staff(client, django_user_model):
+    user = django_user_model.objects.create_user("root", password="x", is_staff=True)
+    user.is_superuser = True
+    user.save()
+    client.force_login(user)
+    return client
+
+
+def test_the_cluster_page_shows_each_racks_draw_against_its_budget(staff, api, no_settle):
+    node_add("gpu-a", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    powered("gpu-a", limit=700, draw=650)
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 16000})
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    reconcile_once(now=T0)
+    body = staff.get("/").content.decode()
+    assert 'id="racks"' in body
+    assert 'data-rack="r1"' in body
+    assert "1.4 of 16 kW" in body
+    assert "1,300 W measured" in body
+
+
+def test_no_racks_table_without_racks_or_budgets(staff):
+    node_add("gpu-a", now=T0)
+    assert 'id="racks"' not in staff.get("/").content.decode()
+
+
+def test_a_node_page_says_where_the_node_is(staff):
+    node_add("gpu-a", now=T0, labels={RACK: "r1", "llmgw.io/zone": "z1", "llmgw.io/pdu": "p-a"})
+    body = staff.get("/nodes/gpu-a").content.decode()
+    assert 'id="location"' in body
+    for want in ("zone z1", "rack r1", "PDU p-a"):
+        assert want in body
+
+
+def test_the_racks_table_needs_the_power_budget_view_permission(client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    node_add("gpu-a", now=T0, labels={RACK: "r1"})
+    user = django_user_model.objects.create_user("pat", password="x", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(
+            codename__in=["view_node", "view_model"],
+            content_type__app_label__in=["fleet", "catalog"],
+        )
+    )
+    client.force_login(user)
+    assert 'id="racks"' not in client.get("/").content.decode()
+    user.user_permissions.add(Permission.objects.get(codename="view_powerbudget"))
+    client.force_login(django_user_model.objects.get(pk=user.pk))
+    assert 'data-rack="r1"' in client.get("/").content.decode()
+
+
+def test_the_nodes_api_gives_where_a_node_is(api):
+    node_add("gpu-a", now=T0, labels={RACK: "r1", "llmgw.io/pdu": "p-a,p-b", "team": "ml"})
+    node_add("gpu-b", now=T0)
+    assert api.call("GET", "/nodes/gpu-a").json()["location"] == {"rack": "r1", "pdu": "p-a,p-b"}
+    assert api.call("GET", "/nodes/gpu-b").json()["location"] == {}
+
+
+@pytest.mark.parametrize("chunk", [500, 1])
+def test_the_snapshot_reads_power_only_for_nodes_under_a_budget(api, monkeypatch, chunk):
+    from fleet import facility
+    from fleet.domain.power import GpuPower
+    from fleet.selectors import node_views
+
+    monkeypatch.setattr(facility, "_CHUNK", chunk)  # 1: many nodes, read all at once
+    node_add("gpu-a", now=T0, labels={RACK: "r1"})
+    node_add("gpu-b", now=T0, labels={RACK: "r2"})
+    node_add("gpu-c", now=T0)
+    for node_id in ("gpu-a", "gpu-b", "gpu-c"):
+        powered(node_id, limit=700, draw=90)
+    assert facility.power_load(node_views()).budgets == ()
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 5000})
+    power = facility.power_load(node_views())
+    assert [b.name for b in power.budgets] == ["r1"]
+    assert power.gpus == {"gpu-a": {0: GpuPower(700, 90), 1: GpuPower(700, 90)}}
