@@ -94,11 +94,19 @@ class Domain:
         return self.budget_w is not None and self.estimated_w > self.budget_w
 
     @property
+    def known(self) -> bool:
+        """Whether what it draws is known: not when every GPU held there reports no power
+        (then its 0 W is no reading)."""
+        return bool(self.estimated_w) or not self.unknown_gpus
+
+    @property
     def said(self) -> str:
-        """ "9.6 of 16 kW" against a budget, "9.6 kW" without one."""
+        """ "9.6 of 16 kW" against a budget, "9.6 kW" without one; "unknown" for the draw
+        of GPUs none of which reports its power."""
+        drawn = f"{kilowatts(self.estimated_w)}" if self.known else "unknown"
         if self.budget_w is None:
-            return f"{kilowatts(self.estimated_w)} kW"
-        return f"{kilowatts(self.estimated_w)} of {kilowatts(self.budget_w)} kW"
+            return f"{drawn} kW" if self.known else drawn
+        return f"{drawn} of {kilowatts(self.budget_w)} kW"
 
     @property
     def measured_said(self) -> str:
@@ -111,7 +119,7 @@ class Domain:
             "name": self.name,
             "nodes": self.nodes,
             "gpus": self.gpus,
-            "estimated_w": round(self.estimated_w, 1),
+            "estimated_w": round(self.estimated_w, 1) if self.known else None,
             "measured_w": round(self.measured_w, 1) if self.measured_w is not None else None,
             "unknown_gpus": self.unknown_gpus,
             "budget_w": self.budget_w,

@@ -104,7 +104,8 @@ def _scrape(now: datetime) -> Scrape:
         for d in facility_domains(held.gpus.items()):
             if d.budget_w is not None:
                 scrape.add("llmgw_domain_power_budget_watts", (d.kind, d.name), d.budget_w)
-            scrape.add("llmgw_domain_power_held_watts", (d.kind, d.name), d.estimated_w)
+            if d.known:  # GPUs that report no power at all are no reading of 0 W
+                scrape.add("llmgw_domain_power_held_watts", (d.kind, d.name), d.estimated_w)
         for node_id, engine, version, state in install_rows():
             scrape.add("llmgw_node_engine_install", (engine, node_id, state, version), 1)
     series_cache_trim(scrape.series())

@@ -198,8 +198,9 @@ class FacilityDomainOut(Schema):
     name: str
     nodes: int
     gpus: int
-    # Per GPU held by a replica, the larger of its power limit and its measured draw.
-    estimated_w: float
+    # Per GPU held by a replica, the larger of its power limit and its measured draw; null
+    # when every GPU held there reports neither (unknown, not 0 W).
+    estimated_w: float | None
     measured_w: float | None
     # GPUs held by replicas whose agent reports neither figure: not counted.
     unknown_gpus: int

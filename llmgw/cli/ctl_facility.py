@@ -42,7 +42,7 @@ def render_facility(domains: list[Mapping[str, Any]]) -> str:
         return NOTHING
     rows = []
     for d in domains:
-        held = _watts(d.get("estimated_w"))
+        held = _watts(d.get("estimated_w")) if d.get("estimated_w") is not None else "unknown"
         if d.get("over"):
             held += " (over)"
         if d.get("unknown_gpus"):

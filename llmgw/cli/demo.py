@@ -90,17 +90,21 @@ RUNTIME = {
     ],
 }
 
-# Three agents share this machine: each gets its own range of engine ports.
+# Three agents share this machine: each gets its own range of engine ports. Each says where
+# it stands (docs/facility.md): chat-70b's two replicas are spread over the two racks.
 NODES = (
     (
         "gpu-a",
-        "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --labels zone=a --port-range 20000-20999",
+        "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --zone a --rack r1 --port-range 20000-20999",
     ),
     (
         "gpu-b",
-        "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --labels zone=b --port-range 21000-21999",
+        "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --zone b --rack r2 --port-range 21000-21999",
     ),
-    ("cpu-1", "--memory-gb 64 --cpus 16 --labels zone=a,kind=cpu --port-range 22000-22999"),
+    (
+        "cpu-1",
+        "--memory-gb 64 --cpus 16 --zone a --rack r1 --labels kind=cpu --port-range 22000-22999",
+    ),
 )
 
 

@@ -36,6 +36,17 @@ DOMAINS = [
 ]
 
 
+def test_a_rack_whose_gpus_report_no_power_holds_an_unknown_draw_not_zero(capsys):
+    silent = {**DOMAINS[0], "estimated_w": None, "measured_w": None, "unknown_gpus": 4}
+    server = FakeServer({("GET", "/api/v1/facility"): (200, [silent])})
+
+    code, out, _ = run(capsys, server, "facility", "list")
+
+    assert code == 0
+    rows = table(out.rstrip("\n").split("\n\n")[0])
+    assert row_for(rows, "rack")[4] == "unknown (4 GPUs unknown)"
+
+
 def test_facility_list_shows_each_rack_and_pdu_with_its_draw_and_budget(capsys):
     server = FakeServer({("GET", "/api/v1/facility"): (200, DOMAINS)})
 

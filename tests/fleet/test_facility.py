@@ -146,7 +146,14 @@ def test_without_readings_a_budget_blocks_nothing(api, no_settle):
     reasons = set(Replica.objects.values_list("reason", flat=True))
     assert all("its draw is unknown" in r for r in reasons), reasons
     (rack,) = api.call("GET", "/facility").json()
-    assert (rack["estimated_w"], rack["unknown_gpus"]) == (0.0, 2)
+    # Nothing it holds reports its power: what it draws is unknown, not 0 W.
+    assert (rack["estimated_w"], rack["unknown_gpus"]) == (None, 2)
+    assert rack["said"].startswith("unknown of ")
+    from fleet.metrics import fleet_text
+
+    text = fleet_text()
+    assert 'llmgw_domain_power_budget_watts{kind="rack",name="r1"} 1.0' in text
+    assert "llmgw_domain_power_held_watts" not in text
 
 
 def test_replicas_spread_over_racks_through_the_shell(no_settle):
