@@ -32,11 +32,22 @@ from .victims import BORROWED, MAX_VICTIMS, TIER_WHY, Candidate, Preemption, Vic
 def _groups(
     inv: Inventory, profiles: Sequence[Profile], useful: set[str], with_candidates: set[str]
 ) -> list[tuple[str, frozenset[str]]]:
-    """Where room may be made: each node for one-node profiles, each fabric for the rest."""
+    """Where room may be made: each node for one-node profiles, and each rack or PDU under a
+    budget; each fabric for the rest."""
     groups: dict[str, frozenset[str]] = {}
     if any(p.nodes == 1 for p in profiles):
         for n in sorted(useful & with_candidates):
             groups[n] = frozenset((n,))
+    if any(p.nodes == 1 for p in profiles) and inv.ledger is not None:
+        # A rack or PDU under a budget: a victim anywhere in it frees the watts a node of it
+        # needs, though not the node's GPUs (docs/facility.md).
+        domains: dict[tuple[str, str], set[str]] = {}
+        for n, mine in inv.ledger.node_domains.items():
+            for d in mine:
+                domains.setdefault(d, set()).add(n)
+        for (kind, name), nodes in sorted(domains.items()):
+            if nodes & useful and nodes & with_candidates and len(nodes) > 1:
+                groups[f"{kind} {name}"] = frozenset(nodes & (useful | with_candidates))
     if any(p.nodes > 1 for p in profiles):
         fabrics: dict[str, set[str]] = {}
         for n in useful:
@@ -47,6 +58,16 @@ def _groups(
             if nodes & with_candidates:
                 groups[f"{FABRIC_LABEL}={fabric}"] = frozenset(nodes)
     return list(groups.items())
+
+
+def _budget_mates(inv: Inventory, useful: set[str], profiles: Sequence[Profile]) -> set[str]:
+    """The nodes sharing a rack or PDU under a budget with a useful node: a replica there
+    may be stopped for the watts it holds."""
+    ledger = inv.ledger
+    if ledger is None or not any(p.nodes == 1 for p in profiles):
+        return set()
+    wanted = {d for n in useful for d in ledger.node_domains.get(n, ())}
+    return {n for n, mine in ledger.node_domains.items() if wanted.intersection(mine)} - useful
 
 
 def _minus(policy: Policy, usage: Mapping[str, Amount], gone: Iterable[Candidate]) -> dict:
@@ -82,7 +103,9 @@ def preempt(
     if not useful:
         result.blocked.append(f"no node could run {want.name} even if it were empty")
         return result
-    cands, result.protected, blocked, unsaid = candidates(want, live, ctx, useful)
+    cands, result.protected, blocked, unsaid = candidates(
+        want, live, ctx, useful | _budget_mates(inv, useful, profiles)
+    )
     result.blocked.extend(sorted(set(blocked)))
     freeing: dict[str, list[ReplicaView]] = {}
     for r in ctx.freeing.values():

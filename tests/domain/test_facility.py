@@ -242,6 +242,50 @@ def test_a_standard_model_passing_a_budget_preempts_an_opportunistic_replica_in_
     assert [s.model for s in plan.starts] == ["chat"]
 
 
+def test_a_victim_on_another_node_of_the_rack_frees_the_watts_a_model_needs():
+    # n1 runs only the opportunistic model and holds the rack's whole 8,000 W; n2 beside it,
+    # the only node chat may run on, has eight free cards but no watts. Nothing on n2 can
+    # go: the victim is on n1, which frees the watts, not the cards chat gets.
+    batch_tp4 = gpu_profile("tp4", tp=4, node_selector={"kind": "main"})
+    chat_tp4 = gpu_profile("tp4", tp=4, node_selector={"kind": "spare"})
+    opp = model("batch", batch_tp4, capacity_class="opportunistic", min=2)
+    chat = model("chat", chat_tp4)
+    snap = with_power(
+        snapshot(
+            [
+                racked("n1", "r1", labels={"kind": "main"}),
+                racked("n2", "r1", labels={"kind": "spare"}),
+            ],
+            [opp, replace(chat, min_replicas=0, max_replicas=0)],
+        ),
+        Budget("rack", "r1", 8000),
+        gpus=limits("n1", "n2", watts=1000),
+    )
+    c = Cluster(snap)
+    plan = c.step()
+    assert placed_on(plan) == ["n1", "n1"]
+    batch = c.ids()
+    for r in batch:
+        c.report(r, "ready")
+    c.wait(TIMINGS.min_lifetime + 60)
+    c.change(models={"batch": opp, "chat": chat})
+    # The dry run names it first.
+    out = preemption_dry_run(chat, c.snap, c.now, TIMINGS)
+    assert [v["replica"] for v in out["victims"]] in ([b] for b in batch), out
+    plan = c.step()
+    assert len(plan.drains) == 1 and plan.drains[0].replica_id in batch
+    assert "preempted for chat" in plan.drains[0].reason
+    # Once it is gone, chat is placed on n2 in the watts it freed.
+    c.all_stopped()
+    c.wait(TIMINGS.preempt_grace + 1)
+    c.report(plan.drains[0].replica_id, "stopped")
+    for _ in range(3):
+        plan = c.step()
+        if plan.starts:
+            break
+    assert [(s.model, placed_on(plan)) for s in plan.starts] == [("chat", ["n2"])]
+
+
 def test_the_dry_run_names_the_victim_for_a_budget():
     opp = model("batch", TP4, capacity_class="opportunistic")
     chat = model("chat", TP4)
