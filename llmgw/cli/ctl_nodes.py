@@ -106,7 +106,19 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
             ]
         )
     headers = ["NODE", "STATE", "GPUS", "MEMORY", "CPUS", "LOAD", "REPLICAS", "LAST SEEN"]
+    if any(_where(n) for n in nodes):  # only a fleet that says where its nodes are
+        headers.insert(2, "WHERE")
+        for row, n in zip(rows, nodes, strict=True):
+            row.insert(2, _where(n) or DASH)
     return render(headers, rows)
+
+
+def _where(node: dict[str, Any]) -> str:
+    """Its zone, rack and PDU as its labels say ("zone a, rack r12-07"), those it has."""
+    where = node.get("location")
+    if not isinstance(where, dict):
+        return ""
+    return ", ".join(f"{k} {where[k]}" for k in ("zone", "rack", "pdu") if where.get(k))
 
 
 def render_node(n: dict[str, Any]) -> str:

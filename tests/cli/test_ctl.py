@@ -124,6 +124,17 @@ def test_nodes_shows_free_gpus_memory_load_replicas_and_last_seen(capsys):
     ]
 
 
+def test_nodes_say_where_they_stand_only_in_a_fleet_that_says_it(capsys):
+    located = nodes()
+    located[0] = {**located[0], "location": {"zone": "a", "rack": "r12-07", "pdu": "p1,p2"}}
+    server = FakeServer({("GET", "/api/v1/nodes"): (200, located)})
+    _, out, _ = run(capsys, server, "nodes")
+    rows = table(out)
+    assert rows[0][:3] == ["NODE", "STATE", "WHERE"]
+    assert row_for(rows, "gpu-1")[2] == "zone a, rack r12-07, pdu p1,p2"
+    assert row_for(rows, "cpu-1")[2] == "-"
+
+
 def test_a_node_that_did_not_report_a_figure_shows_a_dash_never_zero(capsys):
     server = FakeServer({("GET", "/api/v1/nodes"): (200, nodes())})
     _, out, _ = run(capsys, server, "nodes")
