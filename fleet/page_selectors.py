@@ -22,6 +22,7 @@ from django.db import connection
 from django.db.models import (
     BooleanField,
     Case,
+    Exists,
     ExpressionWrapper,
     F,
     Func,
@@ -38,10 +39,11 @@ from tenancy.models import CapacityQuota
 from tenancy.selectors import quota_views
 
 from .domain.holdings import holdings
+from .domain.power import PDU_LABEL, RACK_LABEL
 from .domain.reconcile import desired_replicas
 from .domain.types import HOLDING, Failure, ModelState as ModelStateView, ReplicaView
 from .listings import failure_shown, held_for_shown, measured_memory, model_status
-from .models import ModelState, Node, Shard
+from .models import ModelState, Node, PowerBudget, Shard
 
 # What an operator sees, most troubled first: the order of `?sort=state`.
 SHOWN_STATES = ("lost", "unreachable", "draining", "cordoned", "ready")
@@ -105,12 +107,22 @@ _COLUMNS = (
     "load1",
     *NODE_SENSORS,
     "replica_count",
+    "facility",
     "asked",
     "of_class",
 )
 _ID, _STATE, _TOTAL, _FREE, _CLASSES = range(5)
 _SENSOR_AT = {s: _COLUMNS.index(s) for s in NODE_SENSORS}
+_FACILITY = _COLUMNS.index("facility")
 _ASKED, _OF_CLASS = len(_COLUMNS) - 2, len(_COLUMNS) - 1
+# Whether any node says where it is or any power budget exists: the same for every row,
+# worked out once by the database (two uncorrelated EXISTS), so that the cluster page
+# reads the racks (fleet/facility.py) only when there are some, without a query to ask.
+_ANY_FACILITY = ExpressionWrapper(
+    Q(Exists(Node.objects.filter(Q(labels__has_key=RACK_LABEL) | Q(labels__has_key=PDU_LABEL))))
+    | Q(Exists(PowerBudget.objects.all())),
+    output_field=BooleanField(),
+)
 
 
 class _JsonListHas(Func):
@@ -150,6 +162,7 @@ class NodeTable:
     sensors: dict[str, bool]
     down: list[tuple[str, str]]
     counters: dict[str, int]
+    facility: bool = False  # a node says where it is, or a power budget exists
 
     def shown(self, *, of_class: bool) -> list[tuple]:
         """The rows in the state and with the label asked; of the class asked too when
@@ -183,6 +196,7 @@ def nodes_table(
         query = query.alias(label_value=KeyTransform(label[0], "labels"))
     of_class = _JsonListHas(F("gpu_classes"), Value(gpu_class)) if gpu_class else Value(True)
     query = query.annotate(
+        facility=_ANY_FACILITY,
         asked=ExpressionWrapper(asked, output_field=BooleanField()) if asked else Value(True),
         of_class=of_class,
     )
@@ -211,6 +225,7 @@ def nodes_table(
         sensors={s: any(r[i] is not None for r in rows) for s, i in _SENSOR_AT.items()},
         down=sorted(down),
         counters={"nodes_ready": ready, "nodes": len(rows), "gpus_free": free, "gpus": gpus},
+        facility=bool(rows) and bool(rows[0][_FACILITY]),
     )
 
 
@@ -228,7 +243,7 @@ def _decoded(text: str) -> tuple[str, ...]:
 def node_row(row: tuple) -> NodeRow:
     """A row of `nodes_table` as the table shows it."""
     (node_id, state, total, free, classes, memory_mb, used, cpus, load1, *sensors, held) = row[
-        :_ASKED
+        :_FACILITY
     ]
     cpu_temp, cpu_power, inlet = sensors
     return NodeRow(

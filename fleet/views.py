@@ -74,13 +74,15 @@ def cluster(request: HttpRequest) -> HttpResponse:
         if fragment == "charts":
             return page(request, "fleet/node_list.html", context, fragment=fragment)
     replicas = replica_views()
-    if fragment is None and request.user.has_perm("fleet.view_powerbudget"):
-        # Shown only when a node says where it is or a budget exists: one query either way.
-        context["racks"] = facility_domains(held_gpus(replicas))
     down = None
     if fragment in (None, "nodes-refresh"):
         context |= _nodes_context(request, replicas)
         down = context.pop("down")
+        facility = context.pop("facility")
+        if fragment is None and facility and request.user.has_perm("fleet.view_powerbudget"):
+            # Only when a node says where it is or a budget exists (the nodes' query says):
+            # one query more then, none otherwise.
+            context["racks"] = facility_domains(held_gpus(replicas))
     if fragment in (None, "models-refresh"):
         catalog = catalog_load()
         models = ps.model_rows(catalog, replicas, clock.now())
@@ -169,6 +171,7 @@ def _nodes_context(request: HttpRequest, replicas) -> dict:
             "replicas": sum(1 for r in replicas if r.state in HOLDING),
         },
         "down": table.down,
+        "facility": table.facility,
     }
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from fleet.models import ModelState, Node, PowerBudget, Replica
 from fleet.reconciler import reconcile_once
@@ -13,6 +15,7 @@ from llmgw.core.permissions import OPERATORS
 from tests.helpers import detail
 
 from .builders import H100, gpu_model, model_added, node_add
+from .test_pages import CLUSTER_QUERIES
 
 pytestmark = pytest.mark.django_db
 
@@ -186,16 +189,35 @@ def test_the_cluster_page_shows_each_racks_draw_against_its_budget(staff, api, n
     api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 16000})
     model_added(gpu_model("chat", scaling={"min": 2}))
     reconcile_once(now=T0)
-    body = staff.get("/").content.decode()
+    staff.get("/")
+    with CaptureQueriesContext(connection) as seen:
+        body = staff.get("/").content.decode()
     assert 'id="racks"' in body
     assert 'data-rack="r1"' in body
     assert "1.4 of 16 kW" in body
     assert "1,300 W measured" in body
+    # The racks are one query beside the page's others, and none without racks or budgets.
+    PowerBudget.objects.all().delete()
+    Node.objects.update(labels={})
+    with CaptureQueriesContext(connection) as without:
+        assert 'id="racks"' not in staff.get("/").content.decode()
+    assert len(seen) == len(without) + 1 <= CLUSTER_QUERIES + 1
 
 
 def test_no_racks_table_without_racks_or_budgets(staff):
+    node_add("gpu-a", now=T0, labels={"zone-ish": "r1"})
+    staff.get("/")
+    with CaptureQueriesContext(connection) as seen:
+        body = staff.get("/").content.decode()
+    assert 'id="racks"' not in body
+    assert len(seen) <= CLUSTER_QUERIES
+
+
+def test_a_budget_alone_shows_the_racks_table(staff, api):
     node_add("gpu-a", now=T0)
-    assert 'id="racks"' not in staff.get("/").content.decode()
+    api.call("PUT", "/facility/budgets", {"kind": "pdu", "name": "p1", "watts": 7400})
+    body = staff.get("/").content.decode()
+    assert 'id="racks"' in body and 'data-pdu="p1"' in body
 
 
 def test_a_node_page_says_where_the_node_is(staff):

@@ -21,7 +21,7 @@ from .conftest import answer, in_db
 HX = {"HTTP_HX_REQUEST": "true"}
 TAIL = "llama_model_load: loading model\nerror: failed to open GGUF file '/m/chat.gguf'"
 # As tests/fleet/test_pages.py counts them: failures are read with the models' states.
-CLUSTER_QUERIES = 11
+CLUSTER_QUERIES = 10
 
 
 @pytest.fixture(autouse=True)

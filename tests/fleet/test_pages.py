@@ -30,10 +30,10 @@ HX = {"HTTP_HX_REQUEST": "true"}
 # The cluster page's queries at any size: the session and user, the replicas and their
 # shards, the nodes, the catalog (its revision and count), the models' states, their
 # measured memory, and whether any quota sets a limit (four more, the policy and its scope
-# tree, when one does), the reconciler's row (whether passes stopped), and the racks and
-# power budgets (one query for both). The nodes are one query: their figures are their own
-# columns.
-CLUSTER_QUERIES = 11
+# tree, when one does), the reconciler's row (whether passes stopped). The nodes are one
+# query: their figures are their own columns, and it says too whether any node says where
+# it is or a power budget exists; then the racks are one query more (test_facility.py).
+CLUSTER_QUERIES = 10
 # Nodes alone: the session and user, the replicas and shards, the nodes.
 NODES_FRAGMENT_QUERIES = 5
 FRAGMENT_BYTES = 50 * 1024
