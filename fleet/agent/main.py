@@ -53,11 +53,17 @@ def parse_labels(values: list[str]) -> dict[str, str]:
         for item in value.split(","):
             if not item.strip():
                 continue
-            key, sep, val = item.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"label {item!r} is not key=value")
-            labels[key.strip()] = val.strip()
+            key, val = _key_value(item, f"label {item!r} is not key=value")
+            labels[key] = val
     return labels
+
+
+def _key_value(item: str, refusal: str) -> tuple[str, str]:
+    """A label's key and value from ``key=value``; ValueError(`refusal`) for anything else."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(refusal)
+    return key.strip(), value.strip()
 
 
 def location_labels(*, zone: str | None, rack: str | None, pdu: str | None) -> dict[str, str]:
@@ -92,10 +98,8 @@ def labels_file(path: Path) -> dict[str, str]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"line {number} of the labels file {path} is not key=value")
-        labels[key.strip()] = value.strip()
+        key, value = _key_value(line, f"line {number} of the labels file {path} is not key=value")
+        labels[key] = value
     return labels
 
 
