@@ -2,7 +2,8 @@
 
 One request: find the key (a dict lookup on its keyed hash), read and check the
 body, find the model by name or alias, check the limits, pick a ready replica
-(least in flight for its weight), send the body on with the replica's engine
+(the one holding the prompt's prefix unless it is too busy, else the least in flight
+for its weight: `prefixes`), send the body on with the replica's engine
 key, and pass the answer back, streamed as it arrives. Usage, load and metrics
 are counted in memory. Nothing here touches the database; `Runtime`'s
 background task refreshes the tables and writes the batches.
