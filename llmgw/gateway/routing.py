@@ -42,7 +42,7 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
             with tracing.span("llmgw.routing") as span:
                 picked = up = None
                 for i, model in enumerate(chain):
-                    picked = rt.pick(model, req.tried, req.prefix)
+                    picked = rt.pick(model, req.tried, req)
                     if picked is not None:
                         up = picked.up
                         # Served by a fallback for now; an on-demand model before it is started.
@@ -81,7 +81,7 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                     )
                 continue
             if status == 200:
-                rt.served(up, req.prefix)
+                rt.served(up, req)
             return status
     except asyncio.CancelledError:
         if gone.is_set():

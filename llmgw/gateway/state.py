@@ -157,12 +157,13 @@ class State:
             return key
         return self.tables.keys.get(digest)
 
-    def pick(self, model: str, tried: set[str], prefix: Sequence[int] = ()) -> Picked | None:
-        """A ready replica of `model` for a request whose prompt's leading blocks hash to
-        `prefix` (`prefixes.block_hashes`), by its profiles' routing: the one holding the
-        longest prefix unless it is too loaded (`prefixes.choose`; what each served is
-        told by `served`), the least loaded, or the next in turn. Replicas tried
-        already, or recently refusing connections, only when nothing else is left."""
+    def pick(self, model: str, tried: set[str], req: Request | None = None) -> Picked | None:
+        """A ready replica of `model` for `req`, by its profiles' routing: the one holding
+        the longest prefix of its prompt unless it is too loaded (`prefixes.choose`; what
+        each served is told by `served`), the least loaded, or the next in turn. The
+        prompt is hashed only for a model routed by prefix whose replicas served some.
+        Replicas tried already, or recently refusing connections, only when nothing else
+        is left."""
         ups = self.tables.upstreams.get(model)
         if not ups:
             return None
@@ -181,8 +182,14 @@ class State:
         if routings == {"round_robin"}:
             return Picked(fresh[0], "round_robin", inflight=inflight.get(fresh[0].replica_id, 0))
         depths = [0] * len(fresh)
+        prefix: Sequence[int] = ()
         table = self.prefixes.get(model)
-        if prefix and table is not None and "prefix" in routings:
+        if (
+            table is not None
+            and req is not None
+            and "prefix" in routings
+            and (prefix := req.prefix)
+        ):
             held = table.depths(prefix, (u.replica_id for u in fresh if u.routing == "prefix"))
             depths = [held.get(u.replica_id, 0) for u in fresh]
         choice = choose(loads, depths, self.cfg.routing.imbalance)
@@ -190,11 +197,11 @@ class State:
         held = inflight.get(up.replica_id, 0)
         return Picked(up, choice.how, choice.depth, len(prefix), held)
 
-    def served(self, up: Upstream, prefix: Sequence[int]) -> None:
-        """`up` answered a request whose prompt's leading blocks hash to `prefix`: its engine
-        holds them now. Not before it answered: a request sent while the first is still
-        filling the engine's cache would find nothing there, only a busier replica."""
-        if prefix and up.routing == "prefix":
+    def served(self, up: Upstream, req: Request) -> None:
+        """`up` answered `req`: its engine holds the prompt's leading blocks now. Not before
+        it answered: a request sent while the first is still filling the engine's cache
+        would find nothing there, only a busier replica."""
+        if up.routing == "prefix" and (prefix := req.prefix):
             table = self.prefixes.get(up.model)
             if table is None:
                 table = self.prefixes[up.model] = PrefixTable(self.cfg.routing.prefix_blocks)
