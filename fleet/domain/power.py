@@ -151,15 +151,13 @@ class Ledger:
             self.held[d] += sign * drawn
 
     def need(self, node_id: str, indices: Iterable[int]) -> float | None:
-        """What a replica given these GPUs is estimated to draw: their power limits summed;
-        None when any limit is unknown (nothing can be estimated)."""
-        total = 0.0
-        for i in indices:
-            limit = self._gpu(node_id, i).limit_w
-            if not limit:
-                return None
-            total += max(limit, self._gpu(node_id, i).draw_w or 0.0)
-        return total
+        """What a replica given these GPUs is estimated to draw: what each counts once held
+        (its limit, or its draw where that is higher) summed; None when any limit is
+        unknown (nothing can be estimated)."""
+        gpus = [self._gpu(node_id, i) for i in indices]
+        if not all(g.limit_w for g in gpus):
+            return None
+        return sum(g.held_w for g in gpus)
 
     def refusal(self, node_id: str, indices: tuple[int, ...]) -> str | None:
         """Why these GPUs of this node would take a budget past its cap, in a sentence with
