@@ -243,7 +243,7 @@ def _run(cluster: Cluster, setup: str, model: dict, shape: dict, extra_scale: di
     )
     project = gateway_project(cluster, f"bench-{setup}")
     secret = gateway_key(cluster, project, "routing")["secret"]
-    scale = {**{k: v for k, v in shape.items()}, **extra_scale, "load1_before": _load1(),
+    scale = {**shape, **extra_scale, "load1_before": _load1(),
              "cpus": len(os.sched_getaffinity(0))}  # fmt: skip
     # A warm-up, not measured: the engines' first requests and the client's first
     # connections would otherwise slow whichever routing goes first.
