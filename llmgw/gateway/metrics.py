@@ -85,7 +85,7 @@ class ModelSeries:
         "first_token",
         "prompt",
         "completion",
-        "cached",
+        "_cached",
         "_codes",
         "_routed",
     )
@@ -96,7 +96,9 @@ class ModelSeries:
         self.first_token = FIRST_TOKEN.labels(model)
         self.prompt = TOKENS.labels(model, "prompt")
         self.completion = TOKENS.labels(model, "completion")
-        self.cached = TOKENS.labels(model, "cached")
+        # Made on the first cached token: a model whose engines never report any says
+        # nothing, not 0.
+        self._cached = None
         self._codes: dict[int, object] = {}
         self._routed: dict[str, object] = {}
 
@@ -105,6 +107,11 @@ class ModelSeries:
         if child is None:
             child = self._codes[code] = REQUESTS.labels(self.model, str(code))
         child.inc()
+
+    def cached(self, tokens: int) -> None:
+        if self._cached is None:
+            self._cached = TOKENS.labels(self.model, "cached")
+        self._cached.inc(tokens)
 
     def routed(self, how: str) -> None:
         child = self._routed.get(how)

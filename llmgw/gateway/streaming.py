@@ -60,7 +60,7 @@ def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) ->
         s.prompt.inc(prompt)
         s.completion.inc(completion)
         if cached:
-            s.cached.inc(cached)
+            s.cached(cached)
         _, _, tokens = Limiter.checks(req.key, rt.tables.limits)
         rt.limiter.spent(tokens, prompt + completion, now)
 

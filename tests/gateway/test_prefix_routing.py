@@ -98,3 +98,15 @@ async def test_the_sim_engines_default_is_by_load_and_llama_cpps_by_prefix():
         assert parse_profile({"name": "p", "engine": engine}, model="m").routes_by == "prefix"
     chosen = parse_profile({"name": "p", "engine": "vllm", "routing": "round_robin"}, model="m")
     assert chosen.routes_by == "round_robin"
+
+
+def test_cached_tokens_are_said_only_for_a_model_whose_engines_report_some():
+    from prometheus_client import generate_latest
+
+    metrics.series("never-cached").prompt.inc(3)
+    text = generate_latest(metrics.REGISTRY).decode()
+    assert 'kind="prompt",model="never-cached"' in text
+    assert 'kind="cached",model="never-cached"' not in text
+    metrics.series("never-cached").cached(2)
+    text = generate_latest(metrics.REGISTRY).decode()
+    assert 'llmgw_gateway_tokens_total{kind="cached",model="never-cached"} 2.0' in text
