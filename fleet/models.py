@@ -167,6 +167,9 @@ class Replica(models.Model):
     # from again (a crashed engine they report failed, and it is replaced).
     unhealthy_since = models.DateTimeField(null=True, blank=True)
     unhealthy_reason = models.CharField(max_length=300, blank=True)
+    # Set by the database on every insert and update (migration 0014's triggers), never by
+    # llmgw: a pass reads in full only the rows whose number moved (fleet/rows.py).
+    rev = models.BigIntegerField(db_default=0, editable=False)
 
     class Meta:
         ordering = ["model", "created_at"]
@@ -195,6 +198,9 @@ class Shard(models.Model):
     # While its agent fetches the weights from the mirror: bytes so far, of how many.
     progress_done = models.PositiveBigIntegerField(null=True, blank=True)
     progress_total = models.PositiveBigIntegerField(null=True, blank=True)
+    # Set by the database on every insert and update (migration 0014's triggers), never by
+    # llmgw: a pass reads in full only the rows whose number moved (fleet/rows.py).
+    rev = models.BigIntegerField(db_default=0, editable=False)
 
     class Meta:
         ordering = ["replica", "rank"]
@@ -231,6 +237,9 @@ class ModelState(models.Model):
     # at}, the detail being the agent's sentence and the engine's last log lines.
     last_failure = models.JSONField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Set by the database on every insert and update (migration 0014's triggers), never by
+    # llmgw: a pass reads in full only the rows whose number moved (fleet/rows.py).
+    rev = models.BigIntegerField(db_default=0, editable=False)
 
     def __str__(self) -> str:
         return self.model

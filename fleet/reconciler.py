@@ -265,6 +265,8 @@ def _happened(plan, snap) -> list[event_log.Happened]:
     """The pass's decisions as the event log keeps them: each event, and each drain and
     stop with its reason, under its replica's model."""
     happened = [event_log.of_event(e) for e in plan.events]
+    if not (plan.drains or plan.stops):
+        return happened
     said = set(plan.events)
     models = {r.id: r.model for r in snap.replicas}
     for kind, actions in (("drain", plan.drains), ("stop", plan.stops)):

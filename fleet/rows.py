@@ -9,6 +9,7 @@ view has to be built of one.
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime
 
 from django.db import connection
@@ -119,3 +120,94 @@ def views_of(cache: dict, rows, key, build):
         for gone in cache.keys() - live:
             del cache[gone]
     return out
+
+
+def revisions_kept(table: str) -> bool:
+    """Whether the database numbers `table`'s rows on every write (migration
+    fleet.0014's triggers): one small query, once a process per database. A later
+    migration that rebuilds the table on SQLite drops its triggers (tests/fleet/
+    test_row_revisions.py would say so); the rows are then read in full, not trusted."""
+    key = (connection.vendor, str(connection.settings_dict["NAME"]), table)
+    kept = _kept.get(key)
+    if kept is None:
+        kept = _kept[key] = _triggers_there(table)
+    return kept
+
+
+_kept: dict[tuple[str, str, str], bool] = {}
+
+
+def _triggers_there(table: str) -> bool:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass "
+                "AND tgname = 'llmgw_rev' AND tgenabled <> 'D'",
+                [table],
+            )
+            return cursor.fetchone()[0] == 1
+        cursor.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = %s "
+            "AND name IN (%s, %s)",
+            [table, f"llmgw_rev_insert_{table}", f"llmgw_rev_update_{table}"],
+        )
+        return cursor.fetchone()[0] == 2
+
+
+class RowsByRevision:
+    """Every row of a table as `raw_values` gives it, reading in full only the rows whose
+    `rev` the database moved since the last read (or that are new); the others are last
+    read's tuples. `fields[0]` is the primary key; `order` sorts the rows (in Python, so
+    the database sorts nothing). One read at a time (a pass and a dry run may overlap).
+
+    Read inside a transaction it is one consistent picture (the caller's snapshot); a row
+    written between its number and its fields is kept with the fields and number read."""
+
+    def __init__(self, model, fields: tuple[str, ...], order=None) -> None:
+        if fields[0] != model._meta.pk.attname:
+            raise ValueError(f"{model.__name__}: the first field must be the primary key")
+        self.model, self.fields, self.order = model, fields, order
+        self._rows: dict = {}
+        self._last: tuple[list, list] | None = None
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rows.clear()
+            self._last = None
+
+    def read(self) -> list[tuple]:
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> list[tuple]:
+        qs = self.model.objects.order_by()
+        if not revisions_kept(self.model._meta.db_table):
+            self._rows.clear()
+            self._last = None
+            return self._sorted(raw_values(qs, self.fields))
+        revs = raw_values(qs, (self.fields[0], "rev"))
+        if self._last is not None and self._last[0] == revs:
+            return self._last[1]
+        rows = self._rows
+        stale = [key for key, rev in revs if (hit := rows.get(key)) is None or hit[0] != rev]
+        for i in range(0, len(stale), _CHUNK):
+            chunk = qs.filter(pk__in=stale[i : i + _CHUNK])
+            for row in raw_values(chunk, (*self.fields, "rev")):
+                rows[row[0]] = (row[-1], row[:-1])
+        if len(rows) > len(revs):
+            live = {key for key, _ in revs}
+            for gone in rows.keys() - live:
+                del rows[gone]
+        out = self._sorted([hit[1] for key, _ in revs if (hit := rows.get(key)) is not None])
+        self._last = (revs, out)
+        return out
+
+    def _sorted(self, rows: list[tuple]) -> list[tuple]:
+        if self.order is not None:
+            rows.sort(key=self.order)
+        return rows
+
+
+# Ids a statement names at most (SQLite's variables, PostgreSQL's plan size).
+_CHUNK = 500

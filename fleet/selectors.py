@@ -41,7 +41,16 @@ from .domain.types import (
 from .engine_installs import installs_of, with_installable
 from .facility import power_load
 from .models import Gpu, ModelState, Node, Replica, Shard
-from .rows import aware, date_columns, decoded, memoized, raw_values, views_of
+from .rows import (
+    RowsByRevision,
+    aware,
+    date_columns,
+    decoded,
+    memoized,
+    raw_json,
+    raw_values,
+    views_of,
+)
 
 # What changes between registrations, read every pass; the rest is cached per node.
 _NODE_DYNAMIC = (
@@ -88,7 +97,7 @@ _SHARD_STATIC = ("id", "node_id", "rank", "gpu_indices", "memory_gb", "cpu_cores
 _STATE_FIELDS = [
     f.name
     for f in ModelState._meta.fields
-    if f.name not in ("updated_at", "explanation", "reserved", "last_failure")
+    if f.name not in ("updated_at", "explanation", "reserved", "last_failure", "rev")
 ]
 _CHUNK = 500
 
@@ -102,6 +111,8 @@ def caches_clear() -> None:
     """Forget every cached view (tests reuse ids and clocks across databases)."""
     for cache in (_node_static, _node_cache, _shard_static, _replica_cache, _state_cache, _memo):
         cache.clear()
+    for rows in (_REPLICA_ROWS, _SHARD_ROWS, _STATE_ROWS):
+        rows.clear()
 
 
 def _chunks(ids: list[str]):
@@ -250,18 +261,38 @@ def _group_shards(rows: list[tuple]) -> dict[str, tuple[ShardView, ...]]:
 _memo: dict[str, tuple] = {}
 _replica_cache: dict[str, tuple] = {}
 _state_cache: dict[str, tuple] = {}
+# What each pass reads of every replica, shard and model state, by the rows' revisions;
+# the replicas come by model and age, as the model's ordering gives them.
+_REPLICA_ROWS = RowsByRevision(Replica, _REPLICA_FIELDS, order=lambda r: (r[1], r[5]))
+_SHARD_ROWS = RowsByRevision(Shard, ("id", "replica_id", "node_id", "state"))
+_STATE_ROWS = RowsByRevision(
+    ModelState, (*_STATE_FIELDS, "last_failure", "explanation", "reserved")
+)
 
 
-def replica_views(*, model: str | None = None) -> tuple[ReplicaView, ...]:
+def replica_views(
+    *, model: str | None = None, by_revision: bool = False
+) -> tuple[ReplicaView, ...]:
     """Every replica (or one model's) with its shards, by model and age; the views of
-    unchanged rows are last time's. Inside llmgw.core.reads.once_each, read once."""
+    unchanged rows are last time's. Inside llmgw.core.reads.once_each, read once.
+
+    `by_revision` (the pass, every few seconds): of every replica and shard, only the
+    rows the database numbered anew since the last such read are read in full
+    (`_REPLICA_ROWS`, `_SHARD_ROWS`)."""
     if reads.sharing():
-        every = reads.once("replicas", _replica_views_read)
+        every = reads.once("replicas", lambda: _replica_views_read(by_revision=by_revision))
         return every if model is None else tuple(r for r in every if r.model == model)
-    return _replica_views_read(model=model)
+    return _replica_views_read(model=model, by_revision=by_revision)
 
 
-def _replica_views_read(*, model: str | None = None) -> tuple[ReplicaView, ...]:
+def _replica_views_read(
+    *, model: str | None = None, by_revision: bool = False
+) -> tuple[ReplicaView, ...]:
+    if model is None and by_revision:
+        rows, shard_rows = _REPLICA_ROWS.read(), _SHARD_ROWS.read()
+        return memoized(
+            _memo, "replicas", (rows, shard_rows), lambda _: _replica_views(rows, shard_rows)
+        )
     replicas = Replica.objects.all()
     # In no order: they are grouped by replica and put in rank order there, and the sort
     # the model's ordering asks for was most of reading them.
@@ -295,16 +326,26 @@ def _replica_views(rows: list[tuple], shard_rows: list[tuple]) -> tuple[ReplicaV
     )
 
 
-def model_states(*, name: str | None = None) -> dict[str, ModelStateView]:
+def model_states(
+    *, name: str | None = None, by_revision: bool = False
+) -> dict[str, ModelStateView]:
     """Every model's controller state (or one's); explanations (JSON) are read only where
-    there is one. Inside llmgw.core.reads.once_each, read once."""
+    there is one. Inside llmgw.core.reads.once_each, read once. `by_revision` (the pass):
+    only the rows the database numbered anew since the last such read are read in full,
+    JSON and all (`_STATE_ROWS`)."""
     if reads.sharing():
-        every = reads.once("states", _model_states_read)
+        every = reads.once("states", lambda: _model_states_read(by_revision=by_revision))
         return dict(every) if name is None else {k: v for k, v in every.items() if k == name}
-    return _model_states_read(name=name)
+    return _model_states_read(name=name, by_revision=by_revision)
 
 
-def _model_states_read(*, name: str | None = None) -> dict[str, ModelStateView]:
+def _model_states_read(
+    *, name: str | None = None, by_revision: bool = False
+) -> dict[str, ModelStateView]:
+    dates = date_columns(ModelState, _STATE_FIELDS)
+    if name is None and by_revision:
+        parts = memoized(_memo, "state_rows", _STATE_ROWS.read(), _state_parts)
+        return _model_states_built(*parts, dates, memo=True)
     states = ModelState.objects.all() if name is None else ModelState.objects.filter(pk=name)
     explanations = dict(states.exclude(explanation=[]).values_list("model", "explanation"))
     reserved = {
@@ -313,7 +354,29 @@ def _model_states_read(*, name: str | None = None) -> dict[str, ModelStateView]:
     }
     # The last failure (JSON) comes with the row: its column is null for most models.
     rows = raw_values(states, (*_STATE_FIELDS, "last_failure"))
-    dates = date_columns(ModelState, _STATE_FIELDS)
+    return _model_states_built(rows, explanations, reserved, dates, memo=name is None)
+
+
+def _state_parts(every: list[tuple]) -> tuple[list[tuple], dict, dict]:
+    """Rows read with their explanation and reservations last: the rows without them, and
+    those two by model where there are any."""
+    rows = [row[:-2] for row in every]
+    explanations = {row[0]: raw_json(row[-2]) for row in every if row[-2] not in _EMPTY}
+    reserved = {
+        row[0]: tuple(Reservation.of(r) for r in raw_json(row[-1]) if isinstance(r, dict))
+        for row in every
+        if row[-1] not in _EMPTY
+    }
+    return rows, explanations, reserved
+
+
+# An empty JSON list as each driver hands it over (SQLite: text; PostgreSQL: the list).
+_EMPTY = ("[]", [], None)
+
+
+def _model_states_built(
+    rows: list[tuple], explanations: dict, reserved: dict, dates: tuple[int, ...], *, memo: bool
+) -> dict[str, ModelStateView]:
 
     def build(_) -> dict[str, ModelStateView]:
         views = views_of(
@@ -334,7 +397,7 @@ def _model_states_read(*, name: str | None = None) -> dict[str, ModelStateView]:
         )
         return {v.model: v for v in views}
 
-    if name is None:
+    if memo:
         # Every model's, as each pass reads them: the same rows give the same views.
         return dict(memoized(_memo, "states", (rows, explanations, reserved), build))
     return build(None)
@@ -385,13 +448,13 @@ def snapshot_load(
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         models = catalog_load()
-        replicas = replica_views()
+        replicas = replica_views(by_revision=True)
         nodes = node_views()
         return Snapshot(
             nodes=nodes,
             models=models,
             replicas=replicas,
-            states=model_states(),
+            states=model_states(by_revision=True),
             settling=settling,
             silence_floor=silence_floor,
             policy=policy if policy is not None else Policy(),
