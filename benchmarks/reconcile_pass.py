@@ -20,6 +20,9 @@ from datetime import timedelta
 NODES = int(os.environ.get("BENCH_NODES", 5000))
 REPLICAS = int(os.environ.get("BENCH_REPLICAS", 10000))
 RUNS = int(os.environ.get("BENCH_RUNS", 7))
+# Models that stay unplaceable: a whole node each, only on the nodes already full, beside
+# replicas of their own class at their minimum (which may not be preempted for them).
+UNPLACEABLE = int(os.environ.get("BENCH_UNPLACEABLE", 20))
 
 
 def main() -> None:
@@ -55,18 +58,29 @@ def main() -> None:
     fp = {name: spec.profiles[0].fingerprint() for name, spec in catalog_load().items()}
     replicas, shards = [], []
     slot = 0
+    hour = timedelta(hours=1)  # ready for an hour: past their protection
     for m in range(models):
         for r in range(2):
             node, first = divmod(slot, 4)
             node %= NODES
             rid = f"m{m:05d}-{r}"
             replicas.append(Replica(id=rid, model=f"m{m:05d}", profile="tp2", profile_fp=fp[f"m{m:05d}"],
-                                    state="ready", state_since=now, created_at=now, ready_at=now))  # fmt: skip
+                                    state="ready", state_since=now, created_at=now - hour, ready_at=now - hour))  # fmt: skip
             shards.append(Shard(id=f"{rid}-0", replica_id=rid, node_id=f"n{node:05d}", gpu_indices=[first * 2, first * 2 + 1],
                                 http_port=20000 + first, state="ready"))  # fmt: skip
             slot += 1
     Replica.objects.bulk_create(replicas, batch_size=2000)
     Shard.objects.bulk_create(shards, batch_size=2000)
+    full = sorted({s.node_id for s in shards})[: len(shards) // 4]
+    Node.objects.filter(pk__in=full).update(labels={"pool": "full"})
+    stuck = Model.objects.bulk_create(
+        Model(name=f"u{i:05d}", min_replicas=1, max_replicas=1) for i in range(UNPLACEABLE)
+    )
+    Profile.objects.bulk_create(
+        Profile(model=m, name="tp8", engine="sim", gpu_class="h100-80g", tp=8,
+                node_selector={"pool": "full"})
+        for m in stuck
+    )  # fmt: skip
     # Passes every 5 s from a fresh start, as the loop runs them, until settling is over; the
     # timed ones find nothing to do.
     Lease.objects.all().delete()
@@ -111,6 +125,7 @@ def main() -> None:
         "gpus": NODES * 8,
         "replicas": REPLICAS,
         "models": models,
+        "unplaceable_models": UNPLACEABLE,
         "database": db,
         "runs": RUNS,
         "load_avg_1m": round(load, 2),

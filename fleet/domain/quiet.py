@@ -11,23 +11,37 @@ pass whose inputs are the very same, before that time, takes the kept state inst
 running the step again: the same inputs give the same decision, and a decision that
 did nothing does nothing again.
 
-Steps that read more than their own model are never kept: a model placed or preempted
-for (its step reads every node's room and every replica), one held back for another
-(it reads that model's state and replicas), one whose replicas retire (they are taken
-from the pass's preemption), and one scaling from a load whose clocks run. The shell
-keeps one `QuietModels` a process; it holds no decision that was not worked out by a
-full step from the same inputs.
+Steps that read more than their own model are kept only with what else they read. A
+model that looked for room, found none, preemption included, and did nothing (it stays
+unplaceable) read every node's room and every replica: it is kept with the pass's
+*world* (`World`: the nodes as placement sees them, every live replica, the room kept,
+the power, the quota picture and the measurements as the pass began) and taken again
+only in a pass whose world is the very same, before the world's own first clock (a
+replica's protection ending or its age in minutes, which the reasons say, moving; an
+on-demand replica becoming idle enough to evict; a hold or a kept room running out),
+and only while no step before it in the pass changed anything (`untouched`). Never
+kept: one held back for another (it reads that model's state and replicas), one whose
+replicas retire (they are taken from the pass's preemption), one placed or preempted
+for, and one scaling from a load whose clocks run. The shell keeps one `QuietModels` a
+process; it holds no decision that was not worked out by a full step from the same
+inputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from operator import attrgetter
+from typing import Any
 
 from catalog.domain import ModelSpec
 
-from .types import Load, ModelState, ReplicaView
+from .types import Load, ModelState, NodeView, ReplicaView
+
+# What a step read (`_reconcile_model`): its own model and clocks only; or also the room it
+# looked for and found none in.
+OWN, WORLD = "own", "world"
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,17 @@ class Quiet:
     since: datetime
     # The first moment one of its clocks could decide otherwise; None: none runs.
     until: datetime | None
+    # Kept with the pass's world (the number `QuietModels` gave it), 0: with none.
+    world: int = 0
+
+
+@dataclass(frozen=True)
+class World:
+    """What a step looking for room reads beyond its own model, as the pass began (`key`,
+    compared by value), and the first moment one of its clocks moves (`until`)."""
+
+    key: tuple
+    until: datetime | None
 
 
 class QuietModels:
@@ -55,16 +80,49 @@ class QuietModels:
         self._kept: dict[str, Quiet] = {}
         self._shared: object = None
         self._order: tuple[object, list[ModelSpec]] | None = None
+        # The last world worked out and its number (a new number when it differs); this
+        # pass's, once asked for; how to work it out, and what "untouched" compares.
+        self._world: World | None = None
+        self._world_no = 0
+        self._world_now: World | None = None
+        self._world_of: Callable[[], World] | None = None
+        self._touched: Callable[[], object] | None = None
+        self._untouched: object = None
         # What the last pass did: steps skipped and steps run (for tests and benchmarks).
         self.skipped = 0
         self.ran = 0
 
-    def begin(self, shared: object) -> None:
-        """Start a pass: what every step shares; when it changed, nothing kept holds."""
+    def begin(
+        self,
+        shared: object,
+        world: Callable[[], World] | None = None,
+        touched: Callable[[], object] | None = None,
+    ) -> None:
+        """Start a pass: what every step shares (when it changed, nothing kept holds); how
+        to work out its world, and what the pass has changed so far (`touched()`, the same
+        as now while no step changed anything)."""
         if shared != self._shared:
             self._kept.clear()
             self._shared = shared
         self.skipped = self.ran = 0
+        self._world_now, self._world_of, self._touched = None, world, touched
+        self._untouched = touched() if touched is not None else None
+
+    def world(self) -> tuple[int, World] | None:
+        """This pass's world and its number, worked out once a pass (None: no way to)."""
+        if self._world_of is None:
+            return None
+        if self._world_now is None:
+            now = self._world_of()
+            if self._world is None or now.key != self._world.key:
+                self._world_no += 1
+            # The same world keeps its number; its first clock is this pass's.
+            self._world = self._world_now = now
+        return self._world_no, self._world_now
+
+    def untouched(self) -> bool:
+        """Whether no step of this pass changed anything yet (the plan, the room, usage)."""
+        return self._touched is not None and self._touched() == self._untouched
 
     def get(
         self,
@@ -84,6 +142,13 @@ class QuietModels:
             or not (kept.state_in is state or kept.state_in == state)
             or kept.load != load
             or kept.replicas != replicas
+        ):
+            return None
+        if kept.world and not (
+            self.untouched()
+            and (world := self.world()) is not None
+            and world[0] == kept.world
+            and (world[1].until is None or now < world[1].until)
         ):
             return None
         self.skipped += 1
@@ -109,3 +174,46 @@ class QuietModels:
         if len(self._kept) > len(names):
             for gone in self._kept.keys() - set(names):
                 del self._kept[gone]
+
+
+# A node as placement reads it: every field but when it was last heard from.
+_NODE_SEEN = attrgetter(*(f.name for f in fields(NodeView) if f.name != "last_seen"))
+
+
+def world_of(
+    p: Any,
+    nodes: Mapping[str, NodeView],
+    alive: Sequence[ReplicaView],
+    reserved: Mapping[str, Sequence[object]],
+    usage: Mapping[str, object],
+) -> World:
+    """The world of a pass (`p`, a plan.Pass) as it began: its nodes after liveness, its
+    live replicas, the room kept, what each scope held (`usage`, copied before any step),
+    the power, the quota policy, the models and measurements; and its first clock."""
+    snap, now, t = p.snap, p.now, p.t
+    key = (
+        tuple(map(_NODE_SEEN, nodes.values())),
+        tuple(alive),
+        {m: tuple(r) for m, r in reserved.items()},
+        snap.power,
+        snap.policy,
+        dict(usage),
+        snap.models,
+        snap.measurements,
+    )
+    clocks: list[datetime] = []
+    for r in alive:
+        if r.state == "ready" and r.ready_at is not None:
+            # Protected after it became ready; the reasons say for how many minutes.
+            age = (now - r.ready_at).total_seconds()
+            if age < t.min_lifetime:
+                tick = min(t.min_lifetime, 60 * (age // 60 + 1))
+                clocks.append(r.ready_at + timedelta(seconds=tick))
+        if r.last_used_at is not None:
+            if r.last_used_at >= now:  # idle time still to start: the order of victims moves
+                clocks.append(r.last_used_at + timedelta(microseconds=1))
+            elif (m := snap.models.get(r.model)) is not None and m.on_demand:
+                clocks.append(r.last_used_at + timedelta(seconds=t.eviction_grace))
+    for s in snap.states.values():
+        clocks.extend(c for c in (s.held_until, s.reserved_until) if c is not None)
+    return World(key, min((c for c in clocks if c > now), default=None))

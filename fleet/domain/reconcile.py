@@ -30,7 +30,7 @@ from .measured import autoscale, measured_for, ordered_profiles
 from .placement import Inventory
 from .placing import end_holds, scale_up
 from .plan import Event, Pass, Plan, Stop, seconds_since
-from .quiet import Quiet, QuietModels
+from .quiet import OWN, WORLD, Quiet, QuietModels, world_of
 from .reserved import live_reservations
 from .stopping import retire, scale_down, stop_first, stop_retired
 from .types import ACTIVE, Measured, ModelState, ReplicaView, Snapshot
@@ -107,7 +107,9 @@ def decide(
         ordered = pass_order(*order)
     else:
         quiet.begin(
-            (t, snap.settling, dict(snap.measurements), dict(snap.weights_waiting), p.draining)
+            (t, snap.settling, dict(snap.measurements), dict(snap.weights_waiting), p.draining),
+            world=lambda: world_of(p, nodes, alive, reserved, order[2]),
+            touched=lambda: _touched(p),
         )
         ordered = quiet.ordered((list(order[0]), *order[1:]), lambda: pass_order(*order))
     for model in ordered:
@@ -181,13 +183,32 @@ def _step(
         p.states[name] = kept
         return
     before = _marks(p, name)
+    untouched = quiet.untouched()
     state, keep, until = _reconcile_model(model, replicas, p)
     p.states[name] = state
-    quiet.put(
-        Quiet(model, list(replicas), state_in, load, state, p.now, until)
-        if keep and _marks(p, name) == before
-        else None,
-        name,
+    world, kept_with = 0, None
+    if keep == WORLD and untouched and state == state_in and (looked := quiet.world()):
+        # It stays unplaceable from the same inputs: kept with the world it looked at.
+        world, until = looked[0], _earliest(until, looked[1].until)
+    if keep and (keep != WORLD or world) and _marks(p, name) == before:
+        kept_with = Quiet(model, list(replicas), state_in, load, state, p.now, until, world)
+    quiet.put(kept_with, name)
+
+
+def _touched(p: Pass) -> tuple:
+    """What the steps of a pass change that a step looking for room reads: the plan, the
+    replicas taken, the room kept, what each scope holds."""
+    plan = p.plan
+    return (
+        len(plan.starts),
+        len(plan.drains),
+        len(plan.stops),
+        len(plan.forgets),
+        len(plan.retires),
+        len(plan.events),
+        len(p.ctx.taken),
+        sum(map(len, p.inv.reserved.values())),
+        dict(p.ctx.usage),
     )
 
 
@@ -213,19 +234,21 @@ def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
 
 def _reconcile_model(
     model: ModelSpec, replicas: list[ReplicaView], p: Pass
-) -> tuple[ModelState, bool, datetime | None]:
+) -> tuple[ModelState, str, datetime | None]:
     """One model's step: scale from load, what it wants, its replicas on their way out,
-    then what is missing placed (or why not). Returns its new state, whether the step
-    read only its own model and clocks (quiet.py), and the first moment one of those
-    clocks could decide otherwise (None: none runs)."""
+    then what is missing placed (or why not). Returns its new state, what the step read
+    beyond its own model and clocks (quiet.py: OWN nothing, WORLD the room it found none
+    in, "" more), and the first moment one of its own clocks could decide otherwise
+    (None: none runs)."""
     name, now, t, plan = model.name, p.now, p.t, p.plan
     state = clear_failures_once_ready(replicas, p.states[name])
-    # A step reading other models, the fleet's room or a running load clock is not kept.
-    keep, until = not state.held_for, None
+    # A step reading other models or a running load clock is not kept; one that looked for
+    # room and found none is kept with the world it looked at (quiet.py).
+    keep, until = ("" if state.held_for else OWN), None
     if model.max_replicas > model.min_replicas or state.extra or state.busy_since:
         load = p.snap.loads.get(name)
         if load is not None and not model.on_demand and model.max_replicas > model.min_replicas:
-            keep = False
+            keep = ""
         ready_count = sum(1 for r in replicas if r.state == "ready" and not r.retiring)
         running = [r.profile for r in replicas if r.state in ACTIVE]
         found = measured_for(model, running, p.snap.measurements)
@@ -276,8 +299,8 @@ def _reconcile_model(
         if blocked:
             explanation = ({"profile": "", "reasons": [blocked]},)
         else:
-            keep = False
             state, unplaceable, explanation = scale_up(model, state, missing, p)
+            keep = WORLD if keep and unplaceable else ""
             if unplaceable:
                 stop_first(model, replicas, retiring, deadlines, explanation, p)
     explanation = tuple(explanation)

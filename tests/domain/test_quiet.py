@@ -248,3 +248,69 @@ def test_a_retiring_replica_stops_at_its_deadline_though_nothing_else_moved():
         c.snap = apply(c.snap, full, c.now)
         c.wait(5)
     assert c.replica("steady-old").state == "stopping"
+
+
+def _unplaceable_world(ready_ago: float) -> Cluster:
+    """Two full nodes of a model that may not be preempted for (same class, at its
+    minimum), and `wide`, which wants a whole node too: it stays unplaceable."""
+    nodes = [gpu_node(f"n{i}", gpus=8) for i in (1, 2)]
+    holders = [
+        replica(f"steady-{i}", "steady", on=f"n{i}", gpus=range(8), profile="tp8",
+                ready_at=NOW - timedelta(seconds=ready_ago))
+        for i in (1, 2)
+    ]  # fmt: skip
+    models = [
+        model("steady", gpu_profile("tp8", tp=8), min=2),
+        model("wide", gpu_profile("tp8", tp=8), min=1),
+    ]
+    return Cluster(snapshot(nodes, models, holders))
+
+
+def _passes(c: Cluster, quiet: QuietModels, count: int, *, every: float = 5) -> list[list[str]]:
+    """`count` passes, each compared with a full pass: per pass, the models whose step ran."""
+    ran = []
+    real = reconcile._reconcile_model
+    for n in range(count):
+        steps: list[str] = []
+        reconcile._reconcile_model = lambda m, *a, steps=steps: steps.append(m.name) or real(m, *a)
+        try:
+            full = decide(c.snap, c.now, TIMINGS, ids_for(n))
+            steps.clear()
+            skipping = decide(c.snap, c.now, TIMINGS, ids_for(n), quiet=quiet)
+        finally:
+            reconcile._reconcile_model = real
+        assert seen(skipping) == seen(full), n
+        ran.append(steps)
+        c.snap = apply(c.snap, full, c.now)
+        c.wait(every)
+    return ran
+
+
+def test_a_model_that_stays_unplaceable_is_not_searched_again_until_its_world_moves():
+    c = _unplaceable_world(ready_ago=3600)
+    quiet = QuietModels()
+    # Found unplaceable (its state changes, as steady's does), found so again (kept with
+    # its world), then skipped.
+    assert _passes(c, quiet, 4) == [["steady", "wide"], ["steady", "wide"], [], []]
+    assert c.state("wide").unplaceable
+    # Room is made: one of steady's replicas stops. Its world moved: it is placed.
+    c.change(replicas=tuple(r for r in c.snap.replicas if r.id != "steady-2"))
+    c.change(models={**c.snap.models, "steady": replace(c.snap.models["steady"], min_replicas=1)})
+    ran = _passes(c, quiet, 1)
+    assert ran == [["steady", "wide"]]
+    assert not c.state("wide").unplaceable
+
+
+def test_an_unplaceable_model_is_looked_at_again_as_the_protection_it_names_moves():
+    # steady's replicas became ready 50 s ago: protected, and the reason says for how long.
+    c = _unplaceable_world(ready_ago=50)
+    c.change(
+        models={**c.snap.models, "wide": replace(c.snap.models["wide"], capacity_class="critical")}
+    )
+    quiet = QuietModels()
+    ran = _passes(c, quiet, 8)  # 50 s to 85 s after they became ready
+    reasons = [r for e in c.state("wide").explanation for r in e["reasons"]]
+    assert any("is protected until" in r and "(ready 1 min)" in r for r in reasons), reasons
+    # Found unplaceable, then so again (kept); looked at again when the minute turned (at
+    # 60 s, the reasons say "ready 1 min"), kept at 65 s, and skipped from then on.
+    assert [bool(steps) for steps in ran] == [True, True, True, True, False, False, False, False]
