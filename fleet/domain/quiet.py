@@ -202,13 +202,13 @@ def world_of(
         snap.measurements,
     )
     clocks: list[datetime] = []
+    protected_since = now - timedelta(seconds=t.min_lifetime)
     for r in alive:
-        if r.state == "ready" and r.ready_at is not None:
+        if r.ready_at is not None and r.ready_at > protected_since and r.state == "ready":
             # Protected after it became ready; the reasons say for how many minutes.
             age = (now - r.ready_at).total_seconds()
-            if age < t.min_lifetime:
-                tick = min(t.min_lifetime, 60 * (age // 60 + 1))
-                clocks.append(r.ready_at + timedelta(seconds=tick))
+            tick = min(t.min_lifetime, 60 * (age // 60 + 1))
+            clocks.append(r.ready_at + timedelta(seconds=tick))
         if r.last_used_at is not None:
             if r.last_used_at >= now:  # idle time still to start: the order of victims moves
                 clocks.append(r.last_used_at + timedelta(microseconds=1))
