@@ -22,18 +22,20 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """`GET /metrics`: no authentication, like any exporter; gzip when asked, as Prometheus does.
 
     A plain (sync) view: daphne runs it in a worker thread, off the event loop that
-    serves the agents; the fleet's series come from the renderer when one runs.
+    serves the agents; the fleet's series, and the gzip, come from the renderer when one
+    runs.
     """
-    fleet = metrics_renderer.RENDERER.fleet()
-    if fleet is None:
-        fleet = fleet_or_last().encode()
+    zipped = "gzip" in request.headers.get("Accept-Encoding", "")
     own = worker_series.summed_text()  # a worker's: every worker's, summed
     if own is None:
         own = sources.read(sources.GATEWAY_METRICS, absent="") + agents_text()
-    body = fleet + own.encode()
+    body = metrics_renderer.RENDERER.body(own.encode(), gzip=zipped)
+    if body is None:
+        body = fleet_or_last().encode() + own.encode()
+        if zipped:
+            body = gzip.compress(body, compresslevel=metrics_renderer.COMPRESSLEVEL)
     response = HttpResponse(content_type=CONTENT_TYPE_PLAIN_0_0_4)
-    if "gzip" in request.headers.get("Accept-Encoding", ""):
-        body = gzip.compress(body, compresslevel=1)
+    if zipped:
         response["Content-Encoding"] = "gzip"
     response["Vary"] = "Accept-Encoding"
     response.content = body

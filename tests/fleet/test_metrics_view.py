@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import zlib
+
 import pytest
 
 from fleet import metrics
@@ -37,7 +40,7 @@ def renderer():
 
 
 def test_the_renderer_writes_the_fleet_byte_for_byte_as_the_server_would(cluster, renderer):
-    rendered = renderer.fleet()
+    rendered = renderer.body()
 
     assert rendered == fleet_or_last().encode()
     assert b'llmgw_node_up{node="gpu-a"} 1' in rendered
@@ -57,22 +60,42 @@ def test_the_view_answers_the_same_with_the_renderer_as_without(
     assert b"llmgw_replicas{" in through
 
 
+def test_a_gzipped_scrape_is_compressed_by_the_renderer_and_reads_the_same(
+    cluster, renderer, client, monkeypatch
+):
+    from fleet import metrics_renderer
+
+    alone = client.get("/metrics").content
+    monkeypatch.setattr(metrics_renderer, "RENDERER", renderer)
+    zipped = client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+
+    assert zipped["Content-Encoding"] == "gzip"
+    # One gzip stream, the server's own series in it: a client reading one member (httpx,
+    # zlib's gzip mode) reads everything.
+    one = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    assert one.decompress(zipped.content) == alone
+    assert one.eof and not one.unused_data
+    assert gzip.decompress(renderer.body(b"mine 1\n", gzip=True)) == (
+        fleet_or_last().encode() + b"mine 1\n"
+    )
+
+
 def test_a_worker_asks_the_renderer_its_server_started(cluster, renderer):
     worker = Renderer()
     worker.attach(renderer.address)
     try:
-        assert worker.fleet() == renderer.fleet() == fleet_or_last().encode()
+        assert worker.body() == renderer.body() == fleet_or_last().encode()
     finally:
         worker.stop()
-    assert renderer.fleet() is not None  # a worker that stops asking stops nothing
+    assert renderer.body() is not None  # a worker that stops asking stops nothing
 
 
 def test_a_renderer_that_died_is_replaced_and_the_scrape_rendered_here(cluster, renderer):
     renderer._process.kill()
     renderer._process.join()
 
-    assert renderer.fleet() is None  # this scrape: the caller renders it itself
-    assert renderer.fleet() == fleet_or_last().encode()  # the next: a new renderer
+    assert renderer.body() is None  # this scrape: the caller renders it itself
+    assert renderer.body() == fleet_or_last().encode()  # the next: a new renderer
 
 
 def test_a_renderer_that_died_between_scrapes_is_started_again(cluster, renderer):
@@ -81,9 +104,9 @@ def test_a_renderer_that_died_between_scrapes_is_started_again(cluster, renderer
 
     renderer.keep_alive()
 
-    assert renderer.fleet() == fleet_or_last().encode()
+    assert renderer.body() == fleet_or_last().encode()
 
 
 def test_without_a_renderer_the_view_renders_in_its_own_process(cluster, client):
-    assert Renderer().fleet() is None
+    assert Renderer().body() is None
     assert b'llmgw_node_up{node="gpu-b"} 1' in client.get("/metrics").content
