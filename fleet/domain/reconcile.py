@@ -198,23 +198,16 @@ def _step(
 def _touched(p: Pass) -> tuple:
     """What the steps of a pass change that a step looking for room reads: the plan, the
     replicas taken, the room kept, what each scope holds."""
-    plan = p.plan
-    return (
-        len(plan.starts),
-        len(plan.drains),
-        len(plan.stops),
-        len(plan.forgets),
-        len(plan.retires),
-        len(plan.events),
-        len(p.ctx.taken),
-        sum(map(len, p.inv.reserved.values())),
-        dict(p.ctx.usage),
-    )
+    return (*_plan_marks(p), sum(map(len, p.inv.reserved.values())), dict(p.ctx.usage))
 
 
 def _marks(p: Pass, name: str) -> tuple:
     """What a step that did nothing leaves as it found: the plan, what the pass took, and
     the model's live count."""
+    return (*_plan_marks(p), p.live.get(name))
+
+
+def _plan_marks(p: Pass) -> tuple[int, ...]:
     plan = p.plan
     return (
         len(plan.starts),
@@ -224,7 +217,6 @@ def _marks(p: Pass, name: str) -> tuple:
         len(plan.retires),
         len(plan.events),
         len(p.ctx.taken),
-        p.live.get(name),
     )
 
 
