@@ -377,6 +377,8 @@ _EMPTY = ("[]", [], None)
 def _model_states_built(
     rows: list[tuple], explanations: dict, reserved: dict, dates: tuple[int, ...], *, memo: bool
 ) -> dict[str, ModelStateView]:
+    """The states' views, last time's for unchanged rows (`memo`: every model's, as a pass
+    reads them, kept whole while the rows are the same)."""
 
     def build(_) -> dict[str, ModelStateView]:
         views = views_of(
