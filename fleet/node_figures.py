@@ -18,8 +18,7 @@ from django.db import connection, transaction
 from .domain.gpuclass import CLASS_LABEL
 from .domain.types import HOLDING
 from .models import Gpu, Node, Shard
-
-_CHUNK = 500
+from .rows import chunks
 
 
 class NodeFigures(NamedTuple):
@@ -66,12 +65,12 @@ def node_figures_refresh(*, nodes: Iterable[str] = (), replicas: Iterable[str] =
     """
     ids = set(nodes)
     replica_ids = list(set(replicas))
-    for chunk in _chunks(replica_ids):
+    for chunk in chunks(replica_ids):
         ids.update(Shard.objects.filter(replica_id__in=chunk).values_list("node_id", flat=True))
     if not ids:
         return
     with transaction.atomic():
-        for chunk in _chunks(sorted(ids)):
+        for chunk in chunks(sorted(ids)):
             _refresh(chunk)
 
 
@@ -121,8 +120,3 @@ def _write(changed: list[tuple[NodeFigures, str]]) -> None:
             " replica_count = %s WHERE id = %s",
             rows,
         )
-
-
-def _chunks(ids: list[str]):
-    for i in range(0, len(ids), _CHUNK):
-        yield ids[i : i + _CHUNK]

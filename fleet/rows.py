@@ -16,6 +16,15 @@ from django.db import connection
 from django.db.models import TextField
 from django.db.models.functions import Cast
 
+# Ids a statement names at most (SQLite's variables, PostgreSQL's plan size).
+CHUNK = 500
+
+
+def chunks(ids: list):
+    """`ids` in runs of at most CHUNK, each for one `pk__in` query."""
+    for i in range(0, len(ids), CHUNK):
+        yield ids[i : i + CHUNK]
+
 
 def raw_values(qs, fields: tuple[str, ...]) -> list[tuple]:
     """`qs.values_list(*fields)` as cheaply as the driver hands it over, to be compared with
@@ -191,9 +200,8 @@ class RowsByRevision:
             return self._last[1]
         rows = self._rows
         stale = [key for key, rev in revs if (hit := rows.get(key)) is None or hit[0] != rev]
-        for i in range(0, len(stale), _CHUNK):
-            chunk = qs.filter(pk__in=stale[i : i + _CHUNK])
-            for row in raw_values(chunk, (*self.fields, "rev")):
+        for chunk in chunks(stale):
+            for row in raw_values(qs.filter(pk__in=chunk), (*self.fields, "rev")):
                 rows[row[0]] = (row[-1], row[:-1])
         if len(rows) > len(revs):
             live = {key for key, _ in revs}
@@ -207,7 +215,3 @@ class RowsByRevision:
         if self.order is not None:
             rows.sort(key=self.order)
         return rows
-
-
-# Ids a statement names at most (SQLite's variables, PostgreSQL's plan size).
-_CHUNK = 500

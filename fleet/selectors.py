@@ -42,8 +42,10 @@ from .engine_installs import installs_of, with_installable
 from .facility import power_load
 from .models import Gpu, ModelState, Node, Replica, Shard
 from .rows import (
+    CHUNK,
     RowsByRevision,
     aware,
+    chunks,
     date_columns,
     decoded,
     memoized,
@@ -99,7 +101,6 @@ _STATE_FIELDS = [
     for f in ModelState._meta.fields
     if f.name not in ("updated_at", "explanation", "reserved", "last_failure", "rev")
 ]
-_CHUNK = 500
 
 # Per-process caches of what a pass would otherwise decode again every few seconds at
 # 5,000 nodes: keyed by what the database says changed, so other processes' writes count.
@@ -115,11 +116,6 @@ def caches_clear() -> None:
         rows.clear()
 
 
-def _chunks(ids: list[str]):
-    for i in range(0, len(ids), _CHUNK):
-        yield ids[i : i + _CHUNK]
-
-
 def _load_node_static(stale: dict[str, datetime | None]) -> None:
     ids = list(stale)
     gpus: dict[str, list[tuple]] = defaultdict(list)
@@ -129,10 +125,9 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
     node_rows = Node.objects.order_by().values_list(*_NODE_STATIC)
     # A few nodes are named in the query; many (a restart, every node registering) are read
     # all at once, two queries however many.
-    chunks = [ids] if len(ids) > _CHUNK else list(_chunks(ids))
+    named = len(ids) <= CHUNK
     rows = []
-    for chunk in chunks:
-        named = len(ids) <= _CHUNK
+    for chunk in chunks(ids) if named else [ids]:
         for row in gpu_rows.filter(node_id__in=chunk) if named else gpu_rows:
             if row[0] in stale:
                 gpus[row[0]].append(row[1:])
@@ -239,7 +234,7 @@ def _group_shards(rows: list[tuple]) -> dict[str, tuple[ShardView, ...]]:
     """Shards by replica, in rank order: where they are and what they hold never changes, so
     it is cached by id, and only their state is read each time."""
     unknown = [r[0] for r in rows if (r[0], r[2]) not in _shard_static]
-    for chunk in _chunks(unknown):
+    for chunk in chunks(unknown):
         for row in Shard.objects.filter(pk__in=chunk).values_list(*_SHARD_STATIC):
             d = dict(zip(_SHARD_STATIC, row, strict=True))
             d["gpu_indices"] = tuple(d["gpu_indices"] or ())
@@ -515,7 +510,7 @@ def _engine_loads(replicas: tuple[ReplicaView, ...], scalable: set[str]) -> dict
     running: dict[str, int] = defaultdict(int)
     waiting: dict[str, int] = defaultdict(int)
     seen: set[str] = set()
-    for chunk in _chunks(sorted(nodes)):
+    for chunk in chunks(sorted(nodes)):
         for node_id, load in Node.objects.filter(pk__in=chunk, state=Node.READY).values_list(
             "id", "load"
         ):
@@ -586,7 +581,7 @@ def routing_rows(*, since: datetime | None) -> list[tuple]:
 def _first_endpoints(replica_ids: list[str]) -> dict[str, str]:
     """Each replica's first shard's endpoint, read in chunks the databases accept."""
     out: dict[str, str] = {}
-    for chunk in _chunks(replica_ids):
+    for chunk in chunks(replica_ids):
         out.update(
             Shard.objects.filter(replica_id__in=chunk, rank=0).values_list("replica_id", "endpoint")
         )
