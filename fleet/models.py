@@ -47,6 +47,13 @@ def _load_figure(key: str) -> models.GeneratedField:
     )
 
 
+def revision() -> models.BigIntegerField:
+    """A row's number, set by the database on every insert and update (migration 0014's
+    triggers), never by llmgw: a pass reads in full only the rows whose number moved
+    (fleet/rows.py RowsByRevision)."""
+    return models.BigIntegerField(db_default=0, editable=False)
+
+
 class Node(models.Model):
     """A machine running `llmgw agent`, as it registered and last reported.
 
@@ -167,9 +174,7 @@ class Replica(models.Model):
     # from again (a crashed engine they report failed, and it is replaced).
     unhealthy_since = models.DateTimeField(null=True, blank=True)
     unhealthy_reason = models.CharField(max_length=300, blank=True)
-    # Set by the database on every insert and update (migration 0014's triggers), never by
-    # llmgw: a pass reads in full only the rows whose number moved (fleet/rows.py).
-    rev = models.BigIntegerField(db_default=0, editable=False)
+    rev = revision()
 
     class Meta:
         ordering = ["model", "created_at"]
@@ -198,9 +203,7 @@ class Shard(models.Model):
     # While its agent fetches the weights from the mirror: bytes so far, of how many.
     progress_done = models.PositiveBigIntegerField(null=True, blank=True)
     progress_total = models.PositiveBigIntegerField(null=True, blank=True)
-    # Set by the database on every insert and update (migration 0014's triggers), never by
-    # llmgw: a pass reads in full only the rows whose number moved (fleet/rows.py).
-    rev = models.BigIntegerField(db_default=0, editable=False)
+    rev = revision()
 
     class Meta:
         ordering = ["replica", "rank"]
@@ -237,9 +240,7 @@ class ModelState(models.Model):
     # at}, the detail being the agent's sentence and the engine's last log lines.
     last_failure = models.JSONField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
-    # Set by the database on every insert and update (migration 0014's triggers), never by
-    # llmgw: a pass reads in full only the rows whose number moved (fleet/rows.py).
-    rev = models.BigIntegerField(db_default=0, editable=False)
+    rev = revision()
 
     def __str__(self) -> str:
         return self.model
