@@ -7,11 +7,12 @@ scrape every 2 s moved the heartbeats' p99 by +74 %. Here a serving process only
 over a Unix socket and waits, which releases the lock: it sends its own few series (the
 gateway's, the agents' connections) with the ask, and gets back the whole body, gzipped
 here when the scrape asked for it (compressing 7 MB is tens of milliseconds more taken
-from the serving process otherwise, and 0.5 MB crosses the socket rather than 7). `llmgw serve` starts one
-renderer however many workers it runs (`start`); each worker asks it (`attach`). What is
-rendered is the same function as in the server (`fleet.metrics.fleet_or_last`), so the
-text is the same, byte for byte; when no renderer runs (a test, `manage.py`), or it does
-not answer, the view renders in its own process as before.
+from the serving process otherwise, and 0.5 MB crosses the socket rather than 7).
+`llmgw serve` starts one renderer however many workers it runs (`start`); each worker
+asks it (`attach`). What is rendered is the same function as in the server
+(`fleet.metrics.fleet_or_last`), so the text is the same, byte for byte; when no
+renderer runs (a test, `manage.py`), or it does not answer, the view renders in its own
+process as before.
 """
 
 from __future__ import annotations

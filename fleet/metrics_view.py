@@ -29,9 +29,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     own = worker_series.summed_text()  # a worker's: every worker's, summed
     if own is None:
         own = sources.read(sources.GATEWAY_METRICS, absent="") + agents_text()
-    body = metrics_renderer.RENDERER.body(own.encode(), gzip=zipped)
+    mine = own.encode()
+    body = metrics_renderer.RENDERER.body(mine, gzip=zipped)
     if body is None:
-        body = fleet_or_last().encode() + own.encode()
+        body = fleet_or_last().encode() + mine
         if zipped:
             body = gzip.compress(body, compresslevel=metrics_renderer.COMPRESSLEVEL)
     response = HttpResponse(content_type=CONTENT_TYPE_PLAIN_0_0_4)
