@@ -49,7 +49,8 @@ def _load_figure(key: str) -> models.GeneratedField:
 
 def revision() -> models.BigIntegerField:
     """A row's number, set by the database on every insert and update (migration 0014's
-    triggers), never by llmgw: a pass reads in full only the rows whose number moved
+    triggers; a node's, 0015's, only on a change to what its view is built from), never by
+    llmgw: a pass reads in full only the rows whose number moved
     (fleet/rows.py RowsByRevision)."""
     return models.BigIntegerField(db_default=0, editable=False)
 
@@ -116,6 +117,8 @@ class Node(models.Model):
     # weights) changes only then, so the reconciler caches it per node until this moves.
     spec_at = models.DateTimeField(null=True, blank=True)
     last_seen = models.DateTimeField()
+    # Moves only with what a pass's view of the node is built from (migration 0015).
+    rev = revision()
 
     class Meta:
         ordering = ["id"]

@@ -10,6 +10,7 @@ import json
 from collections import defaultdict
 from collections.abc import Mapping
 from datetime import datetime
+from operator import itemgetter
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -54,8 +55,9 @@ from .rows import (
     views_of,
 )
 
-# What changes between registrations, read every pass; the rest is cached per node.
-_NODE_DYNAMIC = (
+# What changes between registrations, what a node's number moves with (migration 0015); the
+# rest is cached per node, and the last-seen time read alone (it moves with every heartbeat).
+_NODE_VIEWED = (
     "id",
     "state",
     "cordoned",
@@ -64,8 +66,6 @@ _NODE_DYNAMIC = (
     "memory_total_mb",
     "cpu_count",
     "spec_at",
-    # Last: it moves with every heartbeat, the rest seldom (node_views compares the rest).
-    "last_seen",
 )
 _NODE_STATIC = (
     "id",
@@ -112,8 +112,9 @@ def caches_clear() -> None:
     """Forget every cached view (tests reuse ids and clocks across databases)."""
     for cache in (_node_static, _node_cache, _shard_static, _replica_cache, _state_cache, _memo):
         cache.clear()
-    for rows in (_REPLICA_ROWS, _SHARD_ROWS, _STATE_ROWS):
+    for rows in (_NODE_ROWS, _REPLICA_ROWS, _SHARD_ROWS, _STATE_ROWS):
         rows.clear()
+    _node_built[0] = None
 
 
 def _load_node_static(stale: dict[str, datetime | None]) -> None:
@@ -173,61 +174,63 @@ def node_registrations(spec_at: Mapping[str, datetime | None]) -> dict[str, dict
 
 def node_views() -> dict[str, NodeView]:
     """Every node as placement sees it, told which engines it would install
-    (`engine_installs.with_installable`). A node's view is built again only when its row
-    or what the mirror offers changed; when only its last-seen time moved (every
-    heartbeat), last pass's view is copied with the new time (`_heard`)."""
-    rows = raw_values(Node.objects.all(), _NODE_DYNAMIC)
+    (`engine_installs.with_installable`)."""
+    return nodes_heard()[0]
+
+
+def nodes_heard() -> tuple[dict[str, NodeView], dict[str, datetime]]:
+    """`node_views`, and when each node was last heard from. A node's view is built again
+    only when its row or what the mirror offers changed: the same view object pass after
+    pass while only its last-seen time moves (every heartbeat)."""
+    # The last-seen times move with every heartbeat: read with the numbers, in one query.
+    seen = raw_values(Node.objects.order_by(), ("id", "rev", "last_seen"))
+    rows = _NODE_ROWS.read(revs=[(node_id, rev) for node_id, rev, _ in seen])
     offer = (builds_offered(), settings.LLMGW.vllm.version)
     if offer != _node_offer[0]:
         _node_cache.clear()
+        _node_built[0] = None
         _node_offer[0] = offer
-    stale = [r for r in rows if (hit := _node_cache.get(r[0])) is None or hit[0] != r[:-1]]
-    if stale or len(rows) != len(_node_cache):
-        registered = node_registrations({r[0]: aware(r[7]) for r in rows})
-        built = {}
-        for row in stale:
-            node_id, state, cordoned, draining, approved, memory_mb, cpus, _, _ = row
-            built[node_id] = NodeView(
-                id=node_id,
-                state=state,
-                cordoned=cordoned,
-                draining=draining,
-                approved=approved,
-                memory_gb=memory_mb / 1024 if memory_mb else None,
-                cpu_count=cpus or None,
-                **registered[node_id],
-            )
-        built = with_installable(built) if built else built
-        for row in stale:
-            view = built[row[0]]
-            _node_cache[row[0]] = (row[:-1], view, None, view)
-        for gone in _node_cache.keys() - registered.keys():
-            del _node_cache[gone]
-    views = {}
-    for row in rows:
-        key, base, seen, view = _node_cache[row[0]]
-        if seen != row[-1]:
-            view = _heard(base, aware(row[-1]))
-            _node_cache[row[0]] = (key, base, row[-1], view)
-        views[row[0]] = view
-    return views
+    built = _node_built[0]
+    if built is None or built[0] is not rows:  # the same list while no node's number moved
+        _node_views_build(rows)
+        built = _node_built[0] = (rows, {row[0]: _node_cache[row[0]][1] for row in rows})
+    heard = {node_id: aware(at) for node_id, _, at in seen if node_id in built[1]}
+    return dict(built[1]), heard
 
 
+def _node_views_build(rows: list[tuple]) -> None:
+    stale = [r for r in rows if (hit := _node_cache.get(r[0])) is None or hit[0] != r]
+    if not stale and len(rows) == len(_node_cache):
+        return
+    registered = node_registrations({r[0]: aware(r[7]) for r in rows})
+    built = {}
+    for row in stale:
+        node_id, state, cordoned, draining, approved, memory_mb, cpus, _ = row
+        built[node_id] = NodeView(
+            id=node_id,
+            state=state,
+            cordoned=cordoned,
+            draining=draining,
+            approved=approved,
+            memory_gb=memory_mb / 1024 if memory_mb else None,
+            cpu_count=cpus or None,
+            **registered[node_id],
+        )
+    built = with_installable(built) if built else built
+    for row in stale:
+        _node_cache[row[0]] = (row, built[row[0]])
+    for gone in _node_cache.keys() - registered.keys():
+        del _node_cache[gone]
+
+
+# Every node's row as the views were built from it (read by its number).
+_NODE_ROWS = RowsByRevision(Node, _NODE_VIEWED, order=itemgetter(0))
 # What the mirror offered and the pinned vLLM when the views were built: what each view was
 # told it would install (with_installable), so its views are built again when it moves.
 _node_offer: list = [None]
-# Per node: its row but for last_seen, its view without a last-seen time, and the last-seen
-# time as read and the view with it.
-_node_cache: dict[str, tuple[tuple, NodeView, object, NodeView]] = {}
-
-
-def _heard(base: NodeView, last_seen: datetime | None) -> NodeView:
-    """`base` heard from at `last_seen`: a copy of its fields with that one set, made
-    without dataclasses.replace, which at 5,000 nodes a pass took 10 times as long."""
-    view = object.__new__(NodeView)
-    view.__dict__.update(base.__dict__)
-    view.__dict__["last_seen"] = last_seen
-    return view
+# Per node: its row and its view; and the rows every view was last built from, with them.
+_node_cache: dict[str, tuple[tuple, NodeView]] = {}
+_node_built: list[tuple[list, dict[str, NodeView]] | None] = [None]
 
 
 def _group_shards(rows: list[tuple]) -> dict[str, tuple[ShardView, ...]]:
@@ -446,9 +449,10 @@ def snapshot_load(
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         models = catalog_load()
         replicas = replica_views(by_revision=True)
-        nodes = node_views()
+        nodes, heard = nodes_heard()
         return Snapshot(
             nodes=nodes,
+            heard=heard,
             models=models,
             replicas=replicas,
             states=model_states(by_revision=True),

@@ -11,7 +11,7 @@ had died says so (the shard fails and the replica is replaced).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -26,25 +26,29 @@ class HealthChange:
     reason: str | None
 
 
-def _silence(node: NodeView, now: datetime, floor: datetime | None) -> float:
-    seen = node.last_seen or now
+def _silence(seen: datetime | None, now: datetime, floor: datetime | None) -> float:
+    seen = seen or now
     if floor is not None and seen < floor:
         seen = floor
     return (now - seen).total_seconds()
 
 
 def health_changes(
-    replicas: tuple[ReplicaView, ...],
+    replicas: Sequence[ReplicaView],
     nodes: Mapping[str, NodeView],
+    heard: Mapping[str, datetime],
     now: datetime,
     *,
     unreachable: float,
     floor: datetime | None,
 ) -> list[HealthChange]:
-    """The marks to set and clear this pass, given the nodes as liveness left them."""
+    """The marks to set and clear this pass, given the nodes as liveness left them and
+    when each was last heard from."""
     out = []
     # Only a node not ready marks a replica: with none, only marks to clear are looked at.
     not_ready = {k for k, n in nodes.items() if n.state != "ready"}
+    if not not_ready:
+        replicas = [r for r in replicas if r.unhealthy_since is not None]
     for r in replicas:
         if r.state != "ready" or not r.shards:
             continue
@@ -55,20 +59,19 @@ def health_changes(
                 node = nodes.get(s.node_id)
                 if node is None or node.state == "ready":
                     continue
-                silent = _silence(node, now, floor)
+                silent = _silence(heard.get(node.id), now, floor)
                 if silent >= unreachable:
                     out.append(
                         HealthChange(r.id, f"node {node.id} not heard from for {silent:.0f} s")
                     )
                     break
             continue
-        heard = [nodes.get(s.node_id) for s in r.shards]
         if all(
-            n is not None
+            (n := nodes.get(s.node_id)) is not None
             and n.state == "ready"
-            and n.last_seen is not None
-            and n.last_seen > r.unhealthy_since
-            for n in heard
+            and (seen := heard.get(s.node_id)) is not None
+            and seen > r.unhealthy_since
+            for s in r.shards
         ):
             out.append(HealthChange(r.id, None))
     return out

@@ -25,10 +25,19 @@ SETTLING = "waiting for agents to report their shards after a control plane rest
 def liveness(snap: Snapshot, now: datetime, t: Timings, plan: Plan) -> dict[str, NodeView]:
     """Unreachable after a short silence, lost after a long one, counted from the floor."""
     nodes = {}
+    heard, floor = snap.heard, snap.silence_floor
+    # Heard within the window (and after the floor): nothing to work out, most nodes most passes.
+    recent = now - timedelta(seconds=min(t.unreachable, t.lost))
+    if floor is not None:
+        recent = max(recent, floor)
     for node in snap.nodes.values():
-        seen = node.last_seen or now
-        if snap.silence_floor is not None and seen < snap.silence_floor:
-            seen = snap.silence_floor
+        seen = heard.get(node.id)
+        if seen is not None and seen > recent and node.state == "ready":
+            nodes[node.id] = node
+            continue
+        seen = seen or now
+        if floor is not None and seen < floor:
+            seen = floor
         silent = seconds_since(seen, now)
         state = node.state
         if state != "lost" and silent >= t.lost:

@@ -30,9 +30,8 @@ inputs.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from operator import attrgetter
 from typing import Any
 
 from catalog.domain import ModelSpec
@@ -176,10 +175,6 @@ class QuietModels:
                 del self._kept[gone]
 
 
-# A node as placement reads it: every field but when it was last heard from.
-_NODE_SEEN = attrgetter(*(f.name for f in fields(NodeView) if f.name != "last_seen"))
-
-
 def world_of(
     p: Any,
     nodes: Mapping[str, NodeView],
@@ -192,7 +187,9 @@ def world_of(
     the power, the quota policy, the models and measurements; and its first clock."""
     snap, now, t = p.snap, p.now, p.t
     key = (
-        tuple(map(_NODE_SEEN, nodes.values())),
+        # The shell hands over the same view of a node while its row is the same (its
+        # last-seen time is apart, in snap.heard): the tuples compare by identity first.
+        tuple(nodes.values()),
         tuple(alive),
         {m: tuple(r) for m, r in reserved.items()},
         snap.power,

@@ -56,7 +56,7 @@ def decide(
     plan = Plan()
     nodes = liveness(snap, now, t, plan)
     plan.health = health_changes(
-        snap.replicas, nodes, now, unreachable=t.unreachable, floor=snap.silence_floor
+        snap.replicas, nodes, snap.heard, now, unreachable=t.unreachable, floor=snap.silence_floor
     )
     for h in plan.health:
         if h.reason is not None:

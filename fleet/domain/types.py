@@ -69,7 +69,6 @@ class NodeView:
 
     id: str
     state: str = "ready"
-    last_seen: datetime | None = None
     cordoned: bool = False
     draining: bool = False
     # False while LLMGW_NODE_APPROVAL=manual holds a new node for an operator to let in.
@@ -292,6 +291,9 @@ class Snapshot:
     models: Mapping[str, ModelSpec]
     replicas: tuple[ReplicaView, ...]
     states: Mapping[str, ModelState]
+    # When each node was last heard from; a node not in it, never (its silence counts from
+    # now). Apart from the views, which every heartbeat would otherwise make anew.
+    heard: Mapping[str, datetime] = field(default_factory=dict)
     settling: bool = False
     silence_floor: datetime | None = None
     policy: Policy = Policy()

@@ -56,7 +56,6 @@ def gpu_node(
     disk_free_gb: float | None = None,
     weights: Iterable[str] = (),
     state: str = "ready",
-    last_seen: datetime | None = NOW,
     cordoned: bool = False,
     draining: bool = False,
 ) -> NodeView:
@@ -69,7 +68,6 @@ def gpu_node(
     return NodeView(
         id=node_id,
         state=state,
-        last_seen=last_seen,
         cordoned=cordoned,
         draining=draining,
         labels=labels,
@@ -201,9 +199,13 @@ def snapshot(
     *,
     settling: bool = False,
     silence_floor: datetime | None = None,
+    heard: Mapping[str, datetime] | None = None,
 ) -> Snapshot:
+    """`heard`: when nodes were last heard from; every node not in it, at NOW."""
+    nodes = {n.id: n for n in nodes}
     return Snapshot(
-        nodes={n.id: n for n in nodes},
+        nodes=nodes,
+        heard={n: NOW for n in nodes} | dict(heard or {}),
         models={m.name: m for m in models},
         replicas=tuple(replicas),
         states={s.model: s for s in states},
@@ -333,11 +335,11 @@ class Cluster:
 
     def wait(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
-        nodes = {
-            node_id: node if node_id in self.silent else replace(node, last_seen=self.now)
-            for node_id, node in self.snap.nodes.items()
-        }
-        self.snap = replace(self.snap, nodes=nodes)
+        heard = dict(self.snap.heard)
+        heard.update(
+            (node_id, self.now) for node_id in self.snap.nodes if node_id not in self.silent
+        )
+        self.snap = replace(self.snap, heard=heard)
 
     def report(self, replica_id: str, state: str, reason: str = "") -> None:
         """An agent says a replica reached `state`."""

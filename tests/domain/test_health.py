@@ -1,5 +1,7 @@
 """No ghost replicas: which ready replicas stop being routed to, and when they are again."""
 
+from datetime import datetime
+
 import pytest
 
 from fleet.domain.health import HealthChange, health_changes
@@ -10,8 +12,15 @@ from .builders import NOW, ago, replica
 WINDOW = 15.0
 
 
-def node(node_id: str, state: str = "ready", seen: float = 1) -> NodeView:
-    return NodeView(id=node_id, state=state, last_seen=ago(seen))
+def node(node_id: str, state: str = "ready", seen: float = 1) -> tuple[NodeView, datetime]:
+    """A node as liveness left it, and when it was last heard from."""
+    return NodeView(id=node_id, state=state), ago(seen)
+
+
+def changes(replicas, nodes, floor=None) -> list[HealthChange]:
+    views = {n.id: n for n, _ in nodes}
+    heard = {n.id: seen for n, seen in nodes}
+    return health_changes(replicas, views, heard, NOW, unreachable=WINDOW, floor=floor)
 
 
 @pytest.mark.parametrize(
@@ -79,23 +88,15 @@ def node(node_id: str, state: str = "ready", seen: float = 1) -> NodeView:
 def test_what_is_routed_follows_what_agents_confirm(case, nodes, kw, floor, expected):
     replicas = (replica("r1", "llama", on="n1", **kw),)
 
-    got = health_changes(replicas, {n.id: n for n in nodes}, NOW, unreachable=WINDOW, floor=floor)
-
-    assert got == expected, case
+    assert changes(replicas, nodes, floor) == expected, case
 
 
 def test_a_replica_over_two_nodes_is_out_when_either_is_unheard_and_back_when_both_are():
     spread = (replica("r1", "llama", on=["n1", "n2"]),)
-    nodes = {"n1": node("n1"), "n2": node("n2", "unreachable", seen=20)}
+    nodes = [node("n1"), node("n2", "unreachable", seen=20)]
 
-    assert health_changes(spread, nodes, NOW, unreachable=WINDOW, floor=None) == [
-        HealthChange("r1", "node n2 not heard from for 20 s")
-    ]
+    assert changes(spread, nodes) == [HealthChange("r1", "node n2 not heard from for 20 s")]
 
     marked = (replica("r1", "llama", on=["n1", "n2"], unhealthy_since=ago(5)),)
-    half = {"n1": node("n1"), "n2": node("n2", seen=8)}
-    assert health_changes(marked, half, NOW, unreachable=WINDOW, floor=None) == []
-    both = {"n1": node("n1"), "n2": node("n2", seen=1)}
-    assert health_changes(marked, both, NOW, unreachable=WINDOW, floor=None) == [
-        HealthChange("r1", None)
-    ]
+    assert changes(marked, [node("n1"), node("n2", seen=8)]) == []
+    assert changes(marked, [node("n1"), node("n2", seen=1)]) == [HealthChange("r1", None)]

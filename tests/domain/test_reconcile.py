@@ -57,40 +57,41 @@ def stopped(plan):
     [(14, "ready"), (15, "unreachable"), (59, "unreachable"), (60, "lost"), (3600, "lost")],
 )
 def test_a_node_silent_for_15s_is_unreachable_and_for_60s_lost(silent_s, state):
-    plan = run(snapshot([gpu_node("n1", last_seen=ago(silent_s))]))
+    plan = run(snapshot([gpu_node("n1")], heard={"n1": ago(silent_s)}))
     changes = [(c.node_id, c.state) for c in plan.node_changes]
     assert changes == ([] if state == "ready" else [("n1", state)])
 
 
 def test_a_node_change_says_how_long_nothing_was_heard():
-    plan = run(snapshot([gpu_node("n1", last_seen=ago(75))]))
+    plan = run(snapshot([gpu_node("n1")], heard={"n1": ago(75)}))
     assert plan.node_changes[0].reason == "nothing heard for 1m15s"
     assert plan.events == ["node n1 is lost: nothing heard for 1m15s"]
 
 
 def test_an_unreachable_node_is_not_marked_again():
-    plan = run(snapshot([gpu_node("n1", state="unreachable", last_seen=ago(30))]))
+    plan = run(snapshot([gpu_node("n1", state="unreachable")], heard={"n1": ago(30)}))
     assert plan.node_changes == []
 
 
 def test_the_timings_are_settings():
     quick = Timings(unreachable=5, lost=10)
-    plan = run(snapshot([gpu_node("n1", last_seen=ago(10))]), timings=quick)
+    plan = run(snapshot([gpu_node("n1")], heard={"n1": ago(10)}), timings=quick)
     assert [c.state for c in plan.node_changes] == ["lost"]
 
 
 def test_silence_is_counted_from_the_control_plane_restart_at_the_earliest():
-    node = gpu_node("n1", last_seen=ago(3600))
-    assert run(snapshot([node], silence_floor=ago(10))).node_changes == []
-    plan = run(snapshot([node], silence_floor=ago(20)))
+    node, heard = gpu_node("n1"), {"n1": ago(3600)}
+    assert run(snapshot([node], silence_floor=ago(10), heard=heard)).node_changes == []
+    plan = run(snapshot([node], silence_floor=ago(20), heard=heard))
     assert [c.state for c in plan.node_changes] == ["unreachable"]
 
 
 def test_an_unreachable_node_keeps_its_replicas_and_their_room():
     snap = snapshot(
-        [gpu_node("n1", last_seen=ago(20)), gpu_node("n2")],
+        [gpu_node("n1"), gpu_node("n2")],
         [model("chat")],
         [replica("a", "chat", on="n1")],
+        heard={"n1": ago(20)},
     )
     plan = run(snap)
     assert plan.forgets == [] and plan.stops == [] and plan.starts == []
@@ -98,9 +99,10 @@ def test_an_unreachable_node_keeps_its_replicas_and_their_room():
 
 def test_a_lost_node_frees_its_replicas_without_counting_a_failure():
     snap = snapshot(
-        [gpu_node("n1", last_seen=ago(60)), gpu_node("n2")],
+        [gpu_node("n1"), gpu_node("n2")],
         [model("chat")],
         [replica("a", "chat", on="n1")],
+        heard={"n1": ago(60)},
     )
     plan = run(snap)
     assert [(f.replica_id, f.reason) for f in plan.forgets] == [("a", "node n1 was lost")]
@@ -121,9 +123,10 @@ def test_a_replica_on_a_node_the_fleet_no_longer_knows_is_lost_with_it():
 def test_a_multi_node_replica_losing_one_node_stops_its_other_shards_at_once():
     p = gpu_profile(tp=2, nodes=2)
     snap = snapshot(
-        [gpu_node("a1", fabric="ib", last_seen=ago(61)), gpu_node("a2", fabric="ib")],
+        [gpu_node("a1", fabric="ib"), gpu_node("a2", fabric="ib")],
         [model("train", p)],
         [replica("t", "train", on=("a1", "a2"))],
+        heard={"a1": ago(61)},
     )
     plan = run(snap)
     assert [(s.replica_id, s.grace_s, s.reason) for s in plan.stops] == [
@@ -144,9 +147,9 @@ def test_a_node_drain_with_no_room_for_a_replacement_ends_after_the_drain_grace(
     assert (retire.replica_id, retire.deadline) == ("r", at(300))
     assert plan.stops == []  # nowhere to put a replacement: it keeps serving for now
     later = replace(on_a, retiring=True, drain_deadline=at(300))
-    heard = replace(draining, last_seen=at(299))
-    assert run(snapshot([heard], [model("chat")], [later]), now=at(299)).stops == []
-    [stop] = run(snapshot([heard], [model("chat")], [later]), now=at(300)).stops
+    heard = {"n1": at(299)}
+    assert run(snapshot([draining], [model("chat")], [later], heard=heard), now=at(299)).stops == []
+    [stop] = run(snapshot([draining], [model("chat")], [later], heard=heard), now=at(300)).stops
     assert stop.replica_id == "r" and "no room for a replacement" in stop.reason
 
 
