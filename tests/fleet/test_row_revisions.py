@@ -196,3 +196,20 @@ def test_a_row_made_and_saved_again_through_one_instance_is_numbered_each_time(r
     row.save()
     assert Replica.objects.get(pk="r7").state == "starting"
     assert _rev(Replica, "r7") not in (0, first)
+
+
+def test_a_nodes_view_is_the_same_object_while_only_its_heartbeats_move(replica):
+    now = replica
+    node_add("gpu-0", now=now)  # stored after gpu-a, sorted before it
+    views, heard = selectors.nodes_heard()
+    assert list(views) == ["gpu-0", "gpu-a"]
+    later = now + timedelta(seconds=5)
+    # Heartbeats move every row on disk on PostgreSQL: the order and the views stay.
+    Node.objects.update(last_seen=later, load={"gpu_util": 0.5})
+    again, heard = selectors.nodes_heard()
+    assert list(again) == ["gpu-0", "gpu-a"]
+    assert all(again[n] is views[n] for n in views)
+    assert heard == {"gpu-0": later, "gpu-a": later}
+    Node.objects.filter(pk="gpu-a").update(cordoned=True)
+    cordoned = selectors.node_views()
+    assert cordoned["gpu-a"].cordoned and cordoned["gpu-0"] is views["gpu-0"]
