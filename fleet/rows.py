@@ -169,7 +169,8 @@ class RowsByRevision:
     read's tuples. When the table's fingerprint (`_fingerprint`) is last read's, nothing
     moved and not even the numbers are read; when only the rows' order moved, the rows are
     the same but come in a new list. `fields[0]` is the primary key; `order` sorts the rows
-    (in Python, so the database sorts nothing). One read at a time (a pass and a dry run may overlap).
+    (in Python, so the database sorts nothing). One read at a time (a pass and a dry run
+    may overlap).
 
     Read inside a transaction it is one consistent picture (the caller's snapshot); a row
     written between its number and its fields is kept with the fields and number read."""

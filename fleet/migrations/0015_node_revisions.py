@@ -1,6 +1,6 @@
 from django.db import migrations, models
 
-# What a reconciler pass builds a node's view from (fleet/selectors.py _NODE_ROW): the
+# What a reconciler pass builds a node's view from (fleet/selectors.py _NODE_VIEWED): the
 # node's number moves when one of these does, not with the heartbeats' last-seen time,
 # load and figures written again unchanged (tests/fleet/test_row_revisions.py checks the
 # list against the selector's).
