@@ -26,17 +26,12 @@ from .dispatch import Command, node_group, send_commands
 from .domain.endpoints import endpoint_refusal
 from .domain.types import parse_shard_id
 from .engine_installs import node_engines_record
+from .heard import node_disconnected, node_live_flush, node_running_unknown, node_silent_mark
 from .identity import AgentCredential, Refused, agent_authenticate, register_refusal
 from .live import LIVE, OutOfOrder
-from .reports import (
-    node_disconnected,
-    node_live_flush,
-    node_register,
-    node_running_unknown,
-    node_weights_record,
-    shard_status_record,
-)
+from .reports import node_register, node_weights_record, shard_status_record
 from .upgrades import upgrade_reported
+from .wake import wake
 
 log = logging.getLogger("llmgw.agents")
 
@@ -68,23 +63,30 @@ def _bearer(scope) -> str:
 
 
 async def _flush_forever() -> None:
-    """Write heartbeats behind: every second, one bulk write of the nodes that are due. A
-    database outage is logged when it starts and when it ends, not every second."""
+    """Write heartbeats behind: every second, one bulk write of the nodes that are due, and
+    the nodes silent for the unreachable window marked so (this process heard them last, to
+    the second). A database outage is logged when it starts and when it ends, not every
+    second."""
     outage = Outage("writing the agents' heartbeats to the database", log)
     while True:
         await asyncio.sleep(FLUSH_EVERY_S)
         writes = LIVE.due()
-        if writes:
+        silent = LIVE.silent(clock.now(), settings.LLMGW.timings.unreachable)
+        if writes or silent:
             try:
-                await _write_behind(writes)
+                await _write_behind(writes, silent)
             except Exception as exc:
-                outage.failed(exc)  # written on their nodes' next heartbeats
+                LIVE.unsilenced(silent)  # and the writes go on their nodes' next heartbeats
+                outage.failed(exc)
             else:
                 outage.worked()
 
 
-def _flush(writes) -> tuple[list[str], list[Command]]:
-    return node_live_flush(writes=writes, now=clock.now()), node_running_unknown(writes=writes)
+def _flush(writes, silent) -> tuple[list[str], list[Command]]:
+    now = clock.now()
+    if node_silent_mark(silent=silent, now=now):
+        wake()  # a pass soon takes their replicas out of routing (from this thread: no wait)
+    return node_live_flush(writes=writes, now=now), node_running_unknown(writes=writes)
 
 
 # The heartbeats' writes have a thread of their own: behind the registrations of a whole
@@ -92,10 +94,10 @@ def _flush(writes) -> tuple[list[str], list[Command]]:
 _WRITE_BEHIND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-write-behind")
 
 
-async def _write_behind(writes) -> None:
-    """Write heartbeats, then act on what they showed: lost nodes register again, engines
-    nobody knows of are stopped."""
-    lost, stops = await database_call(_flush, executor=_WRITE_BEHIND)(writes)
+async def _write_behind(writes, silent=()) -> None:
+    """Write heartbeats and silences, then act on what they showed: lost nodes register
+    again, engines nobody knows of are stopped."""
+    lost, stops = await database_call(_flush, executor=_WRITE_BEHIND)(writes, silent)
     await _ask_to_register_again(lost)
     await send_commands(stops)
 
@@ -327,6 +329,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self._send_commands(commands)
 
     async def on_heartbeat(self, msg: events.Heartbeat) -> None:
+        # Heard first: liveness must not wait behind the database thread's queue (a fleet
+        # registering again), and a heartbeat out of order changes nothing.
+        changed = LIVE.heartbeat(self.node_id, msg, clock.now())
         if msg.weights is not None or msg.disk is not None:
             await database_call(node_weights_record)(
                 node_id=self.node_id, weights=msg.weights, disk=msg.disk
@@ -338,7 +343,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 installs=msg.engine_installs,
                 now=clock.now(),
             )
-        if LIVE.heartbeat(self.node_id, msg, clock.now()):
+        if changed:
             # Memory or CPUs changed: placement must see that now, not in a few seconds.
             await _write_behind(LIVE.due(only=self.node_id))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from .events import EngineLoad, Heartbeat, Load
 
@@ -31,6 +31,7 @@ class LiveNode:
     running: frozenset[str] = frozenset()  # shards the agent last said it runs
     written_at: float = 0.0
     dirty: bool = False
+    silent: bool = False  # taken as silent (marked unreachable) until heard from again
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,15 @@ class NodeWrite:
             engines = json.dumps({"engines": self.engines})
             text = engines if text == "{}" else f"{text[:-1]},{engines[1:]}"
         return text
+
+
+@dataclass(frozen=True)
+class Silence:
+    """A node heard from last at `last_seen`, on the connection `session`."""
+
+    node_id: str
+    session: str
+    last_seen: datetime
 
 
 class OutOfOrder(ValueError):
@@ -101,6 +111,8 @@ class LiveFleet:
             raise OutOfOrder(f"heartbeat seq {hb.seq} is not after {live.last_seq}; ignored")
         live.last_seq = hb.seq
         live.last_seen = now
+        # Taken as silent a moment ago: written now, so it is ready again at once.
+        heard_again, live.silent = live.silent, False
         live.running = frozenset(
             s.shard_id for s in hb.shards if s.state in ("fetching", "starting", "ready")
         )
@@ -115,7 +127,7 @@ class LiveFleet:
             live.memory_total_mb = hb.memory_total_mb
         if hb.cpu_count is not None:
             live.cpu_count = hb.cpu_count
-        return changed
+        return changed or heard_again
 
     def engine_load(self, node_id: str, msg: EngineLoad, replica_of: dict[str, str]) -> None:
         """Keep the engines' running and waiting counts; a shard with requests running was used."""
@@ -128,6 +140,22 @@ class LiveFleet:
             if s.running and s.shard_id in replica_of:
                 live.used_replicas.add((node_id, replica_of[s.shard_id]))
         live.dirty = True
+
+    def silent(self, now: datetime, after: float) -> list[Silence]:
+        """The nodes not heard from for `after` seconds, each taken once until heard again."""
+        taken, cutoff = [], now - timedelta(seconds=after)
+        for live in self.nodes.values():
+            if not live.silent and live.last_seen is not None and live.last_seen <= cutoff:
+                live.silent = True
+                taken.append(Silence(live.node_id, live.session, live.last_seen))
+        return taken
+
+    def unsilenced(self, silent: list[Silence]) -> None:
+        """Marking these failed: taken again next time, unless heard from or gone since."""
+        for s in silent:
+            live = self.nodes.get(s.node_id)
+            if live is not None and live.session == s.session and live.last_seen == s.last_seen:
+                live.silent = False
 
     def due(self, *, only: str | None = None) -> list[NodeWrite]:
         """Take the nodes whose write is due (or `only` that node, now), marking them written."""

@@ -1,5 +1,5 @@
 """Fleet writes from what agents report: registration (with the shards they still run),
-heartbeats' live figures, shard status, and the weights they hold.
+shard status, and the weights they hold. Heartbeats and connections: fleet/heard.py.
 
 Each public service is one transaction; the commands it returns go to agents only after
 that transaction has committed (fleet/consumers.py sends them).
@@ -13,7 +13,7 @@ from datetime import datetime
 from urllib.parse import urlparse
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from catalog.selectors import catalog_load
 
@@ -24,8 +24,8 @@ from .domain.gpuclass import gpu_class
 from .domain.types import parse_shard_id
 from .events import Disk, Register, ShardStatus, Weight
 from .failures import failure_log_attach
+from .heard import believe_figures
 from .identity import AgentCredential, Refused, credential_issue, register_refusal
-from .live import NodeWrite
 from .models import Gpu, Node, Replica, Shard
 from .node_figures import node_figures_refresh
 from .services import start_command
@@ -63,23 +63,6 @@ def _sync_gpus(node: Node, msg: Register, *, new: bool) -> bool:
             extra={"node": node.id},
         )
     return True
-
-
-def _believe_figures(
-    node: Node | _Heard, memory_total_mb: int | None, cpu_count: int | None
-) -> None:
-    """A node that reports less memory or more CPUs than before is believed, and the change logged."""
-    for attr, value, unit in (
-        ("memory_total_mb", memory_total_mb, "MB of memory"),
-        ("cpu_count", cpu_count, "CPUs"),
-    ):
-        old = getattr(node, attr)
-        if value is not None and old is not None and value != old:
-            log.info(
-                "node %s reports %s %s (was %s)", node.id, value, unit, old, extra={"node": node.id}
-            )
-        if value is not None:
-            setattr(node, attr, value)
 
 
 def _replica_progress(replica_id: str, now: datetime) -> bool:
@@ -163,7 +146,7 @@ def node_register(
         node.mgmt_addr = msg.mgmt_addr
         node.labels = dict(msg.labels)
         node.agent_version = msg.agent_version
-        _believe_figures(node, msg.memory_total_mb, msg.cpu_count)
+        believe_figures(node, msg.memory_total_mb, msg.cpu_count)
         node.engines = dict(msg.engines)
         node.engines_probed = msg.engines_probed
         node.disk_free_gb = msg.disk.free_gb if msg.disk else None
@@ -367,121 +350,6 @@ def _adopt(node: Node, rep, profile, now: datetime) -> None:
         # Not "created": that is a LogRecord attribute, and logging refuses to overwrite it.
         extra={"node": node.id, "replica": replica.id, "new_replica": created},
     )
-
-
-def node_disconnected(*, node_id: str, session: str, now: datetime) -> None:
-    """The agent's connection closed: unreachable at once, unless it already reconnected elsewhere."""
-    changed = Node.objects.filter(pk=node_id, session=session, state=Node.READY).update(
-        state=Node.UNREACHABLE, state_since=now
-    )
-    if changed:
-        log.info("node %s is unreachable: its connection closed", node_id, extra={"node": node_id})
-
-
-def node_live_flush(*, writes: list[NodeWrite], now: datetime) -> list[str]:
-    """Write heartbeats behind in bulk: last_seen and load per node, last use per replica.
-
-    A node marked unreachable for silence that has been heard from since is ready again.
-    Returns the nodes found lost while still connected: their replicas were given up, so
-    their agents must register again to say what they run.
-    """
-    if not writes:
-        return []
-    by_id = {w.node_id: w for w in writes}
-    with transaction.atomic():
-        rows = Node.objects.filter(pk__in=by_id).values_list(
-            "id", "session", "state", "state_since", "memory_total_mb", "cpu_count"
-        )
-        nodes = [
-            _Heard(node_id, state, since, memory, cpus)
-            for node_id, session, state, since, memory, cpus in rows
-            # A node that registered again elsewhere is that connection's to write.
-            if session == by_id[node_id].session
-        ]
-        heard_again = []
-        lost = [node.id for node in nodes if node.state == Node.LOST]
-        for node in nodes:
-            w = by_id[node.id]
-            node.last_seen = w.last_seen
-            _believe_figures(node, w.memory_total_mb, w.cpu_count)
-            if node.state == Node.UNREACHABLE and node.state_since < w.last_seen:
-                heard_again.append(node.id)
-        _write_live(nodes, {w.node_id: w.load_json for w in writes})
-        if heard_again:
-            Node.objects.filter(pk__in=heard_again, state=Node.UNREACHABLE).update(
-                state=Node.READY, state_since=now
-            )
-            log.info("nodes heard from again, ready: %s", ", ".join(sorted(heard_again)))
-        used = set().union(*(w.used_replicas for w in writes))
-        if used:
-            # Only replicas with a shard on the node that said so: an agent speaks for itself.
-            held = Shard.objects.filter(
-                node_id__in={n for n, _ in used}, replica_id__in={r for _, r in used}
-            ).values_list("node_id", "replica_id")
-            mine = {replica for node, replica in held if (node, replica) in used}
-            Replica.objects.filter(pk__in=mine).update(last_used_at=now)
-    return lost
-
-
-def node_running_unknown(*, writes: list[NodeWrite]) -> list[Command]:
-    """Stop what agents say they run but this control plane does not know: a backstop for
-    an engine whose stop never arrived, found within a heartbeat or two."""
-    running = {(w.node_id, shard) for w in writes for shard in w.running}
-    if not running:
-        return []
-    known = set(
-        Shard.objects.filter(
-            node_id__in={n for n, _ in running}, id__in={s for _, s in running}
-        ).values_list("node_id", "id")
-    )
-    unknown = sorted(running - known)
-    for node_id, shard_id in unknown:
-        log.info(
-            "stopping shard %s on node %s: nothing here runs it",
-            shard_id,
-            node_id,
-            extra={"node": node_id},
-        )
-    return [stop_command(node_id, shard_id, 0) for node_id, shard_id in unknown]
-
-
-@dataclass(slots=True)
-class _Heard:
-    """A node's row as a flush reads and writes it (model instances were a third of it)."""
-
-    id: str
-    state: str
-    state_since: datetime
-    memory_total_mb: int | None
-    cpu_count: int | None
-    last_seen: datetime | None = None
-
-
-def _write_live(nodes: list[_Heard], loads: dict[str, str]) -> None:
-    """One prepared UPDATE run for every node, its load written as the JSON text given:
-    bulk_update's CASE expressions cost the serving process milliseconds of Python per
-    node, in a thread beside the agents' loop."""
-    table = Node._meta.db_table
-    # The heartbeats' times are aware: straight to the driver's text, not through the field.
-    adapt = connection.ops.adapt_datetimefield_value
-    load = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
-    rows = [
-        (
-            adapt(n.last_seen),
-            loads[n.id],
-            n.memory_total_mb,
-            n.cpu_count,
-            n.id,
-        )
-        # In id order, as node_figures_refresh locks them: two writers never wait on each other.
-        for n in sorted(nodes, key=lambda n: n.id)
-    ]
-    with connection.cursor() as cursor:
-        cursor.executemany(
-            f"UPDATE {table} SET last_seen = %s, load = {load}, memory_total_mb = %s,"
-            " cpu_count = %s WHERE id = %s",
-            rows,
-        )
 
 
 def node_weights_record(*, node_id: str, weights: list[Weight] | None, disk: Disk | None) -> None:

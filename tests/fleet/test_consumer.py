@@ -8,10 +8,10 @@ import pytest
 from django.conf import settings
 from django.db import transaction
 
+from fleet.heard import node_live_flush
 from fleet.live import LIVE
 from fleet.models import Gpu, Node, Replica, Shard
 from fleet.reconciler import reconcile_once
-from fleet.reports import node_live_flush
 from llmgw.core import clock
 from llmgw.core.secrets import engine_key
 

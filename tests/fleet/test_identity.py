@@ -11,11 +11,11 @@ import pytest
 from django.conf import settings
 
 from fleet.connections import PENALTY, FrameBudget
+from fleet.heard import node_live_flush
 from fleet.listings import measured_memory
 from fleet.live import LIVE
 from fleet.models import Node, Replica, Shard
 from fleet.reconciler import reconcile_once
-from fleet.reports import node_live_flush
 from fleet.selectors import model_loads, replica_views
 from llmgw.core import clock
 

@@ -23,12 +23,12 @@ from catalog import selectors as catalog_selectors
 from fleet import metrics, selectors
 from fleet.connections import REGISTRY as AGENTS_REGISTRY
 from fleet.events import Load
+from fleet.heard import node_live_flush
 from fleet.live import NodeWrite
 from fleet.metrics import FleetCollector, fleet_scrape, fleet_text
 from fleet.metrics_series import DESCS
 from fleet.models import Lease, ModelState, Node, PowerBudget, Replica
 from fleet.reconciler import LEASE, advisory_take, reconcile_once
-from fleet.reports import node_live_flush
 from fleet.selectors import holdings_load
 from llmgw.core import clock
 from llmgw.gateway.metrics import REGISTRY as GATEWAY_REGISTRY

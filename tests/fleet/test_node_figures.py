@@ -8,12 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleet.events import Load, Register, ShardStatus
+from fleet.heard import node_live_flush
 from fleet.identity import node_forget
 from fleet.live import NodeWrite
 from fleet.models import Node, Replica, Shard
 from fleet.node_figures import node_figures_refresh
 from fleet.reconciler import reconcile_once
-from fleet.reports import node_live_flush, node_register, shard_status_record
+from fleet.reports import node_register, shard_status_record
 
 from .builders import (
     H100,

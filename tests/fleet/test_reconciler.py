@@ -11,10 +11,11 @@ from django.test.utils import CaptureQueriesContext
 from catalog.services import model_remove, model_scale
 from fleet import reconciler
 from fleet.events import Load, ShardStatus
+from fleet.heard import node_live_flush
 from fleet.live import NodeWrite
 from fleet.models import ModelState, Node, Replica, Shard
 from fleet.reconciler import lease_release, lease_take, reconcile_once
-from fleet.reports import node_live_flush, shard_status_record
+from fleet.reports import shard_status_record
 from fleet.services import node_set_schedule
 
 from .builders import gpu_model, model_added, node_add
@@ -404,7 +405,7 @@ def test_a_lost_multi_node_replicas_surviving_shard_is_told_to_stop(no_settle, s
 
 
 def test_an_engine_a_heartbeat_lists_but_nothing_here_runs_is_stopped(no_settle):
-    from fleet.reports import node_running_unknown
+    from fleet.heard import node_running_unknown
 
     model_added(gpu_model("llama"))
     node_add("gpu-a", now=T0)
