@@ -17,13 +17,15 @@ from datetime import datetime, timedelta
 from .events import EngineLoad, Heartbeat, Load
 
 
-@dataclass
+@dataclass(slots=True)
 class LiveNode:
     node_id: str
     session: str
     last_seq: int = -1
     last_seen: datetime | None = None
-    load: Load | None = None
+    # The last load reported, as the JSON text it is written as: the validated message
+    # itself was 13 KB a node (a pydantic object per GPU and per figure), this is one.
+    load: str | None = None
     memory_total_mb: int | None = None
     cpu_count: int | None = None
     engines: dict[str, dict] = field(default_factory=dict)
@@ -41,7 +43,7 @@ class NodeWrite:
     node_id: str
     session: str
     last_seen: datetime
-    sample: Load | None
+    sample: Load | str | None  # as reported, or already the JSON text the live state keeps
     engines: dict
     memory_total_mb: int | None
     cpu_count: int | None
@@ -50,10 +52,10 @@ class NodeWrite:
 
     @property
     def load_json(self) -> str:
-        """The load as stored, as JSON text: written here, in the writer's thread, not on the
-        event loop that serves the agents, and by pydantic's own serializer (its dict and
-        then json.dumps were 85 ms of a flush of 1,250 nodes, 7 ms now)."""
-        text = self.sample.model_dump_json(exclude_none=True) if self.sample is not None else "{}"
+        """The load as stored, as JSON text, by pydantic's own serializer (its dict and then
+        json.dumps were 85 ms of a flush of 1,250 nodes, 7 ms now)."""
+        sample = self.sample
+        text = sample if isinstance(sample, str) else _load_json(sample)
         if self.engines:
             engines = json.dumps({"engines": self.engines})
             text = engines if text == "{}" else f"{text[:-1]},{engines[1:]}"
@@ -67,6 +69,10 @@ class Silence:
     node_id: str
     session: str
     last_seen: datetime
+
+
+def _load_json(load: Load | None) -> str:
+    return load.model_dump_json(exclude_none=True) if load is not None else "{}"
 
 
 class OutOfOrder(ValueError):
@@ -117,8 +123,7 @@ class LiveFleet:
             s.shard_id for s in hb.shards if s.state in ("fetching", "starting", "ready")
         )
         if hb.load is not None:
-            # Kept as the validated message; turned into JSON only when it is written.
-            live.load = hb.load
+            live.load = _load_json(hb.load)  # about 6 µs a node
         live.dirty = True
         changed = (
             hb.memory_total_mb is not None and hb.memory_total_mb != live.memory_total_mb

@@ -1,10 +1,13 @@
-"""`llmgw serve`'s daphne lets go of a finished request at once, leaving errors to its sweep."""
+"""`llmgw serve`'s daphne lets go of a finished request at once, leaving errors to its sweep,
+and hands each application what it receives through a small inbox."""
 
 from __future__ import annotations
 
 import asyncio
 
-from llmgw.cli.serve import _server_class
+import pytest
+
+from llmgw.cli.serve import Inbox, _server_class
 
 
 def server():
@@ -112,3 +115,63 @@ async def test_a_lost_connection_never_leaves_a_send_waiting():
     req.producer.stopProducing()
 
     await asyncio.wait_for(waiting, 1)
+
+
+async def test_an_application_receives_through_its_inbox_and_is_let_go_once_done():
+    s = server()
+    s.connections["ws"] = {"connected": 0}
+    got = []
+
+    async def app(scope, receive, send):
+        got.append(await receive())
+        got.append(await receive())
+
+    s.application = app
+    inbox = s.create_application("ws", {"type": "websocket"})
+    inbox.put_nowait({"type": "websocket.connect"})
+    inbox.put_nowait({"type": "websocket.receive", "text": "hi"})
+    s.protocol_disconnected("ws")
+    await s.connections["ws"]["application_instance"]
+    await asyncio.sleep(0)
+
+    assert got == [{"type": "websocket.connect"}, {"type": "websocket.receive", "text": "hi"}]
+    assert "ws" not in s.connections
+
+
+async def test_an_inbox_hands_over_in_order_and_waits_when_empty():
+    inbox = Inbox()
+    inbox.put_nowait(1)
+    waiting = asyncio.ensure_future(_two(inbox))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+
+    inbox.put_nowait(2)
+
+    assert await waiting == [1, 2]
+
+
+async def _two(inbox: Inbox) -> list:
+    return [await inbox.get(), await inbox.get()]
+
+
+async def test_a_receive_cancelled_as_it_was_woken_loses_nothing():
+    inbox = Inbox()
+    first = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+
+    inbox.put_nowait("kept")
+    first.cancel()  # before it ran again to take the item
+
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await inbox.get() == "kept"
+
+
+async def test_an_inbox_has_one_receiver():
+    inbox = Inbox()
+    first = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+
+    with pytest.raises(RuntimeError, match="one receiver"):
+        await inbox.get()
+    first.cancel()
