@@ -18,6 +18,7 @@ the audit log is kept.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ from .models import EventRecord
 # process wrote or read.
 _last: OrderedDict[tuple[str, str, str, str], tuple[int, str, datetime]] = OrderedDict()
 _LAST_MAX = 20_000
+_remembering = threading.Lock()
 EXPIRE_EVERY_S = 3600.0
 _expired_at = float("-inf")
 
@@ -147,10 +149,13 @@ def expire(*, now: datetime, keep_days: float) -> int:
 
 
 def _remember(key: tuple, last: tuple[int, str, datetime]) -> None:
-    _last[key] = last
-    _last.move_to_end(key)
-    while len(_last) > _LAST_MAX:
-        _last.popitem(last=False)
+    # Several threads record (the pass, the agents' calls, the heartbeats' writer): the
+    # steps together, never around a database call.
+    with _remembering:
+        _last[key] = last
+        _last.move_to_end(key)
+        while len(_last) > _LAST_MAX:
+            _last.popitem(last=False)
 
 
 def _plain(fields: dict) -> dict:
