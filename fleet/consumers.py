@@ -344,7 +344,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 now=clock.now(),
             )
         if changed:
-            # Memory or CPUs changed: placement must see that now, not in a few seconds.
+            # Memory or CPUs changed, or it was taken as silent: seen now, not in seconds.
             await _write_behind(LIVE.due(only=self.node_id))
 
     async def on_engine_load(self, msg: events.EngineLoad) -> None:
