@@ -29,7 +29,7 @@ from .engine_installs import node_engines_record
 from .heard import node_disconnected, node_live_flush, node_running_unknown, node_silent_mark
 from .identity import AgentCredential, Refused, agent_authenticate, register_refusal
 from .live import LIVE, OutOfOrder
-from .reports import node_register, node_weights_record, shard_status_record
+from .reports import Registration, node_register, node_weights_record, shard_status_record
 from .upgrades import upgrade_reported
 from .wake import wake
 
@@ -116,6 +116,24 @@ def ensure_flusher() -> None:
     LIVE.write_every = min(5.0, settings.LLMGW.timings.unreachable / 4)
     if _flusher is None or _flusher.done():
         _flusher = asyncio.get_running_loop().create_task(_flush_forever())
+
+
+async def _refusal(credential: AgentCredential, node_id: str) -> None:
+    """register_refusal, on the database thread only for a join token: a node's own
+    credential is checked without it (a fleet registering again at once is all such)."""
+    if credential.joining:
+        await database_call(register_refusal)(
+            credential=credential, node_id=node_id, now=clock.now()
+        )
+    else:
+        register_refusal(credential=credential, node_id=node_id, now=clock.now())
+
+
+def _register(**kwargs) -> Registration:
+    """node_register stamped when it runs, not when its frame came: in a fleet's restart a
+    register waits seconds in the database thread's queue, and a node stamped with its
+    frame's time looked silent for those seconds (the reconciler marked it unreachable)."""
+    return node_register(now=clock.now(), **kwargs)
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -289,19 +307,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_register(self, msg: events.Register) -> None:
         group = node_group(msg.node_id)
-        now = clock.now()
         if self.node_id is None:
             try:
-                await database_call(register_refusal)(
-                    credential=self.credential, node_id=msg.node_id, now=now
-                )
+                await _refusal(self.credential, msg.node_id)
             except Refused as exc:
                 await self._refuse(exc, msg.node_id)
                 return
             await self._join(group)
         try:
-            registration = await database_call(node_register)(
-                msg=msg, session=self.session, now=now, credential=self.credential
+            registration = await database_call(_register)(
+                msg=msg, session=self.session, credential=self.credential
             )
         except Refused as exc:
             await self._refuse(exc, msg.node_id)
@@ -315,7 +330,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         LIVE.connected(
             msg.node_id,
             self.session,
-            now,
+            registration.at,
             memory_total_mb=msg.memory_total_mb,
             cpu_count=msg.cpu_count,
         )

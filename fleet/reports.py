@@ -97,9 +97,10 @@ def _stopped_once_all_shards_are(replica_id: str, now: datetime) -> None:
 
 @dataclass(frozen=True)
 class Registration:
-    """What registering gave: commands for the agent, and the node's own credential when this
-    registration issued one (sent once, kept nowhere)."""
+    """What registering gave: when it was written, commands for the agent, and the node's own
+    credential when this registration issued one (sent once, kept nowhere)."""
 
+    at: datetime
     commands: list[Command] = field(default_factory=list)
     node_token: str | None = None
     approved: bool = True
@@ -173,7 +174,7 @@ def node_register(
             after = dict(Replica.objects.filter(pk__in=before).values_list("id", "state"))
             ended = [r for r, state in before.items() if after.get(r) != state]
             node_figures_refresh(nodes=[node.id], replicas=ended)
-    return Registration(commands=commands, node_token=node_token, approved=node.approved)
+    return Registration(at=now, commands=commands, node_token=node_token, approved=node.approved)
 
 
 def _own_endpoints(node: Node, msg: Register) -> tuple[Register, list[Command]]:

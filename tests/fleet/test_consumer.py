@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
 import pytest
 from django.conf import settings
@@ -52,6 +54,25 @@ async def test_registering_again_with_other_gpus_replaces_them(agents):
 
     gpus = await in_db(lambda: list(Gpu.objects.values_list("node_id", "index", "gpu_class")))
     assert gpus == [("gpu-a", 0, "l4-24g")]
+
+
+async def test_a_registration_waiting_behind_the_database_is_stamped_when_written(agents):
+    """In a fleet's restart a register waits seconds in the database thread's queue: stamped
+    when its frame came, a node registered a moment ago looked silent for those seconds, and
+    the reconciler marked it unreachable."""
+    comm = await agents.connect()
+    release = threading.Event()
+    busy = asyncio.ensure_future(in_db(lambda: release.wait(10)))  # the thread held
+    await comm.send_json_to(register_frame("gpu-a"))
+    await asyncio.sleep(0.3)
+    released_at = clock.now()
+    release.set()
+    await busy
+
+    assert (await answer(comm))["type"] == "registered"
+    node = await in_db(lambda: Node.objects.get(pk="gpu-a"))
+    assert node.last_seen >= released_at
+    assert LIVE.nodes["gpu-a"].last_seen >= released_at
 
 
 @pytest.mark.parametrize(
