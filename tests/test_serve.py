@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from llmgw.cli.serve import Inbox, _server_class
+from llmgw.cli.serve import _server_class
+from llmgw.core.inbox import Inbox
 
 
 def server():
@@ -167,11 +168,14 @@ async def test_a_receive_cancelled_as_it_was_woken_loses_nothing():
     assert await inbox.get() == "kept"
 
 
-async def test_an_inbox_has_one_receiver():
+async def test_an_inbox_serves_the_first_receiver_waiting_first():
     inbox = Inbox()
     first = asyncio.ensure_future(inbox.get())
+    second = asyncio.ensure_future(inbox.get())
     await asyncio.sleep(0)
 
-    with pytest.raises(RuntimeError, match="one receiver"):
-        await inbox.get()
-    first.cancel()
+    inbox.put_nowait("a")
+    inbox.put_nowait("b")
+
+    assert [await first, await second] == ["a", "b"]
+    assert not inbox.waited_on

@@ -10,7 +10,10 @@ import os
 import pprint
 import signal
 import sys
+from dataclasses import dataclass
 from functools import partial
+
+from llmgw.core.inbox import Inbox
 
 log = logging.getLogger("llmgw.serve")
 
@@ -100,8 +103,14 @@ def _lighter_requests() -> None:
             super().handleContentChunk(data)
 
         def process(self):
-            if not self._refused:
-                super().process()
+            if self._refused:
+                return
+            super().process()
+            if self.transport is None and self.channel is not None:
+                # Upgraded: daphne handed the socket to a websocket protocol, but Twisted's
+                # HTTP channel, still the socket's producer, kept this request (its headers
+                # and body), 5 KB for as long as an agent's socket is open.
+                self.channel.requests.clear()
 
     http_protocol.WebRequest = Request  # what daphne's HTTPFactory builds its requests from
     http_protocol.HTTPFactory.log = lambda self, request: None
@@ -119,16 +128,40 @@ class _Formatted:
         return pprint.pformat(self.obj)
 
 
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    """An open websocket's request, as daphne still reads it."""
+
+    path: str
+
+
 def _lighter_handshakes() -> None:
     """autobahn pretty-prints every new websocket's thirty settings for a debug line that is
     never written (`log.debug("...", attrs=pformat(...))` formats before the call): 3.5% of
     the server while 5,000 agents connected again after a restart. Now formatted only if
-    that line is written."""
+    that line is written. And the handshake's leftovers are let go once a websocket is
+    open."""
     from autobahn.websocket import protocol
 
     protocol.pformat = _Formatted
     # The module's one other use must still be a string.
     protocol.Timings.__str__ = lambda self: pprint.pformat(self._timings)
+
+    from daphne.ws_protocol import WebSocketProtocol
+
+    opened = WebSocketProtocol.onOpen
+
+    def let_go_of_the_handshake(self):
+        """What only the handshake reads, let go once the websocket is open: the request's
+        bytes and headers, autobahn's copies and the scope's (3 KB a connection, an agent's
+        credential among them). The one websocket, the agents', reads its headers when it
+        connects; after, only the path is read (daphne's access log)."""
+        opened(self)
+        self.request = _Opened(self.request.path)
+        self.clean_headers.clear()  # the scope's own list
+        self.http_request_data = self.http_headers = None
+
+    WebSocketProtocol.onOpen = let_go_of_the_handshake
 
 
 def _close_reasons() -> None:
@@ -296,36 +329,6 @@ class Pacer:
 
     async def wait(self) -> None:
         await self._ready.wait()
-
-
-class Inbox:
-    """What daphne puts for an application and the application awaits, in order: the part
-    of asyncio.Queue daphne and one receiver use (`put_nowait`, `get`), in 200 bytes. As
-    in the Queue, an item stays in the inbox until a receiver takes it: a receive
-    cancelled as it was woken loses nothing."""
-
-    __slots__ = ("_items", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: list = []
-        self._waiter: asyncio.Future | None = None
-
-    def put_nowait(self, item) -> None:
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def get(self):
-        while not self._items:
-            if self._waiter is not None:
-                raise RuntimeError("an Inbox has one receiver")
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-        return self._items.pop(0)
 
 
 def main(argv: list[str]) -> int:
