@@ -43,7 +43,7 @@ class PacedInMemoryChannelLayer(InMemoryChannelLayer):
         self.require_valid_channel_name(channel)
         assert "__asgi_channel__" not in message
         inbox = self._inbox(channel)
-        if len(inbox) >= self.get_capacity(channel):
+        if len(inbox.items) >= self.get_capacity(channel):
             raise ChannelFull(channel)
         inbox.put_nowait((time.time() + self.expiry, deepcopy(message)))
 

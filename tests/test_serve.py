@@ -151,6 +151,12 @@ async def test_an_inbox_hands_over_in_order_and_waits_when_empty():
     assert await waiting == [1, 2]
 
 
+def test_an_empty_inbox_is_still_there_to_be_told_a_caller_hung_up():
+    # daphne's HTTP request asks `if self.application_queue:` before it puts the
+    # http.disconnect; an inbox that read as false when empty lost every hang-up.
+    assert Inbox()
+
+
 async def _two(inbox: Inbox) -> list:
     return [await inbox.get(), await inbox.get()]
 

@@ -8,19 +8,18 @@ import asyncio
 
 class Inbox:
     """Items put and taken in order, the first receiver waiting served first: the part of
-    asyncio.Queue that daphne and the channel layer use (`put_nowait`, `get`, `len`), in a
+    asyncio.Queue that daphne and the channel layer use (`put_nowait`, `get`), in a
     few hundred bytes where the Queue is 3.3 KB (four deques and an Event). As in the
     Queue, an item stays in the inbox until a receiver takes it: a receive cancelled as it
-    was woken loses nothing, the next receiver is woken instead."""
+    was woken loses nothing, the next receiver is woken instead. And as the Queue it has no
+    length: daphne asks `if self.application_queue:` before it tells an application its
+    caller hung up, and an empty inbox must still be told (count `items`)."""
 
     __slots__ = ("items", "_waiters")
 
     def __init__(self) -> None:
         self.items: list = []
         self._waiters: list[asyncio.Future] = []
-
-    def __len__(self) -> int:
-        return len(self.items)
 
     @property
     def waited_on(self) -> bool:
