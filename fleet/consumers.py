@@ -92,6 +92,9 @@ def _flush(writes, silent) -> tuple[list[str], list[Command]]:
 # The heartbeats' writes have a thread of their own: behind the registrations of a whole
 # fleet reconnecting they waited long enough for nodes to look silent.
 _WRITE_BEHIND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-write-behind")
+# And the handshakes' credential look-ups: behind a fleet's registrations they waited past
+# the agents' open timeout, the agents gave up and tried again, and a restart collapsed.
+_HANDSHAKES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-handshakes")
 
 
 async def _write_behind(writes, silent=()) -> None:
@@ -166,7 +169,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_FLOOD, reason="too many frames; wait before connecting")
             return
         try:
-            self.credential = await database_call(agent_authenticate)(secret=secret)
+            self.credential = await database_call(agent_authenticate, executor=_HANDSHAKES)(
+                secret=secret
+            )
         except (OperationalError, InterfaceError) as exc:
             # Not a refusal (that would make the agent give up its credential): try again.
             _handshakes.failed(exc)

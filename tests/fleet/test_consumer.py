@@ -75,6 +75,22 @@ async def test_a_registration_waiting_behind_the_database_is_stamped_when_writte
     assert LIVE.nodes["gpu-a"].last_seen >= released_at
 
 
+async def test_a_handshake_does_not_wait_behind_the_database_thread(agents):
+    """A fleet's registrations queue on the database thread after a restart: handshakes
+    waiting behind them went past the agents' open timeout, and the agents gave up."""
+    first = await agents.registered(register_frame("gpu-a"))
+    await first.disconnect()
+    release = threading.Event()
+    busy = asyncio.ensure_future(in_db(lambda: release.wait(10)))  # the thread held
+    try:
+        again = await agents.connect(agents.node_tokens["gpu-a"])
+        assert again.refused is None
+        assert not busy.done()
+    finally:
+        release.set()
+        await busy
+
+
 @pytest.mark.parametrize(
     "headers",
     [
