@@ -1,5 +1,6 @@
 """`llmgw serve`'s daphne lets go of a finished request at once, leaving errors to its sweep,
-and hands each application what it receives through a small inbox."""
+hands each application what it receives through a small inbox, and lets go of an open
+websocket's handshake."""
 
 from __future__ import annotations
 
@@ -185,3 +186,41 @@ async def test_an_inbox_serves_the_first_receiver_waiting_first():
 
     assert [await first, await second] == ["a", "b"]
     assert not inbox.waited_on
+
+
+def test_an_open_websocket_lets_go_of_its_handshake(monkeypatch):
+    from autobahn.websocket import protocol as autobahn
+    from daphne.ws_protocol import WebSocketProtocol
+
+    from llmgw.cli.serve import _lighter_handshakes, _Opened
+
+    for owner, name in [
+        (WebSocketProtocol, "onOpen"),
+        (autobahn, "pformat"),
+        (autobahn.Timings, "__str__"),
+    ]:
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # put back afterwards
+    _lighter_handshakes()
+    logged = []
+
+    class Server:
+        def log_action(self, kind, action, details):
+            logged.append((kind, action, details["path"]))
+
+    class Handshake:
+        path = "/ws/agent/"
+        headers = {"authorization": "Bearer llmgw_node_secret"}
+
+    ws = object.__new__(WebSocketProtocol)
+    ws.server, ws.client_addr, ws.request = Server(), None, Handshake()
+    ws.clean_headers = scope_headers = [(b"authorization", b"Bearer llmgw_node_secret")]
+    ws.http_request_data = b"GET /ws/agent/ HTTP/1.1\r\nAuthorization: Bearer llmgw_node_secret"
+    ws.http_headers = {"authorization": "Bearer llmgw_node_secret"}
+
+    ws.onOpen()
+
+    assert logged == [("websocket", "connected", "/ws/agent/")]
+    # Only the path is read after (daphne's access log); the credential is kept nowhere.
+    assert ws.request == _Opened("/ws/agent/")
+    assert scope_headers == []  # the scope's own list, emptied where the scope holds it
+    assert ws.http_request_data is None and ws.http_headers is None
