@@ -1,6 +1,7 @@
 """`llmgw serve`'s daphne lets go of a finished request at once, leaving errors to its sweep,
 hands each application what it receives through a small inbox, and lets go of an open
-websocket's handshake."""
+websocket's handshake
+and an upgraded connection's HTTP request."""
 
 from __future__ import annotations
 
@@ -224,3 +225,52 @@ def test_an_open_websocket_lets_go_of_its_handshake(monkeypatch):
     assert ws.request == _Opened("/ws/agent/")
     assert scope_headers == []  # the scope's own list, emptied where the scope holds it
     assert ws.http_request_data is None and ws.http_headers is None
+
+
+def test_an_upgraded_connection_lets_go_of_its_http_request(monkeypatch):
+    from daphne import http_protocol
+    from twisted.internet.protocol import Protocol
+    from twisted.internet.testing import StringTransport
+
+    from llmgw.cli.serve import _lighter_requests
+
+    monkeypatch.setattr(http_protocol, "WebRequest", http_protocol.WebRequest)
+    monkeypatch.setattr(http_protocol.HTTPFactory, "log", http_protocol.HTTPFactory.log)
+    _lighter_requests()
+
+    class Websocket(Protocol):
+        def __init__(self) -> None:
+            self.received = b""
+
+        def dataReceived(self, data: bytes) -> None:
+            self.received += data
+
+    class WsFactory:
+        def buildProtocol(self, addr):
+            self.built = Websocket()
+            return self.built
+
+    class Server:
+        proxy_forwarded_address_header = None
+        ws_factory = WsFactory()
+        connected: list = []
+
+        def protocol_connected(self, request):
+            self.connected.append(request)
+
+        def protocol_disconnected(self, request):
+            self.connected.remove(request)
+
+    server = Server()
+    channel = http_protocol.HTTPFactory(server).buildProtocol(None)
+    channel.makeConnection(StringTransport())
+    channel.dataReceived(
+        b"GET /ws/agent/ HTTP/1.1\r\nHost: cp\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nAuthorization: Bearer llmgw_node_secret\r\n\r\n"
+    )
+
+    # The websocket was handed the handshake, and Twisted's channel (still the socket's
+    # producer) no longer holds the request, its headers or the credential in them.
+    assert server.ws_factory.built.received.startswith(b"GET /ws/agent/ HTTP/1.1\r\n")
+    assert channel._channel.requests == []  # the HTTP/1.1 channel the request was on
+    assert server.connected == []
