@@ -24,7 +24,8 @@ the control plane's commands as `llmgw agent` does. In order:
 BENCH_FLEET_HOLD=15000 only connects that many, holds them SECONDS and reports 1.
 Env: BENCH_FLEET_AGENTS (5000), BENCH_FLEET_SECONDS (30), BENCH_FLEET_PROCS,
 BENCH_FLEET_JOIN_WINDOW (agents joining at once the first time, 100),
-BENCH_FLEET_REPLICAS (8), BENCH_FLEET_KEEP=1 keeps the home (logs) and prints where. Everything started is stopped
+BENCH_FLEET_REPLICAS (8), BENCH_FLEET_ONLY (some of heartbeats,reconcile,silence,restart),
+BENCH_FLEET_KEEP=1 keeps the home (logs) and prints where. Everything started is stopped
 at the end, on Ctrl-C and on error too.
 """
 
@@ -62,6 +63,10 @@ PROCS = int(os.environ.get("BENCH_FLEET_PROCS", 0)) or max(2, min(8, -(-AGENTS /
 JOIN_WINDOW = int(os.environ.get("BENCH_FLEET_JOIN_WINDOW", 100))
 REPLICAS = int(os.environ.get("BENCH_FLEET_REPLICAS", 8))
 KEEP = os.environ.get("BENCH_FLEET_KEEP") == "1"
+# Some of the figures only (heartbeats, reconcile, silence, restart; comma-separated).
+ONLY = (
+    set(os.environ["BENCH_FLEET_ONLY"].split(",")) if os.environ.get("BENCH_FLEET_ONLY") else None
+)
 WARM = min(20, max(1, AGENTS // 20))
 SILENT = min(100, AGENTS // 4)
 PROBES_PER_SECOND = 50
@@ -139,13 +144,13 @@ class Clients:
 
     def stats(self) -> dict:
         """Every process's stats, summed (lists joined, events counted together)."""
-        total: dict = {"events": Counter(), "latencies": []}
+        total: dict = {"events": Counter(), "latencies": [], "again": []}
         for s in self.ask("stats"):
             for key, value in s.items():
                 if key == "events":
                     total["events"].update(value)
-                elif key == "latencies":
-                    total["latencies"] += value
+                elif key in ("latencies", "again"):
+                    total[key] += value
                 elif key == "last_since_mark":
                     total[key] = max(total.get(key, 0.0), value)
                 else:
@@ -321,6 +326,9 @@ def _silence(clients: Clients, api: httpx.Client, scale: dict) -> None:
               poll_round_s=round(statistics.mean(rounds), 2) if rounds else None)  # fmt: skip
 
 
+_QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
+
+
 def _p_s(xs: list[float], q: float) -> float | None:
     xs = sorted(xs)
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 2) if xs else None
@@ -346,11 +354,17 @@ def _restart(cluster: Cluster, api: httpx.Client, clients: Clients, scale: dict)
         _wait("all ready in the API", lambda: _all_ready_at(api, target), 60, 1.0) if done else None
     )
     events = stats["events"] - before["events"]
+    # Where the time went: when the attempts that registered began (the agents' backoff
+    # after failing while the server was down), and how long each then took (the server).
+    began = [attempt - up for attempt, _ in stats["again"]]
+    took = [registered - max(attempt, up) for attempt, registered in stats["again"]]
     _emit("restart_to_all_registered_s", scale, value=round(last - up, 1) if done else None,
           aim=30, gave_up_after_s=None if done else patience,
           from_sigterm=round(last - term, 1) if done else None, stop_s=round(down - term, 1),
           start_s=round(up - down, 1), registered_again=stats["since_mark"], of=target,
           all_ready_in_api_s=round(ready_at - up, 1) if ready_at else None,
+          attempt_began_after_up_s={q: _p_s(began, p) for q, p in _QUANTILES},
+          attempt_took_s={q: _p_s(took, p) for q, p in _QUANTILES},
           measured_from="the new server answering HTTP", events_since_sigterm=dict(events))  # fmt: skip
 
 
@@ -417,10 +431,13 @@ def main() -> int:
             _emit("connections_held_after_s", scale, value=clients.stats()["connected"],
                   seconds=SECONDS)  # fmt: skip
         else:
-            _heartbeats(clients, pid, scale)
-            _reconcile(cluster, api, clients, scale)
-            _silence(clients, api, scale)
-            _restart(cluster, api, clients, scale)
+            figures = {"heartbeats": lambda: _heartbeats(clients, pid, scale),
+                       "reconcile": lambda: _reconcile(cluster, api, clients, scale),
+                       "silence": lambda: _silence(clients, api, scale),
+                       "restart": lambda: _restart(cluster, api, clients, scale)}  # fmt: skip
+            for name, measure in figures.items():
+                if ONLY is None or name in ONLY:
+                    measure()
     finally:
         if clients is not None:
             clients.close()

@@ -83,6 +83,9 @@ class Stats:
         self.marked_at = 0.0
         self.since_mark: set[int] = set()  # agents registered since the mark
         self.last_since_mark = 0.0
+        # Per agent registered since the mark: when the attempt that did it began, and when
+        # it was registered (monotonic seconds, one clock for every process of the machine).
+        self.again: list[tuple[float, float]] = []
         self.latencies: list[float] = []
         self.probe_timeouts = 0
         self.late_beats = 0  # sent a second or more after they were due: this client is slow
@@ -109,6 +112,7 @@ class FakeAgent:
         self.probe: asyncio.Future | None = None
         self.probe_fraction = 0.0
         self.tail = ""  # the heartbeat after its seq, made again when the shards change
+        self.attempt_at = 0.0  # when this session's connect began
 
     async def run(self) -> None:
         """Connect, serve the session, reconnect with the agent's backoff, until cancelled."""
@@ -117,6 +121,7 @@ class FakeAgent:
             await self.allowed.wait()
             registered = False
             headers = {"Authorization": f"Bearer {self.token or self.join_token}"}
+            self.attempt_at = time.monotonic()
             try:
                 async with connect(self.url, additional_headers=headers) as ws:
                     registered = await self._session(ws)
@@ -185,6 +190,7 @@ class FakeAgent:
         if stats.marked_at and self.n not in stats.since_mark:
             stats.since_mark.add(self.n)
             stats.last_since_mark = time.monotonic()
+            stats.again.append((self.attempt_at, stats.last_since_mark))
         self._make_tail()
         beats = asyncio.create_task(self._heartbeats(ws))
         try:
@@ -333,12 +339,14 @@ async def _serve(conn, first: int, count: int, url: str, join_token: str) -> Non
             reply = {
                 "connected": stats.connected, "registered": stats.registered,
                 "since_mark": len(stats.since_mark), "last_since_mark": stats.last_since_mark,
+                "again": list(stats.again),
                 "beats": stats.beats, "late_beats": stats.late_beats,
                 "probe_timeouts": stats.probe_timeouts, "latencies": list(stats.latencies),
                 "events": dict(stats.events), "shards": sum(len(a.shards) for a in agents),
             }  # fmt: skip
         elif cmd == "mark":
             stats.marked_at, stats.since_mark, stats.last_since_mark = time.monotonic(), set(), 0.0
+            stats.again = []
         elif cmd == "probe":  # a fraction of heartbeats to probe from now on; 0 stops
             if arg:
                 stats.latencies, stats.probe_timeouts = [], 0

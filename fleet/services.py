@@ -28,6 +28,7 @@ from .domain.reconcile import Plan
 from .engine_installs import engine_build
 from .models import ModelState, Node, PowerBudget, Replica, Shard
 from .node_figures import node_figures_refresh
+from .rows import chunks
 
 log = logging.getLogger("llmgw.fleet")
 
@@ -68,19 +69,7 @@ def _weights(source: str) -> dict:
 def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
     """Write a plan in the caller's transaction; return the commands to send after commit."""
     commands: list[Command] = []
-    t = settings.LLMGW.timings
-    heard_meanwhile = set()
-    for change in plan.node_changes:
-        # A heartbeat written since the snapshot means it is not silent after all; at the
-        # threshold, as the rules count it: silent for that many seconds or more.
-        silent = t.lost if change.state == Node.LOST else t.unreachable
-        changed = (
-            Node.objects.filter(pk=change.node_id, last_seen__lte=now - timedelta(seconds=silent))
-            .exclude(state=change.state)
-            .update(state=change.state, state_since=now)
-        )
-        if change.state == Node.LOST and not changed:
-            heard_meanwhile.add(change.node_id)
+    heard_meanwhile = _node_states_write(plan, now)
     for h in plan.health:
         _health_write(h.replica_id, h.reason, now)
     # What a lost node's replicas are told, and that they are forgotten, stands only if it was lost.
@@ -115,6 +104,32 @@ def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
     node_figures_refresh(nodes=touched)
     _write_states(plan, before["states"])
     return commands
+
+
+def _node_states_write(plan: Plan, now: datetime) -> set[str]:
+    """Write the nodes' new states; return the nodes found lost that were heard from since
+    the snapshot. A heartbeat written since means a node is not silent after all; at the
+    threshold, as the rules count it: silent for that many seconds or more.
+
+    One UPDATE per state and CHUNK of nodes, not one per node: the pass after a restart
+    marks thousands at once, and on SQLite every statement of it held the database's one
+    write lock while it waited its turn for the interpreter, the fleet's registrations
+    queued behind it."""
+    t = settings.LLMGW.timings
+    by_state: dict[str, list[str]] = {}
+    for change in plan.node_changes:
+        by_state.setdefault(change.state, []).append(change.node_id)
+    heard_meanwhile: set[str] = set()
+    for state, node_ids in by_state.items():
+        silent = t.lost if state == Node.LOST else t.unreachable
+        for part in chunks(node_ids):
+            Node.objects.filter(
+                pk__in=part, last_seen__lte=now - timedelta(seconds=silent)
+            ).exclude(state=state).update(state=state, state_since=now)
+            if state == Node.LOST:
+                written = Node.objects.filter(pk__in=part, state=state, state_since=now)
+                heard_meanwhile |= set(part) - set(written.values_list("pk", flat=True))
+    return heard_meanwhile
 
 
 def _record_starts(starts, catalog: dict[str, ModelSpec], now: datetime) -> list[Command]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -141,6 +142,57 @@ def test_an_unreachable_node_heard_from_again_is_ready_again(no_settle):
     reconcile_once(now=at(20))
 
     assert Node.objects.get(pk="gpu-a").state == Node.READY
+
+
+def test_a_fleet_gone_silent_is_marked_in_a_few_statements_not_one_per_node(
+    no_settle, settings
+):
+    settings.LLMGW = replace(
+        settings.LLMGW, agents=replace(settings.LLMGW.agents, joins_per_minute=10_000)
+    )
+    for n in range(1200):
+        node_add(f"gpu-{n:04d}", now=T0)
+    reconcile_once(now=T0)
+    heard("gpu-0007", at(14))  # still talking: stays ready
+
+    with CaptureQueriesContext(connection) as queries:
+        reconcile_once(now=at(15))
+
+    states = dict(Node.objects.values_list("id", "state"))
+    assert states.pop("gpu-0007") == Node.READY
+    assert set(states.values()) == {Node.UNREACHABLE}
+    assert set(Node.objects.exclude(pk="gpu-0007").values_list("state_since", flat=True)) == {
+        at(15)
+    }
+    node_writes = [
+        q
+        for q in queries.captured_queries
+        if q["sql"].lstrip().upper().startswith("UPDATE")
+        and "fleet_node" in q["sql"].split("SET")[0]
+    ]
+    assert len(node_writes) == 3  # 1,199 nodes, in runs of 500
+
+
+def test_a_lost_node_heard_from_after_the_snapshot_keeps_its_replica(no_settle, monkeypatch):
+    model_added(gpu_model("llama"))
+    node_add("gpu-a", now=T0)
+    reconcile_once(now=T0)
+    replica = Replica.objects.get()
+    ready(replica, T0)
+    decide = reconciler.decide
+
+    def heard_while_deciding(snap, now, *args, **kwargs):
+        plan = decide(snap, now, *args, **kwargs)
+        if now == at(60):
+            heard("gpu-a", at(60))  # its heartbeat is written between snapshot and write
+        return plan
+
+    monkeypatch.setattr(reconciler, "decide", heard_while_deciding)
+    for second in range(5, 65, 5):
+        reconcile_once(now=at(second))
+
+    assert Node.objects.get(pk="gpu-a").state == Node.READY  # heard: ready again
+    assert Replica.objects.get(pk=replica.pk).state == "ready"
 
 
 def test_a_heartbeat_of_an_older_connection_is_not_written(no_settle):
