@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from llmgw.core import clock
-from llmgw.core.db import database_call
+from llmgw.core.db import Abandoned, Batched, database_call
 from llmgw.core.outage import Outage
 
 from . import events
@@ -27,9 +27,9 @@ from .domain.endpoints import endpoint_refusal
 from .domain.types import parse_shard_id
 from .engine_installs import node_engines_record
 from .heard import node_disconnected, node_live_flush, node_running_unknown, node_silent_mark
-from .identity import AgentCredential, Refused, agent_authenticate, register_refusal
+from .identity import AgentCredential, Refused, agents_authenticate, register_refusal
 from .live import LIVE, OutOfOrder
-from .reports import Registration, node_register, node_weights_record, shard_status_record
+from .reports import node_weights_record, registrations_write, shard_status_record
 from .upgrades import upgrade_reported
 from .wake import wake
 
@@ -95,6 +95,8 @@ _WRITE_BEHIND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-writ
 # And the handshakes' credential look-ups: behind a fleet's registrations they waited past
 # the agents' open timeout, the agents gave up and tried again, and a restart collapsed.
 _HANDSHAKES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-handshakes")
+# Looked up together, those that came while the batch before was looked up.
+_CREDENTIALS = Batched(agents_authenticate, most=100, executor=_HANDSHAKES)
 
 
 async def _write_behind(writes, silent=()) -> None:
@@ -132,11 +134,11 @@ async def _refusal(credential: AgentCredential, node_id: str) -> None:
         register_refusal(credential=credential, node_id=node_id, now=clock.now())
 
 
-def _register(**kwargs) -> Registration:
-    """node_register stamped when it runs, not when its frame came: in a fleet's restart a
-    register waits seconds in the database thread's queue, and a node stamped with its
-    frame's time looked silent for those seconds (the reconciler marked it unreachable)."""
-    return node_register(now=clock.now(), **kwargs)
+# Registrations, gathered while the one batch before is written (reports.registrations_write).
+# Each is stamped when written, not when its frame came: in a fleet's restart a register
+# waits seconds, and a node stamped with its frame's time looked silent for those seconds
+# (the reconciler marked it unreachable).
+_REGISTRATIONS = Batched(registrations_write, most=50)
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -148,6 +150,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
     # Set once this side decided to close: frames still queued behind are not even looked at.
     closing = False
     mgmt_addr: str = ""
+    _inbox = None
+
+    async def __call__(self, scope, receive, send):
+        # What daphne puts for this connection (llmgw/core/inbox.py), read while a frame's
+        # handler waits: a hang-up waits there until the handler ends.
+        self._inbox = getattr(receive, "__self__", None)
+        return await super().__call__(scope, receive, send)
+
+    def _still_there(self) -> bool:
+        """False once the agent hung up, before this connection got to hear it."""
+        items = getattr(self._inbox, "items", ())
+        return not any(m.get("type") == "websocket.disconnect" for m in items)
 
     async def dispatch(self, message):
         """Channels closes stale DB connections in a thread before every message; heartbeats
@@ -169,9 +183,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_FLOOD, reason="too many frames; wait before connecting")
             return
         try:
-            self.credential = await database_call(agent_authenticate, executor=_HANDSHAKES)(
-                secret=secret
-            )
+            self.credential = await _CREDENTIALS(secret, still_wanted=self._still_there)
+        except Abandoned:
+            return  # the agent gave up on its handshake while it waited: no one to answer
         except (OperationalError, InterfaceError) as exc:
             # Not a refusal (that would make the agent give up its credential): try again.
             _handshakes.failed(exc)
@@ -320,12 +334,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 return
             await self._join(group)
         try:
-            registration = await database_call(_register)(
-                msg=msg, session=self.session, credential=self.credential
+            registration = await _REGISTRATIONS(
+                {"msg": msg, "session": self.session, "credential": self.credential},
+                still_wanted=self._still_there,
             )
         except Refused as exc:
             await self._refuse(exc, msg.node_id)
             return
+        except Abandoned:
+            return  # its agent hung up while it waited: nothing written, no one to answer
         commands = registration.commands
         self.node_id = msg.node_id
         self.mgmt_addr = msg.mgmt_addr

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 
 from catalog.selectors import catalog_load
+from llmgw.core import clock
 
 from . import event_log
 from .dispatch import Command, stop_command
@@ -33,15 +34,17 @@ from .services import start_command
 log = logging.getLogger("llmgw.fleet")
 
 
-def _sync_gpus(node: Node, msg: Register, *, new: bool) -> bool:
+def _sync_gpus(node: Node, msg: Register, *, new: bool, rows: list[Gpu] | None = None) -> bool:
     """Make the node's Gpu rows what it reported, with the processes llmgw did not start on
-    each; True when its GPUs changed (read once, and not at all for a node just made)."""
+    each; True when its GPUs changed (read once, not at all for a node just made, and not
+    again when its batch read them: `rows`)."""
     wanted = {
         # Cut to the column's length: only an odd product name makes a class that long.
         g.index: (g.uuid, g.name, g.memory_total_mb, gpu_class(g.name, g.memory_total_mb)[:40])
         for g in msg.gpus
     }
-    rows = [] if new else list(node.gpus.all())
+    if rows is None:
+        rows = [] if new else list(node.gpus.all())
     have = {g.index: (g.uuid, g.name, g.memory_mb, g.gpu_class) for g in rows}
     if wanted == have:
         _note_unknown_processes(node, msg, rows, save=True)
@@ -119,61 +122,142 @@ def node_register(
     should run but does not report are started again, or failed when they had been running.
     """
     with transaction.atomic():
-        node = Node.objects.select_for_update().filter(pk=msg.node_id).first()
-        if node is None and not credential.joining:
-            # Its credential was found a moment ago: the node was forgotten since.
-            raise Refused(f"node {msg.node_id} was forgotten", "forgotten")
-        register_refusal(credential=credential, node_id=msg.node_id, now=now)
-        new = node is None
-        if new:
-            node = Node(
-                id=msg.node_id,
-                registered_at=now,
-                state_since=now,
-                last_seen=now,
-                approved=settings.LLMGW.agents.approval == "auto",
-            )
-            log.info("node %s registered", msg.node_id, extra={"node": msg.node_id})
-        elif node.state != Node.READY:
-            log.info(
-                "node %s is ready again (was %s)", node.id, node.state, extra={"node": node.id}
-            )
-            node.state_since = now
-        node_token = (
-            credential_issue(node, credential=credential, now=now) if credential.joining else None
+        return _register(msg=msg, session=session, now=now, credential=credential)
+
+
+class _Read:
+    """What the registrations of one batch read together: their nodes (locked), those
+    nodes' GPUs and their shards with their replicas. A node's rows go to its first
+    registration; a second of the same node in the batch reads what the first wrote."""
+
+    def __init__(self, node_ids: list[str]) -> None:
+        # Locked in one order, whoever else locks several (another server's batch).
+        locked = Node.objects.select_for_update().filter(pk__in=node_ids).order_by("pk")
+        self.nodes = {n.pk: n for n in locked}
+        self.gpus: dict[str, list[Gpu]] = {n: [] for n in self.nodes}
+        for gpu in Gpu.objects.filter(node_id__in=list(self.nodes)).order_by("node_id", "index"):
+            self.gpus[gpu.node_id].append(gpu)
+        self.shards: dict[str, dict[str, Shard]] = {n: {} for n in self.nodes}
+        for shard in Shard.objects.filter(node_id__in=list(self.nodes)).select_related("replica"):
+            self.shards[shard.node_id][shard.id] = shard
+        self.taken: set[str] = set()
+
+    def take(self, node_id: str) -> tuple[Node | None, list[Gpu], dict[str, Shard]] | None:
+        """The node (None: there was none) with its GPUs and shards; None once taken."""
+        if node_id in self.taken:
+            return None
+        self.taken.add(node_id)
+        return (
+            self.nodes.pop(node_id, None),
+            self.gpus.pop(node_id, []),
+            self.shards.pop(node_id, {}),
         )
-        labels_before = node.labels
-        node.hostname = msg.hostname
-        node.mgmt_addr = msg.mgmt_addr
-        node.labels = dict(msg.labels)
-        node.agent_version = msg.agent_version
-        believe_figures(node, msg.memory_total_mb, msg.cpu_count)
-        node.engines = dict(msg.engines)
-        node.engines_probed = msg.engines_probed
-        node.disk_free_gb = msg.disk.free_gb if msg.disk else None
-        node.disk_total_gb = msg.disk.total_gb if msg.disk else None
-        node.weights = [w.model_dump() for w in msg.weights]
-        node.platform = msg.platform
-        node.engine_installs = [i.model_dump() for i in msg.engine_installs]
-        node.state = Node.READY
-        node.session = session
-        node.last_seen = now
-        node.spec_at = now
-        node.save()
-        gpus_changed = _sync_gpus(node, msg, new=new)
-        msg, foreign = _own_endpoints(node, msg)
-        known = {s.id: s for s in Shard.objects.filter(node=node).select_related("replica")}
-        before = {s.replica_id: s.replica.state for s in known.values()}
-        shards_commands, wrote = _reconcile_reported_shards(node, msg, known, now)
-        commands = foreign + shards_commands
-        # Its GPUs and labels are new; a replica it failed or stopped frees GPUs elsewhere
-        # too. Only those: nodes that all register at once (a restart) must not each lock
-        # the others' rows while holding their own. A node registering again as it was (a
-        # restart of the control plane) changed none of its figures.
-        if new or gpus_changed or wrote or node.labels != labels_before:
-            after = dict(Replica.objects.filter(pk__in=before).values_list("id", "state"))
-            ended = [r for r, state in before.items() if after.get(r) != state]
-            node_figures_refresh(nodes=[node.id], replicas=ended)
+
+
+def registrations_write(calls: list[dict]) -> list[Registration | Exception]:
+    """node_register for each call (its msg, session and credential) in one transaction,
+    the nodes, their GPUs and shards read once for all: a fleet registering again after a
+    restart paid for a transaction and those reads once a node. Each is stamped when it is
+    written. A Refused is that call's answer alone (raised before it wrote anything); any
+    other failure undoes the batch, and each is written again on its own, so that one
+    node's failure is its own."""
+    try:
+        with transaction.atomic():
+            read = _Read([c["msg"].node_id for c in calls])
+            answers: list[Registration | Exception] = []
+            for call in calls:
+                try:
+                    answers.append(_register(now=clock.now(), read=read, **call))
+                except Refused as exc:
+                    answers.append(exc)
+            return answers
+    except Exception:
+        if len(calls) == 1:
+            raise
+    answers = []
+    for call in calls:
+        try:
+            answers.append(node_register(now=clock.now(), **call))
+        except Exception as exc:
+            answers.append(exc)
+    return answers
+
+
+def _register(
+    *,
+    msg: Register,
+    session: str,
+    now: datetime,
+    credential: AgentCredential,
+    read: _Read | None = None,
+) -> Registration:
+    """node_register in the caller's transaction, with the node's rows from `read` when
+    its batch read them."""
+    rows = read.take(msg.node_id) if read is not None else None
+    if rows is None:
+        node, gpus, shards = (
+            Node.objects.select_for_update().filter(pk=msg.node_id).first(),
+            None,
+            None,
+        )
+    else:
+        node, gpus, shards = rows
+    if node is None and not credential.joining:
+        # Its credential was found a moment ago: the node was forgotten since.
+        raise Refused(f"node {msg.node_id} was forgotten", "forgotten")
+    register_refusal(credential=credential, node_id=msg.node_id, now=now)
+    new = node is None
+    if new:
+        node = Node(
+            id=msg.node_id,
+            registered_at=now,
+            state_since=now,
+            last_seen=now,
+            approved=settings.LLMGW.agents.approval == "auto",
+        )
+        log.info("node %s registered", msg.node_id, extra={"node": msg.node_id})
+    elif node.state != Node.READY:
+        log.info("node %s is ready again (was %s)", node.id, node.state, extra={"node": node.id})
+        node.state_since = now
+    node_token = (
+        credential_issue(node, credential=credential, now=now) if credential.joining else None
+    )
+    labels_before = node.labels
+    node.hostname = msg.hostname
+    node.mgmt_addr = msg.mgmt_addr
+    node.labels = dict(msg.labels)
+    node.agent_version = msg.agent_version
+    believe_figures(node, msg.memory_total_mb, msg.cpu_count)
+    node.engines = dict(msg.engines)
+    node.engines_probed = msg.engines_probed
+    node.disk_free_gb = msg.disk.free_gb if msg.disk else None
+    node.disk_total_gb = msg.disk.total_gb if msg.disk else None
+    node.weights = [w.model_dump() for w in msg.weights]
+    node.platform = msg.platform
+    node.engine_installs = [i.model_dump() for i in msg.engine_installs]
+    node.state = Node.READY
+    node.session = session
+    node.last_seen = now
+    node.spec_at = now
+    node.save()
+    gpus_changed = _sync_gpus(node, msg, new=new, rows=gpus)
+    msg, foreign = _own_endpoints(node, msg)
+    known = (
+        shards
+        if shards is not None
+        else {s.id: s for s in Shard.objects.filter(node=node).select_related("replica")}
+    )
+    before = {s.replica_id: s.replica.state for s in known.values()}
+    shards_commands, wrote = _reconcile_reported_shards(node, msg, known, now)
+    commands = foreign + shards_commands
+    # Its GPUs and labels are new; a replica it failed or stopped frees GPUs elsewhere
+    # too. Only those: nodes that all register at once (a restart) must not each lock
+    # the others' rows while holding their own. A node registering again as it was (a
+    # restart of the control plane) changed none of its figures.
+    if new or gpus_changed or wrote or node.labels != labels_before:
+        after = dict(Replica.objects.filter(pk__in=before).values_list("id", "state"))
+        ended = [r for r, state in before.items() if after.get(r) != state]
+        node_figures_refresh(nodes=[node.id], replicas=ended)
     return Registration(at=now, commands=commands, node_token=node_token, approved=node.approved)
 
 

@@ -13,8 +13,11 @@ thread of its own (`executor=`), with its own kept connection.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import weakref
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import SyncToAsync
@@ -62,3 +65,71 @@ def kept_connections_close() -> None:
     sync code (a test's end: no connection may keep the test database from being dropped)."""
     for executor in (SyncToAsync.single_thread_executor, *_executors):
         executor.submit(connections.close_all).result()
+
+
+class Abandoned(Exception):
+    """A batched call's caller went away before its turn came: it was never run."""
+
+
+class Batched:
+    """Calls of one function gathered into batches: while one batch runs on the database
+    thread, the calls that come meanwhile wait, and go together as the next. Each caller
+    awaits its own answer. A fleet registering at once (a restart) then pays the thread's
+    hand-off, the transaction and the reads it shares once a batch instead of once a node.
+
+    `many(items)` runs on the thread `database_call` gives it and returns one answer per
+    item, in order; an exception among them is raised to that item's caller only. A call
+    whose `still_wanted()` says no when its turn comes (its agent hung up while it
+    waited) is not run: its caller gets Abandoned, and no work is done for nobody."""
+
+    def __init__(self, many, *, most: int, executor: ThreadPoolExecutor | None = None) -> None:
+        self._call = database_call(many, executor=executor)
+        self._most = most
+        self._waiting: deque[tuple[object, asyncio.Future, Callable[[], bool]]] = deque()
+        self._draining: asyncio.Task | None = None
+
+    async def __call__(self, item, *, still_wanted: Callable[[], bool] = lambda: True):
+        answer = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, answer, still_wanted))
+        draining = self._draining
+        if draining is None or draining.done() or draining.get_loop() is not answer.get_loop():
+            self._draining = asyncio.create_task(self._drain())
+        return await answer
+
+    async def _drain(self) -> None:
+        try:
+            while self._waiting:
+                batch = self._take()
+                if not batch:
+                    continue
+                try:
+                    answers = await self._call([item for item, _, _ in batch])
+                except asyncio.CancelledError:
+                    for _, answer, _ in batch:
+                        answer.cancel()
+                    raise
+                except Exception as exc:
+                    answers = [exc] * len(batch)
+                for (_, answer, _), given in zip(batch, answers, strict=True):
+                    if answer.done():
+                        continue
+                    if isinstance(given, BaseException):
+                        answer.set_exception(given)
+                    else:
+                        answer.set_result(given)
+        finally:
+            if self._draining is asyncio.current_task():
+                self._draining = None
+
+    def _take(self) -> list:
+        batch = []
+        while self._waiting and len(batch) < self._most:
+            entry = self._waiting.popleft()
+            answer, still_wanted = entry[1], entry[2]
+            if answer.done() or answer.get_loop() is not asyncio.get_running_loop():
+                continue  # its caller was cancelled, or its loop ended (a test's)
+            if not still_wanted():
+                answer.set_exception(Abandoned())
+                continue
+            batch.append(entry)
+        return batch

@@ -608,3 +608,18 @@ async def test_an_engine_the_agent_runs_but_the_control_plane_does_not_know_is_s
     )
 
     assert await answer(comm) == {"type": "stop_shard", "shard_id": "ghost-abc123-0", "grace_s": 0}
+
+
+def test_a_connection_whose_agent_hung_up_while_its_frame_waited_is_no_longer_there():
+    """daphne puts the hang-up in the connection's inbox, where it waits until the frame's
+    handler ends: a registration still queued then is not written for no one."""
+    from fleet.consumers import AgentConsumer
+    from llmgw.core.inbox import Inbox
+
+    consumer = AgentConsumer()
+    consumer._inbox = Inbox()
+    consumer._inbox.put_nowait({"type": "websocket.receive", "text": "{}"})
+    assert consumer._still_there()
+
+    consumer._inbox.put_nowait({"type": "websocket.disconnect", "code": 1006})
+    assert not consumer._still_there()

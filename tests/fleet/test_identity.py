@@ -336,3 +336,36 @@ def test_mirror_files_are_read_only_by_nodes_running_a_model_on_them(db, no_sett
     assert mirror_refusal(secret="llmgw_node_gpu-b", sha256="b" * 64) is None
     assert mirror_refusal(secret="llmgw_node_gpu-b", sha256="c" * 64)[0] == 404
     assert mirror_refusal(secret="llmgw_node_nobody", sha256="a" * 64)[0] == 401
+
+
+async def test_many_bearers_are_each_told_apart_with_the_nodes_found_in_one_query(
+    agents, agent_token
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.identity import agents_authenticate
+
+    for node_id in ("gpu-a", "gpu-b"):
+        await agents.registered(register_frame(node_id))
+    a, b = agents.node_tokens["gpu-a"], agents.node_tokens["gpu-b"]
+    secrets = [b, "llmgw_node_not-a-node", agent_token, "", a, "x" * 201, "llmgw_agt_not-one"]
+
+    def look_up():
+        with CaptureQueriesContext(connection) as queries:
+            found = agents_authenticate(secrets)
+        nodes = [q for q in queries.captured_queries if 'FROM "fleet_node"' in q["sql"]]
+        return found, len(nodes)
+
+    found, node_queries = await in_db(look_up)
+
+    assert [(c.node_id, c.join_token) if c else None for c in found] == [
+        ("gpu-b", ""),
+        None,
+        (None, "agents"),
+        None,
+        ("gpu-a", ""),
+        None,
+        None,
+    ]
+    assert node_queries == 1

@@ -91,8 +91,9 @@ def test_metrics_answer_the_last_good_scrape_and_say_the_database_is_down(client
 async def test_a_handshake_while_the_database_is_away_is_told_to_try_again(agents, monkeypatch):
     """Not refused: an agent refused would give up its own credential."""
     from fleet import consumers
+    from llmgw.core.db import Batched
 
-    monkeypatch.setattr(consumers, "agent_authenticate", _away)
+    monkeypatch.setattr(consumers, "_CREDENTIALS", Batched(_away, most=1))
 
     comm = await agents.connect()
 

@@ -144,9 +144,7 @@ def test_an_unreachable_node_heard_from_again_is_ready_again(no_settle):
     assert Node.objects.get(pk="gpu-a").state == Node.READY
 
 
-def test_a_fleet_gone_silent_is_marked_in_a_few_statements_not_one_per_node(
-    no_settle, settings
-):
+def test_a_fleet_gone_silent_is_marked_in_a_few_statements_not_one_per_node(no_settle, settings):
     settings.LLMGW = replace(
         settings.LLMGW, agents=replace(settings.LLMGW.agents, joins_per_minute=10_000)
     )
