@@ -125,6 +125,24 @@ def node_register(
         return _register(msg=msg, session=session, now=now, credential=credential)
 
 
+# What heartbeats write (the write-behind): a registration neither reads nor writes it, and
+# a node's last load is the largest of its columns.
+_HEARTBEATS_OWN = (
+    "load",
+    "load1",
+    "memory_used_bytes",
+    "cpu_temp_c",
+    "cpu_power_w",
+    "inlet_temp_c",
+)
+
+
+def _nodes_locked():
+    """Nodes as a registration reads them: locked, less what heartbeats write (saved, a
+    node so read writes only the columns it read)."""
+    return Node.objects.select_for_update().defer(*_HEARTBEATS_OWN)
+
+
 class _Read:
     """What the registrations of one batch read together: their nodes (locked), those
     nodes' GPUs and their shards with their replicas. A node's rows go to its first
@@ -132,7 +150,7 @@ class _Read:
 
     def __init__(self, node_ids: list[str]) -> None:
         # Locked in one order, whoever else locks several (another server's batch).
-        locked = Node.objects.select_for_update().filter(pk__in=node_ids).order_by("pk")
+        locked = _nodes_locked().filter(pk__in=node_ids).order_by("pk")
         self.nodes = {n.pk: n for n in locked}
         self.gpus: dict[str, list[Gpu]] = {n: [] for n in self.nodes}
         for gpu in Gpu.objects.filter(node_id__in=list(self.nodes)).order_by("node_id", "index"):
@@ -196,7 +214,7 @@ def _register(
     rows = read.take(msg.node_id) if read is not None else None
     if rows is None:
         node, gpus, shards = (
-            Node.objects.select_for_update().filter(pk=msg.node_id).first(),
+            _nodes_locked().filter(pk=msg.node_id).first(),
             None,
             None,
         )
