@@ -207,7 +207,9 @@ class FakeAgent:
 
     async def _heartbeats(self, ws) -> None:
         loop = asyncio.get_running_loop()
-        next_at, seq = loop.time(), 0
+        # The first beat at a random point of the interval, as the agent's (client.py).
+        next_at, seq = loop.time() + random.uniform(0, HEARTBEAT_INTERVAL_S), 0
+        await asyncio.sleep(next_at - loop.time())
         # A connection that ends stops the beats; the session's reader sees it end.
         with contextlib.suppress(WebSocketException, OSError):
             while True:

@@ -319,7 +319,11 @@ class Agent:
     async def _heartbeats(self) -> None:
         loop = asyncio.get_running_loop()
         interval = self.settings.heartbeat_interval_s
-        next_at = loop.time()
+        # The first beat at a random point of the interval: agents answered together (a
+        # batch of registrations after a control plane restart) would beat together for
+        # good, each beat a burst the control plane's loop serves the others behind.
+        next_at = loop.time() + random.uniform(0, interval)
+        await asyncio.sleep(next_at - loop.time())
         seq = 0
         while True:
             seq += 1
