@@ -35,11 +35,15 @@ def main() -> None:
     from catalog.models import Model, Profile
     from fleet.domain.reconcile import decide
     from fleet.models import Gpu, Lease, Node, Replica, Shard
+    from fleet.readings import MEASUREMENTS, POLICY
     from fleet.reconciler import QUIET, reconcile_once
     from fleet.selectors import snapshot_load
     from llmgw.core import clock
+    from tenancy.models import CapacityQuota
 
-    for table in (Shard, Replica, Gpu, Node, Profile, Model, Lease):
+    # The quotas too: another benchmark's on the same server would be a policy this one did
+    # not ask for.
+    for table in (Shard, Replica, Gpu, Node, Profile, Model, Lease, CapacityQuota):
         table.objects.all().delete()
     now = clock.now()
     models = REPLICAS // 2  # two replicas each, two GPUs per replica
@@ -122,7 +126,10 @@ def main() -> None:
         assert result["ran"] and not result["settling"] and not result["events"], result
         skipped.append(QUIET.skipped)
         start = time.perf_counter()
-        snap = snapshot_load(settling=False, silence_floor=None, with_weights=True)
+        # As the pass loads it: with the same policy and measurements, so that `decide` below
+        # sees the world the pass saw (a different one would make the pass's next world new).
+        snap = snapshot_load(settling=False, silence_floor=None, with_weights=True,
+                             policy=POLICY.get(), measurements=MEASUREMENTS.get())  # fmt: skip
         figures["snapshot_load_ms"].append(time.perf_counter() - start)
         for name, quiet in (("decide_idle_ms", QUIET), ("decide_every_model_ms", None)):
             start = time.perf_counter()
