@@ -35,7 +35,6 @@ from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Collate, NullIf
 
 from catalog.domain import ModelSpec, reservation_warnings
-from tenancy.models import CapacityQuota
 from tenancy.selectors import quota_views
 
 from .domain.holdings import holdings
@@ -44,6 +43,7 @@ from .domain.reconcile import desired_replicas
 from .domain.types import HOLDING, Failure, ModelState as ModelStateView, ReplicaView
 from .listings import failure_shown, held_for_shown, measured_memory, model_status
 from .models import ModelState, Node, PowerBudget, Shard
+from .readings import POLICY
 
 # What an operator sees, most troubled first: the order of `?sort=state`.
 SHOWN_STATES = ("lost", "unreachable", "draining", "cordoned", "ready")
@@ -385,17 +385,13 @@ def quotas_at_limit(
     catalog: Mapping[str, ModelSpec], replicas: Iterable[ReplicaView]
 ) -> list[dict]:
     """Each governed resource a scope holds at or over its limit: scope name, resource,
-    holds and limit (the quotas page's figures): one query when no quota sets a limit,
-    five when one does."""
-    limited = CapacityQuota.objects.filter(
-        Q(limit_gpus__isnull=False)
-        | Q(limit_cpu_cores__isnull=False)
-        | Q(limit_memory_gb__isnull=False)
-    )
-    if not limited.exists():
+    holds and limit (the quotas page's figures). The policy is the one the reconciler keeps
+    (`readings.POLICY`): one query, its revision, while no quota or scope changed."""
+    policy = POLICY.get()
+    if not any(q.limit.any() for q in policy.quotas.values()):
         return []
     out = []
-    for q in quota_views(holdings=holdings(replicas, catalog)):
+    for q in quota_views(holdings=holdings(replicas, catalog), policy=policy):
         for resource, limit in q["limit"].items():
             held = q["holds"].get(resource, 0)
             if held >= limit:

@@ -135,9 +135,10 @@ def quota_policy_revision() -> int:
     return PolicyRevision.objects.filter(pk=1).values_list("value", flat=True).first() or 0
 
 
-def quota_views(*, holdings: Iterable[Holding]) -> list[dict]:
-    """Every quota as `GET /quotas` shows it, with what its scope holds now, by name."""
-    policy = quota_policy_load()
+def quota_views(*, holdings: Iterable[Holding], policy: Policy | None = None) -> list[dict]:
+    """Every quota as `GET /quotas` shows it, with what its scope holds now, by name: of
+    `policy` when given (one already read), else read now."""
+    policy = policy if policy is not None else quota_policy_load()
     tree = ScopeTree(parents=dict(policy.parents), names=dict(policy.names))
     usage = policy.usage(holdings)
     out = []

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.django_db
 HX = {"HTTP_HX_REQUEST": "true"}
 # The cluster page's queries at any size: the session and user, the replicas and their
 # shards, the nodes, the catalog (its revision and count), the models' states, their
-# measured memory, and whether any quota sets a limit (four more, the policy and its scope
-# tree, when one does), the reconciler's row (whether passes stopped). The nodes are one
+# measured memory, the quota policy's revision (the policy itself is read again only when
+# it moved), the reconciler's row (whether passes stopped). The nodes are one
 # query: their figures are their own columns, and it says too whether any node says where
 # it is or a power budget exists; then the racks are one query more (test_facility.py).
 CLUSTER_QUERIES = 10
@@ -458,6 +458,22 @@ def test_the_attention_strip_names_what_cannot_run_what_is_down_and_quotas_at_a_
     # The models fragment brings the same strip, reading the nodes down itself.
     oob = staff.get("/?fragment=models", **HX).content.decode()
     assert "gpu-b</a> is" in oob and "Acme</a> holds" in oob
+
+
+def test_a_quota_at_its_limit_costs_the_page_no_query_until_the_quotas_change(staff, now):
+    org = org_create(name="Acme", actor="test")
+    model_added(gpu_model("stuck", owner=f"org:{org.pk}"))
+    node_add("gpu-a", now=now)
+    place("stuck-1", "stuck", "gpu-a", [0], now=now)
+    without, _ = queries(staff, "/")
+    quota_set(scope="org:Acme", guarantee=None, limit={"gpus": 1}, actor="test")
+
+    held, body = queries(staff, "/")
+    assert held == without <= CLUSTER_QUERIES
+    assert ">Acme</a> holds 1 GPUs of a limit of 1" in body.decode()
+    # A new limit is on the next page: the policy's revision moved.
+    quota_set(scope="org:Acme", guarantee=None, limit={"gpus": 2}, actor="test")
+    assert "Acme</a> holds" not in staff.get("/").content.decode()
 
 
 def test_nothing_needs_attention_on_a_quiet_cluster(staff, now):
