@@ -3,9 +3,10 @@
 For each fleet size, builds the fleet in a fresh database (SQLite under a
 temporary LLMGW_HOME, or DATABASE_URL's server when set): nodes of 8 GPUs
 reporting every reading a heartbeat carries, 500 models of two ready replicas
-each, and the model states a reconciler pass records. Then, with Django's test
-client logged in as staff, times the whole page, counts its queries, and
-measures the nodes table's refresh fragment (what htmx fetches every 5 s).
+each, owned by 20 teams whose quotas each hold them at their limit, and the
+model states a reconciler pass records. Then, with Django's test client logged
+in as staff, times the whole page, counts its queries, and measures the nodes
+table's refresh fragment (what htmx fetches every 5 s).
 Prints one JSON line per figure.
 """
 
@@ -20,6 +21,7 @@ from datetime import timedelta
 
 SIZES = [int(n) for n in os.environ.get("BENCH_PAGE_NODES", "1000,5000").split(",")]
 MODELS = int(os.environ.get("BENCH_PAGE_MODELS", 500))
+TEAMS = 20
 RUNS = int(os.environ.get("BENCH_RUNS", 21))
 AIM_P95_MS = 100
 AIM_QUERIES = 10
@@ -58,11 +60,21 @@ def _build(nodes: int) -> None:
     from fleet.reconciler import reconcile_once
     from fleet.selectors import caches_clear
     from llmgw.core import clock
+    from tenancy.models import CapacityQuota, Organization, Team
 
-    for table in (Shard, Replica, Gpu, Node, Profile, Model, ModelState, Lease):
+    for table in (Shard, Replica, Gpu, Node, Profile, Model, ModelState, Lease, CapacityQuota):
         table.objects.all().delete()
     caches_clear()
     now = clock.now()
+    # Teams sharing the cluster under quotas, each holding its limit of GPUs: the page reads
+    # the policy to say which scopes are at a limit.
+    org, _ = Organization.objects.get_or_create(name="bench")
+    teams = [Team.objects.get_or_create(org=org, name=f"team{t:02d}")[0] for t in range(TEAMS)]
+    for team in teams:
+        held = 4 * len(range(teams.index(team), MODELS, TEAMS))  # two replicas of two GPUs
+        CapacityQuota.objects.create(
+            scope=f"team:{team.id}", limit_gpus=held, guarantee_gpus=held // 2
+        )
     Node.objects.bulk_create(
         (Node(id=f"n{i:05d}", hostname=f"gpu-{i:05d}.example", state="ready", state_since=now,
               registered_at=now, last_seen=now, memory_total_mb=1024 * 1024, cpu_count=96,
@@ -77,7 +89,7 @@ def _build(nodes: int) -> None:
         batch_size=5000,
     )  # fmt: skip
     rows = Model.objects.bulk_create(
-        (Model(name=f"m{i:04d}", min_replicas=2, max_replicas=2,
+        (Model(name=f"m{i:04d}", min_replicas=2, max_replicas=2, owner=f"team:{teams[i % TEAMS].id}",
                description=f"model {i}, for the benchmark's operators")
          for i in range(MODELS)),
         batch_size=1000,
