@@ -23,9 +23,10 @@ from tenancy.selectors import quota_policy_load
 from .domain.passes import stale_warning
 from .domain.reconcile import desired_replicas
 from .domain.types import ModelState as ModelStateView
-from .metrics_series import Scrape, raw_rows
+from .metrics_series import Scrape
 from .models import Lease, ModelState, Replica
 from .reconciler import ADVISORY_KEY, LEASE
+from .rows import raw_values
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -43,7 +44,7 @@ def model_series(scrape: Scrape, now: datetime, catalog: dict[str, ModelSpec]) -
             scrape.add("llmgw_replicas", (model, state), n)
     states = {
         row[0]: row
-        for row in raw_rows(
+        for row in raw_values(
             ModelState.objects.order_by(),
             ("model", "desired", "failures", "parked_since", "unplaceable", "preempted"),
         )

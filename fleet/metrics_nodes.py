@@ -25,11 +25,10 @@ from .metrics_series import (
     YIELD_EVERY,
     Scrape,
     line_prefix,
-    raw_rows,
     yield_now,
 )
 from .models import Gpu, Node, Shard
-from .rows import aware, raw_json
+from .rows import aware, raw_json, raw_values
 
 log = logging.getLogger("llmgw.metrics")
 _MiB = 1048576.0
@@ -99,7 +98,9 @@ def held_read() -> Held:
     gpus: dict[str, set[int]] = defaultdict(set)
     per_model: dict[str, list] = defaultdict(lambda: [0, 0, 0.0])
     shards = Shard.objects.filter(replica__state__in=HOLDING).order_by()
-    rows = raw_rows(shards, ("node_id", "gpu_indices", "cpu_cores", "memory_gb", "replica__model"))
+    rows = raw_values(
+        shards, ("node_id", "gpu_indices", "cpu_cores", "memory_gb", "replica__model")
+    )
     for i, (node_id, indices, cores, memory_gb, model) in enumerate(rows):
         if i % (YIELD_EVERY * 128) == 0:
             yield_now()
@@ -131,7 +132,7 @@ def node_series(
 ) -> None:
     """Add each node's and GPU's series to `scrape`: what it registered and, heard from
     within `fresh_s` seconds, what its load measured. `allocated`: GPU indices held per node."""
-    rows = raw_rows(
+    rows = raw_values(
         Node.objects.order_by("id"),
         ("id", "state", "last_seen", "spec_at", "cpu_count", "memory_total_mb", "load"),
     )

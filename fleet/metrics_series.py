@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
-from django.db import connection
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
@@ -224,11 +223,3 @@ class Scrape:
 
     def series(self) -> int:
         return sum(len(p) for p in self.prefixes.values())
-
-
-def raw_rows(qs, fields: tuple[str, ...]) -> list[tuple]:
-    """Rows of `fields` as the driver returns them, without Django's per-value converters."""
-    sql, params = qs.values_list(*fields).query.sql_with_params()
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()

@@ -46,7 +46,11 @@ def raw_values(qs, fields: tuple[str, ...]) -> list[tuple]:
 
 
 def _kind(model, field: str) -> str:
-    return model._meta.get_field(field.removesuffix("_id")).get_internal_type()
+    """The internal type of `field`, across relations (`replica__model`)."""
+    *path, last = field.split("__")
+    for name in path:
+        model = model._meta.get_field(name).related_model
+    return model._meta.get_field(last.removesuffix("_id")).get_internal_type()
 
 
 def date_columns(model, fields: tuple[str, ...]) -> tuple[int, ...]:
