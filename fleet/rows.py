@@ -3,7 +3,8 @@ last time, and decoded only where a row changed (fleet/selectors.py's snapshot).
 
 Django's per-value converters decode every timestamp in Python (on SQLite twice), which
 was most of a reconciler pass at 10,000 replicas; here the rows stay undecoded until a
-view has to be built of one.
+view has to be built of one. JSON columns (a node's load, read whole by every scrape and
+history sample) are decoded by orjson, three times as fast as the standard library.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import threading
 from datetime import UTC, datetime
 
+import orjson
 from django.db import connection
 from django.db.models import TextField
 from django.db.models.functions import Cast
@@ -82,20 +84,30 @@ def aware(value: datetime | str | None) -> datetime | None:
     return value
 
 
+def json_loads(text: str | bytes):
+    """JSON text decoded by orjson; by the standard library where orjson refuses what
+    Python's own encoder may have written (NaN, Infinity)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def raw_json(value):
     """A JSON column as the driver hands it over: SQLite gives its text, PostgreSQL the
-    value itself."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
+    value itself (`postgres_rows` decodes it with `json_loads`)."""
+    return json_loads(value) if isinstance(value, str | bytes) else value
 
 
 def postgres_rows(sql: str, params) -> list[tuple]:
-    """Rows through psycopg's own C timestamp loader.
+    """Rows through psycopg's own C timestamp loader, and JSON through `json_loads`.
 
     Django registers a pure-Python loader for timestamptz on its connections;
     at 10,000 replicas it was most of a pass. The connection's time zone is
     UTC (Django sets it), so the datetimes come back aware, as Django's would.
     """
     import psycopg
+    import psycopg.types.json
 
     connection.ensure_connection()
     loader = psycopg.adapters.get_loader(
@@ -104,6 +116,7 @@ def postgres_rows(sql: str, params) -> list[tuple]:
     # Django's error wrapper, so a bad value raises django.db.DataError as through the ORM.
     with connection.wrap_database_errors, connection.connection.cursor() as cursor:
         cursor.adapters.register_loader("timestamptz", loader)
+        psycopg.types.json.set_json_loads(json_loads, cursor)
         cursor.execute(sql, params)
         return cursor.fetchall()
 
