@@ -56,7 +56,7 @@ def _load(i: int) -> dict:
 
 
 def main() -> None:
-    from benchmarks.common import django_ready
+    from benchmarks.common import django_ready, vacuumed
 
     django_ready()
     from django.conf import settings
@@ -113,6 +113,7 @@ def main() -> None:
         (ModelState(model=f"m{i:04d}", desired=2, preempted=i % 3) for i in range(MODELS)),
         batch_size=1000,
     )
+    vacuumed(Node, Gpu, Replica, Shard, ModelState)
 
     client = Client()
     start = time.perf_counter()

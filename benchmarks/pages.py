@@ -53,6 +53,7 @@ def _load(i: int) -> dict:
 def _build(nodes: int) -> None:
     from django.conf import settings
 
+    from benchmarks.common import vacuumed
     from catalog.models import Model, Profile
     from catalog.selectors import catalog_load
     from fleet.models import Gpu, Lease, ModelState, Node, Replica, Shard
@@ -118,6 +119,7 @@ def _build(nodes: int) -> None:
     later = now + timedelta(seconds=settings.LLMGW.timings.settle + 1)
     reconcile_once(now=now)
     reconcile_once(now=later)
+    vacuumed(Node, Gpu, Replica, Shard, ModelState)
     caches_clear()
 
 

@@ -26,11 +26,10 @@ UNPLACEABLE = int(os.environ.get("BENCH_UNPLACEABLE", 20))
 
 
 def main() -> None:
-    from benchmarks.common import django_ready, gpu_nodes, host_loop_ms
+    from benchmarks.common import django_ready, gpu_nodes, host_loop_ms, vacuumed
 
     django_ready()
     from django.conf import settings
-    from django.db import connection
 
     from catalog.models import Model, Profile
     from fleet.domain.reconcile import decide
@@ -86,12 +85,7 @@ def main() -> None:
                 node_selector={"pool": "full"})
         for m in stuck
     )  # fmt: skip
-    if connection.vendor == "postgresql":
-        # As a fresh database would be: the rows emptied by earlier runs are still on disk,
-        # and this machine's server runs no autovacuum.
-        with connection.cursor() as cursor:
-            for table in (Node, Gpu, Replica, Shard, Model, Profile):
-                cursor.execute(f"VACUUM FULL ANALYZE {table._meta.db_table}")
+    vacuumed(Node, Gpu, Replica, Shard, Model, Profile)
     # Passes every 5 s from a fresh start, as the loop runs them, until settling is over and a
     # pass looks at no model (the settle period's end is counted from when the control plane
     # began serving, which a slow first pass moves); the timed ones find nothing to do.
