@@ -71,8 +71,8 @@ def _build(nodes: int) -> None:
     # the policy to say which scopes are at a limit.
     org, _ = Organization.objects.get_or_create(name="bench")
     teams = [Team.objects.get_or_create(org=org, name=f"team{t:02d}")[0] for t in range(TEAMS)]
-    for team in teams:
-        held = 4 * len(range(teams.index(team), MODELS, TEAMS))  # two replicas of two GPUs
+    for t, team in enumerate(teams):
+        held = 4 * len(range(t, MODELS, TEAMS))  # its models' two replicas of two GPUs
         CapacityQuota.objects.create(
             scope=f"team:{team.id}", limit_gpus=held, guarantee_gpus=held // 2
         )
