@@ -86,7 +86,7 @@ def aware(value: datetime | str | None) -> datetime | None:
 
 def json_loads(text: str | bytes):
     """JSON text decoded by orjson; by the standard library where orjson refuses what
-    Python's own encoder may have written (NaN, Infinity)."""
+    Python's own encoder may have written (NaN, Infinity, integers past 64 bits)."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
