@@ -26,6 +26,7 @@ from . import (
 from .dispatch import dispatch, node_disconnect
 from .reconciler import reconcile_once
 from .schemas import (
+    ApproveIn,
     DetailOut,
     EngineLogOut,
     EventsOut,
@@ -79,9 +80,14 @@ def node_drain(request, node_id: str):
 
 
 @router.post("/nodes/{node_id}/approve", response=DetailOut, auth=can("fleet.change_node"))
-def node_approve(request, node_id: str):
-    """Let a node held by LLMGW_NODE_APPROVAL=manual into placement."""
-    return {"detail": identity.node_approve(node_id=node_id, actor=actor(request))}
+def node_approve(request, node_id: str, payload: ApproveIn | None = None):
+    """Let a node held by LLMGW_NODE_APPROVAL=manual into placement; `{"address"}` also
+    believes its engines are at that address (behind NAT or a proxy)."""
+    address = payload.address if payload else ""
+    sentence = identity.node_approve(
+        node_id=node_id, actor=actor(request), address=address, now=clock.now()
+    )
+    return {"detail": sentence}
 
 
 @router.post("/releases", response=ReleaseOut, auth=can("fleet.change_node"))

@@ -17,9 +17,11 @@ log = logging.getLogger("llmgw.agents")
 REGISTRY = CollectorRegistry(auto_describe=True)
 REFUSED = Counter(
     "llmgw_agent_refused",
-    "Agent connections and registrations refused, by why: unknown_credential, "
+    "Agent connections, registrations and reports refused, by why: unknown_credential, "
     "node_has_credential (a join token for a node that has its own), wrong_node, forgotten, "
-    "join_rate, frames (a connection over its frame budget).",
+    "join_rate, handshakes (an address over its handshake budget), frames (a connection "
+    "over its frame budget), shard_* (a shard a node reported that was not placed on it, "
+    "or cannot be believed: docs/nodes.md).",
     ["reason"],
     registry=REGISTRY,
 )
@@ -35,10 +37,13 @@ _said: dict[str, tuple[float, int]] = {}
 _said_lock = threading.Lock()
 
 
-def refused(reason: str, sentence: str) -> None:
-    """Count a refusal, and log it unless one of its kind was logged in the last
-    LOG_EVERY_S seconds (then the next line says how many there were meanwhile)."""
-    REFUSED.labels(reason).inc()
+def refused(reason: str, sentence: str = "", *, count: int = 1) -> None:
+    """Count a refusal (or `count` of them), and log the sentence unless one of its kind
+    was logged in the last LOG_EVERY_S seconds (then the next line says how many there
+    were meanwhile). Without a sentence it is only counted: its caller logs it."""
+    REFUSED.labels(reason).inc(count)
+    if not sentence:
+        return
     now = time.monotonic()
     with _said_lock:
         last, quiet = _said.get(reason, (-LOG_EVERY_S, 0))
@@ -144,3 +149,47 @@ class PenaltyBox:
 
 
 PENALTY = PenaltyBox()
+
+
+class AddressGate:
+    """Failed handshakes per remote address: once an address has failed `most` in a minute
+    (LLMGW_AGENT_HANDSHAKE_FAILURES_PER_MINUTE), its handshakes are refused before any
+    database lookup until that minute is over, so one machine trying credentials cannot
+    keep the database busy. A bearer that authenticated as a node in this process is never
+    kept out: behind a proxy every agent shares the proxy's address, and another's storm
+    must not lock them out. Keys are bounded: at most MAX_KEPT addresses and bearers."""
+
+    WINDOW_S = 60.0
+    MAX_KEPT = 100_000
+
+    def __init__(self) -> None:
+        # address -> (when its minute began, failures in it)
+        self._failed: dict[str, tuple[float, int]] = {}
+        self._trusted: dict[str, None] = {}
+
+    def holds(self, address: str, bearer_key: str, most: int, now: float) -> bool:
+        """Whether a handshake from `address` with this bearer (its digest) is refused."""
+        if bearer_key in self._trusted:
+            return False
+        began, failures = self._failed.get(address, (now, 0))
+        if now - began >= self.WINDOW_S:
+            self._failed.pop(address, None)
+            return False
+        return failures >= most
+
+    def failed(self, address: str, now: float) -> None:
+        began, failures = self._failed.get(address, (now, 0))
+        if now - began >= self.WINDOW_S:
+            began, failures = now, 0
+        if len(self._failed) >= self.MAX_KEPT and address not in self._failed:
+            self._failed = {a: v for a, v in self._failed.items() if now - v[0] < self.WINDOW_S}
+        self._failed[address] = (began, failures + 1)
+
+    def trusted(self, bearer_key: str) -> None:
+        """This bearer is a node's own credential that worked: never held by its address."""
+        if len(self._trusted) >= self.MAX_KEPT:
+            self._trusted.clear()
+        self._trusted[bearer_key] = None
+
+
+GATE = AddressGate()

@@ -21,9 +21,8 @@ from llmgw.core.db import Abandoned, Batched, database_call
 from llmgw.core.outage import Outage
 
 from . import events
-from .connections import PENALTY, FrameBudget, refused
+from .connections import GATE, PENALTY, FrameBudget, refused
 from .dispatch import Command, node_group, send_commands
-from .domain.endpoints import endpoint_refusal
 from .domain.types import parse_shard_id
 from .engine_installs import node_engines_record
 from .heard import node_disconnected, node_live_flush, node_running_unknown, node_silent_mark
@@ -51,6 +50,13 @@ _flusher: asyncio.Task | None = None
 _handshakes = Outage("authenticating agents' connections against the database", log)
 _layer = Outage("joining agents to their nodes' groups on the channel layer (Redis)", log)
 JOIN_RETRY_S = 2.0
+
+
+def _remote(scope) -> str:
+    """The address this connection came from; "" when the server could not say (a socket
+    file): then nothing a node declares of its address is believed unless approved."""
+    client = scope.get("client")
+    return str(client[0]) if client and client[0] else ""
 
 
 def _bearer(scope) -> str:
@@ -149,7 +155,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
     node_key: str | None = None
     # Set once this side decided to close: frames still queued behind are not even looked at.
     closing = False
-    mgmt_addr: str = ""
     _inbox = None
 
     async def __call__(self, scope, receive, send):
@@ -182,6 +187,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.accept()
             await self.close(code=CLOSE_FLOOD, reason="too many frames; wait before connecting")
             return
+        address, now = _remote(self.scope), time.monotonic()
+        most = settings.LLMGW.agents.handshake_failures_per_minute
+        if GATE.holds(address, self.node_key, most, now):
+            refused(
+                "handshakes",
+                f"refused a handshake from {address or 'an unknown address'} before any "
+                f"database lookup: it failed {most} in the last minute "
+                "(LLMGW_AGENT_HANDSHAKE_FAILURES_PER_MINUTE)",
+            )
+            await self.accept()
+            await self.close(code=CLOSE_FLOOD, reason="too many failed handshakes; wait")
+            return
         try:
             self.credential = await _CREDENTIALS(secret, still_wanted=self._still_there)
         except Abandoned:
@@ -195,7 +212,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         _handshakes.worked()
         if self.credential is not None and self.credential.joining:
             self.node_key = None
+        elif self.credential is not None:
+            GATE.trusted(self.node_key)
         if self.credential is None:
+            GATE.failed(address, now)
             # Refused before accept: the handshake fails with 403 and nothing says why.
             refused(
                 "unknown_credential", "an agent's credential is neither a join token nor a node's"
@@ -335,7 +355,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._join(group)
         try:
             registration = await _REGISTRATIONS(
-                {"msg": msg, "session": self.session, "credential": self.credential},
+                {
+                    "msg": msg,
+                    "session": self.session,
+                    "credential": self.credential,
+                    "seen_addr": _remote(self.scope),
+                },
                 still_wanted=self._still_there,
             )
         except Refused as exc:
@@ -345,7 +370,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return  # its agent hung up while it waited: nothing written, no one to answer
         commands = registration.commands
         self.node_id = msg.node_id
-        self.mgmt_addr = msg.mgmt_addr
         # From here on this connection speaks with the node's own credential.
         self.credential = AgentCredential(node_id=msg.node_id)
         # Seeded with the registered figures, so a heartbeat repeating them is not a change.
@@ -392,9 +416,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         )
 
     async def on_shard_status(self, msg: events.ShardStatus) -> None:
-        why = endpoint_refusal(msg.endpoint, self.mgmt_addr)
-        if why is not None:
-            raise events.BadMessage(f"shard_status for {msg.shard_id} refused: {why}")
         commands = await database_call(shard_status_record)(
             node_id=self.node_id, msg=msg, now=clock.now()
         )

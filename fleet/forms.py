@@ -49,3 +49,5 @@ class NodeActionForm(forms.Form):
     action = forms.ChoiceField(
         choices=[(a, a) for a in ("cordon", "uncordon", "drain", "approve", "forget")]
     )
+    # With approve: the address its engines are at, believed from then on (behind NAT).
+    address = forms.CharField(max_length=255, required=False)

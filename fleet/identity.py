@@ -9,19 +9,21 @@ take another node's place; `node_forget` revokes it.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 
-from llmgw.core.errors import NotFound, ServiceError
+from llmgw.core.errors import Invalid, NotFound, ServiceError
 from llmgw.core.secrets import digest, new_secret
 from tenancy.models import Token
 from tenancy.selectors import token_find
 from tenancy.services import audit_record
 
 from .dispatch import Command, stop_command
+from .domain.endpoints import address_refusal
 from .models import Node, Replica, Shard
 from .node_figures import node_figures_refresh
 
@@ -87,7 +89,9 @@ def agents_authenticate(secrets: list[str]) -> list[AgentCredential | None]:
 def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
     """Why this bearer may not read the mirror file `sha256`, as (HTTP status, sentence);
     None when it may. Only a node's own credential reads files: an engine build any node,
-    a file of weights only a node with a shard of a model whose source is those weights."""
+    a file of weights only a node while a shard the control plane placed on it needs it
+    (on its way to running, of a model whose source holds the file). What a node reported
+    itself (an adopted shard) reads nothing: weights follow placements, not claims."""
     from catalog.models import Model
     from mirror.domain.sources import inside
     from mirror.selectors import file_sources
@@ -100,11 +104,24 @@ def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
         return 404, f"The mirror holds no file with sha256 {sha256}."
     if not sources:
         return None
-    models = Shard.objects.filter(node_id=credential.node_id).values("replica__model")
+    models = Shard.objects.filter(
+        node_id=credential.node_id,
+        adopted_at__isnull=True,
+        state__in=NEEDS_WEIGHTS,
+        replica__state__in=NEEDS_WEIGHTS,
+    ).values("replica__model")
     for source in Model.objects.filter(name__in=models).values_list("source", flat=True):
         if inside(source, sources):  # the weights' source, or a file in it
             return None
-    return 403, f"Node {credential.node_id} runs no model whose weights hold the file {sha256}."
+    return (
+        403,
+        f"Node {credential.node_id} was given no shard that needs the file {sha256} now.",
+    )
+
+
+# The states of a shard, and of its replica, on the way to running: while its agent may
+# still fetch the weights.
+NEEDS_WEIGHTS = ("pending", "fetching", "starting")
 
 
 def register_refusal(*, credential: AgentCredential, node_id: str, now: datetime) -> None:
@@ -153,18 +170,54 @@ def credential_issue(node: Node, *, credential: AgentCredential, now: datetime) 
     return secret
 
 
-def node_approve(*, node_id: str, actor: str) -> str:
-    """Let a node held by LLMGW_NODE_APPROVAL=manual into placement."""
+def node_approve(*, node_id: str, actor: str, address: str = "", now: datetime) -> str:
+    """Let a node held by LLMGW_NODE_APPROVAL=manual into placement; with `address`, also
+    believe that its engines are at that address (behind NAT or a proxy, where its
+    connection comes from another). Invalid (400) for an address that is neither an IP
+    address nor a host name; the sentence says what now holds."""
+    address = address.strip()
+    if address and not ADDRESS_RE.match(address):
+        raise Invalid(
+            f"{address[:100]!r} is not an address: give the IP address or host name the "
+            "node's engines are reached at."
+        )
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(pk=node_id).first()
         if node is None:
             raise NotFound(f"There is no node {node_id!r}.")
-        if node.approved:
+        if node.approved and not address:
+            if node.address_refusal:
+                return node.address_refusal
             return f"node {node_id} is approved already"
         node.approved = True
-        node.save(update_fields=["approved"])
-        audit_record(actor=actor, action="node.approve", target=node_id)
-    return f"node {node_id} approved: placement may use it from the next reconciler pass"
+        if address:
+            node.approved_addr = address
+            node.address_refusal = (
+                address_refusal(
+                    node_id=node.id,
+                    declared=node.mgmt_addr,
+                    seen=node.seen_addr,
+                    approved=address,
+                    trust_declared=settings.LLMGW.agents.trust_declared_addresses,
+                )
+                or ""
+            )[:500]
+        node.spec_at = now  # what placement knows of it is read again
+        node.save(update_fields=["approved", "approved_addr", "address_refusal", "spec_at"])
+        audit_record(
+            actor=actor,
+            action="node.approve",
+            target=node_id,
+            detail={"address": address} if address else None,
+        )
+    if node.address_refusal:
+        return f"node {node_id} approved, but: {node.address_refusal}"
+    where = f" with its engines at {address}" if address else ""
+    return f"node {node_id} approved{where}: placement may use it from the next reconciler pass"
+
+
+# An IP address (v4, or v6 with or without brackets) or a host name.
+ADDRESS_RE = re.compile(r"^(\[?[0-9A-Fa-f:.]+\]?|[A-Za-z0-9]([A-Za-z0-9.-]{0,253}[A-Za-z0-9])?)$")
 
 
 def node_forget(*, node_id: str, actor: str, now: datetime) -> tuple[str, list[Command]]:

@@ -91,6 +91,7 @@ def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[
         cordoned=node.cordoned,
         draining=node.draining,
         approved=node.approved,
+        address_refusal=node.address_refusal,
     ).shown_state
     override = (node.labels or {}).get(CLASS_LABEL)
     classes = sorted({override or g.gpu_class for g in gpus})
@@ -134,6 +135,9 @@ def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[
         "load": {k: v for k, v in (node.load or {}).items() if k != "engines"},
         "agent_version": node.agent_version,
         "mgmt_addr": node.mgmt_addr,
+        "seen_addr": node.seen_addr,
+        "approved_addr": node.approved_addr,
+        "address_refusal": node.address_refusal,
         "last_seen": _iso(node.last_seen),
         "registered_at": _iso(node.registered_at),
     }

@@ -70,7 +70,14 @@ class Node(models.Model):
 
     id = models.CharField(primary_key=True, max_length=64)
     hostname = models.CharField(max_length=255, blank=True)
+    # The address its agent says its engines are at; the one its connection last came from
+    # (empty: not known); the one an operator approved for it (behind NAT or a proxy); and,
+    # while the first is neither of the others, the sentence saying so: nothing is then
+    # placed on it nor any endpoint of it believed (fleet/domain/endpoints.py).
     mgmt_addr = models.CharField(max_length=255, blank=True)
+    seen_addr = models.CharField(max_length=255, blank=True)
+    approved_addr = models.CharField(max_length=255, blank=True)
+    address_refusal = models.CharField(max_length=500, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     agent_version = models.CharField(max_length=40, blank=True)
     memory_total_mb = models.PositiveBigIntegerField(null=True, blank=True)
@@ -206,10 +213,16 @@ class Shard(models.Model):
     # While its agent fetches the weights from the mirror: bytes so far, of how many.
     progress_done = models.PositiveBigIntegerField(null=True, blank=True)
     progress_total = models.PositiveBigIntegerField(null=True, blank=True)
+    # When it was taken back from what its node reported rather than placed here (a
+    # control plane that lost its state): such a shard reads no weights from the mirror.
+    adopted_at = models.DateTimeField(null=True, blank=True)
     rev = revision()
 
     class Meta:
         ordering = ["replica", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["replica", "rank"], name="shard_rank_unique")
+        ]
 
     def __str__(self) -> str:
         return self.id

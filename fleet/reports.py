@@ -8,7 +8,8 @@ that transaction has committed (fleet/consumers.py sends them).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from urllib.parse import urlparse
 
@@ -19,16 +20,29 @@ from catalog.selectors import catalog_load
 from llmgw.core import clock
 
 from . import event_log
+from .connections import refused
 from .dispatch import Command, stop_command
-from .domain.endpoints import endpoint_refusal
+from .domain.adoption import (
+    KEEP,
+    STOP,
+    Claim,
+    Ground,
+    Terms,
+    Verdict,
+    adoption_window_open,
+    judge,
+)
+from .domain.endpoints import address_refusal, endpoint_refusal
 from .domain.gpuclass import gpu_class
+from .domain.passes import gap_allowed
 from .domain.types import parse_shard_id
-from .events import Disk, Register, ShardStatus, Weight
+from .events import BadMessage, Disk, Register, RunningShard, ShardStatus, Weight
 from .failures import failure_log_attach
 from .heard import believe_figures
 from .identity import AgentCredential, Refused, credential_issue, register_refusal
-from .models import Gpu, Node, Replica, Shard
+from .models import Gpu, Lease, Node, Replica, Shard
 from .node_figures import node_figures_refresh
+from .reconciler import LEASE
 from .services import start_command
 
 log = logging.getLogger("llmgw.fleet")
@@ -110,19 +124,24 @@ class Registration:
 
 
 def node_register(
-    *, msg: Register, session: str, now: datetime, credential: AgentCredential
+    *, msg: Register, session: str, now: datetime, credential: AgentCredential, seen_addr: str
 ) -> Registration:
     """Create or refresh a node from its registration and reconcile the shards it runs.
 
     The credential must be this node's own, or a join token for a node id that has none
     (then this registration issues the node's credential); otherwise Refused is raised and
-    nothing changes. Shards the database knows are kept (or stopped again when they should
-    be stopping); unknown shards of a known model and profile are adopted; the rest are
-    stopped, as are shards whose endpoint is not on the node's own address. Shards it
-    should run but does not report are started again, or failed when they had been running.
+    nothing changes. `seen_addr` is the address its connection came from ("" unknown): the
+    address the node declares is believed only when it is that one, or one an operator
+    approved (fleet/domain/endpoints.py address_refusal). Shards placed on this node are
+    kept (or stopped again when they should be stopping); a shard it was not given is
+    adopted only as fleet/domain/adoption.py allows, and stopped otherwise, as is every
+    shard whose endpoint is not on the node's believed address. Shards it should run but
+    does not report are started again, or failed when they had been running.
     """
     with transaction.atomic():
-        return _register(msg=msg, session=session, now=now, credential=credential)
+        return _register(
+            msg=msg, session=session, now=now, credential=credential, seen_addr=seen_addr
+        )
 
 
 # What heartbeats write (the write-behind): a registration neither reads nor writes it, and
@@ -207,6 +226,7 @@ def _register(
     session: str,
     now: datetime,
     credential: AgentCredential,
+    seen_addr: str,
     read: _Read | None = None,
 ) -> Registration:
     """node_register in the caller's transaction, with the node's rows from `read` when
@@ -242,7 +262,7 @@ def _register(
     )
     labels_before = node.labels
     node.hostname = msg.hostname
-    node.mgmt_addr = msg.mgmt_addr
+    _address_judge(node, declared=msg.mgmt_addr, seen=seen_addr, now=now)
     node.labels = dict(msg.labels)
     node.agent_version = msg.agent_version
     believe_figures(node, msg.memory_total_mb, msg.cpu_count)
@@ -259,15 +279,13 @@ def _register(
     node.spec_at = now
     node.save()
     gpus_changed = _sync_gpus(node, msg, new=new, rows=gpus)
-    msg, foreign = _own_endpoints(node, msg)
     known = (
         shards
         if shards is not None
         else {s.id: s for s in Shard.objects.filter(node=node).select_related("replica")}
     )
     before = {s.replica_id: s.replica.state for s in known.values()}
-    shards_commands, wrote = _reconcile_reported_shards(node, msg, known, now)
-    commands = foreign + shards_commands
+    commands, wrote = _reconcile_reported_shards(node, msg, known, now)
     # Its GPUs and labels are new; a replica it failed or stopped frees GPUs elsewhere
     # too. Only those: nodes that all register at once (a restart) must not each lock
     # the others' rows while holding their own. A node registering again as it was (a
@@ -279,22 +297,26 @@ def _register(
     return Registration(at=now, commands=commands, node_token=node_token, approved=node.approved)
 
 
-def _own_endpoints(node: Node, msg: Register) -> tuple[Register, list[Command]]:
-    """The register with only the shards whose endpoint is on this node's own address, and
-    stops for the others: a node speaks only for itself, never for another's engines."""
-    kept, stops = [], []
-    for rep in msg.shards:
-        why = endpoint_refusal(rep.endpoint, node.mgmt_addr)
-        if why is None:
-            kept.append(rep)
-            continue
-        log.warning(
-            "stopping shard %s on node %s: %s", rep.shard_id, node.id, why, extra={"node": node.id}
+def _address_judge(node: Node, *, declared: str, seen: str, now: datetime) -> None:
+    """Set what the node says of its address, where it connects from, and whether the one
+    is believed; a change of that is logged and said in the event log."""
+    was = node.address_refusal
+    node.mgmt_addr, node.seen_addr = declared, seen
+    node.address_refusal = (
+        address_refusal(
+            node_id=node.id,
+            declared=declared,
+            seen=seen,
+            approved=node.approved_addr,
+            trust_declared=settings.LLMGW.agents.trust_declared_addresses,
         )
-        stops.append(stop_command(node.id, rep.shard_id, 0))
-    if not stops:
-        return msg, []
-    return msg.model_copy(update={"shards": kept}), stops
+        or ""
+    )[:500]
+    if node.address_refusal and node.address_refusal != was:
+        log.warning("%s", node.address_refusal, extra={"node": node.id})
+        event_log.record(
+            [event_log.Happened("address_refused", node.address_refusal, node=node.id)], now=now
+        )
 
 
 def _reconcile_reported_shards(
@@ -305,54 +327,25 @@ def _reconcile_reported_shards(
     commands: list[Command] = []
     wrote = False
     catalog: dict | None = None  # read only for a shard the node does not hold as known
-    reported = {s.shard_id: s for s in msg.shards}
-    for shard_id, rep in reported.items():
-        shard = known.get(shard_id)
-        if shard is not None:
-            replica = shard.replica
-            if replica.state in ("stopping", "stopped", "failed"):
-                commands.append(stop_command(node.id, shard_id, replica.stop_grace_s))
-                continue
-            state = rep.state if rep.state != "pending" else shard.state
-            endpoint = rep.endpoint or shard.endpoint
-            if (state, endpoint) == (shard.state, shard.endpoint) and replica.state not in (
-                "pending",
-                "starting",
-            ):
-                continue  # as the control plane knew it: nothing to move along
-            shard.state, shard.endpoint = state, endpoint
-            shard.save(update_fields=["state", "endpoint"])
-            _replica_progress(replica.id, now)
-            wrote = True
+    reports = list({s.shard_id: s for s in msg.shards}.values())
+    verdicts = judge([_claim(rep) for rep in reports], _ground(node, msg, reports, known, now))
+    reported: set[str] = set()
+    refusals: list[Verdict] = []
+    for rep, verdict in zip(reports, verdicts, strict=True):
+        if verdict.action == STOP:
+            refusals.append(verdict)
+            commands.append(stop_command(node.id, rep.shard_id, 0))
+            continue
+        reported.add(rep.shard_id)
+        if verdict.action == KEEP:
+            cmd, moved = _known_reported(node, rep, known[rep.shard_id], now)
+            commands += cmd
+            wrote |= moved
             continue
         catalog = catalog_load() if catalog is None else catalog
-        spec = catalog.get(rep.model)
-        profile = spec.profile(rep.profile) if spec else None
-        if profile is None or rep.state not in ("starting", "ready"):
-            why = (
-                "its model is not in the catalog"
-                if spec is None
-                else "its profile is not in the catalog"
-            )
-            log.info(
-                "stopping shard %s on node %s: %s", shard_id, node.id, why, extra={"node": node.id}
-            )
-            commands.append(stop_command(node.id, shard_id, 0))
-            continue
-        holder = Shard.objects.filter(pk=shard_id).values_list("node_id", flat=True).first()
-        if holder is not None:
-            # Another node holds this shard: adopting it here would run it twice.
-            log.info(
-                "stopping shard %s on node %s: node %s holds it",
-                shard_id,
-                node.id,
-                holder,
-                extra={"node": node.id},
-            )
-            commands.append(stop_command(node.id, shard_id, 0))
-            continue
-        _adopt(node, rep, profile, now)
+        _adopt(node, rep, catalog[rep.model].profile(rep.profile), now)
         wrote = True
+    _refusals_told(node, refusals, now)
     for shard_id, shard in known.items():
         if shard_id in reported:
             continue
@@ -382,6 +375,127 @@ def _reconcile_reported_shards(
             log.info(reason, extra={"node": node.id, "replica": replica.id})
             wrote = True
     return commands, wrote
+
+
+def _known_reported(
+    node: Node, rep: RunningShard, shard: Shard, now: datetime
+) -> tuple[list[Command], bool]:
+    """A shard placed on this node that it reports running: stopped again when its replica
+    is being given up, else its state and endpoint taken. (commands, whether it wrote)."""
+    replica = shard.replica
+    if replica.state in ("stopping", "stopped", "failed"):
+        return [stop_command(node.id, shard.id, replica.stop_grace_s)], False
+    state = rep.state if rep.state != "pending" else shard.state
+    endpoint = rep.endpoint or shard.endpoint
+    if (state, endpoint) == (shard.state, shard.endpoint) and replica.state not in (
+        "pending",
+        "starting",
+    ):
+        return [], False  # as the control plane knew it: nothing to move along
+    shard.state, shard.endpoint = state, endpoint
+    shard.save(update_fields=["state", "endpoint"])
+    _replica_progress(replica.id, now)
+    return [], True
+
+
+def _claim(rep: RunningShard) -> Claim:
+    return Claim(
+        shard_id=rep.shard_id,
+        replica_id=rep.replica_id,
+        model=rep.model,
+        profile=rep.profile,
+        profile_fp=rep.profile_fp,
+        gpu_indices=tuple(rep.gpu_indices),
+        endpoint=rep.endpoint,
+        state=rep.state,
+    )
+
+
+def _ground(
+    node: Node, msg: Register, reports: list[RunningShard], known: dict[str, Shard], now: datetime
+) -> Ground:
+    """What adoption's rules need to know of this node and the shards it reports; the
+    database is asked only about shards not placed on it."""
+    agents = settings.LLMGW.agents
+    ground = Ground(
+        node_id=node.id,
+        placed=frozenset(known),
+        address=node.mgmt_addr,
+        address_refusal=node.address_refusal or None,
+        most=agents.adopt_per_register,
+    )
+    others = [r for r in reports if r.shard_id not in known]
+    if not others:
+        return ground
+    catalog = catalog_load()
+    terms = {}
+    for r in others:
+        spec = catalog.get(r.model)
+        profile = spec.profile(r.profile) if spec else None
+        if profile is not None:
+            terms[r.model, r.profile] = Terms(
+                profile.fingerprint(), profile.nodes, profile.gpus_on_each_node
+            )
+    return replace(
+        ground,
+        elsewhere=dict(
+            Shard.objects.filter(pk__in=[r.shard_id for r in others])
+            .exclude(node=node)
+            .values_list("id", "node_id")
+        ),
+        replicas=frozenset(
+            Replica.objects.filter(pk__in={r.replica_id for r in others}).values_list(
+                "id", flat=True
+            )
+        ),
+        catalog=terms,
+        gpus=frozenset(g.index for g in msg.gpus),
+        held=frozenset(
+            i
+            for s in known.values()
+            if s.state not in ("stopped", "failed") and s.replica.state not in ("stopped", "failed")
+            for i in s.gpu_indices
+        ),
+        adopting=_adopting(now),
+    )
+
+
+def _adopting(now: datetime) -> bool:
+    """Whether the control plane still takes back shards it did not place (adoption.py)."""
+    lease = (
+        Lease.objects.filter(pk=LEASE)
+        .values_list("last_pass_at", "settled_from", "served_since")
+        .first()
+    )
+    last_pass_at, settled_from, served_since = lease or (None, None, None)
+    return adoption_window_open(
+        now=now,
+        last_pass_at=last_pass_at,
+        settled_from=settled_from,
+        served_since=served_since,
+        window_s=settings.LLMGW.agents.adopt_window,
+        gap_s=gap_allowed(settings.LLMGW.timings),
+    )
+
+
+def _refusals_told(node: Node, refusals: list[Verdict], now: datetime) -> None:
+    """Count, log once and keep in the event log the shards a registration refused."""
+    if not refusals:
+        return
+    counts = Counter(v.reason for v in refusals)
+    for reason, n in counts.items():
+        refused(f"shard_{reason}", count=n)
+    kinds = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in sorted(counts.items()))
+    more = f" (and {len(refusals) - 1} more)" if len(refusals) > 1 else ""
+    sentence = (
+        f"node {node.id} reported {len(refusals)} shard(s) the control plane did not give it "
+        f"or cannot believe, and was told to stop them ({kinds}): {refusals[0].why}{more}"
+    )
+    log.warning("%s", sentence, extra={"node": node.id})
+    event_log.record(
+        [event_log.Happened("shards_refused", sentence, node=node.id, fields=dict(counts))],
+        now=now,
+    )
 
 
 def _note_unknown_processes(node: Node, msg: Register, gpus: list[Gpu], *, save: bool) -> None:
@@ -414,19 +528,18 @@ def _note_unknown_processes(node: Node, msg: Register, gpus: list[Gpu], *, save:
 
 
 def _adopt(node: Node, rep, profile, now: datetime) -> None:
-    """Take over a running shard this control plane did not know, so nothing runs twice."""
-    replica, created = Replica.objects.get_or_create(
+    """Take back a running shard of a replica this control plane does not know (judged by
+    fleet/domain/adoption.py), so nothing runs twice."""
+    replica = Replica.objects.create(
         pk=rep.replica_id,
-        defaults={
-            "model": rep.model,
-            "profile": rep.profile,
-            "profile_fp": rep.profile_fp,
-            "state": rep.state,
-            "state_since": now,
-            "created_at": now,
-            "ready_at": now if rep.state == "ready" else None,
-            "counts_as_failure": True,
-        },
+        model=rep.model,
+        profile=rep.profile,
+        profile_fp=rep.profile_fp,
+        state=rep.state,
+        state_since=now,
+        created_at=now,
+        ready_at=now if rep.state == "ready" else None,
+        counts_as_failure=True,
     )
     _, rank = parse_shard_id(rep.shard_id)
     try:
@@ -444,14 +557,20 @@ def _adopt(node: Node, rep, profile, now: datetime) -> None:
         http_port=port,
         endpoint=rep.endpoint,
         state=rep.state,
+        adopted_at=now,
     )
-    log.info(
-        "adopted shard %s of %s on node %s",
-        rep.shard_id,
-        rep.model,
-        node.id,
-        # Not "created": that is a LogRecord attribute, and logging refuses to overwrite it.
-        extra={"node": node.id, "replica": replica.id, "new_replica": created},
+    sentence = (
+        f"node {node.id} runs shard {rep.shard_id} of {rep.model} that this control plane "
+        "did not know; it was taken back (adopted) as the control plane starts"
+    )
+    log.info(sentence, extra={"node": node.id, "replica": replica.id})
+    event_log.record(
+        [
+            event_log.Happened(
+                "shard_adopted", sentence, model=rep.model, node=node.id, replica=replica.id
+            )
+        ],
+        now=now,
     )
 
 
@@ -468,16 +587,26 @@ def node_weights_record(*, node_id: str, weights: list[Weight] | None, disk: Dis
 
 
 def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> list[Command]:
-    """Record what an agent says of one shard, and move its replica along."""
+    """Record what an agent says of one shard, and move its replica along.
+
+    Only of a shard placed on that node, with an endpoint on its believed address: a
+    status with another endpoint raises BadMessage and changes nothing; one of a shard not
+    placed there changes nothing, and the engine behind it is told to stop."""
     with transaction.atomic():
         shard = (
             Shard.objects.select_related("replica").filter(pk=msg.shard_id, node_id=node_id).first()
         )
         if shard is None:
+            refused(
+                "shard_status_not_placed",
+                f"node {node_id} sent shard_status for shard {msg.shard_id}, which is not "
+                "placed on it; nothing changed",
+            )
             if msg.state in ("fetching", "starting", "ready"):
                 # Nobody here runs this: a leftover of a replica already forgotten.
                 return [stop_command(node_id, msg.shard_id, 0)]
             return []
+        _endpoint_check(node_id, msg)
         replica = shard.replica
         was = shard.state
         shard.state = msg.state
@@ -519,6 +648,17 @@ def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> lis
                 shard, replica, msg.state, f"replica {replica.id} of {replica.model} {what}", now
             )
     return []
+
+
+def _endpoint_check(node_id: str, msg: ShardStatus) -> None:
+    """Raise BadMessage when the status's endpoint is not on the node's believed address."""
+    if not msg.endpoint:
+        return
+    addr, refusal = Node.objects.filter(pk=node_id).values_list("mgmt_addr", "address_refusal")[0]
+    why = refusal or endpoint_refusal(msg.endpoint, addr)
+    if why:
+        refused("shard_endpoint", f"node {node_id}: {why}")
+        raise BadMessage(f"shard_status for {msg.shard_id} refused: {why}")
 
 
 # A shard's steps to ready, as its events say them.

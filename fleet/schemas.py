@@ -27,7 +27,12 @@ class NodeOut(Schema):
     replicas: list[str]
     load: dict
     agent_version: str
+    # The address it says its engines are at; the one its connection last came from; the
+    # one an operator approved; and, while the first is not believed, why.
     mgmt_addr: str
+    seen_addr: str = ""
+    approved_addr: str = ""
+    address_refusal: str = ""
     last_seen: str | None
     registered_at: str | None
 
@@ -63,6 +68,13 @@ class ReplicaOut(Schema):
 
 class DetailOut(Schema):
     detail: str
+
+
+class ApproveIn(Schema):
+    """An operator letting a node in: `address`, where its engines are reached, when that is
+    not the address its connection comes from (behind NAT or a proxy)."""
+
+    address: str = Field("", max_length=255)
 
 
 class ReconcileOut(Schema):

@@ -76,6 +76,7 @@ _NODE_STATIC = (
     "weights",
     "platform",
     "engine_installs",
+    "address_refusal",
 )
 _REPLICA_FIELDS = (
     "id",
@@ -154,6 +155,7 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
                 ),
                 "platform": d["platform"],
                 "installs": installs_of(d["engine_installs"]),
+                "address_refusal": d["address_refusal"],
             },
         )
 

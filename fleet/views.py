@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from catalog.selectors import catalog_load
 from llmgw.core import clock
 from llmgw.core.charts import charts_context
-from llmgw.core.errors import NotFound, ServiceError
+from llmgw.core.errors import Invalid, NotFound, ServiceError
 from llmgw.core.pages import fragment_asked, page, staff_required
 from llmgw.core.permissions import needs, require
 from llmgw.core.traffic import requests_chart
@@ -248,13 +248,20 @@ def node(request: HttpRequest, node_id: str) -> HttpResponse:
             return _forget(request, node_id)
         try:
             if action == "approve":
-                done = identity.node_approve(node_id=node_id, actor=request.user.get_username())
+                done = identity.node_approve(
+                    node_id=node_id,
+                    actor=request.user.get_username(),
+                    address=form.cleaned_data["address"],
+                    now=clock.now(),
+                )
             elif action is not None:
                 done = services.node_set_schedule(
                     node_id=node_id, action=action, actor=request.user.get_username()
                 )
         except NotFound:
             return _node_missing(request, node_id)
+        except Invalid as exc:
+            refused = str(exc)
         if action is None:
             refused = (
                 "A node can be cordoned, uncordoned, drained, approved or forgotten; "

@@ -1,7 +1,8 @@
-"""Whether an endpoint a node reports is its own: on the address it registered with."""
+"""Whether an endpoint a node reports is its own: on its address, and which address that is."""
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 
@@ -19,9 +20,47 @@ def endpoint_refusal(endpoint: str, mgmt_addr: str) -> str | None:
         return f"endpoint {endpoint!r} is not a URL"
     if parts.scheme not in ("http", "https") or not host:
         return f"endpoint {endpoint!r} is not an http:// URL with a host"
-    own = mgmt_addr.strip().strip("[]").lower()
-    if not own:
+    if not mgmt_addr.strip():
         return f"endpoint {endpoint!r} cannot be checked: the node registered no address"
-    if host.lower() != own:
+    if not same_address(host, mgmt_addr):
         return f"endpoint {endpoint!r} is not on the node's own address {mgmt_addr}"
     return None
+
+
+def same_address(a: str, b: str) -> bool:
+    """Whether two addresses name the same host: IP addresses compared as addresses (an
+    IPv4 address mapped into IPv6 is the IPv4 one), anything else as text without case."""
+    return bool(a) and _canonical(a) == _canonical(b)
+
+
+def _canonical(address: str) -> str:
+    text = address.strip().strip("[]").lower()
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return text
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
+
+
+def address_refusal(
+    *, node_id: str, declared: str, seen: str, approved: str, trust_declared: bool
+) -> str | None:
+    """Why node `node_id`'s engines may not be reached at the address it `declared`, in a
+    sentence; None when they may. A declared address is believed when it is the one the
+    node's connection came from (`seen`, empty when unknown), when an operator approved it
+    for this node (`approved`), or when the operator trusts what nodes declare."""
+    if trust_declared or same_address(declared, seen) or same_address(declared, approved):
+        return None
+    approve = f"llmgw ctl node approve {node_id} --address {declared}"
+    where = f"node {node_id} says its engines are at {declared or 'no address'}"
+    if approved:
+        why = f"{where}, not at {approved} as an operator approved"
+    elif seen:
+        why = f"{where} but connects from {seen}"
+    else:
+        why = f"{where} and the address it connects from is not known"
+    return (
+        f"{why}: nothing is placed on it and none of its engines is used until an operator "
+        f"approves that address ({approve})"
+    )

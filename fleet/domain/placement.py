@@ -471,6 +471,8 @@ def refuse(
         return f"node {node.id} is {node.state}"
     if not node.approved:
         return f"node {node.id} awaits an operator's approval (llmgw ctl node approve {node.id})"
+    if node.address_refusal:
+        return node.address_refusal
     if node.draining:
         return f"node {node.id} is draining"
     if node.cordoned:
@@ -545,7 +547,9 @@ def engine_refusal(node: NodeView, engine: str) -> str | None:
 def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
     """Whether the node could take a shard of this profile if nothing ran on it: the right
     state, labels, engine, GPU class and size. Preemption looks for victims only there."""
-    if node.state != "ready" or not node.approved or node.draining or node.cordoned:
+    if node.state != "ready" or not node.approved or node.address_refusal:
+        return False
+    if node.draining or node.cordoned:
         return False
     if any(node.labels.get(k) != v for k, v in profile.node_selector.items()):
         return False

@@ -73,6 +73,9 @@ class NodeView:
     draining: bool = False
     # False while LLMGW_NODE_APPROVAL=manual holds a new node for an operator to let in.
     approved: bool = True
+    # Why the address it declares is not believed (fleet/domain/endpoints.py), while it is
+    # not: nothing is placed on it until an operator approves that address.
+    address_refusal: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     memory_gb: float | None = None
     cpu_count: int | None = None
@@ -106,7 +109,7 @@ class NodeView:
         draining, then cordoned."""
         if self.state != "ready":
             return self.state
-        if not self.approved:
+        if not self.approved or self.address_refusal:
             return "unapproved"
         if self.draining:
             return "draining"

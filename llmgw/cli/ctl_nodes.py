@@ -110,7 +110,9 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
         headers.insert(2, "WHERE")
         for row, n in zip(rows, nodes, strict=True):
             row.insert(2, _where(n) or DASH)
-    return render(headers, rows)
+    # Why a node is held for an address, under the table: the sentence says what to run.
+    held = [f"  {n['address_refusal']}" for n in nodes if n.get("address_refusal")]
+    return "\n".join([render(headers, rows), *held])
 
 
 def _where(node: dict[str, Any]) -> str:
@@ -131,7 +133,13 @@ def render_node(n: dict[str, Any]) -> str:
         ("state", n.get("state")),
     ]
     # Not in the interface table, but worth showing when a server sends them.
-    for key, label in (("mgmt_addr", "address"), ("agent_version", "agent")):
+    for key, label in (
+        ("mgmt_addr", "address"),
+        ("seen_addr", "connects from"),
+        ("approved_addr", "approved address"),
+        ("address_refusal", "address refused"),
+        ("agent_version", "agent"),
+    ):
         if n.get(key):
             pairs.append((label, n[key]))
     pairs += [
@@ -225,7 +233,9 @@ NODE_ACTIONS = {
 
 
 def cmd_node_action(api: Api, args: argparse.Namespace, out: Output) -> None:
-    answer = api.post(f"/nodes/{segment(args.node)}/{args.action}")
+    address = getattr(args, "address", None)
+    body = {"address": address} if address else None
+    answer = api.post(f"/nodes/{segment(args.node)}/{args.action}", body)
     out.show(answer, lambda a: said(a, f"node {args.node} {NODE_ACTIONS[args.action]}"))
 
 
@@ -244,9 +254,21 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
         ("cordon", "place nothing new on a node"),
         ("uncordon", "let placement use a node again"),
         ("drain", "cordon a node and move its replicas elsewhere"),
-        ("approve", "let a node held by LLMGW_NODE_APPROVAL=manual into placement"),
     ):
         add(node_actions, action, help, cmd_node_action).add_argument("node")
+    approve = add(
+        node_actions,
+        "approve",
+        "let a node held by LLMGW_NODE_APPROVAL=manual into placement, or believe the address "
+        "it says its engines are at",
+        cmd_node_action,
+    )
+    approve.add_argument("node")
+    approve.add_argument(
+        "--address",
+        help="the address its engines are reached at, when its connection comes from another "
+        "(behind NAT or a proxy): the gateway sends tenants' requests there",
+    )
     add(
         node_actions,
         "forget",

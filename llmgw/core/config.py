@@ -100,12 +100,20 @@ class Vllm:
 @dataclass(frozen=True)
 class Agents:
     """How nodes join and how much one agent's connection may ask: whether new nodes wait
-    for an operator's approval, how many nodes one join token may register a minute, and
-    how many frames a second one connection may send before it is slowed and then closed."""
+    for an operator's approval, how many nodes one join token may register a minute, how
+    many frames a second one connection may send before it is slowed and then closed, and
+    how many failed handshakes a minute one remote address may make. What a node may say: whether
+    the address it declares is believed without being the one it connects from, and, when
+    the control plane lost its state, for how long after a start and how many a
+    registration it takes back running shards it did not place."""
 
     approval: str = "auto"
     joins_per_minute: int = 60
     frames_per_second: int = 20
+    handshake_failures_per_minute: int = 30
+    trust_declared_addresses: bool = False
+    adopt_window: float = 120.0
+    adopt_per_register: int = 8
 
 
 @dataclass(frozen=True)
@@ -342,6 +350,12 @@ def _agents(env: dict[str, str]) -> Agents:
         approval=approval,
         joins_per_minute=int(_number(env, "LLMGW_JOINS_PER_MINUTE", 60, integer=True)),
         frames_per_second=int(_number(env, "LLMGW_AGENT_FRAMES_PER_SECOND", 20, integer=True)),
+        handshake_failures_per_minute=int(
+            _number(env, "LLMGW_AGENT_HANDSHAKE_FAILURES_PER_MINUTE", 30, integer=True)
+        ),
+        trust_declared_addresses=flag(env, "LLMGW_TRUST_NODE_ADDRESSES", False, SettingError),
+        adopt_window=_number(env, "LLMGW_ADOPT_WINDOW_SECONDS", 120, integer=False),
+        adopt_per_register=int(_number(env, "LLMGW_ADOPT_PER_REGISTER", 8, integer=True)),
     )
 
 

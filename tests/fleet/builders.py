@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from catalog.domain import ModelSpec
+from catalog.domain import ModelSpec, parse_model
 from catalog.services import model_add
 from fleet.dispatch import Command
 from fleet.events import Register
@@ -44,14 +44,20 @@ def register_frame(
     }
 
 
-def running_shard(replica_id: str, model: str, profile: str, *, port: int = 20000) -> dict:
-    """A shard as an agent reports it in `register` after a control plane restart."""
+def running_shard(replica_id: str, model: str | dict, profile: str, *, port: int = 20000) -> dict:
+    """A shard as an agent reports it in `register` after a control plane restart: of the
+    model named, or of the model `model` describes (gpu_model, cpu_model), with the
+    fingerprint its profile has in the catalog."""
+    fp = ""
+    if isinstance(model, dict):
+        fp = parse_model(model).profile(profile).fingerprint()
+        model = model["name"]
     return {
         "shard_id": f"{replica_id}-0",
         "replica_id": replica_id,
         "model": model,
         "profile": profile,
-        "profile_fp": "",
+        "profile_fp": fp,
         "gpu_indices": [0],
         "endpoint": f"http://10.0.0.7:{port}",
         "state": "ready",
@@ -66,13 +72,15 @@ def agent_credential(node_id: str) -> AgentCredential:
     return AgentCredential(join_token="test-join")
 
 
-def node_add(node_id: str, *, now: datetime, **frame) -> list[Command]:
-    """Register a node through the service the consumer calls; returns the commands for it."""
+def node_add(node_id: str, *, now: datetime, seen_addr: str = "10.0.0.7", **frame) -> list[Command]:
+    """Register a node through the service the consumer calls, its connection coming from
+    `seen_addr` (the address register_frame declares); returns the commands for it."""
     return node_register(
         msg=Register.model_validate(register_frame(node_id, **frame)),
         session=f"session-{node_id}",
         now=now,
         credential=agent_credential(node_id),
+        seen_addr=seen_addr,
     ).commands
 
 

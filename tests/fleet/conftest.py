@@ -10,7 +10,12 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
 from fleet import consumers
+from fleet.connections import GATE
 from fleet.live import LIVE
+
+# Where the test agents connect from: the address their register frames declare
+# (tests/fleet/builders.py register_frame), as a real agent's connection would show.
+AGENT_ADDRESS = "10.0.0.7"
 
 
 @pytest.fixture
@@ -44,22 +49,30 @@ class Agents:
         self.node_tokens: dict[str, str] = {}
         self.open: list[WebsocketCommunicator] = []
 
-    async def connect(self, token: str | None = None, *, headers=None) -> WebsocketCommunicator:
+    async def connect(
+        self, token: str | None = None, *, headers=None, client: str = AGENT_ADDRESS
+    ) -> WebsocketCommunicator:
+        """A connection from `client` (the address the server sees it come from)."""
         from llmgw.asgi import application
 
         if headers is None:
             headers = [(b"authorization", f"Bearer {token or self.token}".encode())]
         comm = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+        # What daphne puts in the scope; set before the application first reads it.
+        comm.scope["client"] = (client, 40000)
         connected, code = await comm.connect(timeout=5)
         self.open.append(comm)
         comm.refused = None if connected else code
         return comm
 
-    async def registered(self, frame: dict) -> WebsocketCommunicator:
-        """A connection that has registered with `frame` and been answered `registered`: with
-        the join token the first time, with the node's own credential after, as agents do."""
+    async def registered(
+        self, frame: dict, *, client: str = AGENT_ADDRESS
+    ) -> WebsocketCommunicator:
+        """A connection from `client` that has registered with `frame` and been answered
+        `registered`: with the join token the first time, with the node's own credential
+        after, as agents do."""
         node_id = frame["node_id"]
-        comm = await self.connect(self.node_tokens.get(node_id))
+        comm = await self.connect(self.node_tokens.get(node_id), client=client)
         assert comm.refused is None
         await comm.send_json_to(frame)
         reply = await comm.receive_json_from(timeout=5)
@@ -81,6 +94,7 @@ class Agents:
 
 @pytest.fixture
 async def agents(agent_token, live, layer):
+    GATE.__init__()  # no failed handshakes of another test held against these
     a = Agents(agent_token)
     yield a
     await a.close_all()

@@ -418,7 +418,8 @@ async def test_a_cpu_shard_is_started_with_its_reserved_cores_as_threads(agents,
 
 async def test_register_adopts_a_running_shard_of_a_known_model(agents):
     await in_db(lambda: model_added(gpu_model("llama")))
-    frame = register_frame("gpu-a", shards=(running_shard("llama-0a1b2c", "llama", "gpu"),))
+    shard = running_shard("llama-0a1b2c", gpu_model("llama"), "gpu")
+    frame = register_frame("gpu-a", shards=(shard,))
 
     comm = await agents.registered(frame)
 
@@ -434,7 +435,8 @@ async def test_register_adopts_a_running_shard_of_a_known_model(agents):
 
 async def test_adopted_replicas_are_not_started_again_by_the_next_pass(agents, no_settle):
     await in_db(lambda: model_added(gpu_model("llama")))
-    frame = register_frame("gpu-a", shards=(running_shard("llama-0a1b2c", "llama", "gpu"),))
+    shard = running_shard("llama-0a1b2c", gpu_model("llama"), "gpu")
+    frame = register_frame("gpu-a", shards=(shard,))
     comm = await agents.registered(frame)
 
     result = await in_db(reconcile_once)
@@ -575,7 +577,7 @@ async def test_a_running_shard_with_a_malformed_endpoint_is_stopped_not_left_unt
 
 async def test_a_shard_another_node_holds_is_stopped_not_adopted_twice(agents):
     await in_db(lambda: model_added(gpu_model("llama")))
-    shard = running_shard("llama-0a1b2c", "llama", "gpu")
+    shard = running_shard("llama-0a1b2c", gpu_model("llama"), "gpu")
     await agents.registered(register_frame("gpu-a", shards=(shard,)))
 
     impostor = await agents.registered(register_frame("gpu-b", shards=(shard,)))

@@ -65,6 +65,7 @@ def a_node(node_id="cpu-a", *, engines=None, installs=(), platform="linux-x86_64
         session=f"s-{node_id}",
         now=T0,
         credential=agent_credential(node_id),
+        seen_addr="10.0.0.7",
     )
 
 

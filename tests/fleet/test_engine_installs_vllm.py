@@ -54,6 +54,7 @@ def a_node(node_id="gpu-a", *, engines=None, platform="linux-x86_64", installs=(
         session=f"s-{node_id}",
         now=T0,
         credential=agent_credential(node_id),
+        seen_addr="10.0.0.7",
     )
 
 

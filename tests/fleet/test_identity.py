@@ -161,7 +161,7 @@ async def test_manual_approval_holds_a_new_node_out_of_placement_until_approved(
     assert shown["state"] == "unapproved"
     assert "node gpu-a awaits an operator's approval" in str(explained)
 
-    approved = await in_db(lambda: api.call("POST", "/nodes/gpu-a/approve"))
+    approved = await in_db(lambda: api.call("POST", "/nodes/gpu-a/approve", {}))
     assert approved.status_code == 200
     await in_db(reconcile_once)
     assert (await answer(comm))["type"] == "start_shard"
@@ -299,7 +299,7 @@ def test_the_frame_budget_drops_a_burst_past_it_and_closes_only_a_sustained_floo
     assert flood.index(FrameBudget.CLOSE) > 0
 
 
-def test_mirror_files_are_read_only_by_nodes_running_a_model_on_them(db, no_settle):
+def test_mirror_files_are_read_only_by_nodes_a_shard_needing_them_was_placed_on(db, no_settle):
     """The rule the root hands the mirror's file server (fleet.identity.mirror_refusal)."""
     from fleet.identity import mirror_refusal
     from llmgw.core.secrets import digest
@@ -329,13 +329,14 @@ def test_mirror_files_are_read_only_by_nodes_running_a_model_on_them(db, no_sett
     assert Shard.objects.get().node_id == "gpu-a"
 
     assert mirror_refusal(secret="llmgw_node_gpu-a", sha256="a" * 64) is None
-    assert mirror_refusal(secret="llmgw_node_gpu-b", sha256="a" * 64) == (
-        403,
-        f"Node gpu-b runs no model whose weights hold the file {'a' * 64}.",
-    )
+    refusal = (403, f"Node gpu-b was given no shard that needs the file {'a' * 64} now.")
+    assert mirror_refusal(secret="llmgw_node_gpu-b", sha256="a" * 64) == refusal
     assert mirror_refusal(secret="llmgw_node_gpu-b", sha256="b" * 64) is None
     assert mirror_refusal(secret="llmgw_node_gpu-b", sha256="c" * 64)[0] == 404
     assert mirror_refusal(secret="llmgw_node_nobody", sha256="a" * 64)[0] == 401
+    # Once its engine runs, the shard needs the weights no more: nor does its node.
+    Shard.objects.update(state="ready")
+    assert mirror_refusal(secret="llmgw_node_gpu-a", sha256="a" * 64)[0] == 403
 
 
 async def test_many_bearers_are_each_told_apart_with_the_nodes_found_in_one_query(

@@ -121,7 +121,11 @@ def test_a_node_registering_again_as_it_was_writes_only_its_own_row(django_asser
     # Its row locked and written, its GPUs and shards read; and the (save)point's two.
     with django_assert_num_queries(6):
         node_register(
-            msg=again, session="again", now=T0 + timedelta(seconds=2), credential=credential
+            msg=again,
+            session="again",
+            now=T0 + timedelta(seconds=2),
+            credential=credential,
+            seen_addr="10.0.0.7",
         )
     assert figures("gpu-b") == (2, 0, ["h100-80g"], 1)
 

@@ -52,6 +52,7 @@ def call(node_id: str, **frame) -> dict:
         "msg": Register.model_validate(register_frame(node_id, **frame)),
         "session": f"again-{node_id}",
         "credential": agent_credential(node_id),
+        "seen_addr": "10.0.0.7",
     }
 
 
@@ -137,14 +138,14 @@ def test_a_refusal_in_a_batch_is_its_own(fleet):
 
 
 def test_a_failure_in_a_batch_undoes_only_its_own(fleet, monkeypatch):
-    own_endpoints = reports._own_endpoints
+    reconcile_reported = reports._reconcile_reported_shards
 
-    def fails_for_b(node, msg):
+    def fails_for_b(node, *args):
         if node.id == "gpu-b":
             raise RuntimeError("gpu-b's row could not be written")
-        return own_endpoints(node, msg)
+        return reconcile_reported(node, *args)
 
-    monkeypatch.setattr(reports, "_own_endpoints", fails_for_b)
+    monkeypatch.setattr(reports, "_reconcile_reported_shards", fails_for_b)
     answers = registrations_write([call("gpu-a"), call("gpu-b"), call("gpu-c")])
 
     assert isinstance(answers[1], RuntimeError)

@@ -25,6 +25,7 @@ def _cpu_node(node_id: str, *, memory_gb: int, cpus: int) -> None:
         session=f"s-{node_id}",
         now=clock.now(),
         credential=agent_credential(node_id),
+        seen_addr="10.0.0.7",
     )
 
 
