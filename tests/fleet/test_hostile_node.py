@@ -4,24 +4,30 @@ nothing of anyone else's. The rules themselves: tests/domain/test_adoption.py.""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 import httpx
 import pytest
 from django.db import IntegrityError, transaction
+from hypothesis import HealthCheck, given, settings, strategies as st
 
+from catalog.domain import parse_model
 from fleet.connections import GATE
 from fleet.event_log import events_page
+from fleet.events import BadMessage, ShardStatus
 from fleet.models import EventRecord, Lease, Node, Replica, Shard
 from fleet.reconciler import LEASE, reconcile_once
+from fleet.reports import shard_status_record
 from llmgw.core import clock
 from mirror.models import WeightFile
 from mirror.worker import work_until_idle
 from tests.mirror.test_weights import mirror_dir  # noqa: F401 (a fixture)
 
-from .builders import cpu_model, gpu_model, model_added, register_frame, running_shard
+from .builders import cpu_model, gpu_model, model_added, node_add, register_frame, running_shard
 from .conftest import answer, barrier, in_db
 from .test_identity import _refused, closed_with
+from .test_pages import place
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -276,3 +282,71 @@ async def test_failed_handshakes_from_one_address_are_refused_before_the_databas
     elsewhere = await agents.connect(client="10.0.0.8")
     assert elsewhere.refused is None
     GATE.__init__()
+
+
+# What node "evil" may say, drawn: shards of gpu-a's replicas under their ids and others,
+# made-up ones, any state, any endpoint; then statuses of any of them.
+_VICTIMS = ("llama-aaaaaa", "llama-bbbbbb")
+_SHARD_IDS = st.sampled_from(
+    [f"{r}-{rank}" for r in _VICTIMS for rank in ("0", "00", "1")] + ["llama-cccccc-0", "x"]
+)
+
+
+@st.composite
+def _reports(draw):
+    claims = []
+    for shard_id in draw(st.lists(_SHARD_IDS, max_size=5)):
+        claims.append(
+            {
+                "shard_id": shard_id,
+                "replica_id": draw(st.sampled_from([*_VICTIMS, "llama-cccccc", shard_id])),
+                "model": "llama",
+                "profile": "gpu",
+                "profile_fp": draw(st.sampled_from([_FP, ""])),
+                "gpu_indices": draw(st.lists(st.integers(0, 1), max_size=2)),
+                "endpoint": draw(st.sampled_from(["", f"http://{EVIL}:1", "http://10.0.0.7:1"])),
+                "state": draw(st.sampled_from(["starting", "ready", "failed"])),
+            }
+        )
+    statuses = draw(
+        st.lists(st.tuples(_SHARD_IDS, st.sampled_from(["ready", "failed", "stopped"])), max_size=3)
+    )
+    return claims, statuses, draw(st.booleans())
+
+
+_FP = parse_model(gpu_model("llama")).profile("gpu").fingerprint()
+
+
+class _Undone(Exception):
+    """Raised to roll each drawn example back."""
+
+
+@pytest.mark.django_db(transaction=False)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_reports())
+def test_no_report_from_one_node_changes_a_replica_placed_on_another(drawn):
+    claims, statuses, restarted = drawn
+    try:
+        with transaction.atomic():
+            now = clock.now()
+            model_added(gpu_model("llama"))
+            node_add("gpu-a", now=now)
+            for i, replica in enumerate(_VICTIMS):
+                place(replica, "llama", "gpu-a", [i], now=now)
+            if not restarted:
+                ran_all_along()
+            before = placements()
+            node_add("evil", now=now, seen_addr=EVIL, shards=tuple(claims))
+            for shard_id, state in statuses:
+                with contextlib.suppress(BadMessage):
+                    shard_status_record(
+                        node_id="evil",
+                        msg=ShardStatus(type="shard_status", shard_id=shard_id, state=state),
+                        now=now,
+                    )
+            after = placements()
+            assert [p for p in after if p[1] == "gpu-a"] == before
+            assert all(p[0].startswith("llama-cccccc") for p in after if p[1] == "evil")
+            raise _Undone
+    except _Undone:
+        pass
