@@ -93,7 +93,7 @@ def engines_list(request):
     "/engines",
     response={200: EngineBuildOut, 201: EngineBuildOut},
     tags=["engines"],
-    auth=can("mirror.add_enginebuild"),
+    auth=can("mirror.push_enginebuild"),
 )
 def engines_add(request):
     """Upload a build: multipart, the binary as ``file``, with ``engine``, ``version`` and
