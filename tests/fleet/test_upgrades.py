@@ -13,6 +13,7 @@ from fleet.agent.upgrade import UpgradeError, Upgrader, wheel_name
 from fleet.models import EventRecord, Node
 from llmgw.core.errors import Invalid, NotFound
 from mirror.engines import engine_build_add
+from tests.mirror.wheels import wheel
 
 from .builders import node_add
 
@@ -26,9 +27,11 @@ def release(settings, tmp_path):
     from dataclasses import replace
 
     settings.LLMGW = replace(settings.LLMGW, mirror=replace(settings.LLMGW.mirror, dir=tmp_path))
+    path = wheel(tmp_path / "upload", "9.9.9")
     build, _ = engine_build_add(
-        data=io.BytesIO(b"a wheel"), engine="llmgw", version="9.9.9", actor="t", now=T0
-    )
+        data=io.BytesIO(path.read_bytes()), filename=path.name, engine="llmgw",
+        version="9.9.9", actor="t", now=T0,
+    )  # fmt: skip
     return build
 
 
@@ -49,7 +52,7 @@ def test_a_node_is_told_the_release_and_it_is_said(
         "type": "upgrade",
         "version": "9.9.9",
         "sha256": release.sha256,
-        "size": len(b"a wheel"),
+        "size": release.size,
     }
     assert EventRecord.objects.get(kind="upgrade").message == said
     assert release.platform == "python-any"

@@ -14,6 +14,7 @@ from mirror import engines, store
 from mirror.domain.platforms import this_platform
 from mirror.models import EngineBuild
 from tests.helpers import detail
+from tests.mirror.wheels import wheel
 
 pytestmark = pytest.mark.django_db
 
@@ -153,3 +154,49 @@ def test_a_file_that_cannot_be_read_is_a_sentence(tmp_path):
         engines.engine_build_add_file(
             path=tmp_path / "nope", engine="llamacpp", version="b1", actor="ops", now=clock.now()
         )
+
+
+# A release of llmgw is checked at upload: a wheel holding the llmgw package at the version
+# it is added as (mirror/domain/releases.py); anything else is refused, nothing kept.
+def _release(api, admin_token, path, name=None, version="0.12.0"):
+    return _upload(
+        api, admin_token, data=path.read_bytes(), name=name or path.name, engine="llmgw",
+        version=version,
+    )  # fmt: skip
+
+
+def test_a_wheel_of_llmgw_at_its_version_is_added_as_a_release(api, admin_token, tmp_path):
+    response = _release(api, admin_token, wheel(tmp_path, "0.12.0"))
+    assert response.status_code == 201, response.content
+    assert (response.json()["engine"], response.json()["platform"]) == ("llmgw", "python-any")
+
+
+@pytest.mark.parametrize(
+    ("made", "name", "said"),
+    [
+        (
+            {"files": {"evil/__init__.py": ""}},
+            None,
+            "llmgw-0.12.0-py3-none-any.whl does not hold the llmgw package (llmgw/__init__.py):"
+            " an agent upgraded to it could not start again; nothing was kept.",
+        ),
+        ({"declared": "0.11.0"}, None, "holds llmgw 0.11.0, not 0.12.0; nothing was kept."),
+        ({}, "release.zip", "release.zip is not named as a wheel of llmgw 0.12.0: a release"),
+    ],
+)
+def test_a_release_that_is_not_llmgw_at_its_version_is_refused_and_nothing_kept(
+    api, admin_token, mirror_dir, tmp_path, made, name, said
+):
+    response = _release(api, admin_token, wheel(tmp_path, "0.12.0", **made), name=name)
+    assert response.status_code == 400, response.content
+    assert said in detail(response)
+    assert EngineBuild.objects.count() == 0
+    assert _kept(mirror_dir) == []
+
+
+def test_a_binary_uploaded_as_a_release_is_refused(api, admin_token, mirror_dir):
+    response = _upload(api, admin_token, name="llmgw-0.12.0-py3-none-any.whl", engine="llmgw",
+                       version="0.12.0")  # fmt: skip
+    assert response.status_code == 400
+    assert "is not a wheel: it is not a zip archive" in detail(response)
+    assert _kept(mirror_dir) == []
