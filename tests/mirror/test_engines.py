@@ -4,6 +4,7 @@ by the file server like weights, removed; every bad upload a sentence with nothi
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import replace
 
@@ -200,3 +201,46 @@ def test_a_binary_uploaded_as_a_release_is_refused(api, admin_token, mirror_dir)
     assert response.status_code == 400
     assert "is not a wheel: it is not a zip archive" in detail(response)
     assert _kept(mirror_dir) == []
+
+
+CUT = b'--xx\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\nabc'
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("multipart/form-data", CUT),
+        ("multipart/form-data; boundary=", CUT),
+        ("multipart/form-data; boundary=xx", CUT),
+        ("multipart/form-data; boundary=xx", b"\xff\xfe not a multipart body"),
+    ],
+    ids=["no boundary", "empty boundary", "cut short", "garbage"],
+)
+@pytest.mark.parametrize("who", ["token", "session"])
+def test_a_malformed_multipart_upload_is_a_sentence_and_one_log_line(
+    api, admin_token, admin_user, mirror_dir, caplog, content_type, body, who
+):
+    client, headers = api, {"HTTP_AUTHORIZATION": f"Bearer {admin_token}"}
+    if who == "session":  # its CSRF check reads the body first
+        client, headers = _csrf_session(admin_user)
+    client.raise_request_exception = False
+    response = client.generic("POST", "/api/v1/engines", body, content_type=content_type, **headers)
+    assert response.status_code == 400, response.content
+    assert "multipart upload" in detail(response)
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert said[0].exc_info is None
+    assert EngineBuild.objects.count() == 0
+    assert _kept(mirror_dir) == []
+
+
+def _csrf_session(user):
+    """A browser's session, its CSRF checked as on the pages: cookie and header."""
+    from django.middleware.csrf import _get_new_csrf_string
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    token = _get_new_csrf_string()
+    client.cookies["csrftoken"] = token
+    return client, {"HTTP_X_CSRFTOKEN": token}
