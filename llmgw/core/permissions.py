@@ -2,9 +2,10 @@
 
 Reading needs `view_<model>` of the model an action shows; changing needs `add_`,
 `change_` or `delete_<model>` of the model it touches, and pushing code to nodes one of
-PUSH (docs/console.md, Permissions, has the table). A superuser may do everything, and so may an admin token: it is the
-operator's own key, made on the server (`llmgw createtoken`). Staff sessions are checked
-per action, and refused with a sentence naming the permission they lack.
+PUSH (docs/console.md, Permissions, has the table). A superuser may do everything, and so
+may an admin token: it is the operator's own key, made on the server (`llmgw
+createtoken`). Staff sessions are checked per action, and refused with a sentence naming
+the permission they lack.
 
 Three groups come built in: "viewers" hold every view permission of llmgw's apps and
 "operators" every permission of them but those that push code to nodes, which "release
