@@ -153,14 +153,7 @@ class Upgrader:
         path = os.pathsep.join(p for p in (str(beside), os.environ.get("PYTHONPATH")) if p)
         # Run in `beside`: `python -m` puts its folder first on the path, and the agent's
         # own may hold another llmgw.
-        code, out, err = await self._run(
-            [self.python, "-m", "llmgw", "version"],
-            f"running llmgw {version}'s `llmgw version`",
-            TRY_TIMEOUT_S,
-            env={**os.environ, "PYTHONPATH": path},
-            cwd=beside,
-        )
-        if why := start_refusal(version=version, code=code, out=out, err=err):
+        if why := await self._start(version, cwd=beside, env={**os.environ, "PYTHONPATH": path}):
             raise UpgradeError(
                 f"llmgw {version} does not start, tried beside this one: {why}; nothing was "
                 "switched and this agent goes on running its release"
@@ -169,18 +162,23 @@ class Upgrader:
     async def _check_switched(self, version: str) -> None:
         """This environment, now on the release, answers `llmgw version` with it: the last
         look before re-executing, which cannot be taken back."""
-        code, out, err = await self._run(
-            [self.python, "-m", "llmgw", "version"],
-            f"running llmgw {version}'s `llmgw version`",
-            TRY_TIMEOUT_S,
-            cwd=self.folder,
-        )
-        if why := start_refusal(version=version, code=code, out=out, err=err):
+        if why := await self._start(version, cwd=self.folder):
             raise UpgradeError(
                 f"llmgw {version} was installed into {sys.prefix} but does not start there: "
                 f"{why}; this agent goes on running its release until it is restarted, and "
                 "would not start again: install a release by hand (docs/upgrading.md)"
             )
+
+    async def _start(self, version: str, **where: Any) -> str:
+        """Why `llmgw version` run by `python` (in `where`: cwd, env) does not say
+        `version`; "" when it does."""
+        code, out, err = await self._run(
+            [self.python, "-m", "llmgw", "version"],
+            f"running llmgw {version}'s `llmgw version`",
+            TRY_TIMEOUT_S,
+            **where,
+        )
+        return start_refusal(version=version, code=code, out=out, err=err)
 
     async def _pip(self, wheel: Path, *, target: Path | None = None) -> None:
         where = f"beside this one in {target}" if target else f"into {sys.prefix}"
