@@ -90,7 +90,7 @@ def node_approve(request, node_id: str, payload: ApproveIn | None = None):
     return {"detail": sentence}
 
 
-@router.post("/releases", response=ReleaseOut, auth=can("fleet.change_node"))
+@router.post("/releases", response=ReleaseOut, auth=can("fleet.upgrade_node"))
 def release_offer(request, payload: ReleaseIn):
     """The llmgw release nodes would be upgraded to: the mirror's `version`, or without one
     the release this control plane runs (its wheel built and kept on first asking)."""
@@ -99,7 +99,7 @@ def release_offer(request, payload: ReleaseIn):
     )
 
 
-@router.post("/nodes/{node_id}/upgrade", response=DetailOut, auth=can("fleet.change_node"))
+@router.post("/nodes/{node_id}/upgrade", response=DetailOut, auth=can("fleet.upgrade_node"))
 def node_upgrade(request, node_id: str, payload: UpgradeIn):
     """Tell the node's agent to install `version` and re-execute itself, its engines kept
     running; it reports back as events (`upgrade`, `upgrade_failed`)."""

@@ -129,6 +129,9 @@ class Node(models.Model):
 
     class Meta:
         ordering = ["id"]
+        # Upgrading runs a release on the node as its agent's user (often root): the
+        # permission of release managers, not operators (llmgw/core/permissions.py).
+        permissions = [("upgrade_node", "Can upgrade nodes' agents to an llmgw release")]
 
     def __str__(self) -> str:
         return self.id

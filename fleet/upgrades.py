@@ -1,8 +1,9 @@
 """Upgrading a node's agent in place: told the release (from the mirror, by its SHA-256),
-it installs it into its own environment and re-executes itself; its engines keep running
-and the new agent adopts them (fleet/agent/upgrade.py). `llmgw ctl upgrade` rolls this
-over the nodes one at a time and stops at the first that does not come back
-(docs/upgrading.md).
+it tries it beside its own, installs it into its own environment and re-executes itself;
+its engines keep running and the new agent adopts them (fleet/agent/upgrade.py).
+`llmgw ctl upgrade` rolls this over the nodes one at a time and stops at the first that
+does not come back (docs/upgrading.md). What a node is upgraded to runs as its agent's
+user: only holders of fleet.upgrade_node may ask.
 """
 
 from __future__ import annotations

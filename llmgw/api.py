@@ -7,6 +7,7 @@ import logging
 from django.core.exceptions import RequestDataTooBig
 from django.db import DataError
 from django.http import HttpRequest
+from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
@@ -62,6 +63,22 @@ def _unauthorized(request, exc):
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request, exc):
     return _detail(request, "The request body is too large.", 413)
+
+
+@api.exception_handler(MultiPartParserError)
+def _unparsable(request, exc: MultiPartParserError):
+    """A multipart body Django cannot read (no boundary, a bad length): the caller's
+    mistake, said in a sentence and one log line, not Django's traceback and HTML page."""
+    log.warning("refused %s %s: %s", request.method, request.path, exc)
+    response = _detail(
+        request,
+        f"The body is not a multipart upload that can be read ({exc}): send it as "
+        "multipart/form-data with its boundary, as llmgw ctl engines add does.",
+        400,
+    )
+    # Said above, not again by Django's request log.
+    response._has_been_logged = True
+    return response
 
 
 @api.exception_handler(DataError)

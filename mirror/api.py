@@ -93,11 +93,12 @@ def engines_list(request):
     "/engines",
     response={200: EngineBuildOut, 201: EngineBuildOut},
     tags=["engines"],
-    auth=can("mirror.add_enginebuild"),
+    auth=can("mirror.push_enginebuild"),
 )
 def engines_add(request):
     """Upload a build: multipart, the binary as ``file``, with ``engine``, ``version`` and
-    optionally ``platform`` (default: the control plane's own) and ``sha256`` (checked)."""
+    optionally ``platform`` (default: the control plane's own) and ``sha256`` (checked).
+    A release (engine ``llmgw``) is its wheel, under its own file name."""
     upload = request.FILES.get("file")
     if upload is None:
         raise Invalid(
@@ -107,7 +108,7 @@ def engines_add(request):
     fields = {k: request.POST.get(k, "") for k in ("engine", "version", "platform", "sha256")}
     with upload.open("rb") as data:
         build, created = engines.engine_build_add(
-            data=data, actor=actor(request), now=clock.now(), **fields
+            data=data, filename=upload.name, actor=actor(request), now=clock.now(), **fields
         )
     return Status(201 if created else 200, _engine_view(build.pk))
 

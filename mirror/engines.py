@@ -24,6 +24,7 @@ from llmgw.core.errors import Conflict, Invalid, NotFound
 
 from . import store
 from .domain.platforms import BINARY_ENGINES, PLATFORM, RELEASE, RELEASE_PLATFORM, this_platform
+from .domain.releases import wheel_refusal
 from .models import EngineBuild, WeightFile
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -85,15 +86,18 @@ def engine_build_add(
     version: str,
     platform: str = "",
     sha256: str = "",
+    filename: str = "",
     actor: str,
     now: datetime,
 ) -> tuple[EngineBuild, bool]:
     """Keep the binary read from ``data`` as a build of ``engine``; returns (build, created).
 
     The bytes are hashed as they are copied into the store; when ``sha256`` is given and
-    does not match, nothing is kept. The same build added again is the same build. An
-    empty platform is the control plane's own. Raises Invalid for a bad field, an empty
-    file or a digest that does not match; Conflict when another binary holds that name.
+    does not match, nothing is kept. A release of llmgw must be its wheel, ``filename``,
+    holding the llmgw package at ``version``: agents install it and restart into it. The
+    same build added again is the same build. An empty platform is the control plane's
+    own. Raises Invalid for a bad field, an empty file, a digest that does not match or a
+    release that is not llmgw's; Conflict when another binary holds that name.
     """
     engine, version, platform, expected = _checked(engine, version, platform, sha256)
     existing = EngineBuild.objects.filter(engine=engine, version=version, platform=platform).first()
@@ -108,6 +112,8 @@ def engine_build_add(
                 f"The file does not match its digest: expected sha256 {expected}, got {digest} "
                 f"over {size:,} bytes; nothing was kept."
             )
+        if engine == RELEASE and (why := wheel_refusal(part, version=version, filename=filename)):
+            raise Invalid(f"{why}; nothing was kept.")
         if existing is not None:
             if existing.sha256 == digest:
                 return existing, False
@@ -142,7 +148,7 @@ def engine_build_add_file(*, path: Path, **fields) -> tuple[EngineBuild, bool]:
     """``engine_build_add`` from a file on this host (``llmgw engines build``)."""
     try:
         with open(path, "rb") as data:
-            return engine_build_add(data=data, **fields)
+            return engine_build_add(data=data, filename=path.name, **fields)
     except OSError as exc:
         raise Invalid(f"{path} cannot be read: {exc.strerror or exc}.") from None
 

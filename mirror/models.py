@@ -78,6 +78,11 @@ class EngineBuild(models.Model):
 
     class Meta:
         ordering = ["engine", "platform", "-added_at", "-pk"]
+        # A build, or an llmgw release, runs as the agent's user on every node that takes
+        # it: adding one is pushing code to the fleet, its own permission, which the
+        # operators group does not hold (llmgw/core/permissions.py). Nothing changes one.
+        default_permissions = ("view", "delete")
+        permissions = [("push_enginebuild", "Can push engine builds and llmgw releases to nodes")]
         constraints = [
             models.UniqueConstraint(
                 fields=["engine", "version", "platform"], name="mirror_engine_build_once"

@@ -18,10 +18,10 @@ from django.core.management import call_command
 from django.test import Client
 
 from catalog.models import Model
-from fleet.models import Node, PowerBudget
+from fleet.models import EventRecord, Node, PowerBudget
 from llmgw.api import api
 from llmgw.core import clock
-from llmgw.core.permissions import OPERATORS, VIEWERS
+from llmgw.core.permissions import OPERATORS, RELEASE_MANAGERS, VIEWERS
 from mirror.models import EngineBuild, WeightFile, Weights
 from tenancy.auth import StaffSession
 from tenancy.models import ApiKey, CapacityQuota, Organization
@@ -306,7 +306,7 @@ def test_the_groups_hold_the_permissions_of_llmgws_apps_but_not_admin_tokens():
     }
     tokens = {p for p in every if p.endswith("_token") and p.startswith("tenancy.")}
     assert tokens == {f"tenancy.{a}_token" for a in ("add", "change", "delete", "view")}
-    assert operators == every - tokens
+    assert operators == every - tokens - set(PUSH)
     assert viewers == {p for p in operators if ".view_" in p}
     assert {"fleet.view_node", "tenancy.view_apikey", "mirror.view_weights"} <= viewers
     assert {"fleet.change_node", "tenancy.add_apikey", "catalog.delete_model"} <= operators
@@ -462,3 +462,126 @@ def test_a_superuser_sees_the_form_and_uses_it(world, root, family):
 def test_the_other_pages_need_their_view_permission_too(world, nobody, viewer, path, perm):
     page_refused(nobody.get(path), perm)
     assert viewer.get(path).status_code == 200
+
+
+# Pushing code to nodes: an engine build or an llmgw release runs as the agent's user on
+# every node, so adding one and upgrading nodes need permissions of their own, which the
+# operators group does not hold (issue 35, item 4).
+PUSH = ("mirror.push_enginebuild", "fleet.upgrade_node")
+
+
+@pytest.fixture
+def release_manager(django_user_model):
+    return session(django_user_model, "rita", group=RELEASE_MANAGERS)
+
+
+def _upload_build(client: Client, **headers):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    body = {"engine": "llamacpp", "version": "b2", "platform": "linux-x86_64"}
+    body["file"] = SimpleUploadedFile("llama-server", b"#!/bin/sh\nid > /tmp/owned\n")
+    return client.post("/api/v1/engines", body, **headers)
+
+
+def _ask_upgrade(client: Client, **headers):
+    return call(client, "post", "/nodes/gpu-a/upgrade", {"version": "b1"}, **headers)
+
+
+def _ask_release(client: Client, **headers):
+    return call(client, "post", "/releases", {"version": "b1"}, **headers)
+
+
+@pytest.fixture
+def pushable(world, settings, tmp_path):
+    """A connected node and a release in the mirror to upgrade it to."""
+    from dataclasses import replace
+
+    settings.LLMGW = replace(settings.LLMGW, mirror=replace(settings.LLMGW.mirror, dir=tmp_path))
+    EngineBuild.objects.update(engine="llmgw", platform="python-any")
+    Node.objects.filter(pk="gpu-a").update(state=Node.READY, session="s-1")
+
+
+def test_an_operator_may_neither_push_a_build_nor_upgrade_a_node(pushable, operator):
+    sentence = refused(_upload_build(operator), "mirror.push_enginebuild")
+    assert sentence == (
+        "otto may not push engine builds: that needs the mirror.push_enginebuild permission "
+        "(the release managers group has it)."
+    )
+    assert EngineBuild.objects.count() == 1
+    sentence = refused(_ask_upgrade(operator), "fleet.upgrade_node")
+    assert sentence == (
+        "otto may not upgrade nodes: that needs the fleet.upgrade_node permission "
+        "(the release managers group has it)."
+    )
+    refused(_ask_release(operator), "fleet.upgrade_node")
+    assert not EventRecord.objects.filter(kind="upgrade").exists()
+
+
+def test_a_release_manager_pushes_builds_and_upgrades_nodes(pushable, release_manager):
+    assert _upload_build(release_manager).status_code == 201
+    assert EngineBuild.objects.count() == 2
+    assert _ask_release(release_manager).json()["version"] == "b1"
+    assert _ask_upgrade(release_manager).status_code == 200
+    assert EventRecord.objects.filter(kind="upgrade").exists()
+
+
+@pytest.mark.parametrize("who", ["superuser", "admin token"])
+def test_a_superuser_and_an_admin_token_push(pushable, root, admin_token, who):
+    client, headers = root, {}
+    if who == "admin token":
+        client, headers = Client(), {"HTTP_AUTHORIZATION": f"Bearer {admin_token}"}
+    assert _upload_build(client, **headers).status_code == 201
+    assert _ask_upgrade(client, **headers).status_code == 200
+
+
+def test_only_the_release_managers_group_holds_the_permissions_to_push():
+    def held(name: str) -> set[str]:
+        return {
+            f"{p.content_type.app_label}.{p.codename}"
+            for p in Group.objects.get(name=name).permissions.select_related("content_type")
+        }
+
+    assert held(RELEASE_MANAGERS) == set(PUSH)
+    assert not set(PUSH) & held(OPERATORS)
+    assert not set(PUSH) & held(VIEWERS)
+
+
+def test_the_permission_uploads_needed_before_is_deleted_from_the_operators_group():
+    """`add_enginebuild` was what uploads needed; an operators group holding it would read
+    as if it still could (mirror's migration 0004 deletes it)."""
+    from importlib import import_module
+    from types import SimpleNamespace
+
+    from django.apps import apps
+    from django.contrib.contenttypes.models import ContentType
+    from django.db import connection
+
+    migration = import_module("mirror.migrations.0004_engine_build_push_permission")
+    kind = ContentType.objects.get_for_model(EngineBuild)
+    old = Permission.objects.create(content_type=kind, codename="add_enginebuild", name="Can add")
+    Group.objects.get(name=OPERATORS).permissions.add(old)
+
+    migration.stale_delete(apps, SimpleNamespace(connection=connection))
+
+    assert set(kind.permission_set.values_list("codename", flat=True)) == {
+        "push_enginebuild", "view_enginebuild", "delete_enginebuild",
+    }  # fmt: skip
+
+
+def test_no_admin_page_or_console_form_pushes_code(operator):
+    """Engine builds and releases are added, and nodes upgraded, only through the REST API,
+    which checks the permission; admin shows nodes read-only and no engine builds."""
+    from django.contrib import admin
+
+    assert EngineBuild not in admin.site._registry
+    assert operator.get("/admin/mirror/enginebuild/").status_code == 404
+    assert not admin.site._registry[Node].has_change_permission(_request_of("root"))
+
+
+def _request_of(name: str):
+    from django.contrib.auth import get_user_model
+    from django.test import RequestFactory
+
+    request = RequestFactory().get("/admin/")
+    request.user = get_user_model().objects.create_superuser(name, password="x")
+    return request

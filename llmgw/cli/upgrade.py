@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleet.agent.upgrade import pip_argv, pip_refusal, wheel_name
+from fleet.agent.upgrade import pip_argv, pip_refusal
+from mirror.domain.releases import wheel_name
 
 from .engines import sha256_of
 

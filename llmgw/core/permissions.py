@@ -1,15 +1,18 @@
 """Who may do what on the console and through the REST API: Django's permissions, per model.
 
 Reading needs `view_<model>` of the model an action shows; changing needs `add_`,
-`change_` or `delete_<model>` of the model it touches (docs/console.md, Permissions,
-has the table). A superuser may do everything, and so may an admin token: it is the
-operator's own key, made on the server (`llmgw createtoken`). Staff sessions are checked
-per action, and refused with a sentence naming the permission they lack.
+`change_` or `delete_<model>` of the model it touches, and pushing code to nodes one of
+PUSH (docs/console.md, Permissions, has the table). A superuser may do everything, and so
+may an admin token: it is the operator's own key, made on the server (`llmgw
+createtoken`). Staff sessions are checked per action, and refused with a sentence naming
+the permission they lack.
 
-Two groups come built in: "viewers" hold every view permission of llmgw's apps and
-"operators" every permission of them, but neither sees nor makes admin tokens. After each
-migrate they are made, or given back any of those permissions they lack; a permission
-added to them by hand is kept. A narrower group is a group of one's own.
+Three groups come built in: "viewers" hold every view permission of llmgw's apps and
+"operators" every permission of them but those that push code to nodes, which "release
+managers" hold alone: an engine build or an llmgw release runs as the agent's user, often
+root, on every node. None sees or makes admin tokens. After each migrate they are made, or
+given back any of those permissions they lack; a permission added to them by hand is kept.
+A narrower group is a group of one's own.
 """
 
 from __future__ import annotations
@@ -25,8 +28,12 @@ from django.http import HttpRequest, HttpResponse
 APPS = ("tenancy", "catalog", "fleet", "mirror")
 VIEWERS = "viewers"
 OPERATORS = "operators"
+RELEASE_MANAGERS = "release managers"
 # Admin tokens may do everything: only a superuser lists or makes them.
 WITHHELD = (("tenancy", "token"),)
+# What runs on the nodes as the agent's user: adding an engine build or a release, and
+# upgrading the agents to one (mirror's EngineBuild and fleet's Node, Meta.permissions).
+PUSH = (("mirror", "push_enginebuild"), ("fleet", "upgrade_node"))
 VERBS = {"view": "see", "add": "add", "change": "change", "delete": "remove"}
 
 
@@ -39,16 +46,20 @@ def refusal(user, *perms: str) -> str:
         label, codename = perm.split(".", 1)
         action, model_name = codename.split("_", 1)
         what = global_apps.get_model(label, model_name)._meta.verbose_name_plural
-        holders = (
-            "the viewers and operators groups have it"
-            if action == "view"
-            else "the operators group has it"
-        )
         return (
             f"{user.get_username()} may not {VERBS.get(action, action)} {what}: that needs "
-            f"the {perm} permission ({holders})."
+            f"the {perm} permission ({_holders(label, codename)})."
         )
     return ""
+
+
+def _holders(label: str, codename: str) -> str:
+    """Which built-in groups hold a permission, as a refusal says it."""
+    if codename.startswith("view_"):
+        return "the viewers and operators groups have it"
+    if (label, codename) in PUSH:
+        return "the release managers group has it"
+    return "the operators group has it"
 
 
 def require(request: HttpRequest, *perms: str) -> None:
@@ -73,21 +84,25 @@ def needs(*perms: str) -> Callable:
 
 
 def groups_ensure(*, using: str = DEFAULT_DB_ALIAS) -> None:
-    """Make the viewers and operators groups, or give them back any of their permissions
-    they lack; never take one away. Permissions must exist (after create_permissions)."""
+    """Make the viewers, operators and release managers groups, or give them back any of
+    their permissions they lack; never take one away. Permissions must exist (after
+    create_permissions)."""
     from django.contrib.auth.models import Group, Permission
 
     every = list(
         Permission.objects.using(using)
+        .select_related("content_type")
         .filter(content_type__app_label__in=APPS)
         .exclude(
             content_type__app_label__in=[a for a, _ in WITHHELD],
             content_type__model__in=[m for _, m in WITHHELD],
         )
     )
+    pushing = [p for p in every if (p.content_type.app_label, p.codename) in PUSH]
     for name, perms in (
         (VIEWERS, [p for p in every if p.codename.startswith("view_")]),
-        (OPERATORS, every),
+        (OPERATORS, [p for p in every if p not in pushing]),
+        (RELEASE_MANAGERS, pushing),
     ):
         group, _ = Group.objects.using(using).get_or_create(name=name)
         group.permissions.add(*perms)

@@ -292,6 +292,7 @@ def test_ctl_upgrade_refuses_what_it_cannot_roll_and_sends_nothing(
     from fleet.models import EventRecord
     from mirror.engines import engine_build_add
     from tests.fleet.builders import node_add
+    from tests.mirror.wheels import wheel
 
     settings.LLMGW = replace(settings.LLMGW, mirror=replace(settings.LLMGW.mirror, dir=tmp_path))
     now = datetime.now(UTC)
@@ -300,7 +301,11 @@ def test_ctl_upgrade_refuses_what_it_cannot_roll_and_sends_nothing(
     assert code == 1
     assert "The mirror holds no llmgw 1.2.3: add its wheel with llmgw ctl engines add" in err
 
-    engine_build_add(data=io.BytesIO(b"wheel"), engine="llmgw", version="1.2.3", actor="t", now=now)
+    made = wheel(tmp_path / "upload", "1.2.3")
+    engine_build_add(
+        data=io.BytesIO(made.read_bytes()), filename=made.name, engine="llmgw", version="1.2.3",
+        actor="t", now=now,
+    )  # fmt: skip
     code, _, err = ctl_run(capsys, server, "upgrade", "1.2.3", "--nodes", "gpu-a,nope")
     assert (code, err) == (2, "error: there is no node nope; nothing was upgraded\n")
     code, _, err = ctl_run(capsys, server, "upgrade", "1.2.3", "--wait", "0")

@@ -1,6 +1,8 @@
 """A rolling upgrade with real agent processes, from one built wheel of llmgw to another
 (its version bumped here): engines keep running with the same pids and are adopted by the
-new agent, and the roll stops at a node whose upgrade fails (issue 14, item 2)."""
+new agent, and the roll stops at a node whose upgrade fails (issue 14, item 2): pip
+failing, or a release that installs but does not start, tried beside the running one
+first (issue 35, item 4)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,17 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tests.mirror.wheels import wheel
+
 from .conftest import MODES
-from .harness import REPO, SMALL, Cluster, listener_pid, wait_for
+from .harness import REPO, SMALL, Cluster, listener_pid, staff_cookie, wait_for
 
 CURRENT = "0.11.0.dev0"
+# What makes a release that installs but does not start: a module it needs that no node has.
+NEEDS = "\nimport llmgw_missing_dependency  # noqa: F401\n"
 
 
 def _source_copy(dest: Path, version: str) -> Path:
@@ -76,19 +83,22 @@ def _agent_env(folder: Path, wheel: Path, *, pip_works: bool) -> Path:
 
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory):
-    """Two wheels: the release the control plane runs, and the next one."""
+    """Three wheels: the release the control plane runs, the next one, and one that does
+    not start (its llmgw imports a module no node has)."""
     root = tmp_path_factory.mktemp("releases")
-    nxt = f"{CURRENT}+next"
     built = {}
-    for version in (CURRENT, nxt):
+    for version in (CURRENT, f"{CURRENT}+next", f"{CURRENT}+broken"):
         src = _source_copy(root / f"src-{version}", version)
+        if version.endswith("+broken"):
+            with open(src / "llmgw" / "__init__.py", "a") as init:
+                init.write(NEEDS)
         built[version] = _wheel(src, root / f"wheel-{version}")
     return built
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_rolling_upgrade_keeps_engines_and_stops_at_a_node_that_fails(tmp_path, releases, mode):
-    current, nxt = list(releases)
+    current, nxt, broken = list(releases)
     cluster = Cluster(tmp_path / "cluster", production=mode == "production")
     agents: dict[str, subprocess.Popen] = {}
     try:
@@ -148,6 +158,43 @@ def test_a_rolling_upgrade_keeps_engines_and_stops_at_a_node_that_fails(tmp_path
         assert versions == {"n1": current, "n2": current}
         assert agents["n1"].poll() is None  # it goes on as it was
 
+        # A wheel without the llmgw package is no release: refused, nothing kept.
+        empty = wheel(tmp_path / "empty", "9.9.9", files={"evil/__init__.py": ""})
+        refused = ctl(
+            "engines", "add", "--engine", "llmgw", "--version", "9.9.9", "--file", str(empty)
+        )
+        assert refused.returncode != 0
+        assert "does not hold the llmgw package" in refused.stderr
+        assert "9.9.9" not in ctl("engines", "list").stdout
+
+        # One that installs but does not start: n2 tries it beside its own release, says
+        # why, and goes on running that one, the same process.
+        added = ctl(
+            "engines",
+            "add",
+            "--engine",
+            "llmgw",
+            "--version",
+            broken,
+            "--file",
+            str(releases[broken]),
+        )
+        assert added.returncode == 0, added.stderr
+        tried = ctl("upgrade", broken, "--nodes", "n2", "--wait", "60")
+        assert tried.returncode == 1, tried.stdout + tried.stderr
+        assert (
+            f"the roll stopped at n2: node n2 could not upgrade to llmgw {broken}: llmgw {broken} "
+            "does not start, tried beside this one: `llmgw version` with it exited with code 1"
+        ) in tried.stderr
+        assert "No module named 'llmgw_missing_dependency'" in tried.stderr
+        assert "nothing was switched and this agent goes on running its release" in tried.stderr
+        assert agents["n2"].poll() is None
+        assert cluster.get("/nodes/n2")["agent_version"] == current
+        page = httpx.get(
+            f"{cluster.url}/nodes/n2", cookies={"sessionid": staff_cookie(cluster)}, timeout=10
+        )
+        assert "No module named &#x27;llmgw_missing_dependency&#x27;" in page.text
+
         # n2 upgrades: the same agent process (re-executed), the same engine, still ready.
         rolled = ctl("upgrade", nxt, "--nodes", "n2")
         assert rolled.returncode == 0, rolled.stdout + rolled.stderr
@@ -178,7 +225,7 @@ def test_a_rolling_upgrade_keeps_engines_and_stops_at_a_node_that_fails(tmp_path
 
 
 def test_llmgw_upgrade_installs_by_hand_and_restarts_the_service(tmp_path, releases):
-    current, nxt = list(releases)
+    current, nxt, _ = list(releases)
     python = _agent_env(tmp_path / "env", releases[current], pip_works=True)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -4,15 +4,22 @@ real agent processes is tests/e2e/test_upgrade.py."""
 from __future__ import annotations
 
 import io
+import shutil
+import subprocess
+import sys
+import sysconfig
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from fleet import events, upgrades
-from fleet.agent.upgrade import UpgradeError, Upgrader, wheel_name
+from fleet.agent.upgrade import UpgradeError, Upgrader, start_refusal
 from fleet.models import EventRecord, Node
 from llmgw.core.errors import Invalid, NotFound
+from mirror.domain.releases import wheel_name
 from mirror.engines import engine_build_add
+from tests.mirror.wheels import MAIN, wheel
 
 from .builders import node_add
 
@@ -26,9 +33,11 @@ def release(settings, tmp_path):
     from dataclasses import replace
 
     settings.LLMGW = replace(settings.LLMGW, mirror=replace(settings.LLMGW.mirror, dir=tmp_path))
+    path = wheel(tmp_path / "upload", "9.9.9")
     build, _ = engine_build_add(
-        data=io.BytesIO(b"a wheel"), engine="llmgw", version="9.9.9", actor="t", now=T0
-    )
+        data=io.BytesIO(path.read_bytes()), filename=path.name, engine="llmgw",
+        version="9.9.9", actor="t", now=T0,
+    )  # fmt: skip
     return build
 
 
@@ -49,7 +58,7 @@ def test_a_node_is_told_the_release_and_it_is_said(
         "type": "upgrade",
         "version": "9.9.9",
         "sha256": release.sha256,
-        "size": len(b"a wheel"),
+        "size": release.size,
     }
     assert EventRecord.objects.get(kind="upgrade").message == said
     assert release.platform == "python-any"
@@ -117,3 +126,111 @@ async def test_an_agent_refuses_an_upgrade_it_cannot_trust(tmp_path, msg, says):
 def test_a_wheel_is_named_as_pip_wants_it():
     assert wheel_name("0.12.0") == "llmgw-0.12.0-py3-none-any.whl"
     assert wheel_name("0.12.0+local-1") == "llmgw-0.12.0+local_1-py3-none-any.whl"
+
+
+# Installing beside, trying, then switching (issue 35, item 4), with real processes: pip,
+# and `python -m llmgw version` run by a child. The environment is one of the test's own,
+# holding a small llmgw 1.0 (tests/mirror/wheels.py), never this one's.
+def _environment(folder: Path) -> str:
+    """A Python environment with llmgw 1.0 installed; pip found through this one's."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = str(folder / "bin" / "python")
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "test-pip.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [python, "-m", "pip", "install", "--no-deps", "--quiet", wheel(folder / "w", "1.0")],
+        check=True,
+    )  # fmt: skip
+    return python
+
+
+def _says(python: str, cwd: Path) -> str:
+    """What `llmgw version` says in that environment."""
+    done = subprocess.run(
+        [python, "-m", "llmgw", "version"], cwd=cwd, capture_output=True, text=True
+    )
+    return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def upgrader(tmp_path, monkeypatch):
+    """An agent's upgrader for a fresh environment on llmgw 1.0; what it fetches from the
+    mirror is the wheel `offer` puts there."""
+    python = _environment(tmp_path / "env")
+    offered = {}
+
+    def fetch(self, version, sha256, size):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copy(offered["wheel"], self.folder / wheel_name(version)))
+
+    monkeypatch.setattr(Upgrader, "_fetch", fetch)
+    made = Upgrader(tmp_path / "state", server="http://127.0.0.1:9", bearer=lambda: "t",
+                    python=python)  # fmt: skip
+    made.offer = lambda path: offered.update(wheel=path)
+    return made
+
+
+def _msg(version: str) -> dict:
+    return {"version": version, "sha256": "a" * 64, "size": 1}
+
+
+async def test_a_release_that_starts_is_switched_to(upgrader, tmp_path):
+    upgrader.offer(wheel(tmp_path / "w", "2.0"))
+
+    assert await upgrader.install(_msg("2.0")) == "2.0"
+
+    assert _says(upgrader.python, tmp_path) == "2.0"
+    assert list(upgrader.folder.iterdir()) == []  # nothing left beside
+
+
+@pytest.mark.parametrize(
+    ("made", "said"),
+    [
+        (
+            {"files": {"evil/__init__.py": ""}},
+            "does not hold the llmgw package (llmgw/__init__.py)",
+        ),
+        (
+            {"files": {"llmgw/__init__.py": "import llmgw_needs_this\n", "llmgw/__main__.py": ""}},
+            "import llmgw_needs_this / ModuleNotFoundError: No module named 'llmgw_needs_this'",
+        ),
+        (
+            {"files": {"llmgw/__init__.py": "", "llmgw/__main__.py": "raise SystemExit(3)\n"}},
+            "`llmgw version` with it exited with code 3",
+        ),
+        (
+            {"files": {"llmgw/__init__.py": "__version__ = '1.5'\n", "llmgw/__main__.py": MAIN}},
+            "`llmgw version` with it said 1.5, not 2.0",
+        ),
+    ],
+    ids=["no package", "a dependency missing", "exits", "another version"],
+)
+async def test_a_release_that_does_not_start_leaves_the_old_one_and_says_why(
+    upgrader, tmp_path, made, said
+):
+    upgrader.offer(wheel(tmp_path / "w", "2.0", **made))
+
+    with pytest.raises(UpgradeError, match="^llmgw 2.0 ") as refused:
+        await upgrader.install(_msg("2.0"))
+
+    assert said in str(refused.value)
+    assert _says(upgrader.python, tmp_path) == "1.0"
+    assert list(upgrader.folder.iterdir()) == []
+    assert not upgrader.running
+
+
+def test_a_release_that_does_not_start_is_said_with_the_end_of_what_it_wrote():
+    err = "Traceback (most recent call last):\n" + "  File x\n" * 9 + "RuntimeError: boom\n\n"
+    assert start_refusal(version="2.0", code=1, out="", err=err) == (
+        "`llmgw version` with it exited with code 1: File x / File x / RuntimeError: boom"
+    )
+    assert start_refusal(version="2.0", code=0, out="1.0\n", err="") == (
+        "`llmgw version` with it said 1.0, not 2.0"
+    )
+    assert start_refusal(version="2.0", code=0, out="", err="") == (
+        "`llmgw version` with it said nothing, not 2.0"
+    )
+    assert start_refusal(version="2.0", code=0, out="a warning\n2.0\n", err="noise") == ""

@@ -4,6 +4,7 @@ by the file server like weights, removed; every bad upload a sentence with nothi
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import replace
 
@@ -14,6 +15,7 @@ from mirror import engines, store
 from mirror.domain.platforms import this_platform
 from mirror.models import EngineBuild
 from tests.helpers import detail
+from tests.mirror.wheels import wheel
 
 pytestmark = pytest.mark.django_db
 
@@ -153,3 +155,92 @@ def test_a_file_that_cannot_be_read_is_a_sentence(tmp_path):
         engines.engine_build_add_file(
             path=tmp_path / "nope", engine="llamacpp", version="b1", actor="ops", now=clock.now()
         )
+
+
+# A release of llmgw is checked at upload: a wheel holding the llmgw package at the version
+# it is added as (mirror/domain/releases.py); anything else is refused, nothing kept.
+def _release(api, admin_token, path, name=None, version="0.12.0"):
+    return _upload(
+        api, admin_token, data=path.read_bytes(), name=name or path.name, engine="llmgw",
+        version=version,
+    )  # fmt: skip
+
+
+def test_a_wheel_of_llmgw_at_its_version_is_added_as_a_release(api, admin_token, tmp_path):
+    response = _release(api, admin_token, wheel(tmp_path, "0.12.0"))
+    assert response.status_code == 201, response.content
+    assert (response.json()["engine"], response.json()["platform"]) == ("llmgw", "python-any")
+
+
+@pytest.mark.parametrize(
+    ("made", "name", "said"),
+    [
+        (
+            {"files": {"evil/__init__.py": ""}},
+            None,
+            "llmgw-0.12.0-py3-none-any.whl does not hold the llmgw package (llmgw/__init__.py):"
+            " an agent upgraded to it could not start again; nothing was kept.",
+        ),
+        ({"declared": "0.11.0"}, None, "holds llmgw 0.11.0, not 0.12.0; nothing was kept."),
+        ({}, "release.zip", "release.zip is not named as a wheel of llmgw 0.12.0: a release"),
+    ],
+)
+def test_a_release_that_is_not_llmgw_at_its_version_is_refused_and_nothing_kept(
+    api, admin_token, mirror_dir, tmp_path, made, name, said
+):
+    response = _release(api, admin_token, wheel(tmp_path, "0.12.0", **made), name=name)
+    assert response.status_code == 400, response.content
+    assert said in detail(response)
+    assert EngineBuild.objects.count() == 0
+    assert _kept(mirror_dir) == []
+
+
+def test_a_binary_uploaded_as_a_release_is_refused(api, admin_token, mirror_dir):
+    response = _upload(api, admin_token, name="llmgw-0.12.0-py3-none-any.whl", engine="llmgw",
+                       version="0.12.0")  # fmt: skip
+    assert response.status_code == 400
+    assert "is not a wheel: it is not a zip archive" in detail(response)
+    assert _kept(mirror_dir) == []
+
+
+CUT = b'--xx\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\nabc'
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("multipart/form-data", CUT),
+        ("multipart/form-data; boundary=", CUT),
+        ("multipart/form-data; boundary=xx", CUT),
+        ("multipart/form-data; boundary=xx", b"\xff\xfe not a multipart body"),
+    ],
+    ids=["no boundary", "empty boundary", "cut short", "garbage"],
+)
+@pytest.mark.parametrize("who", ["token", "session"])
+def test_a_malformed_multipart_upload_is_a_sentence_and_one_log_line(
+    api, admin_token, admin_user, mirror_dir, caplog, content_type, body, who
+):
+    client, headers = api, {"HTTP_AUTHORIZATION": f"Bearer {admin_token}"}
+    if who == "session":  # its CSRF check reads the body first
+        client, headers = _csrf_session(admin_user)
+    client.raise_request_exception = False
+    response = client.generic("POST", "/api/v1/engines", body, content_type=content_type, **headers)
+    assert response.status_code == 400, response.content
+    assert "multipart upload" in detail(response)
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert said[0].exc_info is None
+    assert EngineBuild.objects.count() == 0
+    assert _kept(mirror_dir) == []
+
+
+def _csrf_session(user):
+    """A browser's session, its CSRF checked as on the pages: cookie and header."""
+    from django.middleware.csrf import _get_new_csrf_string
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    token = _get_new_csrf_string()
+    client.cookies["csrftoken"] = token
+    return client, {"HTTP_X_CSRFTOKEN": token}
