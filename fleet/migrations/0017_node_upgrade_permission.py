@@ -3,7 +3,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("fleet", "0015_node_revisions"),
+        ("fleet", "0016_node_addresses_and_adopted_shards"),
     ]
 
     operations = [
