@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from catalog import selectors as catalog_selectors
 from fleet import metrics, selectors
-from fleet.connections import REGISTRY as AGENTS_REGISTRY
+from fleet.connections import REFUSED as AGENTS_REFUSED, REGISTRY as AGENTS_REGISTRY
 from fleet.events import Load
 from fleet.heard import node_live_flush
 from fleet.live import NodeWrite
@@ -494,6 +494,9 @@ async def test_the_asgi_server_renders_it_off_the_event_loop(monkeypatch):
 
 
 def test_an_empty_cluster_answers_with_nothing_to_say(client):
+    # A process whose agents' connections refused nothing yet: the counts of this
+    # process's earlier tests' refusals are said, as any counter that counted.
+    AGENTS_REFUSED.clear()
     response = client.get("/metrics")
 
     assert response.status_code == 200
