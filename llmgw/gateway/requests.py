@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
+
+import orjson
 
 from llmgw.core import tracing
 from llmgw.gateway import metrics
@@ -65,10 +66,13 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
 
 
 def _parse(raw: bytes, endpoint: str) -> dict:
+    # orjson, not json: Python's reader takes NaN and Infinity (and reads 1e400 as infinity),
+    # which are not JSON and which an engine should not be handed. orjson refuses them, and
+    # bodies nested past 1,024 levels, and is several times faster.
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # arrays nested thousands deep
-        raise bad_request("The body is not valid JSON.") from None
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"The body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
         raise bad_request("The body must be a JSON object.")
     model = body.get("model")

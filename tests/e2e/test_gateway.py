@@ -536,7 +536,8 @@ def test_hostile_requests_get_clear_errors(site):
     resp = site.post("chat/completions", iter([over[:4_000_000], over[4_000_000:]]))
     assert resp.status_code == 413
 
-    for body in (b"{not json", b"\xff\xfe", b"[1, 2]", b'"chat"'):
+    nan = b'{"model": "chat", "messages": [], "temperature": NaN}'
+    for body in (b"{not json", b"\xff\xfe", b"[1, 2]", b'"chat"', nan):
         resp = site.post("chat/completions", body)
         assert resp.status_code == 400, body
         assert _error(resp)["type"] == "invalid_request_error"

@@ -170,6 +170,12 @@ async def test_a_model_the_key_may_not_use_is_as_unknown_as_one_that_does_not_ex
             400,
             "not valid JSON",
         ),
+        # Not JSON numbers, though Python's json module reads them: never passed on.
+        ("POST", "/v1/chat/completions", b'{"model": "llama", "temperature": NaN}', 400, "JSON"),
+        ("POST", "/v1/completions", b'{"model": "llama", "top_p": Infinity}', 400, "JSON"),
+        ("POST", "/v1/completions", b'{"model": "llama", "top_p": -Infinity}', 400, "JSON"),
+        # Past what a double holds: Python reads it as infinity.
+        ("POST", "/v1/completions", b'{"model": "llama", "top_p": 1e400}', 400, "JSON"),
         ("POST", "/v1/chat/completions", b'{"messages": []}', 400, "'model' is required"),
         ("POST", "/v1/chat/completions", b'{"model": 3}', 400, "'model' is required"),
         ("POST", "/v1/chat/completions", b'{"model": "llama", "stream": "y"}', 400, "'stream'"),
