@@ -28,7 +28,7 @@ from llmgw.gateway.answers import (
     too_large,
     unknown_model,
 )
-from llmgw.gateway.limits import Limiter, refusal_sentence
+from llmgw.gateway.limits import Limiter, prompt_estimate, refusal_sentence, reservation
 from llmgw.gateway.routing import route
 from llmgw.gateway.state import Request, State
 from llmgw.gateway.streaming import record_usage
@@ -84,6 +84,39 @@ def _parse(raw: bytes, endpoint: str) -> dict:
     if stream and endpoint == "embedding":
         raise bad_request("Embeddings cannot be streamed.")
     return body
+
+
+# Where each endpoint's body says how many tokens to write at most, in the order engines
+# read them (OpenAI's newer name first).
+MAX_TOKENS_FIELDS = {"chat": ("max_completion_tokens", "max_tokens"), "completion": ("max_tokens",)}
+
+
+def _asked(body: dict, endpoint: str) -> tuple[str, int] | None:
+    """The field that says how many tokens to write at most, and its figure; None when the
+    body gives none. 400 for one that is not a whole number."""
+    for name in MAX_TOKENS_FIELDS.get(endpoint, ()):
+        value = body.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise bad_request(f"'{name}' must be a whole number, 0 or more.")
+            return name, value
+    return None
+
+
+def _reserved(cfg, req: Request, spec, asked: tuple[str, int] | None) -> int:
+    """What `req` may use at most, to hold against the token limits (`limits.reservation`):
+    its prompt estimate and, for each choice it asks for (`n`), its completion."""
+    if req.endpoint == "embedding":
+        return req.estimate
+    n = req.body.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+    completion = reservation(
+        prompt=0,
+        asked=asked[1] if asked is not None else None,
+        default=cfg.reserve_max_tokens,
+        cap=spec.max_output,
+    )
+    return req.estimate + choices * completion
 
 
 async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
@@ -152,6 +185,8 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
             started=started,
             model=spec.name,
         )
+        req.estimate = prompt_estimate(len(raw))
+        req.reserved = _reserved(rt.cfg, req, spec, _asked(body, endpoint))
         model_series = metrics.series(spec.name)
         tracing.said(span, **{"gen_ai.request.model": body["model"], "llmgw.model": spec.name})
         with tracing.span("llmgw.admission.limits"):
@@ -205,6 +240,10 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
         with contextlib.suppress(Exception):  # the answer may have begun already
             await send_answer(send, 500, error.body())
     finally:
+        if req is not None and not req.recorded:
+            # Cancelled from underneath (daphne gives up on an application some seconds
+            # after its connection is lost): what it held and used still counts.
+            record_usage(rt, req, req.usage, error=True)
         model_series.duration.observe(time.perf_counter() - started)
         if span is not None:
             _span_end(span, req, status)
@@ -234,11 +273,13 @@ def _count(value) -> int | None:
 
 
 async def _admit(rt: State, req: Request) -> None:
-    checks, requests, _ = Limiter.checks(req.key, rt.tables.limits)
+    checks = Limiter.checks(req.key, rt.tables.limits, req.reserved)
     if not checks:
         return
-    refusal = await rt.limiter.admit(checks, requests, time.time())
+    now = time.time()
+    refusal, req.held = await rt.limiter.admit(checks, now)
     if refusal is None:
+        req.admitted = now
         return
     raise Refused(
         429,

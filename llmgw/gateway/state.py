@@ -17,7 +17,7 @@ import aiohttp
 from channels.db import database_sync_to_async
 
 from llmgw.gateway.answers import bad_key, no_key, unknown_model
-from llmgw.gateway.limits import Limiter, LocalCounters, RedisCounters
+from llmgw.gateway.limits import Held, Limiter, LocalCounters, RedisCounters
 from llmgw.gateway.prefixes import PrefixTable, block_hashes, choose, prompt_text
 from llmgw.gateway.tables import Key, Tables, Upstream
 from llmgw.gateway.usage import UsageBook
@@ -51,6 +51,10 @@ class Request:
     done: bool = False  # the answer has reached its end (a stream, its [DONE])
     recorded: bool = False  # its usage is counted: once, whichever way it ended
     events: int = 0  # server-sent events passed on: tokens, about, when no usage came
+    estimate: int = 0  # its prompt's tokens, about, before an engine counts them
+    reserved: int = 0  # the tokens it may use (prompt estimate and completion asked for)
+    held: Held = field(default_factory=list)  # what it holds of each token limit meanwhile
+    admitted: float = 0.0  # when (time.time()) its reservation was counted
     replica: str = ""  # the replica answering it, told to the caller (X-Llmgw-Replica)
     _prefix: list[int] | None = None
 

@@ -15,7 +15,6 @@ import aiohttp
 
 from llmgw.gateway import metrics
 from llmgw.gateway.answers import Send
-from llmgw.gateway.limits import Limiter
 from llmgw.gateway.state import Request, State
 
 log = logging.getLogger("llmgw.gateway")
@@ -28,8 +27,8 @@ SSE_HEADERS = [
 
 
 def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) -> None:
-    """Usage and token counts for one request, from the engine's own `usage` figures; only
-    the first call for a request counts."""
+    """Usage and token counts for one request, from the engine's own `usage` figures, and
+    what it held of the token limits settled; only the first call for a request counts."""
     if req.recorded:
         return
     req.recorded = True
@@ -61,8 +60,8 @@ def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) ->
         s.completion.inc(completion)
         if cached:
             s.cached(cached)
-        _, _, tokens = Limiter.checks(req.key, rt.tables.limits)
-        rt.limiter.spent(tokens, prompt + completion, now)
+    if req.held:
+        rt.limiter.settle(req.held, prompt + completion, req.admitted)
 
 
 MOST_TOKENS = 100_000_000  # more in one answer is an engine's mistake, not a figure

@@ -362,6 +362,30 @@ async def test_a_scope_limit_up_the_tree_applies_to_every_key_beneath(world, gat
     assert "team:Acme/ml allows 1 requests per minute" in r.json()["error"]["message"]
 
 
+async def test_a_burst_on_a_tokens_per_minute_key_stays_within_its_limit(world, gateway):
+    # 20 requests at once that may each use about 40 tokens (a prompt estimated at ~23 from
+    # its body, 17 to write) on a key allowed 100 a minute: each holds its 40 from its
+    # admission, so those that would pass the limit are refused before they reach the
+    # engine, whatever order they end in.
+    await add(model_added, gpu_model("llama"))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+    secret = await new_key(limits={"tokens_per_minute": 100})
+    async with client(gateway, secret) as c:
+        answers = await asyncio.gather(
+            *(c.post("/v1/chat/completions", json=chat("llama", max_tokens=17)) for _ in range(20))
+        )
+    codes = [r.status_code for r in answers]
+    assert set(codes) == {200, 429}
+    refused = next(r for r in answers if r.status_code == 429)
+    assert int(refused.headers["retry-after"]) >= 1
+    assert "allows 100 tokens per minute" in refused.json()["error"]["message"]
+    await gateway.runtime._flush()
+    row = await add(lambda: Usage.objects.get())
+    assert row.requests == 20 and row.errors == codes.count(429)
+    assert 0 < row.prompt_tokens + row.completion_tokens <= 100
+    assert world.engines["llama-1"].requests_total == codes.count(200)
+
+
 async def test_usage_is_written_in_batches_from_the_engines_figures(world, gateway):
     await add(model_added, gpu_model("llama"))
     await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
