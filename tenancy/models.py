@@ -60,6 +60,8 @@ class ApiKey(models.Model):
     models_allowed = models.JSONField(default=list, blank=True)
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    # The most completion tokens one request may ask for (`max_tokens`); null: no cap.
+    max_tokens = models.PositiveIntegerField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150, blank=True)

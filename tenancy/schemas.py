@@ -93,6 +93,9 @@ class QuotaClearOut(Schema):
 class KeyLimitsIn(_In):
     requests_per_minute: StrictInt | None = None
     tokens_per_minute: StrictInt | None = None
+    max_tokens: StrictInt | None = Field(
+        None, description="the most completion tokens one request may ask for"
+    )
 
 
 class KeyIn(_In):
@@ -117,6 +120,7 @@ class KeyOut(Schema):
     models: list[str]
     requests_per_minute: int | None
     tokens_per_minute: int | None
+    max_tokens: int | None = Field(description="null: requests may ask for any max_tokens")
     revoked_at: str | None
     created_at: str
     created_by: str

@@ -201,6 +201,7 @@ def key_view(key: ApiKey) -> dict:
         "models": list(key.models_allowed or ()),
         "requests_per_minute": key.requests_per_minute,
         "tokens_per_minute": key.tokens_per_minute,
+        "max_tokens": key.max_tokens,
         "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
         "created_at": key.created_at.isoformat(),
         "created_by": key.created_by,
@@ -322,10 +323,10 @@ def keys_print() -> tuple:
 
 def key_rows() -> list[tuple]:
     """Every key not revoked, as the gateway admits by: (id, name, prefix, secret hash,
-    project id, models allowed, requests per minute, tokens per minute)."""
+    project id, models allowed, requests per minute, tokens per minute, max tokens)."""
     return [
-        (i, n, pre, d, p, tuple(m or ()), rpm, tpm)
-        for i, n, pre, d, p, m, rpm, tpm in ApiKey.objects.filter(
+        (i, n, pre, d, p, tuple(m or ()), rpm, tpm, cap)
+        for i, n, pre, d, p, m, rpm, tpm, cap in ApiKey.objects.filter(
             revoked_at__isnull=True
         ).values_list(
             "id",
@@ -336,6 +337,7 @@ def key_rows() -> list[tuple]:
             "models_allowed",
             "requests_per_minute",
             "tokens_per_minute",
+            "max_tokens",
         )
     ]
 

@@ -356,6 +356,8 @@ def _written(tree: ScopeTree, key: str) -> str:
 KEY_SECRET_PREFIX = "llmgw_key_"
 KEY_PREFIX_LENGTH = 14
 _LIMITS = ("requests_per_minute", "tokens_per_minute")
+# A key's limits add a cap on what one request may ask for.
+_KEY_LIMITS = (*_LIMITS, "max_tokens")
 # Far above any real limit, and within what the columns hold.
 _LIMIT_MOST = 2**31 - 1
 
@@ -379,19 +381,22 @@ def api_key_models(models: object) -> list[str]:
     return list(dict.fromkeys(models))
 
 
-def limit_figures(limits: Mapping | None) -> dict[str, int | None]:
-    """Requests and tokens per minute, each a whole number from 1 or left out (None: not
-    limited), as keys and scopes take them; Invalid with the reason otherwise.
+def limit_figures(
+    limits: Mapping | None, fields: tuple[str, ...] = _LIMITS
+) -> dict[str, int | None]:
+    """Requests and tokens per minute (and, for a key, `max_tokens`), each a whole number
+    from 1 or left out (None: not limited), as keys and scopes take them; Invalid with the
+    reason otherwise.
 
     Zero is refused rather than read as "nothing at all": it would refuse every request
     with a Retry-After that never comes true; revoking the keys says that plainly.
     """
     given = dict(limits or {})
-    unknown = sorted(set(given) - set(_LIMITS), key=str)
+    unknown = sorted(set(given) - set(fields), key=str)
     if unknown:
-        raise Invalid(f"limits has an unknown field {unknown[0]!r}; it takes {', '.join(_LIMITS)}.")
+        raise Invalid(f"limits has an unknown field {unknown[0]!r}; it takes {', '.join(fields)}.")
     out: dict[str, int | None] = {}
-    for name in _LIMITS:
+    for name in fields:
         value = given.get(name)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _LIMIT_MOST
@@ -415,7 +420,7 @@ def api_key_create(
 
     name = tree_name(name, what="an API key")
     allowed = api_key_models(models)
-    figures = limit_figures(limits)
+    figures = limit_figures(limits, _KEY_LIMITS)
     with transaction.atomic():
         key_scope = scope_find(f"project:{project}".strip())
         row = Project.objects.get(pk=int(key_scope.partition(":")[2]))

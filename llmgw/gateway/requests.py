@@ -98,9 +98,33 @@ def _asked(body: dict, endpoint: str) -> tuple[str, int] | None:
         value = body.get(name)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise bad_request(f"'{name}' must be a whole number, 0 or more.")
+                raise bad_request(f"'{name}' must be a whole number, 0 or more.", param=name)
             return name, value
     return None
+
+
+def _capped(req: Request, spec, asked: tuple[str, int] | None) -> tuple[str, int] | None:
+    """`asked` held to the caps on it, its key's (the limits' max_tokens) and its model's (the
+    catalog's max_output): a 400 naming the cap when it asks for more. A request that asks
+    for nothing is given the smaller cap as its max_tokens, so no engine writes past it."""
+    if req.endpoint == "embedding":
+        return asked
+    key_cap, model_cap = req.key.max_tokens, spec.max_output
+    if key_cap is None and model_cap is None:
+        return asked
+    if asked is None:
+        cap = min(c for c in (key_cap, model_cap) if c is not None)
+        req.body["max_tokens"] = cap
+        req.body_changed = True
+        return "max_tokens", cap
+    name, value = asked
+    if key_cap is not None and value > key_cap:
+        why = f"this API key allows at most {key_cap:,} a request"
+    elif model_cap is not None and value > model_cap:
+        why = f"model {spec.name} writes at most {model_cap:,} (its max_output)"
+    else:
+        return asked
+    raise bad_request(f"'{name}' is {value:,}, more than {why}.", "max_tokens_too_large", name)
 
 
 def _reserved(cfg, req: Request, spec, asked: tuple[str, int] | None) -> int:
@@ -186,7 +210,7 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
             model=spec.name,
         )
         req.estimate = prompt_estimate(len(raw))
-        req.reserved = _reserved(rt.cfg, req, spec, _asked(body, endpoint))
+        req.reserved = _reserved(rt.cfg, req, spec, _capped(req, spec, _asked(body, endpoint)))
         model_series = metrics.series(spec.name)
         tracing.said(span, **{"gen_ai.request.model": body["model"], "llmgw.model": spec.name})
         with tracing.span("llmgw.admission.limits"):

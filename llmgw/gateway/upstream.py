@@ -43,7 +43,7 @@ class Unreachable(Exception):
 
 async def proxy(rt: State, req: Request, up: Upstream, send: Send) -> int:
     body = req.raw
-    if req.body["model"] != up.model or (req.stream and not req.wants_usage):
+    if req.body["model"] != up.model or (req.stream and not req.wants_usage) or req.body_changed:
         changed = dict(req.body, model=up.model)
         if req.stream and not req.wants_usage:
             options = changed.get("stream_options")

@@ -204,6 +204,61 @@ async def test_bad_requests_get_a_clear_error_and_reach_no_engine(
     assert world.engines["llama-1"].requests_total == 0
 
 
+@pytest.mark.parametrize(
+    ("key_cap", "max_output", "asked", "words"),
+    [
+        (
+            100,
+            None,
+            {"max_tokens": 101},
+            "'max_tokens' is 101, more than this API key allows at most 100 a request.",
+        ),
+        (
+            None,
+            50,
+            {"max_completion_tokens": 60},
+            "'max_completion_tokens' is 60, more than "
+            "model llama writes at most 50 (its max_output).",
+        ),
+        (100, 50, {"max_tokens": 80}, "model llama writes at most 50"),
+        (40, 50, {"max_tokens": 45}, "this API key allows at most 40 a request"),
+    ],
+)
+async def test_a_request_asking_past_a_cap_on_max_tokens_is_a_400_naming_it(
+    world, gateway, key_cap, max_output, asked, words
+):
+    await add(model_added, gpu_model("llama", max_output=max_output))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+    secret = await new_key(limits={"max_tokens": key_cap} if key_cap else None)
+    async with client(gateway, secret) as c:
+        r = await c.post("/v1/chat/completions", json=chat("llama", **asked))
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert words in error["message"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "max_tokens_too_large",
+        next(iter(asked)),
+    )
+    assert world.engines["llama-1"].requests_total == 0
+
+
+async def test_a_request_within_the_caps_goes_and_one_asking_nothing_is_given_the_cap(
+    world, gateway
+):
+    await add(model_added, gpu_model("llama", max_output=50))
+    # The sim engine writes 16 tokens unless told otherwise.
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama", max_tokens=16))
+    secret = await new_key(limits={"max_tokens": 5})
+    async with client(gateway, secret) as c:
+        exactly = await c.post("/v1/chat/completions", json=chat("llama", max_tokens=5))
+        unasked = await c.post("/v1/chat/completions", json=chat("llama"))
+        embedded = await c.post("/v1/embeddings", json={"model": "llama", "input": "a b c"})
+    assert exactly.status_code == 200 and exactly.json()["usage"]["completion_tokens"] == 5
+    assert unasked.status_code == 200 and unasked.json()["usage"]["completion_tokens"] == 5
+    assert embedded.status_code == 200  # an embedding writes nothing: no cap applies
+
+
 async def test_a_body_over_the_bound_is_refused_before_it_is_read(world, gateway):
     await add(model_added, gpu_model("llama"))
     secret = await new_key()
