@@ -99,6 +99,9 @@ class Usage(models.Model):
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
     latency_ms_total = models.PositiveBigIntegerField(default=0)
+    # Of the prompt and completion tokens, those no engine counted: estimated for requests
+    # cut before their engine's usage came (docs/gateway.md, Usage).
+    estimated_tokens = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -165,6 +165,10 @@ class UsageRowOut(Schema):
     errors: int
     prompt_tokens: int
     completion_tokens: int
+    estimated_tokens: int = Field(
+        description="of prompt_tokens and completion_tokens, those no engine counted: "
+        "estimated for requests cut before their engine's usage came"
+    )
     avg_latency_ms: float | None = Field(description="per request; null with no requests")
 
 

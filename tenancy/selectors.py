@@ -281,6 +281,7 @@ def usage_report(*, scope: str | None, since: datetime, by: str) -> dict:
         n_prompt=Sum("prompt_tokens"),
         n_completion=Sum("completion_tokens"),
         n_latency=Sum("latency_ms_total"),
+        n_estimated=Sum("estimated_tokens"),
     )
     out = [_usage_row(found, tree) for found in sums.order_by("-n_requests", *columns)]
     return {
@@ -307,6 +308,7 @@ def _usage_row(found: dict, tree: ScopeTree) -> dict:
         "errors": found["n_errors"] or 0,
         "prompt_tokens": found["n_prompt"] or 0,
         "completion_tokens": found["n_completion"] or 0,
+        "estimated_tokens": found["n_estimated"] or 0,
         "avg_latency_ms": round(found["n_latency"] / requests, 1) if requests else None,
     }
 

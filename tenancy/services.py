@@ -553,20 +553,23 @@ def limit_clear(*, scope: str, actor: str) -> str:
 
 _USAGE_ADD = """
 INSERT INTO tenancy_usage (bucket, api_key_id, project_id, model, requests, errors,
-                           prompt_tokens, completion_tokens, latency_ms_total)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                           prompt_tokens, completion_tokens, latency_ms_total,
+                           estimated_tokens)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (bucket, api_key_id, model) DO UPDATE SET
     requests = tenancy_usage.requests + excluded.requests,
     errors = tenancy_usage.errors + excluded.errors,
     prompt_tokens = tenancy_usage.prompt_tokens + excluded.prompt_tokens,
     completion_tokens = tenancy_usage.completion_tokens + excluded.completion_tokens,
-    latency_ms_total = tenancy_usage.latency_ms_total + excluded.latency_ms_total
+    latency_ms_total = tenancy_usage.latency_ms_total + excluded.latency_ms_total,
+    estimated_tokens = tenancy_usage.estimated_tokens + excluded.estimated_tokens
 """
 
 
 def usage_add(*, tallies: Mapping[tuple[int, int, int, str], Sequence[int]]) -> None:
     """Add the gateway's tallies, keyed (minute since the epoch, key id, project id, model)
-    to [requests, errors, prompt, completion, latency ms], to their one-minute `Usage` rows
+    to [requests, errors, prompt, completion, latency ms, estimated], to their one-minute
+    `Usage` rows
     in one statement: an upsert that adds, so several gateway processes can write the same
     bucket. Rows for keys deleted meanwhile are dropped rather than failing the batch."""
     keys = set(ApiKey.objects.filter(pk__in={k[1] for k in tallies}).values_list("pk", flat=True))

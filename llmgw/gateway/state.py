@@ -53,6 +53,7 @@ class Request:
     events: int = 0  # server-sent events passed on: tokens, about, when no usage came
     estimate: int = 0  # its prompt's tokens, about, before an engine counts them
     reserved: int = 0  # the tokens it may use (prompt estimate and completion asked for)
+    abandoned: bool = False  # cut while an engine worked on it (caller gone, server stopping)
     body_changed: bool = False  # the gateway added to it (a cap on max_tokens): sent re-encoded
     held: Held = field(default_factory=list)  # what it holds of each token limit meanwhile
     admitted: float = 0.0  # when (time.time()) its reservation was counted

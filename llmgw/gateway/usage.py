@@ -14,8 +14,9 @@ from datetime import datetime
 log = logging.getLogger("llmgw.gateway")
 
 # (minute since the epoch, key id, project id, model) -> [requests, errors, prompt, completion,
-# latency ms]
+# latency ms, estimated: of prompt and completion, the tokens no engine counted]
 Tallies = dict[tuple[int, int, int, str], list[int]]
+FIGURES = 6
 
 MAX_KEPT = 200_000  # tallies kept while the database is away; beyond, the oldest go
 
@@ -38,16 +39,18 @@ class UsageBook:
         error: bool,
         latency_ms: float,
         now: float,
+        estimated: int = 0,
     ) -> None:
         k = (int(now // 60), key_id, project_id, model)
         t = self.tallies.get(k)
         if t is None:
-            t = self.tallies[k] = [0, 0, 0, 0, 0]
+            t = self.tallies[k] = [0] * FIGURES
         t[0] += 1
         t[1] += error
         t[2] += prompt
         t[3] += completion
         t[4] += round(latency_ms)
+        t[5] += estimated
 
     def take(self) -> tuple[Tallies, set[str]]:
         tallies, used = self.tallies, self.used
@@ -57,7 +60,7 @@ class UsageBook:
     def give_back(self, tallies: Tallies, used: set[str]) -> None:
         """A batch that could not be written, merged back under what came since."""
         for k, v in tallies.items():
-            t = self.tallies.setdefault(k, [0, 0, 0, 0, 0])
+            t = self.tallies.setdefault(k, [0] * FIGURES)
             for i, x in enumerate(v):
                 t[i] += x
         self.used |= used

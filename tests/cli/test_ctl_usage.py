@@ -256,3 +256,15 @@ def test_key_create_sends_its_limits_and_the_list_shows_its_cap_on_max_tokens(ca
     server = FakeServer({("GET", "/api/v1/keys"): (200, [{**key, "max_tokens": 512}])})
     _, out, _ = run(capsys, server, "key", "list")
     assert "9,000 tok/min, ≤ 512 tok/request" in out
+
+
+def test_usage_says_how_many_of_its_tokens_are_estimates(capsys):
+    rows = [row(estimated_tokens=1200), row(model="qwen", estimated_tokens=34)]
+    server = FakeServer({("GET", "/api/v1/usage"): (200, report("project", rows))})
+
+    _, out, _ = run(capsys, server, "usage")
+
+    assert out.rstrip("\n").splitlines()[-1] == (
+        "1,234 of the tokens are estimates: requests cut before their engine counted them "
+        "(docs/gateway.md, Usage)."
+    )

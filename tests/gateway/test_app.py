@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import replace
 
 import httpx
@@ -541,6 +542,76 @@ async def test_a_client_that_hangs_up_mid_stream_cancels_the_engines_request(wor
     assert engine.slots.running == 0
     assert gateway.runtime.inflight["llama-1"] == 0
     assert BOARD.running["llama"] == 0
+
+
+async def _hang_up(gateway, world, secret: str, body: dict, *, after_body: bool) -> None:
+    """Send `body` straight to the ASGI app and hang up once the engine is working on it
+    (and, `after_body`, once the answer has begun)."""
+    incoming: asyncio.Queue = asyncio.Queue()
+    await incoming.put({"type": "http.request", "body": json.dumps(body).encode()})
+    begun = asyncio.Event()
+
+    async def send(message):
+        if message["type"] == "http.response.body" and message.get("body"):
+            begun.set()
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": [(b"authorization", f"Bearer {secret}".encode())],
+    }
+    task = asyncio.get_running_loop().create_task(gateway(scope, incoming.get, send))
+    engine = world.engines["llama-1"]
+    if after_body:
+        await asyncio.wait_for(begun.wait(), 10)
+    else:
+        for _ in range(200):
+            if engine.slots.running:
+                break
+            await asyncio.sleep(0.01)
+    assert engine.slots.running == 1
+    await incoming.put({"type": "http.disconnect"})
+    await asyncio.wait_for(task, 10)
+
+
+async def test_a_whole_answer_abandoned_by_its_caller_counts_what_it_may_have_written(
+    world, gateway
+):
+    # No usage comes from an engine whose request was cut: the prompt is counted by its
+    # estimate and the completion by what the request reserved, both marked estimated,
+    # and they count against the token limit as they would have.
+    await add(model_added, gpu_model("llama"))
+    endpoint = await world.engine("llama-1", "llama", tokens_per_sec=20)
+    await add(_replica, "llama-1", "llama", endpoint)
+    secret = await new_key(limits={"tokens_per_minute": 10_000})
+    body = chat("llama", max_tokens=100)
+    await _hang_up(gateway, world, secret, body, after_body=False)
+    await gateway.runtime._flush()
+    row = await add(lambda: Usage.objects.get())
+    estimate = len(json.dumps(body)) // 4 + 1
+    assert (row.requests, row.errors) == (1, 1)
+    assert (row.prompt_tokens, row.completion_tokens) == (estimate, 100)
+    assert row.estimated_tokens == estimate + 100
+    counters = gateway.runtime.limiter.counters
+    key_id = await add(lambda: row.api_key_id)
+    ((_, held),) = await counters.take([(f"key:{key_id}:tok", 0)], time.time())
+    assert held == estimate + 100
+
+
+async def test_a_stream_abandoned_by_its_caller_counts_the_tokens_passed_on(world, gateway):
+    await add(model_added, gpu_model("llama"))
+    endpoint = await world.engine("llama-1", "llama", tokens_per_sec=20, max_tokens=1000)
+    await add(_replica, "llama-1", "llama", endpoint)
+    secret = await new_key()
+    body = chat("llama", stream=True, max_tokens=1000)
+    await _hang_up(gateway, world, secret, body, after_body=True)
+    await gateway.runtime._flush()
+    row = await add(lambda: Usage.objects.get())
+    estimate = len(json.dumps(body)) // 4 + 1
+    # The role's event, then one a token: far fewer than the 1,000 it asked for.
+    assert 1 <= row.completion_tokens < 1000
+    assert (row.prompt_tokens, row.estimated_tokens) == (estimate, estimate)
 
 
 async def test_a_stream_cut_upstream_ends_with_an_error_event(world, gateway):
