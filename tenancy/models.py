@@ -115,6 +115,21 @@ class Usage(models.Model):
         return f"{self.bucket:%Y-%m-%d %H:%M} {self.model}"
 
 
+class UsageJournal(models.Model):
+    """How much of a gateway process's usage journal (llmgw/gateway/journal.py) the Usage
+    rows hold: the number of the last batch added, written in that batch's own transaction;
+    and whether the journal of a process that died was settled, set in the transaction
+    that added the rest. So a journal is counted exactly once, whenever a process dies."""
+
+    name = models.CharField(max_length=200, unique=True)
+    batch = models.PositiveBigIntegerField(default=0)
+    settled = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} (batch {self.batch}{', settled' if self.settled else ''})"
+
+
 class CapacityQuota(models.Model):
     """A scope's guarantee and limit of GPUs, CPU cores and memory GB.
 

@@ -24,6 +24,7 @@ from .models import (
     Team,
     Token,
     Usage,
+    UsageJournal,
 )
 from .quota import RESOURCES, ZERO, Holding, Policy, Quota, Resources
 from .scopes import ScopeError, scope_resolve
@@ -311,6 +312,13 @@ def _usage_row(found: dict, tree: ScopeTree) -> dict:
         "estimated_tokens": found["n_estimated"] or 0,
         "avg_latency_ms": round(found["n_latency"] / requests, 1) if requests else None,
     }
+
+
+def usage_journal_state(*, name: str) -> tuple[int, bool]:
+    """Of a gateway process's usage journal: the last batch the Usage rows hold (0 for none),
+    and whether it was settled."""
+    row = UsageJournal.objects.filter(name=name).values_list("batch", "settled").first()
+    return row if row is not None else (0, False)
 
 
 def keys_print() -> tuple:

@@ -23,6 +23,7 @@ from .models import (
     ScopeLimit,
     Team,
     Token,
+    UsageJournal,
 )
 from .quota import RESOURCES, Resources
 from .scopes import KEY_RE
@@ -566,12 +567,25 @@ ON CONFLICT (bucket, api_key_id, model) DO UPDATE SET
 """
 
 
-def usage_add(*, tallies: Mapping[tuple[int, int, int, str], Sequence[int]]) -> None:
+def usage_add(
+    *,
+    tallies: Mapping[tuple[int, int, int, str], Sequence[int]],
+    journal: str | None = None,
+    batch: int = 0,
+) -> None:
     """Add the gateway's tallies, keyed (minute since the epoch, key id, project id, model)
     to [requests, errors, prompt, completion, latency ms, estimated], to their one-minute
-    `Usage` rows
-    in one statement: an upsert that adds, so several gateway processes can write the same
-    bucket. Rows for keys deleted meanwhile are dropped rather than failing the batch."""
+    `Usage` rows in one statement: an upsert that adds, so several gateway processes can
+    write the same bucket. Rows for keys deleted meanwhile are dropped rather than failing
+    the batch. For a process keeping a usage `journal`, the number of this `batch` is
+    recorded in the same transaction, so the journal's settlement knows what is here."""
+    with transaction.atomic():
+        _usage_rows_add(tallies)
+        if journal is not None:
+            UsageJournal.objects.update_or_create(name=journal, defaults={"batch": batch})
+
+
+def _usage_rows_add(tallies: Mapping[tuple[int, int, int, str], Sequence[int]]) -> None:
     keys = set(ApiKey.objects.filter(pk__in={k[1] for k in tallies}).values_list("pk", flat=True))
     bucket = connection.ops.adapt_datetimefield_value
     rows = [
@@ -580,5 +594,24 @@ def usage_add(*, tallies: Mapping[tuple[int, int, int, str], Sequence[int]]) -> 
         if key in keys
     ]
     if rows:
-        with transaction.atomic(), connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.executemany(_USAGE_ADD, rows)
+
+
+def usage_journal_settle(
+    *, name: str, tallies: Mapping[tuple[int, int, int, str], Sequence[int]]
+) -> bool:
+    """Add what the journal `name` of a process that died holds beyond the Usage rows, and
+    mark it settled, in one transaction; False, adding nothing, when it was settled
+    already (a start that died before it removed the file)."""
+    with transaction.atomic():
+        if UsageJournal.objects.filter(name=name, settled=True).exists():
+            return False
+        _usage_rows_add(tallies)
+        UsageJournal.objects.update_or_create(name=name, defaults={"settled": True})
+    return True
+
+
+def usage_journal_forget(*, name: str) -> None:
+    """The journal `name` is gone from disk: its record goes too."""
+    UsageJournal.objects.filter(name=name).delete()

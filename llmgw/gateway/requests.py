@@ -213,8 +213,10 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
         req.reserved = _reserved(rt.cfg, req, spec, _capped(req, spec, _asked(body, endpoint)))
         model_series = metrics.series(spec.name)
         tracing.said(span, **{"gen_ai.request.model": body["model"], "llmgw.model": spec.name})
+        req.admitted = time.time()
         with tracing.span("llmgw.admission.limits"):
             await _admit(rt, req)
+        rt.usage.begin(req, req.admitted)
         status = await route(rt, req, receive, send)
         model_series = metrics.series(req.model)
         model_series.answered(status)
@@ -300,10 +302,8 @@ async def _admit(rt: State, req: Request) -> None:
     checks = Limiter.checks(req.key, rt.tables.limits, req.reserved)
     if not checks:
         return
-    now = time.time()
-    refusal, req.held = await rt.limiter.admit(checks, now)
+    refusal, req.held = await rt.limiter.admit(checks, req.admitted)
     if refusal is None:
-        req.admitted = now
         return
     raise Refused(
         429,

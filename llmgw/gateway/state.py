@@ -17,6 +17,7 @@ import aiohttp
 from channels.db import database_sync_to_async
 
 from llmgw.gateway.answers import bad_key, no_key, unknown_model
+from llmgw.gateway.journal import Journal
 from llmgw.gateway.limits import Held, Limiter, LocalCounters, RedisCounters
 from llmgw.gateway.prefixes import PrefixTable, block_hashes, choose, prompt_text
 from llmgw.gateway.tables import Key, Tables, Upstream
@@ -56,7 +57,8 @@ class Request:
     abandoned: bool = False  # cut while an engine worked on it (caller gone, server stopping)
     body_changed: bool = False  # the gateway added to it (a cap on max_tokens): sent re-encoded
     held: Held = field(default_factory=list)  # what it holds of each token limit meanwhile
-    admitted: float = 0.0  # when (time.time()) its reservation was counted
+    admitted: float = 0.0  # when (time.time()) it was let in, and its reservation counted
+    rid: int = 0  # its id in the process's usage book and journal, once let in
     replica: str = ""  # the replica answering it, told to the caller (X-Llmgw-Replica)
     _prefix: list[int] | None = None
 
@@ -90,7 +92,7 @@ class State:
     """What the request path reads and asks of the process: tables, counters, the upstream
     pool, in-flight counts and suspect replicas."""
 
-    def __init__(self) -> None:
+    def __init__(self, journal: Journal | None = None) -> None:
         from django.conf import settings
 
         self.secret = settings.SECRET_KEY
@@ -99,7 +101,7 @@ class State:
         self.changed = asyncio.Event()  # set, and replaced, whenever the tables change
         counters = RedisCounters(self.cfg.redis_url) if self.cfg.redis_url else LocalCounters()
         self.limiter = Limiter(counters)
-        self.usage = UsageBook()
+        self.usage = UsageBook(journal)
         self.inflight: dict[str, int] = {}
         self.suspect: dict[str, float] = {}
         self.turn = 0

@@ -41,6 +41,7 @@ def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) ->
         prompt=prompt,
         completion=completion,
         estimated=estimated,
+        request=req.rid,
         error=error,
         latency_ms=(time.perf_counter() - req.started) * 1000,
         now=now,
