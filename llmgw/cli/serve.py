@@ -513,7 +513,11 @@ def _usage_journal(gateway, home) -> None:
 
     from llmgw.gateway.journal import Journal, journals_settle
 
-    gateway.journal = Journal.open(home)
+    try:
+        gateway.journal = Journal.open(home)
+    except OSError as exc:
+        # Serving goes on; what a crash of this process cuts is then lost, as it was before.
+        log.error("no usage journal: %s cannot be written (%s)", home / "usage", exc)
     try:
         journals_settle(home)
     finally:

@@ -199,8 +199,8 @@ class Runtime(State):
         outage = Outage("the gateway's refresh of its tables and usage", log)
         while True:
             await asyncio.sleep(REFRESH_S)
-            self.usage.progress()
             try:
+                self.usage.progress()
                 await self._refresh()
                 await self._publish()
                 if time.monotonic() - last_flush >= FLUSH_S:

@@ -190,6 +190,9 @@ def journals_settle(home: Path) -> int:
     folder = home / FOLDER
     if not folder.is_dir():
         return 0
+    for spare in folder.glob(f".*{SUFFIX}.new"):
+        # A rewrite its process died in: the journal it was to replace holds it all.
+        _remove_if_dead(spare)
     done = 0
     for path in sorted(folder.glob(f"*{SUFFIX}")):
         try:
@@ -201,6 +204,20 @@ def journals_settle(home: Path) -> int:
                 exc_info=True,
             )
     return done
+
+
+def _remove_if_dead(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.unlink(missing_ok=True)
+    except BlockingIOError:
+        pass  # being written by a live process
+    finally:
+        os.close(fd)
 
 
 def _settle(path: Path) -> bool:

@@ -307,3 +307,14 @@ def test_a_journal_settled_by_a_start_that_died_before_removing_it_is_not_counte
     assert journals_settle(tmp_path) == 1
     assert not Usage.objects.exists()
     assert not (tmp_path / "usage" / name).exists()
+
+
+def test_a_rewrite_its_process_died_in_is_removed_and_a_live_ones_is_not(tmp_path):
+    folder = tmp_path / "usage"
+    folder.mkdir()
+    dead = folder / ".host-1-ab.journal.new"
+    dead.write_text("b\t1\n")
+    live = Journal(folder / ".host-2-cd.journal.new")  # made and locked, as a rewrite does
+    assert journals_settle(tmp_path) == 0
+    assert sorted(p.name for p in folder.iterdir()) == [live.name]
+    live.close(remove=True)
