@@ -65,6 +65,7 @@ class Runtime(State):
         self._reading = asyncio.Lock()  # one refresh at a time: the loader is not shared
         self._missed: asyncio.Task | None = None  # the refresh the unknown keys wait for
         self._missed_at = float("-inf")
+        self._writing = False  # a batch of usage is being written (`_flush`)
 
     async def start(self) -> None:
         self.session = open_pool()
@@ -75,12 +76,17 @@ class Runtime(State):
         """Write what usage is tallied from a thread of its own, waiting up to 10 s: for a
         server going down, whose loop will not run the background task again. Its journal
         is then removed, unless a request is left in flight (journal.py): the next start
-        settles what it holds."""
+        settles what it holds. While a batch is still being written, whose fate this loop
+        will not hear, nothing more is: the journal is kept, and the next start adds what
+        the database does not hold, exactly."""
         import threading
 
         from llmgw.core import clock
         from tenancy.services import usage_journal_forget
 
+        if self._writing and self.usage.journal is not None:
+            self.usage.close(written=False)
+            return
         tallies, used = self.usage.take()
         batch, name, now = self.usage.batch, self.usage.journal_name, clock.now()
 
@@ -169,6 +175,7 @@ class Runtime(State):
         from llmgw.core import clock
 
         batch, name = self.usage.batch, self.usage.journal_name
+        self._writing = True
         try:
             await in_a_thread(usage_write)(
                 tallies=tallies, used=used, now=clock.now(), journal=name, batch=batch
@@ -177,6 +184,8 @@ class Runtime(State):
             log.warning("could not write usage; keeping it for the next try", exc_info=True)
             self.usage.give_back(tallies, used)
             return
+        finally:
+            self._writing = False
         self.usage.written(batch)
 
     async def _publish(self) -> None:

@@ -91,14 +91,16 @@ def prompt_estimate(body_bytes: int) -> int:
     return body_bytes // 4 + 1
 
 
-def reservation(*, prompt: int, asked: int | None, default: int, cap: int | None) -> int:
+def reservation(
+    *, prompt: int, asked: int | None, default: int, cap: int | None, choices: int = 1
+) -> int:
     """The tokens a request may use, reserved against the token limits when it is admitted:
-    its prompt estimate and the completion tokens it asked for (`max_tokens`), or, when it
-    asked for none, `default`, or the model's `cap` (its max_output) when that is less.
-    An embedding asks for none and is given a default of 0."""
+    its prompt estimate and, for each of its `choices` (`n`), the completion tokens it asked
+    for (`max_tokens`), or, when it asked for none, `default`, or the model's `cap` (its
+    max_output) when that is less. An embedding asks for none and is given a default of 0."""
     if asked is None:
         asked = default if cap is None else min(default, cap)
-    return prompt + asked
+    return prompt + choices * asked
 
 
 Held = list[tuple[str, int]]  # the token limits' subjects a request holds, and how much

@@ -133,14 +133,13 @@ def _reserved(cfg, req: Request, spec, asked: tuple[str, int] | None) -> int:
     if req.endpoint == "embedding":
         return req.estimate
     n = req.body.get("n")
-    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-    completion = reservation(
-        prompt=0,
+    return reservation(
+        prompt=req.estimate,
         asked=asked[1] if asked is not None else None,
         default=cfg.reserve_max_tokens,
         cap=spec.max_output,
+        choices=n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1,
     )
-    return req.estimate + choices * completion
 
 
 async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:

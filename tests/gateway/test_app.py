@@ -736,3 +736,53 @@ async def test_a_model_is_retrieved_by_its_name_or_alias_as_the_openai_client_as
     async with client(gateway, secret) as c:
         assert (await c.delete("/v1/models/llama")).status_code == 405
     await http.aclose()
+
+
+async def test_a_server_stopping_writes_its_last_usage_and_removes_its_journal(
+    world, gateway, tmp_path
+):
+    from llmgw.gateway.journal import Journal
+    from tenancy.models import UsageJournal
+
+    gateway.journal = Journal.open(tmp_path)
+    await add(model_added, gpu_model("llama"))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+    secret = await new_key()
+    async with client(gateway, secret) as c:
+        await c.post("/v1/chat/completions", json=chat("llama", max_tokens=2))
+        await gateway.runtime._flush()
+        assert await add(lambda: UsageJournal.objects.get().batch) == 1
+        await c.post("/v1/chat/completions", json=chat("llama", max_tokens=3))
+    await asyncio.to_thread(gateway.runtime.flush_now)
+    assert await add(lambda: Usage.objects.get().completion_tokens) == 5
+    assert list((tmp_path / "usage").iterdir()) == []
+    assert not await add(lambda: UsageJournal.objects.exists())
+
+
+async def test_a_server_stopping_while_a_batch_is_being_written_keeps_its_journal(
+    world, gateway, tmp_path, monkeypatch
+):
+    # Whether that batch reaches the database this process will not hear: the next start
+    # settles what the database does not hold, from the journal.
+    from llmgw.gateway.journal import Journal
+
+    gateway.journal = Journal.open(tmp_path)
+    await add(model_added, gpu_model("llama"))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+    secret = await new_key()
+    async with client(gateway, secret) as c:
+        await c.post("/v1/chat/completions", json=chat("llama", max_tokens=2))
+    writing, release = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_write(**_):
+        loop.call_soon_threadsafe(writing.set)
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+
+    monkeypatch.setattr(gateway_app, "usage_write", slow_write)
+    flushing = loop.create_task(gateway.runtime._flush())
+    await writing.wait()
+    gateway.runtime.flush_now()
+    release.set()
+    await flushing
+    assert [p.suffix for p in (tmp_path / "usage").iterdir()] == [".journal"]

@@ -133,6 +133,10 @@ def test_a_request_reserves_its_prompt_and_the_completion_it_may_write(
     assert reservation(prompt=prompt, asked=asked, default=default, cap=cap) == reserved
 
 
+def test_a_request_for_several_choices_reserves_a_completion_for_each():
+    assert reservation(prompt=10, asked=30, default=1024, cap=None, choices=3) == 100
+
+
 @pytest.mark.parametrize(("body_bytes", "estimate"), [(0, 1), (3, 1), (4, 2), (400, 101)])
 def test_a_prompt_is_estimated_at_a_token_for_every_four_bytes_of_the_body(body_bytes, estimate):
     assert prompt_estimate(body_bytes) == estimate
