@@ -44,8 +44,6 @@ FIGURES = 6
 
 FOLDER = "usage"  # under LLMGW_HOME
 SUFFIX = ".journal"
-
-
 COMPACT_BYTES = 4 * 1024 * 1024  # past this, a journal is rewritten once its batch is written
 
 
@@ -124,7 +122,9 @@ def _locked(path: Path) -> int:
     return fd
 
 
-def begun(rid: int, at: float, key: int, project: int, model: str, estimate: int, reserved: int):
+def begun(
+    rid: int, at: float, key: int, project: int, model: str, estimate: int, reserved: int
+) -> str:
     """The line of a request that began: its id in this journal, when, whose, its model, its
     prompt estimate and what it reserved."""
     return f"s\t{rid}\t{int(at)}\t{key}\t{project}\t{model}\t{estimate}\t{reserved}\n"
@@ -145,7 +145,7 @@ def fold(lines: Iterable[str], written: int) -> tuple[Tallies, int]:
     streamed as its completion or, when none are known, what it reserved, and its prompt
     by the estimate, those no engine counted marked estimated. Answers the tallies and how
     many requests were cut. Lines a full disk cut short are passed over."""
-    starts: dict[int, list[str]] = {}
+    starts: dict[int, tuple[tuple[int, int, int, str], int, int]] = {}
     streamed: dict[int, int] = {}
     done: set[int] = set()
     tallies: Tallies = {}
@@ -154,25 +154,26 @@ def fold(lines: Iterable[str], written: int) -> tuple[Tallies, int]:
         f = line.split("\t")
         try:
             if f[0] == "s" and len(f) == 8:
-                starts[int(f[1])] = f
+                where = (int(f[2]) // 60, int(f[3]), int(f[4]), f[5])
+                starts[int(f[1])] = (where, int(f[6]), int(f[7]))
             elif f[0] == "p" and len(f) == 3:
                 streamed[int(f[1])] = int(f[2])
             elif f[0] == "e" and len(f) == 6 + FIGURES:
-                done.add(int(f[1]))
+                rid, figures = int(f[1]), [int(x) for x in f[6:]]
+                where = (int(f[2]), int(f[3]), int(f[4]), f[5])
+                done.add(rid)
                 if counting:
-                    _add(tallies, (int(f[2]), int(f[3]), int(f[4]), f[5]), map(int, f[6:]))
+                    _add(tallies, where, figures)
             elif f[0] == "b" and len(f) == 2 and int(f[1]) == written:
                 counting = True
         except ValueError:
             continue
-    done.discard(0)
-    cut = [f for rid, f in starts.items() if rid not in done]
-    for _, rid, at, key, project, model, estimate, reserved in cut:
-        prompt, events = int(estimate), streamed.get(int(rid), 0)
-        completion = events or int(reserved) - prompt
-        estimated = prompt + (0 if events else completion)
-        where = (int(at) // 60, int(key), int(project), model)
-        _add(tallies, where, (1, 1, prompt, completion, 0, estimated))
+    cut = [(rid, start) for rid, start in starts.items() if rid not in done]
+    for rid, (where, estimate, reserved) in cut:
+        events = streamed.get(rid, 0)
+        completion = events or reserved - estimate
+        estimated = estimate + (0 if events else completion)
+        _add(tallies, where, (1, 1, estimate, completion, 0, estimated))
     return tallies, len(cut)
 
 
