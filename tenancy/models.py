@@ -60,6 +60,8 @@ class ApiKey(models.Model):
     models_allowed = models.JSONField(default=list, blank=True)
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    # The most completion tokens one request may ask for (`max_tokens`); null: no cap.
+    max_tokens = models.PositiveIntegerField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150, blank=True)
@@ -97,6 +99,9 @@ class Usage(models.Model):
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
     latency_ms_total = models.PositiveBigIntegerField(default=0)
+    # Of the prompt and completion tokens, those no engine counted: estimated for requests
+    # cut before their engine's usage came (docs/gateway.md, Usage).
+    estimated_tokens = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -108,6 +113,21 @@ class Usage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.bucket:%Y-%m-%d %H:%M} {self.model}"
+
+
+class UsageJournal(models.Model):
+    """How much of a gateway process's usage journal (llmgw/gateway/journal.py) the Usage
+    rows hold: the number of the last batch added, written in that batch's own transaction;
+    and whether the journal of a process that died was settled, set in the transaction
+    that added the rest. So a journal is counted exactly once, whenever a process dies."""
+
+    name = models.CharField(max_length=200, unique=True)
+    batch = models.PositiveBigIntegerField(default=0)
+    settled = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} (batch {self.batch}{', settled' if self.settled else ''})"
 
 
 class CapacityQuota(models.Model):

@@ -93,6 +93,9 @@ class QuotaClearOut(Schema):
 class KeyLimitsIn(_In):
     requests_per_minute: StrictInt | None = None
     tokens_per_minute: StrictInt | None = None
+    max_tokens: StrictInt | None = Field(
+        None, description="the most completion tokens one request may ask for"
+    )
 
 
 class KeyIn(_In):
@@ -117,6 +120,7 @@ class KeyOut(Schema):
     models: list[str]
     requests_per_minute: int | None
     tokens_per_minute: int | None
+    max_tokens: int | None = Field(description="null: requests may ask for any max_tokens")
     revoked_at: str | None
     created_at: str
     created_by: str
@@ -161,6 +165,10 @@ class UsageRowOut(Schema):
     errors: int
     prompt_tokens: int
     completion_tokens: int
+    estimated_tokens: int = Field(
+        description="of prompt_tokens and completion_tokens, those no engine counted: "
+        "estimated for requests cut before their engine's usage came"
+    )
     avg_latency_ms: float | None = Field(description="per request; null with no requests")
 
 

@@ -24,6 +24,7 @@ from .models import (
     Team,
     Token,
     Usage,
+    UsageJournal,
 )
 from .quota import RESOURCES, ZERO, Holding, Policy, Quota, Resources
 from .scopes import ScopeError, scope_resolve
@@ -201,6 +202,7 @@ def key_view(key: ApiKey) -> dict:
         "models": list(key.models_allowed or ()),
         "requests_per_minute": key.requests_per_minute,
         "tokens_per_minute": key.tokens_per_minute,
+        "max_tokens": key.max_tokens,
         "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
         "created_at": key.created_at.isoformat(),
         "created_by": key.created_by,
@@ -280,6 +282,7 @@ def usage_report(*, scope: str | None, since: datetime, by: str) -> dict:
         n_prompt=Sum("prompt_tokens"),
         n_completion=Sum("completion_tokens"),
         n_latency=Sum("latency_ms_total"),
+        n_estimated=Sum("estimated_tokens"),
     )
     out = [_usage_row(found, tree) for found in sums.order_by("-n_requests", *columns)]
     return {
@@ -306,8 +309,16 @@ def _usage_row(found: dict, tree: ScopeTree) -> dict:
         "errors": found["n_errors"] or 0,
         "prompt_tokens": found["n_prompt"] or 0,
         "completion_tokens": found["n_completion"] or 0,
+        "estimated_tokens": found["n_estimated"] or 0,
         "avg_latency_ms": round(found["n_latency"] / requests, 1) if requests else None,
     }
+
+
+def usage_journal_state(*, name: str) -> tuple[int, bool]:
+    """Of a gateway process's usage journal: the last batch the Usage rows hold (0 for none),
+    and whether it was settled."""
+    row = UsageJournal.objects.filter(name=name).values_list("batch", "settled").first()
+    return row if row is not None else (0, False)
 
 
 def keys_print() -> tuple:
@@ -322,10 +333,10 @@ def keys_print() -> tuple:
 
 def key_rows() -> list[tuple]:
     """Every key not revoked, as the gateway admits by: (id, name, prefix, secret hash,
-    project id, models allowed, requests per minute, tokens per minute)."""
+    project id, models allowed, requests per minute, tokens per minute, max tokens)."""
     return [
-        (i, n, pre, d, p, tuple(m or ()), rpm, tpm)
-        for i, n, pre, d, p, m, rpm, tpm in ApiKey.objects.filter(
+        (i, n, pre, d, p, tuple(m or ()), rpm, tpm, cap)
+        for i, n, pre, d, p, m, rpm, tpm, cap in ApiKey.objects.filter(
             revoked_at__isnull=True
         ).values_list(
             "id",
@@ -336,6 +347,7 @@ def key_rows() -> list[tuple]:
             "models_allowed",
             "requests_per_minute",
             "tokens_per_minute",
+            "max_tokens",
         )
     ]
 

@@ -23,6 +23,7 @@ from .models import (
     ScopeLimit,
     Team,
     Token,
+    UsageJournal,
 )
 from .quota import RESOURCES, Resources
 from .scopes import KEY_RE
@@ -356,6 +357,8 @@ def _written(tree: ScopeTree, key: str) -> str:
 KEY_SECRET_PREFIX = "llmgw_key_"
 KEY_PREFIX_LENGTH = 14
 _LIMITS = ("requests_per_minute", "tokens_per_minute")
+# A key's limits add a cap on what one request may ask for.
+_KEY_LIMITS = (*_LIMITS, "max_tokens")
 # Far above any real limit, and within what the columns hold.
 _LIMIT_MOST = 2**31 - 1
 
@@ -379,19 +382,22 @@ def api_key_models(models: object) -> list[str]:
     return list(dict.fromkeys(models))
 
 
-def limit_figures(limits: Mapping | None) -> dict[str, int | None]:
-    """Requests and tokens per minute, each a whole number from 1 or left out (None: not
-    limited), as keys and scopes take them; Invalid with the reason otherwise.
+def limit_figures(
+    limits: Mapping | None, fields: tuple[str, ...] = _LIMITS
+) -> dict[str, int | None]:
+    """Requests and tokens per minute (and, for a key, `max_tokens`), each a whole number
+    from 1 or left out (None: not limited), as keys and scopes take them; Invalid with the
+    reason otherwise.
 
     Zero is refused rather than read as "nothing at all": it would refuse every request
     with a Retry-After that never comes true; revoking the keys says that plainly.
     """
     given = dict(limits or {})
-    unknown = sorted(set(given) - set(_LIMITS), key=str)
+    unknown = sorted(set(given) - set(fields), key=str)
     if unknown:
-        raise Invalid(f"limits has an unknown field {unknown[0]!r}; it takes {', '.join(_LIMITS)}.")
+        raise Invalid(f"limits has an unknown field {unknown[0]!r}; it takes {', '.join(fields)}.")
     out: dict[str, int | None] = {}
-    for name in _LIMITS:
+    for name in fields:
         value = given.get(name)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _LIMIT_MOST
@@ -415,7 +421,7 @@ def api_key_create(
 
     name = tree_name(name, what="an API key")
     allowed = api_key_models(models)
-    figures = limit_figures(limits)
+    figures = limit_figures(limits, _KEY_LIMITS)
     with transaction.atomic():
         key_scope = scope_find(f"project:{project}".strip())
         row = Project.objects.get(pk=int(key_scope.partition(":")[2]))
@@ -548,22 +554,38 @@ def limit_clear(*, scope: str, actor: str) -> str:
 
 _USAGE_ADD = """
 INSERT INTO tenancy_usage (bucket, api_key_id, project_id, model, requests, errors,
-                           prompt_tokens, completion_tokens, latency_ms_total)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                           prompt_tokens, completion_tokens, latency_ms_total,
+                           estimated_tokens)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (bucket, api_key_id, model) DO UPDATE SET
     requests = tenancy_usage.requests + excluded.requests,
     errors = tenancy_usage.errors + excluded.errors,
     prompt_tokens = tenancy_usage.prompt_tokens + excluded.prompt_tokens,
     completion_tokens = tenancy_usage.completion_tokens + excluded.completion_tokens,
-    latency_ms_total = tenancy_usage.latency_ms_total + excluded.latency_ms_total
+    latency_ms_total = tenancy_usage.latency_ms_total + excluded.latency_ms_total,
+    estimated_tokens = tenancy_usage.estimated_tokens + excluded.estimated_tokens
 """
 
 
-def usage_add(*, tallies: Mapping[tuple[int, int, int, str], Sequence[int]]) -> None:
+def usage_add(
+    *,
+    tallies: Mapping[tuple[int, int, int, str], Sequence[int]],
+    journal: str | None = None,
+    batch: int = 0,
+) -> None:
     """Add the gateway's tallies, keyed (minute since the epoch, key id, project id, model)
-    to [requests, errors, prompt, completion, latency ms], to their one-minute `Usage` rows
-    in one statement: an upsert that adds, so several gateway processes can write the same
-    bucket. Rows for keys deleted meanwhile are dropped rather than failing the batch."""
+    to [requests, errors, prompt, completion, latency ms, estimated], to their one-minute
+    `Usage` rows in one statement: an upsert that adds, so several gateway processes can
+    write the same bucket. Rows for keys deleted meanwhile are dropped rather than failing
+    the batch. For a process keeping a usage `journal`, the number of this `batch` is
+    recorded in the same transaction, so the journal's settlement knows what is here."""
+    with transaction.atomic():
+        _usage_rows_add(tallies)
+        if journal is not None:
+            UsageJournal.objects.update_or_create(name=journal, defaults={"batch": batch})
+
+
+def _usage_rows_add(tallies: Mapping[tuple[int, int, int, str], Sequence[int]]) -> None:
     keys = set(ApiKey.objects.filter(pk__in={k[1] for k in tallies}).values_list("pk", flat=True))
     bucket = connection.ops.adapt_datetimefield_value
     rows = [
@@ -572,5 +594,24 @@ def usage_add(*, tallies: Mapping[tuple[int, int, int, str], Sequence[int]]) -> 
         if key in keys
     ]
     if rows:
-        with transaction.atomic(), connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.executemany(_USAGE_ADD, rows)
+
+
+def usage_journal_settle(
+    *, name: str, tallies: Mapping[tuple[int, int, int, str], Sequence[int]]
+) -> bool:
+    """Add what the journal `name` of a process that died holds beyond the Usage rows, and
+    mark it settled, in one transaction; False, adding nothing, when it was settled
+    already (a start that died before it removed the file)."""
+    with transaction.atomic():
+        if UsageJournal.objects.filter(name=name, settled=True).exists():
+            return False
+        _usage_rows_add(tallies)
+        UsageJournal.objects.update_or_create(name=name, defaults={"settled": True})
+    return True
+
+
+def usage_journal_forget(*, name: str) -> None:
+    """The journal `name` is gone from disk: its record goes too."""
+    UsageJournal.objects.filter(name=name).delete()

@@ -18,6 +18,8 @@ def limits_cell(key: Mapping[str, Any]) -> str:
         parts.append(f"{key['requests_per_minute']:,} req/min")
     if key.get("tokens_per_minute") is not None:
         parts.append(f"{key['tokens_per_minute']:,} tok/min")
+    if key.get("max_tokens") is not None:
+        parts.append(f"≤ {key['max_tokens']:,} tok/request")
     return ", ".join(parts) or DASH
 
 
@@ -46,7 +48,11 @@ def key_body(args: argparse.Namespace) -> dict[str, Any]:
         body["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
     limits = {
         k: v
-        for k, v in (("requests_per_minute", args.rpm), ("tokens_per_minute", args.tpm))
+        for k, v in (
+            ("requests_per_minute", args.rpm),
+            ("tokens_per_minute", args.tpm),
+            ("max_tokens", args.max_tokens),
+        )
         if v is not None
     }
     if limits:
@@ -86,6 +92,9 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
     create.add_argument("--models", help="the models it may use, comma-separated (default: all)")
     create.add_argument("--rpm", type=whole_number, help="requests per minute, at most")
     create.add_argument("--tpm", type=whole_number, help="tokens per minute, at most")
+    create.add_argument(
+        "--max-tokens", type=whole_number, help="the most max_tokens one request may ask for"
+    )
     add(actions, "list", "every key, by its prefix", cmd_key_list)
     add(actions, "revoke", "refuse a key from now on", cmd_key_revoke).add_argument(
         "id", type=whole_number

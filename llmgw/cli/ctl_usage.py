@@ -77,6 +77,12 @@ def render_usage(report: Mapping[str, Any]) -> str:
         )
     since = f"{under}since {when(report['since'])}" if under else f"Since {when(report['since'])}"
     footer = f"{since}, {GROUPED[by]}; latency is the average."
+    estimated = sum(r.get("estimated_tokens") or 0 for r in rows)
+    if estimated:
+        footer += (
+            f"\n{count(estimated)} of the tokens are estimates: requests cut before their "
+            "engine counted them (docs/gateway.md, Usage)."
+        )
     return f"{render(NAME_HEADERS[by] + FIGURE_HEADERS, table)}\n\n{footer}"
 
 

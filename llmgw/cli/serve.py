@@ -435,7 +435,9 @@ def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
     Server = _server_class()
     _header_deadline(cfg.header_timeout)
     from fleet.metrics_renderer import RENDERER
-    from llmgw.asgi import application
+    from llmgw.asgi import application, gateway
+
+    _usage_journal(gateway, cfg.home)
 
     def ready() -> None:
         from twisted.internet import reactor
@@ -463,10 +465,10 @@ def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
                 start_embedded()
 
         def flush_usage() -> None:
-            from llmgw.asgi import gateway
-
             if gateway.runtime is not None:
                 gateway.runtime.flush_now()
+            elif gateway.journal is not None:
+                gateway.journal.close(remove=True)  # no request came: it holds nothing
 
         reactor.callWhenRunning(start)
         reactor.callWhenRunning(stop_on_signals, server, cfg.shutdown_grace)
@@ -501,3 +503,22 @@ def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
     )
     server.run()
     return 0
+
+
+def _usage_journal(gateway, home) -> None:
+    """This process's usage journal, opened (and so locked) before the journals of processes
+    that died are settled into the Usage rows (llmgw/gateway/journal.py): each worker of
+    `--workers N` has its own, and any of them settles a dead one's."""
+    from django.db import connection
+
+    from llmgw.gateway.journal import Journal, journals_settle
+
+    try:
+        gateway.journal = Journal.open(home)
+    except OSError as exc:
+        # Serving goes on; what a crash of this process cuts is then lost, as it was before.
+        log.error("no usage journal: %s cannot be written (%s)", home / "usage", exc)
+    try:
+        journals_settle(home)
+    finally:
+        connection.close()  # the serving threads open their own

@@ -151,6 +151,9 @@ class Config:
     debug: bool
     mirror: Mirror
     on_demand_wait: float = 120.0
+    # The completion tokens a gateway request that names no max_tokens reserves against
+    # the token limits (its model's max_output when that is less).
+    reserve_max_tokens: int = 1024
     # How long a stopping `llmgw serve` lets requests in flight finish.
     shutdown_grace: float = 30.0
     # How long a connection may take to send a request's headers (slow clients are closed).
@@ -284,6 +287,9 @@ def load(env: dict[str, str] | None = None) -> Config:
         log_format=log_format,
         debug=flag(env, "LLMGW_DEBUG", False, SettingError),
         on_demand_wait=_number(env, "LLMGW_ON_DEMAND_WAIT_SECONDS", 120.0, integer=False),
+        reserve_max_tokens=int(
+            _number(env, "LLMGW_RESERVED_MAX_TOKENS", 1024, integer=True, kind="a number")
+        ),
         shutdown_grace=_number(env, "LLMGW_SHUTDOWN_GRACE_SECONDS", 30.0, integer=False),
         header_timeout=_number(env, "LLMGW_HEADER_TIMEOUT_SECONDS", 20.0, integer=False),
         events_keep_days=_number(env, "LLMGW_EVENTS_KEEP_DAYS", 14.0, integer=False),

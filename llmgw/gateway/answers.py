@@ -27,13 +27,14 @@ class Refused(Exception):
         *,
         reason: str,
         retry_after: int | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.code = status, message, kind, code
-        self.reason, self.retry_after = reason, retry_after
+        self.reason, self.retry_after, self.param = reason, retry_after, param
 
     def body(self) -> bytes:
-        error = {"message": self.message, "type": self.kind, "param": None, "code": self.code}
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
         return json.dumps({"error": error}).encode()
 
 
@@ -73,8 +74,8 @@ def bad_key() -> Refused:
     )
 
 
-def bad_request(message: str, code: str | None = None) -> Refused:
-    return Refused(400, message, "invalid_request_error", code, reason="bad_request")
+def bad_request(message: str, code: str | None = None, param: str | None = None) -> Refused:
+    return Refused(400, message, "invalid_request_error", code, reason="bad_request", param=param)
 
 
 def too_large() -> Refused:

@@ -32,6 +32,7 @@ from llmgw.gateway.answers import (
     Send,
     send_answer,
 )
+from llmgw.gateway.journal import Journal
 from llmgw.gateway.load import BOARD, publish
 from llmgw.gateway.requests import serve
 from llmgw.gateway.state import State, in_a_thread
@@ -55,8 +56,8 @@ class Runtime(State):
     tables and writes usage, started, drained and closed here. Made on the first request,
     on the loop that serves it."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, journal: Journal | None = None) -> None:
+        super().__init__(journal)
         self.loader = Loader()
         self._task: asyncio.Task | None = None
         self._redis = None
@@ -64,6 +65,7 @@ class Runtime(State):
         self._reading = asyncio.Lock()  # one refresh at a time: the loader is not shared
         self._missed: asyncio.Task | None = None  # the refresh the unknown keys wait for
         self._missed_at = float("-inf")
+        self._writing = False  # a batch of usage is being written (`_flush`)
 
     async def start(self) -> None:
         self.session = open_pool()
@@ -72,19 +74,31 @@ class Runtime(State):
 
     def flush_now(self) -> None:
         """Write what usage is tallied from a thread of its own, waiting up to 10 s: for a
-        server going down, whose loop will not run the background task again."""
+        server going down, whose loop will not run the background task again. Its journal
+        is then removed, unless a request is left in flight (journal.py): the next start
+        settles what it holds. While a batch is still being written, whose fate this loop
+        will not hear, nothing more is: the journal is kept, and the next start adds what
+        the database does not hold, exactly."""
         import threading
 
         from llmgw.core import clock
+        from tenancy.services import usage_journal_forget
 
-        tallies, used = self.usage.take()
-        if not tallies and not used:
+        if self._writing and self.usage.journal is not None:
+            self.usage.close(written=False)
             return
-        now = clock.now()
+        tallies, used = self.usage.take()
+        batch, name, now = self.usage.batch, self.usage.journal_name, clock.now()
 
         def write() -> None:
             try:
-                usage_write(tallies=tallies, used=used, now=now)
+                if tallies or used:
+                    usage_write(tallies=tallies, used=used, now=now, journal=name, batch=batch)
+                gone = self.usage.close(written=True)
+                if gone is not None:
+                    usage_journal_forget(name=gone)
+            except Exception:  # noqa: BLE001 - the journal keeps it for the next start
+                log.warning("could not write the last usage; its journal keeps it", exc_info=True)
             finally:
                 connection.close()  # this thread's own, about to end with it
 
@@ -160,11 +174,19 @@ class Runtime(State):
             return
         from llmgw.core import clock
 
+        batch, name = self.usage.batch, self.usage.journal_name
+        self._writing = True
         try:
-            await in_a_thread(usage_write)(tallies=tallies, used=used, now=clock.now())
+            await in_a_thread(usage_write)(
+                tallies=tallies, used=used, now=clock.now(), journal=name, batch=batch
+            )
         except Exception:  # noqa: BLE001
             log.warning("could not write usage; keeping it for the next try", exc_info=True)
             self.usage.give_back(tallies, used)
+            return
+        finally:
+            self._writing = False
+        self.usage.written(batch)
 
     async def _publish(self) -> None:
         counts = BOARD.counts()
@@ -187,6 +209,7 @@ class Runtime(State):
         while True:
             await asyncio.sleep(REFRESH_S)
             try:
+                self.usage.progress()
                 await self._refresh()
                 await self._publish()
                 if time.monotonic() - last_flush >= FLUSH_S:
@@ -208,6 +231,9 @@ class Gateway:
     def __init__(self, inner) -> None:
         self.inner = inner
         self.runtime: Runtime | None = None
+        # The process's usage journal, which `llmgw serve` opens (journal.py); none in tests
+        # and wherever else the app runs.
+        self.journal: Journal | None = None
         self._starting: asyncio.Future | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -229,7 +255,7 @@ class Gateway:
     async def _start(self) -> Runtime:
         if self._starting is None:
             self._starting = asyncio.get_running_loop().create_future()
-            rt = Runtime()
+            rt = Runtime(self.journal)
             try:
                 await rt.start()
             except BaseException as exc:

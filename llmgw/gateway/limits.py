@@ -3,9 +3,16 @@
 Each limit is a sliding window of one minute, estimated from two fixed windows
 the way most rate limiters do: what the current minute counted, plus what the
 last minute counted weighted by how much of it the sliding window still
-covers. `verdict` is the whole rule, pure. The counts live in the process
-(embedded) or in Redis (production, shared by every `llmgw serve`), behind
-`Counters`: one read before a request, increments after, never waited on.
+covers. `verdict` is the whole rule, pure.
+
+Tokens are reserved when a request is admitted: it counts at once against every
+token limit along its chain for all it may use (its prompt, estimated, and the
+completion it asks for, `reservation`), and what it did not use is given back
+when it ends (`Limiter.settle`). Requests in flight so see each other's
+reservations, and a burst of them cannot pass a limit that each alone would
+fit. The counts live in the process (embedded) or in Redis (production, shared
+by every `llmgw serve`), behind `Counters`: a request's costs are added and the
+counts before them read in one step (`take`), given back when it is refused.
 """
 
 from __future__ import annotations
@@ -52,7 +59,11 @@ class Check:
 
     subject: str
     limit: int
-    cost: int  # 1 for a request; 1 for tokens (there must be one token of room left)
+    cost: int  # 1 for a request; for tokens, what the request reserves (at most the limit)
+
+    @property
+    def tokens(self) -> bool:
+        return self.subject.endswith(":tok")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,37 +83,82 @@ def judge(checks: Sequence[Check], counts: Sequence[tuple[int, int]], elapsed: f
     return worst
 
 
+def prompt_estimate(body_bytes: int) -> int:
+    """A request's prompt tokens, about, before any engine has counted them: one for every
+    four bytes of its body. The gateway has no tokenizer; four characters a token is
+    English text's usual rate, and the JSON around the prompt makes up for text that
+    takes more (code, other scripts)."""
+    return body_bytes // 4 + 1
+
+
+def reservation(
+    *, prompt: int, asked: int | None, default: int, cap: int | None, choices: int = 1
+) -> int:
+    """The tokens a request may use, reserved against the token limits when it is admitted:
+    its prompt estimate and, for each of its `choices` (`n`), the completion tokens it asked
+    for (`max_tokens`), or, when it asked for none, `default`, or the model's `cap` (its
+    max_output) when that is less. An embedding asks for none and is given a default of 0."""
+    if asked is None:
+        asked = default if cap is None else min(default, cap)
+    return prompt + choices * asked
+
+
+Held = list[tuple[str, int]]  # the token limits' subjects a request holds, and how much
+
+
 def _minute(now: float) -> tuple[int, float]:
     minute = int(now // WINDOW_S)
     return minute, now - minute * WINDOW_S
 
 
 class LocalCounters:
-    """The counts in this process: embedded mode, one `llmgw serve`."""
+    """The counts in this process: embedded mode, one `llmgw serve`. `take` never yields to
+    the loop, so no other request is admitted between its read and its add."""
 
     def __init__(self) -> None:
         self._counts: dict[tuple[str, int], int] = {}
         self._minute = 0
 
-    async def read(self, subjects: Sequence[str], now: float) -> list[tuple[int, int]]:
-        minute, _ = _minute(now)
-        get = self._counts.get
-        return [(get((s, minute - 1), 0), get((s, minute), 0)) for s in subjects]
+    async def take(
+        self, amounts: Sequence[tuple[str, int]], now: float
+    ) -> list[tuple[int, int]] | None:
+        """Add each amount to its subject's current minute; the counts (last minute, this
+        minute) each subject had before."""
+        minute = self._roll(now)
+        counts = self._counts
+        before = []
+        for subject, amount in amounts:
+            k = (subject, minute)
+            current = counts.get(k, 0)
+            before.append((counts.get((subject, minute - 1), 0), current))
+            counts[k] = current + amount
+        return before
 
     def add(self, amounts: Sequence[tuple[str, int]], now: float) -> None:
-        minute, _ = _minute(now)
-        if minute != self._minute:
-            self._minute = minute
-            self._counts = {k: v for k, v in self._counts.items() if k[1] >= minute - 1}
+        """Add (or, negative, take back) amounts in the minute of `now`, which may be a minute
+        gone by (a settlement of a request admitted then); older ones count for nothing."""
+        minute = int(now // WINDOW_S)
+        if minute < self._roll(now) - 1:
+            return
         for subject, amount in amounts:
             k = (subject, minute)
             self._counts[k] = self._counts.get(k, 0) + amount
 
+    def _roll(self, now: float) -> int:
+        """The latest minute seen; minutes before the last one are forgotten as it moves."""
+        minute = int(now // WINDOW_S)
+        if minute > self._minute:
+            self._minute = minute
+            self._counts = {k: v for k, v in self._counts.items() if k[1] >= minute - 1}
+        return self._minute
+
 
 class RedisCounters:
-    """The counts in Redis, shared by every gateway process. One round trip to read; adds
-    are sent in the background. When Redis is away, limits are not enforced (and it is
-    logged): inference keeps working."""
+    """The counts in Redis, shared by every gateway process. One round trip to take (each
+    INCRBY answers the count with this request's cost in it, so two processes admitting at
+    once each see the other's); settlements and give-backs are sent in the background.
+    When Redis is away, limits are not enforced (and it is logged): inference keeps
+    working."""
 
     PREFIX = "llmgw:rl:"
 
@@ -121,20 +177,30 @@ class RedisCounters:
             self._warned_at = time.monotonic()
             log.warning("rate limits not enforced: Redis is unreachable (%s)", exc)
 
-    async def read(self, subjects: Sequence[str], now: float) -> list[tuple[int, int]]:
+    async def take(
+        self, amounts: Sequence[tuple[str, int]], now: float
+    ) -> list[tuple[int, int]] | None:
+        """As LocalCounters.take; None when Redis could not be asked (nothing is taken)."""
         if time.monotonic() < self._away_until:
-            return [(0, 0)] * len(subjects)
+            return None
         minute, _ = _minute(now)
-        keys = []
-        for s in subjects:
-            keys += (f"{self.PREFIX}{s}:{minute - 1}", f"{self.PREFIX}{s}:{minute}")
         try:
-            values = await self._redis.mget(keys)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for subject, amount in amounts:
+                    k = f"{self.PREFIX}{subject}:{minute}"
+                    pipe.incrby(k, amount)
+                    pipe.expire(k, 3 * WINDOW_S)
+                    pipe.get(f"{self.PREFIX}{subject}:{minute - 1}")
+                values = await pipe.execute()
         except Exception as exc:  # noqa: BLE001 - any Redis failure means: not enforced now
             self._warn(exc)
-            return [(0, 0)] * len(subjects)
-        ints = [int(v) if v else 0 for v in values]
-        return [(ints[i], ints[i + 1]) for i in range(0, len(ints), 2)]
+            return None
+        before = []
+        for i, (_, amount) in enumerate(amounts):
+            after, _, previous = values[3 * i : 3 * i + 3]
+            # Below 0 only where a settlement reached a minute whose reservation had expired.
+            before.append((max(0, int(previous or 0)), max(0, after - amount)))
+        return before
 
     def add(self, amounts: Sequence[tuple[str, int]], now: float) -> None:
         if not amounts or time.monotonic() < self._away_until:
@@ -156,41 +222,48 @@ class RedisCounters:
 
 
 class Limiter:
-    """Checks a request against every limit along its key's chain, and counts it."""
+    """Checks a request against every limit along its key's chain, holds what it may use,
+    and settles what it used."""
 
     def __init__(self, counters) -> None:
         self.counters = counters
 
     @staticmethod
-    def checks(key, limits) -> tuple[list[Check], list[str], list[str]]:
-        """The checks for a key (its own limits, then each scope's up the tree), and the
-        subjects a request and its tokens count against."""
+    def checks(key, limits, tokens: int) -> list[Check]:
+        """The checks for a key (its own limits, then each scope's up the tree), for a request
+        reserving `tokens`. A request that may use more than a whole limit reserves all of
+        it: it waits for an empty window rather than never going."""
         checks: list[Check] = []
-        requests: list[str] = []
-        tokens: list[str] = []
         own = (f"key:{key.id}", (key.requests_per_minute, key.tokens_per_minute))
         for who, (rpm, tpm) in (own, *((s, limits[s]) for s in key.scopes if s in limits)):
             if rpm is not None:
                 checks.append(Check(f"{who}:req", rpm, 1))
-                requests.append(f"{who}:req")
             if tpm is not None:
-                checks.append(Check(f"{who}:tok", tpm, 1))
-                tokens.append(f"{who}:tok")
-        return checks, requests, tokens
+                checks.append(Check(f"{who}:tok", tpm, max(1, min(tokens, tpm))))
+        return checks
 
-    async def admit(self, checks: Sequence[Check], requests: Sequence[str], now: float):
-        """None when the request may go (and it is counted), else the Refusal."""
+    async def admit(self, checks: Sequence[Check], now: float) -> tuple[Refusal | None, Held]:
+        """(None, what the request holds of the token limits) when it may go: counted against
+        every limit already. (The Refusal, []) when not, its costs given back."""
         if not checks:
-            return None
-        counts = await self.counters.read([c.subject for c in checks], now)
+            return None, []
+        amounts = [(c.subject, c.cost) for c in checks]
+        counts = await self.counters.take(amounts, now)
+        if counts is None:  # not enforced now (Redis away): nothing was taken
+            return None, []
         refusal = judge(checks, counts, _minute(now)[1])
-        if refusal is None:
-            self.counters.add([(s, 1) for s in requests], now)
-        return refusal
+        if refusal is not None:
+            self.counters.add([(s, -cost) for s, cost in amounts], now)
+            return refusal, []
+        return None, [(c.subject, c.cost) for c in checks if c.tokens]
 
-    def spent(self, tokens: Sequence[str], amount: int, now: float) -> None:
-        if tokens and amount > 0:
-            self.counters.add([(s, amount) for s in tokens], now)
+    def settle(self, held: Held, spent: int, admitted: float) -> None:
+        """A request admitted at `admitted` ended having used `spent` tokens: each limit it
+        held gets back what it did not use (or counts what it used beyond), in the minute
+        the reservation was counted."""
+        amounts = [(subject, spent - cost) for subject, cost in held if spent != cost]
+        if amounts:
+            self.counters.add(amounts, admitted)
 
 
 def refusal_sentence(refusal: Refusal, key, scope_names) -> str:

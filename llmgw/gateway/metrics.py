@@ -34,7 +34,8 @@ ERRORS = Counter(
 TOKENS = Counter(
     "llmgw_gateway_tokens",
     "Tokens the engines reported in their usage, by model and kind (prompt, completion, "
-    "cached: the prompt tokens an engine found in its cache).",
+    "cached: the prompt tokens an engine found in its cache; estimated: the prompt and "
+    "completion tokens counted without an engine's figures, for requests cut first).",
     ["model", "kind"],
     registry=REGISTRY,
 )
@@ -86,6 +87,7 @@ class ModelSeries:
         "prompt",
         "completion",
         "_cached",
+        "_estimated",
         "_codes",
         "_routed",
     )
@@ -99,6 +101,7 @@ class ModelSeries:
         # Made on the first cached token: a model whose engines never report any says
         # nothing, not 0.
         self._cached = None
+        self._estimated = None
         self._codes: dict[int, object] = {}
         self._routed: dict[str, object] = {}
 
@@ -112,6 +115,11 @@ class ModelSeries:
         if self._cached is None:
             self._cached = TOKENS.labels(self.model, "cached")
         self._cached.inc(tokens)
+
+    def estimated(self, tokens: int) -> None:
+        if self._estimated is None:
+            self._estimated = TOKENS.labels(self.model, "estimated")
+        self._estimated.inc(tokens)
 
     def routed(self, how: str) -> None:
         child = self._routed.get(how)

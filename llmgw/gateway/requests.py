@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
+
+import orjson
 
 from llmgw.core import tracing
 from llmgw.gateway import metrics
@@ -27,7 +28,7 @@ from llmgw.gateway.answers import (
     too_large,
     unknown_model,
 )
-from llmgw.gateway.limits import Limiter, refusal_sentence
+from llmgw.gateway.limits import Limiter, prompt_estimate, refusal_sentence, reservation
 from llmgw.gateway.routing import route
 from llmgw.gateway.state import Request, State
 from llmgw.gateway.streaming import record_usage
@@ -65,10 +66,13 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
 
 
 def _parse(raw: bytes, endpoint: str) -> dict:
+    # orjson, not json: Python's reader takes NaN and Infinity (and reads 1e400 as infinity),
+    # which are not JSON and which an engine should not be handed. orjson refuses them, and
+    # bodies nested past 1,024 levels, and is several times faster.
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # arrays nested thousands deep
-        raise bad_request("The body is not valid JSON.") from None
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"The body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
         raise bad_request("The body must be a JSON object.")
     model = body.get("model")
@@ -80,6 +84,62 @@ def _parse(raw: bytes, endpoint: str) -> dict:
     if stream and endpoint == "embedding":
         raise bad_request("Embeddings cannot be streamed.")
     return body
+
+
+# Where each endpoint's body says how many tokens to write at most, in the order engines
+# read them (OpenAI's newer name first).
+MAX_TOKENS_FIELDS = {"chat": ("max_completion_tokens", "max_tokens"), "completion": ("max_tokens",)}
+
+
+def _asked(body: dict, endpoint: str) -> tuple[str, int] | None:
+    """The field that says how many tokens to write at most, and its figure; None when the
+    body gives none. 400 for one that is not a whole number."""
+    for name in MAX_TOKENS_FIELDS.get(endpoint, ()):
+        value = body.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise bad_request(f"'{name}' must be a whole number, 0 or more.", param=name)
+            return name, value
+    return None
+
+
+def _capped(req: Request, spec, asked: tuple[str, int] | None) -> tuple[str, int] | None:
+    """`asked` held to the caps on it, its key's (the limits' max_tokens) and its model's (the
+    catalog's max_output): a 400 naming the cap when it asks for more. A request that asks
+    for nothing is given the smaller cap as its max_tokens, so no engine writes past it."""
+    if req.endpoint == "embedding":
+        return asked
+    key_cap, model_cap = req.key.max_tokens, spec.max_output
+    if key_cap is None and model_cap is None:
+        return asked
+    if asked is None:
+        cap = min(c for c in (key_cap, model_cap) if c is not None)
+        req.body["max_tokens"] = cap
+        req.body_changed = True
+        return "max_tokens", cap
+    name, value = asked
+    if key_cap is not None and value > key_cap:
+        why = f"this API key allows at most {key_cap:,} a request"
+    elif model_cap is not None and value > model_cap:
+        why = f"model {spec.name} writes at most {model_cap:,} (its max_output)"
+    else:
+        return asked
+    raise bad_request(f"'{name}' is {value:,}, more than {why}.", "max_tokens_too_large", name)
+
+
+def _reserved(cfg, req: Request, spec, asked: tuple[str, int] | None) -> int:
+    """What `req` may use at most, to hold against the token limits (`limits.reservation`):
+    its prompt estimate and, for each choice it asks for (`n`), its completion."""
+    if req.endpoint == "embedding":
+        return req.estimate
+    n = req.body.get("n")
+    return reservation(
+        prompt=req.estimate,
+        asked=asked[1] if asked is not None else None,
+        default=cfg.reserve_max_tokens,
+        cap=spec.max_output,
+        choices=n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1,
+    )
 
 
 async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
@@ -148,10 +208,14 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
             started=started,
             model=spec.name,
         )
+        req.estimate = prompt_estimate(len(raw))
+        req.reserved = _reserved(rt.cfg, req, spec, _capped(req, spec, _asked(body, endpoint)))
         model_series = metrics.series(spec.name)
         tracing.said(span, **{"gen_ai.request.model": body["model"], "llmgw.model": spec.name})
+        req.admitted = time.time()
         with tracing.span("llmgw.admission.limits"):
             await _admit(rt, req)
+        rt.usage.begin(req, req.admitted)
         status = await route(rt, req, receive, send)
         model_series = metrics.series(req.model)
         model_series.answered(status)
@@ -201,6 +265,10 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
         with contextlib.suppress(Exception):  # the answer may have begun already
             await send_answer(send, 500, error.body())
     finally:
+        if req is not None and not req.recorded:
+            # Cancelled from underneath (daphne gives up on an application some seconds
+            # after its connection is lost): what it held and used still counts.
+            record_usage(rt, req, req.usage, error=True)
         model_series.duration.observe(time.perf_counter() - started)
         if span is not None:
             _span_end(span, req, status)
@@ -230,10 +298,10 @@ def _count(value) -> int | None:
 
 
 async def _admit(rt: State, req: Request) -> None:
-    checks, requests, _ = Limiter.checks(req.key, rt.tables.limits)
+    checks = Limiter.checks(req.key, rt.tables.limits, req.reserved)
     if not checks:
         return
-    refusal = await rt.limiter.admit(checks, requests, time.time())
+    refusal, req.held = await rt.limiter.admit(checks, req.admitted)
     if refusal is None:
         return
     raise Refused(

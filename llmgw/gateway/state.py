@@ -17,7 +17,8 @@ import aiohttp
 from channels.db import database_sync_to_async
 
 from llmgw.gateway.answers import bad_key, no_key, unknown_model
-from llmgw.gateway.limits import Limiter, LocalCounters, RedisCounters
+from llmgw.gateway.journal import Journal
+from llmgw.gateway.limits import Held, Limiter, LocalCounters, RedisCounters
 from llmgw.gateway.prefixes import PrefixTable, block_hashes, choose, prompt_text
 from llmgw.gateway.tables import Key, Tables, Upstream
 from llmgw.gateway.usage import UsageBook
@@ -51,6 +52,13 @@ class Request:
     done: bool = False  # the answer has reached its end (a stream, its [DONE])
     recorded: bool = False  # its usage is counted: once, whichever way it ended
     events: int = 0  # server-sent events passed on: tokens, about, when no usage came
+    estimate: int = 0  # its prompt's tokens, about, before an engine counts them
+    reserved: int = 0  # the tokens it may use (prompt estimate and completion asked for)
+    abandoned: bool = False  # cut while an engine worked on it (caller gone, server stopping)
+    body_changed: bool = False  # the gateway added to it (a cap on max_tokens): sent re-encoded
+    held: Held = field(default_factory=list)  # what it holds of each token limit meanwhile
+    admitted: float = 0.0  # when (time.time()) it was let in, and its reservation counted
+    rid: int = 0  # its id in the process's usage book and journal, once let in
     replica: str = ""  # the replica answering it, told to the caller (X-Llmgw-Replica)
     _prefix: list[int] | None = None
 
@@ -84,7 +92,7 @@ class State:
     """What the request path reads and asks of the process: tables, counters, the upstream
     pool, in-flight counts and suspect replicas."""
 
-    def __init__(self) -> None:
+    def __init__(self, journal: Journal | None = None) -> None:
         from django.conf import settings
 
         self.secret = settings.SECRET_KEY
@@ -93,7 +101,7 @@ class State:
         self.changed = asyncio.Event()  # set, and replaced, whenever the tables change
         counters = RedisCounters(self.cfg.redis_url) if self.cfg.redis_url else LocalCounters()
         self.limiter = Limiter(counters)
-        self.usage = UsageBook()
+        self.usage = UsageBook(journal)
         self.inflight: dict[str, int] = {}
         self.suspect: dict[str, float] = {}
         self.turn = 0

@@ -15,7 +15,6 @@ import aiohttp
 
 from llmgw.gateway import metrics
 from llmgw.gateway.answers import Send
-from llmgw.gateway.limits import Limiter
 from llmgw.gateway.state import Request, State
 
 log = logging.getLogger("llmgw.gateway")
@@ -28,22 +27,12 @@ SSE_HEADERS = [
 
 
 def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) -> None:
-    """Usage and token counts for one request, from the engine's own `usage` figures; only
-    the first call for a request counts."""
+    """Usage and token counts for one request (`tokens_used`), and what it held of the token
+    limits settled; only the first call for a request counts."""
     if req.recorded:
         return
     req.recorded = True
-    prompt = completion = cached = 0
-    if isinstance(usage, dict):
-        prompt = _tokens(usage.get("prompt_tokens"))
-        completion = _tokens(usage.get("completion_tokens"))
-        details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict):  # OpenAI's, vLLM's and llama.cpp's place for it
-            cached = min(_tokens(details.get("cached_tokens")), prompt)
-    elif req.events:
-        # A stream that ended before its usage (cut, or the caller hung up): each event
-        # passed on carried about a token, and they count against the token limits.
-        completion = req.events
+    prompt, completion, cached, estimated = tokens_used(req, usage)
     now = time.time()
     rt.usage.record(
         key_id=req.key.id,
@@ -51,6 +40,8 @@ def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) ->
         model=req.model,
         prompt=prompt,
         completion=completion,
+        estimated=estimated,
+        request=req.rid,
         error=error,
         latency_ms=(time.perf_counter() - req.started) * 1000,
         now=now,
@@ -61,8 +52,34 @@ def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) ->
         s.completion.inc(completion)
         if cached:
             s.cached(cached)
-        _, _, tokens = Limiter.checks(req.key, rt.tables.limits)
-        rt.limiter.spent(tokens, prompt + completion, now)
+        if estimated:
+            s.estimated(estimated)
+    if req.held:
+        rt.limiter.settle(req.held, prompt + completion, req.admitted)
+
+
+def tokens_used(req: Request, usage: dict | None) -> tuple[int, int, int, int]:
+    """(prompt, completion, cached, estimated) tokens of a request: from the engine's own
+    `usage` figures when they came. Otherwise, for a request an engine worked on: a stream
+    counts a completion token per event passed on (each carries about one), and one cut
+    before its answer (the caller hung up, the server stopped) what it may have written,
+    its reservation; either way its prompt by the estimate. `estimated` says how many of
+    them no engine counted. A request no engine worked on, or that one refused, used none.
+    """
+    if isinstance(usage, dict):
+        prompt = _tokens(usage.get("prompt_tokens"))
+        completion = _tokens(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        cached = 0
+        if isinstance(details, dict):  # OpenAI's, vLLM's and llama.cpp's place for it
+            cached = min(_tokens(details.get("cached_tokens")), prompt)
+        return prompt, completion, cached, 0
+    if req.events:
+        return req.estimate, req.events, 0, req.estimate
+    if req.abandoned:
+        written = 0 if req.stream else req.reserved - req.estimate
+        return req.estimate, written, 0, req.estimate + written
+    return 0, 0, 0, 0
 
 
 MOST_TOKENS = 100_000_000  # more in one answer is an engine's mistake, not a figure

@@ -32,6 +32,7 @@ class Key:
     models: frozenset[str] | None  # canonical names it may use; None is every model
     requests_per_minute: int | None
     tokens_per_minute: int | None
+    max_tokens: int | None = None  # the most one request may ask for
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ class KeyRow:
     models: tuple[str, ...]
     requests_per_minute: int | None
     tokens_per_minute: int | None
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,7 @@ def build_keys(
             models=allowed,
             requests_per_minute=r.requests_per_minute,
             tokens_per_minute=r.tokens_per_minute,
+            max_tokens=r.max_tokens,
         )
     return out
 

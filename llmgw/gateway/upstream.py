@@ -4,6 +4,7 @@ replica (`Unreachable` when it cannot be reached, so that another is tried), and
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -43,7 +44,7 @@ class Unreachable(Exception):
 
 async def proxy(rt: State, req: Request, up: Upstream, send: Send) -> int:
     body = req.raw
-    if req.body["model"] != up.model or (req.stream and not req.wants_usage):
+    if req.body["model"] != up.model or (req.stream and not req.wants_usage) or req.body_changed:
         changed = dict(req.body, model=up.model)
         if req.stream and not req.wants_usage:
             options = changed.get("stream_options")
@@ -104,6 +105,11 @@ async def _proxy(rt: State, req: Request, up: Upstream, send: Send, body, header
             return await _whole(rt, req, resp, kind, send)
         finally:
             resp.close()
+    except asyncio.CancelledError:
+        # The caller hung up, or the server stopped waiting, while the engine worked on it:
+        # no usage will come, so what it may have used is counted (streaming.tokens_used).
+        req.abandoned = True
+        raise
     finally:
         rt.inflight[rid] -= 1
         BOARD.running[model] -= 1

@@ -4,18 +4,22 @@ The request path adds to a tally in memory; every few seconds the tallies are
 added to the `Usage` rows with one statement (an upsert that adds, so several
 gateway processes can write the same bucket), and the replicas used since are
 marked used. When the write fails the tallies are kept for the next try.
+
+Where `llmgw serve` keeps a journal (`journal`), the book also writes there, as
+they happen, the requests it begins and ends and the events streams pass on, and
+the boundary of each batch it takes, so that what a killed process had in memory
+is settled on the next start.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from datetime import datetime
 
-log = logging.getLogger("llmgw.gateway")
+from llmgw.gateway.journal import COMPACT_BYTES, FIGURES, Journal, Tallies, begun, ended
 
-# (minute since the epoch, key id, project id, model) -> [requests, errors, prompt, completion,
-# latency ms]
-Tallies = dict[tuple[int, int, int, str], list[int]]
+log = logging.getLogger("llmgw.gateway")
 
 MAX_KEPT = 200_000  # tallies kept while the database is away; beyond, the oldest go
 
@@ -23,9 +27,26 @@ MAX_KEPT = 200_000  # tallies kept while the database is away; beyond, the oldes
 class UsageBook:
     """What the request path adds to; only ever touched on the event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, journal: Journal | None = None) -> None:
         self.tallies: Tallies = {}
         self.used: set[str] = set()
+        self.journal = journal
+        self.batch = 0  # the number of the last batch taken, which its journal line names
+        # Requests begun and not ended, by their id in the journal: a stream's events are
+        # read from it once a second (`progress`).
+        self.open: dict[int, object] = {}
+        self._told: dict[int, int] = {}  # the events last written, per stream
+        self._ids = itertools.count(1)
+
+    def begin(self, req, now: float) -> None:
+        """A request let in: it gets an id here, and its line in the journal."""
+        rid = req.rid = next(self._ids)
+        self.open[rid] = req
+        if self.journal is not None:
+            key = req.key
+            self.journal.write(
+                begun(rid, now, key.id, key.project_id, req.model, req.estimate, req.reserved)
+            )
 
     def record(
         self,
@@ -38,26 +59,51 @@ class UsageBook:
         error: bool,
         latency_ms: float,
         now: float,
+        estimated: int = 0,
+        request: int = 0,
     ) -> None:
+        """A request ended (`request`, its id, 0 for one that never began): its figures
+        added to its tally, and written to the journal."""
         k = (int(now // 60), key_id, project_id, model)
         t = self.tallies.get(k)
         if t is None:
-            t = self.tallies[k] = [0, 0, 0, 0, 0]
-        t[0] += 1
-        t[1] += error
-        t[2] += prompt
-        t[3] += completion
-        t[4] += round(latency_ms)
+            t = self.tallies[k] = [0] * FIGURES
+        figures = (1, int(error), prompt, completion, round(latency_ms), estimated)
+        for i, x in enumerate(figures):
+            t[i] += x
+        if request:
+            self.open.pop(request, None)
+            self._told.pop(request, None)
+        if self.journal is not None:
+            self.journal.write(ended(request, k, figures))
+
+    def progress(self) -> None:
+        """Write the events each stream in flight passed on, for those that passed more since
+        the last time: one write, about once a second."""
+        if self.journal is None:
+            return
+        lines = []
+        for rid, req in self.open.items():
+            events = req.events
+            if events and self._told.get(rid) != events:
+                self._told[rid] = events
+                lines.append(f"p\t{rid}\t{events}\n")
+        if lines:
+            self.journal.write("".join(lines))
 
     def take(self) -> tuple[Tallies, set[str]]:
+        """What to write now; with tallies, a batch, whose boundary the journal is told."""
         tallies, used = self.tallies, self.used
         self.tallies, self.used = {}, set()
+        if tallies and self.journal is not None:
+            self.batch += 1
+            self.journal.write(f"b\t{self.batch}\n")
         return tallies, used
 
     def give_back(self, tallies: Tallies, used: set[str]) -> None:
         """A batch that could not be written, merged back under what came since."""
         for k, v in tallies.items():
-            t = self.tallies.setdefault(k, [0, 0, 0, 0, 0])
+            t = self.tallies.setdefault(k, [0] * FIGURES)
             for i, x in enumerate(v):
                 t[i] += x
         self.used |= used
@@ -66,10 +112,54 @@ class UsageBook:
                 del self.tallies[k]
             log.warning("usage kept in memory passed %d rows; the oldest were dropped", MAX_KEPT)
 
+    def written(self, batch: int) -> None:
+        """Batch `batch` is in the database. A journal grown large is rewritten to hold only
+        what the database does not: the boundary, what ended since the batch was taken, and
+        the requests in flight."""
+        journal = self.journal
+        if journal is None or journal.size < COMPACT_BYTES:
+            return
+        lines = [f"b\t{batch}\n"]
+        lines += (ended(0, k, v) for k, v in self.tallies.items())
+        for rid, req in self.open.items():
+            key = req.key
+            lines.append(
+                begun(
+                    rid, req.admitted, key.id, key.project_id, req.model, req.estimate, req.reserved
+                )
+            )
+            if req.events:
+                lines.append(f"p\t{rid}\t{req.events}\n")
+        journal.rewrite("".join(lines))
 
-def usage_write(*, tallies: Tallies, used: set[str], now: datetime) -> None:
+    def close(self, *, written: bool) -> str | None:
+        """The process is ending: its journal closed, and removed when all it held is in the
+        database (`written`: the last batch was, and no request is left in flight).
+        Answers the name of a journal removed."""
+        journal = self.journal
+        if journal is None:
+            return None
+        self.journal = None
+        gone = written and not self.open
+        journal.close(remove=gone)
+        return journal.name if gone else None
+
+    @property
+    def journal_name(self) -> str | None:
+        return self.journal.name if self.journal is not None else None
+
+
+def usage_write(
+    *,
+    tallies: Tallies,
+    used: set[str],
+    now: datetime,
+    journal: str | None = None,
+    batch: int = 0,
+) -> None:
     """Mark the replicas used, then add the tallies to their rows in one transaction
-    (tenancy/services.py `usage_add`, which drops rows of keys deleted meanwhile)."""
+    (tenancy/services.py `usage_add`, which drops rows of keys deleted meanwhile), with,
+    for a process keeping a journal, the number of the batch they are."""
     from fleet.services import replicas_used_mark
     from tenancy.services import usage_add
 
@@ -78,4 +168,4 @@ def usage_write(*, tallies: Tallies, used: set[str], now: datetime) -> None:
     if used:
         replicas_used_mark(replica_ids=used, now=now)
     if tallies:
-        usage_add(tallies=tallies)
+        usage_add(tallies=tallies, journal=journal, batch=batch)

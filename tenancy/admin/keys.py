@@ -47,8 +47,10 @@ class ApiKeyForm(forms.ModelForm):
             "models_allowed",
             "requests_per_minute",
             "tokens_per_minute",
+            "max_tokens",
         ]
         help_texts = {
+            "max_tokens": "The most completion tokens one request may ask for; left empty: any.",
             "models_allowed": 'A JSON list of model names, such as ["llama", "chat"]; '
             "an empty list allows every model.",
         }
@@ -128,6 +130,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
             parts.append(f"{obj.requests_per_minute:,} req/min")
         if obj.tokens_per_minute is not None:
             parts.append(f"{obj.tokens_per_minute:,} tok/min")
+        if obj.max_tokens is not None:
+            parts.append(f"≤ {obj.max_tokens:,} tok/request")
         return ", ".join(parts) or "-"
 
     @admin.display(description="state", ordering="revoked_at")
@@ -149,6 +153,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             limits={
                 "requests_per_minute": obj.requests_per_minute,
                 "tokens_per_minute": obj.tokens_per_minute,
+                "max_tokens": obj.max_tokens,
             },
             actor=who(request),
         )

@@ -235,3 +235,36 @@ def test_limit_clear_deletes_the_scope_written_as_one_path_segment(capsys):
     assert code == 0
     assert server.last.url.raw_path.decode() == "/api/v1/limits/team%3AAcme%2Fml"
     assert out == "team:7: limits removed\n"
+
+
+def test_key_create_sends_its_limits_and_the_list_shows_its_cap_on_max_tokens(capsys):
+    made = {"id": 4, "name": "ci", "prefix": "llmgw_key_Ab12", "secret": "llmgw_key_Ab12xyz"}
+    server = FakeServer({("POST", "/api/v1/keys"): (201, made)})
+
+    code, out, _ = run(
+        capsys, server, "key", "create", "ci", "--project", "Acme/ml/p", "--tpm", "9000",
+        "--max-tokens", "512",
+    )  # fmt: skip
+
+    assert code == 0 and out.splitlines()[-1] == "llmgw_key_Ab12xyz"
+    assert server.body() == {
+        "project": "Acme/ml/p",
+        "name": "ci",
+        "limits": {"tokens_per_minute": 9000, "max_tokens": 512},
+    }
+    key = {**made, "project": "Acme/ml/p", "models": [], "tokens_per_minute": 9000}
+    server = FakeServer({("GET", "/api/v1/keys"): (200, [{**key, "max_tokens": 512}])})
+    _, out, _ = run(capsys, server, "key", "list")
+    assert "9,000 tok/min, ≤ 512 tok/request" in out
+
+
+def test_usage_says_how_many_of_its_tokens_are_estimates(capsys):
+    rows = [row(estimated_tokens=1200), row(model="qwen", estimated_tokens=34)]
+    server = FakeServer({("GET", "/api/v1/usage"): (200, report("project", rows))})
+
+    _, out, _ = run(capsys, server, "usage")
+
+    assert out.rstrip("\n").splitlines()[-1] == (
+        "1,234 of the tokens are estimates: requests cut before their engine counted them "
+        "(docs/gateway.md, Usage)."
+    )

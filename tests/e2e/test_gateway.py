@@ -7,6 +7,7 @@ models, keys and projects of its own where what it does could touch another's fi
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -455,6 +456,34 @@ def test_a_projects_requests_per_minute_hold_every_key_of_it(site):
     assert site.client().chat.completions.create(model="chat", messages=HELLO).choices
 
 
+def test_a_burst_on_a_tokens_per_minute_key_stays_within_its_limit(site):
+    # 20 requests at once, each able to use about 40 tokens (a prompt estimated at ~22 from
+    # its body and 17 to write), on a key allowed 100 tokens a minute. Before reservations
+    # every one was let in while a token of room was left: 20 answered, ~400 counted.
+    cluster = site.cluster
+    key = gateway_key(
+        cluster, gateway_project(cluster, "bursty"), "bursty", limits={"tokens_per_minute": 100}
+    )
+    body = {"model": "chat", "messages": HELLO, "max_tokens": 17}
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        answers = list(
+            pool.map(lambda _: site.post("chat/completions", body, key["secret"]), range(20))
+        )
+    codes = [r.status_code for r in answers]
+    assert set(codes) == {200, 429}
+    refused = next(r for r in answers if r.status_code == 429)
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert "allows 100 tokens per minute" in _error(refused)["message"]
+
+    def recorded() -> dict | None:
+        rows = [r for r in cluster.get("/usage", by="key")["rows"] if r["key_id"] == key["id"]]
+        return rows[0] if rows and rows[0]["requests"] == 20 else None
+
+    row = wait_for("the burst's usage to be written", recorded, timeout=15)
+    assert row["errors"] == codes.count(429)
+    assert 0 < row["prompt_tokens"] + row["completion_tokens"] <= 100
+
+
 def test_usage_per_key_adds_up_the_engines_usage_figures(site):
     cluster = site.cluster
     key = gateway_key(cluster, gateway_project(cluster, "metered"), "metered")
@@ -536,7 +565,8 @@ def test_hostile_requests_get_clear_errors(site):
     resp = site.post("chat/completions", iter([over[:4_000_000], over[4_000_000:]]))
     assert resp.status_code == 413
 
-    for body in (b"{not json", b"\xff\xfe", b"[1, 2]", b'"chat"'):
+    nan = b'{"model": "chat", "messages": [], "temperature": NaN}'
+    for body in (b"{not json", b"\xff\xfe", b"[1, 2]", b'"chat"', nan):
         resp = site.post("chat/completions", body)
         assert resp.status_code == 400, body
         assert _error(resp)["type"] == "invalid_request_error"

@@ -36,6 +36,8 @@ def test_usage_tallied_just_before_a_stop_is_written_on_the_way_down(cluster):
 
     # At once: well within the 2 s between the gateway's usage writes.
     cluster.stop("serve")
+    # All it held was written: its usage journal is gone with it.
+    assert list((cluster.home / "usage").glob("*.journal")) == []
     cluster.start_server()
 
     rows = cluster.get("/usage", by="key")["rows"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import replace
 
 import httpx
@@ -170,6 +171,12 @@ async def test_a_model_the_key_may_not_use_is_as_unknown_as_one_that_does_not_ex
             400,
             "not valid JSON",
         ),
+        # Not JSON numbers, though Python's json module reads them: never passed on.
+        ("POST", "/v1/chat/completions", b'{"model": "llama", "temperature": NaN}', 400, "JSON"),
+        ("POST", "/v1/completions", b'{"model": "llama", "top_p": Infinity}', 400, "JSON"),
+        ("POST", "/v1/completions", b'{"model": "llama", "top_p": -Infinity}', 400, "JSON"),
+        # Past what a double holds: Python reads it as infinity.
+        ("POST", "/v1/completions", b'{"model": "llama", "top_p": 1e400}', 400, "JSON"),
         ("POST", "/v1/chat/completions", b'{"messages": []}', 400, "'model' is required"),
         ("POST", "/v1/chat/completions", b'{"model": 3}', 400, "'model' is required"),
         ("POST", "/v1/chat/completions", b'{"model": "llama", "stream": "y"}', 400, "'stream'"),
@@ -196,6 +203,61 @@ async def test_bad_requests_get_a_clear_error_and_reach_no_engine(
     assert r.status_code == status
     assert words in r.json()["error"]["message"]
     assert world.engines["llama-1"].requests_total == 0
+
+
+@pytest.mark.parametrize(
+    ("key_cap", "max_output", "asked", "words"),
+    [
+        (
+            100,
+            None,
+            {"max_tokens": 101},
+            "'max_tokens' is 101, more than this API key allows at most 100 a request.",
+        ),
+        (
+            None,
+            50,
+            {"max_completion_tokens": 60},
+            "'max_completion_tokens' is 60, more than "
+            "model llama writes at most 50 (its max_output).",
+        ),
+        (100, 50, {"max_tokens": 80}, "model llama writes at most 50"),
+        (40, 50, {"max_tokens": 45}, "this API key allows at most 40 a request"),
+    ],
+)
+async def test_a_request_asking_past_a_cap_on_max_tokens_is_a_400_naming_it(
+    world, gateway, key_cap, max_output, asked, words
+):
+    await add(model_added, gpu_model("llama", max_output=max_output))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+    secret = await new_key(limits={"max_tokens": key_cap} if key_cap else None)
+    async with client(gateway, secret) as c:
+        r = await c.post("/v1/chat/completions", json=chat("llama", **asked))
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert words in error["message"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "max_tokens_too_large",
+        next(iter(asked)),
+    )
+    assert world.engines["llama-1"].requests_total == 0
+
+
+async def test_a_request_within_the_caps_goes_and_one_asking_nothing_is_given_the_cap(
+    world, gateway
+):
+    await add(model_added, gpu_model("llama", max_output=50))
+    # The sim engine writes 16 tokens unless told otherwise.
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama", max_tokens=16))
+    secret = await new_key(limits={"max_tokens": 5})
+    async with client(gateway, secret) as c:
+        exactly = await c.post("/v1/chat/completions", json=chat("llama", max_tokens=5))
+        unasked = await c.post("/v1/chat/completions", json=chat("llama"))
+        embedded = await c.post("/v1/embeddings", json={"model": "llama", "input": "a b c"})
+    assert exactly.status_code == 200 and exactly.json()["usage"]["completion_tokens"] == 5
+    assert unasked.status_code == 200 and unasked.json()["usage"]["completion_tokens"] == 5
+    assert embedded.status_code == 200  # an embedding writes nothing: no cap applies
 
 
 async def test_a_body_over_the_bound_is_refused_before_it_is_read(world, gateway):
@@ -356,6 +418,30 @@ async def test_a_scope_limit_up_the_tree_applies_to_every_key_beneath(world, gat
     assert "team:Acme/ml allows 1 requests per minute" in r.json()["error"]["message"]
 
 
+async def test_a_burst_on_a_tokens_per_minute_key_stays_within_its_limit(world, gateway):
+    # 20 requests at once that may each use about 40 tokens (a prompt estimated at ~23 from
+    # its body, 17 to write) on a key allowed 100 a minute: each holds its 40 from its
+    # admission, so those that would pass the limit are refused before they reach the
+    # engine, whatever order they end in.
+    await add(model_added, gpu_model("llama"))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+    secret = await new_key(limits={"tokens_per_minute": 100})
+    async with client(gateway, secret) as c:
+        answers = await asyncio.gather(
+            *(c.post("/v1/chat/completions", json=chat("llama", max_tokens=17)) for _ in range(20))
+        )
+    codes = [r.status_code for r in answers]
+    assert set(codes) == {200, 429}
+    refused = next(r for r in answers if r.status_code == 429)
+    assert int(refused.headers["retry-after"]) >= 1
+    assert "allows 100 tokens per minute" in refused.json()["error"]["message"]
+    await gateway.runtime._flush()
+    row = await add(lambda: Usage.objects.get())
+    assert row.requests == 20 and row.errors == codes.count(429)
+    assert 0 < row.prompt_tokens + row.completion_tokens <= 100
+    assert world.engines["llama-1"].requests_total == codes.count(200)
+
+
 async def test_usage_is_written_in_batches_from_the_engines_figures(world, gateway):
     await add(model_added, gpu_model("llama"))
     await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
@@ -456,6 +542,76 @@ async def test_a_client_that_hangs_up_mid_stream_cancels_the_engines_request(wor
     assert engine.slots.running == 0
     assert gateway.runtime.inflight["llama-1"] == 0
     assert BOARD.running["llama"] == 0
+
+
+async def _hang_up(gateway, world, secret: str, body: dict, *, after_body: bool) -> None:
+    """Send `body` straight to the ASGI app and hang up once the engine is working on it
+    (and, `after_body`, once the answer has begun)."""
+    incoming: asyncio.Queue = asyncio.Queue()
+    await incoming.put({"type": "http.request", "body": json.dumps(body).encode()})
+    begun = asyncio.Event()
+
+    async def send(message):
+        if message["type"] == "http.response.body" and message.get("body"):
+            begun.set()
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": [(b"authorization", f"Bearer {secret}".encode())],
+    }
+    task = asyncio.get_running_loop().create_task(gateway(scope, incoming.get, send))
+    engine = world.engines["llama-1"]
+    if after_body:
+        await asyncio.wait_for(begun.wait(), 10)
+    else:
+        for _ in range(200):
+            if engine.slots.running:
+                break
+            await asyncio.sleep(0.01)
+    assert engine.slots.running == 1
+    await incoming.put({"type": "http.disconnect"})
+    await asyncio.wait_for(task, 10)
+
+
+async def test_a_whole_answer_abandoned_by_its_caller_counts_what_it_may_have_written(
+    world, gateway
+):
+    # No usage comes from an engine whose request was cut: the prompt is counted by its
+    # estimate and the completion by what the request reserved, both marked estimated,
+    # and they count against the token limit as they would have.
+    await add(model_added, gpu_model("llama"))
+    endpoint = await world.engine("llama-1", "llama", tokens_per_sec=20)
+    await add(_replica, "llama-1", "llama", endpoint)
+    secret = await new_key(limits={"tokens_per_minute": 10_000})
+    body = chat("llama", max_tokens=100)
+    await _hang_up(gateway, world, secret, body, after_body=False)
+    await gateway.runtime._flush()
+    row = await add(lambda: Usage.objects.get())
+    estimate = len(json.dumps(body)) // 4 + 1
+    assert (row.requests, row.errors) == (1, 1)
+    assert (row.prompt_tokens, row.completion_tokens) == (estimate, 100)
+    assert row.estimated_tokens == estimate + 100
+    counters = gateway.runtime.limiter.counters
+    key_id = await add(lambda: row.api_key_id)
+    ((_, held),) = await counters.take([(f"key:{key_id}:tok", 0)], time.time())
+    assert held == estimate + 100
+
+
+async def test_a_stream_abandoned_by_its_caller_counts_the_tokens_passed_on(world, gateway):
+    await add(model_added, gpu_model("llama"))
+    endpoint = await world.engine("llama-1", "llama", tokens_per_sec=20, max_tokens=1000)
+    await add(_replica, "llama-1", "llama", endpoint)
+    secret = await new_key()
+    body = chat("llama", stream=True, max_tokens=1000)
+    await _hang_up(gateway, world, secret, body, after_body=True)
+    await gateway.runtime._flush()
+    row = await add(lambda: Usage.objects.get())
+    estimate = len(json.dumps(body)) // 4 + 1
+    # The role's event, then one a token: far fewer than the 1,000 it asked for.
+    assert 1 <= row.completion_tokens < 1000
+    assert (row.prompt_tokens, row.estimated_tokens) == (estimate, estimate)
 
 
 async def test_a_stream_cut_upstream_ends_with_an_error_event(world, gateway):
@@ -580,3 +736,53 @@ async def test_a_model_is_retrieved_by_its_name_or_alias_as_the_openai_client_as
     async with client(gateway, secret) as c:
         assert (await c.delete("/v1/models/llama")).status_code == 405
     await http.aclose()
+
+
+async def test_a_server_stopping_writes_its_last_usage_and_removes_its_journal(
+    world, gateway, tmp_path
+):
+    from llmgw.gateway.journal import Journal
+    from tenancy.models import UsageJournal
+
+    gateway.journal = Journal.open(tmp_path)
+    await add(model_added, gpu_model("llama"))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+    secret = await new_key()
+    async with client(gateway, secret) as c:
+        await c.post("/v1/chat/completions", json=chat("llama", max_tokens=2))
+        await gateway.runtime._flush()
+        assert await add(lambda: UsageJournal.objects.get().batch) == 1
+        await c.post("/v1/chat/completions", json=chat("llama", max_tokens=3))
+    await asyncio.to_thread(gateway.runtime.flush_now)
+    assert await add(lambda: Usage.objects.get().completion_tokens) == 5
+    assert list((tmp_path / "usage").iterdir()) == []
+    assert not await add(lambda: UsageJournal.objects.exists())
+
+
+async def test_a_server_stopping_while_a_batch_is_being_written_keeps_its_journal(
+    world, gateway, tmp_path, monkeypatch
+):
+    # Whether that batch reaches the database this process will not hear: the next start
+    # settles what the database does not hold, from the journal.
+    from llmgw.gateway.journal import Journal
+
+    gateway.journal = Journal.open(tmp_path)
+    await add(model_added, gpu_model("llama"))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+    secret = await new_key()
+    async with client(gateway, secret) as c:
+        await c.post("/v1/chat/completions", json=chat("llama", max_tokens=2))
+    writing, release = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_write(**_):
+        loop.call_soon_threadsafe(writing.set)
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+
+    monkeypatch.setattr(gateway_app, "usage_write", slow_write)
+    flushing = loop.create_task(gateway.runtime._flush())
+    await writing.wait()
+    gateway.runtime.flush_now()
+    release.set()
+    await flushing
+    assert [p.suffix for p in (tmp_path / "usage").iterdir()] == [".journal"]

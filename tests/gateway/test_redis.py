@@ -5,6 +5,7 @@ Skipped, saying so, where REDIS_URL is not set; CI sets it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from dataclasses import replace
@@ -29,34 +30,68 @@ def clean_redis():
     client.close()
 
 
+def a_key(rpm=None, tpm=None) -> Key:
+    # An id of its own: counts an earlier run left in Redis are not this test's.
+    return Key(
+        int(uuid.uuid4().int % 10**9), "ci", "llmgw_key_x", 1, ("project:1",), None, rpm, tpm
+    )
+
+
 async def test_two_gateway_processes_share_one_limit():
-    key = Key(int(uuid.uuid4().int % 10**9), "ci", "llmgw_key_x", 1, ("project:1",), None, 2, None)
-    checks, requests, _ = Limiter.checks(key, {})
+    checks = Limiter.checks(a_key(rpm=2), {}, tokens=40)
     first, second = Limiter(RedisCounters(URL)), Limiter(RedisCounters(URL))
     now = 3_000_030.0
-    assert await first.admit(checks, requests, now) is None
-    await _settled(first)
-    assert await second.admit(checks, requests, now) is None
-    await _settled(second)
-    refusal = await first.admit(checks, requests, now + 1)
+    assert (await first.admit(checks, now))[0] is None
+    assert (await second.admit(checks, now))[0] is None
+    refusal, _ = await first.admit(checks, now + 1)
     assert refusal is not None and refusal.retry_after >= 1
+
+
+async def test_a_burst_through_two_processes_stays_within_the_token_limit():
+    # 10 requests at once through each of two gateway processes, each reserving 40 tokens
+    # of a key's 100 a minute: each INCRBY answers a count holding the others' reservations.
+    key = a_key(tpm=100)
+    checks = Limiter.checks(key, {}, tokens=40)
+    first, second = Limiter(RedisCounters(URL)), Limiter(RedisCounters(URL))
+    now = 3_000_030.0
+    answers = await asyncio.gather(
+        *(limiter.admit(checks, now) for limiter in (first, second) for _ in range(10))
+    )
+    assert sum(refusal is None for refusal, _ in answers) == 2
+    for limiter in (first, second):
+        await _settled(limiter)
+    # The refused gave back what they took: the two admitted hold 80.
+    assert await first.counters.take([(f"key:{key.id}:tok", 0)], now) == [(0, 80)]
+
+
+async def test_what_a_request_did_not_use_is_given_back_in_redis():
+    key = a_key(tpm=100)
+    checks = Limiter.checks(key, {}, tokens=60)
+    limiter = Limiter(RedisCounters(URL))
+    now = 3_000_030.0
+    refusal, held = await limiter.admit(checks, now)
+    assert refusal is None
+    assert (await limiter.admit(checks, now))[0] is not None
+    limiter.settle(held, 15, now)
+    await _settled(limiter)
+    assert (await limiter.admit(checks, now + 1))[0] is None
+    await _settled(limiter)
+    assert await limiter.counters.take([(f"key:{key.id}:tok", 0)], now) == [(0, 75)]
 
 
 async def _settled(limiter: Limiter) -> None:
     """The background adds have reached Redis."""
-    import asyncio
-
     pending = list(limiter.counters._pending)
     if pending:
         await asyncio.gather(*pending)
 
 
 async def test_limits_are_not_enforced_while_redis_is_away():
-    key = Key(1, "ci", "llmgw_key_x", 1, ("project:1",), None, 1, None)
-    checks, requests, _ = Limiter.checks(key, {})
+    key = Key(1, "ci", "llmgw_key_x", 1, ("project:1",), None, 1, 10)
+    checks = Limiter.checks(key, {}, tokens=40)
     limiter = Limiter(RedisCounters("redis://127.0.0.1:1/0"))
-    assert await limiter.admit(checks, requests, 1000.0) is None
-    assert await limiter.admit(checks, requests, 1001.0) is None
+    assert await limiter.admit(checks, 1000.0) == (None, [])
+    assert await limiter.admit(checks, 1001.0) == (None, [])
 
 
 def test_the_reconciler_sums_what_every_gateway_process_published(settings, clean_redis):

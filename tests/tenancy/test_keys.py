@@ -37,7 +37,7 @@ def test_a_key_is_made_for_a_project_and_its_secret_is_shown_once(api, training)
             "project": "Acme/ml/training",
             "name": "ci",
             "models": ["chat"],
-            "limits": {"requests_per_minute": 60},
+            "limits": {"requests_per_minute": 60, "max_tokens": 512},
         },
     )
 
@@ -48,11 +48,13 @@ def test_a_key_is_made_for_a_project_and_its_secret_is_shown_once(api, training)
     key = ApiKey.objects.get()
     assert key.secret_hash == keyed_digest(settings.SECRET_KEY, secret)
     assert (key.project, key.models_allowed, key.requests_per_minute) == (training, ["chat"], 60)
+    assert key.max_tokens == 512
     assert AuditEvent.objects.filter(action="key.add", target=f"key:{key.pk}").exists()
 
     listed = api.call("GET", "/keys").json()
     assert [k["prefix"] for k in listed] == [made["prefix"]]
     assert listed[0]["project"] == "Acme/ml/training"
+    assert (listed[0]["requests_per_minute"], listed[0]["max_tokens"]) == (60, 512)
     assert secret not in str(listed) and key.secret_hash not in str(listed)
 
 
@@ -81,6 +83,10 @@ def test_a_revoked_key_says_so_and_revoking_again_changes_nothing(api, training)
         (
             {"project": "Acme/ml/training", "name": "ci", "limits": {"tokens_per_minute": -5}},
             "tokens_per_minute must be a whole number from 1",
+        ),
+        (
+            {"project": "Acme/ml/training", "name": "ci", "limits": {"max_tokens": 0}},
+            "max_tokens must be a whole number from 1",
         ),
         ({"project": "Acme/ml/training", "name": "ci", "secret": "mine"}, "secret"),
         ({"project": "Acme/ml/training", "name": "ci\x00"}, "control characters"),

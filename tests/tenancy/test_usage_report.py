@@ -300,6 +300,7 @@ def test_the_report_over_rest_says_what_it_covers(api, tree):
             "errors": 0,
             "prompt_tokens": 30,
             "completion_tokens": 12,
+            "estimated_tokens": 0,
             "avg_latency_ms": 300.0,
         }
     ]
