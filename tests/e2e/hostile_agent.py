@@ -7,8 +7,8 @@ for others' shards), and asks the mirror for `--fetch` (a file's sha256) with it
 credential. Meanwhile it serves HTTP on `--listen`, where its claimed endpoints point,
 counting every request that reaches it (the tenants' prompts a forged replica would get).
 
-What it saw goes to `--out` as JSON, rewritten as it learns more; it then heartbeats until
-killed.
+What it saw goes to `--out` as JSON, rewritten as it learns more. It heartbeats from its
+register until killed.
 """
 
 from __future__ import annotations
@@ -83,7 +83,10 @@ async def main(args: argparse.Namespace) -> None:
             "shards": claims,
         }
         await ws.send(json.dumps(register))
-        listening = asyncio.get_running_loop().create_task(_answers(ws, seen))
+        loop = asyncio.get_running_loop()
+        listening = loop.create_task(_answers(ws, seen))
+        # Heard from all along, as an agent is: never taken as silent meanwhile.
+        beating = loop.create_task(_heartbeats(ws))
         await asyncio.sleep(ANSWER_S)
         for frame in then:
             await ws.send(json.dumps(frame))
@@ -92,11 +95,15 @@ async def main(args: argparse.Namespace) -> None:
                 r = await http.get(f"/api/v1/mirror/files/{args.fetch}")
                 seen.note(fetch={"status": r.status_code, "detail": r.json().get("detail")})
         seen.note(registered=True)
-        seq = 0
-        while not listening.done():
-            seq += 1
-            await ws.send(json.dumps({"type": "heartbeat", "seq": seq}))
-            await asyncio.sleep(0.5)
+        await asyncio.wait([listening, beating], return_when=asyncio.FIRST_COMPLETED)
+
+
+async def _heartbeats(ws) -> None:
+    seq = 0
+    while True:
+        seq += 1
+        await ws.send(json.dumps({"type": "heartbeat", "seq": seq}))
+        await asyncio.sleep(0.5)
 
 
 if __name__ == "__main__":

@@ -3,19 +3,61 @@ settled by the next start (issue 35, item 5). Real server, agent and sim engine.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
+from pathlib import Path
 
 import httpx
 
-from .harness import gateway_key, gateway_project, wait_for
+from .harness import _pids, gateway_key, gateway_project, wait_for
 
 STREAMS = 20
 
 
-def _journal_lines(cluster) -> list[str]:
+def _streams_told(cluster) -> int:
+    """The requests whose progress some journal holds: ids are each process's own (every
+    worker of `--workers N` keeps a journal), so counted per journal."""
     folder = cluster.home / "usage"
-    return [line for f in folder.glob("*.journal") for line in f.read_text().splitlines()]
+    return len(
+        {
+            (f.name, line.split("\t")[1])
+            for f in folder.glob("*.journal")
+            for line in f.read_text().splitlines()
+            if line[:2] == "p\t"
+        }
+    )
+
+
+def _kill_serving(cluster) -> None:
+    """`kill -9` of `llmgw serve` and of every worker it started (production runs one per
+    core, in sessions of their own), at once: no process is left to stop gracefully."""
+    proc = cluster.procs.pop("serve")
+    workers = [p for p in _pids() if _parent(p) == proc.pid]
+    for pid in [proc.pid, *workers]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    wait_for("the workers to be gone", lambda: not any(_alive(p) for p in workers), timeout=10)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return next(
+        (int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), None
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def test_usage_of_streams_cut_by_a_kill_is_settled_by_the_next_start(cluster):
@@ -61,12 +103,11 @@ def test_usage_of_streams_cut_by_a_kill_is_settled_by_the_next_start(cluster):
     # The journal has heard how far each stream got (it is told once a second).
     wait_for(
         "the journal to hear of every stream's progress",
-        lambda: (
-            len({ln.split("\t")[1] for ln in _journal_lines(cluster) if ln[:2] == "p\t"}) == STREAMS
-        ),
+        lambda: _streams_told(cluster) == STREAMS,
         timeout=15,
     )
-    cluster.stop("serve", signal.SIGKILL)
+    dead = {f.name for f in (cluster.home / "usage").glob("*.journal")}
+    _kill_serving(cluster)
     for t in threads:
         t.join(timeout=30)
     streamed = sum(received)
@@ -84,6 +125,7 @@ def test_usage_of_streams_cut_by_a_kill_is_settled_by_the_next_start(cluster):
     assert (row["requests"], row["errors"]) == (STREAMS, STREAMS)
     assert STREAMS <= row["completion_tokens"] <= streamed
     assert row["prompt_tokens"] > 0 and row["estimated_tokens"] == row["prompt_tokens"]
-    # The dead process's journal is gone; the new process keeps its own.
-    assert len(list((cluster.home / "usage").glob("*.journal"))) == 1
+    # The dead processes' journals are gone; the new serving processes keep their own.
+    now = {f.name for f in (cluster.home / "usage").glob("*.journal")}
+    assert now and not now & dead
     assert "usage of a gateway process that died settled" in cluster.log("serve")
