@@ -170,6 +170,23 @@ def credential_issue(node: Node, *, credential: AgentCredential, now: datetime) 
     return secret
 
 
+def node_address_refusal(node: Node) -> str:
+    """Why the address `node` declares is not believed, from what its row holds (declared,
+    seen and approved addresses) and LLMGW_TRUST_NODE_ADDRESSES; "" when it is."""
+    why = address_refusal(
+        node_id=node.id,
+        declared=node.mgmt_addr,
+        seen=node.seen_addr,
+        approved=node.approved_addr,
+        trust_declared=settings.LLMGW.agents.trust_declared_addresses,
+    )
+    return (why or "")[: Node._meta.get_field("address_refusal").max_length]
+
+
+# An IP address (v4, or v6 with or without brackets) or a host name.
+ADDRESS_RE = re.compile(r"^(\[?[0-9A-Fa-f:.]+\]?|[A-Za-z0-9]([A-Za-z0-9.-]{0,253}[A-Za-z0-9])?)$")
+
+
 def node_approve(*, node_id: str, actor: str, address: str = "", now: datetime) -> str:
     """Let a node held by LLMGW_NODE_APPROVAL=manual into placement; with `address`, also
     believe that its engines are at that address (behind NAT or a proxy, where its
@@ -192,16 +209,7 @@ def node_approve(*, node_id: str, actor: str, address: str = "", now: datetime) 
         node.approved = True
         if address:
             node.approved_addr = address
-            node.address_refusal = (
-                address_refusal(
-                    node_id=node.id,
-                    declared=node.mgmt_addr,
-                    seen=node.seen_addr,
-                    approved=address,
-                    trust_declared=settings.LLMGW.agents.trust_declared_addresses,
-                )
-                or ""
-            )[:500]
+            node.address_refusal = node_address_refusal(node)
         node.spec_at = now  # what placement knows of it is read again
         node.save(update_fields=["approved", "approved_addr", "address_refusal", "spec_at"])
         audit_record(
@@ -214,10 +222,6 @@ def node_approve(*, node_id: str, actor: str, address: str = "", now: datetime) 
         return f"node {node_id} approved, but: {node.address_refusal}"
     where = f" with its engines at {address}" if address else ""
     return f"node {node_id} approved{where}: placement may use it from the next reconciler pass"
-
-
-# An IP address (v4, or v6 with or without brackets) or a host name.
-ADDRESS_RE = re.compile(r"^(\[?[0-9A-Fa-f:.]+\]?|[A-Za-z0-9]([A-Za-z0-9.-]{0,253}[A-Za-z0-9])?)$")
 
 
 def node_forget(*, node_id: str, actor: str, now: datetime) -> tuple[str, list[Command]]:

@@ -32,14 +32,20 @@ from .domain.adoption import (
     adoption_window_open,
     judge,
 )
-from .domain.endpoints import address_refusal, endpoint_refusal
+from .domain.endpoints import endpoint_refusal
 from .domain.gpuclass import gpu_class
 from .domain.passes import gap_allowed
 from .domain.types import parse_shard_id
 from .events import BadMessage, Disk, Register, RunningShard, ShardStatus, Weight
 from .failures import failure_log_attach
 from .heard import believe_figures
-from .identity import AgentCredential, Refused, credential_issue, register_refusal
+from .identity import (
+    AgentCredential,
+    Refused,
+    credential_issue,
+    node_address_refusal,
+    register_refusal,
+)
 from .models import Gpu, Lease, Node, Replica, Shard
 from .node_figures import node_figures_refresh
 from .reconciler import LEASE
@@ -302,16 +308,7 @@ def _address_judge(node: Node, *, declared: str, seen: str, now: datetime) -> No
     is believed; a change of that is logged and said in the event log."""
     was = node.address_refusal
     node.mgmt_addr, node.seen_addr = declared, seen
-    node.address_refusal = (
-        address_refusal(
-            node_id=node.id,
-            declared=declared,
-            seen=seen,
-            approved=node.approved_addr,
-            trust_declared=settings.LLMGW.agents.trust_declared_addresses,
-        )
-        or ""
-    )[:500]
+    node.address_refusal = node_address_refusal(node)
     if node.address_refusal and node.address_refusal != was:
         log.warning("%s", node.address_refusal, extra={"node": node.id})
         event_log.record(

@@ -25,6 +25,7 @@ last seconds, as the usage in memory would be.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -212,11 +213,11 @@ def _remove_if_dead(path: Path) -> None:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return
+    # Locked: being written by a live process, and left to it.
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        path.unlink(missing_ok=True)
-    except BlockingIOError:
-        pass  # being written by a live process
+        with contextlib.suppress(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink(missing_ok=True)
     finally:
         os.close(fd)
 

@@ -42,6 +42,7 @@ def wheel_refusal(path: Path, *, version: str, filename: str) -> str:
             names = wheel.namelist()
             found = [n for n in names if _METADATA.match(n)]
             metadata = _read(wheel, found[0]) if len(found) == 1 else ""
+    # zipfile raises NotImplementedError for a compression method it cannot read.
     except (zipfile.BadZipFile, OSError, ValueError, RuntimeError, NotImplementedError):
         return f"{filename} is not a wheel: it is not a zip archive that can be read"
     if len(found) != 1:
