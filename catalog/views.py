@@ -24,6 +24,7 @@ from fleet import (
     listings as fleet_listings,
     services as fleet_services,
 )
+from fleet.domain.pages import answering_fallback, fallback_shown
 from fleet.history import replica_lines
 from llmgw.core import clock, reads
 from llmgw.core.charts import Chart, charts_context
@@ -211,14 +212,26 @@ class ModelRows:
     @cached_property
     def all(self) -> list[dict]:
         tree = scope_tree()
+        views = fleet_listings.model_views()
+        ready_of = {view["name"]: view["ready"] for view in views}
         return [
             {
                 **view,
                 "owner_name": tree.names.get(view["owner"], view["owner"]) if view["owner"] else "",
                 "profile_lines": [_profile_line(p) for p in view["profiles"]],
             }
-            for view in fleet_listings.model_views()
+            | _shown_status(view, ready_of)
+            for view in views
         ]
+
+
+def _shown_status(view: dict, ready_of: dict[str, int]) -> dict:
+    """Its status as the table shows it: "fallback" while a fallback answers for it."""
+    status, reason = fallback_shown(
+        view["status"], view["reason"], view["ready"], view["fallbacks"], ready_of
+    )
+    serving = answering_fallback(view["status"], view["ready"], view["fallbacks"], ready_of)
+    return {"status": status, "reason": reason, "answered_by": serving}
 
 
 def _profile_line(p: dict) -> str:

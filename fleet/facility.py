@@ -88,6 +88,8 @@ class Domain:
     measured_w: float | None = None
     unknown_gpus: int = 0
     budget_w: float | None = None
+    # Of all its GPUs, held or not, those whose agents report neither power nor its limit.
+    silent_gpus: int = 0
 
     @property
     def over(self) -> bool:
@@ -178,10 +180,12 @@ def facility_domains(held: Iterable[tuple[str, Iterable[int]]]) -> list[Domain]:
     drawn = draws(labels, [(n, i) for n, i in held if n in labels], power)
     nodes: dict[tuple[str, str], int] = {}
     gpus: dict[tuple[str, str], int] = {}
-    for _, ls, _, gpu_total in located:
+    silent: dict[tuple[str, str], int] = {}
+    for node_id, ls, _, gpu_total in located:
         for d in domains_of(ls):
             nodes[d] = nodes.get(d, 0) + 1
             gpus[d] = gpus.get(d, 0) + (gpu_total or 0)
+            silent[d] = silent.get(d, 0) + max((gpu_total or 0) - len(power[node_id]), 0)
     budgets = {(kind, name): watts for kind, name, watts in budgeted}
     out = []
     for key in sorted(drawn.keys() | budgets.keys(), key=lambda k: (k[0] != "rack", k[1])):
@@ -196,6 +200,7 @@ def facility_domains(held: Iterable[tuple[str, Iterable[int]]]) -> list[Domain]:
                 measured_w=d.measured_w if d else None,
                 unknown_gpus=d.unknown_gpus if d else 0,
                 budget_w=budgets.get(key),
+                silent_gpus=silent.get(key, 0),
             )
         )
     return out

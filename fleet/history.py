@@ -161,28 +161,34 @@ def cluster_charts() -> tuple[Chart, ...]:
     )
 
 
-def node_charts(node_id: str, indices: tuple[int, ...]) -> tuple[Chart, ...]:
-    """The node page's charts: one line per GPU, and its CPU and memory."""
+def node_charts(
+    node_id: str, indices: tuple[int, ...], *, memory: bool = True
+) -> tuple[Chart, ...]:
+    """The node page's charts: its CPU, and its memory when it reports its use (`memory`),
+    and one line per GPU of `indices` (none: no GPU charts)."""
     node = f"node={quoted(node_id)}"
 
     def per_gpu(name: str) -> tuple[Line, ...]:
         return tuple(Line(f"GPU {i}", f"gpu{i}.{name}", match=(("gpu", str(i)),)) for i in indices)
 
+    host = [Line("CPU", "cpu", f"llmgw_node_cpu_percent{{{node}}}")]
+    if memory:
+        host.append(
+            Line(
+                "memory",
+                "memory",
+                f"100 * llmgw_node_memory_used_bytes{{{node}}} / llmgw_node_memory_total_bytes{{{node}}}",
+            )
+        )
     charts = [
         Chart(
             "host",
-            "CPU and memory",
+            "CPU and memory" if memory else "CPU",
             "%",
             f"node:{node_id}",
-            (
-                Line("CPU", "cpu", f"llmgw_node_cpu_percent{{{node}}}"),
-                Line(
-                    "memory",
-                    "memory",
-                    f"100 * llmgw_node_memory_used_bytes{{{node}}} / llmgw_node_memory_total_bytes{{{node}}}",
-                ),
-            ),
+            tuple(host),
             top=100.0,
+            note="" if memory else "its memory use is not reported",
         )
     ]
     if indices:

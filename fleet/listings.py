@@ -99,6 +99,9 @@ def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[
         "id": node.id,
         "hostname": node.hostname,
         "state": view_state,
+        # What an operator set, which a lost or unreachable state hides.
+        "cordoned": node.cordoned,
+        "draining": node.draining,
         "labels": node.labels,
         "location": location_of(node.labels or {}),
         "gpu_total": len(gpus),

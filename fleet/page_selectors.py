@@ -161,7 +161,7 @@ class NodeTable:
     classes: list[str]
     sensors: dict[str, bool]
     down: list[tuple[str, str]]
-    counters: dict[str, int]
+    counters: dict[str, int | str]
     facility: bool = False  # a node says where it is, or a power budget exists
 
     def shown(self, *, of_class: bool) -> list[tuple]:
@@ -211,6 +211,9 @@ def nodes_table(
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     ready = free = gpus = 0
+    # GPUs idle on a node nothing new is placed on (cordoned, draining, awaiting approval):
+    # not free, and the counter says how many, beside a node row showing them idle.
+    unplaceable: dict[str, int] = defaultdict(int)
     down = []
     for r in rows:
         gpus += r[_TOTAL]
@@ -219,14 +222,32 @@ def nodes_table(
             free += r[_FREE] or 0
         elif r[_STATE] in DOWN:
             down.append((r[_ID], r[_STATE]))
+        elif r[_FREE]:
+            unplaceable[r[_STATE]] += r[_FREE]
     return NodeTable(
         rows=rows,
         classes=sorted({c for text in {r[_CLASSES] for r in rows} for c in _classes(text)}),
         sensors={s: any(r[i] is not None for r in rows) for s, i in _SENSOR_AT.items()},
         down=sorted(down),
-        counters={"nodes_ready": ready, "nodes": len(rows), "gpus_free": free, "gpus": gpus},
+        counters={
+            "nodes_ready": ready,
+            "nodes": len(rows),
+            "gpus_free": free,
+            "gpus": gpus,
+            "gpus_idle_not_free": idle_not_free(unplaceable),
+        },
         facility=bool(rows) and bool(rows[0][_FACILITY]),
     )
+
+
+def idle_not_free(idle: Mapping[str, int]) -> str:
+    """What idles where nothing new is placed, by state: "not free: 8 idle on draining
+    nodes, 2 on cordoned nodes"; "" when nothing does."""
+    parts = [f"{n} on {state} nodes" for state, n in sorted(idle.items()) if n]
+    if not parts:
+        return ""
+    first = parts[0].replace(" on ", " idle on ", 1)
+    return "not free: " + ", ".join([first, *parts[1:]])
 
 
 def _classes(column: str | list) -> tuple[str, ...]:

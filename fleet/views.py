@@ -28,6 +28,7 @@ from llmgw.core.traffic import requests_chart
 
 from . import event_log, identity, logs, page_selectors as ps, services
 from .dispatch import dispatch, node_disconnect
+from .domain.pages import gpu_charts_said, installs_shown, labels_shown, schedule_actions
 from .domain.types import HOLDING
 from .events import LOG_LINES
 from .facility import facility_domains, held_gpus
@@ -322,9 +323,16 @@ def _node_missing(request: HttpRequest, node_id: str) -> HttpResponse:
 
 
 def _node_charts(request: HttpRequest, view: dict) -> dict:
-    return charts_context(
-        request, node_charts(view["id"], tuple(sorted(g["index"] for g in view["gpus"])))
-    )
+    """Its charts: memory only when it reports its use, GPUs only when some GPU reports a
+    reading, and otherwise a line saying why there are none."""
+    load = view["load"] if isinstance(view["load"], dict) else {}
+    readings = [g for g in load.get("gpus") or () if isinstance(g, dict)]
+    said = gpu_charts_said(len(view["gpus"]), readings)
+    indices = () if said else tuple(sorted(g["index"] for g in view["gpus"]))
+    memory = _reading(load.get("memory_used_bytes")) is not None
+    return charts_context(request, node_charts(view["id"], indices, memory=memory)) | {
+        "charts_said": said
+    }
 
 
 def _reading(value) -> float | None:
@@ -380,6 +388,9 @@ def _node_context(view: dict) -> dict:
     used = _reading(load.get("memory_used_bytes"))
     return {
         "node": view,
+        "labels": labels_shown(view["labels"] or {}, view["location"]),
+        "installs": installs_shown(view["engines"] or {}, view["engine_installs"]),
+        "actions": schedule_actions(cordoned=view["cordoned"], draining=view["draining"]),
         "load": {k: _reading(load.get(k)) for k in LOAD_FIGURES},
         "memory_total_bytes": memory_total,
         "memory_percent": min(used * 100 / memory_total, 100) if used and memory_total else None,

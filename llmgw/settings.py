@@ -72,8 +72,9 @@ TEMPLATES = [
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
-            # `|when`: a time, relative, with the exact one on hover (llmgw/core/when.py).
-            "builtins": ["llmgw.core.when"],
+            # `|when`: a time, relative, with the exact one on hover (llmgw/core/when.py);
+            # `|bytes`: a size, in the one unit every page uses (llmgw/core/sizes.py).
+            "builtins": ["llmgw.core.when", "llmgw.core.sizes"],
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",

@@ -23,6 +23,7 @@ from llmgw.core import clock
 from llmgw.core.errors import ServiceError
 from llmgw.core.pages import fragment_asked, page, page_actor, staff_required
 from llmgw.core.permissions import needs, require
+from llmgw.core.sizes import size_text
 
 from . import page_selectors, plans, selectors, services
 from .domain.progress import DOWNLOADING, FAILED, QUEUED, READY, STATES
@@ -329,21 +330,9 @@ def _progress(done: int, total: int | None) -> dict | None:
     }
 
 
-_UNITS = ("kB", "MB", "GB", "TB")
-
-
 def _bytes(n: int | None) -> str:
-    """A size in decimal units; a dash when not known: zero is unknown, never "0 B"."""
-    if not n:
-        return "–"
-    if n < 1000:
-        return f"{n} B"
-    value = n / 1000
-    for unit in _UNITS:
-        if value < 1000 or unit == _UNITS[-1]:
-            break
-        value /= 1000
-    return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    """A size as every page says it (llmgw/core/sizes.py); a dash when not known."""
+    return size_text(n)
 
 
 def _count(n: int) -> str:

@@ -106,6 +106,8 @@
     turn.appendChild(answer);
     turn.appendChild(figures);
     turns.appendChild(turn);
+    // The form is below the conversation: keep it where the operator types.
+    form.scrollIntoView({ block: "nearest" });
     form.elements.message.value = "";
     send.disabled = true;
     status.textContent = "asking " + model + "…";
@@ -114,6 +116,7 @@
       history.push({ role: "assistant", content: text });
       turn.setAttribute("data-done", "");
       status.textContent = "";
+      form.scrollIntoView({ block: "nearest" });
     } catch (e) {
       history.pop();
       turn.setAttribute("data-failed", "");

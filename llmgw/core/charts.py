@@ -126,12 +126,22 @@ def drawn(charts: Sequence[Chart], window: str, now: float | None = None) -> lis
             except promql.Unanswered as exc:
                 out.append(_unanswered(chart, str(exc)))
                 continue
+            latest = None
         else:
             got = history.HISTORY.window(chart.group, level, now)
             times = got.times
             values = [got.series.get(line.series, (None,) * len(times)) for line in chart.lines]
-        out.append(_drawn(chart, times, values, span))
+            latest = _newest(chart, now) if level else None
+        out.append(_drawn(chart, times, values, span, latest))
     return out
+
+
+def _newest(chart: Chart, now: float) -> list[float | None]:
+    """Each line's newest reading, from the finest ring: what a tile beside the chart says
+    now, where a coarser window's last slot is a mean (42 % beside a tile's 100 %, or half a
+    replica)."""
+    got = history.HISTORY.window(chart.group, 0, now)
+    return [_latest(got.series.get(line.series, ())) for line in chart.lines]
 
 
 def _unanswered(chart: Chart, said: str) -> Drawn:
@@ -177,11 +187,22 @@ def _nice_top(value: float) -> float:
 
 
 def _drawn(
-    chart: Chart, times: Sequence[float], values: Sequence[Sequence[float | None]], span: float
+    chart: Chart,
+    times: Sequence[float],
+    values: Sequence[Sequence[float | None]],
+    span: float,
+    latest: Sequence[float | None] | None = None,
 ) -> Drawn:
+    """The chart drawn; its legend says each line's newest reading (`latest`, when given,
+    else the last slot of the window's)."""
     measured = [v for line in values for v in line if v is not None]
+    newest = [_latest(v) for v in values] if latest is None else latest
     legend = tuple(
-        (line.label, figure(_latest(v), chart.unit), i % _COLOURS)
+        (
+            line.label,
+            figure(newest[i] if newest[i] is not None else _latest(v), chart.unit),
+            i % _COLOURS,
+        )
         for i, (line, v) in enumerate(zip(chart.lines, values, strict=True))
         if any(x is not None for x in v)
     )

@@ -664,8 +664,12 @@ def test_a_node_page_shows_its_tiles_gpus_and_replicas(staff, now):
     body = staff.get("/nodes/gpu-a").content.decode()
 
     assert "CPU · 64 cores" in body and "40%" in body
-    assert "RAM in use · of 1.0\xa0TB · 512.0\xa0GB available" in body
-    assert "3.50" in body and "3.00 5m" in body and "2.50 15m" in body
+    assert '<div class="label">RAM in use</div>' in body
+    assert "of 1.0\xa0TB · 512.0\xa0GB available" in body
+    # The load tile's label on one line, the longer averages below its figure.
+    load = re.search(r'<div class="tile" data-tile="load">(.*?)</div></div>', body).group(1)
+    assert '<div class="label">load, 1 min</div><div class="value">3.50</div>' in load
+    assert "5 min 3.00 · 15 min 2.50" in load
     gpu0 = re.search(r'<tr data-gpu="0">(.*?)</tr>', body).group(1)
     assert '<span data-width="87"></span>' in gpu0  # 612 W of 700 as a bar
     assert '<span class="muted">nothing</span>' in gpu0  # nothing throttles it
@@ -799,7 +803,8 @@ def test_a_nodes_page_says_when_it_was_seen_its_disk_weights_and_what_each_repli
     assert seen and seen.group(2).endswith(" UTC") and seen.group(3) in ("just now", "1 s ago")
     assert "500 GB free of 1000 GB" in body
     weights = re.search(r'<table id="node-weights">.*?</table>', body, re.S).group(0)
-    assert 'title="hf://acme/llama/model.gguf"' in weights and "4.0\xa0GB" in weights
+    # In the mirror's decimal units (llmgw/core/sizes.py): 4 GiB is 4.3 GB on every page.
+    assert 'title="hf://acme/llama/model.gguf"' in weights and ">4.3 GB<" in weights
     assert f'title="{"cd" * 32}"' in weights
     row = re.search(r'<tr data-replica="llama-1">(.*?)</tr>', body).group(1)
     assert "16 GB · 4 cores" in row

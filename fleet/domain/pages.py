@@ -1,0 +1,84 @@
+"""What the console's pages show, each thing once and as it is: a node's badges, the
+actions that apply to it, whether its GPUs' charts would show anything, and a model whose
+requests a fallback answers. Pure: no Django.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from .power import PDU_LABEL, RACK_LABEL, ZONE_LABEL
+
+# The labels the page shows as its location badges (zone, rack, PDU) instead.
+_LOCATION_LABELS = {ZONE_LABEL: "zone", RACK_LABEL: "rack", PDU_LABEL: "pdu"}
+# What a GPU may report, any of which its charts draw.
+GPU_READINGS = ("utilization", "memory_used_mb", "temp_c", "power_w")
+
+
+def labels_shown(labels: Mapping[str, str], location: Mapping[str, str]) -> list[str]:
+    """The node's labels as `key=value`, less those its location badges already say."""
+    return [
+        f"{key}={value}"
+        for key, value in labels.items()
+        if not (key in _LOCATION_LABELS and location.get(_LOCATION_LABELS[key]) == value.strip())
+    ]
+
+
+def installs_shown(engines: Mapping[str, str], installs: Iterable[dict]) -> list[dict]:
+    """The engine installs worth a chip of their own: an engine installed at the version the
+    node already reports is that engine's chip, not a second one."""
+    return [
+        i
+        for i in installs
+        if not (i.get("state") == "installed" and engines.get(i.get("engine")) == i.get("version"))
+    ]
+
+
+def schedule_actions(*, cordoned: bool, draining: bool) -> tuple[str, ...]:
+    """The schedule actions that change something: uncordon ends a cordon or a drain;
+    cordon and drain only what is not already so."""
+    if draining:
+        return ("uncordon",)
+    if cordoned:
+        return ("uncordon", "drain")
+    return ("cordon", "drain")
+
+
+def gpu_charts_said(gpu_count: int, readings: Iterable[Mapping]) -> str:
+    """Why the node page draws no GPU charts, in a sentence; "" when it draws them (some GPU
+    reports some reading)."""
+    if not gpu_count:
+        return "It has no GPUs: no GPU charts."
+    if any(r.get(k) is not None for r in readings for k in GPU_READINGS):
+        return ""
+    gpus = "its GPU reports" if gpu_count == 1 else f"none of its {gpu_count} GPUs reports"
+    return (
+        f"No GPU charts: {gpus} utilisation, memory, temperature or power "
+        "(a simulated node, or one without NVIDIA's driver)."
+    )
+
+
+# The statuses of a model that wants replicas and has none ready yet.
+_WANTING = frozenset({"unplaceable", "waiting", "starting"})
+
+
+def answering_fallback(
+    status: str, ready: int, fallbacks: Iterable[str], ready_of: Mapping[str, int]
+) -> str | None:
+    """The fallback that answers a model's requests while it wants replicas and has none
+    ready: its first with a ready replica; None when it has some ready or none answers."""
+    if status not in _WANTING or ready:
+        return None
+    return next((f for f in fallbacks if ready_of.get(f)), None)
+
+
+def fallback_shown(
+    status: str, reason: str, ready: int, fallbacks: Iterable[str], ready_of: Mapping[str, int]
+) -> tuple[str, str]:
+    """A model's status and sentence as the models table shows them: "fallback" (not an
+    outage) while a fallback answers its requests, naming which and why; else as given."""
+    serving = answering_fallback(status, ready, fallbacks, ready_of)
+    if serving is None:
+        return status, reason
+    why = f"it is {status}" + (f": {reason}" if reason else "")
+    return "fallback", f"its requests are answered by {serving} while {why}"
