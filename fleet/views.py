@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from catalog.selectors import catalog_load
 from llmgw.core import clock
-from llmgw.core.charts import charts_context
+from llmgw.core.charts import charts_context, newest
 from llmgw.core.errors import Invalid, NotFound, ServiceError
 from llmgw.core.pages import fragment_asked, page, staff_required
 from llmgw.core.permissions import needs, require
@@ -386,12 +386,18 @@ def _node_context(view: dict) -> dict:
         }
     memory_total = view["memory_gb"] * 1024**3 if view["memory_gb"] else None
     used = _reading(load.get("memory_used_bytes"))
+    figures = {k: _reading(load.get(k)) for k in LOAD_FIGURES}
+    # The CPU tile says what the chart's legend says: the newest reading sampled into the
+    # history, not a heartbeat that came in after it.
+    (sampled,) = newest(f"node:{view['id']}", ["cpu"])
+    if sampled is not None and figures.get("cpu_percent") is not None:
+        figures["cpu_percent"] = sampled
     return {
         "node": view,
         "labels": labels_shown(view["labels"] or {}, view["location"]),
         "installs": installs_shown(view["engines"] or {}, view["engine_installs"]),
         "actions": schedule_actions(cordoned=view["cordoned"], draining=view["draining"]),
-        "load": {k: _reading(load.get(k)) for k in LOAD_FIGURES},
+        "load": figures,
         "memory_total_bytes": memory_total,
         "memory_percent": min(used * 100 / memory_total, 100) if used and memory_total else None,
         "gpus": gpus,

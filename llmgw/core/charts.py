@@ -140,8 +140,17 @@ def _newest(chart: Chart, now: float) -> list[float | None]:
     """Each line's newest reading, from the finest ring: what a tile beside the chart says
     now, where a coarser window's last slot is a mean (42 % beside a tile's 100 %, or half a
     replica)."""
-    got = history.HISTORY.window(chart.group, 0, now)
-    return [_latest(got.series.get(line.series, ())) for line in chart.lines]
+    return newest(chart.group, [line.series for line in chart.lines], now)
+
+
+def newest(group: str, series: Sequence[str], now: float | None = None) -> list[float | None]:
+    """The newest reading of each of a group's `series` in this process's history, as the
+    charts' legends say it, so a tile can say the same; all None with Prometheus named (its
+    charts read there) or before any was sampled."""
+    if settings.LLMGW.prometheus_url:
+        return [None] * len(series)
+    got = history.HISTORY.window(group, 0, time.time() if now is None else now)
+    return [_latest(got.series.get(name, ())) for name in series]
 
 
 def _unanswered(chart: Chart, said: str) -> Drawn:

@@ -1,7 +1,8 @@
 """An agent whose GPU readings are scripted: it registers over the real websocket with the
 agent token, as `llmgw agent` does, and heartbeats every second with GPU 0's utilisation,
 temperature, power and memory stepping through SCRIPT, and nothing from GPU 1 (a card
-whose driver says nothing), so a chart's line and its "no data" are both known."""
+whose driver says nothing), so a chart's line and its "no data" are both known. It also
+says it holds llama.cpp, installed from the mirror, and a file in its weight cache."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ NODE = "gpu-scripted"
 # GPU 0's utilisation, beat by beat, over and over.
 SCRIPT = (20.0, 40.0, 60.0, 80.0)
 MEMORY_MB = 81559
+# What its weight cache holds: a file of 241.4 MiB, which the mirror calls 253 MB.
+CACHED = {
+    "sha256": "ab" * 32,
+    "source": "/srv/llmgw/var/demo/weights/gemma-3-270m-it-Q4_K_M.gguf",
+    "size": 253_134_592,
+}
+# llama.cpp, installed from the mirror: the node reports it as one of its engines too.
+LLAMACPP = "b6000"
 
 
 class ScriptedAgent:
@@ -56,8 +65,11 @@ class ScriptedAgent:
                  "memory_total_mb": MEMORY_MB}
                 for i in range(2)
             ],
-            "engines": {"sim": "scripted"},
+            "engines": {"sim": "scripted", "llamacpp": LLAMACPP},
             "engines_probed": True,
+            "platform": "linux-x86_64",
+            "engine_installs": [{"engine": "llamacpp", "version": LLAMACPP, "state": "installed"}],
+            "weights": [CACHED],
         }  # fmt: skip
 
     def _heartbeat(self, seq: int) -> dict:

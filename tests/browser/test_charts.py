@@ -18,7 +18,7 @@ from playwright.sync_api import expect
 from tests.e2e.harness import wait_for
 
 from .conftest import PATIENCE_MS, browsing, log_in
-from .scripted_agent import NODE, ScriptedAgent
+from .scripted_agent import CACHED, LLAMACPP, NODE, ScriptedAgent
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,40 @@ def test_a_nodes_scripted_gpu_readings_are_drawn_and_what_it_never_measured_says
     page.goto("/nodes/gpu-a?window=1m")
     expect(page.locator("#charts figure[data-chart^=gpu]")).to_have_count(0)
     expect(page.locator("#charts-said")).to_contain_text("none of its 8 GPUs reports")
+
+
+def test_a_nodes_engines_and_weights_are_said_once_whole_and_in_the_mirrors_units(
+    scripted, staff_page
+):
+    page = staff_page
+    page.goto(f"/nodes/{NODE}")
+    # llama.cpp, installed from the mirror and reported as an engine: one chip, not two.
+    chips = page.locator("#node-engines .badge")
+    expect(chips).to_have_count(2)
+    expect(page.locator('#node-engines [data-engine="llamacpp"]')).to_have_text(
+        f"llamacpp {LLAMACPP}"
+    )
+    row = page.locator(f'#node-weights tr[data-weights="{CACHED["sha256"]}"]')
+    # 241.4 MiB is 253 MB, as the mirror's card says it (llmgw/core/sizes.py).
+    expect(row.locator("td.num")).to_have_text("253 MB")
+    source = row.locator("td").first
+    expect(source).to_have_text(CACHED["source"])
+    assert source.evaluate("c => c.scrollWidth <= c.clientWidth + 1"), "the source is cut"
+
+
+def test_the_cpu_tile_says_what_the_cpu_charts_legend_says_in_any_window(scripted, staff_page):
+    page = staff_page
+    # The scripted CPU steps every second; the 4m window's last slot is a mean of four.
+    said = []
+    for window in ("4m", "1m", "4m"):
+        page.goto(f"/nodes/{NODE}?window={window}")
+        tile = page.locator('[data-tile="cpu"] .value').inner_text().strip()
+        legend = page.locator('#charts figure[data-chart="host"] .legend li').first
+        said.append((window, tile, legend.inner_text()))
+    # A page read as the history takes a step may see the step after: once in three, not
+    # every time.
+    agreed = [w for w, tile, legend in said if legend == f"CPU {tile.rstrip('%')} %"]
+    assert len(agreed) >= 2, f"the CPU tile and its chart's legend disagree: {said}"
 
 
 def test_the_window_chosen_stays_through_the_charts_refresh_and_a_reload(scripted, staff_page):
