@@ -33,7 +33,7 @@ from .domain.types import HOLDING
 from .events import LOG_LINES
 from .facility import facility_domains, held_gpus
 from .forms import NodeActionForm, NodeFilterForm
-from .history import cluster_charts, node_charts
+from .history import GPU_SERIES, cluster_charts, node_charts
 from .listings import nodes_list
 from .selectors import reconciler_status, replica_views
 
@@ -327,12 +327,22 @@ def _node_charts(request: HttpRequest, view: dict) -> dict:
     reading, and otherwise a line saying why there are none."""
     load = view["load"] if isinstance(view["load"], dict) else {}
     readings = [g for g in load.get("gpus") or () if isinstance(g, dict)]
-    said = gpu_charts_said(len(view["gpus"]), readings)
-    indices = () if said else tuple(sorted(g["index"] for g in view["gpus"]))
+    indices = tuple(sorted(g["index"] for g in view["gpus"]))
+    said = gpu_charts_said(len(indices), readings)
+    if said and indices and _gpus_were_read(view["id"], indices):
+        said = ""  # silent now, but what they said before is worth its charts
+    if said:
+        indices = ()
     memory = _reading(load.get("memory_used_bytes")) is not None
     return charts_context(request, node_charts(view["id"], indices, memory=memory)) | {
         "charts_said": said
     }
+
+
+def _gpus_were_read(node_id: str, indices: tuple[int, ...]) -> bool:
+    """Whether the history holds a reading of any of the node's GPUs (in its finest ring)."""
+    series = [f"gpu{i}.{name}" for i in indices for name, _ in GPU_SERIES]
+    return any(v is not None for v in newest(f"node:{node_id}", series))
 
 
 def _reading(value) -> float | None:

@@ -219,6 +219,7 @@ def test_a_model_page_names_itself_and_its_figures_read_as_counts(tab, tmp_path)
 
 def test_a_cpu_nodes_page_says_one_core_and_no_gpu_charts(tab, tmp_path):
     tab.goto("/nodes/cpu-1")
+    expect(tab.locator("#breadcrumb")).to_have_text("Cluster / cpu-1")
     expect(tab.locator("#node-labels")).to_have_text("kind=cpu")
     expect(tab.locator("#charts-said")).to_have_text("It has no GPUs: no GPU charts.")
     expect(tab.locator("#node-replicas tr[data-replica]")).to_contain_text("8 GB · 1 core")

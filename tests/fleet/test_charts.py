@@ -14,7 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from prometheus_client import CollectorRegistry, Counter
 
-from fleet.history import fleet_sample
+from fleet.history import REPLICAS, fleet_sample
 from fleet.models import Node
 from llmgw.core import charts, clock, history, promql
 from llmgw.core.charts import Chart, Line
@@ -111,6 +111,53 @@ def test_the_node_page_draws_what_its_node_measured_and_says_no_data_for_the_res
     assert "CPU <b>40 %</b>" in host and "memory" not in host.split("legend")[1]
 
 
+def test_gpus_that_never_reported_anything_get_a_line_not_four_empty_charts(staff, now):
+    node_add("gpu-a", now=now)
+    loaded("gpu-a", cpu_percent=40.0, gpus=[{"index": 0}, {"index": 1}])
+    sampled(now)
+    body = staff.get("/nodes/gpu-a").content.decode()
+    assert 'data-chart="gpu-' not in body
+    assert re.search(r'<p class="muted" id="charts-said">No GPU charts: none of its 2 GPUs', body)
+    # It does not report its memory use: the chart is of its CPU, and says so.
+    assert 'CPU <span class="muted">(its memory use is not reported)</span>' in body
+
+
+def test_gpus_silent_now_that_reported_before_keep_their_charts(staff, now):
+    node_add("gpu-a", now=now)
+    loaded("gpu-a", cpu_percent=40.0, gpus=[{"index": 0, "temp_c": 60}])
+    end = sampled(now - timedelta(seconds=60))
+    loaded("gpu-a", cpu_percent=40.0, gpus=[{"index": 0}])
+    history.sample(end + 60)
+    body = staff.get("/nodes/gpu-a?window=15m").content.decode()
+    assert 'id="charts-said"' not in body
+    assert 'data-measured="yes"' in figures(body, "gpu-temp")
+
+
+def test_a_longer_windows_legend_and_the_cpu_tile_say_the_newest_reading(staff, now):
+    node_add("gpu-a", now=now)
+    step = history.HISTORY.step
+    t = now.timestamp()
+    # Four steps in one slot of the hour's ring: its mean is 25 %, the newest 40 %.
+    for i, cpu in enumerate((10.0, 20.0, 30.0, 40.0)):
+        loaded("gpu-a", cpu_percent=cpu)
+        history.sample(t - (3 - i) * step)
+    loaded("gpu-a", cpu_percent=55.0)  # a heartbeat since the last sample
+    body = staff.get("/nodes/gpu-a?window=1h").content.decode()
+    assert "CPU <b>40 %</b>" in figures(body, "host")
+    tile = re.search(r'<div class="tile" data-tile="cpu">.*?<div class="value">([^<]+)</div>', body)
+    assert tile.group(1) == "40%"
+
+
+def test_a_count_of_replicas_reads_whole_in_any_window(staff, now):
+    model_added(gpu_model("llama"))
+    step = history.HISTORY.step
+    t = now.timestamp()
+    for i, holding in enumerate((1.0, 2.0, 2.0, 1.0)):
+        history.HISTORY.record(t - (3 - i) * step, {"replicas:llama": (REPLICAS, [0.0, holding])})
+    body = staff.get("/models/llama?window=1h").content.decode()
+    assert "holding room <b>1</b>" in figures(body, "replicas")
+
+
 def test_a_gap_in_what_was_measured_is_a_gap_in_the_line(staff, now):
     node_add("gpu-a", now=now)
     t = now.timestamp()
@@ -136,6 +183,7 @@ def test_the_window_is_chosen_kept_in_the_links_and_a_bad_one_is_refused_in_a_se
 
 def test_the_charts_fragment_is_the_charts_alone_with_no_query_for_them(staff, now):
     node_add("gpu-a", now=now)
+    loaded("gpu-a", gpus=[{"index": 0, "utilization": 50.0}])
     staff.get("/")  # the session, read once
     with CaptureQueriesContext(connection) as cluster:
         body = staff.get("/?fragment=charts&window=15m", **HX).content.decode()
