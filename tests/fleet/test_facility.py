@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -202,6 +203,25 @@ def test_the_cluster_page_shows_each_racks_draw_against_its_budget(staff, api, n
     with CaptureQueriesContext(connection) as without:
         assert 'id="racks"' not in staff.get("/").content.decode()
     assert len(seen) == len(without) + 1 <= CLUSTER_QUERIES + 1
+
+
+def test_a_rack_counts_every_gpu_that_reports_no_power_held_or_not(staff, no_settle):
+    node_add("gpu-a", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    node_add("gpu-b", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    node_add("gpu-c", now=T0, gpus=(H100, H100), labels={RACK: "r2"})
+    powered("gpu-b", limit=700)
+    model_added(gpu_model("chat", scaling={"min": 1}))
+    reconcile_once(now=T0)
+    held = Replica.objects.get().shards.get().node_id
+    assert held in ("gpu-a", "gpu-c")  # placement avoids nothing here; either is silent
+    body = staff.get("/").content.decode()
+    r1 = re.search(r'<tr data-rack="r1">(.*?)</tr>', body).group(1)
+    r2 = re.search(r'<tr data-rack="r2">(.*?)</tr>', body).group(1)
+    # gpu-a's two say nothing of their power, gpu-b's two do: held or not, two of four.
+    assert "2 of its 4 GPUs not reporting power" in r1
+    assert "2 of its 2 GPUs not reporting power" in r2
+    held_row, other = (r1, r2) if held == "gpu-a" else (r2, r1)
+    assert "of them held by replicas" in held_row and "held by replicas" not in other
 
 
 def test_no_racks_table_without_racks_or_budgets(staff):

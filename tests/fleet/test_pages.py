@@ -825,3 +825,43 @@ def test_a_replica_use_no_node_reported_has_no_column(staff, now):
         "GPUs",
         "Reserves",
     ]
+
+
+@pytest.mark.parametrize(
+    ("cordoned", "draining", "buttons"),
+    [
+        (False, False, {"cordon-button", "drain-button"}),
+        (True, False, {"uncordon-button", "drain-button"}),
+        (True, True, {"uncordon-button"}),
+    ],
+)
+def test_a_node_page_offers_only_the_schedule_actions_that_change_something(
+    staff, now, cordoned, draining, buttons
+):
+    node_add("gpu-a", now=now)
+    Node.objects.filter(pk="gpu-a").update(cordoned=cordoned, draining=draining)
+    body = staff.get("/nodes/gpu-a").content.decode()
+    offered = set(re.findall(r'id="((?:un)?cordon-button|drain-button)"', body))
+    assert offered == buttons
+    assert ("Uncordon, ending the drain" in body) == draining
+
+
+def test_a_node_page_says_its_location_once_and_its_other_labels(staff, now):
+    node_add("gpu-a", now=now, labels={"llmgw.io/rack": "r1", "kind": "gpu"})
+    body = staff.get("/nodes/gpu-a").content.decode()
+    assert '<span class="badge">rack r1</span>' in body
+    labels = re.search(r'<p class="labels" id="node-labels">(.*?)</p>', body).group(1)
+    assert re.findall(r"<span[^>]*>([^<]+)</span>", labels) == ["kind=gpu"]
+
+
+def test_idle_gpus_on_a_draining_node_are_not_counted_free_and_the_page_says_so(staff, now):
+    node_add("gpu-a", now=now)
+    node_add("gpu-b", now=now)
+    Node.objects.filter(pk="gpu-b").update(cordoned=True, draining=True)
+    node_figures_refresh()
+    body = staff.get("/").content.decode()
+    gpus = re.search(r'<div class="tile" data-counter="gpus".*?</div></div>', body, re.S).group(0)
+    assert '<div class="value">2 / 4</div>' in gpus
+    assert "not free: 2 idle on draining nodes" in gpus
+    row = re.search(r'<tr data-node="gpu-b">(.*?)</tr>', body).group(1)
+    assert '0 / 2 <span class="muted">(2 idle)</span>' in row
