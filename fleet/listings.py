@@ -15,6 +15,7 @@ from llmgw.core.errors import NotFound
 
 from .domain.gpuclass import CLASS_LABEL
 from .domain.reconcile import desired_replicas, held_for
+from .domain.refusals import one_line
 from .domain.spread import location_of
 from .domain.types import (
     HOLDING,
@@ -179,8 +180,7 @@ def model_status(
         return ("idle" if spec.on_demand else "stopped"), ""
     if ready >= desired:
         return "ready", ""
-    explanation = list(state.explanation) if state else []
-    first = next((r for e in explanation for r in e.get("reasons", ())), "")
+    first = one_line(state.explanation) if state else ""
     if state and state.unplaceable:
         return "unplaceable", first
     if starting:

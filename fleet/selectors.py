@@ -26,6 +26,7 @@ from tenancy.quota import Holding, Policy
 from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
 from .domain.measured import combined_load
+from .domain.refusals import one_line
 from .domain.types import (
     ACTIVE,
     Failure,
@@ -607,7 +608,6 @@ def on_demand_trouble(model: str) -> str | None:
     if row["parked_since"]:
         return f"parked: {row['parked_reason'] or 'it failed to start too often'}"
     if row["unplaceable"]:
-        entries = [e for e in row["explanation"] or [] if isinstance(e, dict)]
-        first = next((r for e in entries for r in e.get("reasons", ())), "")
+        first = one_line(row["explanation"] or [])
         return f"no room: {first or 'no node can take it now'}"
     return None

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from catalog.domain import ModelSpec
 
 from .plan import Drain, Event, Pass, Plan, Retire, Stop, duration
+from .refusals import one_line
 from .types import ACTIVE, HOLDING, ModelState, ReplicaView
 
 
@@ -152,7 +153,7 @@ def stop_first(
     ]
     if not old:
         return
-    first = next((w for e in explanation for w in e["reasons"]), "no profile fits")
+    first = one_line(explanation) or "no profile fits"
     r = old[0]
     why = (
         f"replica {r.id} of {model.name} stops before its replacement starts: no room for "
