@@ -83,7 +83,11 @@ def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
     Replica.objects.filter(pk__in=forgotten).delete()
     for retire in plan.retires:
         Replica.objects.filter(pk=retire.replica_id).update(
-            retiring=True, drain_deadline=retire.deadline
+            retiring=True, drain_deadline=retire.deadline, reason=retire.reason[:500]
+        )
+    for kept in plan.unretires:
+        Replica.objects.filter(pk=kept.replica_id, retiring=True).update(
+            retiring=False, drain_deadline=None, reason=""
         )
     for drain in plan.drains:
         Replica.objects.filter(pk=drain.replica_id, state="ready").update(

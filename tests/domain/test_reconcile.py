@@ -693,7 +693,7 @@ def test_restart_retires_one_replica_at_a_time_replacement_first():
     c.wait(1)
 
     plan = c.step()  # the oldest retires, and its replacement is placed beside it
-    assert [(r.replica_id, r.reason) for r in plan.retires] == [("a", "restart")]
+    assert [(r.replica_id, r.reason) for r in plan.retires] == [("a", "restarting")]
     assert started_on(plan) == [["n3"]]
     assert plan.stops == [] and plan.drains == []
 
@@ -759,7 +759,7 @@ def test_a_draining_node_moves_its_replicas_replacement_first():
         )
     )
     plan = c.step()
-    assert [(r.replica_id, r.reason) for r in plan.retires] == [("a", "its node is draining")]
+    assert [(r.replica_id, r.reason) for r in plan.retires] == [("a", "its node n1 is draining")]
     assert started_on(plan) == [["n2"]]
     assert plan.stops == []
     c.wait(5)
