@@ -25,7 +25,7 @@ from .domain.types import (
 )
 from .engine_installs import installing_said, installs_of
 from .models import Gpu, Node, Replica, Shard
-from .selectors import model_states, replica_views
+from .selectors import drains_stuck, model_states, replica_views
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -85,7 +85,9 @@ def replicas_fetching() -> dict[str, dict]:
     return {rid: {"done": done or 0, "total": total} for rid, done, total in rows}
 
 
-def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[str]) -> dict:
+def _node_out(
+    node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[str], stuck: str = ""
+) -> dict:
     view_state = NodeView(
         id=node.id,
         state=node.state,
@@ -139,6 +141,8 @@ def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[
         "seen_addr": node.seen_addr,
         "approved_addr": node.approved_addr,
         "address_refusal": node.address_refusal,
+        # A drain that cannot go on for lack of room, and why; "" otherwise.
+        "drain_stuck": stuck,
         "last_seen": _iso(node.last_seen),
         "registered_at": _iso(node.registered_at),
     }
@@ -167,7 +171,12 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
         replicas[shard_node].append(replica_id)
         for i in indices or ():
             used[shard_node][i] = replica_id
-    return [_node_out(n, gpus[n.id], used[n.id], sorted(replicas[n.id])) for n in nodes]
+    # Only while a node drains: its drain may be stuck for lack of room.
+    stuck = drains_stuck() if any(n.draining for n in nodes) else {}
+    return [
+        _node_out(n, gpus[n.id], used[n.id], sorted(replicas[n.id]), stuck.get(n.id, ""))
+        for n in nodes
+    ]
 
 
 def model_status(
