@@ -18,6 +18,7 @@ from .domain.reconcile import desired_replicas, held_for
 from .domain.refusals import one_line
 from .domain.spread import location_of
 from .domain.types import (
+    ACTIVE,
     HOLDING,
     ModelState as ModelStateView,
     NodeView,
@@ -179,6 +180,13 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
     ]
 
 
+def counted_as(replica: ReplicaView) -> str:
+    """What a replica counts as among its model's: its state, or "retiring" while it serves
+    on its way out (a restart, its node's drain). A retiring replica no longer counts
+    toward the model's replicas, as the reconciler and headroom count them."""
+    return "retiring" if replica.retiring and replica.state in ACTIVE else replica.state
+
+
 def model_status(
     spec: ModelSpec, state: ModelStateView | None, desired: int, ready: int, starting: int
 ) -> tuple[str, str]:
@@ -208,7 +216,7 @@ def model_views(*, name: str | None = None) -> list[dict]:
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     replicas = replica_views(model=name)
     for r in replicas:
-        counts[r.model][r.state] += 1
+        counts[r.model][counted_as(r)] += 1
     one = states.get(name) if name is not None else None
     if one is not None and one.held_for and one.held_for not in states:
         # Whether it is still held depends on the model it gave room to.
@@ -247,6 +255,8 @@ def model_views(*, name: str | None = None) -> list[dict]:
                 "description": spec.description,
                 "source": spec.source,
                 "ready": c["ready"],
+                # Serving still, but on their way out: not among the ready.
+                "retiring": c["retiring"],
                 "desired": desired,
                 "min": spec.min_replicas,
                 "max": spec.max_replicas,

@@ -91,6 +91,7 @@ class ReconcileOut(Schema):
 class HeadroomOut(Schema):
     model: str
     current: int
+    retiring: int = 0
     more: int
     nodes: list[list[str]]
     limited: bool

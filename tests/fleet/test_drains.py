@@ -9,10 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.listings import nodes_list, replicas_list
+from fleet.dry_runs import model_headroom
+from fleet.listings import model_views, nodes_list, replicas_list
 from fleet.models import Replica
 from fleet.reconciler import reconcile_once
 from fleet.services import model_restart, node_set_schedule
+from llmgw.cli.ctl_capacity import render_headroom
+from llmgw.cli.ctl_models import replicas_cell, serving
 from llmgw.cli.ctl_nodes import render_node, render_nodes
 from llmgw.cli.ctl_replicas import render_replicas
 
@@ -103,3 +106,15 @@ def test_an_uncordon_ends_the_drain_and_cancels_its_timeout(stuck):
     passes(400)  # past the drain's five minutes
     stuck.refresh_from_db()
     assert stuck.state == "ready"
+
+
+def test_ctl_models_and_headroom_count_a_retiring_replica_alike(stuck):
+    [chat] = model_views(name="chat")
+    room = model_headroom(name="chat", limit=10)
+    assert (chat["ready"], chat["retiring"], chat["desired"]) == (0, 1, 1)
+    assert (room["current"], room["retiring"]) == (0, 1)
+    assert replicas_cell(chat) == "0/1 +1 retiring"
+    assert render_headroom(room, 10).startswith("chat: 0 running, 1 retiring; room for 0 more")
+    # Not "ready": it is short of a replica, and says why.
+    assert (chat["status"], chat["reason"]) == ("unplaceable", WHY)
+    assert serving(chat) == "yes"
