@@ -490,7 +490,7 @@ def refuse(
             return _short(
                 node,
                 f"has {free} free {cls} GPUs of {total}, needs {need}{others}",
-                ("has too few free " + cls + " GPUs", "have too few free " + cls + " GPUs"),
+                (f"has too few free {cls} GPUs", f"have too few free {cls} GPUs"),
                 "gpus",
                 need - free,
             )

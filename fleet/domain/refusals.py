@@ -45,13 +45,8 @@ class NodeRefusal(str):
         missing: float = 0.0,
     ) -> NodeRefusal:
         said = super().__new__(cls, text)
-        said.node, said.tier, said.group, said.kind, said.missing = (
-            node,
-            tier,
-            group,
-            kind,
-            missing,
-        )
+        said.node, said.tier, said.group = node, tier, group
+        said.kind, said.missing = kind, missing
         return said
 
     @property

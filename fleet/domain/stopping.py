@@ -63,11 +63,16 @@ def _drain_ended(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> set[
     }
     for r in replicas:
         if r.id in ended:
-            where = ", ".join(sorted(r.nodes))
+            nodes = sorted(r.nodes)
+            where = (
+                f"{nodes[0]} no longer drains"
+                if len(nodes) == 1
+                else f"{', '.join(nodes[:-1])} and {nodes[-1]} no longer drain"
+            )
             p.plan.unretires.append(Unretire(r.id))
             p.plan.events.append(
                 Event(
-                    f"replica {r.id} of {model.name} stays: {where} no longer drains",
+                    f"replica {r.id} of {model.name} stays: {where}",
                     "drain_ended",
                     replica=r.id,
                     model=model.name,

@@ -9,8 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.dry_runs import model_headroom
-from fleet.listings import model_views, nodes_list, replicas_list
+from fleet.listings import nodes_list
 from fleet.models import Replica
 from fleet.reconciler import reconcile_once
 from fleet.services import model_restart, node_set_schedule
@@ -59,9 +58,9 @@ def stuck(no_settle) -> Replica:
     return chat
 
 
-def test_a_stuck_drain_says_why_and_when_in_ctl_nodes(stuck):
+def test_a_stuck_drain_says_why_and_when_in_ctl_nodes(stuck, api):
     said = f"stuck: no room for chat's replacement ({WHY}); {stuck.id} stops at 09:05:05 UTC"
-    gpu_a, gpu_b = nodes_list()
+    gpu_a, gpu_b = api.call("GET", "/nodes").json()
     assert gpu_a["drain_stuck"] == said and gpu_b["drain_stuck"] == ""
     assert f"  gpu-a: drain {said}" in render_nodes([gpu_a, gpu_b]).splitlines()
     assert [
@@ -69,8 +68,8 @@ def test_a_stuck_drain_says_why_and_when_in_ctl_nodes(stuck):
     ] == [f"drain: {said}"]
 
 
-def test_a_retiring_replica_reads_as_retiring_with_why(stuck):
-    table = render_replicas(replicas_list(model="chat"))
+def test_a_retiring_replica_reads_as_retiring_with_why(stuck, api):
+    table = render_replicas(api.call("GET", "/replicas?model=chat").json())
     assert "ready, retiring: its node gpu-a is draining" in table
 
 
@@ -108,9 +107,9 @@ def test_an_uncordon_ends_the_drain_and_cancels_its_timeout(stuck):
     assert stuck.state == "ready"
 
 
-def test_ctl_models_and_headroom_count_a_retiring_replica_alike(stuck):
-    [chat] = model_views(name="chat")
-    room = model_headroom(name="chat", limit=10)
+def test_ctl_models_and_headroom_count_a_retiring_replica_alike(stuck, api):
+    chat = api.call("GET", "/models/chat").json()
+    room = api.call("GET", "/models/chat/headroom?limit=10").json()
     assert (chat["ready"], chat["retiring"], chat["desired"]) == (0, 1, 1)
     assert (room["current"], room["retiring"]) == (0, 1)
     assert replicas_cell(chat) == "0/1 +1 retiring"
