@@ -76,6 +76,7 @@ def _drain_ended(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> set[
                     "drain_ended",
                     replica=r.id,
                     model=model.name,
+                    nodes=nodes,
                 )
             )
     return ended

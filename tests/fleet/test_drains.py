@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleet.listings import nodes_list
-from fleet.models import Replica
+from fleet.models import EventRecord, Replica
 from fleet.reconciler import reconcile_once
 from fleet.services import model_restart, node_set_schedule
 from llmgw.cli.ctl_capacity import render_headroom
@@ -102,6 +102,12 @@ def test_an_uncordon_ends_the_drain_and_cancels_its_timeout(stuck):
     stuck.refresh_from_db()
     assert (stuck.retiring, stuck.drain_deadline, stuck.reason) == (False, None, "")
     assert nodes_list()[0]["drain_stuck"] == ""
+    # Said on the node's page too: its events.
+    said = EventRecord.objects.get(kind="drain_ended")
+    assert (said.node, said.message) == (
+        "gpu-a",
+        f"replica {stuck.id} of chat stays: gpu-a no longer drains",
+    )
     passes(400)  # past the drain's five minutes
     stuck.refresh_from_db()
     assert stuck.state == "ready"
