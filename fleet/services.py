@@ -267,9 +267,10 @@ def node_set_schedule(*, node_id: str, action: str, actor: str) -> str:
         actor,
         extra={"node": node_id},
     )
+    ended = " and its drain ended: what it was moving stays" if node.draining else ""
     return {
         "cordon": f"node {node_id} cordoned: nothing new is placed on it",
-        "uncordon": f"node {node_id} uncordoned",
+        "uncordon": f"node {node_id} uncordoned{ended}",
         "drain": f"node {node_id} draining: its replicas move elsewhere, a replacement first",
     }[action]
 

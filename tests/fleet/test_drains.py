@@ -97,7 +97,8 @@ def test_a_stuck_drain_is_on_the_node_page_and_needs_attention(stuck, client, dj
 
 
 def test_an_uncordon_ends_the_drain_and_cancels_its_timeout(stuck):
-    node_set_schedule(node_id="gpu-a", action="uncordon", actor="ops")
+    said = node_set_schedule(node_id="gpu-a", action="uncordon", actor="ops")
+    assert said == "node gpu-a uncordoned and its drain ended: what it was moving stays"
     passes(60)
     stuck.refresh_from_db()
     assert (stuck.retiring, stuck.drain_deadline, stuck.reason) == (False, None, "")
