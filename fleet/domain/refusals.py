@@ -72,11 +72,11 @@ class Binding:
 
     @property
     def text(self) -> str:
-        parts = [r.own_words for r in self.named]
+        # A sentence about them all (no fabric group large enough) binds first.
+        parts = [*self.other, *(r.own_words for r in self.named)]
         others = " other" if self.named else ""
         for (one, many), n in self.counted:
             parts.append(f"{n}{others} node{'' if n == 1 else 's'} {one if n == 1 else many}")
-        parts.extend(self.other)
         return "; ".join(parts)
 
 

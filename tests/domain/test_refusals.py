@@ -108,6 +108,18 @@ def test_every_node_is_counted_even_past_the_explanations_cut():
     )
 
 
+def test_a_sentence_about_all_the_nodes_comes_first():
+    nodes = [
+        gpu_node("a1", fabric="ib-a"),
+        gpu_node("b1", fabric="ib-b"),
+        gpu_node("c1", fabric="ib-c", cordoned=True),
+    ]
+    said = summary_of(nodes, gpu_profile(tp=16, nodes=2))
+    assert said == (
+        "no llmgw.io/fabric group has 2 eligible nodes (the largest has 1); c1 is cordoned"
+    )
+
+
 def test_several_profiles_are_each_said_by_name():
     nodes = [cpu_node("c1", memory_gb=8)]
     said = summary_of(nodes, gpu_profile("tp1"), cpu_profile("cpu", memory_gb=16))
