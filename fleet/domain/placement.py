@@ -634,11 +634,7 @@ def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
     state, labels, engine, GPU class and size. Preemption looks for victims only there."""
     if node.state != "ready" or not node.approved or node.address_refusal:
         return False
-    if node.draining or node.cordoned:
-        return False
-    if any(node.labels.get(k) != v for k, v in profile.node_selector.items()):
-        return False
-    if engine_refusal(node, profile.engine) is not None:
+    if node.draining or node.cordoned or _unsuited(node, profile) is not None:
         return False
     need = profile.gpus_on_each_node
     usable = sum(1 for g in node.gpus if g.free_to_place and g.gpu_class == profile.gpu_class)
