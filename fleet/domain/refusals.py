@@ -11,6 +11,7 @@ model); the one short of a GPU, or draining, is the one an operator can act on.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -92,12 +93,14 @@ def binding(reasons: Iterable[str]) -> Binding:
             by_node.setdefault(r.node, r)
         elif r not in other:
             other.append(r)
-    ordered = sorted(by_node.values(), key=NodeRefusal.closeness)
+    # Only the few named are ordered: a full fleet refuses thousands of nodes.
+    close = (r for r in by_node.values() if r.tier < UNSUITED)
+    named = tuple(heapq.nsmallest(MAX_NAMED, close, key=NodeRefusal.closeness))
     # When no node came close, the closest of the rest still speaks for itself.
-    named = tuple(r for r in ordered if r.tier < UNSUITED)[:MAX_NAMED] or tuple(ordered[:1])
+    named = named or tuple(heapq.nsmallest(1, by_node.values(), key=NodeRefusal.closeness))
     shown = {r.node for r in named}
     counts: dict[tuple[str, str], int] = {}
-    for r in ordered:
+    for r in by_node.values():
         if r.node not in shown:
             counts[r.group] = counts.get(r.group, 0) + 1
     counted = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
