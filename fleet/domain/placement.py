@@ -10,6 +10,7 @@ import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 
 from catalog.domain import Profile
 
@@ -90,11 +91,13 @@ class Refusal:
     """Why no profile could be placed: per profile, a sentence per node (or one for all)."""
 
     reasons: tuple[tuple[str, tuple[str, ...]], ...]
-    # Per profile, its binding reasons in one line (refusals.binding); "" where none.
-    summaries: tuple[str, ...] = ()
+    # Per profile, every refusal, uncut: its one line (refusals.binding) is made only when
+    # the explanation is asked for, not by the trials of preemption and headroom.
+    judged: tuple[tuple[str, ...], ...] = ()
 
     def as_explanation(self) -> list[dict]:
-        said = dict(zip((p for p, _ in self.reasons), self.summaries, strict=False))
+        summaries = (binding(j).text for j in self.judged)
+        said = dict(zip((p for p, _ in self.reasons), summaries, strict=False))
         return [
             {"profile": p, "reasons": list(r), **({"summary": said[p]} if said.get(p) else {})}
             for p, r in self.reasons
@@ -318,14 +321,14 @@ class Inventory:
         """The first profile, in the order given, that fits; else why each did not (with
         `judge=False`, an indexed search that finds nothing does not judge every node).
         With `model`, its replicas are spread over racks and zones (spread.py)."""
-        reasons, summaries = [], []
+        reasons, judged = [], []
         for profile in profiles:
             result = self._place_profile(profile, avoid, weights_source, judge, model)
             if isinstance(result, Placement):
                 return result
             reasons.append((profile.name, tuple(_cap(result))))
-            summaries.append(binding(result).text)
-        return Refusal(tuple(reasons), tuple(summaries))
+            judged.append(tuple(result))
+        return Refusal(tuple(reasons), tuple(judged))
 
     def place_spread(
         self, profiles: Sequence[Profile], avoid: frozenset[str], source: str = "", model: str = ""
@@ -477,9 +480,9 @@ def refuse(
     node = room.node
     if (why := _unavailable(node, profile, avoid)) is not None:
         return why
-    if (why := _unsuited(node, profile)) is not None:
-        return why
     need = profile.gpus_on_each_node
+    if (why := _unsuited(node, profile, need)) is not None:
+        return why
     cls = profile.gpu_class
     if need:
         total = node.gpu_totals.get(cls, 0)
@@ -490,7 +493,7 @@ def refuse(
             return _short(
                 node,
                 f"has {free} free {cls} GPUs of {total}, needs {need}{others}",
-                (f"has too few free {cls} GPUs", f"have too few free {cls} GPUs"),
+                _said_of_class("has too few free {} GPUs", "have too few free {} GPUs", cls),
                 "gpus",
                 need - free,
             )
@@ -572,13 +575,20 @@ def _unavailable(node: NodeView, profile: Profile, avoid: frozenset[str]) -> Nod
     return NodeRefusal(f"node {node.id} {words}", node.id, _closeness(node, profile), group)
 
 
+@cache
+def _said_of_class(one: str, many: str, gpu_class: str) -> tuple[str, str]:
+    """A refusal's words for counting, made once per GPU class: a full fleet refuses
+    thousands of nodes for the same reason."""
+    return one.format(gpu_class), many.format(gpu_class)
+
+
 def _closeness(node: NodeView, profile: Profile) -> int:
-    return UNAVAILABLE if _unsuited(node, profile) is None else UNSUITED
+    return UNAVAILABLE if _unsuited(node, profile, profile.gpus_on_each_node) is None else UNSUITED
 
 
-def _unsuited(node: NodeView, profile: Profile) -> NodeRefusal | None:
+def _unsuited(node: NodeView, profile: Profile, need: int) -> NodeRefusal | None:
     """Why the node could not run the profile even empty and ready: its labels, engine, or
-    GPUs of the class."""
+    GPUs of the class (`need` a node)."""
     for key, value in profile.node_selector.items():
         if node.labels.get(key) != value:
             words = f"lacks the label {key}={value}"
@@ -590,13 +600,13 @@ def _unsuited(node: NodeView, profile: Profile) -> NodeRefusal | None:
             )
     if (lacks := engine_refusal(node, profile.engine)) is not None:
         return lacks
-    if profile.gpus_on_each_node and node.gpu_totals.get(profile.gpu_class, 0) == 0:
+    if need and node.gpu_totals.get(profile.gpu_class, 0) == 0:
         cls = profile.gpu_class
         return NodeRefusal(
             f"node {node.id} has no {cls} GPUs",
             node.id,
             UNSUITED,
-            (f"has no {cls} GPUs", f"have no {cls} GPUs"),
+            _said_of_class("has no {} GPUs", "have no {} GPUs", cls),
         )
     return None
 
@@ -634,9 +644,9 @@ def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
     state, labels, engine, GPU class and size. Preemption looks for victims only there."""
     if node.state != "ready" or not node.approved or node.address_refusal:
         return False
-    if node.draining or node.cordoned or _unsuited(node, profile) is not None:
-        return False
     need = profile.gpus_on_each_node
+    if node.draining or node.cordoned or _unsuited(node, profile, need) is not None:
+        return False
     usable = sum(1 for g in node.gpus if g.free_to_place and g.gpu_class == profile.gpu_class)
     if need and usable < need:
         return False
