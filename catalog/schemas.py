@@ -35,6 +35,8 @@ class ModelOut(Schema):
     description: str
     source: str
     ready: int
+    # Serving still, on their way out (a restart, a drain): not among the ready.
+    retiring: int = 0
     desired: int
     min: int
     max: int

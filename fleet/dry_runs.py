@@ -63,6 +63,10 @@ def model_headroom(*, name: str, limit: int) -> dict:
         st.ctx.usage,
         snap.measurements,
     )
+    # Counted as ctl models counts them: a retiring replica is not one of those running.
+    room.retiring = sum(
+        1 for r in snap.replicas if r.model == name and r.state in ACTIVE and r.retiring
+    )
     return room.as_dict()
 
 

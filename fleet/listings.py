@@ -15,8 +15,10 @@ from llmgw.core.errors import NotFound
 
 from .domain.gpuclass import CLASS_LABEL
 from .domain.reconcile import desired_replicas, held_for
+from .domain.refusals import one_line
 from .domain.spread import location_of
 from .domain.types import (
+    ACTIVE,
     HOLDING,
     ModelState as ModelStateView,
     NodeView,
@@ -24,7 +26,7 @@ from .domain.types import (
 )
 from .engine_installs import installing_said, installs_of
 from .models import Gpu, Node, Replica, Shard
-from .selectors import model_states, replica_views
+from .selectors import drains_stuck, model_states, replica_views
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -84,7 +86,9 @@ def replicas_fetching() -> dict[str, dict]:
     return {rid: {"done": done or 0, "total": total} for rid, done, total in rows}
 
 
-def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[str]) -> dict:
+def _node_out(
+    node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[str], stuck: str = ""
+) -> dict:
     view_state = NodeView(
         id=node.id,
         state=node.state,
@@ -141,6 +145,8 @@ def _node_out(node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[
         "seen_addr": node.seen_addr,
         "approved_addr": node.approved_addr,
         "address_refusal": node.address_refusal,
+        # A drain that cannot go on for lack of room, and why; "" otherwise.
+        "drain_stuck": stuck,
         "last_seen": _iso(node.last_seen),
         "registered_at": _iso(node.registered_at),
     }
@@ -169,7 +175,19 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
         replicas[shard_node].append(replica_id)
         for i in indices or ():
             used[shard_node][i] = replica_id
-    return [_node_out(n, gpus[n.id], used[n.id], sorted(replicas[n.id])) for n in nodes]
+    # Only while a node drains: its drain may be stuck for lack of room.
+    stuck = drains_stuck() if any(n.draining for n in nodes) else {}
+    return [
+        _node_out(n, gpus[n.id], used[n.id], sorted(replicas[n.id]), stuck.get(n.id, ""))
+        for n in nodes
+    ]
+
+
+def counted_as(replica: ReplicaView) -> str:
+    """What a replica counts as among its model's: its state, or "retiring" while it serves
+    on its way out (a restart, its node's drain). A retiring replica no longer counts
+    toward the model's replicas, as the reconciler and headroom count them."""
+    return "retiring" if replica.retiring and replica.state in ACTIVE else replica.state
 
 
 def model_status(
@@ -182,8 +200,7 @@ def model_status(
         return ("idle" if spec.on_demand else "stopped"), ""
     if ready >= desired:
         return "ready", ""
-    explanation = list(state.explanation) if state else []
-    first = next((r for e in explanation for r in e.get("reasons", ())), "")
+    first = one_line(state.explanation) if state else ""
     if state and state.unplaceable:
         return "unplaceable", first
     if starting:
@@ -202,7 +219,7 @@ def model_views(*, name: str | None = None) -> list[dict]:
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     replicas = replica_views(model=name)
     for r in replicas:
-        counts[r.model][r.state] += 1
+        counts[r.model][counted_as(r)] += 1
     one = states.get(name) if name is not None else None
     if one is not None and one.held_for and one.held_for not in states:
         # Whether it is still held depends on the model it gave room to.
@@ -241,6 +258,8 @@ def model_views(*, name: str | None = None) -> list[dict]:
                 "description": spec.description,
                 "source": spec.source,
                 "ready": c["ready"],
+                # Serving still, but on their way out: not among the ready.
+                "retiring": c["retiring"],
                 "desired": desired,
                 "min": spec.min_replicas,
                 "max": spec.max_replicas,

@@ -41,7 +41,7 @@ from .domain.holdings import holdings
 from .domain.power import PDU_LABEL, RACK_LABEL
 from .domain.reconcile import desired_replicas
 from .domain.types import HOLDING, Failure, ModelState as ModelStateView, ReplicaView
-from .listings import failure_shown, held_for_shown, measured_memory, model_status
+from .listings import counted_as, failure_shown, held_for_shown, measured_memory, model_status
 from .models import ModelState, Node, PowerBudget, Shard
 from .readings import POLICY
 
@@ -336,6 +336,8 @@ class ModelRow(TypedDict):
     status: str
     reason: str
     ready: int
+    # Serving still, but on their way out (a restart, a drain): not among the ready.
+    retiring: int
     desired: int
     min: int
     max: int
@@ -359,7 +361,7 @@ def model_rows(
     states = _states()
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in replicas:
-        counts[r.model][r.state] += 1
+        counts[r.model][counted_as(r)] += 1
     measured = measured_memory(replicas, catalog)
     out = []
     for spec in catalog.values():
@@ -381,6 +383,7 @@ def model_rows(
                 status=status,
                 reason=reason,
                 ready=c["ready"],
+                retiring=c["retiring"],
                 desired=desired,
                 min=spec.min_replicas,
                 max=spec.max_replicas,

@@ -33,6 +33,8 @@ class NodeOut(Schema):
     seen_addr: str = ""
     approved_addr: str = ""
     address_refusal: str = ""
+    # A drain that cannot go on for lack of room: why, and when its replicas stop.
+    drain_stuck: str = ""
     last_seen: str | None
     registered_at: str | None
 
@@ -91,6 +93,7 @@ class ReconcileOut(Schema):
 class HeadroomOut(Schema):
     model: str
     current: int
+    retiring: int = 0
     more: int
     nodes: list[list[str]]
     limited: bool

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from operator import itemgetter
 
@@ -23,9 +23,11 @@ from mirror.engines import builds_offered
 from mirror.selectors import weights_waiting
 from tenancy.quota import Holding, Policy
 
+from .domain.drains import drain_stuck
 from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
 from .domain.measured import combined_load
+from .domain.refusals import one_line
 from .domain.types import (
     ACTIVE,
     Failure,
@@ -607,7 +609,52 @@ def on_demand_trouble(model: str) -> str | None:
     if row["parked_since"]:
         return f"parked: {row['parked_reason'] or 'it failed to start too often'}"
     if row["unplaceable"]:
-        entries = [e for e in row["explanation"] or [] if isinstance(e, dict)]
-        first = next((r for e in entries for r in e.get("reasons", ())), "")
+        first = one_line(row["explanation"] or [])
         return f"no room: {first or 'no node can take it now'}"
     return None
+
+
+def drains_stuck(
+    *, replicas: Iterable[ReplicaView] | None = None, model: str | None = None
+) -> dict[str, str]:
+    """Each draining node whose drain cannot go on for lack of room, with the sentence that
+    says why and when its replicas stop without a replacement (domain/drains.py); with
+    `model`, only that model's part of each. `replicas` are views already read (the
+    cluster page's); without them one query reads the drain's replicas. No more query
+    while no drain retires a replica."""
+    if replicas is None:
+        rows = Shard.objects.filter(
+            replica__retiring=True, replica__drain_deadline__isnull=False, replica__state__in=ACTIVE
+        )
+        if model is not None:
+            rows = rows.filter(replica__model=model)
+        retiring = list(
+            rows.values_list("node_id", "replica_id", "replica__model", "replica__drain_deadline")
+        )
+    else:
+        retiring = [
+            (s.node_id, r.id, r.model, r.drain_deadline)
+            for r in replicas
+            if r.retiring
+            and r.drain_deadline is not None
+            and r.state in ACTIVE
+            and model in (None, r.model)
+            for s in r.shards
+        ]
+    if not retiring:
+        return {}
+    nodes = {node for node, *_ in retiring}
+    draining = set(Node.objects.filter(pk__in=nodes, draining=True).values_list("pk", flat=True))
+    models = {m for node, _, m, _ in retiring if node in draining}
+    why = {
+        m: one_line(explanation or [])
+        for m, explanation in ModelState.objects.filter(
+            model__in=models, unplaceable=True
+        ).values_list("model", "explanation")
+    }
+    per_node: dict[str, list[tuple[str, str, datetime | None]]] = defaultdict(list)
+    for node, replica_id, m, deadline in sorted(retiring):
+        if node in draining:
+            per_node[node].append((replica_id, m, deadline))
+    said = {node: drain_stuck(items, why) for node, items in sorted(per_node.items())}
+    return {node: sentence for node, sentence in said.items() if sentence}

@@ -29,6 +29,7 @@ from .engine_installs import engine_build
 from .models import ModelState, Node, PowerBudget, Replica, Shard
 from .node_figures import node_figures_refresh
 from .rows import chunks
+from .selectors import drains_stuck
 
 log = logging.getLogger("llmgw.fleet")
 
@@ -83,7 +84,11 @@ def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:
     Replica.objects.filter(pk__in=forgotten).delete()
     for retire in plan.retires:
         Replica.objects.filter(pk=retire.replica_id).update(
-            retiring=True, drain_deadline=retire.deadline
+            retiring=True, drain_deadline=retire.deadline, reason=retire.reason[:500]
+        )
+    for kept in plan.unretires:
+        Replica.objects.filter(pk=kept.replica_id, retiring=True).update(
+            retiring=False, drain_deadline=None, reason=""
         )
     for drain in plan.drains:
         Replica.objects.filter(pk=drain.replica_id, state="ready").update(
@@ -262,9 +267,10 @@ def node_set_schedule(*, node_id: str, action: str, actor: str) -> str:
         actor,
         extra={"node": node_id},
     )
+    ended = " and its drain ended: what it was moving stays" if node.draining else ""
     return {
         "cordon": f"node {node_id} cordoned: nothing new is placed on it",
-        "uncordon": f"node {node_id} uncordoned",
+        "uncordon": f"node {node_id} uncordoned{ended}",
         "drain": f"node {node_id} draining: its replicas move elsewhere, a replacement first",
     }[action]
 
@@ -277,12 +283,21 @@ def _state_for(name: str) -> ModelState:
 
 
 def model_restart(*, name: str, actor: str, now: datetime) -> str:
-    """Retire every replica in turn: a replacement beside each, the old one drained once it is ready."""
+    """Retire every replica in turn: a replacement beside each, the old one drained once it
+    is ready. Returns the sentence, which says what the restart waits for first: a node's
+    drain of this model's replicas that is stuck for lack of room."""
     with transaction.atomic():
         _state_for(name)
         ModelState.objects.filter(pk=name).update(restart_requested_at=now)
         audit_record(actor=actor, action="model.restart", target=name)
-    return f"model {name} restarting: each replica is replaced, one at a time"
+    stuck = drains_stuck(model=name)
+    if not stuck:
+        return f"model {name} restarting: each replica is replaced, one at a time"
+    waits = "; and ".join(f"the drain of {node}, {said}" for node, said in stuck.items())
+    return (
+        f"model {name} restarts once its replicas retiring off a draining node are done; "
+        f"it waits for {waits}. Then each replica is replaced, one at a time"
+    )
 
 
 def model_retry(*, name: str, actor: str) -> str:

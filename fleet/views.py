@@ -35,7 +35,7 @@ from .facility import facility_domains, held_gpus
 from .forms import NodeActionForm, NodeFilterForm
 from .history import GPU_SERIES, cluster_charts, node_charts
 from .listings import nodes_list
-from .selectors import reconciler_status, replica_views
+from .selectors import drains_stuck, reconciler_status, replica_views
 
 PER_PAGE = 100
 # The fragments htmx may ask for, by the `fragment` parameter, and the partial each is.
@@ -106,6 +106,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
                 ps.nodes_down() if down is None else down,
                 ps.quotas_at_limit(catalog, replicas),
                 reconciler=reconciler_status(now=clock.now())["warning"],
+                stuck=sorted(drains_stuck(replicas=replicas).items()),
             ),
         }
     return page(request, "fleet/node_list.html", context, fragment=fragment)
@@ -182,10 +183,12 @@ def _attention(
     quotas: list[dict],
     *,
     reconciler: str | None = None,
+    stuck: list[tuple[str, str]] | None = None,
 ) -> dict:
     """What an operator should look at, worst first: a reconciler that stopped running
     passes, models that cannot run (parked, backing off after failures, each with its
-    engine's last words, or unplaceable), nodes that cannot be reached, scopes at a limit.
+    engine's last words, or unplaceable), drains stuck for lack of room, nodes that cannot
+    be reached, scopes at a limit.
     Each kind names its first few and counts the rest."""
     parked = [m for m in models if m["status"] == "parked"]
     # Failing to start and trying again later: each with what its engine said last.
@@ -195,6 +198,7 @@ def _attention(
         "parked": parked,
         "backing_off": backing_off,
         "unplaceable": unplaceable,
+        "stuck": list(stuck or ()),
         "down": down,
         "quotas": quotas,
     }

@@ -26,6 +26,8 @@ class Headroom:
     model: str
     current: int
     more: int = 0
+    # Replicas serving on their way out (a restart, a drain): not in `current`.
+    retiring: int = 0
     # The nodes each further replica would use, one list per replica.
     nodes: list[list[str]] = field(default_factory=list)
     # It stopped at the number asked for, not at an edge: there may be room for more.
@@ -39,6 +41,7 @@ class Headroom:
         return {
             "model": self.model,
             "current": self.current,
+            "retiring": self.retiring,
             "more": self.more,
             "nodes": self.nodes,
             "limited": self.limited,

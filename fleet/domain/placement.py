@@ -10,10 +10,12 @@ import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 
 from catalog.domain import Profile
 
 from .power import Ledger, Power
+from .refusals import SHORT, UNAVAILABLE, UNSUITED, NodeRefusal, binding, one_line
 from .spread import Spread, located
 from .types import FABRIC_LABEL, HOLDING, NodeView, ReplicaView, Reservation, ShardView
 
@@ -89,13 +91,20 @@ class Refusal:
     """Why no profile could be placed: per profile, a sentence per node (or one for all)."""
 
     reasons: tuple[tuple[str, tuple[str, ...]], ...]
+    # Per profile, every refusal, uncut: its one line (refusals.binding) is made only when
+    # the explanation is asked for, not by the trials of preemption and headroom.
+    judged: tuple[tuple[str, ...], ...] = ()
 
     def as_explanation(self) -> list[dict]:
-        return [{"profile": p, "reasons": list(r)} for p, r in self.reasons]
+        summaries = (binding(j).text for j in self.judged)
+        said = dict(zip((p for p, _ in self.reasons), summaries, strict=False))
+        return [
+            {"profile": p, "reasons": list(r), **({"summary": said[p]} if said.get(p) else {})}
+            for p, r in self.reasons
+        ]
 
     def summary(self) -> str:
-        first = next((r[0] for _, r in self.reasons if r), "no profile fits")
-        return first
+        return one_line(self.as_explanation()) or "no profile fits"
 
 
 class Inventory:
@@ -312,13 +321,14 @@ class Inventory:
         """The first profile, in the order given, that fits; else why each did not (with
         `judge=False`, an indexed search that finds nothing does not judge every node).
         With `model`, its replicas are spread over racks and zones (spread.py)."""
-        reasons = []
+        reasons, judged = [], []
         for profile in profiles:
             result = self._place_profile(profile, avoid, weights_source, judge, model)
             if isinstance(result, Placement):
                 return result
-            reasons.append((profile.name, tuple(result)))
-        return Refusal(tuple(reasons))
+            reasons.append((profile.name, tuple(_cap(result))))
+            judged.append(tuple(result))
+        return Refusal(tuple(reasons), tuple(judged))
 
     def place_spread(
         self, profiles: Sequence[Profile], avoid: frozenset[str], source: str = "", model: str = ""
@@ -401,14 +411,14 @@ class Inventory:
             if eligible:
                 best = min(eligible, key=order)
                 return self._placed(profile, [best], model, spread is not None)
-            return _cap(refused) or ["there are no nodes"]
+            return refused or ["there are no nodes"]
         eligible.sort(key=order)
         chosen = _fabric_group(eligible, profile.nodes)
         if chosen is not None and self.ledger is not None:
             # Each shard alone was judged by `refuse`; together they may pass a budget.
             each = [(r.node.id, self._shard(r, profile, 0).gpu_indices) for r in chosen]
             if over := self.ledger.refusal_together(each):
-                return _cap([*refused, over])
+                return [*refused, over]
         if chosen is None:
             groups = defaultdict(int)
             for room in eligible:
@@ -418,7 +428,7 @@ class Inventory:
             refused.append(
                 f"no {FABRIC_LABEL} group has {profile.nodes} eligible nodes (the largest has {largest})"
             )
-            return _cap(refused)
+            return refused
         return self._placed(profile, chosen, model, spread is not None)
 
     def _placed(
@@ -463,39 +473,29 @@ def refuse(
     avoid: frozenset[str],
     source: str,
     ledger: Ledger | None = None,
-) -> str | None:
+) -> NodeRefusal | None:
     """Why this node cannot take a shard of this profile now, in a sentence; None when it can.
-    With `ledger`, a shard that would take its rack or PDU past a power budget is refused."""
+    With `ledger`, a shard that would take its rack or PDU past a power budget is refused.
+    The sentence carries how close the node came (refusals.py), for the one-line summary."""
     node = room.node
-    if node.state != "ready":
-        return f"node {node.id} is {node.state}"
-    if not node.approved:
-        return f"node {node.id} awaits an operator's approval (llmgw ctl node approve {node.id})"
-    if node.address_refusal:
-        return node.address_refusal
-    if node.draining:
-        return f"node {node.id} is draining"
-    if node.cordoned:
-        return f"node {node.id} is cordoned"
-    if node.id in avoid:
-        return f"node {node.id} already runs a replica of this model"
-    for key, value in profile.node_selector.items():
-        if node.labels.get(key) != value:
-            return f"node {node.id} lacks the label {key}={value}"
-    if (lacks := engine_refusal(node, profile.engine)) is not None:
-        return lacks
+    if (why := _unavailable(node, profile, avoid)) is not None:
+        return why
     need = profile.gpus_on_each_node
+    if (why := _unsuited(node, profile, need)) is not None:
+        return why
+    cls = profile.gpu_class
     if need:
-        total = node.gpu_totals.get(profile.gpu_class, 0)
-        free = len(room.free_gpus.get(profile.gpu_class, ()))
-        if total == 0:
-            return f"node {node.id} has no {profile.gpu_class} GPUs"
+        total = node.gpu_totals.get(cls, 0)
+        free = len(room.free_gpus.get(cls, ()))
         if free < need:
-            held = sum(1 for g in node.gpus if g.held and g.gpu_class == profile.gpu_class)
+            held = sum(1 for g in node.gpus if g.held and g.gpu_class == cls)
             others = f" ({held} held by other processes)" if held else ""
-            return (
-                f"node {node.id} has {free} free {profile.gpu_class} GPUs of {total}, "
-                f"needs {need}{others}"
+            return _short(
+                node,
+                f"has {free} free {cls} GPUs of {total}, needs {need}{others}",
+                _said_of_class("has too few free {} GPUs", "have too few free {} GPUs", cls),
+                "gpus",
+                need - free,
             )
     free_memory = room.memory_free
     if (
@@ -503,30 +503,115 @@ def refuse(
         and free_memory is not None
         and free_memory < profile.min_memory_gb
     ):
-        return (
-            f"node {node.id} has {_gb(node.memory_gb)} GB of memory with "
-            f"{_gb(max(free_memory, 0))} GB free, needs {_gb(profile.min_memory_gb)}"
+        return _short(
+            node,
+            f"has {_gb(node.memory_gb)} GB of memory with "
+            f"{_gb(max(free_memory, 0))} GB free, needs {_gb(profile.min_memory_gb)}",
+            ("has too little free memory", "have too little free memory"),
+            "memory",
+            profile.min_memory_gb - max(free_memory, 0),
         )
     cores = profile.reserved_cores
     if cores and room.cores_free is not None and room.cores_free < cores:
-        return f"node {node.id} has {node.cpu_count} CPUs with {max(room.cores_free, 0)} free, needs {cores}"
+        return _short(
+            node,
+            f"has {node.cpu_count} CPUs with {max(room.cores_free, 0)} free, needs {cores}",
+            ("has too few free CPUs", "have too few free CPUs"),
+            "cores",
+            cores - max(room.cores_free, 0),
+        )
     if (
         profile.min_disk_gb is not None
         and node.disk_free_gb is not None
         and not (source and source in node.weights)
         and node.disk_free_gb < profile.min_disk_gb
     ):
-        return (
-            f"node {node.id} has {_gb(node.disk_free_gb)} GB of disk free, "
-            f"needs {_gb(profile.min_disk_gb)}"
+        return _short(
+            node,
+            f"has {_gb(node.disk_free_gb)} GB of disk free, needs {_gb(profile.min_disk_gb)}",
+            ("has too little free disk", "have too little free disk"),
+            "disk",
+            profile.min_disk_gb - node.disk_free_gb,
         )
     if ledger is not None and need:
-        indices = tuple(sorted(room.free_gpus.get(profile.gpu_class, []))[:need])
-        return ledger.refusal(node.id, indices)
+        indices = tuple(sorted(room.free_gpus.get(cls, []))[:need])
+        if (over := ledger.refusal(node.id, indices)) is not None:
+            return NodeRefusal(
+                over, node.id, SHORT, ("is at a power budget", "are at a power budget"), "power"
+            )
     return None
 
 
-def engine_refusal(node: NodeView, engine: str) -> str | None:
+def _short(
+    node: NodeView, words: str, group: tuple[str, str], kind: str, missing: float
+) -> NodeRefusal:
+    return NodeRefusal(f"node {node.id} {words}", node.id, SHORT, group, kind, missing)
+
+
+def _unavailable(node: NodeView, profile: Profile, avoid: frozenset[str]) -> NodeRefusal | None:
+    """Why the node takes nothing now (its state, an operator's order, this model already
+    there); one that could run the profile otherwise is close, one that could not is not."""
+    if node.state != "ready":
+        words, group = f"is {node.state}", (f"is {node.state}", f"are {node.state}")
+    elif not node.approved:
+        words = f"awaits an operator's approval (llmgw ctl node approve {node.id})"
+        group = ("awaits an operator's approval", "await an operator's approval")
+    elif node.address_refusal:
+        return NodeRefusal(
+            node.address_refusal,
+            node.id,
+            _closeness(node, profile),
+            ("has an address not approved", "have addresses not approved"),
+        )
+    elif node.draining:
+        words, group = "is draining", ("is draining", "are draining")
+    elif node.cordoned:
+        words, group = "is cordoned", ("is cordoned", "are cordoned")
+    elif node.id in avoid:
+        words = "already runs a replica of this model"
+        group = ("already runs a replica of this model", "already run a replica of this model")
+    else:
+        return None
+    return NodeRefusal(f"node {node.id} {words}", node.id, _closeness(node, profile), group)
+
+
+@cache
+def _said_of_class(one: str, many: str, gpu_class: str) -> tuple[str, str]:
+    """A refusal's words for counting, made once per GPU class: a full fleet refuses
+    thousands of nodes for the same reason."""
+    return one.format(gpu_class), many.format(gpu_class)
+
+
+def _closeness(node: NodeView, profile: Profile) -> int:
+    return UNAVAILABLE if _unsuited(node, profile, profile.gpus_on_each_node) is None else UNSUITED
+
+
+def _unsuited(node: NodeView, profile: Profile, need: int) -> NodeRefusal | None:
+    """Why the node could not run the profile even empty and ready: its labels, engine, or
+    GPUs of the class (`need` a node)."""
+    for key, value in profile.node_selector.items():
+        if node.labels.get(key) != value:
+            words = f"lacks the label {key}={value}"
+            return NodeRefusal(
+                f"node {node.id} {words}",
+                node.id,
+                UNSUITED,
+                (words, f"lack the label {key}={value}"),
+            )
+    if (lacks := engine_refusal(node, profile.engine)) is not None:
+        return lacks
+    if need and node.gpu_totals.get(profile.gpu_class, 0) == 0:
+        cls = profile.gpu_class
+        return NodeRefusal(
+            f"node {node.id} has no {cls} GPUs",
+            node.id,
+            UNSUITED,
+            _said_of_class("has no {} GPUs", "have no {} GPUs", cls),
+        )
+    return None
+
+
+def engine_refusal(node: NodeView, engine: str) -> NodeRefusal | None:
     """Why the node cannot run ``engine``, in a sentence; None when it has it or can install it.
 
     An engine it lacks is installable when the mirror holds a build for the node's
@@ -538,10 +623,20 @@ def engine_refusal(node: NodeView, engine: str) -> str | None:
     offered = node.installable.get(engine)
     tried = node.install_of(engine)
     if tried is not None and tried.state == "failed" and offered in (None, tried.version):
-        return f"node {node.id} could not install {engine} {tried.version}: {tried.detail}"
+        return NodeRefusal(
+            f"node {node.id} could not install {engine} {tried.version}: {tried.detail}",
+            node.id,
+            UNSUITED,
+            (f"could not install {engine}", f"could not install {engine}"),
+        )
     if offered is not None:
         return None
-    return f"node {node.id} has no {engine} engine installed"
+    return NodeRefusal(
+        f"node {node.id} has no {engine} engine installed",
+        node.id,
+        UNSUITED,
+        (f"has no {engine} engine installed", f"have no {engine} engine installed"),
+    )
 
 
 def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
@@ -549,13 +644,9 @@ def could_ever_run(node: NodeView, profile: Profile, source: str = "") -> bool:
     state, labels, engine, GPU class and size. Preemption looks for victims only there."""
     if node.state != "ready" or not node.approved or node.address_refusal:
         return False
-    if node.draining or node.cordoned:
-        return False
-    if any(node.labels.get(k) != v for k, v in profile.node_selector.items()):
-        return False
-    if engine_refusal(node, profile.engine) is not None:
-        return False
     need = profile.gpus_on_each_node
+    if node.draining or node.cordoned or _unsuited(node, profile, need) is not None:
+        return False
     usable = sum(1 for g in node.gpus if g.free_to_place and g.gpu_class == profile.gpu_class)
     if need and usable < need:
         return False

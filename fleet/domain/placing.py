@@ -19,6 +19,7 @@ from .measured import ordered_profiles
 from .placement import MAX_REASONS_PER_PROFILE, Inventory, Placement
 from .plan import Drain, Event, Pass, Plan, Start
 from .preemption import preempt
+from .refusals import one_line
 from .reserved import place_kept, reserved_amount
 from .types import HOLDING, ModelState, Reservation, shard_id
 from .victims import Preemption
@@ -87,8 +88,7 @@ def scale_up(
         explanation = tuple(placed)
         if lines:
             explanation += ({"profile": "preemption", "reasons": lines[:MAX_REASONS_PER_PROFILE]},)
-        first = next((r for e in placed for r in e["reasons"]), "no profile fits")
-        _refusal_said(model, state, explanation, first, plan)
+        _refusal_said(model, state, explanation, one_line(placed) or "no profile fits", plan)
         return state, True, explanation
     return state, False, ()
 

@@ -82,6 +82,13 @@ class Retire:
     deadline: datetime | None = None
 
 
+@dataclass(frozen=True)
+class Unretire:
+    """A replica a drain retired stays: its node no longer drains."""
+
+    replica_id: str
+
+
 class Event(str):
     """A decision in a sentence, which compares and prints as the sentence, with its kind and
     figures beside it for a structured log line (`LLMGW_LOG_FORMAT=json`)."""
@@ -111,6 +118,7 @@ class Plan:
     stops: list[Stop] = field(default_factory=list)
     forgets: list[Forget] = field(default_factory=list)
     retires: list[Retire] = field(default_factory=list)
+    unretires: list[Unretire] = field(default_factory=list)
     node_changes: list[NodeChange] = field(default_factory=list)
     health: list[HealthChange] = field(default_factory=list)
     states: dict[str, ModelState] = field(default_factory=dict)
@@ -124,6 +132,7 @@ class Plan:
             or self.stops
             or self.forgets
             or self.retires
+            or self.unretires
             or self.node_changes
             or self.health
         )

@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 
 from catalog.domain import ModelSpec
 
-from .plan import Drain, Event, Pass, Plan, Retire, Stop, duration
+from .plan import Drain, Event, Pass, Plan, Retire, Stop, Unretire, duration
+from .refusals import one_line
 from .types import ACTIVE, HOLDING, ModelState, ReplicaView
 
 
@@ -27,8 +28,9 @@ def retire(
     replicas' ids and their deadlines."""
     now, t, plan = p.now, p.t, p.plan
     # Replicas on a node being drained retire: a replacement first, then they drain.
-    retiring = {r.id for r in replicas if r.retiring}
-    deadlines = {r.id: r.drain_deadline for r in replicas if r.retiring and r.drain_deadline}
+    ended = _drain_ended(model, replicas, p)
+    retiring = {r.id for r in replicas if r.retiring and r.id not in ended}
+    deadlines = {r.id: r.drain_deadline for r in replicas if r.id in retiring and r.drain_deadline}
     for r in replicas if p.draining else ():
         if (
             r.state in ACTIVE
@@ -39,11 +41,45 @@ def retire(
             # It serves until its replacement is ready, or until the drain grace runs out when
             # no room is found for one: a node's drain always ends.
             deadline = now + timedelta(seconds=t.drain_grace)
-            plan.retires.append(Retire(r.id, "its node is draining", deadline=deadline))
+            node = next(s.node_id for s in r.shards if s.node_id in p.draining)
+            plan.retires.append(Retire(r.id, f"its node {node} is draining", deadline=deadline))
             deadlines[r.id] = deadline
     state = _restart_in_turn(model, replicas, state, retiring, plan)
     p.ctx.taken |= retiring
     return state, retiring, deadlines
+
+
+def _drain_ended(model: ModelSpec, replicas: list[ReplicaView], p: Pass) -> set[str]:
+    """The replicas a drain retired whose nodes drain no more (uncordoned): they stay, their
+    drain's time is cancelled. A drain's retirement is the one with a deadline; a restart's
+    has none and goes on."""
+    ended = {
+        r.id
+        for r in replicas
+        if r.retiring
+        and r.drain_deadline is not None
+        and r.state in ACTIVE
+        and not any(s.node_id in p.draining for s in r.shards)
+    }
+    for r in replicas:
+        if r.id in ended:
+            nodes = sorted(r.nodes)
+            where = (
+                f"{nodes[0]} no longer drains"
+                if len(nodes) == 1
+                else f"{', '.join(nodes[:-1])} and {nodes[-1]} no longer drain"
+            )
+            p.plan.unretires.append(Unretire(r.id))
+            p.plan.events.append(
+                Event(
+                    f"replica {r.id} of {model.name} stays: {where}",
+                    "drain_ended",
+                    replica=r.id,
+                    model=model.name,
+                    nodes=nodes,
+                )
+            )
+    return ended
 
 
 def _restart_in_turn(
@@ -67,7 +103,7 @@ def _restart_in_turn(
         plan.events.append(Event(f"model {model.name} restarted", "restart", model=model.name))
         return replace(state, restart_requested_at=None)
     retiring.add(older[0].id)
-    plan.retires.append(Retire(older[0].id, "restart"))
+    plan.retires.append(Retire(older[0].id, "restarting"))
     return state
 
 
@@ -152,7 +188,7 @@ def stop_first(
     ]
     if not old:
         return
-    first = next((w for e in explanation for w in e["reasons"]), "no profile fits")
+    first = one_line(explanation) or "no profile fits"
     r = old[0]
     why = (
         f"replica {r.id} of {model.name} stops before its replacement starts: no room for "

@@ -159,7 +159,8 @@ def cmd_model_target(api: Api, args: argparse.Namespace, out: Output) -> None:
 
 def render_headroom(h: Mapping[str, Any], asked: int | None) -> str:
     """How many more replicas fit now, what one more serves, and why not more."""
-    head = f"{h['model']}: {h['current']} running; room for {h['more']} more"
+    retiring = f", {h['retiring']} retiring" if h.get("retiring") else ""
+    head = f"{h['model']}: {h['current']} running{retiring}; room for {h['more']} more"
     if h.get("limited"):
         head += f" (at least; asked up to {asked if asked is not None else h['more']})"
     lines = [head]

@@ -62,16 +62,18 @@ def reserves(m: Mapping[str, Any]) -> str:
 
 
 def replicas_cell(m: Mapping[str, Any]) -> str:
-    """``2/2``: ready over desired."""
-    return f"{cell(m.get('ready'))}/{cell(m.get('desired'))}"
+    """``2/3``: ready over desired, and ``2/3 +1 retiring`` while one serves on its way out
+    (counted as headroom counts: a retiring replica is not one of the model's)."""
+    text = f"{cell(m.get('ready'))}/{cell(m.get('desired'))}"
+    return f"{text} +{m['retiring']} retiring" if m.get("retiring") else text
 
 
 def serving(m: Mapping[str, Any]) -> str:
-    """``yes`` when at least one replica is ready."""
+    """``yes`` when at least one replica is ready, retiring ones included."""
     ready = m.get("ready")
     if ready is None:
         return DASH
-    return "yes" if ready > 0 else "no"
+    return "yes" if ready + (m.get("retiring") or 0) > 0 else "no"
 
 
 def warning_lines(models: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -138,6 +140,8 @@ def render_models(models: list[dict[str, Any]]) -> str:
 def render_model(m: dict[str, Any]) -> str:
     """``ctl model show``: its fields, a row per profile, and its warnings."""
     scaling = f"{cell(m.get('ready'))} ready of {cell(m.get('desired'))} wanted"
+    if m.get("retiring"):
+        scaling += f", {m['retiring']} retiring"
     scaling += f" (min {cell(m.get('min'))}, max {cell(m.get('max'))})"
     owner = m.get("owner")
     pairs: list[tuple[str, Any]] = [

@@ -112,6 +112,8 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
             row.insert(2, _where(n) or DASH)
     # Why a node is held for an address, under the table: the sentence says what to run.
     held = [f"  {n['address_refusal']}" for n in nodes if n.get("address_refusal")]
+    # A drain that cannot go on, and why: a state alone says "draining" for five minutes.
+    held += [f"  {n.get('id')}: drain {n['drain_stuck']}" for n in nodes if n.get("drain_stuck")]
     return "\n".join([render(headers, rows), *held])
 
 
@@ -138,6 +140,7 @@ def render_node(n: dict[str, Any]) -> str:
         ("seen_addr", "connects from"),
         ("approved_addr", "approved address"),
         ("address_refusal", "address refused"),
+        ("drain_stuck", "drain"),
         ("agent_version", "agent"),
     ):
         if n.get(key):

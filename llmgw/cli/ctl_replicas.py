@@ -65,6 +65,10 @@ def render_replicas(replicas: list[dict[str, Any]]) -> str:
         fetching = r.get("fetching")
         if isinstance(fetching, dict):
             state = f"fetching {fetched_said(fetching.get('done'), fetching.get('total'))}"
+        if r.get("retiring") and r.get("state") in ("pending", "starting", "ready"):
+            # It serves until its replacement is ready, but no longer counts as one of the
+            # model's replicas: say so, and why (a restart, its node's drain).
+            state += f", retiring: {r['reason']}" if r.get("reason") else ", retiring"
         if r.get("outdated"):
             state += " (outdated)"
         rows.append(

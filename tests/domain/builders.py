@@ -261,14 +261,15 @@ def started_as_replicas(plan: Plan, now: datetime, state: str = "pending") -> li
 
 def apply(snap: Snapshot, plan: Plan, now: datetime) -> Snapshot:
     """Feed a plan back as the shell would: forgets removed, stops stopping, drains draining,
-    retires marked, starts recorded as pending, node states and model states kept."""
+    retires marked (with their deadline and reason) and unmarked, starts recorded as pending, node states and model states kept."""
     forgotten = {f.replica_id for f in plan.forgets}
     stopping = {s.replica_id for s in plan.stops}
     draining = {}
     for d in plan.drains:
         # The shell drains a ready replica once: a second drain of it finds it draining.
         draining.setdefault(d.replica_id, d)
-    retiring = {r.replica_id for r in plan.retires}
+    retiring = {r.replica_id: r for r in plan.retires}
+    kept = {u.replica_id for u in plan.unretires}
     replicas = []
     for r in snap.replicas:
         if r.id in forgotten:
@@ -285,7 +286,10 @@ def apply(snap: Snapshot, plan: Plan, now: datetime) -> Snapshot:
                 preempted_for=drain.preempted_for,
             )
         if r.id in retiring:
-            r = replace(r, retiring=True)
+            retire = retiring[r.id]
+            r = replace(r, retiring=True, drain_deadline=retire.deadline, reason=retire.reason)
+        elif r.id in kept:
+            r = replace(r, retiring=False, drain_deadline=None, reason="")
         replicas.append(r)
     replicas.extend(started_as_replicas(plan, now))
     nodes = dict(snap.nodes)

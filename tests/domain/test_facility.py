@@ -133,7 +133,7 @@ def test_a_budget_refuses_a_node_with_a_sentence_with_the_figures():
         plan, "chat"
     )
     assert any(
-        "cannot be placed: node n1 is in rack r1: 1,400 of 2,000 W held" in e for e in plan.events
+        "cannot be placed: n1 is in rack r1: 1,400 of 2,000 W held" in e for e in plan.events
     )
 
 

@@ -276,6 +276,7 @@ def test_the_explanation_names_each_node_and_its_figures():
                 "node n2 has no h100-80g GPUs",
                 "node c1 has no h100-80g GPUs",
             ],
+            "summary": "n1 has 1 free h100-80g GPUs of 8, needs 2; 2 other nodes have no h100-80g GPUs",
         },
         {
             "profile": "cpu",
@@ -284,9 +285,15 @@ def test_the_explanation_names_each_node_and_its_figures():
                 "node n2 has no llamacpp engine installed",
                 "node c1 has 8 GB of memory with 8 GB free, needs 16",
             ],
+            "summary": "c1 has 8 GB of memory with 8 GB free, needs 16; "
+            "2 other nodes have no llamacpp engine installed",
         },
     ]
-    assert result.summary() == "node n1 has 1 free h100-80g GPUs of 8, needs 2"
+    assert result.summary() == (
+        "profile tp2: n1 has 1 free h100-80g GPUs of 8, needs 2; 2 other nodes have no "
+        "h100-80g GPUs. profile cpu: c1 has 8 GB of memory with 8 GB free, needs 16; "
+        "2 other nodes have no llamacpp engine installed"
+    )
 
 
 def test_an_empty_fleet_says_there_are_no_nodes():

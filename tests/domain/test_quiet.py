@@ -240,7 +240,9 @@ def test_a_model_whose_backoff_ends_is_looked_at_again():
 def test_a_retiring_replica_stops_at_its_deadline_though_nothing_else_moved():
     old = replica("steady-old", "steady", on="n1", retiring=True, drain_deadline=at(20))
     new = replica("steady-new", "steady", on="n2", state="pending", created=NOW)
-    c = Cluster(snapshot(NODES, [model("steady", min=1)], [old, new]))
+    # Its node drains: a drain's retirement lasts while its node drains.
+    nodes = [gpu_node("n1", gpus=8, draining=True, cordoned=True), *NODES[1:]]
+    c = Cluster(snapshot(nodes, [model("steady", min=1)], [old, new]))
     quiet = QuietModels()
     for n in range(6):
         full = decide(c.snap, c.now, TIMINGS, ids_for(n))

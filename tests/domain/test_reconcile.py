@@ -475,7 +475,11 @@ def test_placing_several_replicas_in_one_pass_sees_what_the_previous_took():
     state = plan.states["chat"]
     assert state.unplaceable
     assert state.explanation == (
-        {"profile": "gpu", "reasons": ["node n1 has 0 free h100-80g GPUs of 8, needs 4"]},
+        {
+            "profile": "gpu",
+            "reasons": ["node n1 has 0 free h100-80g GPUs of 8, needs 4"],
+            "summary": "n1 has 0 free h100-80g GPUs of 8, needs 4",
+        },
     )
 
 
@@ -494,7 +498,11 @@ def test_reserved_cores_bound_how_many_cpu_replicas_fit():
     plan = run(snapshot([cpu_node("c1", cpus=8, memory_gb=64)], [m]))
     assert [[p.cpu_cores for _, p in s.shards] for s in plan.starts] == [[3], [3]]
     assert plan.states["coder"].explanation == (
-        {"profile": "cpu", "reasons": ["node c1 has 8 CPUs with 2 free, needs 3"]},
+        {
+            "profile": "cpu",
+            "reasons": ["node c1 has 8 CPUs with 2 free, needs 3"],
+            "summary": "c1 has 8 CPUs with 2 free, needs 3",
+        },
     )
 
 
@@ -545,17 +553,17 @@ def test_a_model_with_no_room_is_unplaceable_and_says_why_once():
     assert plan.starts == []
     assert c.state("chat").unplaceable
     assert c.state("chat").explanation == (
-        {"profile": "gpu", "reasons": [why]},
+        {"profile": "gpu", "reasons": [why], "summary": why.removeprefix("node ")},
         {"profile": "preemption", "reasons": ["no node could run chat even if it were empty"]},
     )
-    assert plan.events == [f"model chat cannot be placed: {why}"]
+    assert plan.events == ["model chat cannot be placed: n1 has 4 free h100-80g GPUs of 4, needs 8"]
     c.wait(5)
     assert c.step().events == []  # still unplaceable: not said again every pass
     # A different reason is said again: a smaller node now stands in the way.
     c.change(nodes={"n1": gpu_node("n1", gpus=2)})
     plan = c.step()
     assert [e.kind for e in plan.events] == ["unplaceable"]
-    assert "node n1 has 2 free h100-80g GPUs of 2, needs 8" in plan.events[0]
+    assert "n1 has 2 free h100-80g GPUs of 2, needs 8" in plan.events[0]
 
 
 def test_a_model_that_finds_room_is_no_longer_unplaceable():
@@ -685,7 +693,7 @@ def test_restart_retires_one_replica_at_a_time_replacement_first():
     c.wait(1)
 
     plan = c.step()  # the oldest retires, and its replacement is placed beside it
-    assert [(r.replica_id, r.reason) for r in plan.retires] == [("a", "restart")]
+    assert [(r.replica_id, r.reason) for r in plan.retires] == [("a", "restarting")]
     assert started_on(plan) == [["n3"]]
     assert plan.stops == [] and plan.drains == []
 
@@ -751,7 +759,7 @@ def test_a_draining_node_moves_its_replicas_replacement_first():
         )
     )
     plan = c.step()
-    assert [(r.replica_id, r.reason) for r in plan.retires] == [("a", "its node is draining")]
+    assert [(r.replica_id, r.reason) for r in plan.retires] == [("a", "its node n1 is draining")]
     assert started_on(plan) == [["n2"]]
     assert plan.stops == []
     c.wait(5)

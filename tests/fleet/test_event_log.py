@@ -87,8 +87,8 @@ def test_a_passs_decisions_are_kept_under_their_model_and_node(no_settle):
         .values_list("model", "message")
     )
     assert unplaceable == [
-        ("huge", "model huge cannot be placed: node gpu-a has 2 free h100-80g GPUs of 2, needs 16"),
-        ("huge", "model huge cannot be placed: node gpu-a has 1 free h100-80g GPUs of 2, needs 16"),
+        ("huge", "model huge cannot be placed: gpu-a has 2 free h100-80g GPUs of 2, needs 16"),
+        ("huge", "model huge cannot be placed: gpu-a has 1 free h100-80g GPUs of 2, needs 16"),
     ]
 
 
