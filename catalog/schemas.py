@@ -25,6 +25,10 @@ class FailureOut(Schema):
     exit_code: int | None = None
     detail: str
     at: datetime | None = None
+    # The failure in one line: the engine's log line that says why, else the sentence.
+    said: str = ""
+    # How the engine ended: "exit code 1", "stopped by SIGKILL"; "" when not known.
+    exit: str = ""
 
 
 class ModelOut(Schema):

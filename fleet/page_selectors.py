@@ -272,6 +272,7 @@ _STATE_FIELDS = (
     "model",
     "desired",
     "failures",
+    "backoff_until",
     "parked_since",
     "parked_reason",
     "unplaceable",

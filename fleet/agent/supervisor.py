@@ -48,6 +48,7 @@ from fleet.agent.ledger import (
     terminate,
 )
 from fleet.agent.ports import choose_port, host_for_url
+from fleet.domain.causes import ended_said
 from mirror.domain.refs import RefError, WeightsRef
 
 log = logging.getLogger(__name__)
@@ -419,9 +420,8 @@ class Supervisor:
             return  # being stopped: stop() reports it
         code = proc.returncode
         kill_group(proc.pid)  # what it forked and left behind
-        # An adopted engine is not our child: how it ended is not known.
-        said = "The engine exited." if code is None else f"The engine exited with code {code}."
-        detail = _with_tail(said, shard.log_path)
+        # An adopted engine is not our child: how it ended is not known (ended_said says so).
+        detail = _with_tail(ended_said(code), shard.log_path)
         self._finish(shard, FAILED, exit_code=code, detail=detail)
 
     async def _healthy(self, shard: Shard) -> bool:

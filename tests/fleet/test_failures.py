@@ -48,10 +48,10 @@ async def test_the_engines_last_lines_are_kept_with_the_model_and_shown(
 ):
     _, start = await fail_first_start(agents, f"The engine exited with code 1.\n{TAIL}")
     replica = await in_db(lambda: Replica.objects.get())
-    # The replica's reason is one line: the log stays out of sentences and events.
+    # The replica's reason is one line: the log's line that says why, not the whole log.
     assert replica.reason == (
         f"shard {start['shard_id']} on node gpu-a failed (exit code 1): "
-        "The engine exited with code 1."
+        "error: failed to open GGUF file '/m/llama.gguf'"
     )
 
     await in_db(reconcile_once)
@@ -68,8 +68,17 @@ async def test_the_engines_last_lines_are_kept_with_the_model_and_shown(
     view = await in_db(lambda: api_get(admin_token, "/api/v1/models/llama"))
     assert view["last_failure"]["detail"].endswith("failed to open GGUF file '/m/llama.gguf'")
     assert view["last_failure"]["replica"] == start["replica_id"]
+    assert view["last_failure"]["said"] == "error: failed to open GGUF file '/m/llama.gguf'"
+    assert view["last_failure"]["exit"] == "exit code 1"
+    # Failing, with why and its next try, not "waiting".
+    assert view["status"] == "failing"
+    assert view["reason"].startswith(
+        "error: failed to open GGUF file '/m/llama.gguf'; 1 failure, next try in "
+    ), view["reason"]
     explain = await in_db(lambda: api_get(admin_token, "/api/v1/models/llama/explain"))
-    assert explain["reason"].startswith("backing off after 1 failures")
+    assert explain["reason"] == view["reason"]
+    reasons = [r for e in explain["explanation"] for r in e.get("reasons", ())]
+    assert reasons[0].startswith("backing off after 1 failures"), reasons
     assert explain["last_failure"] == view["last_failure"]
 
 
