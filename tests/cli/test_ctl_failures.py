@@ -88,3 +88,20 @@ def test_logs_of_a_node_that_is_away_prints_the_servers_sentence(capsys):
     assert code == 1
     assert out == ""
     assert err.strip() == f"error: {detail}"
+
+
+def test_models_shows_the_servers_one_line_and_how_the_engine_ended(capsys):
+    failure = FAILURE | {
+        "exit_code": -9,
+        "said": "torch.OutOfMemoryError: CUDA out of memory.",
+        "exit": "stopped by SIGKILL",
+    }
+    failing = BACKING_OFF | {"status": "failing", "last_failure": failure}
+    server = FakeServer({("GET", "/api/v1/models"): (200, [failing])})
+    code, out, _ = run(capsys, server, "models")
+    assert code == 0
+    assert out.strip().splitlines()[-1] == (
+        "failing: chat: torch.OutOfMemoryError: CUDA out of memory. "
+        "(replica chat-1a2b3c on node cpu-1, stopped by SIGKILL)"
+    )
+    assert "failing" in out.splitlines()[1]
