@@ -653,6 +653,7 @@ class Supervisor:
         self._shards[spec.shard_id] = shard
         self._record(shard)
         shard.watcher = asyncio.create_task(self._watch(shard), name=f"watch-{spec.shard_id}")
+        self._watch_memory()
         log.info(
             "shard %s: adopted its engine from an earlier run (pid %d, port %d, %s)",
             spec.shard_id,
