@@ -256,5 +256,7 @@ class ExplainOut(Schema):
     reason: str
     explanation: list[dict]
     last_failure: FailureOut | None = None
+    # The model's one-word status, as the models list says it ("failing", "waiting", …).
+    status: str = ""
     # Its replicas waiting on their node installing the engine from the mirror.
     installing: list[str] = []

@@ -355,6 +355,7 @@ def model_explain(*, name: str, view: dict | None = None) -> dict:
     return {
         "model": name,
         "unplaceable": view["unplaceable"],
+        "status": view["status"],
         "reason": view["reason"],
         "explanation": list(state.explanation) if state else [],
         "last_failure": view["last_failure"],

@@ -251,6 +251,8 @@ def render_explain(e: dict[str, Any]) -> str:
     explanation = e.get("explanation") or []
     if e.get("unplaceable"):
         head = f"{model} cannot be placed"
+    elif e.get("status") == "failing":
+        head = f"{model} is failing"
     elif explanation:
         head = f"{model}: its last placement failed"
     else:

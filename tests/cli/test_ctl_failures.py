@@ -105,3 +105,19 @@ def test_models_shows_the_servers_one_line_and_how_the_engine_ended(capsys):
         "(replica chat-1a2b3c on node cpu-1, stopped by SIGKILL)"
     )
     assert "failing" in out.splitlines()[1]
+
+
+def test_explain_of_a_failing_model_says_it_is_failing_with_why_and_its_next_try(capsys):
+    reason = "error: failed to open GGUF file '/models/chat.gguf'; 3 failures, next try in 40s"
+    answer = {
+        "model": "chat",
+        "unplaceable": False,
+        "status": "failing",
+        "reason": reason,
+        "explanation": [{"profile": "cpu", "reasons": ["backing off after 3 failures"]}],
+        "last_failure": FAILURE,
+    }
+    server = FakeServer({("GET", "/api/v1/models/chat/explain"): (200, answer)})
+    code, out, _ = run(capsys, server, "model", "explain", "chat")
+    assert code == 0
+    assert out.splitlines()[0] == f"chat is failing: {reason}"
