@@ -47,7 +47,7 @@ _PREFIXES = (
     re.compile(r"^(?:ERROR|CRITICAL|FATAL)(?::\s*|\s+)"),
     # llama-server's source tags and its C functions: "srv    load_model: ",
     # "gguf_init_from_file_impl: ", "llama_model_load: ".
-    re.compile(r"^(?:srv|slot|que|main|common)\s+(?=\S)"),
+    re.compile(r"^(?:srv|slot|que|main|common|cmn)\s+(?=\S)"),
     re.compile(r"^[a-z][a-z0-9]*_[a-z0-9_]*(?:\(\))?:\s+"),
 )
 

@@ -14,20 +14,21 @@ from fleet.domain.causes import (
     summary,
 )
 
-# llama-server (llama.cpp b5xxx) on a file that is not a GGUF, as the issue found it.
+# llama-server (llama.cpp 0.3.36 as `llmgw engines build llamacpp` makes it) on a file that
+# is not a GGUF, as the issue found it: its last 12 lines, as written.
 LLAMA_NOT_GGUF = """\
-0.00.000.412 I build: 1 (5c0c8dc) with cc (Debian 12.2.0-14) 12.2.0 for x86_64-linux-gnu
-0.00.000.419 I system info: n_threads = 2, n_threads_batch = 2, total_threads = 2
-0.00.000.530 I main: HTTP server is listening, hostname: 127.0.0.1, port: 33001, http threads: 1
-0.00.000.531 I main: loading model
-0.00.000.540 I srv    load_model: loading model '/tmp/notes.gguf'
-0.00.006.996 E gguf_init_from_file_impl: invalid magic characters: 'This', expected 'GGUF'
-0.00.007.010 E llama_model_load: error loading model: llama_model_loader: failed to load model from /tmp/notes.gguf
-0.00.007.021 E llama_model_load_from_file_impl: failed to load model
-0.00.007.201 E common_init_from_params: failed to load model '/tmp/notes.gguf'
-0.00.007.230 E srv    load_model: failed to load model, '/tmp/notes.gguf'
-0.00.007.240 I srv    operator(): operator(): cleaning up before exit...
-0.00.007.248 E srv llama_server: exiting due to model loading error"""
+0.00.017.638 I srv    load_model: loading model '/tmp/notes.gguf'
+0.00.017.754 E gguf_init_from_reader: invalid magic characters: 'This', expected 'GGUF'
+0.00.017.838 E llama_model_load: error loading model: llama_model_loader: failed to load model from /tmp/notes.gguf
+0.00.017.844 E llama_model_load_from_file_impl: failed to load model
+0.00.017.862 E common_fit_params: encountered an error while trying to fit params to free device memory: failed to load model
+0.00.017.872 E gguf_init_from_reader: invalid magic characters: 'This', expected 'GGUF'
+0.00.017.877 E llama_model_load: error loading model: llama_model_loader: failed to load model from /tmp/notes.gguf
+0.00.017.878 E llama_model_load_from_file_impl: failed to load model
+0.00.017.879 E cmn  common_init_: failed to load model '/tmp/notes.gguf'
+0.00.017.880 E srv    load_model: failed to load model, '/tmp/notes.gguf'
+0.00.017.880 I srv    operator(): operator(): cleaning up before exit...
+0.00.018.339 E srv  llama_server: exiting due to model loading error"""
 
 # llama-server, older log format without timestamps, on a file that is not there.
 LLAMA_MISSING = """\
@@ -38,6 +39,16 @@ llama_model_load: error loading model: llama_model_loader: failed to load model 
 llama_model_load_from_file_impl: failed to load model
 srv    load_model: failed to load model, '/nowhere/missing.gguf'
 main: exiting due to model loading error"""
+
+LLAMA_MISSING_NOW = """\
+0.00.016.845 E common_fit_params: encountered an error while trying to fit params to free device memory: failed to load model
+0.00.016.861 E gguf_init_from_file: failed to open GGUF file '/nowhere/missing.gguf' (No such file or directory)
+0.00.016.866 E llama_model_load: error loading model: llama_model_loader: failed to load model from /nowhere/missing.gguf
+0.00.016.866 E llama_model_load_from_file_impl: failed to load model
+0.00.016.867 E cmn  common_init_: failed to load model '/nowhere/missing.gguf'
+0.00.016.869 E srv    load_model: failed to load model, '/nowhere/missing.gguf'
+0.00.016.870 I srv    operator(): operator(): cleaning up before exit...
+0.00.017.220 E srv  llama_server: exiting due to model loading error"""
 
 LLAMA_PORT_TAKEN = """\
 main: HTTP server is listening, hostname: 127.0.0.1, port: 33000, http threads: 1
@@ -108,6 +119,11 @@ ModuleNotFoundError: No module named 'vllm'"""
             "llama-server on a file that is not a GGUF: the line three lines above its last",
             LLAMA_NOT_GGUF,
             "invalid magic characters: 'This', expected 'GGUF'",
+        ),
+        (
+            "llama-server 0.3.36 on a missing file",
+            LLAMA_MISSING_NOW,
+            "failed to open GGUF file '/nowhere/missing.gguf' (No such file or directory)",
         ),
         (
             "llama-server on a missing file: the first error line",
