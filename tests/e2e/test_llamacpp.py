@@ -30,8 +30,12 @@ from .harness import SECRET, Cluster, gateway_key, gateway_project, staff_cookie
 from .real_engines import in_ci, llama_server, smollm2_gguf
 
 MODEL = "smollm2-135m"
-HELLO = [{"role": "user", "content": "Say hello."}]
-PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+# With no system message of its own, SmolLM2's chat template puts in "You are a helpful AI
+# assistant named SmolLM, trained by Hugging Face", after which the 135M model answers the
+# capital of France in French verse; a plain one keeps it to the point.
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+HELLO = [SYSTEM, {"role": "user", "content": "Say hello."}]
+PARIS = [SYSTEM, {"role": "user", "content": "What is the capital of France?"}]
 # What a chat template wraps turns in: none may reach an answer (the base Gemma's did).
 TEMPLATE_TOKENS = (
     "<|im_end|>",
@@ -272,11 +276,11 @@ def test_a_greeting_is_answered_with_a_greeting(site):
 
 def test_the_agent_ran_the_engine_on_the_file_it_fetched_from_the_mirror(site, weights):
     cluster, _, _ = site
-    [weights] = cluster.get("/weights")
-    digest = weights["files"][0]["sha256"]
+    [added] = cluster.get("/weights")
+    digest = added["files"][0]["sha256"]
     cached = cluster.home / "cpu-real" / "weights" / "sha256" / digest
     assert cached.is_file() and cached.stat().st_size == weights.stat().st_size
-    assert weights["models"] == [MODEL] and weights["last_used_at"]
+    assert added["models"] == [MODEL] and added["last_used_at"]
     [node] = cluster.get("/nodes")
     assert [w["sha256"] for w in node["weights"]] == [digest]
 
@@ -349,6 +353,7 @@ def test_a_replica_asked_for_a_context_past_its_memory_is_stopped_by_its_agent(
         )
         assert used, said
         assert float(used.group(1)) > 0.625, said
+        print(f"runaway: {said}")
         assert failing["status"] == "failing"
         assert failing["reason"].startswith(f"{said}; 1 failure"), failing["reason"]
         models = cluster.ctl("models")
