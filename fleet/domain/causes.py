@@ -27,6 +27,10 @@ ENDED = (
     "Stopped before the engine answered /health",
 )
 
+# The reconciler's own sentence for a replica it gave up on at its startup timeout, to which
+# the agent's stop adds the engine's log (fleet/failures.py).
+_GAVE_UP = re.compile(r"^replica \S+ did not become ready within ")
+
 # What engines put before what they say, removed one after another from a line's start.
 _PREFIXES = (
     # vLLM's process tags: "(APIServer pid=1) ", "(EngineCore_0 pid=104) ",
@@ -168,7 +172,7 @@ def summary(detail: str) -> str:
     if not lines:
         return ""
     sentence = lines[0].strip()
-    if sentence.startswith(ENDED):
+    if sentence.startswith(ENDED) or _GAVE_UP.match(sentence):
         found = cause(lines[1:])
         if found:
             return found

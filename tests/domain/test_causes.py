@@ -206,6 +206,15 @@ def test_a_long_cause_is_cut():
             VLLM_KV.splitlines()[4].split("] ", 1)[1],
         ),
         ("The engine exited with code 0.\nloading\nbye", "The engine exited with code 0."),
+        (
+            "replica chat-1 did not become ready within 10m0s\n" + VLLM_OOM,
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 50.00 MiB. GPU 0 "
+            "has a total capacity of 23.56 GiB of which 56.88 MiB is free.",
+        ),
+        (
+            "replica chat-1 did not become ready within 10m0s",
+            "replica chat-1 did not become ready within 10m0s",
+        ),
         # The agent's own cause wins over whatever the log said.
         (
             "llama-server used 11.2 GB of its 2 GB reservation; stopped. Raise the profile's "
