@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet.agent.shard_use import ShardUseSampler, parse_stat
+from fleet.agent.shard_use import ShardUseSampler
 from fleet.domain.containment import GB, Reservation, Use
 
 log = logging.getLogger(__name__)
@@ -71,32 +71,19 @@ class MemoryReader:
         what it uses now, and the GPU memory of the GPUs it was given (None: not known)."""
         rss = {k: v.get("rss_bytes") for k, v in self._sampler.sample(leaders).items()}
         held = self._gpu_memory() if self.nvml is not None and any(gpus.values()) else None
+        # The processes of each engine's group or session: its workers hold GPU memory too.
+        groups = self._sampler.members(set(leaders.values())) if held is not None else {}
         out: dict[str, tuple[Use, int | None]] = {}
         for shard_id, leader in leaders.items():
             given = gpus.get(shard_id) or ()
             gpu_used = gpu_total = None
             if held is not None and given:
                 by_pid, totals = held
-                members = self._members(leader)
+                members = {p.pid for p in groups.get(leader, ())} | {leader}
                 gpu_used = sum(by_pid.get(pid, 0) for pid in members)
                 gpu_total = sum(totals.get(i, 0) for i in given) or None
             out[shard_id] = (Use(rss_bytes=rss.get(shard_id), gpu_bytes=gpu_used), gpu_total)
         return out
-
-    def _members(self, leader: int) -> set[int]:
-        """The pids of the engine's process group or session (its workers too)."""
-        found = {leader}
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(self.proc_root):
-                if not entry.name.isdigit():
-                    continue
-                try:
-                    st = parse_stat(int(entry.name), Path(entry.path, "stat").read_text())
-                except OSError:
-                    continue
-                if st is not None and leader in (st.pgrp, st.session):
-                    found.add(st.pid)
-        return found
 
     def _gpu_memory(self) -> tuple[dict[int, int], dict[int, int]] | None:
         """GPU memory held per pid (over every GPU) and each GPU's total; None when NVML
