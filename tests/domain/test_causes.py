@@ -50,10 +50,12 @@ LLAMA_MISSING_NOW = """\
 0.00.016.870 I srv    operator(): operator(): cleaning up before exit...
 0.00.017.220 E srv  llama_server: exiting due to model loading error"""
 
+# llama-server 0.3.36 on a port another process holds, as written.
 LLAMA_PORT_TAKEN = """\
-main: HTTP server is listening, hostname: 127.0.0.1, port: 33000, http threads: 1
-0.00.000.530 E srv          start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 33000
-0.00.000.531 E main: exiting due to HTTP server error"""
+0.00.005.711 W srv  llama_server: security: no API key is set and CORS allows all origins (see https://github.com/ggml-org/llama.cpp/pull/25655)
+0.00.005.788 E srv         start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 33999
+0.00.005.788 I srv    operator(): operator(): cleaning up before exit...
+0.00.005.876 E srv  llama_server: exiting due to HTTP server error"""
 
 LLAMA_ARCH = """\
 llama_model_loader: - kv   0:                       general.architecture str              = mamba9
@@ -133,7 +135,7 @@ ModuleNotFoundError: No module named 'vllm'"""
         (
             "llama-server on a port taken",
             LLAMA_PORT_TAKEN,
-            "start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 33000",
+            "start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 33999",
         ),
         (
             "llama-server on an architecture it does not know",
