@@ -348,42 +348,45 @@ class Supervisor:
         past it by the margin for the grace is stopped (containment.judge)."""
         while not self._closing:
             await asyncio.sleep(self.watch_interval_s)
-            watched = {
-                s.spec.shard_id: s
-                for s in list(self._shards.values())
-                if s.process is not None
-                and s.stop_task is None
-                and running(s.process)
-                and (s.spec.memory_gb or s.spec.gpu_indices)
-            }
-            if not watched:
-                continue
-            leaders = {k: s.process.pid for k, s in watched.items() if s.process is not None}
-            gpus = {k: s.spec.gpu_indices for k, s in watched.items()}
             try:
-                readings = await asyncio.to_thread(self.memory.read, leaders, gpus)
+                await self._memory_pass()
             except Exception:
                 log.exception("the engines' memory could not be read")
+
+    async def _memory_pass(self) -> None:
+        """Read every watched engine's memory once and stop those the rule says to."""
+        watched = {
+            s.spec.shard_id: s
+            for s in list(self._shards.values())
+            if s.process is not None
+            and s.stop_task is None
+            and running(s.process)
+            and (s.spec.memory_gb or s.spec.gpu_indices)
+        }
+        if not watched:
+            return
+        leaders = {k: s.process.pid for k, s in watched.items() if s.process is not None}
+        gpus = {k: s.spec.gpu_indices for k, s in watched.items()}
+        readings = await asyncio.to_thread(self.memory.read, leaders, gpus)
+        now = time.monotonic()
+        for shard_id, (use, gpu_bytes) in readings.items():
+            shard = watched[shard_id]
+            if shard.stop_task is not None or self._shards.get(shard_id) is not shard:
                 continue
-            now = time.monotonic()
-            for shard_id, (use, gpu_bytes) in readings.items():
-                shard = watched[shard_id]
-                if shard.stop_task is not None or self._shards.get(shard_id) is not shard:
-                    continue
-                spec = shard.spec
-                verdict = judge(
-                    spec.engine,
-                    reservation(spec.memory_gb, gpu_bytes),
-                    use,
-                    over_since=shard.over_since,
-                    now=now,
-                    limits=Limits(margin=spec.memory_margin, grace_s=spec.memory_grace_s),
+            spec = shard.spec
+            verdict = judge(
+                spec.engine,
+                reservation(spec.memory_gb, gpu_bytes),
+                use,
+                over_since=shard.over_since,
+                now=now,
+                limits=Limits(margin=spec.memory_margin, grace_s=spec.memory_grace_s),
+            )
+            shard.over_since = verdict.over_since
+            if verdict.stop:
+                shard.stop_task = asyncio.create_task(
+                    self._stop_outgrown(shard, verdict.said), name=f"outgrown-{shard_id}"
                 )
-                shard.over_since = verdict.over_since
-                if verdict.stop:
-                    shard.stop_task = asyncio.create_task(
-                        self._stop_outgrown(shard, verdict.said), name=f"outgrown-{shard_id}"
-                    )
 
     async def _stop_outgrown(self, shard: Shard, said: str) -> None:
         """Stop an engine that outgrew its reservation; its replica fails with ``said``."""
