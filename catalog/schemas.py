@@ -25,6 +25,10 @@ class FailureOut(Schema):
     exit_code: int | None = None
     detail: str
     at: datetime | None = None
+    # The failure in one line: the engine's log line that says why, else the sentence.
+    said: str = ""
+    # How the engine ended: "exit code 1", "stopped by SIGKILL"; "" when not known.
+    exit: str = ""
 
 
 class ModelOut(Schema):
@@ -254,5 +258,7 @@ class ExplainOut(Schema):
     reason: str
     explanation: list[dict]
     last_failure: FailureOut | None = None
+    # The model's one-word status, as the models list says it ("failing", "waiting", …).
+    status: str = ""
     # Its replicas waiting on their node installing the engine from the mirror.
     installing: list[str] = []

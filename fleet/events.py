@@ -181,6 +181,9 @@ class ShardStatus(_Message):
     # A sentence and the engine's last lines (the agent sends at most 4 KiB of them).
     detail: Annotated[str, StringConstraints(max_length=DETAIL_CHARS, pattern=_TEXT)] = ""
     exit_code: Int32 | None = None
+    # Set when the agent stopped the engine itself for what it used (fleet/agent/contain.py):
+    # a failure of the model's, counted as a crash on start is.
+    stopped_for: Literal["memory"] | None = None
 
 
 class EngineShardLoad(_Message):

@@ -14,6 +14,7 @@ from llmgw.core import clock
 from llmgw.core.errors import NotFound
 
 from .domain.gpuclass import CLASS_LABEL
+from .domain.plan import duration
 from .domain.reconcile import desired_replicas, held_for
 from .domain.refusals import one_line
 from .domain.spread import location_of
@@ -191,21 +192,43 @@ def counted_as(replica: ReplicaView) -> str:
 
 
 def model_status(
-    spec: ModelSpec, state: ModelStateView | None, desired: int, ready: int, starting: int
+    spec: ModelSpec,
+    state: ModelStateView | None,
+    desired: int,
+    ready: int,
+    starting: int,
+    now: datetime | None = None,
 ) -> tuple[str, str]:
-    """A model's one-word status and the sentence behind it."""
+    """A model's one-word status and the sentence behind it. A model whose replicas fail
+    to start is ``failing``, with why (the engine's line that says it) and its next try."""
     if state and state.parked_since:
         return "parked", state.parked_reason
     if desired == 0:
         return ("idle" if spec.on_demand else "stopped"), ""
     if ready >= desired:
         return "ready", ""
+    if state and state.failures:
+        return "failing", failing_said(state, starting, now or clock.now())
     first = one_line(state.explanation) if state else ""
     if state and state.unplaceable:
         return "unplaceable", first
     if starting:
         return "starting", first
     return "waiting", first
+
+
+def failing_said(state: ModelStateView, starting: int, now: datetime) -> str:
+    """Why a model fails and when it tries again: "invalid magic characters: 'This',
+    expected 'GGUF'; 3 failures, next try in 40s"."""
+    said = state.last_failure.summary if state.last_failure else ""
+    count = f"{state.failures} failure{'' if state.failures == 1 else 's'}"
+    if starting:
+        when = "trying again now"
+    elif state.backoff_until and state.backoff_until > now:
+        when = f"next try in {duration((state.backoff_until - now).total_seconds() + 0.999)}"
+    else:
+        when = "next try on the next pass"
+    return "; ".join(part for part in (said, f"{count}, {when}") if part)
 
 
 def model_views(*, name: str | None = None) -> list[dict]:
@@ -303,7 +326,8 @@ def failure_shown(state: ModelStateView | None) -> dict | None:
         return None
     if not (state.failures or state.parked_since):
         return None
-    return state.last_failure.as_dict()
+    failure = state.last_failure
+    return failure.as_dict() | {"said": failure.summary, "exit": failure.exit_said}
 
 
 def held_for_shown(state: ModelStateView | None, counts: dict, states: dict) -> str:
@@ -353,6 +377,7 @@ def model_explain(*, name: str, view: dict | None = None) -> dict:
     return {
         "model": name,
         "unplaceable": view["unplaceable"],
+        "status": view["status"],
         "reason": view["reason"],
         "explanation": list(state.explanation) if state else [],
         "last_failure": view["last_failure"],

@@ -293,6 +293,7 @@ _STATE_FIELDS = (
     "model",
     "desired",
     "failures",
+    "backoff_until",
     "parked_since",
     "parked_reason",
     "unplaceable",

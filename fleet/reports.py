@@ -32,6 +32,7 @@ from .domain.adoption import (
     adoption_window_open,
     judge,
 )
+from .domain.causes import exit_said, summary as failure_summary
 from .domain.endpoints import endpoint_refusal
 from .domain.gpuclass import gpu_class
 from .domain.passes import gap_allowed
@@ -688,21 +689,25 @@ def _shard_ended(shard: Shard, replica: Replica, msg: ShardStatus, now: datetime
         return
     if replica.state == "failed":
         return
-    code = f" (exit code {msg.exit_code})" if msg.exit_code is not None else ""
-    # The sentence only: the engine's log lines after it are kept with the model's failure.
-    first = msg.detail.strip().splitlines()[0] if msg.detail.strip() else ""
-    detail = f": {first}" if first else ""
+    ended = exit_said(msg.exit_code)
+    code = f" ({ended})" if ended else ""
+    # One line: the engine's log line that says why (causes.summary), else the agent's
+    # sentence; the whole tail is kept with the model's failure.
+    said = failure_summary(msg.detail)
+    detail = f": {said}" if said else ""
     verb = "failed" if msg.state == "failed" else "stopped by itself"
     reason = f"shard {shard.id} on node {shard.node_id} {verb}{code}{detail}"[:500]
     # Failing to start counts toward backoff and parking; a ready replica that ends (an agent
-    # restarted, an engine crashed after serving) is replaced without counting against its model.
+    # restarted, an engine crashed after serving) is replaced without counting against its
+    # model, unless its agent stopped it for outgrowing its reservation: started again as
+    # it is, it would grow again.
     Replica.objects.filter(pk=replica.pk).exclude(
         state__in=("stopping", "stopped", "failed")
     ).update(
         state="failed",
         state_since=now,
         reason=reason,
-        counts_as_failure=replica.state in ("pending", "starting"),
+        counts_as_failure=replica.state in ("pending", "starting") or msg.stopped_for is not None,
     )
     # The event log says it once, from the reconciler's pass that replaces it.
     log.info(reason, extra={"replica": replica.id, "model": replica.model})

@@ -55,6 +55,12 @@ def start_command(shard: Shard, replica: Replica, spec: ModelSpec | None) -> Com
             "api_key": engine_key(settings.SECRET_KEY, replica.id),
             "threads": shard.cpu_cores or 0,
             "startup_timeout_s": profile.startup_timeout_s,
+            # What it reserved on the node, and how far past it its agent lets it go.
+            "memory_gb": shard.memory_gb or profile.min_memory_gb or None,
+            "memory_watch": {
+                "margin": settings.LLMGW.agents.memory_margin,
+                "grace_s": settings.LLMGW.agents.memory_grace,
+            },
             **_weights(spec.source),
             **engine_build(node_id=shard.node_id, engine=profile.engine),
         },

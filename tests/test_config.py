@@ -215,3 +215,17 @@ def test_routing_is_read_from_its_variables(env):
     ).routing
     assert (routing.imbalance, routing.prefix_blocks) == (0.0, 64)
     assert (load(env).routing.imbalance, load(env).routing.prefix_blocks) == (2.0, 16384)
+
+
+def test_how_far_an_engine_may_outgrow_its_reservation_is_read_from_its_variables(env):
+    agents = load(env).agents
+    assert (agents.memory_margin, agents.memory_grace) == (0.25, 5.0)
+    agents = load(
+        env
+        | {"LLMGW_ENGINE_MEMORY_MARGIN_PERCENT": "50", "LLMGW_ENGINE_MEMORY_GRACE_SECONDS": "2.5"}
+    ).agents
+    assert (agents.memory_margin, agents.memory_grace) == (0.5, 2.5)
+    with pytest.raises(
+        SettingError, match="LLMGW_ENGINE_MEMORY_MARGIN_PERCENT must be a percentage"
+    ):
+        load(env | {"LLMGW_ENGINE_MEMORY_MARGIN_PERCENT": "lots"})

@@ -13,10 +13,14 @@ import os
 import re
 from pathlib import Path
 
+from fleet.domain.causes import cause_index
+
 # What a failure's detail carries: enough to show the engine's own error, small enough
 # to keep beside every model that backs off.
 FAILURE_LINES = 20
 FAILURE_BYTES = 4096
+# How far up the log the line that says why is looked for (fleet/domain/causes.py).
+CAUSE_LINES = 400
 # What one answer to `engine_log` may carry: the control plane's frames are at most 256 KiB.
 MAX_LINES = 1000
 MAX_BYTES = 128 * 1024
@@ -71,10 +75,28 @@ def tail_lines(path: Path, lines: int, max_bytes: int = MAX_BYTES) -> list[str] 
 
 def failure_tail(path: Path | None) -> str:
     """The engine's last words for a failure's detail: at most FAILURE_LINES lines and
-    FAILURE_BYTES, whole lines; "" when it wrote nothing."""
+    FAILURE_BYTES, whole lines; "" when it wrote nothing.
+
+    The line that says why (causes.cause_index, searched in the last CAUSE_LINES) comes
+    first with "…" after it when it is further up than the last lines: a traceback is
+    longer than they are.
+    """
     if path is None:
         return ""
-    found = tail_lines(path, FAILURE_LINES, FAILURE_BYTES) or []
+    searched = tail_lines(path, CAUSE_LINES, MAX_BYTES) or []
+    found = searched[-FAILURE_LINES:]
+    at = cause_index(searched)
+    if at is not None and at < len(searched) - len(found):
+        found = [_cut_cause(searched[at]), "…", *found]
+    size = sum(len(line.encode()) + 1 for line in found)
+    # Over the bound: the oldest of the last lines go, the line that says why stays.
+    keep = 2 if len(found) > 2 and found[1] == "…" else 0
+    while len(found) > keep and size > FAILURE_BYTES:
+        size -= len(found.pop(keep).encode()) + 1
     while found and not found[0].strip():
         found.pop(0)
     return "\n".join(found)
+
+
+def _cut_cause(line: str) -> str:
+    return line if len(line) <= FAILURE_BYTES // 4 else line[: FAILURE_BYTES // 4 - 1] + "…"

@@ -45,6 +45,12 @@ class ShardSpec:
     api_key: str | None = None
     threads: int | None = None
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    # The memory the shard reserved on the node (GB; None: none declared), and how far past
+    # it (a fraction) and for how long (seconds) its engine may go before it is stopped
+    # (fleet/agent/contain.py).
+    memory_gb: float | None = None
+    memory_margin: float = 0.25
+    memory_grace_s: float = 5.0
 
     @property
     def engine(self) -> str:
@@ -75,6 +81,11 @@ class ShardSpec:
             threads = int(msg["threads"]) if msg.get("threads") else None
             timeout = float(msg.get("startup_timeout_s") or DEFAULT_STARTUP_TIMEOUT_S)
             rank = int(msg.get("rank") or 0)
+            memory_gb = msg.get("memory_gb") or profile.get("min_memory_gb")
+            memory_gb = float(memory_gb) if memory_gb else None
+            watch = msg.get("memory_watch") if isinstance(msg.get("memory_watch"), dict) else {}
+            margin = float(watch.get("margin", 0.25))
+            grace = float(watch.get("grace_s", 5.0))
         except (TypeError, ValueError) as exc:
             raise EngineError(f"start_shard for {shard_id} has a malformed field: {exc}.") from exc
         return cls(
@@ -90,6 +101,9 @@ class ShardSpec:
             api_key=_str_or_none(msg.get("api_key")),
             threads=threads,
             startup_timeout_s=timeout,
+            memory_gb=memory_gb,
+            memory_margin=margin,
+            memory_grace_s=grace,
         )
 
 

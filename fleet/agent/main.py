@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from fleet.agent import AGENT_VERSION
 from fleet.agent.cache import WeightCache
 from fleet.agent.client import Agent, AgentSettings
+from fleet.agent.contain import MemoryReader, kernel_limits, real_nvml
 from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import Machine, advertise_address, parse_gpu_spec, simulated_gpus
 from fleet.agent.engines import use_binary
@@ -319,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         disk_gb=args.disk_gb,
     )
     sim_command = shlex.split(os.environ.get(SIM_COMMAND_ENV, "")) or None
+    # Engines held to their room: by the kernel where a cgroup is delegated, watched always.
+    kernel, held = kernel_limits()
+    log.info("%s", held)
     supervisor = Supervisor(
         state_dir,
         advertise_addr=advertise,
@@ -329,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             args.cache_dir or state_dir / "weights", server=args.server, bearer=credentials
         ),
         installer=installer,
+        memory=MemoryReader(nvml=None if args.simulate_gpus else real_nvml()),
+        kernel=kernel,
     )
     settings = AgentSettings(
         ws_url=url,

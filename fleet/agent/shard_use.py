@@ -85,7 +85,7 @@ class ShardUseSampler:
         """
         with self._lock:
             now = self._clock()
-            members = self._members(set(leaders.values())) if leaders else {}
+            members = self.members(set(leaders.values())) if leaders else {}
             out: dict[str, dict[str, Any]] = {}
             seen: dict[str, _Seen] = {}
             for shard_id, leader in leaders.items():
@@ -109,7 +109,7 @@ class ShardUseSampler:
             self._prev = seen
             return out
 
-    def _members(self, leaders: set[int]) -> dict[int, list[ProcStat]]:
+    def members(self, leaders: set[int]) -> dict[int, list[ProcStat]]:
         """Every process in one of ``leaders``' sessions or groups, by leader."""
         found: dict[int, list[ProcStat]] = {}
         try:

@@ -25,6 +25,14 @@ from typing import Any
 import httpx
 
 from fleet.agent.cache import CacheError, WeightCache
+from fleet.agent.contain import (
+    OUTGROWN_GRACE_S,
+    WATCH_INTERVAL_S,
+    KernelLimits,
+    MemoryReader,
+    join_cgroup,
+    reservation,
+)
 from fleet.agent.discovery import is_loopback
 from fleet.agent.enginelog import failure_tail, tail_lines
 from fleet.agent.engines import (
@@ -48,6 +56,8 @@ from fleet.agent.ledger import (
     terminate,
 )
 from fleet.agent.ports import choose_port, host_for_url
+from fleet.domain.causes import ended_said
+from fleet.domain.containment import GB, Limits, judge, outgrown_said
 from mirror.domain.refs import RefError, WeightsRef
 
 log = logging.getLogger(__name__)
@@ -92,6 +102,10 @@ class Shard:
     weights_sha256: str | None = None
     # When its engine was spawned (Unix seconds): its startup timeout counts from here.
     started_at: float = 0.0
+    # Since when its engine has used more than its reservation allows (monotonic seconds).
+    over_since: float | None = None
+    # The cgroup its engine runs in where the kernel holds it to its room (contain.py).
+    cgroup: Path | None = None
 
     @property
     def pid(self) -> int | None:
@@ -121,14 +135,17 @@ def status_message(
     detail: str | None = None,
     exit_code: int | None = None,
     progress: dict[str, int | None] | None = None,
+    stopped_for: str | None = None,
 ) -> dict[str, Any]:
-    """A ``shard_status`` message; what is unknown is left out."""
+    """A ``shard_status`` message; what is unknown is left out. ``stopped_for``: "memory"
+    when the agent stopped the engine for outgrowing its reservation."""
     msg: dict[str, Any] = {"type": "shard_status", "shard_id": shard_id, "state": state}
     for key, value in (
         ("endpoint", endpoint),
         ("detail", detail),
         ("exit_code", exit_code),
         ("progress", progress),
+        ("stopped_for", stopped_for),
     ):
         if value is not None:
             msg[key] = value
@@ -148,8 +165,16 @@ class Supervisor:
         sim_command: Sequence[str] | None = None,
         cache: WeightCache | None = None,
         installer: Installer | None = None,
+        memory: MemoryReader | None = None,
+        kernel: KernelLimits | None = None,
+        watch_interval_s: float = WATCH_INTERVAL_S,
     ) -> None:
         self.state_dir = state_dir
+        # What reads each engine's memory, and the cgroups that hold it where there are.
+        self.memory = memory if memory is not None else MemoryReader()
+        self.kernel = kernel
+        self.watch_interval_s = watch_interval_s
+        self._memory_task: asyncio.Task[None] | None = None
         self.cache = cache
         self.installer = installer
         self.advertise_addr = advertise_addr
@@ -311,6 +336,71 @@ class Supervisor:
             return
         self._emit(shard)
         shard.watcher = asyncio.create_task(self._watch(shard), name=f"watch-{spec.shard_id}")
+        self._watch_memory()
+
+    def _watch_memory(self) -> None:
+        """Start reading the engines' memory, once, from the first engine on."""
+        if self._memory_task is None or self._memory_task.done():
+            self._memory_task = asyncio.create_task(self._memory_loop(), name="memory-watch")
+
+    async def _memory_loop(self) -> None:
+        """Every ``watch_interval_s``: each engine's memory against its reservation; one
+        past it by the margin for the grace is stopped (containment.judge)."""
+        while not self._closing:
+            await asyncio.sleep(self.watch_interval_s)
+            try:
+                await self._memory_pass()
+            except Exception:
+                log.exception("the engines' memory could not be read")
+
+    async def _memory_pass(self) -> None:
+        """Read every watched engine's memory once and stop those the rule says to."""
+        watched = {
+            s.spec.shard_id: s
+            for s in list(self._shards.values())
+            if s.process is not None
+            and s.stop_task is None
+            and running(s.process)
+            and (s.spec.memory_gb or s.spec.gpu_indices)
+        }
+        if not watched:
+            return
+        leaders = {k: s.process.pid for k, s in watched.items() if s.process is not None}
+        gpus = {k: s.spec.gpu_indices for k, s in watched.items()}
+        readings = await asyncio.to_thread(self.memory.read, leaders, gpus)
+        now = time.monotonic()
+        for shard_id, (use, gpu_bytes) in readings.items():
+            shard = watched[shard_id]
+            if shard.stop_task is not None or self._shards.get(shard_id) is not shard:
+                continue
+            spec = shard.spec
+            verdict = judge(
+                spec.engine,
+                reservation(spec.memory_gb, gpu_bytes),
+                use,
+                over_since=shard.over_since,
+                now=now,
+                limits=Limits(margin=spec.memory_margin, grace_s=spec.memory_grace_s),
+            )
+            shard.over_since = verdict.over_since
+            if verdict.stop:
+                shard.stop_task = asyncio.create_task(
+                    self._stop_outgrown(shard, verdict.said), name=f"outgrown-{shard_id}"
+                )
+
+    async def _stop_outgrown(self, shard: Shard, said: str) -> None:
+        """Stop an engine that outgrew its reservation; its replica fails with ``said``."""
+        log.warning("shard %s: %s", shard.spec.shard_id, said)
+        code = await terminate(shard.process, OUTGROWN_GRACE_S) if shard.process else None
+        if shard.watcher is not None:
+            shard.watcher.cancel()
+        self._finish(
+            shard,
+            FAILED,
+            exit_code=code,
+            detail=_with_tail(said, shard.log_path),
+            stopped_for="memory",
+        )
 
     async def _spawn(self, shard: Shard) -> None:
         spec = shard.spec
@@ -332,6 +422,7 @@ class Supervisor:
         shard.log_path = logs / _log_name(spec.shard_id)
         env = {k: v for k, v in os.environ.items() if k not in _WITHHELD_ENV}
         env.update(command.env)
+        cgroup = self._cgroup_for(spec)
         with open(shard.log_path, "ab") as out:
             shard.process = await asyncio.create_subprocess_exec(
                 *command.argv,
@@ -340,7 +431,10 @@ class Supervisor:
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                # In its cgroup before it runs: all it allocates and forks is held.
+                preexec_fn=(lambda: join_cgroup(cgroup)) if cgroup is not None else None,
             )
+        shard.cgroup = cgroup
         shard.started_at = time.time()
         self._record(shard)
         log.info(
@@ -350,6 +444,14 @@ class Supervisor:
             shard.process.pid,
             port,
         )
+
+    def _cgroup_for(self, spec: ShardSpec) -> Path | None:
+        """The cgroup the shard's engine is to run in, with memory.max at its reservation
+        plus the margin; None where the kernel holds nothing here or it declared none."""
+        if self.kernel is None or not spec.memory_gb:
+            return None
+        limit = int(spec.memory_gb * GB * (1 + spec.memory_margin))
+        return self.kernel.prepare(spec.shard_id, limit)
 
     def _endpoint(self, port: int) -> str:
         return f"http://{host_for_url(self.advertise_addr)}:{port}"
@@ -419,9 +521,17 @@ class Supervisor:
             return  # being stopped: stop() reports it
         code = proc.returncode
         kill_group(proc.pid)  # what it forked and left behind
-        # An adopted engine is not our child: how it ended is not known.
-        said = "The engine exited." if code is None else f"The engine exited with code {code}."
-        detail = _with_tail(said, shard.log_path)
+        peak = self.kernel.oom_killed(shard.cgroup) if self.kernel and shard.cgroup else None
+        if peak is not None and shard.spec.memory_gb:
+            # The kernel held it to its room: said as the watch says it.
+            said = outgrown_said(
+                shard.spec.engine, used=peak, reserved=int(shard.spec.memory_gb * GB)
+            )
+            detail = _with_tail(said, shard.log_path)
+            self._finish(shard, FAILED, exit_code=code, detail=detail, stopped_for="memory")
+            return
+        # An adopted engine is not our child: how it ended is not known (ended_said says so).
+        detail = _with_tail(ended_said(code), shard.log_path)
         self._finish(shard, FAILED, exit_code=code, detail=detail)
 
     async def _healthy(self, shard: Shard) -> bool:
@@ -437,6 +547,8 @@ class Supervisor:
         if self._shards.get(shard.spec.shard_id) is shard:
             del self._shards[shard.spec.shard_id]
             self.ledger.drop(shard.spec.shard_id)
+        if shard.cgroup is not None:
+            KernelLimits.remove(shard.cgroup)
         if shard.weights_sha256 and self.cache is not None:
             # Used until now: reclaim counts its idle days from here, not from its start.
             self.cache.touch(shard.weights_sha256)
@@ -544,6 +656,7 @@ class Supervisor:
         self._shards[spec.shard_id] = shard
         self._record(shard)
         shard.watcher = asyncio.create_task(self._watch(shard), name=f"watch-{spec.shard_id}")
+        self._watch_memory()
         log.info(
             "shard %s: adopted its engine from an earlier run (pid %d, port %d, %s)",
             spec.shard_id,
@@ -602,7 +715,10 @@ class Supervisor:
         return {"shard_id": shard.spec.shard_id, **figures} if figures else None
 
     async def close(self) -> None:
-        """Release the HTTP client."""
+        """Stop watching the engines' memory; release the HTTP client."""
+        if self._memory_task is not None:
+            self._memory_task.cancel()
+            self._memory_task = None
         if self._http is not None:
             await self._http.aclose()
             self._http = None

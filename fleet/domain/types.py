@@ -10,6 +10,7 @@ from functools import cached_property
 from catalog.domain import ModelSpec
 from tenancy.quota import Amount, Policy
 
+from .causes import exit_said, summary as one_line
 from .power import Power
 
 FABRIC_LABEL = "llmgw.io/fabric"
@@ -227,9 +228,14 @@ class Failure:
 
     @property
     def summary(self) -> str:
-        """One line: the engine's last words (its log's last line), else the sentence."""
-        lines = [line.strip() for line in self.detail.splitlines() if line.strip()]
-        return lines[-1] if lines else ""
+        """One line: the line of the engine's log that says why, else the agent's sentence
+        (causes.summary)."""
+        return one_line(self.detail)
+
+    @property
+    def exit_said(self) -> str:
+        """How the engine ended in a few words: "exit code 1", "stopped by SIGKILL"; ""."""
+        return exit_said(self.exit_code)
 
     def as_dict(self) -> dict:
         return {

@@ -86,22 +86,25 @@ def failure_where(f: Mapping[str, Any]) -> str:
     where = f"replica {f.get('replica')}"
     if f.get("node"):
         where += f" on node {f['node']}"
-    if f.get("exit_code") is not None:
+    if f.get("exit"):
+        where += f", {f['exit']}"
+    elif f.get("exit_code") is not None:
         where += f", exit code {f['exit_code']}"
     return where
 
 
 def failure_lines(models: Sequence[Mapping[str, Any]]) -> list[str]:
-    """``failing: <model>: <the engine's last words> (<where>)`` for each model backing off
-    or parked: the cause the table's status cannot hold."""
+    """``failing: <model>: <the line that says why> (<where>)`` for each model backing off
+    or parked: the cause the table's status cannot hold (the server's ``said``; from an
+    older server, the detail's last line)."""
     out = []
     for m in models:
         f = m.get("last_failure")
         if not isinstance(f, dict):
             continue
         lines = [line.strip() for line in str(f.get("detail") or "").splitlines() if line.strip()]
-        last = lines[-1] if lines else "no detail"
-        out.append(f"failing: {m.get('name')}: {last} ({failure_where(f)})")
+        said = f.get("said") or (lines[-1] if lines else "no detail")
+        out.append(f"failing: {m.get('name')}: {said} ({failure_where(f)})")
     return out
 
 
@@ -252,6 +255,8 @@ def render_explain(e: dict[str, Any]) -> str:
     explanation = e.get("explanation") or []
     if e.get("unplaceable"):
         head = f"{model} cannot be placed"
+    elif e.get("status") == "failing":
+        head = f"{model} is failing"
     elif explanation:
         head = f"{model}: its last placement failed"
     else:

@@ -114,6 +114,10 @@ class Agents:
     trust_declared_addresses: bool = False
     adopt_window: float = 120.0
     adopt_per_register: int = 8
+    # An engine using more than its reservation by this fraction for longer than
+    # memory_grace seconds is stopped by its agent (fleet/agent/contain.py).
+    memory_margin: float = 0.25
+    memory_grace: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -362,6 +366,11 @@ def _agents(env: dict[str, str]) -> Agents:
         trust_declared_addresses=flag(env, "LLMGW_TRUST_NODE_ADDRESSES", False, SettingError),
         adopt_window=_number(env, "LLMGW_ADOPT_WINDOW_SECONDS", 120, integer=False),
         adopt_per_register=int(_number(env, "LLMGW_ADOPT_PER_REGISTER", 8, integer=True)),
+        memory_margin=_number(
+            env, "LLMGW_ENGINE_MEMORY_MARGIN_PERCENT", 25, integer=False, kind="a percentage"
+        )
+        / 100,
+        memory_grace=_number(env, "LLMGW_ENGINE_MEMORY_GRACE_SECONDS", 5.0, integer=False),
     )
 
 

@@ -5,7 +5,10 @@ plus behaviour switches a profile's args can carry:
 
 - ``--exit-with CODE``: print a line and exit at once with CODE;
 - ``--never-ready``: /health answers 503 forever;
-- ``--running N --waiting N --kv F``: the figures /metrics reports.
+- ``--running N --waiting N --kv F``: the figures /metrics reports;
+- ``--traceback``: print a Python traceback and 40 lines of noise, then exit 1;
+- ``--kill-self SIGNAL``: once up, end by that signal (9: as the kernel's OOM killer does);
+- ``--grow-mb N``: once up, take N MB more resident memory every 0.1 s, without end.
 
 /metrics wants the key from ``LLMGW_ENGINE_API_KEY``, as a real engine would.
 """
@@ -13,6 +16,8 @@ plus behaviour switches a profile's args can carry:
 import argparse
 import os
 import sys
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -27,11 +32,25 @@ def main() -> None:
     p.add_argument("--running", type=int, default=2)
     p.add_argument("--waiting", type=int, default=1)
     p.add_argument("--kv", type=float, default=0.25)
+    p.add_argument("--traceback", action="store_true")
+    p.add_argument("--kill-self", type=int)
+    p.add_argument("--grow-mb", type=int)
     args, _ = p.parse_known_args()
     print(f"fake engine for {args.model} on {args.host}:{args.port}", flush=True)
     if args.exit_with is not None:
         print("fatal: the model file is not a GGUF file", flush=True)
         sys.exit(args.exit_with)
+    if args.traceback:
+        print("Traceback (most recent call last):", flush=True)
+        print('  File "engine.py", line 1, in <module>', flush=True)
+        print("ValueError: the model's max seq len is larger than the KV cache", flush=True)
+        for i in range(40):
+            print(f"INFO shutting down worker {i}", flush=True)
+        sys.exit(1)
+    if args.kill_self is not None:
+        threading.Timer(0.5, os.kill, (os.getpid(), args.kill_self)).start()
+    if args.grow_mb:
+        threading.Thread(target=_grow, args=(args.grow_mb,), daemon=True).start()
     key = os.environ.get("LLMGW_ENGINE_API_KEY", "")
 
     class Handler(BaseHTTPRequestHandler):
@@ -66,6 +85,14 @@ def main() -> None:
             pass
 
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+
+
+def _grow(mb: int) -> None:
+    held = []
+    while True:
+        # Written, not only allocated: untouched pages are not resident.
+        held.append(b"\x01" * (mb << 20))
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":

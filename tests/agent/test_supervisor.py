@@ -9,6 +9,7 @@ import pytest
 
 from fleet.agent.ports import can_bind, choose_port
 from fleet.agent.supervisor import Supervisor
+from fleet.domain.causes import summary
 
 from .helpers import FAKE_ENGINE, PATIENCE_S, free_port
 
@@ -123,6 +124,37 @@ async def test_an_engine_that_exits_fails_with_its_code_and_last_words(tmp_path)
         assert "exited with code 3" in failed["detail"]
         assert "not a GGUF file" in failed["detail"]
         assert rec.sup.shards() == []
+    finally:
+        await rec.close()
+
+
+@pytest.mark.asyncio
+async def test_an_engine_ended_by_a_signal_names_it(tmp_path):
+    rec = Recorder(tmp_path)
+    try:
+        await rec.sup.start(start_msg(args=["--kill-self", "9"]))
+        failed = await rec.until("failed")
+        assert failed["exit_code"] == -9
+        assert failed["detail"].startswith("The engine was stopped by SIGKILL.\n"), failed
+    finally:
+        await rec.close()
+
+
+@pytest.mark.asyncio
+async def test_the_line_that_says_why_comes_along_when_it_is_further_up_than_the_tail(tmp_path):
+    rec = Recorder(tmp_path)
+    try:
+        await rec.sup.start(start_msg(args=["--traceback"]))
+        failed = await rec.until("failed")
+        lines = failed["detail"].splitlines()
+        assert lines[0] == "The engine exited with code 1."
+        # The traceback's last line, then the engine's last lines.
+        assert lines[1:3] == [
+            "ValueError: the model's max seq len is larger than the KV cache",
+            "…",
+        ]
+        assert lines[-1] == "INFO shutting down worker 39"
+        assert summary(failed["detail"]) == lines[1]
     finally:
         await rec.close()
 

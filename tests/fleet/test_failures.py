@@ -48,10 +48,10 @@ async def test_the_engines_last_lines_are_kept_with_the_model_and_shown(
 ):
     _, start = await fail_first_start(agents, f"The engine exited with code 1.\n{TAIL}")
     replica = await in_db(lambda: Replica.objects.get())
-    # The replica's reason is one line: the log stays out of sentences and events.
+    # The replica's reason is one line: the log's line that says why, not the whole log.
     assert replica.reason == (
         f"shard {start['shard_id']} on node gpu-a failed (exit code 1): "
-        "The engine exited with code 1."
+        "error: failed to open GGUF file '/m/llama.gguf'"
     )
 
     await in_db(reconcile_once)
@@ -68,8 +68,17 @@ async def test_the_engines_last_lines_are_kept_with_the_model_and_shown(
     view = await in_db(lambda: api_get(admin_token, "/api/v1/models/llama"))
     assert view["last_failure"]["detail"].endswith("failed to open GGUF file '/m/llama.gguf'")
     assert view["last_failure"]["replica"] == start["replica_id"]
+    assert view["last_failure"]["said"] == "error: failed to open GGUF file '/m/llama.gguf'"
+    assert view["last_failure"]["exit"] == "exit code 1"
+    # Failing, with why and its next try, not "waiting".
+    assert view["status"] == "failing"
+    assert view["reason"].startswith(
+        "error: failed to open GGUF file '/m/llama.gguf'; 1 failure, next try in "
+    ), view["reason"]
     explain = await in_db(lambda: api_get(admin_token, "/api/v1/models/llama/explain"))
-    assert explain["reason"].startswith("backing off after 1 failures")
+    assert explain["reason"] == view["reason"]
+    reasons = [r for e in explain["explanation"] for r in e.get("reasons", ())]
+    assert reasons[0].startswith("backing off after 1 failures"), reasons
     assert explain["last_failure"] == view["last_failure"]
 
 
@@ -116,3 +125,48 @@ async def test_a_model_given_up_on_at_startup_gets_the_log_its_agent_sends_at_th
         f"replica {start['replica_id']} did not become ready within 1m0s\n{TAIL}"
     )
     assert failure["node"] == "gpu-a"
+
+
+OUTGROWN = (
+    "llama-server used 11.2 GB of its 2 GB reservation; stopped. Raise the profile's memory "
+    "or lower --ctx-size."
+)
+
+
+@pytest.mark.parametrize(("stopped_for", "counted"), [("memory", 1), (None, 0)])
+async def test_a_ready_replica_stopped_for_its_memory_counts_as_a_failure(
+    agents, no_settle, admin_token, stopped_for, counted
+):
+    """A crash after serving is replaced without counting; one stopped for outgrowing its
+    reservation counts, as it would grow again started as it is."""
+    await in_db(lambda: model_added(gpu_model("llama")))
+    comm = await agents.registered(register_frame("gpu-a"))
+    await in_db(reconcile_once)
+    start = await answer(comm)
+    endpoint = f"http://10.0.0.7:{start['http_port']}"
+    ready = {"type": "shard_status", "shard_id": start["shard_id"], "state": "ready"}
+    await comm.send_json_to(ready | {"endpoint": endpoint})
+    await barrier(comm)
+    failed = {
+        "type": "shard_status",
+        "shard_id": start["shard_id"],
+        "state": "failed",
+        "detail": f"{OUTGROWN}\nllama_init_from_model: n_ctx = 4000000",
+        "exit_code": -15,
+    }
+    await comm.send_json_to(failed | ({"stopped_for": stopped_for} if stopped_for else {}))
+    await barrier(comm)
+    replica = await in_db(lambda: Replica.objects.get())
+    assert replica.reason == (
+        f"shard {start['shard_id']} on node gpu-a failed (stopped by SIGTERM): {OUTGROWN}"
+    )
+
+    await in_db(reconcile_once)
+
+    state = await in_db(lambda: ModelState.objects.get(pk="llama"))
+    assert state.failures == counted
+    if counted:
+        view = await in_db(lambda: api_get(admin_token, "/api/v1/models/llama"))
+        assert view["last_failure"]["said"] == OUTGROWN
+        assert view["status"] == "failing"
+        assert view["reason"].startswith(f"{OUTGROWN}; 1 failure, next try in ")
