@@ -176,6 +176,11 @@ def _parsed(data: Mapping) -> tuple[Mapping, ModelSpec]:
         domain.new_model_warnings_as_errors(spec)
     except CatalogError as exc:
         raise Invalid(str(exc)) from None
+    # Imported here: mirror.plans adds the models it sizes through this module.
+    from mirror.plans import model_sizing_refusal
+
+    if why := model_sizing_refusal(spec):
+        raise Invalid(why)
     return data, spec
 
 

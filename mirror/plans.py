@@ -1,31 +1,64 @@
-"""Sizing weights the mirror holds: a GGUF file's header read from the blob, placed against
-the fleet as it stands, and the llama.cpp model made from it."""
+"""Sizing weights the mirror holds: a GGUF file's header or a safetensors model's config.json
+and headers, read from the blobs, placed against the fleet as it stands, and the model
+made from it (llama.cpp for a GGUF, vLLM for safetensors); and the check the catalog asks
+of a llama.cpp profile on mirror weights (issue 36, item 5)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from catalog import services as catalog_services
 from catalog.domain import ModelSpec
-from fleet.dry_runs import node_rooms
+from fleet.domain.holdings import profile_amount
+from fleet.dry_runs import node_rooms_and_quota
 from llmgw.core.errors import Conflict, Invalid, NotFound
+from tenancy.quota import Amount, Policy
+from tenancy.selectors import scope_find
 
 from . import store
+from .domain.gpus import gpu_profile
+from .domain.hf import HfError
+from .domain.hf_sizing import HfPlan, check_utilization, hf_plan, serve_hf_model
 from .domain.progress import READY
-from .domain.sizing import Plan, SizingError, plan, serve_model
+from .domain.sizing import Plan, SizingError, plan, profile_refusal, serve_model
+from .domain.sources import HF, LOCAL, parse_source
 from .gguf import GgufError, read_gguf
 from .models import WeightFile, Weights
+from .safetensors import is_hf, read_hf
+from .selectors import weights_for_source
 
-# What the serve body may set beside weights, name, ctx and file: ModelIn's own fields.
-_NOT_OVERRIDES = ("weights", "name", "ctx", "file")
+# What the serve body may set beside ModelIn's own fields (which override the model).
+_NOT_OVERRIDES = (
+    "weights",
+    "name",
+    "ctx",
+    "file",
+    "gpu_class",
+    "gpu_memory_utilization",
+    "cores",
+    "memory_gb",
+    "node_selector",
+)
 
 
-def _gguf(weights_id: int, file: str | None) -> tuple[Weights, WeightFile]:
+def _weights(weights_id: int) -> tuple[Weights, list[WeightFile]]:
     weights = Weights.objects.prefetch_related("files").filter(pk=weights_id).first()
     if weights is None:
         raise NotFound(f"There are no weights {weights_id}.")
-    files = list(weights.files.all())
+    return weights, list(weights.files.all())
+
+
+def _ready(f: WeightFile, weights_id: int) -> None:
+    if f.state != READY or not f.sha256:
+        done = f"{f.bytes_done:,} of {f.size:,} bytes" if f.size else f"{f.bytes_done:,} bytes"
+        raise Conflict(
+            f"{f.path} of weights {weights_id} is {f.state} ({done}); it can be sized once ready."
+        )
+
+
+def _gguf(weights_id: int, weights: Weights, files: list[WeightFile], file: str | None):
     if file:
         chosen = [f for f in files if f.path == file]
         if not chosen:
@@ -38,45 +71,188 @@ def _gguf(weights_id: int, file: str | None) -> tuple[Weights, WeightFile]:
             raise Invalid(
                 f"Weights {weights_id} hold {len(chosen)} GGUF files ({shown}); name one with file."
             )
-    f = chosen[0]
-    if f.state != READY or not f.sha256:
-        done = f"{f.bytes_done:,} of {f.size:,} bytes" if f.size else f"{f.bytes_done:,} bytes"
-        raise Conflict(
-            f"{f.path} of weights {weights_id} is {f.state} ({done}); it can be sized once ready."
-        )
-    return weights, f
+    _ready(chosen[0], weights_id)
+    return chosen[0]
+
+
+def _title(weights: Weights) -> str:
+    """How a safetensors model is called in sentences: its repository's or folder's name."""
+    return weights.source.rstrip("/").split("@")[0].rsplit("/", 1)[-1]
 
 
 def weights_plan(
-    *, weights_id: int, ctx: int | None, file: str | None
-) -> tuple[Plan, Weights, WeightFile]:
-    """The plan for a GGUF file of some weights; Invalid for a file that is not GGUF or a
-    context it cannot use, Conflict while the file is not yet fetched."""
-    weights, f = _gguf(weights_id, file)
+    *,
+    weights_id: int,
+    ctx: int | None,
+    file: str | None,
+    utilization: float | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    owner: str = "",
+) -> tuple[Plan | HfPlan, Weights, WeightFile | None]:
+    """The plan for a GGUF file of some weights, or for the safetensors model they hold
+    (config.json and *.safetensors, no file named); Invalid for files sizing cannot use or
+    a context they cannot use, Conflict while a file needed is not yet fetched. With
+    `owner`, where the owner's capacity limit would stop a replica that fits is said."""
+    weights, files = _weights(weights_id)
+    rooms, policy, usage = node_rooms_and_quota()
     try:
-        info = read_gguf(store.blob(f.sha256))
-        return plan(info, ctx=ctx, nodes=node_rooms()), weights, f
-    except (GgufError, SizingError) as exc:
+        if not file and is_hf([f.path for f in files]):
+            for f in files:
+                _ready(f, weights_id)
+            model = read_hf({f.path: store.blob(f.sha256) for f in files})
+            p = hf_plan(
+                model,
+                title=_title(weights),
+                ctx=ctx,
+                rooms=rooms,
+                utilization=check_utilization(utilization),
+                source=vllm_source(weights),
+                node_selector=node_selector,
+            )
+            return _with_quota(p, owner, policy, usage), weights, None
+        f = _gguf(weights_id, weights, files, file)
+        p = plan(read_gguf(store.blob(f.sha256)), ctx=ctx, nodes=rooms, node_selector=node_selector)
+        return _with_quota(p, owner, policy, usage), weights, f
+    except (GgufError, HfError, SizingError) as exc:
         raise Invalid(str(exc)) from None
 
 
+def _with_quota(p, owner: str, policy: Policy, usage: Mapping[str, Amount]):
+    """The plan with, where a replica fits now, what the owner's capacity limit says of it:
+    the quota policy's own sentence (tenancy.quota.Policy.at_limit)."""
+    if not owner:
+        return p
+    if isinstance(p, HfPlan):
+        gpus = []
+        for o in p.gpus:
+            profile = gpu_profile(o, engine="vllm")
+            need = profile_amount(profile) if profile is not None and o.fits else None
+            if need is not None and (why := policy.at_limit(owner, usage, need)):
+                o = replace(o, quota=f"fits on {', '.join(o.fits)}, but {why}")
+            gpus.append(o)
+        return replace(p, gpus=tuple(gpus))
+    need = Amount(0, p.cpu_cores, float(p.memory_gb))
+    if p.fits and (why := policy.at_limit(owner, usage, need)):
+        return replace(p, quota=f"fits on {', '.join(p.fits)}, but {why}")
+    return p
+
+
+def vllm_source(weights: Weights) -> str:
+    """What a vLLM replica is given as its model: the hub repository (vLLM fetches it) or
+    the folder on the node; Invalid for a single file over https."""
+    source = parse_source(weights.source)
+    if source.kind == HF and not source.pattern:
+        return source.repo or ""
+    if source.kind == LOCAL:
+        return source.path or weights.source
+    raise Invalid(
+        f"Weights {weights.pk} ({weights.source}) are not a whole repository or folder; "
+        "vLLM serves a safetensors model from hf://ORG/REPO or a folder."
+    )
+
+
+def parse_selector(text: str | None) -> dict[str, str]:
+    """`key=value,key=value` as labels; Invalid with a sentence for anything else."""
+    out: dict[str, str] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise Invalid(f"A node selector is key=value, separated by commas; not {part!r}.")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _figure(data: Mapping[str, Any], key: str, kinds: tuple[type, ...], said: str) -> Any:
+    value = data.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+        raise Invalid(f"{key} must be {said}.")
+    return value
+
+
 def model_serve(*, data: Mapping[str, Any], actor: str) -> ModelSpec:
-    """Add a llama.cpp model sized by the plan of its weights (POST /models/serve)."""
+    """Add a model sized by the plan of its weights (POST /models/serve): llama.cpp for a
+    GGUF file, vLLM for a safetensors model. `cores`, `memory_gb` and `node_selector` go on
+    every profile; ModelIn's own fields replace what they name."""
     if not isinstance(data, Mapping):
         raise Invalid("The body must be an object with weights and name.")
-    weights_id, name, ctx, file = (data.get(k) for k in _NOT_OVERRIDES)
+    weights_id, name = data.get("weights"), data.get("name")
     if isinstance(weights_id, bool) or not isinstance(weights_id, int):
         raise Invalid("weights must be the id of weights in the mirror (llmgw ctl weights list).")
     if not isinstance(name, str) or not name.strip():
         raise Invalid("name is needed: what the model is called in the catalog and the gateway.")
-    if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, int)):
-        raise Invalid("ctx must be a whole number of tokens.")
-    if file is not None and not isinstance(file, str):
-        raise Invalid("file must be a path within the weights.")
-    p, weights, f = weights_plan(weights_id=weights_id, ctx=ctx, file=file)
-    single = weights.files.count() == 1
-    source = weights.source if single else f"{weights.source.rstrip('/')}/{f.path}"
-    overrides = {k: v for k, v in data.items() if k not in _NOT_OVERRIDES}
-    return catalog_services.model_add(
-        data=serve_model(p, name=name.strip(), source=source, overrides=overrides), actor=actor
+    ctx = _figure(data, "ctx", (int,), "a whole number of tokens")
+    file = _figure(data, "file", (str,), "a path within the weights")
+    gpu_class = _figure(data, "gpu_class", (str,), "a GPU class (llmgw ctl nodes)")
+    util = _figure(data, "gpu_memory_utilization", (int, float), "a fraction such as 0.9")
+    cores = _figure(data, "cores", (int,), "a whole number of cores")
+    memory = _figure(data, "memory_gb", (int, float), "a number of GB")
+    selector = _figure(data, "node_selector", (dict,), "an object of label: value")
+    if selector and not all(isinstance(v, str) for v in selector.values()):
+        raise Invalid("node_selector must be an object of label: value, each a string.")
+    owner = data.get("owner") if isinstance(data.get("owner"), str) else ""
+    if owner:
+        owner = scope_find(owner)
+    p, weights, f = weights_plan(
+        weights_id=weights_id,
+        ctx=ctx,
+        file=file,
+        utilization=util,
+        node_selector=selector,
+        owner=owner,
     )
+    profile: dict[str, Any] = {}
+    if cores is not None:
+        profile["cpu_cores"] = cores
+    if memory is not None:
+        profile["min_memory_gb"] = memory
+    if selector:
+        profile["node_selector"] = selector
+    overrides = {k: v for k, v in data.items() if k not in _NOT_OVERRIDES}
+    try:
+        if isinstance(p, HfPlan):
+            model = serve_hf_model(
+                p,
+                name=name.strip(),
+                source=vllm_source(weights),
+                gpu_class=gpu_class,
+                profile_overrides=profile,
+                overrides=overrides,
+            )
+        else:
+            single = len(weights.files.all()) == 1
+            source = weights.source if single else f"{weights.source.rstrip('/')}/{f.path}"
+            model = serve_model(
+                p,
+                name=name.strip(),
+                source=source,
+                gpu_class=gpu_class,
+                profile_overrides=profile,
+                overrides=overrides,
+            )
+    except SizingError as exc:
+        raise Invalid(str(exc)) from None
+    return catalog_services.model_add(data=model, actor=actor)
+
+
+def model_sizing_refusal(spec: ModelSpec) -> str | None:
+    """Why a model's llama.cpp profiles cannot run on the mirror weights its source names,
+    in the plan's sentences (not a GGUF file, a context past the trained one, less memory
+    than the estimate); None when they can, or when its source is not mirror weights ready
+    to read (then there is nothing yet to size)."""
+    if not any(p.engine == "llamacpp" for p in spec.profiles):
+        return None
+    ref = weights_for_source(spec.source)
+    if ref is None or isinstance(ref, str):
+        return None
+    try:
+        info = read_gguf(store.blob(ref.sha256))
+    except GgufError as exc:
+        return f"model {spec.name}: {str(exc).replace(ref.sha256, ref.file)}"
+    for profile in spec.profiles:
+        if profile.engine == "llamacpp" and (
+            why := profile_refusal(info, profile, model=spec.name)
+        ):
+            return why
+    return None

@@ -255,4 +255,4 @@ def _named_bytes(gpu_class: str) -> float:
 
 def _gb(n: float) -> str:
     gb = n / GIB
-    return f"{gb:.1f}" if gb < 10 else f"{gb:,.0f}"
+    return f"{gb:.1f}" if gb < 100 else f"{gb:,.0f}"

@@ -66,6 +66,7 @@ class HfPlan:
             "kv_bytes_per_token": m.kv_per_token,
             "gpu_memory_utilization": self.utilization,
             "gpus": [o.as_dict() for o in self.gpus],
+            "quota": next((o.quota for o in best if o.quota), None),
         }
 
 
