@@ -405,7 +405,7 @@ def profile_refusal(info: GgufInfo, profile: Profile, *, model: str) -> str | No
     reserved = profile.min_memory_gb
     if profile.cpu_only and reserved is not None and reserved < p.memory_gb:
         return (
-            f"{where} reserves {reserved:g} GB, and {_title(info)} needs {p.memory_gb} GB at a "
+            f"{where}: it reserves {reserved:g} GB, and {_title(info)} needs {p.memory_gb} GB at a "
             f"context of {ctx:,}: {p.basis} Reserve {p.memory_gb} GB or lower --ctx-size."
         )
     return None
