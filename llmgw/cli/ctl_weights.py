@@ -73,7 +73,8 @@ def render_gpus(plan: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"{g['gpu_class']}: tp {g['tp']}"
             + (f" over {g['nodes']} nodes" if (g.get("nodes") or 1) > 1 else "")
-            + f", {g['sequences']:,} sequences of {plan['ctx']:,}; fits on: {where}. {g['said']}"
+            + f", {g['sequences']:,} {'sequence' if g['sequences'] == 1 else 'sequences'} "
+            f"of {plan['ctx']:,}; fits on: {where}. {g['said']}"
         )
         lines += [f"  {b}" for b in g["blocked"]]
         if g.get("quota"):
