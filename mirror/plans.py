@@ -75,9 +75,9 @@ def _gguf(weights_id: int, weights: Weights, files: list[WeightFile], file: str 
     return chosen[0]
 
 
-def _title(weights: Weights) -> str:
+def title_of(source: str) -> str:
     """How a safetensors model is called in sentences: its repository's or folder's name."""
-    return weights.source.rstrip("/").split("@")[0].rsplit("/", 1)[-1]
+    return source.rstrip("/").split("@")[0].rsplit("/", 1)[-1]
 
 
 def weights_plan(
@@ -102,7 +102,7 @@ def weights_plan(
             model = read_hf({f.path: store.blob(f.sha256) for f in files})
             p = hf_plan(
                 model,
-                title=_title(weights),
+                title=title_of(weights.source),
                 ctx=ctx,
                 rooms=rooms,
                 utilization=check_utilization(utilization),

@@ -17,6 +17,7 @@ from mirror.worker import work_until_idle
 from tests.fleet.builders import L4, node_add
 from tests.helpers import detail
 from tests.mirror.hub import Hub, HubFile
+from tests.mirror.test_pages import staff  # noqa: F401 (a fixture)
 from tests.mirror.test_weights import mirror_dir  # noqa: F401 (a fixture)
 
 from .hf_configs import LLAMA_31_8B, dense_tensors, write_safetensors
@@ -160,3 +161,43 @@ def test_a_bad_utilisation_or_selector_is_a_sentence(api, weights):
     assert bad.status_code == 400 and "a fraction above 0 and at most 1" in detail(bad)
     bad = api.call("GET", f"/weights/{weights['id']}/plan?selector=zone")
     assert bad.status_code == 400 and "key=value" in detail(bad)
+
+
+def test_the_mirror_page_plans_it_on_gpus_and_its_form_serves_it_with_overrides(
+    staff,  # noqa: F811
+    weights,
+):
+    node_add("l4-node", now=T0, gpus=(L4, L4), labels={"zone": "a"})
+
+    page = staff.get("/mirror").content.decode()
+
+    assert "data-model-plan" in page and "Serve as a vLLM model" in page
+    assert "l4-24g: tp 1</strong>" in page  # 32,768 by default: one L4 holds it
+    assert "16.1 GB" in page  # its weights, in decimal units as the rest of the page
+
+    response = staff.post(
+        "/mirror",
+        {
+            "form": "serve", "weights": weights["id"], "file": "", "name": "llama",
+            "ctx": "131072", "cores": "6", "memory_gb": "24", "selector": "zone=a",
+        },
+    )  # fmt: skip
+
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    profile = Model.objects.get(name="llama").profiles.get()
+    assert (profile.engine, profile.tp, profile.cpu_cores, profile.min_memory_gb) == (
+        "vllm", 2, 6, 24.0,
+    )  # fmt: skip
+    assert profile.node_selector == {"zone": "a"}
+
+
+def test_the_forms_bad_selector_is_said_beside_it(staff, weights):  # noqa: F811
+    node_add("l4-node", now=T0, gpus=(L4, L4))
+
+    response = staff.post(
+        "/mirror",
+        {"form": "serve", "weights": weights["id"], "file": "", "name": "x", "selector": "zone"},
+    )
+
+    assert "A node selector is key=value" in response.content.decode()
+    assert not Model.objects.exists()
