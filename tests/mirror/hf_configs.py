@@ -278,3 +278,42 @@ def write_safetensors(path: Path, tensors: list[Tensor], *, data: bool = False) 
         if data:
             f.write(b"\0" * offset)
     return path
+
+
+# Qwen/Qwen3-14B
+QWEN3_14B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "head_dim": 128,
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "max_position_embeddings": 40960,
+    "model_type": "qwen3",
+    "num_attention_heads": 40,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 8,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+# Qwen/Qwen3-235B-A22B (its FP8 copy has the same attention)
+QWEN3_235B = {
+    **QWEN3_14B,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 4096,
+    "model_type": "qwen3_moe",
+    "num_attention_heads": 64,
+    "num_hidden_layers": 94,
+    "num_key_value_heads": 4,
+}
+# deepseek-ai/DeepSeek-R1-Distill-Qwen-14B: a Qwen2.5 14B
+QWEN25_14B = {
+    **QWEN25_7B,
+    "hidden_size": 5120,
+    "intermediate_size": 13824,
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 40,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 8,
+}

@@ -24,8 +24,11 @@ from .hf_configs import (
     LLAMA_33_70B,
     MISTRAL_7B,
     MIXTRAL_8X7B,
+    QWEN3_14B,
+    QWEN3_235B,
     QWEN25_7B,
     QWEN25_7B_YARN,
+    QWEN25_14B,
     awq_tensors,
     dense_tensors,
 )
@@ -239,3 +242,45 @@ def test_a_context_past_the_trained_one_or_a_bad_utilisation_is_a_sentence():
         hf_plan(m, title="Mistral 7B", ctx=None, rooms=[], utilization=1.5)
     with pytest.raises(SizingError, match="no node of the fleet has any"):
         serve_hf_model(hf_plan(m, title="Mistral 7B", ctx=None, rooms=[]), name="m", source="x")
+
+
+# What vLLM's own memory profile logged for these models (docs/benchmarks.md, "Sizing
+# against vLLM's own figures"): the KV cache memory it had, the tokens that held, and our
+# tokens for the same memory from the config alone. Its figures are printed rounded and
+# counted in whole blocks of 16 tokens, hence the tolerance.
+@pytest.mark.parametrize(
+    ("config", "tp", "available_gib", "logged_tokens"),
+    [
+        # vllm-project/vllm#10517: RTX 3090, 1,952 blocks of 16 in 3.81 GiB.
+        (LLAMA_31_8B, 1, 3.81, 1952 * 16),
+        # LMCache/LMCache#1739: one GPU, 6.51 GiB, 42,656 tokens.
+        (QWEN3_14B, 1, 6.51, 42_656),
+        # vllm-project/vllm#21348: 4 × H100, FP8 weights, 8.11 GiB, 178,880 tokens a GPU.
+        (QWEN3_235B, 4, 8.11, 178_880),
+    ],
+)
+def test_kv_tokens_agree_with_what_vllm_logged(config, tp, available_gib, logged_tokens):
+    m = hf_model(config, [Tensor("x", "BF16", (1,))])
+
+    ours = int(available_gib * GIB // (m.kv_per_token * m.kv_share(tp)))
+
+    assert abs(ours - logged_tokens) / logged_tokens < 0.015, ours
+
+
+@pytest.mark.parametrize(
+    ("config", "tp", "logged_gib"),
+    [
+        # vllm-project/vllm#10517: "Loading model weights took 14.9888 GB".
+        (LLAMA_31_8B, 1, 14.9888),
+        # vllm-project/vllm#13061: DeepSeek-R1-Distill-Qwen-14B at tp 2, 13.9476 a GPU.
+        (QWEN25_14B, 2, 13.9476),
+    ],
+)
+def test_weights_agree_with_what_vllm_loaded(config, tp, logged_gib):
+    m = hf_model(config, dense_tensors(config))
+
+    ours = m.weights_bytes / tp / GIB
+
+    # vLLM's figure is what the GPU's allocator grew by while loading: the weights and the
+    # buffers beside them; ours is the weights alone, a little under.
+    assert 0.98 < ours / logged_gib <= 1.0, ours
