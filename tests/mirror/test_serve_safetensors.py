@@ -201,3 +201,22 @@ def test_the_forms_bad_selector_is_said_beside_it(staff, weights):  # noqa: F811
 
     assert "A node selector is key=value" in response.content.decode()
     assert not Model.objects.exists()
+
+
+def test_a_safetensors_card_costs_no_query_beyond_the_one_read_of_the_fleet(staff, weights):  # noqa: F811
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.dry_runs import node_rooms
+    from tests.mirror.test_pages import PAGE_QUERIES
+
+    node_add("l4-node", now=T0, gpus=(L4, L4))
+    staff.get("/mirror")  # the fleet's registrations are read once, then kept
+
+    with CaptureQueriesContext(connection) as fleet:
+        node_rooms()
+    with CaptureQueriesContext(connection) as page:
+        body = staff.get("/mirror").content.decode()
+
+    assert "data-model-plan" in body
+    assert len(page) == PAGE_QUERIES + len(fleet)
