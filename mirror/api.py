@@ -87,7 +87,7 @@ def model_serve(request):
     """Add a model sized by its weights' plan (llama.cpp for GGUF, vLLM for safetensors):
     {"weights", "name", "ctx"?, "file"?, "gpu_class"?, "gpu_memory_utilization"?, "cores"?,
     "memory_gb"?, "node_selector"?, ...ModelIn fields to override}."""
-    spec = plans.model_serve(data=json_body(request), actor=actor(request))
+    spec, _ = plans.model_serve(data=json_body(request), actor=actor(request))
     return Status(201, fleet_listings.model_views(name=spec.name)[0])
 
 

@@ -64,3 +64,9 @@ class ServeForm(forms.Form):
         label="Node selector",
         widget=forms.TextInput(attrs={"placeholder": "zone=a,pool=chat"}),
     )
+    owner = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Owner",
+        widget=forms.TextInput(attrs={"placeholder": "team:Acme/ml"}),
+    )

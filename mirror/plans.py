@@ -171,10 +171,12 @@ def _figure(data: Mapping[str, Any], key: str, kinds: tuple[type, ...], said: st
     return value
 
 
-def model_serve(*, data: Mapping[str, Any], actor: str) -> ModelSpec:
+def model_serve(*, data: Mapping[str, Any], actor: str) -> tuple[ModelSpec, str]:
     """Add a model sized by the plan of its weights (POST /models/serve): llama.cpp for a
     GGUF file, vLLM for a safetensors model. `cores`, `memory_gb` and `node_selector` go on
-    every profile; ModelIn's own fields replace what they name."""
+    every profile; ModelIn's own fields replace what they name. Returns the model and, for
+    an `owner` whose capacity limit stops the replica the plan fits, the sentence saying so
+    ("" otherwise): the model is added all the same, to run once the limit allows."""
     if not isinstance(data, Mapping):
         raise Invalid("The body must be an object with weights and name.")
     weights_id, name = data.get("weights"), data.get("name")
@@ -193,7 +195,10 @@ def model_serve(*, data: Mapping[str, Any], actor: str) -> ModelSpec:
         raise Invalid("node_selector must be an object of label: value, each a string.")
     owner = data.get("owner") if isinstance(data.get("owner"), str) else ""
     if owner:
-        owner = scope_find(owner)
+        try:
+            owner = scope_find(owner)
+        except Invalid as exc:
+            raise Invalid(f"owner: {exc}") from None
     p, weights, f = weights_plan(
         weights_id=weights_id,
         ctx=ctx,
@@ -233,7 +238,11 @@ def model_serve(*, data: Mapping[str, Any], actor: str) -> ModelSpec:
             )
     except SizingError as exc:
         raise Invalid(str(exc)) from None
-    return catalog_services.model_add(data=model, actor=actor)
+    spec = catalog_services.model_add(data=model, actor=actor)
+    if isinstance(p, HfPlan):
+        chosen = [o for o in p.gpus if o.gpu_class == gpu_class] if gpu_class else p.fitting
+        return spec, next((o.quota for o in chosen[:1] if o.quota), "")
+    return spec, p.quota
 
 
 def model_sizing_refusal(spec: ModelSpec) -> str | None:

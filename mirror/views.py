@@ -185,6 +185,7 @@ _SERVE_FIELDS: tuple[tuple[str, str], ...] = (
     (r"^memory_gb\b|: it reserves [0-9.]+ GB", "memory_gb"),
     (r"node selector|node_selector", "selector"),
     (r"^gpu_class\b|^The fleet has no \S+ GPUs", "gpu_class"),
+    (r"^owner\b", "owner"),
 )
 
 
@@ -195,7 +196,7 @@ def _serve(request: HttpRequest, state: dict) -> Outcome:
         return _serve_refused(state, form, key)
     given = form.cleaned_data
     data: dict = {"weights": given["weights"], "name": given["name"]}
-    for field in ("file", "ctx", "gpu_class", "cores", "memory_gb"):
+    for field in ("file", "ctx", "gpu_class", "cores", "memory_gb", "owner"):
         if given[field] not in (None, ""):
             data[field] = given[field]
     try:
@@ -208,7 +209,7 @@ def _serve(request: HttpRequest, state: dict) -> Outcome:
     if scaling:
         data["scaling"] = scaling
     try:
-        spec = plans.model_serve(data=data, actor=page_actor(request))
+        spec, quota = plans.model_serve(data=data, actor=page_actor(request))
     except ServiceError as exc:
         sentence = str(exc)
         field = next((f for pattern, f in _SERVE_FIELDS if re.search(pattern, sentence)), None)
@@ -218,6 +219,9 @@ def _serve(request: HttpRequest, state: dict) -> Outcome:
     said = f"Model {spec.name} added from weights {given['weights']}" + (
         f" ({given['file']})." if given["file"] else "."
     )
+    if quota:
+        # Added all the same, to run once the limit allows: said where the model shows.
+        messages.warning(request, f"Model {spec.name}: {quota}.")
     if request.htmx:
         return Outcome(response=HttpResponse(status=204, headers={"HX-Redirect": url}))
     messages.success(request, said)

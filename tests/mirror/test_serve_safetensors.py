@@ -220,3 +220,23 @@ def test_a_safetensors_card_costs_no_query_beyond_the_one_read_of_the_fleet(staf
 
     assert "data-model-plan" in body
     assert len(page) == PAGE_QUERIES + len(fleet)
+
+
+def test_the_form_serves_for_an_owner_at_its_limit_and_says_so_on_the_model(staff, api, weights):  # noqa: F811
+    node_add("l4-node", now=T0, gpus=(L4, L4))
+    api.call("POST", "/orgs", {"name": "Acme"})
+    api.call("POST", "/teams", {"org": "Acme", "name": "ml"})
+    api.call("PUT", "/quotas", {"scope": "team:Acme/ml", "limit": {"gpus": 0}})
+
+    response = staff.post(
+        "/mirror",
+        {"form": "serve", "weights": weights["id"], "name": "llama", "owner": "team:Acme/ml"},
+        follow=True,
+    )
+
+    page = response.content.decode()
+    assert Model.objects.get(name="llama").owner.startswith("team:")
+    assert (
+        "Model llama: fits on l4-node, but team:Acme/ml is at its capacity limit (1 GPUs of 0)"
+        in page
+    )
