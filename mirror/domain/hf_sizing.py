@@ -4,8 +4,9 @@ it (issue 36, item 2; interfaces.md, `GET /weights/{id}/plan`).
 Pure: an `HfModel` (mirror.domain.hf) and the nodes' free room in, an `HfPlan` out: the
 model's figures, and per GPU class present the smallest tensor-parallel size that holds
 the weights and one sequence of the asked context (mirror.domain.gpus). The profile it
-makes is vLLM's: `--tensor-parallel-size`, `--max-model-len`, `--gpu-memory-utilization`
-and `--served-model-name`, one per GPU class that fits, the classes that fit now first,
+makes is vLLM's, with the tp the plan chose (the agent passes it as
+`--tensor-parallel-size`, and the model's name as `--served-model-name`), `--max-model-len`
+and `--gpu-memory-utilization`; one per GPU class that fits, the classes that fit now first,
 then the fewest GPUs; placement takes the first that fits when it places.
 """
 
@@ -122,8 +123,9 @@ def hf_plan(
     return HfPlan(model, title, ctx, util, tuple(options), _basis(model, title, ctx))
 
 
-def vllm_profile(option: GpuOption, plan: HfPlan, *, served_name: str) -> dict[str, Any]:
-    """The catalog profile (ProfileIn's shape) of one option that fits."""
+def vllm_profile(option: GpuOption, plan: HfPlan) -> dict[str, Any]:
+    """The catalog profile (ProfileIn's shape) of one option that fits: its class and tp,
+    `--max-model-len` and `--gpu-memory-utilization`."""
     c = option.chosen
     assert c is not None
     profile: dict[str, Any] = {
@@ -131,15 +133,14 @@ def vllm_profile(option: GpuOption, plan: HfPlan, *, served_name: str) -> dict[s
         "engine": "vllm",
         "gpu_class": option.gpu_class,
         "tp": c.tp,
+        # The agent renders --tensor-parallel-size from tp and --served-model-name from the
+        # model's name (fleet.agent.engines): written here too, a tp changed later would be
+        # contradicted by a stale flag on GPUs placed for the new one.
         "args": [
-            "--tensor-parallel-size",
-            str(c.tp),
             "--max-model-len",
             str(plan.ctx),
             "--gpu-memory-utilization",
             f"{plan.utilization:g}",
-            "--served-model-name",
-            served_name,
         ],
     }
     if c.nodes > 1:
@@ -173,9 +174,7 @@ def serve_hf_model(
         if not plan.gpus:
             raise SizingError(f"{plan.title} needs GPUs, and no node of the fleet has any.")
         raise SizingError(" ".join(o.said for o in plan.gpus))
-    profiles = [
-        {**vllm_profile(o, plan, served_name=name), **(profile_overrides or {})} for o in options
-    ]
+    profiles = [{**vllm_profile(o, plan), **(profile_overrides or {})} for o in options]
     m = plan.model
     data: dict[str, Any] = {
         "name": name,

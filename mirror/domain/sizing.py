@@ -236,8 +236,8 @@ def llamacpp_profile(plan: Plan, *, name: str = PROFILE_NAME) -> dict[str, Any]:
 
 
 def llamacpp_gpu_profile(plan: Plan, gpu_class: str) -> dict[str, Any]:
-    """The catalog profile for llama.cpp on GPUs of `gpu_class`, every layer offloaded
-    (`-ngl 999`), on as many GPUs as the plan found it needs there; SizingError with the
+    """The catalog profile for llama.cpp on GPUs of `gpu_class` (the agent offloads every
+    layer, `--n-gpu-layers 999`), on as many GPUs as the plan found it needs there; SizingError with the
     plan's sentence when it found none, or the fleet has no such GPUs."""
     option = next((o for o in plan.gpus if o.gpu_class == gpu_class), None)
     if option is None:
@@ -250,7 +250,8 @@ def llamacpp_gpu_profile(plan: Plan, gpu_class: str) -> dict[str, Any]:
         "engine": "llamacpp",
         "gpu_class": gpu_class,
         "tp": option.chosen.tp,
-        "args": ["--ctx-size", str(plan.ctx), "-ngl", "999"],
+        # The agent offloads every layer of a shard given GPUs (--n-gpu-layers 999).
+        "args": ["--ctx-size", str(plan.ctx)],
     }
 
 

@@ -206,10 +206,8 @@ def test_past_one_node_only_where_a_fabric_joins_nodes():
         "nodes": 2,
         "gpus_per_node": 2,
         "args": [
-            "--tensor-parallel-size", "4",
             "--max-model-len", "65536",
             "--gpu-memory-utilization", "0.9",
-            "--served-model-name", "big",
         ],
     }  # fmt: skip
 

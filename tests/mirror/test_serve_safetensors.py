@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from catalog.models import Model
+from fleet.agent.engines import NodeContext, ShardSpec, build_command
 from fleet.models import Replica
 from fleet.reconciler import reconcile_once
 from mirror.worker import work_until_idle
@@ -24,6 +25,13 @@ from .hf_configs import LLAMA_31_8B, dense_tensors, write_safetensors
 
 pytestmark = pytest.mark.django_db
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+
+
+def profile_dict(row) -> dict:
+    return {
+        "name": row.name, "engine": row.engine, "gpu_class": row.gpu_class, "tp": row.tp,
+        "pp": row.pp, "args": list(row.args), "env": dict(row.env),
+    }  # fmt: skip
 
 
 def llama_repo(tmp_path) -> dict[str, HubFile]:
@@ -112,10 +120,8 @@ def test_serving_it_makes_a_vllm_model_placed_with_the_plans_tp(api, weights, no
         4,
     )
     assert profile.args == [
-        "--tensor-parallel-size", "2",
         "--max-model-len", "131072",
         "--gpu-memory-utilization", "0.9",
-        "--served-model-name", "llama-8b",
     ]  # fmt: skip
     assert model.context_length == 131072
 
@@ -124,6 +130,26 @@ def test_serving_it_makes_a_vllm_model_placed_with_the_plans_tp(api, weights, no
     (replica,) = Replica.objects.filter(model="llama-8b")
     (shard,) = replica.shards.all()
     assert (shard.node_id, sorted(shard.gpu_indices)) == ("l4-node", [0, 1])
+    # What the agent runs for it: vLLM with the plan's tp, its context and utilisation.
+    argv = build_command(
+        ShardSpec(
+            shard_id=shard.pk,
+            model="llama-8b",
+            source=model.source,
+            profile=profile_dict(profile),
+            gpu_indices=tuple(shard.gpu_indices),
+            api_key="k",
+        ),
+        NodeContext(port=20001, cpu_count=16),
+    ).argv
+    assert argv[argv.index("serve") + 1] == "meta-llama/Llama-3.1-8B-Instruct"
+    for flag, value in (
+        ("--tensor-parallel-size", "2"),
+        ("--max-model-len", "131072"),
+        ("--gpu-memory-utilization", "0.9"),
+        ("--served-model-name", "llama-8b"),
+    ):
+        assert argv[argv.index(flag) + 1] == value
 
 
 def test_nothing_that_fits_is_a_sentence_with_the_figures_and_adds_nothing(api, weights):

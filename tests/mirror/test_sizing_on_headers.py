@@ -133,6 +133,6 @@ def test_a_gguf_on_gpus_is_planned_for_llamacpp_with_every_layer_offloaded(gemma
             "engine": "llamacpp",
             "gpu_class": "l4-24g",
             "tp": 1,
-            "args": ["--ctx-size", "16384", "-ngl", "999"],
+            "args": ["--ctx-size", "16384"],
         }
     ]
