@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from fleet.domain.placement import Inventory
 from mirror.domain.gpus import GIB
@@ -282,3 +283,33 @@ def test_weights_agree_with_what_vllm_loaded(config, tp, logged_gib):
     # vLLM's figure is what the GPU's allocator grew by while loading: the weights and the
     # buffers beside them; ours is the weights alone, a little under.
     assert 0.98 < ours / logged_gib <= 1.0, ours
+
+
+@given(
+    layers=st.integers(1, 96),
+    kv_heads=st.sampled_from([1, 2, 4, 8, 16]),
+    window=st.one_of(st.none(), st.integers(1, 8192)),
+    ctx_a=st.integers(1, 200_000),
+    ctx_b=st.integers(1, 200_000),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_longer_context_never_needs_less(layers, kv_heads, window, ctx_a, ctx_b):
+    config = {
+        **MISTRAL_7B,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv_heads,
+        "sliding_window": window,
+        "max_position_embeddings": 200_000,
+    }
+    m = hf_model(config, [Tensor("x", "BF16", (7 * 10**9,))])
+    short, long = sorted((ctx_a, ctx_b))
+    node = gpu_node("g", gpus=8)
+
+    a, b = (hf_plan(m, title="m", ctx=c, rooms=rooms(node)).gpus[0] for c in (short, long))
+
+    # The cache grows with the context and never past every layer holding all of it.
+    assert m.kv_cache_bytes(short) <= m.kv_cache_bytes(long) <= long * m.kv_per_token
+    # So the tp it needs never shrinks, nor do the sequences that fit at one tp grow.
+    assert (a.tp or 99) <= (b.tp or 99)
+    if a.tp == b.tp and a.tp is not None:
+        assert a.chosen.sequences >= b.chosen.sequences
