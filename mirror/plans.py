@@ -6,21 +6,18 @@ of a llama.cpp profile on mirror weights (issue 36, item 5)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from catalog import services as catalog_services
 from catalog.domain import ModelSpec
-from fleet.domain.holdings import profile_amount
 from fleet.dry_runs import node_rooms_and_quota
 from llmgw.core.errors import Conflict, Invalid, NotFound
-from tenancy.quota import Amount, Policy
 from tenancy.selectors import scope_find
 
 from . import store
-from .domain.gpus import gpu_profile
 from .domain.hf import HfError
 from .domain.hf_sizing import HfPlan, check_utilization, hf_plan, serve_hf_model
+from .domain.owner import with_owner_limit
 from .domain.progress import READY
 from .domain.sizing import Plan, SizingError, plan, profile_refusal, serve_model
 from .domain.sources import HF, LOCAL, parse_source
@@ -109,32 +106,12 @@ def weights_plan(
                 source=vllm_source(weights),
                 node_selector=node_selector,
             )
-            return _with_quota(p, owner, policy, usage), weights, None
+            return with_owner_limit(p, owner, policy, usage), weights, None
         f = _gguf(weights_id, weights, files, file)
         p = plan(read_gguf(store.blob(f.sha256)), ctx=ctx, nodes=rooms, node_selector=node_selector)
-        return _with_quota(p, owner, policy, usage), weights, f
+        return with_owner_limit(p, owner, policy, usage), weights, f
     except (GgufError, HfError, SizingError) as exc:
         raise Invalid(str(exc)) from None
-
-
-def _with_quota(p, owner: str, policy: Policy, usage: Mapping[str, Amount]):
-    """The plan with, where a replica fits now, what the owner's capacity limit says of it:
-    the quota policy's own sentence (tenancy.quota.Policy.at_limit)."""
-    if not owner:
-        return p
-    if isinstance(p, HfPlan):
-        gpus = []
-        for o in p.gpus:
-            profile = gpu_profile(o, engine="vllm")
-            need = profile_amount(profile) if profile is not None and o.fits else None
-            if need is not None and (why := policy.at_limit(owner, usage, need)):
-                o = replace(o, quota=f"fits on {', '.join(o.fits)}, but {why}")
-            gpus.append(o)
-        return replace(p, gpus=tuple(gpus))
-    need = Amount(0, p.cpu_cores, float(p.memory_gb))
-    if p.fits and (why := policy.at_limit(owner, usage, need)):
-        return replace(p, quota=f"fits on {', '.join(p.fits)}, but {why}")
-    return p
 
 
 def vllm_source(weights: Weights) -> str:
@@ -239,9 +216,10 @@ def model_serve(*, data: Mapping[str, Any], actor: str) -> tuple[ModelSpec, str]
     except SizingError as exc:
         raise Invalid(str(exc)) from None
     spec = catalog_services.model_add(data=model, actor=actor)
+    if gpu_class:
+        return spec, next((o.quota for o in p.gpus if o.gpu_class == gpu_class), "")
     if isinstance(p, HfPlan):
-        chosen = [o for o in p.gpus if o.gpu_class == gpu_class] if gpu_class else p.fitting
-        return spec, next((o.quota for o in chosen[:1] if o.quota), "")
+        return spec, next((o.quota for o in p.fitting[:1]), "")
     return spec, p.quota
 
 

@@ -313,3 +313,30 @@ def test_a_longer_context_never_needs_less(layers, kv_heads, window, ctx_a, ctx_
     assert (a.tp or 99) <= (b.tp or 99)
     if a.tp == b.tp and a.tp is not None:
         assert a.chosen.sequences >= b.chosen.sequences
+
+
+@pytest.mark.parametrize(
+    ("owner", "limit", "holds", "said"),
+    [
+        ("", 8, 0, None),
+        ("team:1", 8, 6, None),  # 6 + 1 of 8: room under the limit
+        ("team:1", 8, 7, None),  # exactly at the limit is allowed
+        ("team:1", 8, 8, "fits on g, but team:Acme/ml is at its capacity limit (9 GPUs of 8)"),
+        ("project:2", 8, 8, "fits on g, but team:Acme/ml is at its capacity limit (9 GPUs of 8)"),
+    ],
+)
+def test_the_owners_limit_is_said_where_it_stops_a_replica(owner, limit, holds, said):
+    from mirror.domain.owner import with_owner_limit
+    from tenancy.quota import Amount, Policy, Quota, Resources
+
+    m = hf_model(LLAMA_31_8B, dense_tensors(LLAMA_31_8B))
+    p = hf_plan(m, title="Llama", ctx=8192, rooms=rooms(gpu_node("g", gpus=1)))
+    policy = Policy.build(
+        [Quota("team:1", limit=Resources(gpus=limit))],
+        {"project:2": ["team:1"]},
+        {"team:1": "team:Acme/ml"},
+    )
+
+    got = with_owner_limit(p, owner, policy, {"team:1": Amount(gpus=holds)})
+
+    assert got.gpus[0].quota == (said or "")
