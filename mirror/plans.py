@@ -19,12 +19,11 @@ from .domain.hf import HfError
 from .domain.hf_sizing import HfPlan, check_utilization, hf_plan, serve_hf_model
 from .domain.owner import with_owner_limit
 from .domain.progress import READY
-from .domain.sizing import Plan, SizingError, plan, profile_refusal, serve_model
+from .domain.sizing import Plan, SizingError, plan, serve_model
 from .domain.sources import HF, LOCAL, parse_source
 from .gguf import GgufError, read_gguf
 from .models import WeightFile, Weights
 from .safetensors import is_hf, read_hf
-from .selectors import weights_for_source
 
 # What the serve body may set beside ModelIn's own fields (which override the model).
 _NOT_OVERRIDES = (
@@ -221,25 +220,3 @@ def model_serve(*, data: Mapping[str, Any], actor: str) -> tuple[ModelSpec, str]
     if isinstance(p, HfPlan):
         return spec, next((o.quota for o in p.fitting[:1]), "")
     return spec, p.quota
-
-
-def model_sizing_refusal(spec: ModelSpec) -> str | None:
-    """Why a model's llama.cpp profiles cannot run on the mirror weights its source names,
-    in the plan's sentences (not a GGUF file, a context past the trained one, less memory
-    than the estimate); None when they can, or when its source is not mirror weights ready
-    to read (then there is nothing yet to size)."""
-    if not any(p.engine == "llamacpp" for p in spec.profiles):
-        return None
-    ref = weights_for_source(spec.source)
-    if ref is None or isinstance(ref, str):
-        return None
-    try:
-        info = read_gguf(store.blob(ref.sha256))
-    except GgufError as exc:
-        return f"model {spec.name}: {str(exc).replace(ref.sha256, ref.file)}"
-    for profile in spec.profiles:
-        if profile.engine == "llamacpp" and (
-            why := profile_refusal(info, profile, model=spec.name)
-        ):
-            return why
-    return None
