@@ -12,7 +12,7 @@ Each GPU holds weights / tp and its share of the cache (`Need.kv_share`). What i
 before what activations, CUDA graphs and NCCL take (vLLM measures those when it starts):
 an option that leaves little is said with its figures rather than trusted. A GPU's memory
 is the least any GPU of the class reported, else what the class's name says (`-80g`).
-GB here is GiB, as in mirror.domain.sizing.
+Sizes are said in GiB (MiB under one), as they are counted.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Try:
     def said(self, ctx: int) -> str:
         if self.left_bytes <= 0:
             return f"tp {self.tp} leaves nothing for the KV cache"
-        left = f"tp {self.tp} leaves about {_gb(self.left_bytes)} GB a GPU"
+        left = f"tp {self.tp} leaves about {_size(self.left_bytes)} a GPU"
         if self.sequences < 1:
             return f"{left}, some {self.tokens:,} tokens of KV cache, below the {ctx:,} asked"
         many = "sequence" if self.sequences == 1 else "sequences"
@@ -170,8 +170,8 @@ def size_on(need: Need, cls: Fleet, *, ctx: int, utilization: float, title: str)
     if chosen is None:
         parts += limits[-1:]
     head = (
-        f"{title} needs {_gb(need.weights_bytes)} GB of weights; on {cls.gpu_class} "
-        f"({_gb(cls.memory_bytes)} GB a GPU) at {utilization:g} utilisation, "
+        f"{title} needs {_size(need.weights_bytes)} of weights; on {cls.gpu_class} "
+        f"({_size(cls.memory_bytes)} a GPU) at {utilization:g} utilisation, "
     )
     return GpuOption(
         gpu_class=cls.gpu_class,
@@ -253,6 +253,11 @@ def _named_bytes(gpu_class: str) -> float:
     return 0.0
 
 
-def _gb(n: float) -> str:
-    gb = n / GIB
-    return f"{gb:.1f}" if gb < 100 else f"{gb:,.0f}"
+def _size(n: float) -> str:
+    """Bytes as GiB (whole from 100), or MiB under one GiB: the units said, never MB for MiB."""
+    gib = n / GIB
+    if gib >= 100:
+        return f"{gib:,.0f} GiB"
+    if gib >= 1:
+        return f"{gib:.1f} GiB"
+    return f"{n / (1 << 20):,.0f} MiB"

@@ -165,9 +165,9 @@ def test_llama_70b_on_h100s_takes_the_smallest_tp_that_holds_a_sequence():
     assert option.tp == 4 and option.chosen.sequences == 3
     assert option.fits == ("gpu-a",)
     assert option.said == (
-        "Llama 3.3 70B needs 131 GB of weights; on h100-80g (79.6 GB a GPU) at 0.9 utilisation, "
-        "tp 1 leaves nothing for the KV cache; tp 2 leaves about 6.0 GB a GPU, some 39,154 "
-        "tokens of KV cache, below the 131,072 asked; tp 4 leaves about 38.8 GB a GPU, "
+        "Llama 3.3 70B needs 131 GiB of weights; on h100-80g (79.6 GiB a GPU) at 0.9 utilisation, "
+        "tp 1 leaves nothing for the KV cache; tp 2 leaves about 6.0 GiB a GPU, some 39,154 "
+        "tokens of KV cache, below the 131,072 asked; tp 4 leaves about 38.8 GiB a GPU, "
         "3 sequences of 131,072."
     )
 

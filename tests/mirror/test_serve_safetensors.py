@@ -95,8 +95,8 @@ def test_a_safetensors_repository_is_planned_on_each_gpu_class(api, weights):
     # 65,536 bytes a token there: one sequence.
     assert (l4["gpu_class"], l4["tp"], l4["sequences"]) == ("l4-24g", 2, 1)
     assert l4["fits"] == ["l4-node"]
-    assert "tp 1 leaves about 5.3 GB a GPU, some 43,312 tokens" in l4["said"]
-    assert "tp 2 leaves about 12.8 GB a GPU, 1 sequence of 131,072." in l4["said"]
+    assert "tp 1 leaves about 5.3 GiB a GPU, some 43,312 tokens" in l4["said"]
+    assert "tp 2 leaves about 12.8 GiB a GPU, 1 sequence of 131,072." in l4["said"]
     assert plan["fits"] == ["l4-node"]
 
 
@@ -161,8 +161,8 @@ def test_nothing_that_fits_is_a_sentence_with_the_figures_and_adds_nothing(api, 
 
     assert response.status_code == 400
     assert detail(response) == (
-        "Llama-3.1-8B-Instruct needs 15.0 GB of weights; on l4-24g (22.5 GB a GPU) at 0.9 "
-        "utilisation, tp 1 leaves about 5.3 GB a GPU, some 43,312 tokens of KV cache, below "
+        "Llama-3.1-8B-Instruct needs 15.0 GiB of weights; on l4-24g (22.5 GiB a GPU) at 0.9 "
+        "utilisation, tp 1 leaves about 5.3 GiB a GPU, some 43,312 tokens of KV cache, below "
         "the 131,072 asked; a node has at most 1 l4-24g GPUs and no fabric (llmgw.io/fabric) "
         "joins such nodes for tp 2."
     )

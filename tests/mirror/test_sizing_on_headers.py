@@ -123,8 +123,8 @@ def test_a_gguf_on_gpus_is_planned_for_llamacpp_with_every_layer_offloaded(gemma
     assert (option.gpu_class, option.tp, option.chosen.sequences) == ("l4-24g", 1, 75)
     assert option.fits == ("g",)
     assert option.said == (
-        "Gemma 3 270m needs 0.2 GB of weights; on l4-24g (24.0 GB a GPU) at 0.9 utilisation, "
-        "tp 1 leaves about 21.4 GB a GPU, 75 sequences of 16,384."
+        "Gemma 3 270m needs 241 MiB of weights; on l4-24g (24.0 GiB a GPU) at 0.9 utilisation, "
+        "tp 1 leaves about 21.4 GiB a GPU, 75 sequences of 16,384."
     )
     data = serve_model(p, name="g", source="x", gpu_class="l4-24g")
     assert data["profiles"] == [
