@@ -25,6 +25,7 @@ from llmgw.core.pages import fragment_asked, page, page_actor, staff_required
 from llmgw.core.permissions import needs, require
 
 from . import page_selectors, plans, selectors, services
+from .domain.gpus import size_said
 from .domain.hf_sizing import HfPlan
 from .domain.progress import DOWNLOADING, FAILED, QUEUED, READY, STATES
 from .domain.sizing import Plan
@@ -320,7 +321,9 @@ def _model(view: dict, found: dict, serve_forms: dict) -> dict | None:
         return {
             "plan": got,
             "parameters": _count(got.model.parameters),
-            "weights": _bytes(got.model.weights_bytes),
+            # In the plan's own units, as its sentences say them beside it.
+            "weights": size_said(got.model.weights_bytes),
+            "kv": f"{got.model.kv_per_token:,}",
             "form": form,
         }
     if isinstance(got, str):

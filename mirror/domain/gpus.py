@@ -61,7 +61,7 @@ class Try:
     def said(self, ctx: int) -> str:
         if self.left_bytes <= 0:
             return f"tp {self.tp} leaves nothing for the KV cache"
-        left = f"tp {self.tp} leaves about {_size(self.left_bytes)} a GPU"
+        left = f"tp {self.tp} leaves about {size_said(self.left_bytes)} a GPU"
         if self.sequences < 1:
             return f"{left}, some {self.tokens:,} tokens of KV cache, below the {ctx:,} asked"
         many = "sequence" if self.sequences == 1 else "sequences"
@@ -170,8 +170,8 @@ def size_on(need: Need, cls: Fleet, *, ctx: int, utilization: float, title: str)
     if chosen is None:
         parts += limits[-1:]
     head = (
-        f"{title} needs {_size(need.weights_bytes)} of weights; on {cls.gpu_class} "
-        f"({_size(cls.memory_bytes)} a GPU) at {utilization:g} utilisation, "
+        f"{title} needs {size_said(need.weights_bytes)} of weights; on {cls.gpu_class} "
+        f"({size_said(cls.memory_bytes)} a GPU) at {utilization:g} utilisation, "
     )
     return GpuOption(
         gpu_class=cls.gpu_class,
@@ -253,11 +253,14 @@ def _named_bytes(gpu_class: str) -> float:
     return 0.0
 
 
-def _size(n: float) -> str:
-    """Bytes as GiB (whole from 100), or MiB under one GiB: the units said, never MB for MiB."""
+def size_said(n: float) -> str:
+    """Bytes as GiB (whole from 100), MiB under one GiB, KiB under one MiB: the units said,
+    never MB for MiB."""
     gib = n / GIB
     if gib >= 100:
         return f"{gib:,.0f} GiB"
     if gib >= 1:
         return f"{gib:.1f} GiB"
-    return f"{n / (1 << 20):,.0f} MiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):,.0f} MiB"
+    return f"{n / 1024:,.0f} KiB"

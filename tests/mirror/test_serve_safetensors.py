@@ -199,7 +199,8 @@ def test_the_mirror_page_plans_it_on_gpus_and_its_form_serves_it_with_overrides(
 
     assert "data-model-plan" in page and "Serve as a vLLM model" in page
     assert "l4-24g: tp 1</strong>" in page  # 32,768 by default: one L4 holds it
-    assert "16.1 GB" in page  # its weights, in decimal units as the rest of the page
+    assert "15.0 GiB" in page  # its weights, in the plan's units
+    assert "131,072 bytes a token" in page
 
     response = staff.post(
         "/mirror",
