@@ -340,3 +340,31 @@ def test_the_owners_limit_is_said_where_it_stops_a_replica(owner, limit, holds, 
     got = with_owner_limit(p, owner, policy, {"team:1": Amount(gpus=holds)})
 
     assert got.gpus[0].quota == (said or "")
+
+
+def test_gptq_int4_is_sized_as_stored_too():
+    config = {
+        **LLAMA_31_8B,
+        "quantization_config": {"bits": 4, "group_size": 128, "quant_method": "gptq"},
+    }
+    # GPTQ packs along the input: qweight (in/8, out) I32, qzeros (in/128, out/8) I32,
+    # scales (in/128, out) F16, g_idx (in,) I32.
+    tensors = []
+    for t in dense_tensors(config, "F16"):
+        if ".layers." not in t.name or not t.name.endswith("_proj.weight"):
+            tensors.append(t)
+            continue
+        rows, cols = t.shape
+        base = t.name.removesuffix(".weight")
+        tensors += [
+            Tensor(base + ".qweight", "I32", (cols // 8, rows)),
+            Tensor(base + ".qzeros", "I32", (cols // 128, rows // 8)),
+            Tensor(base + ".scales", "F16", (cols // 128, rows)),
+            Tensor(base + ".g_idx", "I32", (cols,)),
+        ]
+
+    m = hf_model(config, tensors)
+
+    assert m.parameters == 8_030_261_248
+    assert m.quantization == "gptq"
+    assert 5 * GIB < m.weights_bytes < 6 * GIB
