@@ -76,6 +76,7 @@ def weights_plan(request, weights_id: int, query: Query[PlanQuery]):
         utilization=query.gpu_memory_utilization,
         node_selector=plans.parse_selector(query.selector),
         owner=scope_find(query.owner) if query.owner else "",
+        kv_cache_dtype=query.kv_cache_dtype,
     )
     return {**plan.as_dict(), "ctx": plan.ctx}
 
@@ -86,7 +87,7 @@ def weights_plan(request, weights_id: int, query: Query[PlanQuery]):
 def model_serve(request):
     """Add a model sized by its weights' plan (llama.cpp for GGUF, vLLM for safetensors):
     {"weights", "name", "ctx"?, "file"?, "gpu_class"?, "gpu_memory_utilization"?, "cores"?,
-    "memory_gb"?, "node_selector"?, ...ModelIn fields to override}."""
+    "memory_gb"?, "node_selector"?, "kv_cache_dtype"?, ...ModelIn fields to override}."""
     spec, _ = plans.model_serve(data=json_body(request), actor=actor(request))
     return Status(201, fleet_listings.model_views(name=spec.name)[0])
 

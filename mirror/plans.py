@@ -36,6 +36,7 @@ _NOT_OVERRIDES = (
     "cores",
     "memory_gb",
     "node_selector",
+    "kv_cache_dtype",
 )
 
 
@@ -84,6 +85,7 @@ def weights_plan(
     utilization: float | None = None,
     node_selector: Mapping[str, str] | None = None,
     owner: str = "",
+    kv_cache_dtype: str | None = None,
 ) -> tuple[Plan | HfPlan, Weights, WeightFile | None]:
     """The plan for a GGUF file of some weights, or for the safetensors model they hold
     (config.json and *.safetensors, no file named); Invalid for files sizing cannot use or
@@ -104,6 +106,7 @@ def weights_plan(
                 utilization=check_utilization(utilization),
                 source=vllm_source(weights),
                 node_selector=node_selector,
+                kv_cache_dtype=kv_cache_dtype,
             )
             return with_owner_limit(p, owner, policy, usage), weights, None
         f = _gguf(weights_id, weights, files, file)
@@ -167,6 +170,7 @@ def model_serve(*, data: Mapping[str, Any], actor: str) -> tuple[ModelSpec, str]
     cores = _figure(data, "cores", (int,), "a whole number of cores")
     memory = _figure(data, "memory_gb", (int, float), "a number of GB")
     selector = _figure(data, "node_selector", (dict,), "an object of label: value")
+    cache = _figure(data, "kv_cache_dtype", (str,), "auto or fp8")
     if selector and not all(isinstance(v, str) for v in selector.values()):
         raise Invalid("node_selector must be an object of label: value, each a string.")
     owner = data.get("owner") if isinstance(data.get("owner"), str) else ""
@@ -182,6 +186,7 @@ def model_serve(*, data: Mapping[str, Any], actor: str) -> tuple[ModelSpec, str]
         utilization=util,
         node_selector=selector,
         owner=owner,
+        kv_cache_dtype=cache,
     )
     profile: dict[str, Any] = {}
     if cores is not None:

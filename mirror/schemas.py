@@ -47,6 +47,8 @@ class PlanQuery(Schema):
     selector: str | None = None
     # The scope whose capacity limit is asked about (by name or id).
     owner: str | None = None
+    # vLLM's --kv-cache-dtype: auto (the model's 16-bit dtype) or fp8.
+    kv_cache_dtype: str | None = None
 
 
 class GpuPlanOut(Schema):

@@ -114,6 +114,7 @@ def _plan_query(args: argparse.Namespace) -> dict[str, Any]:
         ("gpu_memory_utilization", args.gpu_memory_utilization),
         ("selector", ",".join(args.selector) if args.selector else None),
         ("owner", args.owner),
+        ("kv_cache_dtype", args.kv_cache_dtype),
     )
     return {k: v for k, v in pairs if v is not None}
 
@@ -275,4 +276,9 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--owner", help="the owner (org, team or project) whose capacity limit applies"
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        help="vLLM's KV cache dtype (default auto: the model's 16-bit one; fp8 halves it)",
     )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Bytes per value of each safetensors dtype (the format's own list).
@@ -95,6 +95,8 @@ class HfModel:
     context_length: int
     quantization: str = ""
     said: tuple[str, ...] = field(default=())
+    # Bytes a cached value takes: 2 in the model's 16-bit dtype (vLLM's "auto"), 1 in FP8.
+    kv_bytes: int = KV_BYTES
 
     @property
     def weights_bytes(self) -> int:
@@ -116,6 +118,23 @@ class HfModel:
         if self.mla:
             return 1.0
         return max(1, self.kv_heads // tp) / self.kv_heads
+
+
+# vLLM's --kv-cache-dtype values and the bytes a value takes in each.
+CACHE_DTYPES = {"auto": KV_BYTES, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def cached_in(model: HfModel, dtype: str | None) -> HfModel:
+    """The model with its KV cache in `dtype` (vLLM's `--kv-cache-dtype`; None is "auto");
+    HfError with a sentence for a dtype vLLM does not take."""
+    if dtype is None:
+        return model
+    size = CACHE_DTYPES.get(dtype)
+    if size is None:
+        known = ", ".join(CACHE_DTYPES)
+        raise HfError(f"kv_cache_dtype must be one of {known}, not {dtype!r}.")
+    per_layer = model.kv_per_layer // model.kv_bytes * size
+    return replace(model, kv_bytes=size, kv_per_layer=per_layer)
 
 
 def hf_model(config: Mapping[str, Any], tensors: Iterable[Tensor]) -> HfModel:

@@ -19,7 +19,7 @@ from typing import Any
 from fleet.domain.placement import NodeRoom
 
 from .gpus import DEFAULT_UTILIZATION, GIB, GpuOption, gpu_options
-from .hf import HfModel
+from .hf import HfError, HfModel, cached_in
 from .sizing import SizingError, _count
 
 # What a vLLM replica is asked for by default: 32,768 tokens a sequence, or the trained
@@ -37,6 +37,7 @@ class HfPlan:
     utilization: float
     gpus: tuple[GpuOption, ...]
     basis: str
+    kv_cache_dtype: str | None = None
 
     @property
     def fitting(self) -> list[GpuOption]:
@@ -106,8 +107,15 @@ def hf_plan(
     utilization: float | None = None,
     source: str = "",
     node_selector: Mapping[str, str] | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> HfPlan:
-    """Size `model` for sequences of `ctx` tokens on every GPU class among `rooms`."""
+    """Size `model` for sequences of `ctx` tokens on every GPU class among `rooms`, its KV
+    cache in `kv_cache_dtype` (vLLM's flag; None: the model's 16-bit dtype). SizingError
+    for a context, utilisation or cache dtype it cannot use."""
+    try:
+        model = cached_in(model, kv_cache_dtype)
+    except HfError as exc:
+        raise SizingError(str(exc)) from None
     ctx = choose_gpu_ctx(model, ctx, title)
     util = check_utilization(utilization)
     options = gpu_options(
@@ -120,7 +128,8 @@ def hf_plan(
         source=source,
         node_selector=dict(node_selector or {}),
     )
-    return HfPlan(model, title, ctx, util, tuple(options), _basis(model, title, ctx))
+    basis = _basis(model, title, ctx)
+    return HfPlan(model, title, ctx, util, tuple(options), basis, kv_cache_dtype)
 
 
 def vllm_profile(option: GpuOption, plan: HfPlan) -> dict[str, Any]:
@@ -141,7 +150,8 @@ def vllm_profile(option: GpuOption, plan: HfPlan) -> dict[str, Any]:
             str(plan.ctx),
             "--gpu-memory-utilization",
             f"{plan.utilization:g}",
-        ],
+        ]
+        + (["--kv-cache-dtype", plan.kv_cache_dtype] if plan.kv_cache_dtype else []),
     }
     if c.nodes > 1:
         profile.update(nodes=c.nodes, gpus_per_node=c.tp // c.nodes)
@@ -191,10 +201,10 @@ def serve_hf_model(
 def _basis(m: HfModel, title: str, ctx: int) -> str:
     dtypes = ", ".join(f"{_gib(n)} {d}" for d, n in m.bytes_by_dtype.items())
     if m.mla:
-        per_layer = f"{m.kv_per_layer // 2} latent values × 2 bytes"
+        per_layer = f"{m.kv_per_layer // m.kv_bytes} latent values × {_bytes_each(m)}"
     else:
         heads = "KV head" if m.kv_heads == 1 else "KV heads"
-        per_layer = f"{m.kv_heads} {heads} × {m.head_dim} × 2 (key and value) × 2 bytes"
+        per_layer = f"{m.kv_heads} {heads} × {m.head_dim} × 2 (key and value) × {_bytes_each(m)}"
     said = "".join(f"; {s}" for s in m.said)
     return (
         f"{title} ({m.architecture}, {_count(m.parameters)} parameters): {_gib(m.weights_bytes)} "
@@ -202,6 +212,10 @@ def _basis(m: HfModel, title: str, ctx: int) -> str:
         f"{per_layer}){said}, {_gib(m.kv_cache_bytes(ctx))} for a sequence of {ctx:,}; "
         f"trained on {m.context_length:,} tokens."
     )
+
+
+def _bytes_each(m: HfModel) -> str:
+    return "1 byte (FP8 cache)" if m.kv_bytes == 1 else f"{m.kv_bytes} bytes"
 
 
 def _gib(n: float) -> str:

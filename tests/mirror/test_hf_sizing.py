@@ -368,3 +368,21 @@ def test_gptq_int4_is_sized_as_stored_too():
     assert m.parameters == 8_030_261_248
     assert m.quantization == "gptq"
     assert 5 * GIB < m.weights_bytes < 6 * GIB
+
+
+def test_an_fp8_cache_halves_the_cache_and_is_passed_to_vllm():
+    m = hf_model(LLAMA_33_70B, dense_tensors(LLAMA_33_70B))
+    node = rooms(gpu_node("g", gpus=8))
+
+    auto = hf_plan(m, title="Llama", ctx=65536, rooms=node)
+    fp8 = hf_plan(m, title="Llama", ctx=65536, rooms=node, kv_cache_dtype="fp8")
+
+    assert fp8.model.kv_per_token == auto.model.kv_per_token // 2 == 163_840
+    # tp 2 leaves 72 - 65.7 = 6.3 GiB a GPU (80 GiB by the class's name): a sequence of
+    # 65,536 takes 10 GiB there in BF16, 5 GiB in FP8.
+    assert (auto.gpus[0].tp, fp8.gpus[0].tp) == (4, 2)
+    assert "× 1 byte (FP8 cache)" in fp8.basis
+    profile = serve_hf_model(fp8, name="l", source="x")["profiles"][0]
+    assert profile["args"][-2:] == ["--kv-cache-dtype", "fp8"]
+    with pytest.raises(SizingError, match="kv_cache_dtype must be one of auto, fp8"):
+        hf_plan(m, title="Llama", ctx=None, rooms=node, kv_cache_dtype="int4")

@@ -267,3 +267,23 @@ def test_the_form_serves_for_an_owner_at_its_limit_and_says_so_on_the_model(staf
         "Model llama: fits on l4-node, but team:Acme/ml is at its capacity limit (1 GPUs of 0)"
         in page
     )
+
+
+def test_an_fp8_cache_is_planned_and_served_through_the_api(api, weights):
+    node_add("one-l4", now=T0, gpus=(L4,))
+
+    plan = api.call("GET", f"/weights/{weights['id']}/plan?ctx=65536&kv_cache_dtype=fp8").json()
+    made = api.call(
+        "POST",
+        "/models/serve",
+        {"weights": weights["id"], "name": "llama", "ctx": 65536, "kv_cache_dtype": "fp8"},
+    )
+    bad = api.call("GET", f"/weights/{weights['id']}/plan?kv_cache_dtype=int4")
+
+    # 65,536 BF16 tokens (8 GiB) are past one L4's 5.3 GiB; in FP8 (4 GiB) they fit.
+    assert plan["kv_bytes_per_token"] == 65_536
+    assert (plan["gpus"][0]["tp"], plan["gpus"][0]["sequences"]) == (1, 1)
+    assert made.status_code == 201, made.content
+    args = Model.objects.get(name="llama").profiles.get().args
+    assert args[-2:] == ["--kv-cache-dtype", "fp8"]
+    assert bad.status_code == 400 and "kv_cache_dtype must be one of" in detail(bad)
