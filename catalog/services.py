@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import F
 
 from llmgw.core.errors import Conflict, Invalid, NotFound
+from mirror.checks import model_sizing_refusal
 from tenancy.selectors import scope_find
 from tenancy.services import audit_record
 
@@ -176,6 +177,8 @@ def _parsed(data: Mapping) -> tuple[Mapping, ModelSpec]:
         domain.new_model_warnings_as_errors(spec)
     except CatalogError as exc:
         raise Invalid(str(exc)) from None
+    if why := model_sizing_refusal(spec):
+        raise Invalid(why)
     return data, spec
 
 

@@ -7,6 +7,7 @@ from django.conf import settings
 from catalog.domain import MAX_REPLICAS, ModelSpec
 from llmgw.core import clock, reads
 from llmgw.core.errors import Invalid, NotFound
+from tenancy.quota import Policy
 
 from .domain.capacity import (
     NotMeasured,
@@ -109,3 +110,11 @@ def node_rooms() -> list:
     """Each node's free room as placement counts it now (for sizing what would fit where)."""
     st = standing(_standing_snapshot(), clock.now(), settings.LLMGW.timings)
     return list(st.inv.rooms.values())
+
+
+def node_rooms_and_quota() -> tuple[list, Policy, dict]:
+    """Each node's free room (as `node_rooms`), with the quota policy and what each scope
+    holds now: for saying where an owner's limit would stop a replica that fits."""
+    snap = _standing_snapshot()
+    st = standing(snap, clock.now(), settings.LLMGW.timings)
+    return list(st.inv.rooms.values()), snap.policy, dict(st.ctx.usage)

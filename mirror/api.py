@@ -11,6 +11,7 @@ from llmgw.core import clock
 from llmgw.core.api import actor, json_body
 from llmgw.core.errors import Invalid, NotFound
 from tenancy.auth import can
+from tenancy.selectors import scope_find
 
 from . import engines, plans, selectors, services
 from .schemas import EngineBuildOut, PlanOut, PlanQuery, WeightsIn, WeightsOut
@@ -66,8 +67,17 @@ def weights_remove(request, weights_id: int):
 
 @router.get("/weights/{weights_id}/plan", response=PlanOut, auth=can("mirror.view_weights"))
 def weights_plan(request, weights_id: int, query: Query[PlanQuery]):
-    """What a GGUF file of these weights needs under llama.cpp, and where it fits now."""
-    plan, _, _ = plans.weights_plan(weights_id=weights_id, ctx=query.ctx, file=query.file)
+    """What a GGUF file (llama.cpp) or a safetensors model (vLLM) of these weights needs, and
+    where it fits now: on CPU and per GPU class present, with the owner's limit if asked."""
+    plan, _, _ = plans.weights_plan(
+        weights_id=weights_id,
+        ctx=query.ctx,
+        file=query.file,
+        utilization=query.gpu_memory_utilization,
+        node_selector=plans.parse_selector(query.selector),
+        owner=scope_find(query.owner) if query.owner else "",
+        kv_cache_dtype=query.kv_cache_dtype,
+    )
     return {**plan.as_dict(), "ctx": plan.ctx}
 
 
@@ -75,9 +85,10 @@ def weights_plan(request, weights_id: int, query: Query[PlanQuery]):
     "/models/serve", response={201: ModelOut}, by_alias=True, auth=can("catalog.add_model")
 )
 def model_serve(request):
-    """Add a llama.cpp model sized by its weights' plan: {"weights", "name", "ctx"?, "file"?,
-    ...ModelIn fields to override}."""
-    spec = plans.model_serve(data=json_body(request), actor=actor(request))
+    """Add a model sized by its weights' plan (llama.cpp for GGUF, vLLM for safetensors):
+    {"weights", "name", "ctx"?, "file"?, "gpu_class"?, "gpu_memory_utilization"?, "cores"?,
+    "memory_gb"?, "node_selector"?, "kv_cache_dtype"?, ...ModelIn fields to override}."""
+    spec, _ = plans.model_serve(data=json_body(request), actor=actor(request))
     return Status(201, fleet_listings.model_views(name=spec.name)[0])
 
 

@@ -33,17 +33,40 @@ class WeightsActionForm(forms.Form):
 
 
 class ServeForm(forms.Form):
-    """A llama.cpp model from a ready GGUF file: its name, context pool and replicas.
+    """A model from ready weights: a llama.cpp model from a GGUF file (on CPU, or on a GPU
+    class), a vLLM model from a safetensors repository (no file); its name, context,
+    replicas, and what each replica reserves and where it may go (issue 37, item 5).
 
-    Figures are only read as whole numbers; model_serve and the catalog refuse the
-    rest (a context past the trained one, a max below min) with their sentences.
+    Figures are only read as numbers; model_serve and the catalog refuse the rest (a
+    context past the trained one, memory below the estimate, a max below min) with
+    their sentences.
     """
 
     weights = forms.IntegerField(widget=forms.HiddenInput)
-    file = forms.CharField(max_length=500, widget=forms.HiddenInput)
+    file = forms.CharField(max_length=500, required=False, widget=forms.HiddenInput)
     name = forms.CharField(
         max_length=200, widget=forms.TextInput(attrs={"placeholder": "gemma3-270m"})
     )
     ctx = forms.IntegerField(required=False, label="Context (tokens)")
     min = forms.IntegerField(required=False, label="Min replicas")
     max = forms.IntegerField(required=False, label="Max replicas")
+    gpu_class = forms.CharField(
+        required=False,
+        max_length=100,
+        label="GPU class",
+        widget=forms.TextInput(attrs={"placeholder": "each that fits"}),
+    )
+    cores = forms.IntegerField(required=False, label="Cores")
+    memory_gb = forms.FloatField(required=False, label="Memory (GB)")
+    selector = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Node selector",
+        widget=forms.TextInput(attrs={"placeholder": "zone=a,pool=chat"}),
+    )
+    owner = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Owner",
+        widget=forms.TextInput(attrs={"placeholder": "team:Acme/ml"}),
+    )

@@ -1,4 +1,5 @@
-"""Reads for the /mirror page: the plans of many ready GGUF files in one go.
+"""Reads for the /mirror page: the plans of many ready GGUF files and safetensors models in
+one go.
 
 `mirror.plans.weights_plan` sizes one file and reads the weights and the fleet's
 free room each time it is called; a page of thirty cards would read them thirty
@@ -15,8 +16,11 @@ from functools import lru_cache
 from fleet.dry_runs import node_rooms
 
 from . import store
+from .domain.hf import HfError, HfModel
+from .domain.hf_sizing import HfPlan, hf_plan
 from .domain.sizing import Plan, SizingError, plan
 from .gguf import GgufError, GgufInfo, read_gguf
+from .safetensors import read_hf
 
 # Headers kept per blob path: a blob is named by its digest, so its header never changes.
 _HEADERS = 256
@@ -27,15 +31,32 @@ def _header(path: str) -> GgufInfo:
     return read_gguf(path)
 
 
-def file_plans(files: Iterable[tuple[int, str, str]]) -> dict[tuple[int, str], Plan | str]:
+@lru_cache(maxsize=_HEADERS)
+def _model(files: tuple[tuple[str, str], ...]) -> HfModel:
+    return read_hf({path: store.blob(sha256) for path, sha256 in files})
+
+
+def file_plans(
+    files: Iterable[tuple[int, str, str]],
+    models: Iterable[tuple[int, str, dict[str, str]]] = (),
+) -> dict[tuple[int, str], Plan | HfPlan | str]:
     """For each ready file (weights id, path, verified sha256): its plan at the default
     context, or the sentence saying why it has none (not a GGUF file, a header sizing
-    cannot use). One read of the fleet whatever the count; none when there are no files."""
-    files = list(files)
-    if not files:
+    cannot use); for each safetensors model (weights id, its title, path → sha256 of its
+    files), its
+    GPU plan under the key (weights id, ""). One read of the fleet whatever the count;
+    none when there is nothing to plan."""
+    files, models = list(files), list(models)
+    if not files and not models:
         return {}
     rooms = node_rooms()
-    out: dict[tuple[int, str], Plan | str] = {}
+    out: dict[tuple[int, str], Plan | HfPlan | str] = {}
+    for weights_id, title, shas in models:
+        try:
+            model = _model(tuple(sorted(shas.items())))
+            out[weights_id, ""] = hf_plan(model, title=title, ctx=None, rooms=rooms)
+        except (HfError, SizingError) as exc:
+            out[weights_id, ""] = str(exc)
     for weights_id, path, sha256 in files:
         try:
             out[weights_id, path] = plan(_header(str(store.blob(sha256))), nodes=rooms)

@@ -26,9 +26,12 @@ from llmgw.core.permissions import needs, require
 from llmgw.core.sizes import size_text
 
 from . import page_selectors, plans, selectors, services
+from .domain.gpus import size_said
+from .domain.hf_sizing import HfPlan
 from .domain.progress import DOWNLOADING, FAILED, QUEUED, READY, STATES
 from .domain.sizing import Plan
 from .forms import ServeForm, WeightsActionForm, WeightsAddForm
+from .safetensors import is_hf
 
 TEMPLATE = "mirror/weights_list.html"
 FRAGMENTS = ("mirror-main", "weights-list", "weights-tabs")
@@ -180,6 +183,11 @@ _SERVE_FIELDS: tuple[tuple[str, str], ...] = (
     (r"^model \S+: max\b", "max"),
     (r"^(name\b|A model's name|A model named|'[^']*' names an action)", "name"),
     (r"^(ctx\b|The context)|was trained on", "ctx"),
+    (r"^cores\b", "cores"),
+    (r"^memory_gb\b|: it reserves [0-9.]+ GB", "memory_gb"),
+    (r"node selector|node_selector", "selector"),
+    (r"^gpu_class\b|^The fleet has no \S+ GPUs", "gpu_class"),
+    (r"^owner\b", "owner"),
 )
 
 
@@ -189,21 +197,33 @@ def _serve(request: HttpRequest, state: dict) -> Outcome:
     if not form.is_valid():
         return _serve_refused(state, form, key)
     given = form.cleaned_data
-    data: dict = {"weights": given["weights"], "name": given["name"], "file": given["file"]}
-    if given["ctx"] is not None:
-        data["ctx"] = given["ctx"]
+    data: dict = {"weights": given["weights"], "name": given["name"]}
+    for field in ("file", "ctx", "gpu_class", "cores", "memory_gb", "owner"):
+        if given[field] not in (None, ""):
+            data[field] = given[field]
+    try:
+        if selector := plans.parse_selector(given["selector"]):
+            data["node_selector"] = selector
+    except ServiceError as exc:
+        form.add_error("selector", str(exc))
+        return _serve_refused(state, form, key)
     scaling = {k: given[k] for k in ("min", "max") if given[k] is not None}
     if scaling:
         data["scaling"] = scaling
     try:
-        spec = plans.model_serve(data=data, actor=page_actor(request))
+        spec, quota = plans.model_serve(data=data, actor=page_actor(request))
     except ServiceError as exc:
         sentence = str(exc)
         field = next((f for pattern, f in _SERVE_FIELDS if re.search(pattern, sentence)), None)
         form.add_error(field, sentence)
         return _serve_refused(state, form, key)
     url = reverse("model", kwargs={"name": spec.name})
-    said = f"Model {spec.name} added from weights {given['weights']} ({given['file']})."
+    said = f"Model {spec.name} added from weights {given['weights']}" + (
+        f" ({given['file']})." if given["file"] else "."
+    )
+    if quota:
+        # Added all the same, to run once the limit allows: said where the model shows.
+        messages.warning(request, f"Model {spec.name}: {quota}.")
     if request.htmx:
         return Outcome(response=HttpResponse(status=204, headers={"HX-Redirect": url}))
     messages.success(request, said)
@@ -211,7 +231,7 @@ def _serve(request: HttpRequest, state: dict) -> Outcome:
 
 
 def _serve_refused(state: dict, form: ServeForm, key: tuple) -> Outcome:
-    if "weights" in form.errors or "file" in form.errors:
+    if "weights" in form.errors or "file" in form.errors or not key[0].isdigit():
         # The hidden fields the page writes: only a hand-made post gets them wrong.
         return Outcome(response=HttpResponseBadRequest("Say which weights and file to serve."))
     state["serve_forms"][int(key[0]), key[1]] = form
@@ -254,13 +274,20 @@ def _cards(tab: str, serve_forms: dict, card_errors: dict, *, follow: int | None
         for f in v["files"]
         if f["state"] == READY and f["sha256"] and _servable(v, f)
     ]
-    found = page_selectors.file_plans(wanted)
+    models = [
+        (v["id"], plans.title_of(v["source"]), {f["path"]: f["sha256"] for f in v["files"]})
+        for v in shown
+        if is_hf([f["path"] for f in v["files"]])
+        and all(f["state"] == READY and f["sha256"] for f in v["files"])
+    ]
+    found = page_selectors.file_plans(wanted, models)
     fetching = counts[QUEUED] + counts[DOWNLOADING] > 0
     cards = [_card(v, found, serve_forms, card_errors.get(v["id"], "")) for v in shown]
     # A refusal about weights not on this tab (removed meanwhile, or another state) still shows.
     here = {v["id"] for v in shown}
     elsewhere = [s for wid, s in card_errors.items() if wid not in here]
     placed = {(c["id"], f["path"]) for c in cards for f in c["files"] if f["form"] is not None}
+    placed |= {(c["id"], "") for c in cards if c["model"] and c["model"].get("form")}
     for key, form in serve_forms.items():
         if key not in placed:
             elsewhere += [e for errors in form.errors.values() for e in errors]
@@ -282,9 +309,33 @@ def _servable(view: dict, f: dict) -> bool:
     return f["path"].lower().endswith(".gguf") or len(view["files"]) == 1
 
 
+def _model(view: dict, found: dict, serve_forms: dict) -> dict | None:
+    """A safetensors model's plan (its weights as a whole: the key's file is ""), with the
+    serve form; its sentence when it has none; None for weights that are not one."""
+    key = (view["id"], "")
+    got = found.get(key)
+    if isinstance(got, HfPlan):
+        form = serve_forms.get(key) or ServeForm(
+            initial={"weights": view["id"], "file": "", "ctx": got.ctx},
+            auto_id=_serve_id(view["id"]),
+        )
+        return {
+            "plan": got,
+            "parameters": _count(got.model.parameters),
+            # In the plan's own units, as its sentences say them beside it.
+            "weights": size_said(got.model.weights_bytes),
+            "kv": f"{got.model.kv_per_token:,}",
+            "form": form,
+        }
+    if isinstance(got, str):
+        return {"plan": None, "said": got}
+    return None
+
+
 def _card(view: dict, found: dict, serve_forms: dict, refused: str) -> dict:
     files = [_file(view, f, found, serve_forms) for f in view["files"]]
     return {
+        "model": _model(view, found, serve_forms),
         **view,
         "size": _bytes(view["bytes_total"]),
         "size_exact": _exact(view["bytes_total"]),

@@ -1,5 +1,6 @@
-"""``llmgw ctl weights``: weights in the mirror, added, listed, shown, retried, removed;
-and ``llmgw ctl model serve``: a llama.cpp model sized from them."""
+"""``llmgw ctl weights``: weights in the mirror, added, listed, shown, planned, retried,
+removed; and ``llmgw ctl model serve``: a llama.cpp model (GGUF) or a vLLM model
+(safetensors) sized from them."""
 
 from __future__ import annotations
 
@@ -61,17 +62,65 @@ def render_one(w: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_gpus(plan: Mapping[str, Any]) -> list[str]:
+    """A line per GPU class present: its tp and what it holds, or why nothing fits."""
+    lines = []
+    for g in plan.get("gpus") or ():
+        if g.get("tp") is None:
+            lines.append(f"{g['gpu_class']}: does not fit. {g['said']}")
+            continue
+        where = ", ".join(g["fits"]) or "no node now"
+        lines.append(
+            f"{g['gpu_class']}: tp {g['tp']}"
+            + (f" over {g['nodes']} nodes" if (g.get("nodes") or 1) > 1 else "")
+            + f", {g['sequences']:,} {'sequence' if g['sequences'] == 1 else 'sequences'} "
+            f"of {plan['ctx']:,}; fits on: {where}. {g['said']}"
+        )
+        lines += [f"  {b}" for b in g["blocked"]]
+        if g.get("quota"):
+            lines.append(f"  {g['quota']}")
+    return lines
+
+
 def render_plan(plan: Mapping[str, Any]) -> str:
+    head = (
+        f"{plan['architecture']}, {plan['parameters']:,} parameters, {plan['quantization']}, "
+        f"trained on {plan['context_length']:,} tokens"
+    )
+    if plan.get("format") == "safetensors":
+        lines = [head, plan["basis"], f"on GPUs (vLLM, a sequence of {plan['ctx']:,}):"]
+        gpus = render_gpus(plan)
+        return "\n".join(lines + ([f"  {g}" for g in gpus] or ["  no node has GPUs"]))
     fits = ", ".join(plan["fits"]) or "no node now"
     lines = [
-        f"{plan['architecture']}, {plan['parameters']:,} parameters, {plan['quantization']}, "
-        f"trained on {plan['context_length']:,} tokens",
+        head,
         f"needs {plan['memory_gb']} GB and {plan['cpu_cores'] or DASH} cores at a context pool "
         f"of {plan['ctx']:,}: {plan['basis']}",
         f"fits on: {fits}",
     ]
     lines += [f"  {b}" for b in plan["blocked"]]
+    if plan.get("quota"):
+        lines.append(f"  {plan['quota']}")
+    gpus = render_gpus(plan)
+    if gpus:
+        lines += ["on GPUs (llama.cpp -ngl 999):", *(f"  {g}" for g in gpus)]
     return "\n".join(lines)
+
+
+def _plan_query(args: argparse.Namespace) -> dict[str, Any]:
+    pairs = (
+        ("ctx", args.ctx),
+        ("file", args.file),
+        ("gpu_memory_utilization", args.gpu_memory_utilization),
+        ("selector", ",".join(args.selector) if args.selector else None),
+        ("owner", args.owner),
+        ("kv_cache_dtype", args.kv_cache_dtype),
+    )
+    return {k: v for k, v in pairs if v is not None}
+
+
+def cmd_weights_plan(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get(f"/weights/{args.id}/plan", **_plan_query(args)), render_plan)
 
 
 def _wait(api: Api, weights_id: int, out: Output) -> Mapping[str, Any]:
@@ -116,8 +165,20 @@ def cmd_weights_rm(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.say(f"weights {args.id} removed, with the files nothing else holds")
 
 
+def _selector(items: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or ():
+        for part in item.split(","):
+            key, eq, value = part.partition("=")
+            if not eq or not key or not value:
+                raise CtlError(f"--selector takes KEY=VALUE, not {part!r}.")
+            out[key] = value
+    return out
+
+
 def cmd_model_serve(api: Api, args: argparse.Namespace, out: Output) -> None:
-    query = {k: v for k, v in (("ctx", args.ctx), ("file", args.file)) if v is not None}
+    query = _plan_query(args)
+    selector = _selector(args.selector)
     plan = api.get(f"/weights/{args.weights}/plan", **query)
     if not args.apply:
         out.show(
@@ -128,7 +189,15 @@ def cmd_model_serve(api: Api, args: argparse.Namespace, out: Output) -> None:
             ),
         )
         return
+    query.pop("selector", None)
     body: dict[str, Any] = {"weights": args.weights, "name": args.name, **query}
+    extra = (
+        ("gpu_class", args.gpu_class),
+        ("cores", args.cores),
+        ("memory_gb", args.memory),
+        ("node_selector", selector or None),
+    )
+    body.update({k: v for k, v in extra if v is not None})
     if args.max is not None:
         body["scaling"] = {"min": args.min if args.min is not None else 1, "max": args.max}
     elif args.min is not None:
@@ -144,9 +213,9 @@ def cmd_model_serve(api: Api, args: argparse.Namespace, out: Output) -> None:
 
 
 def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
-    """Add ``weights add|list|show|retry|rm`` and ``model serve``."""
+    """Add ``weights add|list|show|plan|retry|rm`` and ``model serve``."""
     model_actions = groups["model"]
-    weights = add(commands, "weights", "weights in the mirror: add, list, show, retry, rm")
+    weights = add(commands, "weights", "weights in the mirror: add, list, show, plan, retry, rm")
     actions = weights.add_subparsers(dest="action", required=True, metavar="ACTION")
     added = add(actions, "add", "add weights by source; the mirror fetches them", cmd_weights_add)
     added.add_argument("source", help="hf://ORG/REPO[@REV][/PATH-OR-GLOB], https://…, or a path")
@@ -159,18 +228,57 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
         ("rm", "delete weights no model uses", cmd_weights_rm),
     ):
         add(actions, name, help, handler).add_argument("id", type=whole_number)
+    planned = add(
+        actions,
+        "plan",
+        "what the weights need, on CPU and on each GPU class, and where they fit now",
+        cmd_weights_plan,
+    )
+    planned.add_argument("id", type=whole_number)
+    _plan_flags(planned)
     serve = add(
         model_actions,
         "serve",
-        "size a llama.cpp model from GGUF weights; --apply adds it",
+        "size a model from mirror weights (llama.cpp for GGUF, vLLM for safetensors); "
+        "--apply adds it",
         cmd_model_serve,
     )
     serve.add_argument(
         "weights", type=whole_number, help="the weights' id (llmgw ctl weights list)"
     )
     serve.add_argument("--name", required=True, help="the model's name in the catalog")
-    serve.add_argument("--ctx", type=whole_number, help="the context pool in tokens")
-    serve.add_argument("--file", help="which GGUF file, when the weights hold several")
+    _plan_flags(serve)
+    serve.add_argument(
+        "--gpu-class", help="serve on this GPU class only (default: each class that fits)"
+    )
+    serve.add_argument("--cores", type=whole_number, help="CPU cores a replica reserves")
+    serve.add_argument("--memory", type=float, help="GB of memory a replica reserves")
     serve.add_argument("--min", type=whole_number, help="replicas it always runs (default 1)")
     serve.add_argument("--max", type=whole_number, help="the most under load")
     serve.add_argument("--apply", action="store_true", help="add the model, not only show the plan")
+
+
+def _plan_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ctx", type=whole_number, help="tokens: the context pool (GGUF), a sequence (vLLM)"
+    )
+    parser.add_argument("--file", help="which GGUF file, when the weights hold several")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="the share of each GPU's memory vLLM may take (default 0.9)",
+    )
+    parser.add_argument(
+        "--selector",
+        action="append",
+        metavar="KEY=VALUE",
+        help="only nodes with this label (repeat for several)",
+    )
+    parser.add_argument(
+        "--owner", help="the owner (org, team or project) whose capacity limit applies"
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        help="vLLM's KV cache dtype (default auto: the model's 16-bit one; fp8 halves it)",
+    )

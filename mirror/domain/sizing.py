@@ -21,8 +21,12 @@ CPU profile the plan makes, on the free room placement counts (its NodeRoom):
 a node's state, cordon, drain and engines in placement's own words, then free
 memory and free cores, said with the figures ("cpu-1 has 12 GB free of 64 GB;
 Gemma 3 270m needs 3 GB."). The profile is CPU-only, as the seed's serve made
-it; a CPU profile may run on a GPU node's host memory, and GPU offload is not
-estimated.
+it; a CPU profile may run on a GPU node's host memory.
+
+On GPUs (`Plan.gpus`), llama.cpp with every layer offloaded (`-ngl 999`) holds the
+file and the f16 cache for the pool in GPU memory, split by layers between the
+GPUs it is given: per GPU class present, the fewest GPUs (1, 2, 4, 8 on one node)
+whose memory at the same 0.9 headroom vLLM is given holds them (mirror.domain.gpus).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from typing import Any
 from catalog.domain import Profile, suggested_cores
 from fleet.domain.placement import NodeRoom, could_ever_run, refuse
 from mirror.gguf import GgufInfo
+
+from .gpus import DEFAULT_UTILIZATION, GpuOption, gpu_options
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -72,10 +78,18 @@ class Plan:
     basis: str
     fits: tuple[str, ...] = ()
     blocked: tuple[str, ...] = ()
+    gpus: tuple[GpuOption, ...] = ()
+    # Where the owner's capacity limit stops a replica that fits (mirror.plans), or "".
+    quota: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """The `GET /weights/{id}/plan` answer (interfaces.md)."""
         return {
+            "format": "gguf",
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes_per_token": self.kv_cache_bytes // self.ctx,
+            "gpu_memory_utilization": DEFAULT_UTILIZATION,
+            "gpus": [g.as_dict() for g in self.gpus],
             "architecture": self.architecture,
             "parameters": self.parameters,
             "quantization": self.quantization,
@@ -85,7 +99,31 @@ class Plan:
             "basis": self.basis,
             "fits": list(self.fits),
             "blocked": list(self.blocked),
+            "quota": self.quota or None,
         }
+
+
+@dataclass(frozen=True)
+class GgufOnGpus:
+    """A GGUF file as mirror.domain.gpus sizes it: llama.cpp splits layers, so the file and
+    the cache are shared evenly between the GPUs, at any count."""
+
+    info: GgufInfo
+    attention_heads: int = 1
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.info.size_bytes
+
+    @property
+    def kv_per_token(self) -> int:
+        return kv_cache_bytes(self.info, 1)
+
+    def kv_cache_bytes(self, ctx: int) -> int:
+        return kv_cache_bytes(self.info, ctx)
+
+    def kv_share(self, tp: int) -> float:
+        return 1 / tp
 
 
 def kv_cache_bytes(info: GgufInfo, ctx: int) -> int:
@@ -120,6 +158,7 @@ def plan(
     ctx: int | None = None,
     nodes: Iterable[NodeRoom],
     cores: int | None = None,
+    node_selector: Mapping[str, str] | None = None,
 ) -> Plan:
     """Size a replica of the model in `info` for a context pool of `ctx` tokens (see
     `choose_ctx`) and say where it fits among `nodes`.
@@ -138,6 +177,7 @@ def plan(
     total = weights + kv + overhead
     memory_gb = -(-total // GIB)  # whole GiB, rounded up, in integers: exact at any size
     rooms = sorted(nodes, key=lambda r: r.node.id)
+    selector = dict(node_selector or {})
     if cores is None:
         sized = _profile(memory_gb, 0, ctx)
         cores = suggested_cores(
@@ -146,7 +186,7 @@ def plan(
         )
     fits, blocked = [], []
     for room in rooms:
-        why = _refuse(room, memory_gb, cores, ctx, _title(info))
+        why = _refuse(room, memory_gb, cores, ctx, _title(info), selector)
         if why is None:
             fits.append(room.node.id)
         else:
@@ -166,6 +206,17 @@ def plan(
         basis=_basis(info, ctx, weights, kv, overhead, memory_gb),
         fits=tuple(fits),
         blocked=tuple(blocked),
+        gpus=tuple(
+            gpu_options(
+                GgufOnGpus(info),
+                ctx=ctx,
+                rooms=rooms,
+                utilization=DEFAULT_UTILIZATION,
+                title=_title(info),
+                engine="llamacpp",
+                node_selector=selector,
+            )
+        ),
     )
 
 
@@ -184,12 +235,41 @@ def llamacpp_profile(plan: Plan, *, name: str = PROFILE_NAME) -> dict[str, Any]:
     return profile
 
 
+def llamacpp_gpu_profile(plan: Plan, gpu_class: str) -> dict[str, Any]:
+    """The catalog profile for llama.cpp on GPUs of `gpu_class` (the agent offloads every
+    layer, `--n-gpu-layers 999`), on as many GPUs as the plan found it needs there; SizingError with the
+    plan's sentence when it found none, or the fleet has no such GPUs."""
+    option = next((o for o in plan.gpus if o.gpu_class == gpu_class), None)
+    if option is None:
+        present = ", ".join(o.gpu_class for o in plan.gpus) or "none"
+        raise SizingError(f"The fleet has no {gpu_class} GPUs; it has {present}.")
+    if option.chosen is None:
+        raise SizingError(option.said)
+    return {
+        "name": gpu_class,
+        "engine": "llamacpp",
+        "gpu_class": gpu_class,
+        "tp": option.chosen.tp,
+        # The agent offloads every layer of a shard given GPUs (--n-gpu-layers 999).
+        "args": ["--ctx-size", str(plan.ctx)],
+    }
+
+
 def serve_model(
-    plan: Plan, *, name: str, source: str, overrides: Mapping[str, Any] | None = None
+    plan: Plan,
+    *,
+    name: str,
+    source: str,
+    gpu_class: str | None = None,
+    profile_overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The model `POST /models/serve` adds (ModelIn's shape, for catalog.domain.parse_model):
-    one llama.cpp profile sized by `plan`, a chat model whose requests may use the whole
-    context pool, with `overrides` (ModelIn fields) replacing what they name."""
+    one llama.cpp profile sized by `plan` (on CPU, or on `gpu_class` GPUs), a chat model
+    whose requests may use the whole context pool, with `profile_overrides` (cpu_cores,
+    min_memory_gb, node_selector) on the profile and `overrides` (ModelIn fields)
+    replacing what they name."""
+    profile = llamacpp_gpu_profile(plan, gpu_class) if gpu_class else llamacpp_profile(plan)
     described = ", ".join(
         p for p in (plan.name, plan.quantization, _count(plan.parameters) + " parameters") if p
     )
@@ -199,13 +279,15 @@ def serve_model(
         "description": described,
         "routing_profile": "chat",
         "context_length": plan.ctx,
-        "profiles": [llamacpp_profile(plan)],
+        "profiles": [{**profile, **(profile_overrides or {})}],
     }
     data.update(overrides or {})
     return data
 
 
-def _profile(memory_gb: int, cores: int, ctx: int) -> Profile:
+def _profile(
+    memory_gb: int, cores: int, ctx: int, selector: Mapping[str, str] | None = None
+) -> Profile:
     """The profile placement would be asked about; 0 leaves memory or cores out."""
     return Profile(
         name=PROFILE_NAME,
@@ -213,14 +295,22 @@ def _profile(memory_gb: int, cores: int, ctx: int) -> Profile:
         args=("--ctx-size", str(ctx)),
         min_memory_gb=float(memory_gb) or None,
         cpu_cores=cores or None,
+        node_selector=dict(selector or {}),
     )
 
 
-def _refuse(room: NodeRoom, memory_gb: int, cores: int, ctx: int, title: str) -> str | None:
+def _refuse(
+    room: NodeRoom,
+    memory_gb: int,
+    cores: int,
+    ctx: int,
+    title: str,
+    selector: Mapping[str, str] | None = None,
+) -> str | None:
     """Placement's refusal of the profile, with memory and cores said as the plan's."""
-    # State, cordon, drain and engine are placement's own sentences; memory and cores
-    # are the same tests as placement's, worded with the model and units.
-    if why := refuse(room, _profile(0, 0, ctx), frozenset(), ""):
+    # State, cordon, drain, labels and engine are placement's own sentences; memory and
+    # cores are the same tests as placement's, worded with the model and units.
+    if why := refuse(room, _profile(0, 0, ctx, selector), frozenset(), ""):
         return f"{why}."
     node = room.node
     free = room.memory_free
@@ -278,3 +368,45 @@ def _count(n: int) -> str:
     if n >= 10**6:
         return f"{n / 10**6:.0f}M"
     return f"{n:,}"
+
+
+# llama-server's own default when a profile gives no --ctx-size.
+LLAMACPP_DEFAULT_CTX = 4096
+
+
+def profile_ctx(args: Iterable[str]) -> int | None:
+    """The context pool a llama.cpp profile's arguments ask (`--ctx-size N`, `-c N`,
+    `--ctx-size=N`); None when they do not say, or say it as something not a number."""
+    args = list(args)
+    for i, a in enumerate(args):
+        value = None
+        if a in ("--ctx-size", "-c") and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith("--ctx-size="):
+            value = a.split("=", 1)[1]
+        if value is not None:
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def profile_refusal(info: GgufInfo, profile: Profile, *, model: str) -> str | None:
+    """Why a llama.cpp profile on this GGUF file cannot run as declared, in the sentences
+    the plan and serve use; None when it can. Its context must be within the trained one
+    (0 is llama.cpp's "the trained context"), and a CPU profile must reserve the memory
+    the plan estimates for that context."""
+    where = f"model {model}, profile {profile.name}"
+    asked = profile_ctx(profile.args)
+    ctx = info.context_length if asked == 0 else asked
+    if ctx is None:
+        ctx = min(info.context_length, LLAMACPP_DEFAULT_CTX)
+    try:
+        p = plan(info, ctx=ctx, nodes=())
+    except SizingError as exc:
+        return f"{where}: {exc}"
+    reserved = profile.min_memory_gb
+    if profile.cpu_only and reserved is not None and reserved < p.memory_gb:
+        return (
+            f"{where}: it reserves {reserved:g} GB, and {_title(info)} needs {p.memory_gb} GB at a "
+            f"context of {ctx:,}: {p.basis} Reserve {p.memory_gb} GB or lower --ctx-size."
+        )
+    return None

@@ -8,6 +8,7 @@ node. Set LLMGW_SCREENSHOTS to a folder to keep a screenshot of the page.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.harness import Cluster, wait_for
 from tests.mirror.ggufs import write_gguf
+from tests.mirror.hf_configs import QWEN25_7B, dense_tensors, write_safetensors
 
 from .conftest import CHROMIUM, NO_CHROMIUM, _staff_user_made, browsing, log_in
 
@@ -94,3 +96,49 @@ def test_weights_added_on_the_page_arrive_and_are_served_as_a_model(mirror_conso
     page.on("dialog", lambda dialog: dialog.accept())
     page.locator("article button[data-remove]").click()
     expect(page.locator("article [data-refused]")).to_contain_text("are used by tiny")
+
+
+def test_a_safetensors_folder_is_planned_on_gpus_and_served_as_vllm(mirror_console, mirror_page):
+    cluster, gguf = mirror_console
+    folder = gguf.parent / "qwen2.5-7b"
+    (folder).mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN25_7B))
+    write_safetensors(folder / "model.safetensors", dense_tensors(QWEN25_7B))
+    page = mirror_page
+    page.goto("/mirror")
+    page.wait_for_load_state()
+
+    form = page.locator("#weights-add-form")
+    form.locator("[name=source]").fill(str(folder))
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#notice")).to_contain_text("queued for the mirror's worker")
+    wait_for(
+        "the folder fetched",
+        lambda: any(
+            w["source"] == str(folder) and w["state"] == "ready" for w in cluster.get("/weights")
+        ),
+    )
+    page.goto("/mirror?state=ready")
+    card = page.locator("article[data-state=ready]").filter(has_text=str(folder))
+    plan = card.locator("[data-model-plan]")
+    expect(plan).to_contain_text("Qwen2ForCausalLM")
+    # 14.2 GiB of BF16 weights and a sequence of 32,768 fit one simulated H100.
+    expect(plan.locator("[data-gpu-class=h100-80g]")).to_contain_text("h100-80g: tp 1")
+    if shots := os.environ.get("LLMGW_SCREENSHOTS"):
+        page.screenshot(
+            path=str(Path(shots) / "mirror-safetensors.png"), full_page=True, caret="initial"
+        )
+
+    serve = plan.locator("form.serve")
+    serve.locator("[name=name]").fill("qwen")
+    serve.locator("[name=cores]").fill("4")
+    serve.locator("[name=selector]").fill("zone")
+    serve.locator("button[type=submit]").click()
+    expect(
+        page.locator("[data-model-plan] form.serve [data-field=selector] .errorlist")
+    ).to_contain_text("A node selector is key=value")
+    page.locator("[data-model-plan] form.serve [name=selector]").fill("zone=a")
+    page.locator("[data-model-plan] form.serve button[type=submit]").click()
+    expect(page).to_have_url(re.compile(r"/models/qwen$"))
+    (model,) = [m for m in cluster.get("/models") if m["name"] == "qwen"]
+    assert model["source"] == str(folder)

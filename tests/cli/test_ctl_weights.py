@@ -96,3 +96,55 @@ def test_replicas_show_how_far_a_fetch_got(capsys):
 
     assert code == 0
     assert table(out)[1][3] == "fetching 40% of 250 MB"
+
+
+def test_a_safetensors_repository_is_planned_and_served_as_vllm_from_ctl(
+    capsys,
+    server,
+    api,
+    tmp_path,
+    monkeypatch,
+    mirror_dir,  # noqa: F811
+):
+    from huggingface_hub import constants
+
+    from fleet.models import Replica
+    from fleet.reconciler import reconcile_once
+    from tests.fleet.builders import L4, node_add
+    from tests.mirror.hub import Hub
+    from tests.mirror.test_serve_safetensors import T0, llama_repo
+
+    hub = Hub(repos={"meta-llama/Llama-3.1-8B-Instruct": llama_repo(tmp_path)}).start()
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    try:
+        node_add("l4-node", now=T0, gpus=(L4, L4))
+        code, _, err = _ctl(
+            capsys, server, "weights", "add", "hf://meta-llama/Llama-3.1-8B-Instruct"
+        )
+        assert code == 0, err
+        work_until_idle()
+
+        code, out, err = _ctl(capsys, server, "weights", "plan", _id(), "--ctx", "131072")
+        assert code == 0, err
+        assert "LlamaForCausalLM, 8,030,261,248 parameters, BF16, trained on 131,072" in out
+        assert "l4-24g: tp 2, 1 sequence of 131,072; fits on: l4-node." in out
+
+        code, out, err = _ctl(
+            capsys, server, "model", "serve", _id(), "--name", "llama", "--ctx", "131072",
+            "--selector", "zone=a", "--cores", "4", "--apply",
+        )  # fmt: skip
+        # Placed nowhere yet: no node has the label, which placement says.
+        assert code == 0, err
+        assert "model llama added" in out
+        profile = Model.objects.get(name="llama").profiles.get()
+        assert (profile.engine, profile.tp, profile.node_selector) == ("vllm", 2, {"zone": "a"})
+        reconcile_once(now=T0)
+        assert not Replica.objects.filter(model="llama").exists()
+    finally:
+        hub.stop()
+
+
+def test_a_bad_selector_is_said_before_asking(capsys, server):
+    code, _, err = _ctl(capsys, server, "model", "serve", "1", "--name", "x", "--selector", "zone")
+
+    assert code != 0 and "--selector takes KEY=VALUE, not 'zone'" in err

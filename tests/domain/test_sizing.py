@@ -180,6 +180,13 @@ def test_the_plan_answers_the_contract():
         "basis": p.basis,
         "fits": ["cpu-1"],
         "blocked": [],
+        # Issue 36: the GPU figures beside the CPU plan's (no GPU node here: none).
+        "format": "gguf",
+        "weights_bytes": p.weights_bytes,
+        "kv_bytes_per_token": 32 * 8 * (128 + 128) * 2,
+        "gpu_memory_utilization": 0.9,
+        "gpus": [],
+        "quota": None,
     }
 
 

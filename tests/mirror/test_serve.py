@@ -139,3 +139,19 @@ def test_no_model_may_be_called_serve_which_is_the_action(api, mirror_dir):  # n
 
     assert response.status_code == 400
     assert "names an action of the API" in detail(response)
+
+
+def test_the_plan_says_where_the_owners_limit_stops_a_replica_that_fits(api, weights):
+    _cpu_node("big", memory_gb=64, cpus=16)
+    api.call("POST", "/orgs", {"name": "Acme"})
+    api.call("POST", "/teams", {"org": "Acme", "name": "ml"})
+    api.call("PUT", "/quotas", {"scope": "team:Acme/ml", "limit": {"memory_gb": 1}})
+
+    plan = api.call("GET", f"/weights/{weights['id']}/plan?ctx=4096&owner=team:Acme/ml").json()
+    free = api.call("GET", f"/weights/{weights['id']}/plan?ctx=4096").json()
+
+    # 2 GB a replica, against a limit of 1.
+    assert plan["quota"] == (
+        "fits on big, but team:Acme/ml is at its capacity limit (2 GB of memory of 1)"
+    )
+    assert free["quota"] is None

@@ -7,7 +7,7 @@ from catalog.domain import new_model_warnings_as_errors, parse_model
 from fleet.domain.placement import Inventory
 from mirror.domain.sizing import GIB, plan, serve_model
 from mirror.gguf import read_gguf
-from tests.domain.builders import cpu_node
+from tests.domain.builders import cpu_node, gpu_node
 
 from .ggufs import write_gguf
 
@@ -110,3 +110,29 @@ def test_per_layer_kv_heads_take_the_largest_and_say_so(tmp_path):
     assert p.basis.endswith(
         "its layers have 0 to 8 KV heads, and the largest is counted for every layer."
     )
+
+
+def test_a_gguf_on_gpus_is_planned_for_llamacpp_with_every_layer_offloaded(gemma_gguf):
+    node = gpu_node("g", gpus=1, gpu_class="l4-24g", engines=["llamacpp"])
+
+    p = plan(read_gguf(gemma_gguf), nodes=rooms(node, cpu_node("cpu-1")))
+
+    (option,) = p.gpus
+    # 0.9 × 24 GiB = 21.6 GiB, less 242 MiB of weights: 21.36 GiB, which holds 75 pools of
+    # 16,384 tokens at 288 MiB each.
+    assert (option.gpu_class, option.tp, option.chosen.sequences) == ("l4-24g", 1, 75)
+    assert option.fits == ("g",)
+    assert option.said == (
+        "Gemma 3 270m needs 241 MiB of weights; on l4-24g (24.0 GiB a GPU) at 0.9 utilisation, "
+        "tp 1 leaves about 21.4 GiB a GPU, 75 sequences of 16,384."
+    )
+    data = serve_model(p, name="g", source="x", gpu_class="l4-24g")
+    assert data["profiles"] == [
+        {
+            "name": "l4-24g",
+            "engine": "llamacpp",
+            "gpu_class": "l4-24g",
+            "tp": 1,
+            "args": ["--ctx-size", "16384"],
+        }
+    ]
