@@ -216,7 +216,13 @@ def test_the_counters_count_every_node_whatever_the_filter():
         ]
     )  # fmt: skip
     table = ps.nodes_table(state="lost")
-    assert table.counters == {"nodes_ready": 1, "nodes": 2, "gpus_free": 3, "gpus": 5}
+    assert table.counters == {
+        "nodes_ready": 1,
+        "nodes": 2,
+        "gpus_free": 3,
+        "gpus": 5,
+        "gpus_idle_not_free": "",
+    }
     assert table.down == [("B", "lost")]
     assert table.classes == ["h100-80g", "l4-24g"]
     assert [r[0] for r in table.shown(of_class=False)] == ["B"]
