@@ -242,6 +242,8 @@ def model_views(*, name: str | None = None) -> list[dict]:
                 "min": spec.min_replicas,
                 "max": spec.max_replicas,
                 "idle_timeout": spec.idle_timeout_s,
+                "target_waiting": spec.target_waiting,
+                "kv_ceiling": spec.kv_ceiling,
                 "on_demand": spec.on_demand,
                 "status": status,
                 "reason": reason,
