@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict
 from datetime import datetime
 
 from django.db.models.fields.json import KeyTransform
@@ -14,6 +15,7 @@ from llmgw.core import clock
 from llmgw.core.errors import NotFound
 
 from .domain.gpuclass import CLASS_LABEL
+from .domain.readings import Reading
 from .domain.reconcile import desired_replicas, held_for
 from .domain.spread import location_of
 from .domain.types import (
@@ -24,7 +26,7 @@ from .domain.types import (
 )
 from .engine_installs import installing_said, installs_of
 from .models import Gpu, Node, Replica, Shard
-from .selectors import model_states, replica_views
+from .selectors import model_states, replica_readings, replica_views
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -70,10 +72,20 @@ def replicas_list(*, model: str | None = None) -> list[dict]:
     endpoints = dict(shards.values_list("id", "endpoint"))
     views = sorted(replica_views(model=model), key=lambda r: (r.model, r.created_at))
     fetching = replicas_fetching()
+    readings = replica_readings(views)
     return [
-        {**replica_out(r, catalog.get(r.model), endpoints), "fetching": fetching.get(r.id)}
+        {
+            **replica_out(r, catalog.get(r.model), endpoints),
+            "fetching": fetching.get(r.id),
+            "engine": reading_out(readings.get(r.id)),
+        }
         for r in views
     ]
+
+
+def reading_out(reading: Reading | None) -> dict | None:
+    """A replica's engine reading as the API and the pages show it; None when none said."""
+    return asdict(reading) if reading is not None else None
 
 
 def replicas_fetching() -> dict[str, dict]:

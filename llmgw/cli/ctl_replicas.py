@@ -75,12 +75,30 @@ def render_replicas(replicas: list[dict[str, Any]]) -> str:
                 state,
                 joined(nodes),
                 shard_gpus(shards),
+                *engine_cells(r.get("engine")),
                 r.get("endpoint"),
                 age(r.get("created_at")),
             ]
         )
-    headers = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES", "GPUS", "ENDPOINT", "AGE"]
+    headers = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES", "GPUS"]
+    headers += ["RUN", "WAIT", "KV", "HITS", "ENDPOINT", "AGE"]
     return render(headers, rows)
+
+
+def engine_cells(engine: Any) -> list[str]:
+    """What a replica's engine said: requests running and waiting, KV cache use and prefix
+    cache hit rate as percentages; ``-`` for each it did not say (absent, not 0)."""
+    said = engine if isinstance(engine, dict) else {}
+
+    def share(value: Any) -> str:
+        return f"{value:.0%}" if isinstance(value, int | float) else "-"
+
+    return [
+        cell(said.get("running")),
+        cell(said.get("waiting")),
+        share(said.get("kv_cache")),
+        share(said.get("prefix_hit_rate")),
+    ]
 
 
 def cmd_replicas(api: Api, args: argparse.Namespace, out: Output) -> None:

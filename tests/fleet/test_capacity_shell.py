@@ -236,6 +236,7 @@ def test_the_reconciler_takes_engine_load_and_scales_up_held_busy(no_settle, set
 def test_kv_caches_full_past_the_models_ceiling_scale_it_up_with_nothing_waiting(
     no_settle, settings
 ):
+    from fleet import listings
     from fleet.models import EventRecord
     from fleet.selectors import replica_readings, replica_views
 
@@ -253,6 +254,8 @@ def test_kv_caches_full_past_the_models_ceiling_scale_it_up_with_nothing_waiting
 
     assert replica_readings(replica_views())[first.id] == Reading(4, 0, 0.93, 0.5)
     assert replica_readings()[first.id] == Reading(4, 0, 0.93, 0.5)  # the gateway's: every one
+    [listed] = [r for r in listings.replicas_list(model="chat") if r["id"] == first.id]
+    assert listed["engine"] == said
     assert ModelState.objects.get(pk="chat").extra == 1
     assert EventRecord.objects.filter(
         message__contains="its engines' KV caches 93% full on average, above its ceiling of 80%"
