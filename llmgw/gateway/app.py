@@ -174,12 +174,12 @@ class Runtime(State):
         read while no model has a ready replica. A failed read keeps the last: it is a
         guide to routing, not a condition of it."""
         if not self.tables.upstreams:
-            self.readings = {}
+            self.readings_read({})
             return
         from fleet.selectors import replica_readings
 
         try:
-            self.readings = await in_a_thread(replica_readings)()
+            self.readings_read(await in_a_thread(replica_readings)())
         except Exception:  # noqa: BLE001 - the database being away: route on what we have
             log.warning("could not read the engines' readings; keeping the last", exc_info=True)
 

@@ -19,18 +19,25 @@ from fleet.domain.readings import Reading
 KV_FULL = 0.9
 
 
-def replica_load(inflight: int, weight: int, reading: Reading | None) -> float:
+def replica_load(
+    inflight: int, weight: int, reading: Reading | None, ours_then: int | None = None
+) -> float:
     """The load a request adds itself to on this replica, per unit of its weight.
 
-    The requests it holds are what this gateway has in flight to it, or what its engine
-    said it runs and queues when that is more (the others' requests); each request queued
-    in the engine counts once more (a new one waits behind it, where a running one only
-    shares the batch); a KV cache at or past `KV_FULL` doubles the lot. With no reading,
-    the requests in flight here and this one, as routing by in-flight counts was."""
+    The requests it holds are what this gateway has in flight to it now, and the others'
+    (other gateways', other clients'): what its engine said it runs and queues, less what
+    this gateway had in flight to it when the reading was taken (`ours_then`; not known,
+    the larger of the two is taken). Each request queued in the engine counts once more (a
+    new one waits behind it, where a running one only shares the batch); a KV cache at or
+    past `KV_FULL` doubles the lot. With no reading, the requests in flight here and this
+    one, as routing by in-flight counts was."""
     held = inflight
     penalty = 0
     if reading is not None:
-        held = max(inflight, reading.queued)
+        if ours_then is None:
+            held = max(inflight, reading.queued)
+        else:
+            held = inflight + max(reading.queued - ours_then, 0)
         penalty = reading.waiting or 0
         if reading.kv_cache is not None and reading.kv_cache >= KV_FULL:
             penalty += held + 1

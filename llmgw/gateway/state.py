@@ -111,6 +111,7 @@ class State:
         self.inflight: dict[str, int] = {}
         # What each ready replica's engine last said (`scoring`), read every few seconds.
         self.readings: dict[str, Reading] = {}
+        self.inflight_read: dict[str, int] = {}  # our in-flight counts when they were read
         self.suspect: dict[str, float] = {}
         self.turn = 0
         self.prefixes: dict[str, PrefixTable] = {}  # per model, what its replicas served lately
@@ -194,9 +195,14 @@ class State:
         fresh = [u for u in candidates if self.suspect.get(u.replica_id, 0) <= now]
         if not fresh:
             return Picked(candidates[0], "suspect") if candidates else None
-        inflight, readings = self.inflight, self.readings
+        inflight, readings, then = self.inflight, self.readings, self.inflight_read
         loads = [
-            replica_load(inflight.get(u.replica_id, 0), u.weight, readings.get(u.replica_id))
+            replica_load(
+                inflight.get(u.replica_id, 0),
+                u.weight,
+                readings.get(u.replica_id),
+                then.get(u.replica_id, 0),
+            )
             for u in fresh
         ]
         routings = {u.routing for u in fresh}
@@ -217,6 +223,12 @@ class State:
         up = fresh[choice.index]
         held = inflight.get(up.replica_id, 0)
         return Picked(up, choice.how, choice.depth, len(prefix), held, readings.get(up.replica_id))
+
+    def readings_read(self, readings: dict[str, Reading]) -> None:
+        """The engines' readings, just read: kept with this gateway's in-flight counts now,
+        which the engines' counts include (`scoring.replica_load` takes them out again)."""
+        self.readings = readings
+        self.inflight_read = {r: self.inflight.get(r, 0) for r in readings}
 
     def served(self, up: Upstream, req: Request) -> None:
         """`up` answered `req`: its engine holds the prompt's leading blocks now. Not before

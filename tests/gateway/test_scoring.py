@@ -121,3 +121,19 @@ def test_the_trace_says_what_the_engine_said_of_the_replica_chosen():
     assert routing_why(Picked(up, "least_loaded", inflight=1), 3) == (
         "fewest requests in flight (1) of 3 ready"
     )
+
+
+def test_our_own_requests_the_engine_counted_are_not_counted_twice():
+    # The engine ran 6 when read, 4 of them ours; we have 1 in flight now: 1 + the others' 2.
+    assert replica_load(1, 1, Reading(running=6, waiting=0), ours_then=4) == 4.0
+    # More of ours since the reading: counted from our own count, now.
+    assert replica_load(7, 1, Reading(running=6, waiting=0), ours_then=4) == 10.0
+    # The engine finished some of ours before it was read: the others' are never below 0.
+    assert replica_load(3, 1, Reading(running=1, waiting=0), ours_then=4) == 4.0
+
+
+@given(inflight=counts, then=counts, reading=readings, more=st.integers(1, 50))
+def test_with_our_count_then_more_others_never_make_it_less_loaded(inflight, then, reading, more):
+    base = reading or Reading()
+    busier = Reading((base.running or 0) + more, base.waiting, base.kv_cache)
+    assert replica_load(inflight, 1, busier, then) >= replica_load(inflight, 1, reading, then)
