@@ -5,7 +5,8 @@ plus behaviour switches a profile's args can carry:
 
 - ``--exit-with CODE``: print a line and exit at once with CODE;
 - ``--never-ready``: /health answers 503 forever;
-- ``--running N --waiting N --kv F``: the figures /metrics reports.
+- ``--running N --waiting N --kv F``: the figures /metrics reports; its prefix cache's
+  counters grow by 100 tokens looked up and 30 found at each read.
 
 /metrics wants the key from ``LLMGW_ENGINE_API_KEY``, as a real engine would.
 """
@@ -33,6 +34,7 @@ def main() -> None:
         print("fatal: the model file is not a GGUF file", flush=True)
         sys.exit(args.exit_with)
     key = os.environ.get("LLMGW_ENGINE_API_KEY", "")
+    reads = [0]
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -42,9 +44,12 @@ def main() -> None:
                 if self.headers.get("Authorization") != f"Bearer {key}":
                     self._answer(401, "unauthorized\n")
                     return
+                reads[0] += 1
                 self._answer(
                     200,
                     (
+                        f"vllm:prefix_cache_queries_total {100 * reads[0]}\n"
+                        f"vllm:prefix_cache_hits_total {30 * reads[0]}\n"
                         "# TYPE llmgw_sim:requests_running gauge\n"
                         f'llmgw_sim:requests_running{{model_name="{args.model}"}} {args.running}\n'
                         f"llmgw_sim:requests_waiting {args.waiting}\n"
