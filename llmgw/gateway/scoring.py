@@ -44,13 +44,6 @@ def replica_load(
     return (held + 1 + penalty) / max(weight, 1)
 
 
-def pressed(reading: Reading | None) -> bool:
-    """Whether an engine said it queues requests or its KV cache is nearly full."""
-    return reading is not None and (
-        bool(reading.waiting) or (reading.kv_cache is not None and reading.kv_cache >= KV_FULL)
-    )
-
-
 def reading_words(reading: Reading | None) -> str:
     """What an engine said, for routing's reasons: "its engine runs 4, queues 2, KV 93 %
     full"; empty when it said nothing."""

@@ -8,7 +8,14 @@ from hypothesis import given, strategies as st
 
 from fleet.domain.readings import Reading
 from llmgw.gateway.prefixes import choose
-from llmgw.gateway.scoring import KV_FULL, pressed, reading_words, replica_load
+from llmgw.gateway.scoring import KV_FULL, reading_words, replica_load
+
+
+def pressed(reading: Reading | None) -> bool:
+    """Whether an engine said it queues requests or its KV cache is nearly full."""
+    return reading is not None and (
+        bool(reading.waiting) or (reading.kv_cache is not None and reading.kv_cache >= KV_FULL)
+    )
 
 
 @pytest.mark.parametrize(
