@@ -15,12 +15,17 @@ from __future__ import annotations
 from fleet.domain.readings import Reading
 
 # A KV cache this full admits a new request only as others finish (vLLM queues it, or
-# preempts one): the replica counts as holding twice its requests.
+# preempts one): the replica counts as holding twice its requests. The default of
+# LLMGW_ROUTING_KV_FULL.
 KV_FULL = 0.9
 
 
 def replica_load(
-    inflight: int, weight: int, reading: Reading | None, ours_then: int | None = None
+    inflight: int,
+    weight: int,
+    reading: Reading | None,
+    ours_then: int | None = None,
+    kv_full: float = KV_FULL,
 ) -> float:
     """The load a request adds itself to on this replica, per unit of its weight.
 
@@ -29,7 +34,7 @@ def replica_load(
     this gateway had in flight to it when the reading was taken (`ours_then`; not known,
     the larger of the two is taken). Each request queued in the engine counts once more (a
     new one waits behind it, where a running one only shares the batch); a KV cache at or
-    past `KV_FULL` doubles the lot. With no reading, the requests in flight here and this
+    past `kv_full` doubles the lot. With no reading, the requests in flight here and this
     one, as routing by in-flight counts was."""
     held = inflight
     penalty = 0
@@ -39,7 +44,7 @@ def replica_load(
         else:
             held = inflight + max(reading.queued - ours_then, 0)
         penalty = reading.waiting or 0
-        if reading.kv_cache is not None and reading.kv_cache >= KV_FULL:
+        if reading.kv_cache is not None and reading.kv_cache >= kv_full:
             penalty += held + 1
     return (held + 1 + penalty) / max(weight, 1)
 

@@ -196,12 +196,14 @@ class State:
         if not fresh:
             return Picked(candidates[0], "suspect") if candidates else None
         inflight, readings, then = self.inflight, self.readings, self.inflight_read
+        full = self.cfg.routing.kv_full
         loads = [
             replica_load(
                 inflight.get(u.replica_id, 0),
                 u.weight,
                 readings.get(u.replica_id),
                 then.get(u.replica_id, 0),
+                full,
             )
             for u in fresh
         ]

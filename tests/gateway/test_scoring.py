@@ -144,3 +144,9 @@ def test_with_our_count_then_more_others_never_make_it_less_loaded(inflight, the
     base = reading or Reading()
     busier = Reading((base.running or 0) + more, base.waiting, base.kv_cache)
     assert replica_load(inflight, 1, busier, then) >= replica_load(inflight, 1, reading, then)
+
+
+def test_the_kv_cache_share_counted_as_full_is_a_setting():
+    nearly = Reading(running=4, waiting=0, kv_cache=0.92)
+    assert replica_load(0, 1, nearly, kv_full=0.9) == 10.0
+    assert replica_load(0, 1, nearly, kv_full=0.95) == 5.0
