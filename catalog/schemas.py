@@ -74,6 +74,8 @@ class ScaleIn(Schema):
     min: int | None = None
     max: int | None = None
     idle_timeout: int | None = None
+    target_waiting: float | None = None
+    kv_ceiling: float | None = None
 
 
 class ClassIn(Schema):

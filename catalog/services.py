@@ -234,7 +234,8 @@ def model_update(*, name: str, actor: str, action: str, detail: dict, change) ->
 
 
 def model_scale(*, name: str, actor: str, scaling: Mapping) -> ModelSpec:
-    """Set min, max and idle timeout; max left out follows min; max < min is refused."""
+    """Set min, max and idle timeout, and the autoscaler's target_waiting and kv_ceiling;
+    max left out follows min; max < min is refused; a threshold left out is kept."""
 
     def change(spec: ModelSpec) -> ModelSpec:
         lo, hi, idle = domain.parse_scaling(
@@ -242,7 +243,15 @@ def model_scale(*, name: str, actor: str, scaling: Mapping) -> ModelSpec:
             where=f"model {name}",
             current=(spec.min_replicas, spec.max_replicas, spec.idle_timeout_s),
         )
-        return replace(spec, min_replicas=lo, max_replicas=hi, idle_timeout_s=idle)
+        waiting, ceiling = domain.parse_pressure(scaling, where=f"model {name}")
+        return replace(
+            spec,
+            min_replicas=lo,
+            max_replicas=hi,
+            idle_timeout_s=idle,
+            target_waiting=waiting if "target_waiting" in scaling else spec.target_waiting,
+            kv_ceiling=ceiling if "kv_ceiling" in scaling else spec.kv_ceiling,
+        )
 
     return model_update(
         name=name, actor=actor, action="model.scale", detail=dict(scaling), change=change

@@ -8,7 +8,15 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from llmgw.cli.base import Api, Output, duration, said, segment, whole_number
+from llmgw.cli.base import (
+    Api,
+    Output,
+    duration,
+    positive_number,
+    said,
+    segment,
+    whole_number,
+)
 from llmgw.cli.tables import DASH, age, cell, joined, render
 from mirror.domain.progress import fetched_said
 
@@ -19,6 +27,10 @@ def cmd_scale(api: Api, args: argparse.Namespace, out: Output) -> None:
         body["max"] = args.max
     if args.idle_timeout is not None:
         body["idle_timeout"] = args.idle_timeout
+    if args.target_waiting is not None:
+        body["target_waiting"] = args.target_waiting
+    if args.kv_ceiling is not None:
+        body["kv_ceiling"] = args.kv_ceiling
     answer = api.post(f"/models/{segment(args.name)}/scale", body)
 
     def sentence(a: Any) -> str:
@@ -139,6 +151,17 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
         "--idle-timeout",
         type=duration,
         help="how long an on-demand model stays up unused: seconds, or 90s, 10m, 1h",
+    )
+    scale.add_argument(
+        "--target-waiting",
+        type=positive_number,
+        help="requests waiting per ready replica that add one (default 1; ctl bench's QUEUED)",
+    )
+    scale.add_argument(
+        "--kv-ceiling",
+        type=positive_number,
+        help="the engines' KV cache use, 0.9 for 90 %%, held above which one is added "
+        "(ctl bench's KV)",
     )
     restart = add(commands, "restart", "replace a model's replicas one at a time", cmd_restart)
     restart.add_argument("--model", required=True)

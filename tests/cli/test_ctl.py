@@ -410,6 +410,10 @@ def test_scale_sends_min_max_and_the_idle_timeout_in_seconds(capsys):
     assert out.strip() == "qwen-7b: min 0, max 3"
     run(capsys, server, "scale", "qwen-7b", "--min", "2")
     assert server.body() == {"min": 2}
+    run(capsys, server, "scale", "qwen-7b", "--min", "1", "--kv-ceiling", "0.9")
+    assert server.body() == {"min": 1, "kv_ceiling": 0.9}
+    run(capsys, server, "scale", "qwen-7b", "--min", "1", "--target-waiting", "2")
+    assert server.body() == {"min": 1, "target_waiting": 2.0}
 
 
 def test_scale_refuses_a_negative_count_before_asking(capsys):
