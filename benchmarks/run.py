@@ -18,6 +18,9 @@ BENCHES = [
     # Prefix-aware routing against least-loaded and round-robin: a multi-turn trace over 4
     # sim replicas, then 2 real llama.cpp replicas when one is built. About 6 minutes.
     "routing.py",
+    # Routing by the engines' queue against in-flight counts, two gateway processes sharing
+    # 4 sim replicas, another client on one of them. About 2 minutes.
+    "engine_signals.py",
     # A real llama-server when one is built (llmgw engines build llamacpp); else one line saying so.
     "llamacpp.py",
     # The mirror to an agent against curl; with a llama-server, serve to first token too.

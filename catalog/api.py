@@ -97,7 +97,7 @@ def model_remove(request, name: str):
 def model_scale(request, name: str, payload: ScaleIn):
     given = {k: v for k, v in payload.dict().items() if v is not None}
     if not given:
-        raise Invalid("Give min, max or idle_timeout.")
+        raise Invalid("Give min, max, idle_timeout, target_waiting or kv_ceiling.")
     services.model_scale(name=name, actor=actor(request), scaling=given)
     return _view(name)
 

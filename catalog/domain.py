@@ -136,6 +136,11 @@ class ModelSpec:
     slo: Slo = Slo()
     context_length: int | None = None
     max_output: int | None = None
+    # Scaling up: requests waiting per ready replica that count as busy (None: 1), and the
+    # share of the KV cache in use, on average over the replicas, above which they are busy
+    # too (None: KV use is not looked at).
+    target_waiting: float | None = None
+    kv_ceiling: float | None = None
 
     @property
     def on_demand(self) -> bool:
@@ -323,6 +328,7 @@ def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
     if not isinstance(scaling, Mapping):
         raise CatalogError(f"{where}: scaling must be an object with min, max and idle_timeout.")
     lo, hi, idle = parse_scaling(scaling, where=where, current=(1, None, 600))
+    target_waiting, kv_ceiling = parse_pressure(scaling, where=where)
     klass = data.get("class") or ""
     if klass not in ("", *CLASSES):
         raise CatalogError(f"{where}: class must be one of {', '.join(CLASSES)}, not {klass!r}.")
@@ -367,6 +373,8 @@ def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
         slo=parse_slo(data.get("slo"), where=where),
         context_length=context_length,
         max_output=max_output,
+        target_waiting=target_waiting,
+        kv_ceiling=kv_ceiling,
     )
 
 
@@ -415,6 +423,25 @@ def parse_scaling(
     if hi < lo:
         raise CatalogError(f"{where}: max ({hi}) is below min ({lo}).")
     return lo, hi, idle
+
+
+def parse_pressure(data: Mapping, *, where: str) -> tuple[float | None, float | None]:
+    """Scaling's `target_waiting` (requests waiting per ready replica that count as busy,
+    above 0) and `kv_ceiling` (the share of the KV cache in use above which replicas are
+    busy, above 0 and at most 1); each left out is None."""
+    waiting = _float(data, "target_waiting", where=f"{where}, scaling")
+    if waiting is not None and not (0 < waiting <= MAX_REPLICAS * 1000):
+        raise CatalogError(
+            f"{where}, scaling: target_waiting must be above 0 (requests waiting per replica), "
+            f"not {waiting}."
+        )
+    ceiling = _float(data, "kv_ceiling", where=f"{where}, scaling")
+    if ceiling is not None and not (0 < ceiling <= 1):
+        raise CatalogError(
+            f"{where}, scaling: kv_ceiling must be a share of the KV cache above 0 and at most 1 "
+            f"(0.9 is 90 %), not {ceiling}."
+        )
+    return waiting, ceiling
 
 
 def new_model_warnings_as_errors(model: ModelSpec) -> None:

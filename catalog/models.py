@@ -17,6 +17,9 @@ class Model(models.Model):
     min_replicas = models.PositiveIntegerField(default=1)
     max_replicas = models.PositiveIntegerField(default=1)
     idle_timeout_s = models.PositiveIntegerField(default=600)
+    # The autoscaler's thresholds (catalog.domain.ModelSpec); null: its defaults.
+    target_waiting = models.FloatField(null=True, blank=True)
+    kv_ceiling = models.FloatField(null=True, blank=True)
     capacity_class = models.CharField(max_length=16, blank=True)
     owner = models.CharField(
         max_length=40, blank=True, help_text="org:ID, team:ID, project:ID or empty (shared)"

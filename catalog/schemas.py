@@ -45,6 +45,8 @@ class ModelOut(Schema):
     min: int
     max: int
     idle_timeout: int
+    target_waiting: float | None = None
+    kv_ceiling: float | None = None
     on_demand: bool
     status: str
     reason: str
@@ -78,6 +80,8 @@ class ScaleIn(Schema):
     min: int | None = None
     max: int | None = None
     idle_timeout: int | None = None
+    target_waiting: float | None = None
+    kv_ceiling: float | None = None
 
 
 class ClassIn(Schema):
@@ -198,6 +202,15 @@ class ScalingIn(_Documented):
         ge=1,
         le=MAX_IDLE_TIMEOUT_S,
         description="seconds an on-demand model (min 0) stays up unused",
+    )
+    target_waiting: float | None = Field(
+        None, gt=0, description="requests waiting per ready replica that scale it up (1)"
+    )
+    kv_ceiling: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="the KV cache's use, on average, above which it scales up (not looked at)",
     )
 
 

@@ -53,6 +53,8 @@ def spec_from_row(row: Model) -> ModelSpec:
         ),
         context_length=row.context_length,
         max_output=row.max_output,
+        target_waiting=row.target_waiting,
+        kv_ceiling=row.kv_ceiling,
     )
 
 

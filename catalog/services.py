@@ -38,6 +38,8 @@ def _write(spec: ModelSpec, *, actor: str, row: Model | None = None) -> Model:
     row.min_replicas = spec.min_replicas
     row.max_replicas = spec.max_replicas
     row.idle_timeout_s = spec.idle_timeout_s
+    row.target_waiting = spec.target_waiting
+    row.kv_ceiling = spec.kv_ceiling
     row.capacity_class = spec.capacity_class
     row.owner = spec.owner
     row.fallbacks = list(spec.fallbacks)
@@ -235,7 +237,8 @@ def model_update(*, name: str, actor: str, action: str, detail: dict, change) ->
 
 
 def model_scale(*, name: str, actor: str, scaling: Mapping) -> ModelSpec:
-    """Set min, max and idle timeout; max left out follows min; max < min is refused."""
+    """Set min, max and idle timeout, and the autoscaler's target_waiting and kv_ceiling;
+    max left out follows min; max < min is refused; a threshold left out is kept."""
 
     def change(spec: ModelSpec) -> ModelSpec:
         lo, hi, idle = domain.parse_scaling(
@@ -243,7 +246,15 @@ def model_scale(*, name: str, actor: str, scaling: Mapping) -> ModelSpec:
             where=f"model {name}",
             current=(spec.min_replicas, spec.max_replicas, spec.idle_timeout_s),
         )
-        return replace(spec, min_replicas=lo, max_replicas=hi, idle_timeout_s=idle)
+        waiting, ceiling = domain.parse_pressure(scaling, where=f"model {name}")
+        return replace(
+            spec,
+            min_replicas=lo,
+            max_replicas=hi,
+            idle_timeout_s=idle,
+            target_waiting=waiting if "target_waiting" in scaling else spec.target_waiting,
+            kv_ceiling=ceiling if "kv_ceiling" in scaling else spec.kv_ceiling,
+        )
 
     return model_update(
         name=name, actor=actor, action="model.scale", detail=dict(scaling), change=change

@@ -191,6 +191,8 @@ class EngineShardLoad(_Message):
     running: Count | None = None
     waiting: Count | None = None
     kv_cache: Fraction | None = None
+    # Prompt tokens found in the prefix cache over those looked up, over the last minute.
+    prefix_hit_rate: Fraction | None = None
 
 
 class EngineLoad(_Message):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict
 from datetime import datetime
 
 from django.db.models.fields.json import KeyTransform
@@ -15,6 +16,7 @@ from llmgw.core.errors import NotFound
 
 from .domain.gpuclass import CLASS_LABEL
 from .domain.plan import duration
+from .domain.readings import Reading
 from .domain.reconcile import desired_replicas, held_for
 from .domain.refusals import one_line
 from .domain.spread import location_of
@@ -27,7 +29,7 @@ from .domain.types import (
 )
 from .engine_installs import installing_said, installs_of
 from .models import Gpu, Node, Replica, Shard
-from .selectors import drains_stuck, model_states, replica_views
+from .selectors import drains_stuck, model_states, replica_readings, replica_views
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -73,10 +75,20 @@ def replicas_list(*, model: str | None = None) -> list[dict]:
     endpoints = dict(shards.values_list("id", "endpoint"))
     views = sorted(replica_views(model=model), key=lambda r: (r.model, r.created_at))
     fetching = replicas_fetching()
+    readings = replica_readings(views)
     return [
-        {**replica_out(r, catalog.get(r.model), endpoints), "fetching": fetching.get(r.id)}
+        {
+            **replica_out(r, catalog.get(r.model), endpoints),
+            "fetching": fetching.get(r.id),
+            "engine": reading_out(readings.get(r.id)),
+        }
         for r in views
     ]
+
+
+def reading_out(reading: Reading | None) -> dict | None:
+    """A replica's engine reading as the API and the pages show it; None when none said."""
+    return asdict(reading) if reading is not None else None
 
 
 def replicas_fetching() -> dict[str, dict]:
@@ -287,6 +299,8 @@ def model_views(*, name: str | None = None) -> list[dict]:
                 "min": spec.min_replicas,
                 "max": spec.max_replicas,
                 "idle_timeout": spec.idle_timeout_s,
+                "target_waiting": spec.target_waiting,
+                "kv_ceiling": spec.kv_ceiling,
                 "on_demand": spec.on_demand,
                 "status": status,
                 "reason": reason,

@@ -27,6 +27,7 @@ from .metrics_series import Scrape
 from .models import Lease, ModelState, Replica
 from .reconciler import ADVISORY_KEY, LEASE
 from .rows import raw_values
+from .selectors import replica_readings
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -66,6 +67,24 @@ def model_series(scrape: Scrape, now: datetime, catalog: dict[str, ModelSpec]) -
         scrape.add("llmgw_model_parked", model, 1 if parked else 0)
         scrape.add("llmgw_model_unplaceable", model, 1 if unplaceable else 0)
         scrape.add("llmgw_model_preempted", (spec.effective_class, name), preempted)
+    replica_series(scrape)
+
+
+def replica_series(scrape: Scrape) -> None:
+    """Add what each ready replica's engine last said of itself: requests running and
+    waiting, the KV cache's use and the prefix cache's hit rate; each figure its engine
+    did not report has no series (absent, never 0)."""
+    model_of = dict(Replica.objects.filter(state="ready").order_by().values_list("id", "model"))
+    for replica_id, reading in sorted(replica_readings().items()):
+        labels = (model_of.get(replica_id, ""), replica_id)
+        for name, value in (
+            ("llmgw_replica_running", reading.running),
+            ("llmgw_replica_waiting", reading.waiting),
+            ("llmgw_replica_kv_cache_usage_ratio", reading.kv_cache),
+            ("llmgw_replica_prefix_cache_hit_ratio", reading.prefix_hit_rate),
+        ):
+            if value is not None:
+                scrape.add(name, labels, value)
 
 
 def quota_series(scrape: Scrape, catalog: dict[str, ModelSpec], held: dict[str, Amount]) -> None:

@@ -83,6 +83,12 @@ DESCS = (
     Desc("llmgw_model_unplaceable", "1 when a model is short of replicas and the last attempt found no node to place one on.", ("model",)),
     Desc("llmgw_model_preempted", "Replicas of a model stopped to make room for a model of a higher capacity class.",
          ("class", "model"), "counter"),
+    Desc("llmgw_replica_running", "Requests a ready replica's engine said it runs, as its agent last read its metrics.", ("model", "replica")),
+    Desc("llmgw_replica_waiting", "Requests a ready replica's engine said it queues: all its slots or KV cache taken.", ("model", "replica")),
+    Desc("llmgw_replica_kv_cache_usage_ratio", "The share of a ready replica's KV cache in use, 0 to 1; absent for an engine that does not say "
+         "(a recent llama-server).", ("model", "replica")),
+    Desc("llmgw_replica_prefix_cache_hit_ratio", "Prompt tokens a ready replica's engine found in its prefix cache over those it looked up, "
+         "over the last minute; absent while it looked up none.", ("model", "replica")),
     Desc("llmgw_capacity_holds", "What a part of the tenancy tree holds of a resource, its own models' replicas and those beneath it.",
          ("resource", "scope")),
     Desc("llmgw_capacity_guarantee", "What a part of the tenancy tree is guaranteed of a resource.", ("resource", "scope")),

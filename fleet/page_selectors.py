@@ -39,6 +39,7 @@ from tenancy.selectors import quota_views
 
 from .domain.holdings import holdings
 from .domain.power import PDU_LABEL, RACK_LABEL
+from .domain.readings import Reading, replica_reading
 from .domain.reconcile import desired_replicas
 from .domain.types import HOLDING, Failure, ModelState as ModelStateView, ReplicaView
 from .listings import counted_as, failure_shown, held_for_shown, measured_memory, model_status
@@ -431,6 +432,16 @@ def quotas_at_limit(
                     }
                 )
     return out
+
+
+def node_engine_readings(node_id: str) -> dict[str, Reading]:
+    """What the engines of a node's shards last said, by shard (its agent's `engine_load`);
+    a shard whose engine said nothing has no entry."""
+    said = Node.objects.filter(pk=node_id).values_list("load__engines", flat=True).first()
+    if not isinstance(said, dict):
+        return {}
+    readings = {s: replica_reading([figures]) for s, figures in said.items()}
+    return {s: r for s, r in readings.items() if r is not None}
 
 
 def node_replicas(node_id: str) -> list[dict]:

@@ -48,6 +48,16 @@ class ShardOut(Schema):
     cpu_cores: int | None
 
 
+class ReadingOut(Schema):
+    """What a ready replica's engine last said (fleet/domain/readings.py); each figure it did
+    not report is null."""
+
+    running: int | None = None
+    waiting: int | None = None
+    kv_cache: float | None = None
+    prefix_hit_rate: float | None = None
+
+
 class ReplicaOut(Schema):
     id: str
     model: str
@@ -66,6 +76,8 @@ class ReplicaOut(Schema):
     fetching: dict[str, int | None] | None = None
     # Since when no gateway routes to it although ready (fleet/domain/health.py).
     unhealthy_since: str | None = None
+    # What its engine last said of itself, while it is ready and its engine said anything.
+    engine: ReadingOut | None = None
 
 
 class DetailOut(Schema):

@@ -27,6 +27,7 @@ from .domain.drains import drain_stuck
 from .domain.gpuclass import CLASS_LABEL
 from .domain.holdings import holdings
 from .domain.measured import combined_load
+from .domain.readings import Reading, replica_reading
 from .domain.refusals import one_line
 from .domain.types import (
     ACTIVE,
@@ -505,31 +506,59 @@ def model_loads(replicas: tuple[ReplicaView, ...], models: dict[str, ModelSpec])
 
 
 def _engine_loads(replicas: tuple[ReplicaView, ...], scalable: set[str]) -> dict[str, Load]:
-    """What the engines of ready replicas of these models said, as their agents report it."""
-    # Keyed by (node, shard): a node's figures count only for shards placed on it.
-    model_of: dict[tuple[str, str], str] = {}
-    for r in replicas:
-        if r.model in scalable and r.state == "ready":
-            for s in r.shards:
-                model_of[(s.node_id, s.id)] = r.model
-    if not model_of:
-        return {}
-    nodes = {s.node_id for r in replicas if r.model in scalable for s in r.shards}
+    """What the engines of ready replicas of these models said, per model: requests running
+    and waiting, summed, and the KV cache's use, on average over the replicas that said
+    (the gateway steers requests away from a full one, so the fullest is not the model's)."""
+    readings = replica_readings(r for r in replicas if r.model in scalable)
+    model_of = {r.id: r.model for r in replicas}
     running: dict[str, int] = defaultdict(int)
     waiting: dict[str, int] = defaultdict(int)
-    seen: set[str] = set()
-    for chunk in chunks(sorted(nodes)):
-        for node_id, load in Node.objects.filter(pk__in=chunk, state=Node.READY).values_list(
-            "id", "load"
+    kv: dict[str, list[float]] = defaultdict(list)
+    for replica_id, reading in readings.items():
+        model = model_of[replica_id]
+        running[model] += reading.running or 0
+        waiting[model] += reading.waiting or 0
+        if reading.kv_cache is not None:
+            kv[model].append(reading.kv_cache)
+    return {
+        m: Load(
+            running=running[m],
+            waiting=waiting[m],
+            kv_cache=sum(kv[m]) / len(kv[m]) if kv.get(m) else None,
+        )
+        for m in {model_of[r] for r in readings}
+    }
+
+
+def replica_readings(replicas: Iterable[ReplicaView] | None = None) -> dict[str, Reading]:
+    """What the engines of ready replicas last said, by replica id (`replica_reading`), as
+    their agents report it; a replica whose engine said nothing has no entry. Of these
+    replicas, or of every ready one (the gateway's, two queries and a few per 500 nodes)."""
+    if replicas is None:
+        rows = Shard.objects.filter(replica__state="ready").order_by()
+        shards = list(rows.values_list("replica_id", "id", "node_id"))
+    else:
+        shards = [(r.id, s.id, s.node_id) for r in replicas if r.state == "ready" for s in r.shards]
+    if not shards:
+        return {}
+    said: dict[str, dict] = {}
+    for chunk in chunks(sorted({node for _, _, node in shards})):
+        for node_id, engines in Node.objects.filter(pk__in=chunk, state=Node.READY).values_list(
+            "id", "load__engines"
         ):
-            for shard_id, figures in ((load or {}).get("engines") or {}).items():
-                model = model_of.get((node_id, shard_id))
-                if model is None or not isinstance(figures, dict):
-                    continue
-                seen.add(model)
-                running[model] += int(figures.get("running") or 0)
-                waiting[model] += int(figures.get("waiting") or 0)
-    return {m: Load(running=running[m], waiting=waiting[m]) for m in seen}
+            if isinstance(engines, dict):
+                said[node_id] = engines
+    figures: dict[str, list] = defaultdict(list)
+    for replica_id, shard_id, node_id in shards:
+        # A node's figures count only for shards placed on it.
+        shard = said.get(node_id, {}).get(shard_id)
+        if shard is not None:
+            figures[replica_id].append(shard)
+    out = {}
+    for replica_id, found in figures.items():
+        if (reading := replica_reading(found)) is not None:
+            out[replica_id] = reading
+    return out
 
 
 def reconciler_status(*, now: datetime) -> dict:

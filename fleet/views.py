@@ -34,7 +34,7 @@ from .events import LOG_LINES
 from .facility import facility_domains, held_gpus
 from .forms import NodeActionForm, NodeFilterForm
 from .history import GPU_SERIES, cluster_charts, node_charts
-from .listings import nodes_list
+from .listings import nodes_list, reading_out
 from .selectors import drains_stuck, reconciler_status, replica_views
 
 PER_PAGE = 100
@@ -389,7 +389,9 @@ def _node_context(view: dict) -> dict:
     measured = {k: any(g[k] is not None for g in gpus) for k in GPU_SENSORS}
     used_by = load.get("shards") if isinstance(load.get("shards"), dict) else {}
     gpu_used = {g["index"]: g["memory_used_gb"] for g in gpus}
+    engines = ps.node_engine_readings(view["id"])
     for r in replicas:
+        r["engine"] = reading_out(engines.get(r["shard"]))
         use = used_by.get(r["shard"]) if isinstance(used_by.get(r["shard"]), dict) else {}
         on_gpus = [gpu_used.get(i) for i in r["gpus"]]
         r |= {
@@ -419,7 +421,7 @@ def _node_context(view: dict) -> dict:
         "replicas": replicas,
         "replica_use": {
             k: any(r[k] is not None for r in replicas)
-            for k in ("cores_used", "rss_bytes", "gpu_memory_gb")
+            for k in ("cores_used", "rss_bytes", "gpu_memory_gb", "engine")
         },
         "weights": sorted(view["weights"], key=lambda w: w["source"]),
         "disk": view["disk"],

@@ -57,6 +57,7 @@ class SimConfig:
     prefill_tokens_per_sec: float = 0.0  # 0: prefill is free, as before the cache was modelled
     prefix_cache_tokens: int = 32768  # 0 turns the cache off
     prefix_block_tokens: int = 16  # vLLM's block size
+    kv_cache_tokens: int = 0  # tokens the KV cache holds; 0: its use is the share of slots taken
 
 
 class BadRequest(Exception):
@@ -122,6 +123,7 @@ class Engine:
         self.prompt_tokens_total = 0
         self.prompt_tokens_cached_total = 0
         self.prefix_cache_hits_total = 0
+        self.kv_tokens = 0  # prompt and answer tokens of the requests holding a slot
         self.created = int(time.time())
 
     def prefill(self, tokens: list[str], prompt_tokens: int) -> int:
@@ -137,6 +139,15 @@ class Engine:
         if cached:
             self.prefix_cache_hits_total += 1
         return cached
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The share of the KV cache in use: the running requests' tokens over its size, or,
+        with no size given, the share of slots taken."""
+        size = self.config.kv_cache_tokens
+        if size:
+            return min(self.kv_tokens / size, 1.0)
+        return self.slots.running / self.slots.size
 
 
 ENGINE = web.AppKey("engine", Engine)
@@ -267,14 +278,26 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """GET /metrics: Prometheus text, the sim's version of vLLM's load gauges."""
+    """GET /metrics: Prometheus text: vLLM's series under vLLM's names (the load gauges and
+    the prefix cache's counters, in tokens), and the sim's own under `llmgw_sim:`."""
     engine = request.app[ENGINE]
     slots = engine.slots
     model = engine.config.model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    vllm = [
+        ("num_requests_running", "gauge", "Requests holding a slot.", slots.running),
+        ("num_requests_waiting", "gauge", "Requests queued for a slot.", slots.waiting),
+        ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+         engine.kv_cache_usage),
+        ("prefix_cache_queries_total", "counter", "Prefix cache queries, in prompt tokens.",
+         engine.prompt_tokens_total),
+        ("prefix_cache_hits_total", "counter", "Prefix cache hits, in cached prompt tokens.",
+         engine.prompt_tokens_cached_total),
+    ]  # fmt: skip
+    lines = []
+    for name, kind, help_text, value in vllm:
+        lines.append(f"# HELP vllm:{name} {help_text}\n# TYPE vllm:{name} {kind}\n")
+        lines.append(f'vllm:{name}{{model_name="{model}"}} {value}\n')
     series = [
-        ("requests_running", "gauge", "Requests holding a slot.", slots.running),
-        ("requests_waiting", "gauge", "Requests queued for a slot.", slots.waiting),
-        ("kv_cache_usage_perc", "gauge", "Share of slots in use.", slots.running / slots.size),
         ("requests_total", "counter", "Inference requests accepted.", engine.requests_total),
         (
             "prompt_tokens_total",
@@ -301,7 +324,6 @@ async def metrics(request: web.Request) -> web.Response:
             engine.cache.held_tokens,
         ),
     ]
-    lines = []
     for name, kind, help_text, value in series:
         lines.append(f"# HELP llmgw_sim:{name} {help_text}\n# TYPE llmgw_sim:{name} {kind}\n")
         lines.append(f'llmgw_sim:{name}{{model_name="{model}"}} {value}\n')
@@ -376,7 +398,7 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
         answer_words = itertools.islice(generate_words(prompt), count)
         engine.cache.insert(itertools.chain(prompt_words, answer_words))
 
-    async with engine.slots.hold():
+    async with engine.slots.hold(), _holding_kv(engine, prompt_tokens + count):
         start = asyncio.get_running_loop().time()
         cached = engine.prefill(prompt_words, prompt_tokens)
         first = first_token_seconds(
@@ -427,6 +449,17 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
         except ConnectionResetError:
             pass  # the client went away; leaving the block frees the slot
         return resp
+
+
+@asynccontextmanager
+async def _holding_kv(engine: Engine, tokens: int) -> AsyncIterator[None]:
+    """A running request's prompt and answer held in the KV cache, as a paged engine
+    reserves them, until it ends."""
+    engine.kv_tokens += tokens
+    try:
+        yield
+    finally:
+        engine.kv_tokens -= tokens
 
 
 async def embeddings(request: web.Request) -> web.Response:
@@ -525,6 +558,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     add("--prefix-cache-tokens", type=_at_least(0), default=32768, help="0 turns the cache off")
     add("--prefix-block-tokens", type=_at_least(1), default=16, help="tokens per cached block")
+    add(
+        "--kv-cache-tokens",
+        type=_at_least(0),
+        default=0,
+        help="tokens the KV cache holds, for its use (0: the share of slots taken)",
+    )
     add("--api-key", help=f"for manual use; the agent passes the key in ${API_KEY_ENV}")
     args = vars(parser.parse_args(argv))
     host, port = args.pop("host"), args.pop("port")

@@ -249,23 +249,39 @@ def _engine_env(spec: ShardSpec) -> dict[str, str]:
     return env
 
 
-# Per engine, each load figure and the metric names that carry it, in order
-# of preference (vLLM renamed its KV cache gauge in v1).
+# Per engine, each load figure and the metric names that carry it, in order of preference.
+# Checked against the engines' sources: vLLM 0.32's v1/metrics/loggers.py (gpu_cache_usage_perc
+# is the name before v1), llama.cpp's tools/server/server-task.cpp (kv_cache_usage_ratio was
+# dropped in 2025: a recent llama-server reports no KV use, which stays absent).
 LOAD_METRICS: dict[str, dict[str, tuple[str, ...]]] = {
     "llamacpp": {
         "running": ("llamacpp:requests_processing",),
         "waiting": ("llamacpp:requests_deferred",),
+        "kv_cache": ("llamacpp:kv_cache_usage_ratio",),
     },
     "vllm": {
         "running": ("vllm:num_requests_running",),
         "waiting": ("vllm:num_requests_waiting",),
-        "kv_cache": ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"),
+        "kv_cache": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     },
-    "sim": {
-        "running": ("llmgw_sim:requests_running",),
-        "waiting": ("llmgw_sim:requests_waiting",),
-        "kv_cache": ("llmgw_sim:kv_cache_usage_perc",),
+    "sim": {  # vLLM's names; the sim's own before it published them
+        "running": ("vllm:num_requests_running", "llmgw_sim:requests_running"),
+        "waiting": ("vllm:num_requests_waiting", "llmgw_sim:requests_waiting"),
+        "kv_cache": ("vllm:kv_cache_usage_perc", "llmgw_sim:kv_cache_usage_perc"),
     },
+}
+
+# Per engine, the prefix cache's counters, in prompt tokens: those found cached, and those
+# looked up (each the sum of the names given). llama-server counts the cached tokens apart
+# from those it prefilled, so what it looked up is the two together.
+_VLLM_CACHE = (("vllm:prefix_cache_hits_total",), ("vllm:prefix_cache_queries_total",))
+CACHE_COUNTERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "llamacpp": (
+        ("llamacpp:prompt_tokens_cached_total",),
+        ("llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total"),
+    ),
+    "vllm": _VLLM_CACHE,
+    "sim": _VLLM_CACHE,
 }
 
 
@@ -316,9 +332,10 @@ def _split_name(line: str) -> tuple[str, str]:
 
 
 def engine_load(engine: str, metrics_text: str) -> dict[str, int | float]:
-    """``running``, ``waiting`` and ``kv_cache`` from an engine's metrics.
+    """``running``, ``waiting`` and ``kv_cache`` from an engine's metrics, and the prefix
+    cache's counters so far (``cache_hits``, ``cache_queries``, in prompt tokens).
 
-    A figure the engine does not expose is left out. Request counts are
+    A figure the engine does not expose is left out. Request counts and counters are
     summed over label sets; the KV cache use is the fullest one.
     """
     wanted = LOAD_METRICS.get(engine, {})
@@ -329,7 +346,45 @@ def engine_load(engine: str, metrics_text: str) -> dict[str, int | float]:
         if values is None:
             continue
         if figure == "kv_cache":
-            figures[figure] = max(values)
+            figures[figure] = min(max(values), 1.0)
         else:
             figures[figure] = int(round(sum(values)))
+    counters = CACHE_COUNTERS.get(engine)
+    if counters is not None and all(n in samples for n in (*counters[0], *counters[1])):
+        figures["cache_hits"] = sum(sum(samples[n]) for n in counters[0])
+        figures["cache_queries"] = sum(sum(samples[n]) for n in counters[1])
     return figures
+
+
+CACHE_WINDOW_S = 60.0  # the prefix cache's hit rate is over about this long
+
+
+class CacheWindow:
+    """One engine's prefix-cache counters as read over the last `CACHE_WINDOW_S`, and the
+    hit rate they give: tokens found cached over tokens looked up since the oldest read
+    kept. None when nothing was looked up in the window (an idle engine has no hit rate,
+    not 0) or the counters went back (the engine restarted)."""
+
+    def __init__(self, window_s: float = CACHE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._reads: list[tuple[float, float, float]] = []  # (when, hits, queries)
+
+    def add(self, when: float, hits: float, queries: float) -> float | None:
+        """Record a read at `when` (a monotonic clock) and answer the rate over the window."""
+        reads = self._reads
+        if reads and (hits < reads[-1][1] or queries < reads[-1][2]):
+            reads.clear()  # counters went back: the engine started again
+        reads.append((when, hits, queries))
+        # Keep the newest read at or before the window's start, so the window is whole.
+        while len(reads) > 2 and reads[1][0] <= when - self.window_s:
+            reads.pop(0)
+        return hit_rate(reads[0][1:], (hits, queries))
+
+
+def hit_rate(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """Tokens found cached over tokens looked up between two reads of the counters; None
+    when nothing was looked up between them, or a counter went back."""
+    hits, queries = after[0] - before[0], after[1] - before[1]
+    if queries <= 0 or hits < 0:
+        return None
+    return min(hits / queries, 1.0)

@@ -37,6 +37,7 @@ from fleet.agent.discovery import is_loopback
 from fleet.agent.enginelog import failure_tail, tail_lines
 from fleet.agent.engines import (
     SIM_COMMAND,
+    CacheWindow,
     EngineError,
     NodeContext,
     ShardSpec,
@@ -186,6 +187,7 @@ class Supervisor:
         self._shards: dict[str, Shard] = {}
         self.ledger = Ledger(state_dir / "shards")
         self._http: httpx.AsyncClient | None = None
+        self._cache_windows: dict[str, CacheWindow] = {}  # per shard: its prefix cache's reads
         self._closing = False
 
     @property
@@ -700,6 +702,9 @@ class Supervisor:
         """``engine_load`` entries for ready shards whose metrics could be read."""
         ready = [s for s in self.shards() if s.state == READY]
         loads = await asyncio.gather(*(self._engine_load(s) for s in ready))
+        kept = {s.spec.shard_id for s in ready}
+        for gone in self._cache_windows.keys() - kept:
+            del self._cache_windows[gone]
         return [entry for entry in loads if entry is not None]
 
     async def _engine_load(self, shard: Shard) -> dict[str, Any] | None:
@@ -712,6 +717,12 @@ class Supervisor:
         if r.status_code != 200:
             return None
         figures = engine_load(shard.spec.engine, r.text)
+        hits, queries = figures.pop("cache_hits", None), figures.pop("cache_queries", None)
+        if hits is not None and queries is not None:
+            window = self._cache_windows.setdefault(shard.spec.shard_id, CacheWindow())
+            rate = window.add(time.monotonic(), hits, queries)
+            if rate is not None:
+                figures["prefix_hit_rate"] = round(rate, 4)
         return {"shard_id": shard.spec.shard_id, **figures} if figures else None
 
     async def close(self) -> None:

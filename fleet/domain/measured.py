@@ -14,7 +14,8 @@ from .types import Load, Measured, ModelState
 # How full, of their measured capacity, the replicas left after a scale-down may be: below
 # one so that the load that was there a minute ago does not put them straight back over.
 SCALE_DOWN_HEADROOM = 0.7
-# Requests waiting per ready replica that count as busy.
+# Requests waiting per ready replica that count as busy, for a model that sets no
+# `target_waiting`.
 SCALE_UP_WAITING = 1.0
 
 
@@ -67,7 +68,40 @@ def combined_load(engines: Load | None, gateway: Load | None) -> Load | None:
         return gateway
     if gateway is None:
         return engines
-    return Load(running=engines.running, waiting=engines.waiting + gateway.waiting)
+    return Load(
+        running=engines.running,
+        waiting=engines.waiting + gateway.waiting,
+        kv_cache=engines.kv_cache,
+    )
+
+
+def busy_because(model: ModelSpec, load: Load, ready: int, measured: Measured | None) -> str | None:
+    """Why a model's replicas are busy, in words with the figures, or None when they are
+    not: requests waiting per ready replica at or above its `target_waiting` [1], its
+    engines' KV caches above its `kv_ceiling` on average (when it sets one), or more
+    requests running and waiting than were measured to meet its SLO."""
+    replicas = max(ready, 1)
+    counts = f"{load.waiting} waiting and {load.running} running on {ready} ready"
+    target = model.target_waiting or SCALE_UP_WAITING
+    reasons = []
+    if load.waiting / replicas >= target:
+        reasons.append(f"{counts}, {load.waiting / replicas:g} a replica (its target {target:g})")
+    ceiling, kv = model.kv_ceiling, load.kv_cache
+    if ceiling is not None and kv is not None and kv > ceiling:
+        reasons.append(
+            f"its engines' KV caches {kv:.0%} full on average, above its ceiling of {ceiling:.0%}"
+        )
+    in_flight = load.running + load.waiting
+    if measured is not None and in_flight > measured.max_concurrency * replicas:
+        reasons.append(
+            f"{in_flight} in flight, above the {measured.max_concurrency} a replica was measured "
+            "to serve within its SLO"
+        )
+    if not reasons:
+        return None
+    if not reasons[0].startswith(counts):
+        reasons.insert(0, counts)
+    return "; ".join(reasons)
 
 
 def autoscale(
@@ -82,8 +116,8 @@ def autoscale(
     """One step of scaling from load: the new state (extra replicas and the busy and quiet
     clocks) and a sentence when the extra count changed.
 
-    Busy when, per ready replica, a request or more waits, or more run and wait than were
-    measured to meet the SLO; held busy for `scale_up_after`, one more replica. Quiet when
+    Busy when `busy_because` says why (requests waiting, KV caches full, more in flight
+    than measured); held busy for `scale_up_after`, one more replica. Quiet when
     nothing waits and the replicas left would stay within 70% of what they were measured
     to hold; held quiet for `scale_down_after`, one fewer. No figures at all is unknown,
     not quiet: nothing changes.
@@ -95,20 +129,15 @@ def autoscale(
                 state, busy_since=None, quiet_since=None, extra=max(min(state.extra, room), 0)
             ), ""
         return state, ""
-    per_replica = load.waiting / max(ready, 1)
-    in_flight = load.running + load.waiting
-    over_measured = measured is not None and in_flight > measured.max_concurrency * max(ready, 1)
+    busy = busy_because(model, load, ready, measured)
     fits_in_fewer = measured is None or load.running <= SCALE_DOWN_HEADROOM * (
         measured.max_concurrency * max(ready - 1, 0)
     )
     extra = min(state.extra, room)
-    if per_replica >= SCALE_UP_WAITING or over_measured:
+    if busy is not None:
         since = state.busy_since or now
         if extra < room and (now - since).total_seconds() >= t.scale_up_after:
-            why = (
-                f"model {model.name} scales up to {model.min_replicas + extra + 1}: "
-                f"{load.waiting} waiting and {load.running} running on {ready} ready"
-            )
+            why = f"model {model.name} scales up to {model.min_replicas + extra + 1}: {busy}"
             return replace(state, extra=extra + 1, busy_since=now, quiet_since=None), why
         return replace(state, extra=extra, busy_since=since, quiet_since=None), ""
     if load.waiting == 0 and extra > 0 and fits_in_fewer:

@@ -201,10 +201,12 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Load:
-    """Requests running and waiting for a model, summed over its replicas."""
+    """Requests running and waiting for a model, summed over its replicas, and the fullest
+    KV cache among them (None: no engine reported one)."""
 
     running: int = 0
     waiting: int = 0
+    kv_cache: float | None = None
 
 
 @dataclass(frozen=True)

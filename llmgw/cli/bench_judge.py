@@ -34,12 +34,45 @@ class RequestResult:
 
 
 @dataclass(frozen=True)
+class EngineLook:
+    """The model's ready replicas' engines at one moment of a level, as ``GET /replicas``
+    showed what their agents last reported: requests queued, summed over those that said,
+    and the fullest KV cache; None where none said."""
+
+    waiting: int | None = None
+    kv_cache: float | None = None
+
+
+@dataclass(frozen=True)
 class LevelSample:
-    """The requests that finished at one level of concurrency, and how long the level ran."""
+    """The requests that finished at one level of concurrency, how long the level ran, and
+    what the engines said while it ran."""
 
     concurrency: int
     wall_s: float
     results: tuple[RequestResult, ...]
+    looks: tuple[EngineLook, ...] = ()
+
+
+def engine_look(replicas: Any) -> EngineLook:
+    """What ``GET /replicas?model=`` says the ready replicas' engines run (their ``engine``)."""
+    waiting: list[int] = []
+    kv: list[float] = []
+    for r in replicas if isinstance(replicas, list) else ():
+        said = r.get("engine") if isinstance(r, Mapping) and r.get("state") == "ready" else None
+        if not isinstance(said, Mapping):
+            continue
+        if _number(said.get("waiting")) is not None:
+            waiting.append(int(said["waiting"]))
+        if _number(said.get("kv_cache")) is not None:
+            kv.append(float(said["kv_cache"]))
+    return EngineLook(sum(waiting) if waiting else None, max(kv) if kv else None)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -85,6 +118,10 @@ class LevelSummary:
     meets_slo: bool | None
     misses: tuple[str, ...] = ()
     first_error: str = ""
+    # The most requests the engines queued, and their fullest KV cache, seen while it ran;
+    # None when no engine said (the sim, vLLM and llama-server say; a llama-server no KV).
+    waiting_max: int | None = None
+    kv_cache_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +182,11 @@ def summarize(sample: LevelSample, slo: Slo) -> LevelSummary:
                     misses.append(f"no {label} measured")
             elif got > limit:
                 misses.append(f"{label} p95 {ms_text(got)} > {number(limit)}")
+    waiting = [look.waiting for look in sample.looks if look.waiting is not None]
+    kv = [look.kv_cache for look in sample.looks if look.kv_cache is not None]
     return LevelSummary(
+        waiting_max=max(waiting) if waiting else None,
+        kv_cache_max=max(kv) if kv else None,
         concurrency=sample.concurrency,
         requests=len(results),
         errors=len(failed),
@@ -234,6 +275,8 @@ def verdict(j: Judgement, *, model: str, last_tried: int | None, interrupted: bo
     c = j.capacity
     line = f"capacity: {at_once(c.concurrency)}, {c.tok_per_sec:.0f} tok/s ({slo_text(c, j.slo)})"
     lines = [line]
+    if (seen := engines_seen(c)) is not None:
+        lines.append(seen)
     if j.missed is not None:
         lines.append(f"at {at_once(j.missed.concurrency)}: {miss_text(j.missed)}")
     elif interrupted:
@@ -241,6 +284,21 @@ def verdict(j: Judgement, *, model: str, last_tried: int | None, interrupted: bo
     elif c.concurrency == last_tried:
         lines.append("no level tried missed: it may serve more (raise --max-concurrency)")
     return lines
+
+
+def engines_seen(level: LevelSummary) -> str | None:
+    """What the engines said at a level, for the model's `target_waiting` and `kv_ceiling`:
+    "there its engines queued at most 3 requests and their KV caches were at most 87 %
+    full"; None when no engine said either."""
+    parts = []
+    if level.waiting_max is not None:
+        n = level.waiting_max
+        parts.append(f"its engines queued at most {n} request{'s' if n != 1 else ''}")
+    if level.kv_cache_max is not None:
+        parts.append(f"their KV caches were at most {level.kv_cache_max:.0%} full")
+    if not parts:
+        return None
+    return "there " + " and ".join(parts) + " (scaling's target_waiting and kv_ceiling)"
 
 
 @dataclass(frozen=True)

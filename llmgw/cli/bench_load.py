@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -19,6 +19,7 @@ import httpx
 from llmgw import __version__
 from llmgw.cli.base import CtlError
 from llmgw.cli.bench_judge import (
+    EngineLook,
     LevelSample,
     LevelSummary,
     RequestResult,
@@ -31,6 +32,8 @@ from llmgw.cli.bench_judge import (
 )
 from llmgw.cli.tables import number
 
+# Asks what the model's engines say now (the command's: `GET /replicas` of the model).
+Look = Callable[[], Awaitable[EngineLook]]
 PROMPT = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle. "
     "Describe the coast, the weather and what the message says."
@@ -219,13 +222,20 @@ class Progress:
             self._drawn = False
 
 
-async def run_level(plan: Plan, concurrency: int, progress: Progress) -> LevelSample:
-    """``concurrency`` workers sending requests back to back for ``plan.seconds``.
+LOOK_EVERY_S = 1.0  # how often the engines' readings are asked for during a level
+
+
+async def run_level(
+    plan: Plan, concurrency: int, progress: Progress, look: Look | None = None
+) -> LevelSample:
+    """``concurrency`` workers sending requests back to back for ``plan.seconds``, and
+    ``look`` asked every second meanwhile what the engines say (a failed look is none).
 
     Requests in flight at the end are waited for and counted; the level's wall
     time runs until the last of them finishes.
     """
     results: list[RequestResult] = []
+    looks: list[EngineLook] = []
     async with _client(plan, concurrency) as client:
         start = time.perf_counter()
         deadline = start + plan.seconds
@@ -239,7 +249,16 @@ async def run_level(plan: Plan, concurrency: int, progress: Progress) -> LevelSa
                 progress.draw(concurrency, time.perf_counter() - start, results)
                 await asyncio.sleep(0.1)
 
+        async def looker() -> None:
+            while look is not None and time.perf_counter() < deadline:
+                await asyncio.sleep(LOOK_EVERY_S)
+                try:
+                    looks.append(await look())
+                except Exception:  # noqa: BLE001 - a figure missed, not a level failed
+                    continue
+
         tick = asyncio.create_task(ticker()) if progress.live else None
+        watch = asyncio.create_task(looker())
         try:
             async with asyncio.TaskGroup() as group:
                 for _ in range(concurrency):
@@ -247,11 +266,20 @@ async def run_level(plan: Plan, concurrency: int, progress: Progress) -> LevelSa
         finally:
             if tick is not None:
                 tick.cancel()
+            watch.cancel()
         wall = time.perf_counter() - start
-    return LevelSample(concurrency=concurrency, wall_s=wall, results=tuple(results))
+    return LevelSample(
+        concurrency=concurrency, wall_s=wall, results=tuple(results), looks=tuple(looks)
+    )
 
 
-async def run_ramp(plan: Plan, slo: Slo, progress: Progress, samples: list[LevelSample]) -> None:
+async def run_ramp(
+    plan: Plan,
+    slo: Slo,
+    progress: Progress,
+    samples: list[LevelSample],
+    look: Look | None = None,
+) -> None:
     """A warm-up request, then each level in turn until one misses (see :func:`goes_on`).
 
     Finished levels are appended to ``samples`` as they end, so a caller
@@ -264,7 +292,7 @@ async def run_ramp(plan: Plan, slo: Slo, progress: Progress, samples: list[Level
         if not warm.ok:
             raise CtlError(f"the first request through {plan.url} failed: {warm.error}")
         for concurrency in plan.levels:
-            sample = await run_level(plan, concurrency, progress)
+            sample = await run_level(plan, concurrency, progress, look)
             samples.append(sample)
             level = summarize(sample, slo)
             progress.level_done(level)

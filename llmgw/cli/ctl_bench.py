@@ -25,11 +25,13 @@ from typing import Any
 
 from llmgw.cli.base import Api, CtlError, Output, positive_number, segment
 from llmgw.cli.bench_judge import (
+    EngineLook,
     Judgement,
     LevelSample,
     LevelSummary,
     Slo,
     at_once,
+    engine_look,
     judge,
     ladder,
     miss_text,
@@ -63,6 +65,8 @@ def level_doc(level: LevelSummary, wall_s: float) -> dict[str, Any]:
         "wall_s": round(wall_s, 3),
         "meets_slo": level.meets_slo,
         "misses": miss_text(level),
+        "engines_waiting_max": level.waiting_max,
+        "engines_kv_cache_max": level.kv_cache_max,
     }
 
 
@@ -97,6 +101,8 @@ def bench_doc(
             "tok_per_sec": round(c.tok_per_sec, 2),
             "ttft_p95_ms": _hundredth(c.ttft_p95_ms),
             "tpot_p95_ms": _hundredth(c.tpot_p95_ms),
+            "engines_waiting_max": c.waiting_max,
+            "engines_kv_cache_max": c.kv_cache_max,
         },
         "verdict": verdict(j, model=model, last_tried=tried, interrupted=interrupted),
         "interrupted": interrupted,
@@ -111,6 +117,8 @@ BENCH_HEADERS = [
     "TTFT_P95",
     "TPOT_P95",
     "TOK/S",
+    "QUEUED",
+    "KV",
     "MEETS_SLO",
 ]
 
@@ -125,6 +133,8 @@ def render_bench(doc: Mapping[str, Any]) -> str:
             ms_text(level["ttft_p95_ms"]),
             ms_text(level["tpot_p95_ms"]),
             number(level["tok_per_sec"]),
+            level["engines_waiting_max"],
+            _share(level["engines_kv_cache_max"]),
             level["meets_slo"],
         ]
         for level in doc["levels"]
@@ -132,6 +142,10 @@ def render_bench(doc: Mapping[str, Any]) -> str:
     blocks = [render(BENCH_HEADERS, rows)] if rows else []
     blocks.append("\n".join(doc["verdict"]))
     return "\n\n".join(blocks)
+
+
+def _share(value: float | None) -> str | None:
+    return None if value is None else f"{value:.0%}"
 
 
 def saved_sentence(model: str, save: Mapping[str, Any], replicas: int) -> str:
@@ -193,8 +207,12 @@ def cmd_bench(api: Api, args: argparse.Namespace, out: Output) -> None:
     )
     samples: list[LevelSample] = []
     interrupted = False
+
+    async def look() -> EngineLook:
+        return engine_look(await asyncio.to_thread(api.get, "/replicas", model=model))
+
     try:
-        asyncio.run(run_ramp(plan, slo, progress, samples))
+        asyncio.run(run_ramp(plan, slo, progress, samples, look))
     except KeyboardInterrupt:
         interrupted = True
 
@@ -265,6 +283,10 @@ workers send streaming chat completions through the gateway back to back for
 percentiles of time to first token (TTFT) and time per output token (TPOT)
 are within it. The ramp stops after the first level that misses; the capacity
 is the last level that met it.
+
+QUEUED and KV are the most requests the model's engines queued and their fullest KV
+cache while the level ran, as its agents reported them (GET /replicas, every
+second): at the capacity, the figures for scaling's target_waiting and kv_ceiling.
 
 --save stores the capacity per replica (divided by the model's ready
 replicas), where the reconciler scales the model by it."""

@@ -8,7 +8,15 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from llmgw.cli.base import Api, Output, duration, said, segment, whole_number
+from llmgw.cli.base import (
+    Api,
+    Output,
+    duration,
+    positive_number,
+    said,
+    segment,
+    whole_number,
+)
 from llmgw.cli.tables import DASH, age, cell, joined, render
 from mirror.domain.progress import fetched_said
 
@@ -19,6 +27,10 @@ def cmd_scale(api: Api, args: argparse.Namespace, out: Output) -> None:
         body["max"] = args.max
     if args.idle_timeout is not None:
         body["idle_timeout"] = args.idle_timeout
+    if args.target_waiting is not None:
+        body["target_waiting"] = args.target_waiting
+    if args.kv_ceiling is not None:
+        body["kv_ceiling"] = args.kv_ceiling
     answer = api.post(f"/models/{segment(args.name)}/scale", body)
 
     def sentence(a: Any) -> str:
@@ -79,12 +91,30 @@ def render_replicas(replicas: list[dict[str, Any]]) -> str:
                 state,
                 joined(nodes),
                 shard_gpus(shards),
+                *engine_cells(r.get("engine")),
                 r.get("endpoint"),
                 age(r.get("created_at")),
             ]
         )
-    headers = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES", "GPUS", "ENDPOINT", "AGE"]
+    headers = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES", "GPUS"]
+    headers += ["RUN", "WAIT", "KV", "HITS", "ENDPOINT", "AGE"]
     return render(headers, rows)
+
+
+def engine_cells(engine: Any) -> list[str]:
+    """What a replica's engine said: requests running and waiting, KV cache use and prefix
+    cache hit rate as percentages; ``-`` for each it did not say (absent, not 0)."""
+    said = engine if isinstance(engine, dict) else {}
+
+    def share(value: Any) -> str:
+        return f"{value:.0%}" if isinstance(value, int | float) else "-"
+
+    return [
+        cell(said.get("running")),
+        cell(said.get("waiting")),
+        share(said.get("kv_cache")),
+        share(said.get("prefix_hit_rate")),
+    ]
 
 
 def cmd_replicas(api: Api, args: argparse.Namespace, out: Output) -> None:
@@ -125,6 +155,17 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
         "--idle-timeout",
         type=duration,
         help="how long an on-demand model stays up unused: seconds, or 90s, 10m, 1h",
+    )
+    scale.add_argument(
+        "--target-waiting",
+        type=positive_number,
+        help="requests waiting per ready replica that add one (default 1; ctl bench's QUEUED)",
+    )
+    scale.add_argument(
+        "--kv-ceiling",
+        type=positive_number,
+        help="the engines' KV cache use, 0.9 for 90 %%, held above which one is added "
+        "(ctl bench's KV)",
     )
     restart = add(commands, "restart", "replace a model's replicas one at a time", cmd_restart)
     restart.add_argument("--model", required=True)

@@ -141,6 +141,9 @@ class Routing:
     imbalance: float = 2.0
     # Leading blocks of prompts remembered per model (docs/gateway.md, Routing).
     prefix_blocks: int = 16384
+    # The share of an engine's KV cache in use from which its replica counts as twice as
+    # loaded (llmgw/gateway/scoring.py); 1: only a full one.
+    kv_full: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -321,7 +324,13 @@ def _routing(env: dict[str, str]) -> Routing:
             f"LLMGW_ROUTING_PREFIX_BLOCKS must be at most {MOST_PREFIX_BLOCKS} "
             f"(about 200 MB per model), not {blocks}."
         )
-    return Routing(imbalance=imbalance, prefix_blocks=blocks)
+    kv_full = _number(env, "LLMGW_ROUTING_KV_FULL", Routing.kv_full, integer=False, kind="a share")
+    if not 0 < kv_full <= 1:
+        raise SettingError(
+            f"LLMGW_ROUTING_KV_FULL must be a share of the KV cache above 0 and at most 1 "
+            f"(0.9 is 90 %), not {env['LLMGW_ROUTING_KV_FULL']!r}."
+        )
+    return Routing(imbalance=imbalance, prefix_blocks=blocks, kv_full=kv_full)
 
 
 def _history_step(env: dict[str, str]) -> float:

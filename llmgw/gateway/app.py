@@ -49,6 +49,7 @@ REFRESH_S = 1.0  # how often the tables' fingerprints are checked
 # At most this often, a key the tables do not hold has them read again (State.key_of).
 MISS_REFRESH_S = 0.25
 FLUSH_S = 2.0  # how often usage is written
+READINGS_S = 2.0  # how often the engines' readings are read (agents report every few seconds)
 
 
 class Runtime(State):
@@ -168,6 +169,20 @@ class Runtime(State):
             self.changed.set()
             self.changed = asyncio.Event()
 
+    async def _read_readings(self) -> None:
+        """What the ready replicas' engines last said, as their agents reported it; none
+        read while no model has a ready replica. A failed read keeps the last: it is a
+        guide to routing, not a condition of it."""
+        if not self.tables.upstreams:
+            self.readings_read({})
+            return
+        from fleet.selectors import replica_readings
+
+        try:
+            self.readings_read(await in_a_thread(replica_readings)())
+        except Exception:  # noqa: BLE001 - the database being away: route on what we have
+            log.warning("could not read the engines' readings; keeping the last", exc_info=True)
+
     async def _flush(self) -> None:
         tallies, used = self.usage.take()
         if not tallies and not used:
@@ -203,7 +218,7 @@ class Runtime(State):
             log.debug("could not publish the gateway's load: %s", exc)
 
     async def _background(self) -> None:
-        last_flush = time.monotonic()
+        last_flush = last_readings = time.monotonic()
         # Every second while the database is away: said when it starts and when it ends.
         outage = Outage("the gateway's refresh of its tables and usage", log)
         while True:
@@ -212,6 +227,9 @@ class Runtime(State):
                 self.usage.progress()
                 await self._refresh()
                 await self._publish()
+                if time.monotonic() - last_readings >= READINGS_S:
+                    last_readings = time.monotonic()
+                    await self._read_readings()
                 if time.monotonic() - last_flush >= FLUSH_S:
                     last_flush = time.monotonic()
                     await self._flush()

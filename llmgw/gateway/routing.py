@@ -13,6 +13,7 @@ from llmgw.core import tracing
 from llmgw.gateway import metrics
 from llmgw.gateway.answers import ClientGone, Receive, Refused, Send
 from llmgw.gateway.load import BOARD
+from llmgw.gateway.scoring import reading_words
 from llmgw.gateway.state import Picked, Request, State, in_a_thread
 from llmgw.gateway.upstream import Unreachable, proxy
 
@@ -115,8 +116,9 @@ def _routing_said(span, rt: State, req: Request, picked: Picked | None) -> None:
 
 
 def routing_why(picked: Picked, ready: int) -> str:
-    """Why a replica was chosen, in words, with the figures."""
-    of = f"{picked.inflight} in flight, of {ready} ready"
+    """Why a replica was chosen, in words, with the figures (what its engine said too)."""
+    engine = reading_words(picked.reading)
+    of = f"{picked.inflight} in flight, of {ready} ready" + (f"; {engine}" if engine else "")
     if picked.how == "prefix":
         return (
             f"it served {picked.depth} of the {picked.blocks} leading blocks of this prompt "
@@ -131,6 +133,8 @@ def routing_why(picked: Picked, ready: int) -> str:
         return f"next in turn ({of})"
     if picked.how == "suspect":
         return f"only replicas refusing connections lately were left ({of})"
+    if engine:
+        return f"least loaded ({of})"
     return f"fewest requests in flight ({picked.inflight}) of {ready} ready"
 
 

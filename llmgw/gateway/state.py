@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
 from channels.db import database_sync_to_async
@@ -20,8 +21,12 @@ from llmgw.gateway.answers import bad_key, no_key, unknown_model
 from llmgw.gateway.journal import Journal
 from llmgw.gateway.limits import Held, Limiter, LocalCounters, RedisCounters
 from llmgw.gateway.prefixes import PrefixTable, block_hashes, choose, prompt_text
+from llmgw.gateway.scoring import replica_load
 from llmgw.gateway.tables import Key, Tables, Upstream
 from llmgw.gateway.usage import UsageBook
+
+if TYPE_CHECKING:
+    from fleet.domain.readings import Reading
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -86,6 +91,7 @@ class Picked:
     depth: int = 0
     blocks: int = 0
     inflight: int = 0  # requests it had in flight before this one
+    reading: Reading | None = None  # what its engine last said, when it said anything
 
 
 class State:
@@ -103,6 +109,9 @@ class State:
         self.limiter = Limiter(counters)
         self.usage = UsageBook(journal)
         self.inflight: dict[str, int] = {}
+        # What each ready replica's engine last said (`scoring`), read every few seconds.
+        self.readings: dict[str, Reading] = {}
+        self.inflight_read: dict[str, int] = {}  # our in-flight counts when they were read
         self.suspect: dict[str, float] = {}
         self.turn = 0
         self.prefixes: dict[str, PrefixTable] = {}  # per model, what its replicas served lately
@@ -168,7 +177,9 @@ class State:
     def pick(self, model: str, tried: set[str], req: Request | None = None) -> Picked | None:
         """A ready replica of `model` for `req`, by its profiles' routing: the one holding
         the longest prefix of its prompt unless it is too loaded (`prefixes.choose`; what
-        each served is told by `served`), the least loaded, or the next in turn. The
+        each served is told by `served`), the least loaded (by what this gateway has in
+        flight and what the engines say they run and queue: `scoring.replica_load`), or
+        the next in turn. The
         prompt is hashed only for a model routed by prefix whose replicas served some.
         Replicas tried already, or recently refusing connections, only when nothing else
         is left."""
@@ -184,8 +195,18 @@ class State:
         fresh = [u for u in candidates if self.suspect.get(u.replica_id, 0) <= now]
         if not fresh:
             return Picked(candidates[0], "suspect") if candidates else None
-        inflight = self.inflight
-        loads = [(inflight.get(u.replica_id, 0) + 1) / u.weight for u in fresh]
+        inflight, readings, then = self.inflight, self.readings, self.inflight_read
+        full = self.cfg.routing.kv_full
+        loads = [
+            replica_load(
+                inflight.get(u.replica_id, 0),
+                u.weight,
+                readings.get(u.replica_id),
+                then.get(u.replica_id, 0),
+                full,
+            )
+            for u in fresh
+        ]
         routings = {u.routing for u in fresh}
         if routings == {"round_robin"}:
             return Picked(fresh[0], "round_robin", inflight=inflight.get(fresh[0].replica_id, 0))
@@ -203,7 +224,13 @@ class State:
         choice = choose(loads, depths, self.cfg.routing.imbalance)
         up = fresh[choice.index]
         held = inflight.get(up.replica_id, 0)
-        return Picked(up, choice.how, choice.depth, len(prefix), held)
+        return Picked(up, choice.how, choice.depth, len(prefix), held, readings.get(up.replica_id))
+
+    def readings_read(self, readings: dict[str, Reading]) -> None:
+        """The engines' readings, just read: kept with this gateway's in-flight counts now,
+        which the engines' counts include (`scoring.replica_load` takes them out again)."""
+        self.readings = readings
+        self.inflight_read = {r: self.inflight.get(r, 0) for r in readings}
 
     def served(self, up: Upstream, req: Request) -> None:
         """`up` answered `req`: its engine holds the prompt's leading blocks now. Not before

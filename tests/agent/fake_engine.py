@@ -5,7 +5,8 @@ plus behaviour switches a profile's args can carry:
 
 - ``--exit-with CODE``: print a line and exit at once with CODE;
 - ``--never-ready``: /health answers 503 forever;
-- ``--running N --waiting N --kv F``: the figures /metrics reports;
+- ``--running N --waiting N --kv F``: the figures /metrics reports; its prefix cache's
+  counters grow by 100 tokens looked up and 30 found at each read;
 - ``--traceback``: print a Python traceback and 40 lines of noise, then exit 1;
 - ``--kill-self SIGNAL``: once up, end by that signal (9: as the kernel's OOM killer does);
 - ``--grow-mb N``: once up, take N MB more resident memory every 0.1 s, without end.
@@ -52,6 +53,7 @@ def main() -> None:
     if args.grow_mb:
         threading.Thread(target=_grow, args=(args.grow_mb,), daemon=True).start()
     key = os.environ.get("LLMGW_ENGINE_API_KEY", "")
+    reads = [0]
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -61,9 +63,12 @@ def main() -> None:
                 if self.headers.get("Authorization") != f"Bearer {key}":
                     self._answer(401, "unauthorized\n")
                     return
+                reads[0] += 1
                 self._answer(
                     200,
                     (
+                        f"vllm:prefix_cache_queries_total {100 * reads[0]}\n"
+                        f"vllm:prefix_cache_hits_total {30 * reads[0]}\n"
                         "# TYPE llmgw_sim:requests_running gauge\n"
                         f'llmgw_sim:requests_running{{model_name="{args.model}"}} {args.running}\n'
                         f"llmgw_sim:requests_waiting {args.waiting}\n"

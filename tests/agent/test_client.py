@@ -206,6 +206,9 @@ async def test_the_agent_registers_runs_a_shard_and_survives_a_control_plane_res
             "type": "engine_load",
             "shards": [{"shard_id": "s1", "running": 3, "waiting": 1, "kv_cache": 0.25}],
         }
+        # From the second read on, the prefix cache's hit rate over the reads: 30 of 100.
+        later = (await cp.until("engine_load", count=2))[1]
+        assert later["shards"][0]["prefix_hit_rate"] == 0.3
 
         pid = agent.supervisor.get("s1").pid
         await cp.send(start_shard(port))  # again: re-reported, not started twice

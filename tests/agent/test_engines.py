@@ -4,11 +4,13 @@ import pytest
 
 from fleet.agent import engines
 from fleet.agent.engines import (
+    CacheWindow,
     EngineError,
     NodeContext,
     ShardSpec,
     build_command,
     engine_load,
+    hit_rate,
     parse_prometheus,
     use_binary,
 )
@@ -276,3 +278,46 @@ def test_a_missing_figure_is_left_out():
 def test_prometheus_labels_may_hold_braces_spaces_and_quotes():
     text = 'x{a="} {",b="say \\"hi\\""} 3\nx{a="2"} 4\nbad line\ny NaN\nz +Inf\n'
     assert parse_prometheus(text) == {"x": [3.0, 4.0]}
+
+
+def test_an_older_llama_server_s_kv_cache_ratio_is_read():
+    text = LLAMA_METRICS + "llamacpp:kv_cache_usage_ratio 0.75\n"
+    assert engine_load("llamacpp", text)["kv_cache"] == 0.75
+
+
+def test_the_sim_engine_is_read_by_vllm_s_names():
+    text = (
+        "vllm:num_requests_running 2\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.5\n"
+    )
+    assert engine_load("sim", text) == {"running": 2, "waiting": 1, "kv_cache": 0.5}
+
+
+def test_prefix_cache_counters_are_read_in_tokens():
+    vllm = (
+        'vllm:prefix_cache_queries_total{engine="0"} 1000.0\n'
+        'vllm:prefix_cache_hits_total{engine="0"} 250.0\n'
+    )
+    assert engine_load("vllm", vllm) == {"cache_hits": 250.0, "cache_queries": 1000.0}
+    # llama-server counts what it prefilled apart from what it found cached.
+    llama = "llamacpp:prompt_tokens_total 300\nllamacpp:prompt_tokens_cached_total 100\n"
+    assert engine_load("llamacpp", llama) == {"cache_hits": 100.0, "cache_queries": 400.0}
+    # One counter of the two is no hit rate.
+    assert engine_load("vllm", 'vllm:prefix_cache_hits_total{engine="0"} 250.0\n') == {}
+
+
+def test_hit_rate_is_over_the_window_and_absent_when_nothing_was_looked_up():
+    assert hit_rate((0, 0), (30, 100)) == 0.3
+    assert hit_rate((30, 100), (30, 100)) is None  # idle: no rate, not 0
+    assert hit_rate((30, 100), (0, 10)) is None  # counters went back
+    window = CacheWindow(window_s=60)
+    assert window.add(0, 0, 0) is None
+    assert window.add(5, 50, 100) == 0.5
+    assert window.add(30, 50, 200) == 0.25  # the first read is still in the window
+    assert window.add(70, 50, 300) == 0.0  # over 5..70, the read at 0 left it
+    assert window.add(200, 50, 300) is None  # nothing looked up in the last minute
+    assert window.add(205, 10, 20) is None  # the engine started again: counters anew
+    assert window.add(210, 20, 40) == 0.5
+
+
+def test_kv_cache_use_above_one_is_read_as_full():
+    assert engine_load("vllm", "vllm:kv_cache_usage_perc 1.0000001\n") == {"kv_cache": 1.0}

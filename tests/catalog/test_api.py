@@ -223,7 +223,7 @@ def test_scaling_a_model_changes_min_and_max(api):
     [
         ({"min": 5, "max": 2}, "below min"),
         ({"max": 0, "min": 1}, "below min"),
-        ({}, "min, max or idle_timeout"),
+        ({}, "min, max, idle_timeout, target_waiting or kv_ceiling"),
         ({"min": -1}, "min"),
         ({"replicas": 3}, "replicas"),
         ({"idle_timeout": 0}, "idle_timeout"),
@@ -231,6 +231,8 @@ def test_scaling_a_model_changes_min_and_max(api):
         ({"max": 10_001}, "max must be at most 10000 replicas, not 10001"),
         ({"min": 10**30}, "min must be at most 10000 replicas"),
         ({"idle_timeout": 10**9}, "idle_timeout must be at most 2592000 seconds"),
+        ({"kv_ceiling": 1.2}, "kv_ceiling must be a share of the KV cache above 0 and at most 1"),
+        ({"target_waiting": 0}, "target_waiting must be more than 0"),
     ],
 )
 def test_a_bad_scale_is_400_and_changes_nothing(api, scaling, says):
@@ -253,6 +255,17 @@ def test_adding_and_scaling_refuse_the_same_replica_bound_in_the_same_words(api,
     assert (added.status_code, scaled.status_code) == (400, 400)
     says = f"model llama: {key} must be at most 10000 replicas, not 10001."
     assert detail(added) == detail(scaled) == says
+
+
+def test_scaling_sets_the_autoscalers_thresholds_and_keeps_those_left_out(api):
+    api.call("POST", "/models", gpu_model("llama", scaling={"min": 1, "max": 3}))
+
+    response = api.call("POST", "/models/llama/scale", {"kv_ceiling": 0.85, "target_waiting": 2})
+    assert response.status_code == 200, response.content
+    assert (response.json()["kv_ceiling"], response.json()["target_waiting"]) == (0.85, 2.0)
+    api.call("POST", "/models/llama/scale", {"max": 4})
+    row = Model.objects.get()
+    assert (row.max_replicas, row.kv_ceiling, row.target_waiting) == (4, 0.85, 2.0)
 
 
 def test_scaling_to_ten_thousand_replicas_is_allowed(api):

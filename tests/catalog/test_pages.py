@@ -349,6 +349,7 @@ def test_a_models_page_shows_replicas_explanation_headroom_measurements_and_the_
     replica = re.search(r'<tr data-replica="llama-a1">(.*?)</tr>', html, re.S)[1]
     assert '<a href="/nodes/gpu-a" data-node="gpu-a">gpu-a</a>' in replica
     assert "gpu-a:0" in replica and "state-ready" in replica and "outdated" in replica
+    assert "data-engine-reading" not in replica, "its engine said nothing: no figures, not 0"
     assert re.search(r"<time datetime=", replica)
     explanation = html[html.index('id="explanation"') : html.index('id="headroom"')]
     assert (
@@ -680,8 +681,9 @@ def test_a_models_page_makes_as_many_queries_at_40_replicas_as_at_one(
 
     # The analysis (headroom, the dry run) and the record (events, measurements) come after
     # the page as fragments of their own; the page reads the catalog, the states and the
-    # replicas once (it was 64, and 39 with them inline).
-    with django_assert_max_num_queries(12) as many:
+    # replicas once (it was 64, and 39 with them inline), and what their engines said
+    # from their nodes' loads (one more, a few per 500 nodes).
+    with django_assert_max_num_queries(13) as many:
         response = staff.get("/models/llama")
 
     assert response.content.decode().count("<tr data-replica=") == 41
@@ -725,3 +727,15 @@ def test_a_replica_whose_agent_fetches_its_weights_says_how_far_on_the_model_pag
     html = staff.get("/models/llama").content.decode()
 
     assert "fetching 40% of 250 MB" in html
+
+
+def test_a_models_page_shows_what_each_replicas_engine_said(staff, fleet):
+    from fleet.models import Node, Shard
+
+    shard = Shard.objects.get(replica_id="llama-a1")
+    said = {"running": 3, "waiting": 0, "kv_cache": 0.456, "prefix_hit_rate": 0.25}
+    Node.objects.filter(pk="gpu-a").update(load={"engines": {shard.id: said}})
+    html = staff.get("/models/llama?fragment=replicas", **HTMX).content.decode()
+    replica = re.search(r'<tr data-replica="llama-a1">(.*?)</tr>', html, re.S)[1]
+    shown = re.search(r"data-engine-reading>(.*?)</span>\s*</td>", replica, re.S)[1]
+    assert re.sub(r"<[^>]+>", "", shown) == "runs 3 · queues 0 · KV 46% · hits 25%"

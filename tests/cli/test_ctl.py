@@ -26,7 +26,8 @@ MODELS_HEADERS = [
     "PROFILES",
     "FALLBACKS",
 ]
-REPLICAS_HEADERS = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES", "GPUS", "ENDPOINT", "AGE"]
+REPLICAS_HEADERS = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES", "GPUS"]
+REPLICAS_HEADERS += ["RUN", "WAIT", "KV", "HITS", "ENDPOINT", "AGE"]
 
 
 # Requests: method, path, headers
@@ -409,6 +410,10 @@ def test_scale_sends_min_max_and_the_idle_timeout_in_seconds(capsys):
     assert out.strip() == "qwen-7b: min 0, max 3"
     run(capsys, server, "scale", "qwen-7b", "--min", "2")
     assert server.body() == {"min": 2}
+    run(capsys, server, "scale", "qwen-7b", "--min", "1", "--kv-ceiling", "0.9")
+    assert server.body() == {"min": 1, "kv_ceiling": 0.9}
+    run(capsys, server, "scale", "qwen-7b", "--min", "1", "--target-waiting", "2")
+    assert server.body() == {"min": 1, "target_waiting": 2.0}
 
 
 def test_scale_refuses_a_negative_count_before_asking(capsys):
@@ -453,6 +458,8 @@ def replicas() -> list[dict[str, Any]]:
             "endpoint": "http://10.0.0.1:20001",
             "created_at": ago(7200),
             "outdated": True,
+            # A llama-server: no KV use said.
+            "engine": {"running": 4, "waiting": 2, "kv_cache": None, "prefix_hit_rate": 0.625},
         },
         {
             "id": "qwen-7b-1a2",
@@ -480,6 +487,10 @@ def test_replicas_shows_shard_nodes_gpus_and_outdated(capsys):
         "ready (outdated)",
         "gpu-1, gpu-2",
         "gpu-1:4,5,6,7 gpu-2:0,1,2,3",
+        "4",
+        "2",
+        "-",
+        "62%",
         "http://10.0.0.1:20001",
         "2h",
     ]
@@ -489,6 +500,10 @@ def test_replicas_shows_shard_nodes_gpus_and_outdated(capsys):
         "cpu",
         "starting",
         "cpu-1",
+        "-",
+        "-",
+        "-",
+        "-",
         "-",
         "-",
         "42s",

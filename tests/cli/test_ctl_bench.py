@@ -22,11 +22,14 @@ from fleet.models import Replica
 from llmgw.cli import ctl, ctl_bench
 from llmgw.cli.base import CtlError
 from llmgw.cli.bench_judge import (
+    EngineLook,
     LevelSample,
     LevelSummary,
     ReplicaBasis,
     RequestResult,
     Slo,
+    engine_look,
+    engines_seen,
     judge,
     ladder,
     per_replica,
@@ -627,9 +630,11 @@ def test_levels_within_the_slo_give_the_last_as_the_capacity(capsys, engine, mon
         "TTFT_P95",
         "TPOT_P95",
         "TOK/S",
+        "QUEUED",
+        "KV",
         "MEETS_SLO",
     ]
-    assert [(r[0], r[2], r[6]) for r in rows[1:]] == [("1", "0", "yes"), ("2", "0", "yes")]
+    assert [(r[0], r[2], r[8]) for r in rows[1:]] == [("1", "0", "yes"), ("2", "0", "yes")]
     assert all(int(r[1]) > 0 for r in rows[1:])
     assert sentences.startswith("capacity: 2 requests at once, ")
     assert "no level tried missed: it may serve more" in sentences
@@ -650,7 +655,7 @@ def test_the_ramp_stops_after_the_first_level_that_misses(capsys, engine):
 
     assert code == 0
     rows = table(out.split("\n\n")[0])
-    assert [(r[0], r[6]) for r in rows[1:]] == [("1", "yes"), ("2", "no")]
+    assert [(r[0], r[8]) for r in rows[1:]] == [("1", "yes"), ("2", "no")]
     sentences = out.split("\n\n")[1].splitlines()
     assert sentences[0].startswith("capacity: 1 request at once, ")
     assert sentences[1].startswith("at 2 requests at once: ttft p95 ")
@@ -699,7 +704,7 @@ def test_with_no_slo_every_level_runs_and_none_is_judged(capsys, engine):
 
     assert code == 0
     rows = table(out.split("\n\n")[0])
-    assert [(r[0], r[6]) for r in rows[1:]] == [("1", "-"), ("2", "-")]
+    assert [(r[0], r[8]) for r in rows[1:]] == [("1", "-"), ("2", "-")]
     assert out.split("\n\n")[1].startswith("no capacity judged: llama has no SLO")
     assert err.splitlines()[0].endswith("; it has no SLO, so no capacity will be judged")
 
@@ -806,3 +811,54 @@ def test_a_saved_bench_is_what_ctl_capacity_lists(capsys, engine, server):
 
     assert ctl.main(["capacity"], transport=server) == 0
     assert table(capsys.readouterr().out)[1][:3] == ["llama", "cpu", "1"]
+
+
+def test_the_queue_and_kv_use_the_engines_said_at_capacity_are_reported(capsys, engine):
+    gateway = engine(**FAST)
+    said = replica("cpu") | {"engine": {"running": 2, "waiting": 3, "kv_cache": 0.871}}
+    quiet = replica("cpu") | {"engine": {"running": 1, "waiting": 0, "kv_cache": None}}
+    server = admin({"ttft_p95_ms": 1000}, [said, quiet, replica("cpu", "starting")])
+
+    code, out, err = bench(
+        capsys, server, gateway, "--key", KEY, "--levels", "1", "--seconds", "1.5", "--json"
+    )
+
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["levels"][0]["engines_waiting_max"] == 3  # summed over the replicas that said
+    assert doc["levels"][0]["engines_kv_cache_max"] == 0.871  # the fullest
+    assert doc["capacity"]["engines_waiting_max"] == 3
+    assert doc["verdict"][1] == (
+        "there its engines queued at most 3 requests and their KV caches were at most 87% full "
+        "(scaling's target_waiting and kv_ceiling)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("replicas", "look"),
+    [
+        ([], EngineLook(None, None)),
+        # Not ready, or nothing said: no figure, not 0.
+        ([{"state": "starting", "engine": {"waiting": 4}}, {"state": "ready"}], EngineLook()),
+        ([{"state": "ready", "engine": {"waiting": 0, "kv_cache": None}}], EngineLook(0, None)),
+        (
+            [{"state": "ready", "engine": {"waiting": 2, "kv_cache": 0.5}},
+             {"state": "ready", "engine": {"waiting": 1, "kv_cache": 0.9}}],
+            EngineLook(3, 0.9),
+        ),
+        ("not a list", EngineLook()),
+    ],
+)  # fmt: skip
+def test_engine_look(replicas, look):
+    assert engine_look(replicas) == look
+
+
+def test_a_level_no_engine_spoke_at_says_nothing_of_them():
+    sample = LevelSample(concurrency=1, wall_s=1.0, results=(), looks=(EngineLook(),))
+    level = summarize(sample, Slo())
+    assert (level.waiting_max, level.kv_cache_max) == (None, None)
+    assert engines_seen(level) is None
+    sample = LevelSample(1, 1.0, (), looks=(EngineLook(1, None), EngineLook(0, None)))
+    assert engines_seen(summarize(sample, Slo())) == (
+        "there its engines queued at most 1 request (scaling's target_waiting and kv_ceiling)"
+    )

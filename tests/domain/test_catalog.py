@@ -83,6 +83,28 @@ def test_max_below_min_is_refused():
     refused(a_model(scaling={"min": 3, "max": 2}), r"max \(2\) is below min \(3\)")
 
 
+def test_scaling_takes_a_target_of_waiting_requests_and_a_kv_ceiling():
+    m = parse_model(a_model(scaling={"min": 1, "max": 3, "target_waiting": 2, "kv_ceiling": 0.9}))
+    assert (m.target_waiting, m.kv_ceiling) == (2.0, 0.9)
+    m = parse_model(a_model(scaling={"min": 1, "max": 3}))
+    assert (m.target_waiting, m.kv_ceiling) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("scaling", "match"),
+    [
+        ({"kv_ceiling": 1.5}, r"kv_ceiling must be a share of the KV cache above 0 and at most 1 "
+         r"\(0.9 is 90 %\), not 1.5"),
+        ({"kv_ceiling": 0}, "kv_ceiling must be more than 0, not 0"),
+        ({"kv_ceiling": "high"}, "kv_ceiling must be a number, not 'high'"),
+        ({"target_waiting": -1}, "target_waiting must be more than 0, not -1"),
+        ({"target_waiting": float("inf")}, "target_waiting must be above 0"),
+    ],
+)  # fmt: skip
+def test_bad_scaling_thresholds_are_refused_with_a_sentence(scaling, match):
+    refused(a_model(scaling=scaling), match)
+
+
 def test_negative_min_is_refused():
     refused(a_model(scaling={"min": -1}), "min must be at least 0")
 

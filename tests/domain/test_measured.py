@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from fleet.domain.capacity import headroom
 from fleet.domain.measured import ordered_profiles
 from fleet.domain.placement import Inventory
@@ -137,3 +139,63 @@ def test_the_gateway_and_the_engines_load_combine_without_counting_a_request_twi
     assert combined_load(None, gateway) == gateway
     assert combined_load(engines, None) == engines
     assert combined_load(None, None) is None
+
+
+def test_kv_caches_held_above_the_model_s_ceiling_scale_it_up_and_say_why():
+    c = two_nodes_llama()
+    full = Load(running=3, waiting=0, kv_cache=0.95)
+    hold(c, full, TIMINGS.scale_up_after + 1)
+    assert live(c) == 1, "scaled up on KV use with no ceiling set"
+    c.change(models={"llama": replace(c.snap.models["llama"], kv_ceiling=0.9)})
+    c.change(loads={"llama": full})
+    c.step()
+    c.wait(TIMINGS.scale_up_after + 1)
+    plan = c.step()
+    assert live(c) == 2
+    [said] = [e for e in plan.events if "scales up" in e]
+    assert said == (
+        "model llama scales up to 2: 0 waiting and 3 running on 1 ready; "
+        "its engines' KV caches 95% full on average, above its ceiling of 90%"
+    )
+
+
+def test_kv_use_that_dips_below_the_ceiling_restarts_the_busy_clock():
+    c = two_nodes_llama()
+    c.change(models={"llama": replace(c.snap.models["llama"], kv_ceiling=0.9)})
+    hold(c, Load(running=3, kv_cache=0.95), TIMINGS.scale_up_after - 1)
+    hold(c, Load(running=3, kv_cache=0.5), 2)
+    hold(c, Load(running=3, kv_cache=0.95), TIMINGS.scale_up_after - 1)
+    assert live(c) == 1
+
+
+@pytest.mark.parametrize(
+    ("load", "target_waiting", "kv_ceiling", "measured", "why"),
+    [
+        (Load(running=4, waiting=0), None, None, None, None),
+        (Load(running=4, waiting=1), None, None, None, "1 waiting and 4 running on 1 ready, 1 a replica (its target 1)"),
+        (Load(running=4, waiting=1), 2.0, None, None, None),
+        (Load(running=4, waiting=2), 2.0, None, None, "2 waiting and 4 running on 1 ready, 2 a replica (its target 2)"),
+        # A KV use not reported is not full; one at the ceiling is not above it.
+        (Load(running=4, waiting=0, kv_cache=None), None, 0.9, None, None),
+        (Load(running=4, waiting=0, kv_cache=0.9), None, 0.9, None, None),
+        (Load(running=4, waiting=0, kv_cache=0.91), None, None, None, None),
+        (
+            Load(running=4, waiting=1, kv_cache=0.99),
+            None,
+            0.8,
+            Measured(4, 100),
+            "1 waiting and 4 running on 1 ready, 1 a replica (its target 1); "
+            "its engines' KV caches 99% full on average, above its ceiling of 80%; "
+            "5 in flight, above the 4 a replica was measured to serve within its SLO",
+        ),
+    ],
+)  # fmt: skip
+def test_busy_because_names_each_reason_with_its_figures(
+    load, target_waiting, kv_ceiling, measured, why
+):
+    from fleet.domain.measured import busy_because
+
+    spec = replace(
+        model("llama", TP4, min=1, max=2), target_waiting=target_waiting, kv_ceiling=kv_ceiling
+    )
+    assert busy_because(spec, load, 1, measured) == why

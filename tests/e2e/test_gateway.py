@@ -703,3 +703,36 @@ def test_a_conversations_turns_go_to_the_replica_holding_its_prefix(site):
         return 0.0
 
     wait_for("the routed requests counted", lambda: routed("prefix") >= 11)
+
+
+def test_each_replicas_engine_reading_reaches_metrics_and_ctl_replicas(site):
+    """The sim engine's vLLM series, read by a real agent, reported to the control plane:
+    on /metrics and in ctl replicas."""
+    cluster = site.cluster
+    client = site.client()
+    for _ in range(3):  # prompt tokens looked up, so a hit rate is said
+        client.chat.completions.create(model="chat", messages=HELLO, max_tokens=1)
+
+    def series(name: str) -> dict[str, float]:
+        text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
+        return {
+            s.labels["replica"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name and s.labels.get("model") == "chat"
+        }
+
+    [ready] = [r["id"] for r in cluster.ready_replicas("chat")]
+    wait_for("chat's engine reading on /metrics", lambda: ready in series("llmgw_replica_running"))
+    assert series("llmgw_replica_waiting")[ready] == 0
+    assert 0 <= series("llmgw_replica_kv_cache_usage_ratio")[ready] <= 1
+    wait_for(
+        "chat's prefix cache hit ratio on /metrics",
+        lambda: ready in series("llmgw_replica_prefix_cache_hit_ratio"),
+    )
+
+    done = cluster.ctl("replicas", "--model", "chat")
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()[0].split(), done.stdout.splitlines()[1].split()
+    said = dict(zip(header, row, strict=False))
+    assert said["RUN"].isdigit() and said["WAIT"] == "0" and said["KV"].endswith("%")

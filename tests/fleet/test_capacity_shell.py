@@ -9,6 +9,7 @@ import pytest
 from django.db import DatabaseError
 
 from catalog.models import Measurement, Model
+from fleet.domain.readings import Reading
 from fleet.events import ShardStatus
 from fleet.models import ModelState, Node, Replica
 from fleet.readings import Revised
@@ -230,6 +231,45 @@ def test_the_reconciler_takes_engine_load_and_scales_up_held_busy(no_settle, set
 
     assert Replica.objects.count() == 2
     assert ModelState.objects.get(pk="chat").extra == 1
+
+
+def test_kv_caches_full_past_the_models_ceiling_scale_it_up_with_nothing_waiting(
+    no_settle, settings
+):
+    from fleet import listings
+    from fleet.models import EventRecord
+    from fleet.selectors import replica_readings, replica_views
+
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat", scaling={"min": 1, "max": 2, "kv_ceiling": 0.8}))
+    reconcile_once(now=T0)
+    first = Replica.objects.get()
+    ready(first, at(1))
+    shard = first.shards.get()
+    said = {"running": 4, "waiting": 0, "kv_cache": 0.93, "prefix_hit_rate": 0.5}
+    for second in (5, 35, 66):
+        heard("gpu-a", at(second))
+        Node.objects.filter(pk="gpu-a").update(load={"engines": {shard.id: said}})
+        reconcile_once(now=at(second))
+
+    assert replica_readings(replica_views())[first.id] == Reading(4, 0, 0.93, 0.5)
+    assert replica_readings()[first.id] == Reading(4, 0, 0.93, 0.5)  # the gateway's: every one
+    [listed] = [r for r in listings.replicas_list(model="chat") if r["id"] == first.id]
+    assert listed["engine"] == said
+    assert ModelState.objects.get(pk="chat").extra == 1
+    assert EventRecord.objects.filter(
+        message__contains="its engines' KV caches 93% full on average, above its ceiling of 80%"
+    ).exists()
+
+
+def test_a_replica_whose_engine_said_nothing_has_no_reading(no_settle):
+    from fleet.selectors import replica_readings
+
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    model_added(gpu_model("chat"))
+    reconcile_once(now=T0)
+    ready(Replica.objects.get(), at(1))
+    assert replica_readings() == {}
 
 
 def test_requests_waiting_at_the_gateway_scale_a_model_up_too(no_settle, settings):

@@ -211,6 +211,11 @@ def a_whole_cluster(no_settle) -> None:
     ModelState.objects.filter(pk="huge").update(failures=5, parked_since=at(1))
     heard("gpu-a", at(2), SENSED)
     heard("gpu-b", at(2), {"gpus": [{"index": 0, "temp_c": 50}]})
+    # chat's engine said what it runs; a llama-server would say no KV use, absent then.
+    shard = Replica.objects.get(model="chat").shards.get()
+    gpu_a = Node.objects.get(pk="gpu-a")
+    said = {"running": 3, "waiting": 1, "kv_cache": 0.42, "prefix_hit_rate": 0.8}
+    Node.objects.filter(pk="gpu-a").update(load={**gpu_a.load, "engines": {shard.id: said}})
     # Its agent could not install llama.cpp from the mirror.
     Node.objects.filter(pk="gpu-b").update(
         engine_installs=[
@@ -295,6 +300,10 @@ def test_the_fleet_as_it_stands(no_settle):
         "llmgw_model_unplaceable model=huge -> 1",
         "llmgw_model_unplaceable model=chat -> 0",
         "llmgw_model_preempted_total class=standard model=chat -> 3",
+        f"llmgw_replica_running model=chat replica={placed.replica_id} -> 3",
+        f"llmgw_replica_waiting model=chat replica={placed.replica_id} -> 1",
+        f"llmgw_replica_kv_cache_usage_ratio model=chat replica={placed.replica_id} -> 0.42",
+        f"llmgw_replica_prefix_cache_hit_ratio model=chat replica={placed.replica_id} -> 0.8",
         "llmgw_capacity_holds resource=gpus scope=org:Acme -> 1",
         "llmgw_capacity_guarantee resource=gpus scope=org:Acme -> 1",
         "llmgw_capacity_limit resource=gpus scope=org:Acme -> 2",

@@ -777,9 +777,9 @@ def test_a_node_page_makes_the_same_few_queries_whatever_it_runs(staff, now):
     for i in range(8):
         place(f"m{i}-1", f"m{i}", "gpu-a", [i], now=now)
     count, _ = queries(staff, "/nodes/gpu-a")
-    # Session, user, the node, its GPUs, the shards holding them, its replicas, and what
-    # happened to it: its events and the changes people made to it.
-    assert count == 8
+    # Session, user, the node, its GPUs, the shards holding them, its replicas, what their
+    # engines said, and what happened to it: its events and the changes people made to it.
+    assert count == 9
 
 
 def test_a_nodes_page_says_when_it_was_seen_its_disk_weights_and_what_each_replica_uses(staff, now):
@@ -796,6 +796,8 @@ def test_a_nodes_page_says_when_it_was_seen_its_disk_weights_and_what_each_repli
         "gpu-a",
         shards={"llama-1-0": {"cpu_cores": 1.5, "rss_bytes": 2 << 30}},
         gpus=[{"index": 0, "memory_used_mb": 40960}, {"index": 1, "memory_used_mb": 20480}],
+        # What its engine said: a llama-server, so no KV use.
+        engines={"llama-1-0": {"running": 4, "waiting": 2, "prefix_hit_rate": 0.8}},
     )
     body = staff.get("/nodes/gpu-a").content.decode()
     # When it was last seen: relative, the exact time on hover.
@@ -811,6 +813,10 @@ def test_a_nodes_page_says_when_it_was_seen_its_disk_weights_and_what_each_repli
     assert '<td class="num" data-use="cores">1.5</td>' in row
     assert '<td class="num" data-use="memory">2.0\xa0GB</td>' in row
     assert '<td class="num" data-use="gpu-memory">60.0 GB</td>' in row
+    said = re.search(
+        r"<span class=\"engine-reading\" data-engine-reading>(.*?)</span>\s*</td>", row
+    )
+    assert re.sub(r"<[^>]+>", "", said.group(1)) == "runs 4 · queues 2 · hits 80%"
 
 
 def test_a_replica_use_no_node_reported_has_no_column(staff, now):

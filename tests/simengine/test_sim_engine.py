@@ -86,8 +86,10 @@ async def hold_a_slot(client: aiohttp.ClientSession) -> Any:
 
 
 def metric(text: str, name: str) -> float:
+    """A series of the sim's own (`requests_total`), or of vLLM's by its whole name."""
+    full = name if ":" in name else f"llmgw_sim:{name}"
     for line in text.splitlines():
-        if line.startswith(f"llmgw_sim:{name}{{"):
+        if line.startswith(f"{full}{{"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} is not in /metrics")
 
@@ -335,17 +337,42 @@ async def test_metrics_show_running_waiting_and_cache_use() -> None:
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = await resp.text()
         assert "# TYPE llmgw_sim:requests_total counter" in text
-        assert "# TYPE llmgw_sim:requests_running gauge" in text
-        assert metric(text, "requests_running") == 2
-        assert metric(text, "requests_waiting") == 1
-        assert metric(text, "kv_cache_usage_perc") == 1.0
+        assert "# TYPE vllm:num_requests_running gauge" in text
+        assert metric(text, "vllm:num_requests_running") == 2
+        assert metric(text, "vllm:num_requests_waiting") == 1
+        assert metric(text, "vllm:kv_cache_usage_perc") == 1.0
         assert metric(text, "requests_total") == 4
         holders[0].close()
         await waiter
         holders[1].close()
         await eventually(lambda: load_is(client, running=0, waiting=0))
         text = await (await client.get("/metrics")).text()
-        assert metric(text, "kv_cache_usage_perc") == 0.0
+        assert metric(text, "vllm:kv_cache_usage_perc") == 0.0
+
+
+@pytest.mark.asyncio
+async def test_kv_use_counts_the_running_requests_tokens_when_a_size_is_given() -> None:
+    async with engine(slots=4, kv_cache_tokens=4 * FOREVER) as client:
+        holder = await hold_a_slot(client)  # a few prompt tokens and FOREVER more
+        text = await (await client.get("/metrics")).text()
+        assert 0.25 < metric(text, "vllm:kv_cache_usage_perc") < 0.2501
+        holder.close()
+        await eventually(lambda: load_is(client, running=0, waiting=0))
+        text = await (await client.get("/metrics")).text()
+        assert metric(text, "vllm:kv_cache_usage_perc") == 0.0
+
+
+@pytest.mark.asyncio
+async def test_prefix_cache_counters_count_tokens_as_vllm_does() -> None:
+    async with engine(prefix_block_tokens=2) as client:
+        prompt = " ".join(f"w{i}" for i in range(20))
+        for _ in range(2):
+            await (await client.post(CHAT, json=chat_body(prompt, max_tokens=1))).json()
+        text = await (await client.get("/metrics")).text()
+        queries = metric(text, "vllm:prefix_cache_queries_total")
+        hits = metric(text, "vllm:prefix_cache_hits_total")
+        assert queries == metric(text, "prompt_tokens_total") > 0
+        assert 0 < hits < queries / 2  # the second found most of its prompt; the first none
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,65 @@
+"""What a replica's engine says of itself (issue 36: the engines' own signals).
+
+The agent reads each engine's metrics (fleet/agent/engines.py) and reports, per shard,
+the requests it runs and queues, its KV cache's use and its prefix cache's hit rate. A
+figure an engine does not report is absent (None), never 0: a llama-server reports no KV
+use, and an idle engine has no hit rate. Pure: the selectors read the figures, the
+gateway, the autoscaler, the pages and `/metrics` read the `Reading`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One replica's engine, as it last said: requests running and waiting, the share of its
+    KV cache in use, and prompt tokens found in its prefix cache over those looked up."""
+
+    running: int | None = None
+    waiting: int | None = None
+    kv_cache: float | None = None
+    prefix_hit_rate: float | None = None
+
+    @property
+    def queued(self) -> int:
+        """Requests it holds, running or waiting, as far as it said (0 where it did not)."""
+        return (self.running or 0) + (self.waiting or 0)
+
+
+def replica_reading(shards: Iterable[Mapping]) -> Reading | None:
+    """A replica's reading from what its shards' engines reported (a shard's figures as the
+    agent sends them: `running`, `waiting`, `kv_cache`, `prefix_hit_rate`). Requests are
+    summed over the shards that said, the KV use is the fullest, the hit rate the first
+    said (only the shard serving HTTP has one). None when no shard said anything."""
+    running = waiting = kv = rate = None
+    said = False
+    for figures in shards:
+        if not isinstance(figures, Mapping):
+            continue
+        said = True
+        if (r := _count(figures.get("running"))) is not None:
+            running = (running or 0) + r
+        if (w := _count(figures.get("waiting"))) is not None:
+            waiting = (waiting or 0) + w
+        if (k := _share(figures.get("kv_cache"))) is not None:
+            kv = k if kv is None else max(kv, k)
+        if rate is None:
+            rate = _share(figures.get("prefix_hit_rate"))
+    if not said:
+        return None
+    return Reading(running=running, waiting=waiting, kv_cache=kv, prefix_hit_rate=rate)
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return None
+    return int(value)
+
+
+def _share(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        return None
+    return float(value)

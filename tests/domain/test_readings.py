@@ -1,0 +1,35 @@
+"""A replica's reading from what its shards' engines said: absent is absent, never 0."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.domain.readings import Reading, replica_reading
+
+
+@pytest.mark.parametrize(
+    ("shards", "reading"),
+    [
+        ([], None),
+        ([{}], Reading()),  # it said something, with no figure: each absent
+        ([{"running": 2, "waiting": 0}], Reading(running=2, waiting=0)),
+        # A llama-server says no KV use and no hit rate: they stay absent, not 0.
+        ([{"running": 1, "waiting": 3}], Reading(1, 3, None, None)),
+        # Two shards of one replica: requests summed, the fullest KV cache, the first rate.
+        (
+            [{"running": 1, "kv_cache": 0.2, "prefix_hit_rate": 0.7}, {"running": 2, "kv_cache": 0.9}],
+            Reading(running=3, kv_cache=0.9, prefix_hit_rate=0.7),
+        ),
+        # Figures out of range are not readings.
+        ([{"running": -1, "kv_cache": 1.5, "prefix_hit_rate": True}], Reading()),
+        (["not an object"], None),
+    ],
+)  # fmt: skip
+def test_a_replicas_reading_from_its_shards(shards, reading):
+    assert replica_reading(shards) == reading
+
+
+def test_queued_counts_what_was_said():
+    assert Reading(running=2, waiting=3).queued == 5
+    assert Reading(waiting=1).queued == 1
+    assert Reading().queued == 0
