@@ -112,8 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(group: Any, name: str, help: str, handler: Handler | None = None) -> Any:
-        sub = group.add_parser(name, help=help, description=help, parents=[common])
+    def add(
+        group: Any, name: str, help: str, handler: Handler | None = None, aliases: tuple = ()
+    ) -> Any:
+        sub = group.add_parser(
+            name, help=help, description=help, parents=[common], aliases=list(aliases)
+        )
         if handler:
             sub.set_defaults(handler=handler)
         return sub
