@@ -299,9 +299,11 @@ def _engine_to_mirror(build: Any) -> str:
     return f"llama.cpp {build.version}"
 
 
-def real_profile(plan: dict[str, Any], ctx: int) -> dict[str, Any]:
+def real_profile(plan: dict[str, Any], ctx: int, cpus: int) -> dict[str, Any]:
     """The real model's one profile: llama.cpp sized as the mirror's plan says, kept on this
-    machine's own node by its label (the simulated nodes' CPUs and memory are fiction)."""
+    machine's own node by its label (the simulated nodes' CPUs and memory are fiction), its
+    cores no more than this machine's `cpus` (the plan may suggest what a simulated node
+    of 16 could give)."""
     profile: dict[str, Any] = {
         "name": "cpu",
         "engine": "llamacpp",
@@ -310,7 +312,7 @@ def real_profile(plan: dict[str, Any], ctx: int) -> dict[str, Any]:
         "node_selector": dict([REAL_LABEL]),
     }
     if plan.get("cpu_cores"):
-        profile["cpu_cores"] = plan["cpu_cores"]
+        profile["cpu_cores"] = max(1, min(plan["cpu_cores"], cpus))
     return profile
 
 
@@ -345,7 +347,7 @@ def _serve_real(server: str, admin_token: str, gguf: Path, serve: subprocess.Pop
                 "name": REAL_MODEL,
                 "ctx": REAL_CTX,
                 "aliases": [REAL_ALIAS],
-                "profiles": [real_profile(plan.json(), REAL_CTX)],
+                "profiles": [real_profile(plan.json(), REAL_CTX, os.cpu_count() or 1)],
             },
         )
         if not made.is_success:
@@ -410,7 +412,10 @@ watch it with
 then ask it:
   curl -s {server}/v1/chat/completions -H "Authorization: Bearer {api_key}" \\
     -H "Content-Type: application/json" \\
-    -d '{{"model": "{REAL_ALIAS}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}], "max_tokens": 32}}'
+    -d '{{"model": "{REAL_ALIAS}", "max_tokens": 32, "temperature": 0, "messages": [
+         {{"role": "system", "content": "You are a helpful assistant."}},
+         {{"role": "user", "content": "What is the capital of France?"}}]}}'
+It says: The capital of France is Paris.
 """
 
 
