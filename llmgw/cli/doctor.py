@@ -45,6 +45,8 @@ SLOWDOWNS = {
     0x40: "hardware thermal slowdown",
     0x80: "power brake",
 }
+# The node's credential in its state folder (fleet.agent.credentials.FILE_NAME).
+CREDENTIAL = "node-token"
 # Any digest: the mirror answers 404 to a node's accepted credential, 401 to a refused one.
 PROBE_DIGEST = "0" * 64
 
@@ -86,9 +88,12 @@ def disk_finding(folder: Path, free_bytes: int | None, total_bytes: int | None) 
     return Finding("disk", OK, said)
 
 
-def state_finding(folder: Path, mode: int | None, owner: int | None, euid: int) -> Finding:
-    """Judge the state folder (the node's credential, engine logs): owned by whoever runs
-    the agent and closed to everyone else. `mode` None: it does not exist yet."""
+def state_finding(
+    folder: Path, mode: int | None, owner: int | None, euid: int, credential_mode: int | None
+) -> Finding:
+    """Judge the state folder (the node's credential, engine logs, shards): owned by
+    whoever runs the agent, and the credential in it its owner's alone. `mode` None: the
+    folder does not exist yet; `credential_mode` None: no credential in it yet."""
     if mode is None:
         return Finding(
             "state folder", WARN, f"{folder} does not exist yet: the agent makes it at its start"
@@ -100,15 +105,19 @@ def state_finding(folder: Path, mode: int | None, owner: int | None, euid: int) 
             f"{folder} belongs to uid {owner}, not to uid {euid} that runs this",
             f"chown -R {euid} {folder}, or run llmgw as its owner",
         )
-    if mode & 0o077:
+    if credential_mode is not None and credential_mode & 0o077:
+        credential = folder / CREDENTIAL
         return Finding(
             "state folder",
             FAIL,
-            f"{folder} is open to others (mode {stat.S_IMODE(mode):o}): it holds the node's "
-            "credential",
-            f"chmod 700 {folder}",
+            f"{credential}, the node's credential, is open to others "
+            f"(mode {stat.S_IMODE(credential_mode):o})",
+            f"chmod 600 {credential}",
         )
-    return Finding("state folder", OK, f"{folder} is its owner's alone (mode 700)")
+    said = f"{folder} is this user's (mode {stat.S_IMODE(mode):o})"
+    if credential_mode is not None:
+        said += f", its credential its alone (mode {stat.S_IMODE(credential_mode):o})"
+    return Finding("state folder", OK, said)
 
 
 def ports_finding(low: int, high: int, free: int) -> Finding:
@@ -281,6 +290,13 @@ def credential_finding(has_credential: bool, status: int) -> Finding:
             "the control plane refuses this node's credential (forgotten, or another cluster's)",
             "remove it from the state folder and start the agent with the join token to join again",
         )
+    if status not in (200, 403, 404):
+        return Finding(
+            "credential",
+            WARN,
+            f"the control plane answered the credential's check with HTTP {status}",
+            "see the server's log; is --server llmgw?",
+        )
     return Finding("credential", OK, "the control plane accepts this node's credential")
 
 
@@ -337,10 +353,8 @@ def _disk(folder: Path) -> tuple[int | None, int | None]:
 
 
 def _credential(state_dir: Path) -> str | None:
-    from fleet.agent.credentials import FILE_NAME
-
     try:
-        text = (state_dir / FILE_NAME).read_text().strip()
+        text = (state_dir / CREDENTIAL).read_text().strip()
     except OSError:
         return None
     return text or None
@@ -363,7 +377,12 @@ def run_checks(
     found += engine_findings((engines or _engines)())
     found.append(disk_finding(cache_dir, *_disk(cache_dir)))
     found.append(
-        state_finding(state_dir, *_stat(state_dir), os.geteuid() if euid is None else euid)
+        state_finding(
+            state_dir,
+            *_stat(state_dir),
+            os.geteuid() if euid is None else euid,
+            _stat(state_dir / CREDENTIAL)[0],
+        )
     )
     low, high = args.port_range
     found.append(ports_finding(low, high, _free_ports(low, high)))

@@ -57,15 +57,25 @@ def test_the_caches_free_disk_is_said_with_its_figures(free_gb, status):
         assert found.said.startswith("/var/lib/llmgw/weights: 19.9 GB free of 1,000.0 GB")
 
 
-def test_the_state_folder_is_its_owners_alone():
+def test_the_state_folder_is_its_owners_and_its_credential_its_alone():
     folder = Path("/var/lib/llmgw/agent")
-    assert state_finding(folder, 0o40700, 1000, 1000).status == OK
-    opened = state_finding(folder, 0o40755, 1000, 1000)
-    assert opened.status == FAIL and "mode 755" in opened.said
-    assert opened.fix == f"chmod 700 {folder}"
-    other = state_finding(folder, 0o40700, 0, 1000)
+    fine = state_finding(folder, 0o40755, 1000, 1000, 0o100600)
+    assert fine.status == OK
+    assert fine.said == f"{folder} is this user's (mode 755), its credential its alone (mode 600)"
+    opened = state_finding(folder, 0o40755, 1000, 1000, 0o100644)
+    assert opened.status == FAIL and "node-token, the node's credential, is open" in opened.said
+    assert opened.fix == f"chmod 600 {folder / 'node-token'}"
+    other = state_finding(folder, 0o40700, 0, 1000, None)
     assert other.status == FAIL and "belongs to uid 0, not to uid 1000" in other.said
-    assert state_finding(folder, None, None, 1000).status == WARN
+    assert state_finding(folder, None, None, 1000, None).status == WARN
+    # Not joined yet: nothing to protect.
+    assert state_finding(folder, 0o40700, 1000, 1000, None).status == OK
+
+
+def test_the_credential_kept_by_a_node_is_where_doctor_looks():
+    from fleet.agent.credentials import FILE_NAME
+
+    assert doctor.CREDENTIAL == FILE_NAME
 
 
 def test_ports_say_how_many_are_free():
@@ -154,7 +164,7 @@ def test_doctor_prints_a_line_a_check_and_json_on_asking(tmp_path, capsys, monke
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("FAIL  server: http://127.0.0.1:9 cannot be reached")
     assert "ok    engine llamacpp: /bin/llama-server: b4589" in text
-    assert f"ok    state folder: {state} is its owner's alone (mode 700)" in text
+    assert f"ok    state folder: {state} is this user's (mode 700)" in text
 
     assert doctor.main([*argv, "--json"]) == 1
     found = json.loads(capsys.readouterr().out)

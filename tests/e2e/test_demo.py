@@ -4,6 +4,7 @@ as written, from the clone's root (docs/examples/model.yaml included)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -87,6 +88,17 @@ def test_the_readmes_operating_commands_work_against_the_demo(tmp_path):
             assert "Traceback" not in done.stderr, done.stderr
             if "model add --file" in line:
                 assert done.stdout.strip() == "model notes-1b added"
+        # llmgw doctor on a node of the demo, against the real server: its credential
+        # accepted (the mirror's own answer), the clock in time, its folder fit.
+        doctor = subprocess.run(
+            [sys.executable, "-m", "llmgw", "doctor", "--json",
+             "--server", f"http://127.0.0.1:{port}",
+             "--state-dir", str(tmp_path / "d" / "agents" / "cpu-1")],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        found = {f["check"]: f for f in json.loads(doctor.stdout)}
+        for check in ("server", "tls", "clock", "credential", "nvml", "state folder"):
+            assert found[check]["status"] == "ok", found[check]
     finally:
         os.killpg(demo.pid, signal.SIGTERM)
         try:
