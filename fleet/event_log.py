@@ -291,6 +291,8 @@ def _changed(row: tuple, names: dict[str, str]) -> dict:
     pk, at, actor, action, target, detail = row
     noun, _, verb = action.partition(".")
     target = names.get(target, target)
+    if target.startswith(f"{noun}:"):  # "org Acme added", not "org org:Acme added"
+        target = target[len(noun) + 1 :]
     figures = ", ".join(
         f"{k} {v}" for k, v in (detail or {}).items() if isinstance(v, str | int | float)
     )

@@ -292,6 +292,7 @@ def test_quota_and_limit_changes_are_in_the_list_with_who_made_them():
     assert told["quota.set"]["message"] == "quota org:Acme set by dana"
     assert told["limit.set"]["by"] == "erin"
     assert told["limit.set"]["message"].startswith("limit org:Acme set by erin: ")
+    assert told["org.add"]["message"].startswith("org Acme added by t")
 
 
 def test_a_page_says_how_long_ago_as_a_person_would():
