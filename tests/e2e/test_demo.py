@@ -200,3 +200,24 @@ def test_the_real_demo_answers_what_the_capital_of_france_is_on_its_real_node(tm
         assert nodes == [REAL_NODE], replicas
     finally:
         _stop_demo(demo)
+
+
+def test_a_second_run_says_it_reuses_the_first_runs_state(tmp_path):
+    def banner() -> str:
+        demo, _, _ = _start_demo(tmp_path)
+        try:
+            return wait_for(
+                "the demo to say it is running",
+                lambda: "Ctrl-C stops" in (t := (tmp_path / "demo.log").read_text()) and t,
+                timeout=120,
+            )
+        finally:
+            _stop_demo(demo)
+
+    first = banner()
+    assert f"Its state is new, in {tmp_path / 'd'}." in first
+    (tmp_path / "demo.log").unlink()
+    second = banner()
+    assert f"It reuses the state an earlier run left in {tmp_path / 'd'}" in second
+    password = re.search(r"login admin / (\S+)", first)[1]
+    assert f"login admin / {password}" in second, "the same password, as it says"
