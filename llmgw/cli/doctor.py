@@ -202,7 +202,13 @@ def _gpu(nvml: Any, index: int) -> Finding:
         "temp": read(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
         "used": getattr(memory, "used", None),
         "total": getattr(memory, "total", None),
-        "reasons": read(lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)),
+        # Named so since NVML 12.535; ...ThrottleReasons before, as the agent's sensors read.
+        "reasons": read(
+            lambda: (
+                getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+            )(handle)
+        ),
     }
     return gpu_finding(index, name.decode() if isinstance(name, bytes) else name, reading)
 
