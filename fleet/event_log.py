@@ -237,7 +237,8 @@ def events_page(
             limit=limit + 1 + (0 if cut is None else PAGE_MOST),
         )
         # Said by the names an operator types (team:Acme/ml), not the keys kept (team:7).
-        names = scope_tree().names if any(_SCOPE.match(c[4]) for c in changes) else {}
+        named = any(_SCOPE.match(c[4]) or _scope_in(c[5]) for c in changes)
+        names = scope_tree().names if named else {}
         told = (_changed(c, names) for c in changes)
         said += [c for c in told if cut is None or _key(c) < cut][: limit + 1]
     said.sort(key=_key, reverse=True)
@@ -287,6 +288,13 @@ def _said(r: EventRecord) -> dict:
 _SCOPE = re.compile(r"^(org|team|project):\d+$")
 
 
+def _scope_in(detail: object) -> bool:
+    """Whether a change's figures name a part of the tenancy tree (a model's owner)."""
+    return isinstance(detail, dict) and any(
+        isinstance(v, str) and _SCOPE.match(v) for v in detail.values()
+    )
+
+
 def _changed(row: tuple, names: dict[str, str]) -> dict:
     pk, at, actor, action, target, detail = row
     noun, _, verb = action.partition(".")
@@ -294,7 +302,9 @@ def _changed(row: tuple, names: dict[str, str]) -> dict:
     if target.startswith(f"{noun}:"):  # "org Acme added", not "org org:Acme added"
         target = target[len(noun) + 1 :]
     figures = ", ".join(
-        f"{k} {v}" for k, v in (detail or {}).items() if isinstance(v, str | int | float)
+        f"{k} {names.get(v, v) if isinstance(v, str) else v}"
+        for k, v in (detail or {}).items()
+        if isinstance(v, str | int | float)
     )
     sentence = f"{noun} {target} {_DONE.get(verb, verb)} by {actor}"
     if verb in _WHOLE:  # its figures are the whole spec: the model page shows those

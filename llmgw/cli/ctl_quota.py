@@ -94,8 +94,8 @@ def cmd_model_owner(api: Api, args: argparse.Namespace, out: Output) -> None:
     answer = api.post(f"/models/{segment(args.name)}/owner", {"owner": owner})
 
     def sentence(a: Mapping[str, Any]) -> str:
-        if a["owner"]:
-            return f"{a['model']} counts against {a['owner']}"
+        if a["owner"]:  # named as typed (team:Acme/ml), not by the key kept (team:7)
+            return f"{a['model']} counts against {args.owner}"
         return f"{a['model']} is shared"
 
     out.show(answer, sentence)

@@ -147,7 +147,7 @@ def test_quota_clear_of_a_scope_with_none_says_so(capsys):
 @pytest.mark.parametrize(
     "given, sent, answer, said",
     [
-        ("team:Acme/ml", "team:Acme/ml", "team:7", "llama counts against team:7"),
+        ("team:Acme/ml", "team:Acme/ml", "team:7", "llama counts against team:Acme/ml"),
         ("shared", "", "", "llama is shared"),
     ],
 )
