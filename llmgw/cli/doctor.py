@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from fleet.agent.credentials import FILE_NAME as CREDENTIAL
+
 OK, WARN, FAIL = "ok", "warn", "fail"
 # Clock skew: the server's Date header has whole seconds, so up to 2 s is no skew at all.
 SKEW_OK_S = 2.0
@@ -45,8 +47,6 @@ SLOWDOWNS = {
     0x40: "hardware thermal slowdown",
     0x80: "power brake",
 }
-# The node's credential in its state folder (fleet.agent.credentials.FILE_NAME).
-CREDENTIAL = "node-token"
 # Any digest: the mirror answers 404 to a node's accepted credential, 401 to a refused one.
 PROBE_DIGEST = "0" * 64
 
@@ -359,11 +359,10 @@ def _disk(folder: Path) -> tuple[int | None, int | None]:
 
 
 def _credential(state_dir: Path) -> str | None:
-    try:
-        text = (state_dir / CREDENTIAL).read_text().strip()
-    except OSError:
-        return None
-    return text or None
+    """The node's own credential as its agent reads it; None before it joined."""
+    from fleet.agent.credentials import Credentials
+
+    return Credentials(state_dir, None)() or None
 
 
 def run_checks(
@@ -407,9 +406,10 @@ def render(findings: Iterable[Finding]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from fleet.agent.main import parse_port_range
+    from fleet.agent.main import build_parser, parse_port_range
 
-    home = os.environ.get("LLMGW_HOME")
+    # The agent's own defaults, so doctor looks where the agent keeps things.
+    agent = build_parser()
     p = argparse.ArgumentParser(
         prog="llmgw doctor",
         description="Check what llmgw needs on this machine, a node or the control plane's "
@@ -417,20 +417,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--server",
-        default=os.environ.get("LLMGW_SERVER", "http://127.0.0.1:8000"),
+        default=agent.get_default("server"),
         help="the control plane's URL (env LLMGW_SERVER; default %(default)s)",
     )
     p.add_argument(
         "--state-dir",
         type=Path,
-        default=Path(home) / "agent" if home else Path("var/agent"),
+        default=agent.get_default("state_dir"),
         help="the agent's state folder (default $LLMGW_HOME/agent or ./var/agent)",
     )
     p.add_argument("--cache-dir", type=Path, help="the weights cache (default <state-dir>/weights)")
     p.add_argument(
         "--port-range",
         type=parse_port_range,
-        default=(20000, 29999),
+        default=agent.get_default("port_range"),
         help="the engine ports the agent uses (default 20000-29999)",
     )
     p.add_argument("--json", action="store_true", help="print the findings as JSON")

@@ -72,12 +72,6 @@ def test_the_state_folder_is_its_owners_and_its_credential_its_alone():
     assert state_finding(folder, 0o40700, 1000, 1000, None).status == OK
 
 
-def test_the_credential_kept_by_a_node_is_where_doctor_looks():
-    from fleet.agent.credentials import FILE_NAME
-
-    assert doctor.CREDENTIAL == FILE_NAME
-
-
 def test_ports_say_how_many_are_free():
     assert ports_finding(20000, 29999, 10000).said == (
         "10,000 of the 10,000 engine ports 20000-29999 are free"
