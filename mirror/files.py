@@ -14,6 +14,7 @@ import json
 import os
 import re
 from collections.abc import Callable
+from email.utils import formatdate
 
 from llmgw.core.db import database_call
 
@@ -175,6 +176,8 @@ async def _answer(send, status: int, detail: str, extra: list | None = None) -> 
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                # The server's clock, as HTTP has it: `llmgw doctor` compares a node's with it.
+                (b"date", formatdate(usegmt=True).encode()),
                 *(extra or []),
             ],
         }

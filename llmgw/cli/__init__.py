@@ -13,6 +13,7 @@ commands:
   agent         run a node's agent: register the machine, start and stop engines
   sim-engine    run the simulated OpenAI-compatible engine
   demo          run a whole simulated cluster on this machine
+  doctor        check what llmgw needs on this machine (server, credential, clock, GPUs, engines, disk)
   createtoken   create an admin token (or with --agent, an agent join token)
   createsuperuser  create a console login with every permission (Django's createsuperuser)
   changepassword   set a console login's password (Django's changepassword)
@@ -67,6 +68,10 @@ def _main(argv: list[str]) -> int:
         from .demo import main as demo
 
         return demo(rest)
+    if command == "doctor":
+        from .doctor import main as doctor
+
+        return doctor(rest)
     if command == "engines":
         from .engines import main as engines
 

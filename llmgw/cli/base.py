@@ -99,24 +99,30 @@ class Api:
             )
         except (httpx.InvalidURL, ValueError) as exc:
             raise CtlError(f"{server} is not a URL llmgw ctl can use: {exc}", 2) from None
-        self._models: list | None = None
+        self._models: dict[str, str] = {}
 
-    # A model named in a path (`/models/chat/scale`): looked for by alias on a 404.
+    # A model named in a path (`/models/chat/scale`): found by its name or an alias first.
     MODEL_PATH = re.compile(r"^/models/([^/]+)(/.*)?$")
 
     def model_name(self, name: str) -> str:
         """The catalog name of the model `name` names, by its name or one of its aliases
-        (as the gateway answers to either); `name` itself when no model has it."""
-        if self._models is None:
+        (as the gateway answers to either); `name` itself when no model has it.
+
+        Asked as `GET /models?name=…`, which answers an empty list for no model, so an
+        alias never costs a 404 in the server's log; an older server that ignores the
+        query sends every model, looked through here the same way."""
+        if name not in self._models:
             try:
-                found = self.get("/models")
+                found = self._answer(self._send("GET", "/models", {"name": name}, None, None, None))
             except CtlError:  # said by the request that names the model, if it matters
                 found = None
-            self._models = found if isinstance(found, list) else []
-        if any(m.get("name") == name for m in self._models):
-            return name
-        owners = [m.get("name") for m in self._models if name in (m.get("aliases") or ())]
-        return str(owners[0]) if len(owners) == 1 else name
+            models = [m for m in found if isinstance(m, dict)] if isinstance(found, list) else []
+            owners = [m.get("name") for m in models if name in (m.get("aliases") or ())]
+            if any(m.get("name") == name for m in models) or len(owners) != 1:
+                self._models[name] = name
+            else:
+                self._models[name] = str(owners[0])
+        return self._models[name]
 
     def __enter__(self) -> Api:
         return self
@@ -138,20 +144,20 @@ class Api:
         with ``files``, a multipart upload of them and the fields in ``data``.
 
         A model may be named by an alias wherever ctl names one: in a `/models/NAME` path
-        the server does not know, and in a `model` filter that found nothing (each tried
-        again by the name of the model it is an alias of)."""
+        (looked up first), and in a `model` filter that found nothing (tried again by the
+        name of the model it is an alias of)."""
 
         def send(path: str, params: Mapping[str, Any] | None) -> httpx.Response:
             return self._send(method, path, params, body, files, data)
 
-        response = send(path, params)
         named = self.MODEL_PATH.match(path)
-        if response.status_code == 404 and named is not None:
-            alias = unquote(named[1])
-            name = self.model_name(alias)
-            if name != alias:
-                response = send(f"/models/{segment(name)}{named[2] or ''}", params)
-        answer = self._answer(response)
+        # POST /models/serve is an action on the catalog, not on a model called "serve".
+        if named is not None and (named[2] or method != "POST"):
+            called = unquote(named[1])
+            name = self.model_name(called)
+            if name != called:
+                path = f"/models/{segment(name)}{named[2] or ''}"
+        answer = self._answer(send(path, params))
         if answer == [] and params and isinstance(params.get("model"), str):
             name = self.model_name(params["model"])
             if name != params["model"]:

@@ -33,6 +33,7 @@ from llmgw.cli import (
     ctl_nodes,
     ctl_quota,
     ctl_replicas,
+    ctl_status,
     ctl_tenancy,
     ctl_upgrade,
     ctl_usage,
@@ -46,6 +47,7 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 # Every command module, in the order `llmgw ctl --help` lists their commands. Each has
 # register(add, commands, groups); `models` comes before those that add to its actions.
 COMMANDS = [
+    ctl_status,
     ctl_nodes,
     ctl_models,
     ctl_tenancy,
@@ -112,8 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(group: Any, name: str, help: str, handler: Handler | None = None) -> Any:
-        sub = group.add_parser(name, help=help, description=help, parents=[common])
+    def add(
+        group: Any, name: str, help: str, handler: Handler | None = None, aliases: tuple = ()
+    ) -> Any:
+        sub = group.add_parser(
+            name, help=help, description=help, parents=[common], aliases=list(aliases)
+        )
         if handler:
             sub.set_defaults(handler=handler)
         return sub

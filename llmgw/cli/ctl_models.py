@@ -1,4 +1,4 @@
-"""``llmgw ctl models`` and ``model show|add|update|remove|explain``: the catalog's models,
+"""``llmgw ctl models`` and ``model show|add|update|rm|explain``: the catalog's models,
 one in full, the runtime ones changed from a file, and why one was not placed.
 
 ``register`` leaves the ``model`` actions in ``groups["model"]``, where the
@@ -244,7 +244,7 @@ def cmd_model_update(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(answer, lambda a: f"model {a['name']} updated: {a.get('reason') or a.get('status')}")
 
 
-def cmd_model_remove(api: Api, args: argparse.Namespace, out: Output) -> None:
+def cmd_model_rm(api: Api, args: argparse.Namespace, out: Output) -> None:
     answer = api.delete(f"/models/{segment(args.name)}")
     out.show(answer, lambda a: said(a, f"model {args.name} removed"))
 
@@ -265,8 +265,12 @@ def render_explain(e: dict[str, Any]) -> str:
         head += f": {e['reason']}"
     lines = [head, *(e.get("installing") or [])]
     for item in explanation:
-        lines.append(f"profile {item.get('profile')}:")
         reasons = item.get("reasons") or []
+        if item.get("profile"):
+            lines.append(f"profile {item['profile']}:")
+        elif not reasons:
+            continue
+        # A reason of no profile is the model's as a whole: said under its head line.
         lines += [f"  - {r}" for r in reasons] or ["  - (no reason given)"]
     f = e.get("last_failure")
     if isinstance(f, dict):
@@ -298,6 +302,8 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
     )
     updating.add_argument("name", nargs="?", help="default: the name in the file")
     updating.add_argument("--file", required=True, help="the whole model object; - reads stdin")
-    add(actions, "remove", "remove a runtime model", cmd_model_remove).add_argument("name")
+    # `rm`, as `weights rm` is; `remove` kept for what already calls it so.
+    removing = add(actions, "rm", "remove a runtime model", cmd_model_rm, aliases=("remove",))
+    removing.add_argument("name")
     add(actions, "explain", "why its last placement failed", cmd_model_explain).add_argument("name")
     groups["model"] = actions

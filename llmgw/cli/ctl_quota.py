@@ -80,12 +80,13 @@ def quota_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_quota_set(api: Api, args: argparse.Namespace, out: Output) -> None:
     answer = api.put("/quotas", quota_body(args))
-    out.show(answer, lambda a: f"{a['scope']}: set; it takes effect at the next reconciler pass")
+    # Named as typed (team:Acme/ml), not by the key the server keeps (team:7).
+    out.show(answer, lambda a: f"{args.scope}: set; it takes effect at the next reconciler pass")
 
 
 def cmd_quota_clear(api: Api, args: argparse.Namespace, out: Output) -> None:
     answer = api.delete(f"/quotas/{segment(args.scope)}")
-    out.show(answer, lambda a: f"{a['removed']}: quota removed")
+    out.show(answer, lambda a: f"{args.scope}: quota removed")
 
 
 def cmd_model_owner(api: Api, args: argparse.Namespace, out: Output) -> None:
@@ -93,8 +94,8 @@ def cmd_model_owner(api: Api, args: argparse.Namespace, out: Output) -> None:
     answer = api.post(f"/models/{segment(args.name)}/owner", {"owner": owner})
 
     def sentence(a: Mapping[str, Any]) -> str:
-        if a["owner"]:
-            return f"{a['model']} counts against {a['owner']}"
+        if a["owner"]:  # named as typed (team:Acme/ml), not by the key kept (team:7)
+            return f"{a['model']} counts against {args.owner}"
         return f"{a['model']} is shared"
 
     out.show(answer, sentence)

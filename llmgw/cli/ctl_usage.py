@@ -122,12 +122,13 @@ def limit_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_limit_set(api: Api, args: argparse.Namespace, out: Output) -> None:
     answer = api.put("/limits", limit_body(args))
-    out.show(answer, lambda a: f"{a['scope']}: limits set")
+    # Named as typed (team:Acme/ml), not by the key the server keeps (team:7).
+    out.show(answer, lambda a: f"{args.scope}: limits set")
 
 
 def cmd_limit_clear(api: Api, args: argparse.Namespace, out: Output) -> None:
     answer = api.delete(f"/limits/{segment(args.scope)}")
-    out.show(answer, lambda a: f"{a['removed']}: limits removed")
+    out.show(answer, lambda a: f"{args.scope}: limits removed")
 
 
 def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:

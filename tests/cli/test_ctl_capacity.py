@@ -187,7 +187,7 @@ def test_target_asks_for_the_throughput_and_says_what_it_needs(capsys):
     assert code == 0
     assert server.last.url.params["tokens_per_sec"] == "1200"
     assert out.splitlines() == [HEAD, "2 more, and there is room for them."]
-    assert [r.method for r in server.requests] == ["GET"]
+    assert [r.method for r in server.asked] == ["GET"]
 
 
 def test_target_already_met_says_so(capsys):
@@ -198,7 +198,7 @@ def test_target_already_met_says_so(capsys):
     )
 
     assert out.splitlines()[1] == "It already has them."
-    assert len(server.requests) == 1
+    assert len(server.asked) == 1
 
 
 def test_target_that_does_not_fit_says_how_many_do_and_why_not(capsys):
@@ -260,7 +260,7 @@ def test_target_apply_without_room_changes_nothing_and_fails(capsys):
     assert code == 1
     assert out.splitlines()[0] == HEAD
     assert err == "error: not applied: the cluster has no room for them\n"
-    assert [r.method for r in server.requests] == ["GET"]
+    assert [r.method for r in server.asked] == ["GET"]
 
 
 def test_target_json_prints_the_answer_and_says_what_was_applied_on_stderr(capsys):
@@ -380,7 +380,7 @@ def test_preemption_shows_what_would_stop_what_is_protected_and_why(capsys):
     code, out, _ = run(capsys, server, "model", "preemption", "llama")
 
     assert code == 0
-    assert [r.method for r in server.requests] == ["GET"]
+    assert [r.method for r in server.asked] == ["GET"]
     summary, stop, protected, blocked = out.rstrip("\n").split("\n\n")
     assert summary == "llama would fit by stopping 1 replica"
     stop_rows = table(stop)

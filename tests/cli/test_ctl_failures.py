@@ -54,7 +54,6 @@ def test_explain_shows_the_engines_own_error_and_where_to_read_more(capsys):
     assert code == 0
     assert out.splitlines() == [
         f"chat: its last placement failed: {BACKING_OFF['reason']}",
-        "profile :",
         f"  - {BACKING_OFF['reason']}",
         "last failure: replica chat-1a2b3c on node cpu-1, exit code 1 at 2026-05-01T12:00:00+00:00:",
         "  The engine exited with code 1.",

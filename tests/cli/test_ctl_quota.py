@@ -90,7 +90,7 @@ def test_quota_set_sends_only_the_flags_given(capsys):
         "guarantee": {"gpus": 8},
         "limit": {"gpus": 16},
     }
-    assert out == "team:7: set; it takes effect at the next reconciler pass\n"
+    assert out == "team:Acme/ml: set; it takes effect at the next reconciler pass\n"
 
 
 def test_quota_set_maps_every_flag_to_its_resource(capsys):
@@ -132,7 +132,7 @@ def test_quota_clear_deletes_the_scope_written_as_one_path_segment(capsys):
 
     assert code == 0
     assert server.last.url.raw_path.decode() == path.replace(":", "%3A")
-    assert out == "team:7: quota removed\n"
+    assert out == "team:Acme/ml: quota removed\n"
 
 
 def test_quota_clear_of_a_scope_with_none_says_so(capsys):
@@ -147,7 +147,7 @@ def test_quota_clear_of_a_scope_with_none_says_so(capsys):
 @pytest.mark.parametrize(
     "given, sent, answer, said",
     [
-        ("team:Acme/ml", "team:Acme/ml", "team:7", "llama counts against team:7"),
+        ("team:Acme/ml", "team:Acme/ml", "team:7", "llama counts against team:Acme/ml"),
         ("shared", "", "", "llama is shared"),
     ],
 )

@@ -204,7 +204,7 @@ def test_limit_set_sends_only_the_figures_given(capsys, flags, sent):
 
     assert code == 0
     assert server.body() == {"scope": "team:Acme/ml", **sent}
-    assert out == "team:7: limits set\n"
+    assert out == "team:Acme/ml: limits set\n"
 
 
 @pytest.mark.parametrize("value", ["-1", "1.5", "many"])
@@ -234,7 +234,7 @@ def test_limit_clear_deletes_the_scope_written_as_one_path_segment(capsys):
 
     assert code == 0
     assert server.last.url.raw_path.decode() == "/api/v1/limits/team%3AAcme%2Fml"
-    assert out == "team:7: limits removed\n"
+    assert out == "team:Acme/ml: limits removed\n"
 
 
 def test_key_create_sends_its_limits_and_the_list_shows_its_cap_on_max_tokens(capsys):

@@ -237,18 +237,28 @@ def test_llmgw_upgrade_installs_by_hand_and_restarts_the_service(tmp_path, relea
     (bin_dir / "systemctl").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
-    def upgrade(*argv: str) -> subprocess.CompletedProcess:
+    def upgrade(*argv: str, root: bool = True) -> subprocess.CompletedProcess:
+        # As root, as `sudo llmgw upgrade` runs, or as a user (whoever runs the tests): the
+        # only thing not real is the euid it reads.
+        euid = 0 if root else 1000
+        run = (
+            f"import os, sys; os.geteuid = lambda: {euid}; "
+            "from llmgw.cli import main; sys.exit(main(sys.argv[1:]))"
+        )
         return subprocess.run(
-            [str(python), "-m", "llmgw", "upgrade", *argv],
+            [str(python), "-c", run, "upgrade", *argv],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
 
+    refused = upgrade(nxt, "--wheel", str(releases[nxt]), root=False)
+    assert refused.returncode == 1 and "run it with sudo" in refused.stderr
     wrong = upgrade(nxt, "--wheel", str(releases[nxt]), "--sha256", "0" * 64)
     assert wrong.returncode == 1
     assert "has sha256" in wrong.stderr and "nothing was installed" in wrong.stderr
     done = upgrade(nxt, "--wheel", str(releases[nxt]), "--service", "llmgw-mirror")
     assert done.returncode == 0, done.stderr
     assert f"llmgw {current} -> {nxt}: installed into {tmp_path / 'env'}" in done.stdout
+    assert f"llmgw {current} is kept in {tmp_path / 'env' / 'llmgw-previous'}" in done.stdout
     assert "llmgw-mirror restarted and running" in done.stdout
     assert calls.read_text().splitlines()[:2] == ["restart llmgw-mirror", "is-active llmgw-mirror"]
     version = subprocess.run(
@@ -257,3 +267,19 @@ def test_llmgw_upgrade_installs_by_hand_and_restarts_the_service(tmp_path, relea
     assert nxt in version.stdout
     again = upgrade(nxt, "--wheel", str(releases[nxt]))
     assert (again.returncode, again.stdout.strip()) == (0, f"this machine already runs llmgw {nxt}")
+
+    # And back, restarted and watched as for an upgrade; the release it replaced kept in turn.
+    back = upgrade("--rollback", "--service", "llmgw-mirror")
+    assert back.returncode == 0, back.stderr
+    assert f"llmgw {nxt} -> {current}: rolled back" in back.stdout
+    assert "llmgw-mirror restarted and running" in back.stdout
+    assert calls.read_text().splitlines().count("restart llmgw-mirror") == 2
+    version = subprocess.run(
+        [str(python), "-m", "llmgw", "version"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert version.stdout.strip() == current
+    kept = list((tmp_path / "env" / "llmgw-previous").glob("*.whl"))
+    assert [k.name for k in kept] == [f"llmgw-{nxt}-py3-none-any.whl"]
+    forth = upgrade("--rollback")
+    assert forth.returncode == 0, forth.stderr
+    assert f"llmgw {current} -> {nxt}: rolled back" in forth.stdout

@@ -288,8 +288,11 @@ def test_quota_and_limit_changes_are_in_the_list_with_who_made_them():
     limit_set(scope="org:Acme", requests_per_minute=600, tokens_per_minute=None, actor="erin")
     told = {e["kind"]: e for e in events_page()["events"]}
     assert told["quota.set"]["by"] == "dana"
-    assert told["quota.set"]["message"].startswith("quota org:")
+    # By the names typed, not the keys kept (org:1): issue 37, item 4.
+    assert told["quota.set"]["message"] == "quota org:Acme set by dana"
     assert told["limit.set"]["by"] == "erin"
+    assert told["limit.set"]["message"].startswith("limit org:Acme set by erin: ")
+    assert told["org.add"]["message"].startswith("org Acme added by t")
 
 
 def test_a_page_says_how_long_ago_as_a_person_would():
