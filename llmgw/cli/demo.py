@@ -303,11 +303,15 @@ def real_profile(plan: dict[str, Any], ctx: int, cpus: int) -> dict[str, Any]:
     """The real model's one profile: llama.cpp sized as the mirror's plan says, kept on this
     machine's own node by its label (the simulated nodes' CPUs and memory are fiction), its
     cores no more than this machine's `cpus` (the plan may suggest what a simulated node
-    of 16 could give)."""
+    of 16 could give).
+
+    Its chat template is ChatML without SmolLM2's own default system line ("You are a
+    helpful AI assistant named SmolLM…"), under which the 135M model answers a plain
+    "What is the capital of France?" in French nonsense; with ChatML it says Paris."""
     profile: dict[str, Any] = {
         "name": "cpu",
         "engine": "llamacpp",
-        "args": ["--ctx-size", str(ctx)],
+        "args": ["--ctx-size", str(ctx), "--chat-template", "chatml"],
         "min_memory_gb": plan["memory_gb"],
         "node_selector": dict([REAL_LABEL]),
     }

@@ -93,7 +93,10 @@ def test_the_banner_says_when_it_reuses_an_earlier_runs_state():
 def test_the_real_model_is_kept_on_the_real_node_as_its_plan_sizes_it():
     profile = real_profile({"memory_gb": 1, "cpu_cores": 2}, 4096, 8)
     assert profile["node_selector"] == {"kind": "real"}
-    assert (profile["engine"], profile["args"]) == ("llamacpp", ["--ctx-size", "4096"])
+    assert (profile["engine"], profile["args"]) == (
+        "llamacpp",
+        ["--ctx-size", "4096", "--chat-template", "chatml"],
+    )
     assert (profile["min_memory_gb"], profile["cpu_cores"]) == (1, 2)
     assert "cpu_cores" not in real_profile({"memory_gb": 1, "cpu_cores": None}, 4096, 8)
     # Never more cores than this machine has, whatever a simulated node could give.

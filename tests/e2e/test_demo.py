@@ -155,17 +155,16 @@ def test_the_real_demo_answers_what_the_capital_of_france_is_on_its_real_node(tm
         token = re.search(r"LLMGW_TOKEN=(llmgw_adm_\S+)", said)[1]
         base = f"http://127.0.0.1:{port}"
 
-        def ask(question: str) -> str | None:
+        def ask(question: str, system: bool = True) -> str | None:
+            # As the README asks it (a 135M model answers best told what it is), and as a
+            # new user types it, with no system message (the demo's ChatML template).
+            told = [{"role": "system", "content": "You are a helpful assistant."}] if system else []
             answer = httpx.post(
                 f"{base}/v1/chat/completions",
                 headers={"Authorization": f"Bearer {key}"},
                 json={
                     "model": REAL_ALIAS,
-                    # As the README asks it: a 135M model answers best told what it is.
-                    "messages": [
-                        {"role": "system", "content": "You are a helpful assistant."},
-                        {"role": "user", "content": question},
-                    ],
+                    "messages": [*told, {"role": "user", "content": question}],
                     "max_tokens": 32,
                     "temperature": 0,
                 },
@@ -188,6 +187,8 @@ def test_the_real_demo_answers_what_the_capital_of_france_is_on_its_real_node(tm
             raise AssertionError(f"SmolLM2 did not answer: {why}") from None
         assert "Paris" in paris, paris
         assert "<|im_" not in paris and "<|" not in paris, paris
+        untold = ask("What is the capital of France?", system=False)
+        assert "Paris" in untold and "<|" not in untold, untold
         hello = ask("Say hello.")
         assert hello.split()[0].strip("!,.").lower() in ("hello", "hi"), hello
         assert "<|" not in hello and "Say hello" not in hello, hello
