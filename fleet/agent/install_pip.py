@@ -129,8 +129,9 @@ def pip_install(root: Path, ref: PipRef, *, timeout_s: float = PIP_TIMEOUT_S) ->
                 what=f"{ref.name}: `{' '.join(command)}`",
                 log_path=log_path,
             )
-            if cpu_version(ref.requirement):
-                write_vllm_dist_info(venv, cpu_version(ref.requirement) or "")
+            cpu = cpu_version(ref.requirement)
+            if cpu is not None:
+                write_vllm_dist_info(venv, cpu)
         if not (staging / PROGRAMS[ref.engine]).is_file():
             raise PipError(
                 f"{ref.name}: pip installed {ref.requirement} but it has no "
