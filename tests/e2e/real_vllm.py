@@ -77,6 +77,21 @@ def vllm_program() -> tuple[Path | None, str]:
     )
 
 
+def memory_short_of(need_gb: float, meminfo: str = "/proc/meminfo") -> str:
+    """Why this machine cannot hold ``need_gb`` more now (its MemAvailable), or ""."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(meminfo).read_text().splitlines())
+        available_gb = int(fields["MemAvailable"].split()[0]) * 1024 / 1e9
+    except (OSError, KeyError, ValueError):
+        return ""
+    if available_gb >= need_gb:
+        return ""
+    return (
+        f"this machine has {available_gb:.1f} GB of memory available and the vLLM engines "
+        f"need about {need_gb:g} GB"
+    )
+
+
 def wheels_of(program: Path) -> Path | None:
     """The wheels a cached build was installed from, where agents here may install it from."""
     build = cached_vllm()

