@@ -111,29 +111,10 @@ def _descendants(root: int) -> set[int]:
 
 def _stream(url: str, key: str, model: str) -> tuple[float, float]:
     """(TTFT s, completion tokens a second over the whole request) of one streamed chat."""
-    import httpx
+    from benchmarks.common import stream_chat
 
-    body = {
-        "model": model,
-        "messages": PROMPT,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    started, first, tokens = time.monotonic(), None, 0
-    headers = {"Authorization": f"Bearer {key}"}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if first is None and any(c["delta"].get("content") for c in chunk["choices"]):
-                first = time.monotonic() - started
-            tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
-    return first or float("nan"), tokens / (time.monotonic() - started)
+    first, tokens, seconds = stream_chat(url, key, model, PROMPT, MAX_TOKENS)
+    return first, tokens / seconds
 
 
 def _vllm_model(name: str, source: Path, gpu_class: str, args: list[str]) -> dict:

@@ -25,11 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import stream_chat  # noqa: E402
 from llmgw.core.secrets import engine_key  # noqa: E402
 from tests.e2e.harness import SECRET, Cluster, gateway_key, gateway_project, wait_for  # noqa: E402
 from tests.e2e.real_vllm import smollm2_hf_folder, vllm_program  # noqa: E402
@@ -51,30 +50,7 @@ def _emit(figure: str, value, unit: str, scale: dict) -> None:
 
 
 def _stream(url: str, key: str) -> tuple[float, int, float]:
-    """(TTFT s, completion tokens, whole request s) of one streamed chat."""
-    body = {
-        "model": MODEL,
-        "messages": PROMPT,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    started, first, tokens = time.monotonic(), None, 0
-    headers = {"Authorization": f"Bearer {key}"}
-    with httpx.stream(
-        "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600
-    ) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if first is None and any(c["delta"].get("content") for c in chunk["choices"]):
-                first = time.monotonic() - started
-            tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
-    return first or float("nan"), tokens, time.monotonic() - started
+    return stream_chat(url, key, MODEL, PROMPT, MAX_TOKENS)
 
 
 def main() -> int:
