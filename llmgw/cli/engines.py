@@ -358,14 +358,20 @@ def vllm_dir(root: Path | None = None, version: str | None = None) -> Path:
 
 
 def cached_vllm(entry: Path | None = None) -> VllmBuild | None:
-    """The cached vLLM CPU build, or None when there is none or its program is gone."""
+    """The cached vLLM CPU build, or None when there is none, its program is gone or it was
+    installed from another lock than the one llmgw now carries for its version."""
+    from fleet.agent.install_pip import PipError, cpu_lock
+
     entry = entry or vllm_dir()
     try:
         build = VllmBuild(**json.loads((entry / MANIFEST).read_text()))
-    except (OSError, ValueError, TypeError):
+        lock = cpu_lock(entry.name)
+    except (OSError, ValueError, TypeError, PipError):
         return None
     program = Path(build.path)
-    return build if program.is_file() and os.access(program, os.X_OK) else None
+    if not program.is_file() or not os.access(program, os.X_OK):
+        return None
+    return build if build.lock_sha256 == sha256_of(lock) else None
 
 
 def build_vllm(*, entry: Path | None = None, out: TextIO = sys.stdout) -> tuple[VllmBuild, bool]:
@@ -398,6 +404,8 @@ def build_vllm(*, entry: Path | None = None, out: TextIO = sys.stdout) -> tuple[
         ref = PipRef(
             "vllm", f"{version}+cpu", requirement, None, ("--no-index", "--find-links", str(wheels))
         )
+        # What an earlier build left (from another lock, or cut short) is not reused.
+        shutil.rmtree(entry / "vllm", ignore_errors=True)
         started = datetime.now(UTC)
         try:
             program = pip_install(entry, ref)
