@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -69,3 +70,35 @@ def vacuumed(*models) -> None:
         with connection.cursor() as cursor:
             for model in models:
                 cursor.execute(f"VACUUM FULL ANALYZE {model._meta.db_table}")
+
+
+def stream_chat(
+    url: str, key: str, model: str, messages: list[dict], max_tokens: int
+) -> tuple[float, int, float]:
+    """One streamed chat of ``max_tokens`` (``ignore_eos``) to an OpenAI-compatible ``url``:
+    (seconds to the first content, completion tokens as the usage says, whole seconds)."""
+    import httpx
+
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started, first, tokens = time.monotonic(), None, 0
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600
+    ) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and any(c["delta"].get("content") for c in chunk["choices"]):
+                first = time.monotonic() - started
+            tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
+    return first or float("nan"), tokens, time.monotonic() - started

@@ -23,6 +23,9 @@ BENCHES = [
     "engine_signals.py",
     # A real llama-server when one is built (llmgw engines build llamacpp); else one line saying so.
     "llamacpp.py",
+    # A real vLLM (its CPU build) when one is built (llmgw engines build vllm): start to
+    # ready, tokens a second direct and through the gateway. About 4 minutes.
+    "vllm_cpu.py",
     # The mirror to an agent against curl; with a llama-server, serve to first token too.
     "mirror.py",
     # How fast the cluster heals with the default timings: an engine crash, a worker's death.

