@@ -96,7 +96,7 @@ def test_never_stopped_unless_over_the_margin_for_the_whole_grace(reserved, samp
         if got.stop:
             assert rss is not None and rss > reserved * 1.25
             assert got.over_since is not None and now - got.over_since >= LIMITS.grace_s
-            assert got.over_since > last_under or last_under == 0.0
+            assert got.over_since >= last_under  # two readings may share an instant
             assert got.said.startswith("llama-server used ")
             return
         over_since = got.over_since
