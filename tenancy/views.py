@@ -20,7 +20,7 @@ from llmgw.core.permissions import needs, require
 
 from . import services
 from .forms import QuotaForm
-from .selectors import ScopeTree, quota_views, scope_tree
+from .selectors import ScopeTree, quota_views, scope_named, scope_tree
 
 TEMPLATE = "tenancy/quota_list.html"
 FRAGMENTS = ("quotas-main", "quota-table")
@@ -84,7 +84,7 @@ def _set(request: HttpRequest) -> tuple[QuotaForm, str]:
         return form, ""
     return (
         QuotaForm(),
-        f"{given['scope'].strip()} ({key}): set; it takes effect at the next reconciler pass",
+        f"{scope_named(key)}: set; it takes effect at the next reconciler pass",
     )
 
 
@@ -121,7 +121,7 @@ def _clear(request: HttpRequest) -> tuple[str, str]:
         key = services.quota_clear(scope=scope, actor=page_actor(request))
     except ServiceError as exc:
         return "", str(exc)
-    return f"{key}: quota removed", ""
+    return f"{scope_named(key)}: quota removed", ""
 
 
 def _quota_context() -> dict:

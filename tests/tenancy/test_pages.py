@@ -179,7 +179,10 @@ def test_setting_a_quota_from_the_form_stores_it_and_says_so(staff, tree):
     assert (q.guarantee_gpus, q.limit_gpus, q.limit_memory_gb) == (4, 8, 512)
     assert (q.guarantee_cpu_cores, q.limit_cpu_cores, q.guarantee_memory_gb) == (None, None, None)
     assert q.updated_by == "ops"
-    assert "it takes effect at the next reconciler pass" in staff.get("/quotas").content.decode()
+    assert (
+        "team:Acme/ml: set; it takes effect at the next reconciler pass"
+        in staff.get("/quotas").content.decode()
+    )
 
 
 def test_an_htmx_set_answers_the_refreshed_part_with_the_new_row(staff, tree):
@@ -269,7 +272,7 @@ def test_a_cleared_quota_is_gone_and_the_others_stay(staff, tree):
     response = staff.post("/quotas", {"form": "clear", "scope": tree["team:Acme/ml"]}, **HTMX)
 
     assert response.status_code == 200
-    assert f"{tree['team:Acme/ml']}: quota removed" in response.content.decode()
+    assert "team:Acme/ml: quota removed" in response.content.decode()  # its name, not its key
     assert list(CapacityQuota.objects.values_list("scope", flat=True)) == [tree["org:Acme"]]
 
 
