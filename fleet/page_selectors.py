@@ -318,15 +318,22 @@ def _states() -> dict[str, ModelStateView]:
     return out
 
 
-def _cause(state: ModelStateView | None) -> dict | None:
+def _cause(state: ModelStateView | None, now: datetime) -> dict | None:
     """Why a model backing off or parked failed last, as the attention strip says it:
-    `failures`, the engine's last words (`said`) and where (`replica`, `node`,
-    `exit_code`); None for a model whose failures do not count now."""
+    `failures`, the engine's last words (`said`), where (`replica`, `node`, `exit_code`)
+    and its next try (`next_try`, None when it is due or the model parked); None for a model
+    whose failures do not count now."""
     shown = failure_shown(state)
     if state is None or shown is None:
         return None
     assert state.last_failure is not None
-    return shown | {"failures": state.failures, "said": state.last_failure.summary}
+    return shown | {
+        "failures": state.failures,
+        "said": state.last_failure.summary,
+        "next_try": state.backoff_until
+        if state.backoff_until and state.backoff_until > now and not state.parked_since
+        else None,
+    }
 
 
 class ModelRow(TypedDict):
@@ -398,7 +405,7 @@ def model_rows(
                 warnings=tuple(reservation_warnings(spec, measured.get(spec.name))),
                 profiles=tuple(p.name for p in spec.profiles),
                 fallbacks=spec.fallbacks,
-                failing=_cause(state),
+                failing=_cause(state, now),
             )
         )
     return out

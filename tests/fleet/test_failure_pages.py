@@ -78,7 +78,8 @@ def test_needs_attention_names_each_model_backing_off_or_parked_with_its_engines
     text = attention(body)
     assert " hidden>" not in text.split("\n")[0]
     assert re.search(
-        r'chat</a> is backing off after 3 failures: <span class="failure-said"[^>]*>'
+        r'chat</a> is <span class="state state-failing">failing</span> after 3 failures: '
+        r'<span class="failure-said"[^>]*>'
         r"error: failed to open GGUF file &#x27;/m/chat.gguf&#x27;</span>",
         text,
     )
@@ -122,7 +123,7 @@ def test_the_cluster_page_makes_as_many_queries_with_200_models_failing_as_with_
     # Ten of each kind by name, the rest counted: 101 back off, 99 are parked.
     text = attention(staff.get("/").content.decode())
     assert text.count('data-attention="backing-off"') == 11
-    assert "and 91 more models backing off" in text
+    assert "and 91 more models failing" in text
 
 
 @pytest.mark.django_db
