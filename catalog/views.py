@@ -213,7 +213,7 @@ class ModelRows:
     def all(self) -> list[dict]:
         tree = scope_tree()
         views = fleet_listings.model_views()
-        ready_of = {view["name"]: view["ready"] for view in views}
+        ready_of = {view["name"]: _serving(view) for view in views}
         return [
             {
                 **view,
@@ -225,13 +225,16 @@ class ModelRows:
         ]
 
 
+def _serving(view: dict) -> int:
+    """Its replicas that answer requests: the ready, and the retiring ones still serving."""
+    return view["ready"] + view.get("retiring", 0)
+
+
 def _shown_status(view: dict, ready_of: dict[str, int]) -> dict:
     """Its status as the table shows it: "fallback" while a fallback answers for it."""
-    status, reason = fallback_shown(
-        view["status"], view["reason"], view["ready"], view["fallbacks"], ready_of
-    )
-    serving = answering_fallback(view["status"], view["ready"], view["fallbacks"], ready_of)
-    return {"status": status, "reason": reason, "answered_by": serving}
+    args = (view["status"], _serving(view), view["fallbacks"], ready_of)
+    status, reason = fallback_shown(args[0], view["reason"], *args[1:])
+    return {"status": status, "reason": reason, "answered_by": answering_fallback(*args)}
 
 
 def _profile_line(p: dict) -> str:

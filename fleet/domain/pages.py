@@ -58,15 +58,17 @@ def gpu_charts_said(gpu_count: int, readings: Iterable[Mapping]) -> str:
     )
 
 
-# The statuses of a model that wants replicas and has none ready yet.
-_WANTING = frozenset({"unplaceable", "waiting", "starting"})
+# The statuses of a model that wants replicas and may have none serving (a parked one waits
+# for an operator, and is said as parked).
+_WANTING = frozenset({"unplaceable", "waiting", "starting", "failing"})
 
 
 def answering_fallback(
     status: str, ready: int, fallbacks: Iterable[str], ready_of: Mapping[str, int]
 ) -> str | None:
     """The fallback that answers a model's requests while it wants replicas and has none
-    ready: its first with a ready replica; None when it has some ready or none answers."""
+    serving: its first with a replica serving; None when it has some or none answers.
+    `ready` and `ready_of` count the replicas that serve, retiring ones included."""
     if status not in _WANTING or ready:
         return None
     return next((f for f in fallbacks if ready_of.get(f)), None)

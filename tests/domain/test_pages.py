@@ -89,6 +89,7 @@ def test_a_model_whose_fallback_answers_is_shown_as_answered_not_as_an_outage():
     [
         ("waiting", 0, {"b": 1}, "b"),  # the first fallback with a ready replica
         ("starting", 0, {"a": 0, "b": 3}, "b"),
+        ("failing", 0, {"a": 1}, "a"),  # a crash loop: its fallback answers meanwhile
         ("unplaceable", 0, {}, None),  # no fallback ready: an outage it is
         ("unplaceable", 1, {"a": 1}, None),  # some of its own ready
         ("ready", 0, {"a": 1}, None),
@@ -100,3 +101,11 @@ def test_which_fallback_answers_for_a_model(status, ready, ready_of, answered_by
     assert answering_fallback(status, ready, ("a", "b"), ready_of) == answered_by
     shown, _ = fallback_shown(status, "", ready, ("a", "b"), ready_of)
     assert shown == ("fallback" if answered_by else status)
+
+
+def test_a_model_whose_retiring_replica_still_serves_is_not_said_to_fall_back():
+    from catalog.views import _shown_status
+
+    view = {"status": "starting", "reason": "", "ready": 0, "retiring": 1, "fallbacks": ["a"]}
+    assert _shown_status(view, {"a": 1})["status"] == "starting"
+    assert _shown_status(view | {"retiring": 0}, {"a": 1})["status"] == "fallback"
