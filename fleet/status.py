@@ -107,15 +107,13 @@ def nodes_by_state() -> dict[str, int]:
 
 def needing_attention(models: list[dict]) -> list[dict]:
     """The models that cannot run as asked, as the cluster page's "Needs attention" counts
-    them: parked, backing off after failures, or that cannot be placed; each with why."""
+    them: parked, failing, or that cannot be placed; each with why (its status's sentence,
+    which for a failing model is the engine's line that says why, or else that line)."""
     out = []
     for m in models:
         failure = m.get("last_failure") or {}
         if not (m.get("parked") or m.get("unplaceable") or failure):
             continue
-        why = m.get("reason") or ""
-        lines = [ln.strip() for ln in str(failure.get("detail") or "").splitlines() if ln.strip()]
-        if lines:
-            why = f"{why}; {lines[-1]}" if why else lines[-1]
+        why = m.get("reason") or failure.get("said") or ""
         out.append({"name": m["name"], "status": m.get("status") or "", "reason": why})
     return out

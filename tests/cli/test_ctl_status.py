@@ -76,24 +76,29 @@ def test_a_failing_part_reads_as_failing():
     ]
 
 
-def test_a_model_backing_off_is_named_with_its_engines_words():
+def test_a_failing_model_is_named_with_the_engines_line_that_says_why_once():
     models = [
         {"name": "ok-model", "status": "ready", "reason": ""},
         {
             "name": "chat",
-            "status": "backing off",
-            "reason": "backing off after 3 failures",
-            "last_failure": {"detail": "The engine exited with code 1.\nCUDA out of memory"},
+            "status": "failing",
+            "reason": "CUDA out of memory; 3 failures, next try in 40s",
+            "last_failure": {
+                "said": "CUDA out of memory",
+                "detail": 'CUDA out of memory\n  File "worker.py", line 9, in run',
+            },
         },
         {"name": "big", "status": "parked", "parked": True, "reason": "parked after 5"},
+        {"name": "old", "status": "waiting", "reason": "", "last_failure": {"said": "bad"}},
     ]
     assert needing_attention(models) == [
         {
             "name": "chat",
-            "status": "backing off",
-            "reason": "backing off after 3 failures; CUDA out of memory",
+            "status": "failing",
+            "reason": "CUDA out of memory; 3 failures, next try in 40s",
         },
         {"name": "big", "status": "parked", "reason": "parked after 5"},
+        {"name": "old", "status": "waiting", "reason": "bad"},
     ]
 
 
