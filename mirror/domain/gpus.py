@@ -28,6 +28,8 @@ from fleet.domain.types import FABRIC_LABEL
 
 GIB = 1 << 30
 TP_SIZES = (1, 2, 4, 8)
+# The engines whose replica may span nodes joined by a fabric (llama.cpp runs on one node).
+MULTI_NODE_ENGINES = frozenset({"vllm"})
 DEFAULT_UTILIZATION = 0.9
 
 
@@ -143,15 +145,25 @@ def classes(rooms: Iterable[NodeRoom]) -> list[Fleet]:
     return out
 
 
-def size_on(need: Need, cls: Fleet, *, ctx: int, utilization: float, title: str) -> GpuOption:
-    """The smallest tp at which one sequence of `ctx` fits on GPUs of `cls`, with a sentence."""
+def size_on(
+    need: Need,
+    cls: Fleet,
+    *,
+    ctx: int,
+    utilization: float,
+    title: str,
+    multi_node: bool = True,
+) -> GpuOption:
+    """The smallest tp at which one sequence of `ctx` fits on GPUs of `cls`, with a sentence;
+    within one node when the engine cannot span nodes (`multi_node` false: llama.cpp)."""
+    reach = cls.joined if multi_node else 1
     usable = utilization * cls.memory_bytes
     tries: list[Try] = []
     limits: list[str] = []
     for tp in TP_SIZES:
         nodes = 1 if tp <= cls.per_node else math.ceil(tp / cls.per_node)
-        if nodes > cls.joined:
-            limits.append(_reach(cls, tp))
+        if nodes > reach:
+            limits.append(_reach(cls, tp, multi_node))
             break
         if need.attention_heads % tp:
             limits.append(f"tp {tp} does not divide its {need.attention_heads} attention heads")
@@ -227,13 +239,22 @@ def gpu_options(
     by_id = {r.node.id: r for r in rooms}
     out = []
     for cls in classes(by_id.values()):
-        option = size_on(need, cls, ctx=ctx, utilization=utilization, title=title)
+        option = size_on(
+            need,
+            cls,
+            ctx=ctx,
+            utilization=utilization,
+            title=title,
+            multi_node=engine in MULTI_NODE_ENGINES,
+        )
         profile = gpu_profile(option, engine=engine, **profile_kw)
         out.append(where(option, profile, by_id, source))
     return out
 
 
-def _reach(cls: Fleet, tp: int) -> str:
+def _reach(cls: Fleet, tp: int, multi_node: bool) -> str:
+    if not multi_node:
+        return f"a node has at most {cls.per_node} {cls.gpu_class} GPUs, and llama.cpp runs on one"
     if cls.joined > 1:
         return (
             f"tp {tp} needs {math.ceil(tp / cls.per_node)} nodes of {cls.per_node} "

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fleet.domain.placement import Inventory
-from mirror.domain.gpus import GIB
+from mirror.domain.gpus import GIB, gpu_options
 from mirror.domain.hf import HfError, Tensor, hf_model
 from mirror.domain.hf_sizing import hf_plan, serve_hf_model
 from mirror.domain.sizing import SizingError
@@ -211,6 +211,19 @@ def test_past_one_node_only_where_a_fabric_joins_nodes():
             "--gpu-memory-utilization", "0.9",
         ],
     }  # fmt: skip
+
+
+def test_llama_cpp_stays_on_one_node_though_a_fabric_joins_nodes():
+    m = hf_model(LLAMA_33_70B, dense_tensors(LLAMA_33_70B))
+    pairs = [gpu_node(f"n{i}", gpus=2, fabric="ib-1") for i in range(2)]
+
+    (option,) = gpu_options(
+        m, ctx=65536, rooms=rooms(*pairs), utilization=0.9, title="x", engine="llamacpp"
+    )
+
+    # vLLM takes tp 4 over the two nodes (above); llama.cpp cannot span them.
+    assert option.chosen is None
+    assert option.said.endswith("a node has at most 2 h100-80g GPUs, and llama.cpp runs on one.")
 
 
 def test_serve_makes_a_profile_per_class_that_fits_those_free_now_first():
