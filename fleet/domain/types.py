@@ -201,8 +201,8 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Load:
-    """Requests running and waiting for a model, summed over its replicas, and the fullest
-    KV cache among them (None: no engine reported one)."""
+    """Requests running and waiting for a model, summed over its replicas, and their KV
+    caches' use on average (None: no engine reported one)."""
 
     running: int = 0
     waiting: int = 0

@@ -37,7 +37,8 @@ class RequestResult:
 class EngineLook:
     """The model's ready replicas' engines at one moment of a level, as ``GET /replicas``
     showed what their agents last reported: requests queued, summed over those that said,
-    and the fullest KV cache; None where none said."""
+    and their KV caches' use on average, as the autoscaler compares it with kv_ceiling
+    (fleet.selectors); None where none said."""
 
     waiting: int | None = None
     kv_cache: float | None = None
@@ -66,7 +67,7 @@ def engine_look(replicas: Any) -> EngineLook:
             waiting.append(int(said["waiting"]))
         if _number(said.get("kv_cache")) is not None:
             kv.append(float(said["kv_cache"]))
-    return EngineLook(sum(waiting) if waiting else None, max(kv) if kv else None)
+    return EngineLook(sum(waiting) if waiting else None, sum(kv) / len(kv) if kv else None)
 
 
 def _number(value: Any) -> float | None:
@@ -118,7 +119,8 @@ class LevelSummary:
     meets_slo: bool | None
     misses: tuple[str, ...] = ()
     first_error: str = ""
-    # The most requests the engines queued, and their fullest KV cache, seen while it ran;
+    # The most requests the engines queued, and their fullest KV caches on average, seen
+    # while it ran;
     # None when no engine said (the sim, vLLM and llama-server say; a llama-server no KV).
     waiting_max: int | None = None
     kv_cache_max: float | None = None
@@ -288,14 +290,14 @@ def verdict(j: Judgement, *, model: str, last_tried: int | None, interrupted: bo
 
 def engines_seen(level: LevelSummary) -> str | None:
     """What the engines said at a level, for the model's `target_waiting` and `kv_ceiling`:
-    "there its engines queued at most 3 requests and their KV caches were at most 87 %
-    full"; None when no engine said either."""
+    "there its engines queued at most 3 requests and their KV caches were at most 87% full
+    on average"; None when no engine said either."""
     parts = []
     if level.waiting_max is not None:
         n = level.waiting_max
         parts.append(f"its engines queued at most {n} request{'s' if n != 1 else ''}")
     if level.kv_cache_max is not None:
-        parts.append(f"their KV caches were at most {level.kv_cache_max:.0%} full")
+        parts.append(f"their KV caches were at most {level.kv_cache_max:.0%} full on average")
     if not parts:
         return None
     return "there " + " and ".join(parts) + " (scaling's target_waiting and kv_ceiling)"

@@ -284,8 +284,8 @@ percentiles of time to first token (TTFT) and time per output token (TPOT)
 are within it. The ramp stops after the first level that misses; the capacity
 is the last level that met it.
 
-QUEUED and KV are the most requests the model's engines queued and their fullest KV
-cache while the level ran, as its agents reported them (GET /replicas, every
+QUEUED and KV are the most requests the model's engines queued and the most of their KV
+caches in use on average while the level ran, as its agents reported them (GET /replicas, every
 second): at the capacity, the figures for scaling's target_waiting and kv_ceiling.
 
 --save stores the capacity per replica (divided by the model's ready
