@@ -250,8 +250,8 @@ def _vllm_env(spec: ShardSpec) -> dict[str, str]:
         # which a node may not reach (vLLM otherwise waits on it for each file's metadata).
         env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"
     if _on_cpu(spec):
-        memory = spec.profile.get("min_memory_gb")
-        space = vllm_cpu_kv_space_gib(float(memory) if memory is not None else None)
+        # The shard's reservation, as the memory watch and cgroup hold it to.
+        space = vllm_cpu_kv_space_gib(spec.memory_gb)
         if space is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(space)
     return env

@@ -27,6 +27,8 @@ def spec(engine="llamacpp", *, gpus=(), threads=None, args=(), env=None, **profi
         gpu_indices=tuple(gpus),
         api_key=KEY,
         threads=threads,
+        # As start_shard gives it: the shard's reservation, the profile's memory by default.
+        memory_gb=profile.get("min_memory_gb"),
     )
 
 
