@@ -10,7 +10,7 @@ from functools import cached_property
 from catalog.domain import ModelSpec
 from tenancy.quota import Amount, Policy
 
-from .causes import exit_said, summary as one_line
+from .causes import exit_said, summary
 from .power import Power
 
 FABRIC_LABEL = "llmgw.io/fabric"
@@ -232,7 +232,7 @@ class Failure:
     def summary(self) -> str:
         """One line: the line of the engine's log that says why, else the agent's sentence
         (causes.summary)."""
-        return one_line(self.detail)
+        return summary(self.detail)
 
     @property
     def exit_said(self) -> str:

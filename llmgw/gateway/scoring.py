@@ -13,11 +13,12 @@ Pure: no clock, no I/O; `State.pick` calls it, `prefixes.choose` compares its an
 from __future__ import annotations
 
 from fleet.domain.readings import Reading
+from llmgw.core.config import Routing
 
 # A KV cache this full admits a new request only as others finish (vLLM queues it, or
-# preempts one): the replica counts as holding twice its requests. The default of
-# LLMGW_ROUTING_KV_FULL.
-KV_FULL = 0.9
+# preempts one): the replica counts as holding twice its requests. LLMGW_ROUTING_KV_FULL's
+# default, said once in llmgw.core.config.
+KV_FULL = Routing.kv_full
 
 
 def replica_load(

