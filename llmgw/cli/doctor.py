@@ -30,7 +30,9 @@ from typing import Any
 
 import httpx
 
+from fleet.agent.contain import real_nvml
 from fleet.agent.credentials import FILE_NAME as CREDENTIAL
+from fleet.agent.sensors import THROTTLE_BITS
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 # Clock skew: the server's Date header has whole seconds, so up to 2 s is no skew at all.
@@ -41,12 +43,15 @@ DISK_WARN_GB = 20.0
 DISK_FAIL_GB = 5.0
 GPU_HOT_C = 85
 # NVML's clock event reasons that mean the card is held back (nvml.h).
-SLOWDOWNS = {
-    0x08: "hardware slowdown",
-    0x20: "software thermal slowdown",
-    0x40: "hardware thermal slowdown",
-    0x80: "power brake",
+# NVML's throttle reasons (fleet.agent.sensors.THROTTLE_BITS) said in words; a power cap
+# the operator set is not a fault and is not said.
+_SLOWDOWN_WORDS = {
+    "hw_slowdown": "hardware slowdown",
+    "sw_thermal": "software thermal slowdown",
+    "hw_thermal": "hardware thermal slowdown",
+    "power_brake": "power brake",
 }
+SLOWDOWNS = {bit: _SLOWDOWN_WORDS[name] for bit, name in THROTTLE_BITS if name in _SLOWDOWN_WORDS}
 # Any digest: the mirror answers 404 to a node's accepted credential, 401 to a refused one.
 PROBE_DIGEST = "0" * 64
 
@@ -333,14 +338,6 @@ def _engines() -> dict[str, tuple[str | None, str]]:
     return {e: (p, versions.get(e, "") if p else "") for e, p in paths.items()}
 
 
-def _nvml() -> Any:
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    return pynvml
-
-
 def _stat(folder: Path) -> tuple[int | None, int | None]:
     try:
         st = folder.stat()
@@ -440,7 +437,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     with httpx.Client(timeout=10.0) as client:
-        findings = run_checks(args, client=client, nvml=_nvml())
+        findings = run_checks(args, client=client, nvml=real_nvml())
     if args.json:
         print(json.dumps([asdict(f) for f in findings], indent=2, ensure_ascii=False))
     else:

@@ -148,7 +148,7 @@ def test_a_node_with_no_credential_yet_is_told_how_to_join():
 
 
 def test_doctor_prints_a_line_a_check_and_json_on_asking(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(doctor, "_nvml", lambda: FakeNVML([{"temp": 50}]))
+    monkeypatch.setattr(doctor, "real_nvml", lambda: FakeNVML([{"temp": 50}]))
     monkeypatch.setattr(doctor, "_engines", lambda: {"llamacpp": ("/bin/llama-server", "b4589")})
     state = tmp_path / "agent"
     state.mkdir(mode=0o700)
