@@ -171,9 +171,12 @@ class Crashes(RuleBasedStateMachine):
         self.book.written(batch)
 
     def teardown(self):
+        import shutil
+
         journal = self.book.journal
         settled, cut = fold(journal.path.read_text().splitlines(), self.written)
         journal.close(remove=True)
+        shutil.rmtree(self.home, ignore_errors=True)  # each example's folder, not left in /tmp
         total: dict = {}
         for source in (self.database, settled):
             for k, v in source.items():
