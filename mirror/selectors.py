@@ -141,19 +141,9 @@ def _ref(source: str, index: list[Weights]) -> WeightsRef | FolderRef | str | No
     if found is None:
         return None
     weights, path = found
-    every = list(weights.files.all())
-    exact = [f for f in every if f.path == path]
-    if path is None:
-        ggufs = [f for f in every if f.path.endswith(".gguf")]
-        files, folder = (ggufs[:1], None) if ggufs else (every, "" if len(every) > 1 else None)
-    elif exact:
-        files, folder = exact, None
-    else:
-        # A folder inside the weights: its files, named from that folder down.
-        folder = path.rstrip("/") + "/"
-        files = [f for f in every if f.path.startswith(folder)]
+    files, folder = _named(list(weights.files.all()), path)
     if not files:
-        return f"weights {weights.pk} ({weights.source}) hold no file {path or ''}".rstrip()
+        return f"weights {weights.pk} ({weights.source}) hold no file {path or 'yet'}"
     unready = [f for f in files if f.state != READY or not f.sha256]
     if unready:
         f = min(unready, key=lambda f: f.state != "failed")
@@ -171,6 +161,22 @@ def _ref(source: str, index: list[Weights]) -> WeightsRef | FolderRef | str | No
     if folder is None:
         return refs[0]
     return FolderRef(files=tuple(sorted(refs, key=lambda r: r.file)), name=source)
+
+
+def _named(every: list[WeightFile], path: str | None) -> tuple[list[WeightFile], str | None]:
+    """The files a source names among its weights' files, and the folder they are named
+    from (None: one file, not a folder). The whole weights: its GGUF where it holds one, its
+    only file, else the folder of all of them. A path: that file, else the folder under it."""
+    if path is None:
+        ggufs = [f for f in every if f.path.endswith(".gguf")]
+        if ggufs:
+            return ggufs[:1], None
+        return every, ("" if len(every) > 1 else None)
+    exact = [f for f in every if f.path == path]
+    if exact:
+        return exact, None
+    folder = path.rstrip("/") + "/"
+    return [f for f in every if f.path.startswith(folder)], folder
 
 
 def _progress_said(f: WeightFile) -> str:
