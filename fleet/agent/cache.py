@@ -121,10 +121,9 @@ class WeightCache:
         """The cached file for ``ref``, fetched first if it is not held; raises CacheError,
         a disk that fails (full, read-only, a file where a folder should be) included."""
         try:
-            path = self.path(ref.sha256)
-            if path.exists() and path.stat().st_size == ref.size:
+            if self._held(ref):
                 self._note(ref.sha256, source)
-                return path
+                return self.path(ref.sha256)
             task = self._fetches.get(ref.sha256)
             if task is None:
                 task = asyncio.ensure_future(self._fetch(ref, on_progress))
@@ -234,7 +233,8 @@ class WeightCache:
             await self.ensure(f, source=source, on_progress=progress)
             done += f.size
         for f in wanted.values():
-            self._note(f.sha256, source)
+            if f not in missing:
+                self._note(f.sha256, source)  # held already: used from now
         try:
             return self._assemble(folder)
         except OSError as exc:
