@@ -90,11 +90,11 @@ def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
     """Why this bearer may not read the mirror file `sha256`, as (HTTP status, sentence);
     None when it may. Only a node's own credential reads files: an engine build any node,
     a file of weights only a node while a shard the control plane placed on it needs it
-    (on its way to running, of a model whose source holds the file). What a node reported
+    (on its way to running, of a model that runs on the file: the one its source names, or
+    any of the folder it names; no other file of the same weights). What a node reported
     itself (an adopted shard) reads nothing: weights follow placements, not claims."""
     from catalog.models import Model
-    from mirror.domain.sources import inside
-    from mirror.selectors import file_sources
+    from mirror.selectors import file_sources, source_reads
 
     credential = agent_authenticate(secret=secret)
     if credential is None or credential.joining:
@@ -110,9 +110,9 @@ def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
         state__in=NEEDS_WEIGHTS,
         replica__state__in=NEEDS_WEIGHTS,
     ).values("replica__model")
-    for source in Model.objects.filter(name__in=models).values_list("source", flat=True):
-        if inside(source, sources):  # the weights' source, or a file in it
-            return None
+    needed = list(Model.objects.filter(name__in=models).values_list("source", flat=True))
+    if source_reads(needed, sha256):  # the file a model runs on, or one of its folder's
+        return None
     return (
         403,
         f"Node {credential.node_id} was given no shard that needs the file {sha256} now.",

@@ -48,7 +48,7 @@ def weights_reclaim(*, now: datetime, force: bool = False) -> list[Command]:
     commands = []
     for node_id, weights, free_gb in nodes:
         cached = [_cached(w) for w in weights or () if isinstance(w, dict) and w.get("sha256")]
-        in_use = {digest_of[m] for m in models_on[node_id] if m in digest_of}
+        in_use = {d for m in models_on[node_id] for d in digest_of.get(m, ())}
         gone = reclaim(
             cached,
             in_use=in_use,

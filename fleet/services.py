@@ -19,7 +19,7 @@ from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
 from llmgw.core.errors import Invalid, NotFound
 from llmgw.core.secrets import engine_key
-from mirror.selectors import WeightsRef, weights_for_source
+from mirror.selectors import FolderRef, WeightsRef, weights_for_source
 from tenancy.services import audit_record
 
 from .dispatch import Command, stop_command
@@ -68,9 +68,10 @@ def start_command(shard: Shard, replica: Replica, spec: ModelSpec | None) -> Com
 
 
 def _weights(source: str) -> dict:
-    """``weights`` when the model's source is mirror weights the agent fetches."""
+    """``weights`` when the model's source is mirror weights the agent fetches: one file,
+    or every file of a folder (mirror/domain/refs.py)."""
     ref = weights_for_source(source)
-    return {"weights": ref.message()} if isinstance(ref, WeightsRef) else {}
+    return {"weights": ref.message()} if isinstance(ref, WeightsRef | FolderRef) else {}
 
 
 def plan_apply(*, plan: Plan, now: datetime, before: dict) -> list[Command]:

@@ -58,6 +58,7 @@ class SimConfig:
     prefix_cache_tokens: int = 32768  # 0 turns the cache off
     prefix_block_tokens: int = 16  # vLLM's block size
     kv_cache_tokens: int = 0  # tokens the KV cache holds; 0: its use is the share of slots taken
+    weights: str | None = None  # the file or folder it was given as its model, as vLLM's root
 
 
 class BadRequest(Exception):
@@ -335,6 +336,8 @@ async def models(request: web.Request) -> web.Response:
     """GET /v1/models: the one model this engine serves."""
     engine = request.app[ENGINE]
     model = {"id": engine.config.model, "object": "model", "created": engine.created}
+    if engine.config.weights:
+        model["root"] = engine.config.weights  # what vLLM says here: the path it loaded
     return web.json_response({"object": "list", "data": [model | {"owned_by": "llmgw-sim"}]})
 
 
@@ -565,7 +568,12 @@ def main(argv: list[str] | None = None) -> int:
         help="tokens the KV cache holds, for its use (0: the share of slots taken)",
     )
     add("--api-key", help=f"for manual use; the agent passes the key in ${API_KEY_ENV}")
+    add("--weights", help="the file or folder of the model's weights; it must exist")
     args = vars(parser.parse_args(argv))
+    if args["weights"] and not os.path.exists(args["weights"]):
+        # As a real engine does: a model it cannot find is a failed start, said.
+        print(f"llmgw sim-engine: no such file or folder: {args['weights']}", file=sys.stderr)
+        return 1
     host, port = args.pop("host"), args.pop("port")
     args["api_key"] = args["api_key"] or os.environ.get(API_KEY_ENV) or None
     asyncio.run(_serve(SimConfig(**args), host, port))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from catalog.domain import ModelSpec
 
 from . import store
+from .domain.refs import FolderRef
 from .domain.sizing import profile_refusal
 from .gguf import GgufError, read_gguf
 from .selectors import weights_for_source
@@ -25,6 +26,12 @@ def model_sizing_refusal(spec: ModelSpec) -> str | None:
     ref = weights_for_source(spec.source)
     if ref is None or isinstance(ref, str):
         return None
+    if isinstance(ref, FolderRef):
+        return (
+            f"model {spec.name}: its source {spec.source} is a folder of {len(ref.files)} files, "
+            "not a GGUF file; llama.cpp serves one GGUF (name it as the source's path), "
+            "vLLM serves a folder."
+        )
     try:
         info = read_gguf(store.blob(ref.sha256))
     except GgufError as exc:

@@ -117,13 +117,12 @@ def weights_plan(
 
 
 def vllm_source(weights: Weights) -> str:
-    """What a vLLM replica is given as its model: the hub repository (vLLM fetches it) or
-    the folder on the node; Invalid for a single file over https."""
+    """A vLLM model's source: the mirror's weights themselves, so each node is sent every
+    file of the folder from the mirror (an offline cluster never asks the hub); Invalid for
+    a single file over https."""
     source = parse_source(weights.source)
-    if source.kind == HF and not source.pattern:
-        return source.repo or ""
-    if source.kind == LOCAL:
-        return source.path or weights.source
+    if source.kind in (HF, LOCAL):
+        return weights.source
     raise Invalid(
         f"Weights {weights.pk} ({weights.source}) are not a whole repository or folder; "
         "vLLM serves a safetensors model from hf://ORG/REPO or a folder."

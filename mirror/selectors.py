@@ -9,7 +9,7 @@ from django.conf import settings
 from catalog.models import Model
 
 from .domain.progress import READY, FileProgress, progress
-from .domain.refs import WeightsRef
+from .domain.refs import FolderRef, WeightsRef
 from .models import WeightFile, Weights
 
 
@@ -79,8 +79,8 @@ def weights_using(*, weights_id: int) -> list[str]:
     return [] if w is None else _users([w])[w.pk]
 
 
-def weights_for_source(source: str) -> WeightsRef | str | None:
-    """The mirror file a model's source names, ready to fetch.
+def weights_for_source(source: str) -> WeightsRef | FolderRef | str | None:
+    """The mirror file, or the folder of files, a model's source names, ready to fetch.
 
     None when the source is not mirror weights (a path on the node, a hub id
     vLLM fetches itself); a sentence when it is but cannot be served yet.
@@ -105,43 +105,78 @@ def weights_waiting(sources: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def digests_by_source(sources: Mapping[str, str]) -> dict[str, str]:
-    """For models (name → source) on mirror weights that are ready, the file's digest."""
+def digests_by_source(sources: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """For models (name → source) on mirror weights that are ready, the digests of the files
+    they run on: one for a GGUF, every file's for a folder."""
     index = _index() if sources else []
     out = {}
     for name, src in sources.items():
         ref = _ref(src, index) if index else None
-        if isinstance(ref, WeightsRef):
-            out[name] = ref.sha256
+        if isinstance(ref, WeightsRef | FolderRef):
+            out[name] = ref.digests
     return out
+
+
+def source_reads(sources: list[str], sha256: str) -> bool:
+    """Whether a model on one of ``sources`` runs on the mirror file ``sha256``: the file it
+    names, or a file of the folder it names, and no other file of the same weights."""
+    holding = list(
+        Weights.objects.filter(files__sha256=sha256, files__state=READY)
+        .distinct()
+        .prefetch_related("files")
+    )
+    for source in sources:
+        ref = _ref(source, holding) if source else None
+        if isinstance(ref, WeightsRef | FolderRef) and sha256 in ref.digests:
+            return True
+    return False
 
 
 def _index() -> list[Weights]:
     return list(Weights.objects.prefetch_related("files").all())
 
 
-def _ref(source: str, index: list[Weights]) -> WeightsRef | str | None:
+def _ref(source: str, index: list[Weights]) -> WeightsRef | FolderRef | str | None:
     found = _match(source, index)
     if found is None:
         return None
     weights, path = found
-    files = [f for f in weights.files.all() if path is None or f.path == path]
-    if path is None:
-        ggufs = [f for f in files if f.path.endswith(".gguf")]
-        files = ggufs[:1] if ggufs else files
-    if len(files) != 1:
-        names = ", ".join(f.path for f in files[:5]) or "no such file"
-        return (
-            f"weights {weights.pk} ({weights.source}) hold {len(files)} files that match "
-            f"({names}); name one as the source's path"
-        )
-    f = files[0]
-    if f.state != READY or not f.sha256:
+    files, folder = _named(list(weights.files.all()), path)
+    if not files:
+        return f"weights {weights.pk} ({weights.source}) hold no file {path or 'yet'}"
+    unready = [f for f in files if f.state != READY or not f.sha256]
+    if unready:
+        f = min(unready, key=lambda f: f.state != "failed")
         return f"waiting for weights {weights.pk} ({f.path}): {_progress_said(f)}"
     base = settings.LLMGW.mirror.url or ""
-    return WeightsRef(
-        sha256=f.sha256, size=f.size or 0, url=f"{base}/api/v1/mirror/files/{f.sha256}", file=f.path
+    refs = tuple(
+        WeightsRef(
+            sha256=f.sha256,
+            size=f.size or 0,
+            url=f"{base}/api/v1/mirror/files/{f.sha256}",
+            file=f.path[len(folder) :] if folder is not None else f.path,
+        )
+        for f in files
     )
+    if folder is None:
+        return refs[0]
+    return FolderRef(files=tuple(sorted(refs, key=lambda r: r.file)), name=source)
+
+
+def _named(every: list[WeightFile], path: str | None) -> tuple[list[WeightFile], str | None]:
+    """The files a source names among its weights' files, and the folder they are named
+    from (None: one file, not a folder). The whole weights: its GGUF where it holds one, its
+    only file, else the folder of all of them. A path: that file, else the folder under it."""
+    if path is None:
+        ggufs = [f for f in every if f.path.endswith(".gguf")]
+        if ggufs:
+            return ggufs[:1], None
+        return every, ("" if len(every) > 1 else None)
+    exact = [f for f in every if f.path == path]
+    if exact:
+        return exact, None
+    folder = path.rstrip("/") + "/"
+    return [f for f in every if f.path.startswith(folder)], folder
 
 
 def _progress_said(f: WeightFile) -> str:

@@ -9,6 +9,12 @@ of room says so with the figures rather than filling its disk.
 
 Beside each file, ``<digest>.json`` names the sources it was fetched for and
 when a shard last used it: what ``register`` reports and reclaim reads.
+
+A model that is a folder (a Hugging Face repository) is fetched file by file
+into the same store, then assembled as ``<cache-dir>/folders/<key>/``: a link
+to each file under its path in the folder (a hard link, a symlink where the
+disk has none), beside ``<key>.json`` listing the files. The engine is given
+that folder. Deleting a file deletes the folders it is in.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mirror.domain.refs import WeightsRef
+from mirror.domain.refs import FolderRef, RefError, WeightsRef, safe_path
 from mirror.transfer import TransferError, fetch_from_mirror, mirror_url
 
 log = logging.getLogger(__name__)
@@ -115,10 +121,9 @@ class WeightCache:
         """The cached file for ``ref``, fetched first if it is not held; raises CacheError,
         a disk that fails (full, read-only, a file where a folder should be) included."""
         try:
-            path = self.path(ref.sha256)
-            if path.exists() and path.stat().st_size == ref.size:
+            if self._held(ref):
                 self._note(ref.sha256, source)
-                return path
+                return self.path(ref.sha256)
             task = self._fetches.get(ref.sha256)
             if task is None:
                 task = asyncio.ensure_future(self._fetch(ref, on_progress))
@@ -180,7 +185,8 @@ class WeightCache:
         return self.path(ref.sha256)
 
     def delete(self, digests: list[str], *, in_use: set[str]) -> list[str]:
-        """Delete held files not ``in_use``; returns the digests deleted."""
+        """Delete held files not ``in_use``, and the folders they are in; returns the digests
+        deleted."""
         gone = []
         for digest in digests:
             if not _HEX64.match(digest) or digest in in_use or digest in self._fetches:
@@ -190,4 +196,105 @@ class WeightCache:
                 path.unlink()
                 self._meta_path(digest).unlink(missing_ok=True)
                 gone.append(digest)
+        if gone:
+            self._drop_folders(set(gone))
         return gone
+
+    def folder_path(self, folder: FolderRef) -> Path:
+        return self.root / "folders" / folder.key
+
+    async def ensure_folder(
+        self,
+        folder: FolderRef,
+        *,
+        source: str | None = None,
+        on_progress: Callable[[int, int | None], None] | None = None,
+    ) -> Path:
+        """The assembled folder for ``folder``, each file fetched first where it is not held
+        (one fetch per digest, resumed from its part); raises CacheError with a sentence: a
+        path that would leave the folder, a disk short of what is still to come, a file that
+        fails."""
+        try:
+            for f in folder.files:
+                safe_path(f.file)
+        except RefError as exc:
+            raise CacheError(f"{folder.name} cannot be assembled: {exc}") from None
+        wanted = {f.sha256: f for f in folder.files}
+        missing = [f for f in wanted.values() if not self._held(f)]
+        self._room_for(folder, missing)
+        total = sum(f.size for f in wanted.values())
+        done = total - sum(f.size for f in missing)
+        for f in missing:
+
+            def progress(d: int, _t: int | None, base: int = done) -> None:
+                if on_progress is not None:
+                    on_progress(base + d, total)
+
+            await self.ensure(f, source=source, on_progress=progress)
+            done += f.size
+        for f in wanted.values():
+            if f not in missing:
+                self._note(f.sha256, source)  # held already: used from now
+        try:
+            return self._assemble(folder)
+        except OSError as exc:
+            raise CacheError(
+                f"{folder.name} could not be assembled in {self.root / 'folders'}: "
+                f"{exc.strerror or exc}."
+            ) from None
+
+    def _held(self, ref: WeightsRef) -> bool:
+        path = self.path(ref.sha256)
+        return path.exists() and path.stat().st_size == ref.size
+
+    def _room_for(self, folder: FolderRef, missing: list[WeightsRef]) -> None:
+        """Refuse, before any fetch, a folder whose files still to come do not fit."""
+        if not missing:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        have = sum(
+            self._part(f.sha256).stat().st_size for f in missing if self._part(f.sha256).exists()
+        )
+        more = max(sum(f.size for f in missing) - have, 0)
+        free = shutil.disk_usage(self.root).free
+        if free < more + DISK_MARGIN_BYTES:
+            raise CacheError(
+                f"This node has {free / GB:.1f} GB free in {self.root}; {folder.name} needs "
+                f"{more / GB:.1f} GB more ({len(missing)} of its {len(folder.files)} files) and "
+                f"{DISK_MARGIN_BYTES / GB:.0f} GB is kept free: nothing was fetched."
+            )
+
+    def _assemble(self, folder: FolderRef) -> Path:
+        """Link each held file under its path in a new folder, then move it into place at
+        once: an engine never sees a folder half made."""
+        final = self.folder_path(folder)
+        if final.is_dir():
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f"{final.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for f in folder.files:
+            target = tmp / f.file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                target.hardlink_to(self.path(f.sha256))
+            except OSError:
+                target.symlink_to(self.path(f.sha256))
+        manifest = {f.file: f.sha256 for f in folder.files}
+        final.with_suffix(".json").write_text(json.dumps({"files": manifest}))
+        tmp.rename(final)
+        return final
+
+    def _drop_folders(self, digests: set[str]) -> None:
+        """Remove every assembled folder that holds one of ``digests``."""
+        root = self.root / "folders"
+        if not root.is_dir():
+            return
+        for manifest in root.glob("*.json"):
+            try:
+                files = json.loads(manifest.read_text()).get("files") or {}
+            except (OSError, ValueError, AttributeError):
+                files = {}
+            if digests & set(files.values()) or not files:
+                shutil.rmtree(manifest.with_suffix(""), ignore_errors=True)
+                manifest.unlink(missing_ok=True)

@@ -261,6 +261,9 @@ def _sim(spec: ShardSpec, node: NodeContext) -> list[str]:
     args = _profile_args(spec)
     argv = [*node.sim_command, "--host", node.bind_host, "--port", str(node.port)]
     argv += ["--model", spec.model]
+    if (spec.source or "").startswith("/") and not has_flag(args, "--weights"):
+        # The weights the agent put in its cache, or a path on the node: checked as vLLM would.
+        argv += ["--weights", spec.source or ""]
     if not has_flag(args, "--threads"):
         argv += ["--threads", str(cpu_threads(spec, node.cpu_count))]
     return argv + args

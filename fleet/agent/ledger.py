@@ -80,6 +80,15 @@ class Entry:
     state: str  # "starting" or "ready", as last seen
     started_at: float  # Unix seconds: its startup timeout counts from here
     weights_sha256: str | None = None
+    # Every file's digest where its weights are a folder (weights_sha256 is the first: an
+    # entry written by an earlier release has only that).
+    weights_digests: tuple[str, ...] = ()
+
+    def digests(self) -> tuple[str, ...]:
+        """The digests of the cached files its engine runs on."""
+        if self.weights_digests:
+            return tuple(self.weights_digests)
+        return (self.weights_sha256,) if self.weights_sha256 else ()
 
     def to_json(self) -> str:
         body = asdict(self)
@@ -95,7 +104,8 @@ class Entry:
         names = {f.name for f in fields(ShardSpec)}
         spec = {k: v for k, v in body["spec"].items() if k in names}
         spec["gpu_indices"] = tuple(int(i) for i in spec.get("gpu_indices") or ())
-        entry = cls(**{**body, "spec": ShardSpec(**spec)})
+        digests = tuple(str(d) for d in body.get("weights_digests") or ())
+        entry = cls(**{**body, "spec": ShardSpec(**spec), "weights_digests": digests})
         for name, kind in (("pid", int), ("start_time", int), ("port", int), ("boot", str)):
             if not isinstance(getattr(entry, name), kind):
                 raise ValueError(f"{name} is not {kind.__name__}")

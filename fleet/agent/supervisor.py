@@ -59,7 +59,7 @@ from fleet.agent.ledger import (
 from fleet.agent.ports import choose_port, host_for_url
 from fleet.domain.causes import ended_said
 from fleet.domain.containment import GB, Limits, judge, outgrown_said
-from mirror.domain.refs import RefError, WeightsRef
+from mirror.domain.refs import FolderRef, RefError, weights_from_message
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,9 @@ class Shard:
     log_path: Path | None = None
     watcher: asyncio.Task[None] | None = None
     stop_task: asyncio.Task[None] | None = None
-    # The cached weights file it runs on (or is fetching), which reclaim leaves alone.
-    weights_sha256: str | None = None
+    # The cached weights files it runs on (or is fetching), which reclaim leaves alone: one
+    # for a GGUF, every file of a folder.
+    weights_digests: tuple[str, ...] = ()
     # When its engine was spawned (Unix seconds): its startup timeout counts from here.
     started_at: float = 0.0
     # Since when its engine has used more than its reservation allows (monotonic seconds).
@@ -292,17 +293,22 @@ class Supervisor:
         try:
             if self.cache is None:
                 raise CacheError("This agent keeps no weight cache (--cache-dir).")
-            ref = WeightsRef.from_message(raw)
-            shard.weights_sha256 = ref.sha256
+            ref = weights_from_message(raw)
+            shard.weights_digests = ref.digests
             loop = asyncio.get_running_loop()
 
             def progress(done: int, total: int | None) -> None:
                 # Called from the fetch's thread.
                 loop.call_soon_threadsafe(self._progress, shard, done, total)
 
-            if not self.cache.path(ref.sha256).exists():
-                self._progress(shard, 0, ref.size)
-            path = await self.cache.ensure(ref, source=spec.source, on_progress=progress)
+            if isinstance(ref, FolderRef):
+                if not self.cache.folder_path(ref).is_dir():
+                    self._progress(shard, 0, ref.size)
+                path = await self.cache.ensure_folder(ref, source=spec.source, on_progress=progress)
+            else:
+                if not self.cache.path(ref.sha256).exists():
+                    self._progress(shard, 0, ref.size)
+                path = await self.cache.ensure(ref, source=spec.source, on_progress=progress)
         except (CacheError, RefError) as exc:
             if shard.stop_task is None:
                 self._finish(shard, FAILED, detail=str(exc))
@@ -482,7 +488,8 @@ class Supervisor:
                 log_path=str(shard.log_path or ""),
                 state=shard.state,
                 started_at=shard.started_at,
-                weights_sha256=shard.weights_sha256,
+                weights_sha256=shard.weights_digests[0] if shard.weights_digests else None,
+                weights_digests=shard.weights_digests,
             )
         )
 
@@ -551,9 +558,10 @@ class Supervisor:
             self.ledger.drop(shard.spec.shard_id)
         if shard.cgroup is not None:
             KernelLimits.remove(shard.cgroup)
-        if shard.weights_sha256 and self.cache is not None:
+        if self.cache is not None:
             # Used until now: reclaim counts its idle days from here, not from its start.
-            self.cache.touch(shard.weights_sha256)
+            for digest in shard.weights_digests:
+                self.cache.touch(digest)
         log.info(
             "shard %s %s%s",
             shard.spec.shard_id,
@@ -631,7 +639,7 @@ class Supervisor:
             endpoint=self._endpoint(entry.port),
             process=proc,
             log_path=log_path if log_path and log_path.is_file() else None,
-            weights_sha256=entry.weights_sha256,
+            weights_digests=entry.digests(),
             started_at=entry.started_at,
         )
         healthy = False
@@ -691,7 +699,7 @@ class Supervisor:
 
     def weights_in_use(self) -> set[str]:
         """Digests of the cached weights this node's shards run on or are fetching."""
-        return {s.weights_sha256 for s in self._shards.values() if s.weights_sha256}
+        return {d for s in self._shards.values() for d in s.weights_digests}
 
     def log_lines(self, shard_id: str, lines: int) -> list[str] | None:
         """The last ``lines`` lines of a shard's engine log, cleaned (enginelog.tail_lines),

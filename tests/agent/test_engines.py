@@ -1,5 +1,7 @@
 """Engine command lines and the load figures read from engines' metrics."""
 
+from dataclasses import replace
+
 import pytest
 
 from fleet.agent import engines
@@ -164,6 +166,8 @@ def test_sim_runs_llmgw_sim_engine_or_the_command_given():
         "20001",
         "--model",
         "qwen-7b",
+        "--weights",
+        "/weights/qwen-7b.gguf",
         "--threads",
         "2",
         "--tokens-per-s",
@@ -172,6 +176,9 @@ def test_sim_runs_llmgw_sim_engine_or_the_command_given():
     assert cmd.env["LLMGW_ENGINE_API_KEY"] == KEY
     other = build_command(spec("sim"), node(sim_command=["/bin/fake-sim"]))
     assert other.argv[:3] == ["/bin/fake-sim", "--host", "0.0.0.0"]
+    # A hub id is no path on the node: the sim engine is given no weights to look for.
+    hub = build_command(replace(spec("sim"), source="acme/tiny"), node())
+    assert "--weights" not in hub.argv
 
 
 @pytest.mark.parametrize("engine", ["llamacpp", "vllm", "sim"])

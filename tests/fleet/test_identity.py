@@ -339,6 +339,42 @@ def test_mirror_files_are_read_only_by_nodes_a_shard_needing_them_was_placed_on(
     assert mirror_refusal(secret="llmgw_node_gpu-a", sha256="a" * 64)[0] == 403
 
 
+def test_a_node_reads_every_file_of_the_folder_its_shard_runs_on_and_no_other(db, no_settle):
+    """A model on a safetensors repository runs on all its files; one on a single file of
+    some weights runs on that file, not on the rest of them."""
+    from fleet.identity import mirror_refusal
+    from llmgw.core.secrets import digest
+    from mirror.models import WeightFile, Weights
+
+    from .builders import node_add
+
+    folder = Weights.objects.create(source="hf://acme/llama", added_by="t", added_at=clock.now())
+    held = Weights.objects.create(source="hf://acme/quant", added_by="t", added_at=clock.now())
+    for weights, path, sha in (
+        (folder, "config.json", "1"),
+        (folder, "tokenizer/tokenizer.json", "2"),
+        (folder, "model.safetensors", "3"),
+        (held, "q4.gguf", "4"),
+        (held, "q8.gguf", "5"),
+    ):
+        WeightFile.objects.create(
+            weights=weights, path=path, fetch_url="x", size=1, sha256=sha * 64, state="ready"
+        )
+    model_added(gpu_model("llama"))
+    model_added(gpu_model("quant", source="hf://acme/quant/q4.gguf"))
+    node_add("gpu-a", now=clock.now())
+    Node.objects.filter(pk="gpu-a").update(credential_hash=digest("llmgw_node_gpu-a"))
+    reconcile_once()
+    assert sorted(Shard.objects.values_list("replica__model", flat=True)) == ["llama", "quant"]
+
+    for sha in "1234":
+        assert mirror_refusal(secret="llmgw_node_gpu-a", sha256=sha * 64) is None, sha
+    assert mirror_refusal(secret="llmgw_node_gpu-a", sha256="5" * 64) == (
+        403,
+        f"Node gpu-a was given no shard that needs the file {'5' * 64} now.",
+    )
+
+
 async def test_many_bearers_are_each_told_apart_with_the_nodes_found_in_one_query(
     agents, agent_token
 ):

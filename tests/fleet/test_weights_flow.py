@@ -78,6 +78,60 @@ def test_a_model_waits_for_its_weights_then_start_shard_carries_them(
     assert start["source"] == weights["source"]
 
 
+def test_a_folder_model_waits_while_any_file_is_not_ready_then_gets_every_file(
+    api,
+    no_settle,
+    sent,
+    mirror_dir,  # noqa: F811
+    django_capture_on_commit_callbacks,
+):
+    folder = mirror_dir / "allowed" / "tiny-hf"
+    (folder / "tokenizer").mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "tokenizer" / "tokenizer.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"\x00" * 2000)
+    weights = api.call("POST", "/weights", {"source": str(folder)}).json()
+    _model(weights["source"])
+    node_add("gpu-a", now=T0)
+    work_until_idle()
+    files = {f.path: f.sha256 for f in WeightFile.objects.all()}
+    WeightFile.objects.filter(path="model.safetensors").update(
+        state="downloading", sha256="", bytes_done=500
+    )
+
+    reconcile_once(now=T0)
+
+    assert not Replica.objects.exists()
+    reasons = ModelState.objects.get(pk="tiny").explanation[0]["reasons"]
+    assert reasons == [
+        f"waiting for weights {weights['id']} (model.safetensors): downloading, 25% of 0.00 GB"
+    ]
+
+    WeightFile.objects.filter(path="model.safetensors").update(
+        state="ready", sha256=files["model.safetensors"], bytes_done=2000
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        reconcile_once(now=T0 + timedelta(seconds=5))
+
+    (start,) = [c.payload for c in sent if c.payload["type"] == "start_shard"]
+    assert start["weights"] == {
+        "files": [
+            {
+                "sha256": files[path],
+                "size": size,
+                "url": f"/api/v1/mirror/files/{files[path]}",
+                "path": path,
+            }
+            for path, size in (
+                ("config.json", 23),
+                ("model.safetensors", 2000),
+                ("tokenizer/tokenizer.json", 2),
+            )
+        ],
+        "name": weights["source"],
+    }
+
+
 def test_a_model_whose_weights_failed_says_so_and_how_to_retry(no_settle, sent, weights):
     WeightFile.objects.update(state="failed", detail="it broke.")
     _model(weights["source"])

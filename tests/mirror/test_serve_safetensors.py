@@ -11,9 +11,12 @@ from datetime import UTC, datetime
 import pytest
 
 from catalog.models import Model
+from catalog.selectors import catalog_load
 from fleet.agent.engines import NodeContext, ShardSpec, build_command
 from fleet.models import Replica
 from fleet.reconciler import reconcile_once
+from fleet.services import start_command
+from mirror.domain.refs import FolderRef
 from mirror.worker import work_until_idle
 from tests.fleet.builders import L4, node_add
 from tests.helpers import detail
@@ -111,7 +114,8 @@ def test_serving_it_makes_a_vllm_model_placed_with_the_plans_tp(api, weights, no
 
     assert response.status_code == 201, response.content
     model = Model.objects.get(name="llama-8b")
-    assert model.source == "meta-llama/Llama-3.1-8B-Instruct"
+    # The mirror's weights, not the hub id: nodes get the folder from the mirror.
+    assert model.source == "hf://meta-llama/Llama-3.1-8B-Instruct"
     (profile,) = model.profiles.all()
     assert (profile.engine, profile.gpu_class, profile.tp, profile.cpu_cores) == (
         "vllm",
@@ -130,19 +134,30 @@ def test_serving_it_makes_a_vllm_model_placed_with_the_plans_tp(api, weights, no
     (replica,) = Replica.objects.filter(model="llama-8b")
     (shard,) = replica.shards.all()
     assert (shard.node_id, sorted(shard.gpu_indices)) == ("l4-node", [0, 1])
-    # What the agent runs for it: vLLM with the plan's tp, its context and utilisation.
+    # The agent is told every file of the repository, each by its digest and path.
+    sent = start_command(shard, replica, catalog_load().get("llama-8b")).payload["weights"]
+    assert "sha256" not in sent and sent["name"] == "hf://meta-llama/Llama-3.1-8B-Instruct"
+    assert {f["path"]: f["sha256"] for f in sent["files"]} == {
+        f["path"]: f["sha256"] for f in weights["files"]
+    }
+    assert len(sent["files"]) == 4
+    assert all(f["url"].endswith(f"/api/v1/mirror/files/{f['sha256']}") for f in sent["files"])
+    assert sum(f["size"] for f in sent["files"]) == weights["bytes_total"]
+    folder = FolderRef.from_message(sent)
+    # What the agent runs for it: vLLM with the plan's tp, its context and utilisation, on
+    # the folder it assembled in its cache.
     argv = build_command(
         ShardSpec(
             shard_id=shard.pk,
             model="llama-8b",
-            source=model.source,
+            source=f"/var/cache/llmgw/folders/{folder.key}",
             profile=profile_dict(profile),
             gpu_indices=tuple(shard.gpu_indices),
             api_key="k",
         ),
         NodeContext(port=20001, cpu_count=16),
     ).argv
-    assert argv[argv.index("serve") + 1] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert argv[argv.index("serve") + 1] == f"/var/cache/llmgw/folders/{folder.key}"
     for flag, value in (
         ("--tensor-parallel-size", "2"),
         ("--max-model-len", "131072"),
