@@ -20,7 +20,7 @@ from fleet.domain.placement import NodeRoom
 
 from .gpus import DEFAULT_UTILIZATION, GIB, GpuOption, gpu_options
 from .hf import HfError, HfModel, cached_in
-from .sizing import SizingError, _count
+from .sizing import SizingError, _count, option_for
 
 # What a vLLM replica is asked for by default: 32,768 tokens a sequence, or the trained
 # context when it is shorter.
@@ -173,13 +173,7 @@ def serve_hf_model(
     SizingError when no class fits, with each class's sentence."""
     options = plan.fitting
     if gpu_class:
-        known = [o for o in plan.gpus if o.gpu_class == gpu_class]
-        if not known:
-            present = ", ".join(o.gpu_class for o in plan.gpus) or "none"
-            raise SizingError(f"The fleet has no {gpu_class} GPUs; it has {present}.")
-        if known[0].chosen is None:
-            raise SizingError(known[0].said)
-        options = known
+        options = (option_for(plan.gpus, gpu_class),)
     if not options:
         if not plan.gpus:
             raise SizingError(f"{plan.title} needs GPUs, and no node of the fleet has any.")

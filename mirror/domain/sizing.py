@@ -235,16 +235,25 @@ def llamacpp_profile(plan: Plan, *, name: str = PROFILE_NAME) -> dict[str, Any]:
     return profile
 
 
-def llamacpp_gpu_profile(plan: Plan, gpu_class: str) -> dict[str, Any]:
-    """The catalog profile for llama.cpp on GPUs of `gpu_class` (the agent offloads every
-    layer, `--n-gpu-layers 999`), on as many GPUs as the plan found it needs there; SizingError with the
-    plan's sentence when it found none, or the fleet has no such GPUs."""
-    option = next((o for o in plan.gpus if o.gpu_class == gpu_class), None)
+def option_for(options: Iterable[GpuOption], gpu_class: str) -> GpuOption:
+    """The option for GPUs of `gpu_class` that fits; SizingError with its sentence when it
+    does not, or with the classes there are when the fleet has none of that class."""
+    options = tuple(options)
+    option = next((o for o in options if o.gpu_class == gpu_class), None)
     if option is None:
-        present = ", ".join(o.gpu_class for o in plan.gpus) or "none"
+        present = ", ".join(o.gpu_class for o in options) or "none"
         raise SizingError(f"The fleet has no {gpu_class} GPUs; it has {present}.")
     if option.chosen is None:
         raise SizingError(option.said)
+    return option
+
+
+def llamacpp_gpu_profile(plan: Plan, gpu_class: str) -> dict[str, Any]:
+    """The catalog profile for llama.cpp on GPUs of `gpu_class` (the agent offloads every
+    layer, `--n-gpu-layers 999`), on as many GPUs as the plan found it needs there;
+    SizingError as `option_for` says."""
+    option = option_for(plan.gpus, gpu_class)
+    assert option.chosen is not None
     return {
         "name": gpu_class,
         "engine": "llamacpp",
