@@ -266,13 +266,16 @@ def gateway_key(cluster: Cluster, project: int, name: str, **extra: object) -> d
 
 
 def engine_gauge(endpoint: str, name: str) -> float:
-    """A sim engine's `llmgw_sim:<name>` gauge (requests_running, requests_waiting), read from
-    its /metrics."""
+    """A sim engine's figure read from its /metrics: `requests_running` and
+    `requests_waiting` under vLLM's names (`vllm:num_requests_running`), as it publishes
+    them, others (requests_total) as its own `llmgw_sim:<name>`."""
+    series = f"vllm:num_{name}" if name in ("requests_running", "requests_waiting") else None
+    series = series or f"llmgw_sim:{name}"
     text = httpx.get(f"{endpoint}/metrics", timeout=5).text
     for line in text.splitlines():
-        if line.startswith(f"llmgw_sim:{name}{{"):
+        if line.startswith(f"{series}{{"):
             return float(line.rsplit(" ", 1)[1])
-    raise KeyError(f"llmgw_sim:{name} is not in {endpoint}/metrics")
+    raise KeyError(f"{series} is not in {endpoint}/metrics")
 
 
 def _tcp_rows() -> list[tuple[int, int, str, str]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 
 import httpx
 import openai
@@ -323,13 +324,19 @@ def test_a_model_whose_file_is_missing_shows_llama_servers_own_error(site, llama
 
 
 def test_a_replica_asked_for_a_context_past_its_memory_is_stopped_by_its_agent(
-    site, llamacpp_model
+    site, llamacpp_model, weights, tmp_path
 ):
     """SmolLM2 trained on 8,192 tokens, asked for 100,000 with 0.5 GB reserved: its KV
     cache alone is some 2.3 GB. Its agent stops it once past 0.625 GB (the 25 % margin)
-    for the grace, and the model fails with the figures."""
+    for the grace, and the model fails with the figures.
+
+    Its source is a path on the node, not the mirror's weights: on those, model add sizes
+    the profile as serve does and refuses it (tests/mirror/test_model_add_sizing.py); the
+    node's own file is what an operator can still get wrong."""
     cluster, _, _ = site
-    runaway = {**llamacpp_model, "name": "runaway"}
+    on_node = tmp_path / weights.name
+    shutil.copyfile(weights, on_node)
+    runaway = {**llamacpp_model, "name": "runaway", "source": str(on_node)}
     runaway["profiles"] = [
         {
             **llamacpp_model["profiles"][0],
