@@ -183,15 +183,21 @@ def probe_engines(
     return engines
 
 
+def run_version(program: str | os.PathLike[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """``PROGRAM --version``, its output kept, no input given; raises OSError when it does not
+    run and TimeoutExpired when it does not end within ``timeout_s``."""
+    return subprocess.run(
+        [str(program), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def _probe_version(path: str, timeout_s: float) -> str:
     try:
-        done = subprocess.run(
-            [path, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-        )
+        done = run_version(path, timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("%s --version did not answer: %s", path, exc)
         return "unknown"

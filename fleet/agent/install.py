@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet.agent.discovery import parse_version_output
+from fleet.agent.discovery import parse_version_output, run_version
 from fleet.agent.engines import engine_binaries, use_binary
 from fleet.agent.install_pip import (
     PIP_ENGINES,
@@ -346,13 +346,7 @@ def _probe(binary: Path, ref: BuildRef | PipRef, timeout_s: float = PROBE_TIMEOU
     """Run the installed program with ``--version``, as discovery probes engines; the version
     it says, or InstallError when it does not run here."""
     try:
-        done = subprocess.run(
-            [str(binary), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-        )
+        done = run_version(binary, timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InstallError(
             f"{ref.name} was installed but does not run on this node: {exc}."

@@ -39,6 +39,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from fleet.agent.discovery import run_version
+
 # The llama-cpp-python release whose vendored llama.cpp is built; bumping it
 # is a new cache entry, so a machine builds the new one once.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -117,13 +119,7 @@ def sha256_of(path: Path) -> str:
 def engine_version(binary: Path, timeout_s: float = 30.0) -> str:
     """What ``llama-server --version`` says its version is (``version: N (commit)``)."""
     try:
-        done = subprocess.run(
-            [str(binary), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-        )
+        done = run_version(binary, timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BuildError(f"{binary} does not run: {exc}.") from exc
     text = done.stdout + "\n" + done.stderr
@@ -443,13 +439,7 @@ def _pip_download(requirement: str, lock: Path, wheels: Path) -> None:
 def _vllm_version(program: Path, timeout_s: float) -> str:
     """What ``vllm --version`` says: its last line, after whatever torch logs first."""
     try:
-        done = subprocess.run(
-            [str(program), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-        )
+        done = run_version(program, timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BuildError(f"{program} does not run: {exc}.") from exc
     said = _last_line(done.stdout)
