@@ -60,7 +60,11 @@ def test_an_engine_that_exits_shows_its_own_error_in_explain_logs_and_the_cluste
     assert page.status_code == 200
     strip = re.search(r'<section id="attention".*?</section>', page.text, re.S).group(0)
     assert " hidden>" not in strip.split("\n")[0]
-    assert re.search(r"broken</a> is (backing off|parked) after \d+ failures?: ", strip)
+    assert re.search(
+        r'broken</a> is (<span class="state state-failing">failing</span>|parked) '
+        r"after \d+ failures?: ",
+        strip,
+    )
     assert "unrecognized arguments: --no-such-flag" in strip
     detail = httpx.get(
         f"{cluster.url}/replicas/{failure['replica']}/log",
