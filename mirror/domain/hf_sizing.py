@@ -20,7 +20,7 @@ from fleet.domain.placement import NodeRoom
 
 from .gpus import DEFAULT_UTILIZATION, GIB, GpuOption, gpu_options
 from .hf import HfError, HfModel, cached_in
-from .sizing import SizingError, _count, option_for
+from .sizing import SizingError, _count, option_for, served_model
 
 # What a vLLM replica is asked for by default: 32,768 tokens a sequence, or the trained
 # context when it is shorter.
@@ -179,17 +179,8 @@ def serve_hf_model(
             raise SizingError(f"{plan.title} needs GPUs, and no node of the fleet has any.")
         raise SizingError(" ".join(o.said for o in plan.gpus))
     profiles = [{**vllm_profile(o, plan), **(profile_overrides or {})} for o in options]
-    m = plan.model
-    data: dict[str, Any] = {
-        "name": name,
-        "source": source,
-        "description": f"{plan.title}, {_count(m.parameters)} parameters",
-        "routing_profile": "chat",
-        "context_length": plan.ctx,
-        "profiles": profiles,
-    }
-    data.update(overrides or {})
-    return data
+    described = f"{plan.title}, {_count(plan.model.parameters)} parameters"
+    return served_model(name, source, described, plan.ctx, profiles, overrides)
 
 
 def _basis(m: HfModel, title: str, ctx: int) -> str:

@@ -282,13 +282,27 @@ def serve_model(
     described = ", ".join(
         p for p in (plan.name, plan.quantization, _count(plan.parameters) + " parameters") if p
     )
+    profiles = [{**profile, **(profile_overrides or {})}]
+    return served_model(name, source, described, plan.ctx, profiles, overrides)
+
+
+def served_model(
+    name: str,
+    source: str,
+    description: str,
+    ctx: int,
+    profiles: list[dict[str, Any]],
+    overrides: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """ModelIn's shape for a model serve adds: a chat model whose requests may use the whole
+    context it was sized for, with `overrides` (ModelIn fields) replacing what they name."""
     data: dict[str, Any] = {
         "name": name,
         "source": source,
-        "description": described,
+        "description": description,
         "routing_profile": "chat",
-        "context_length": plan.ctx,
-        "profiles": [{**profile, **(profile_overrides or {})}],
+        "context_length": ctx,
+        "profiles": profiles,
     }
     data.update(overrides or {})
     return data

@@ -30,19 +30,26 @@ def llama_server() -> tuple[Path | None, str]:
     $LLMGW_TEST_LLAMA_SERVER when set (it must then be there), else the one in
     the build cache (`llmgw engines build llamacpp`).
     """
-    given = os.environ.get(LLAMA_SERVER_ENV)
+    return program_to_test(
+        LLAMA_SERVER_ENV,
+        cached_llamacpp(),
+        f"no llama-server: set ${LLAMA_SERVER_ENV} or run `llmgw engines build llamacpp` "
+        "(about 8 minutes on 2 cores, once per machine)",
+    )
+
+
+def program_to_test(variable: str, build, missing: str) -> tuple[Path | None, str]:
+    """$`variable` when set (it must then name an executable file), else the cached `build`'s
+    program, else None with `missing`, the sentence of what to do."""
+    given = os.environ.get(variable)
     if given:
         path = Path(given)
         if path.is_file() and os.access(path, os.X_OK):
             return path, ""
-        return None, f"${LLAMA_SERVER_ENV} is {given}, which is not an executable file"
-    build = cached_llamacpp()
+        return None, f"${variable} is {given}, which is not an executable file"
     if build is not None:
         return Path(build.path), ""
-    return None, (
-        f"no llama-server: set ${LLAMA_SERVER_ENV} or run `llmgw engines build llamacpp` "
-        "(about 8 minutes on 2 cores, once per machine)"
-    )
+    return None, missing
 
 
 def weights_cache() -> Path:

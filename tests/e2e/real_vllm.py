@@ -25,7 +25,7 @@ from pathlib import Path
 
 from llmgw.cli.engines import cached_vllm
 
-from .real_engines import smollm2_gguf, weights_cache
+from .real_engines import program_to_test, smollm2_gguf, weights_cache
 
 # Set by .ci/run to the program `llmgw engines build vllm` printed.
 VLLM_ENV = "LLMGW_TEST_VLLM"
@@ -61,18 +61,11 @@ def vllm_program() -> tuple[Path | None, str]:
 
     $LLMGW_TEST_VLLM when set (it must then be there), else the one in the build cache.
     """
-    given = os.environ.get(VLLM_ENV)
-    if given:
-        path = Path(given)
-        if path.is_file() and os.access(path, os.X_OK):
-            return path, ""
-        return None, f"${VLLM_ENV} is {given}, which is not an executable file"
-    build = cached_vllm()
-    if build is not None:
-        return Path(build.path), ""
-    return None, (
+    return program_to_test(
+        VLLM_ENV,
+        cached_vllm(),
         f"no vLLM: set ${VLLM_ENV} or run `llmgw engines build vllm` "
-        "(about 5 minutes and 600 MB of downloads, once per machine)"
+        "(about 5 minutes and 600 MB of downloads, once per machine)",
     )
 
 
