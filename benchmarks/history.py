@@ -4,7 +4,7 @@
    `llmgw serve` keeps when no Prometheus is named): the memory it holds (tracemalloc,
    which sees numpy's arrays too) and the rings' own bytes, against the issue's 50 MB;
    how long one step's record takes; how long reading one node's window takes.
-2. The fleet's sampler (fleet/history.py) reading a fleet of 5,000 nodes reporting every
+2. The fleet's sampler (fleet/console/samples.py) reading a fleet of 5,000 nodes reporting every
    reading, in the benchmark's own database: one step's cost on the serving process.
 
 Prints one JSON line per figure.
@@ -27,7 +27,7 @@ DAY = 86400
 
 
 def _readings(schemas, t: float) -> dict:
-    from fleet.history import FLEET, REPLICAS
+    from fleet.console.samples import FLEET, REPLICAS
     from llmgw.core.traffic import MODEL
 
     node_schema, names = schemas
@@ -57,7 +57,7 @@ def _times(step: float, end: float) -> list[float]:
 
 
 def history_day() -> list[dict]:
-    from fleet.history import node_schema
+    from fleet.console.samples import node_schema
     from llmgw.core.history import History
 
     step = 15.0
@@ -100,7 +100,7 @@ def sampler() -> list[dict]:
     from django.conf import settings
 
     import benchmarks.pages as pages
-    from fleet.history import fleet_sample
+    from fleet.console.samples import fleet_sample
 
     pages.MODELS = MODELS
     pages._build(NODES)

@@ -66,7 +66,7 @@ def main() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from catalog.models import Model, Profile
-    from fleet.metrics import FleetCollector, fleet_text
+    from fleet.metrics.collector import FleetCollector, fleet_text
     from fleet.models import Gpu, ModelState, Node, Replica, Shard
     from llmgw.core import clock
     from tenancy.models import CapacityQuota, Organization, Team

@@ -31,7 +31,7 @@ AIM_CHART_QUERIES = 12
 
 
 def _load(i: int) -> dict:
-    """What a busy 8-GPU machine reports in a heartbeat (fleet/events.py, Load)."""
+    """What a busy 8-GPU machine reports in a heartbeat (fleet/protocol.py, Load)."""
     return {
         "cpu_percent": 30.0 + i % 50,
         "load1": 4.5,
@@ -56,10 +56,10 @@ def _build(nodes: int) -> None:
     from benchmarks.common import vacuumed
     from catalog.models import Model, Profile
     from catalog.selectors import catalog_load
+    from fleet.console.figures import node_figures_refresh
     from fleet.models import Gpu, Lease, ModelState, Node, Replica, Shard
-    from fleet.node_figures import node_figures_refresh
-    from fleet.reconciler import reconcile_once
-    from fleet.selectors import caches_clear
+    from fleet.reconciler.run import reconcile_once
+    from fleet.selectors.state import caches_clear
     from llmgw.core import clock
     from tenancy.models import CapacityQuota, Organization, Team
 
@@ -127,7 +127,7 @@ def _history_filled(nodes: int) -> None:
     """A whole day of this process's history for every node and model, as llmgw serve
     keeps it when no Prometheus is named (benchmarks/history.py records the same)."""
     from benchmarks.history import _times
-    from fleet.history import FLEET, REPLICAS, node_schema
+    from fleet.console.samples import FLEET, REPLICAS, node_schema
     from llmgw.core.history import HISTORY
     from llmgw.core.traffic import GATEWAY, MODEL
 

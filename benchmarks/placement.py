@@ -34,8 +34,8 @@ def main() -> None:
     from fleet.domain.context import context
     from fleet.domain.preemption import preempt
     from fleet.models import Gpu, Lease, ModelState, Node, Replica, Shard
-    from fleet.reconciler import reconcile_once
-    from fleet.selectors import snapshot_load
+    from fleet.reconciler.run import reconcile_once
+    from fleet.reconciler.snapshot import snapshot_load
     from llmgw.core import clock
 
     for table in (Shard, Replica, Gpu, Node, Profile, Model, Lease, ModelState):

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from ninja import Router, Status
 
-from fleet import (
-    listings as fleet_listings,
-    services as fleet_services,
-)
+from fleet import services as fleet_services
+from fleet.selectors import listings as fleet_listings
 from llmgw.core import clock
 from llmgw.core.api import actor, json_body
 from llmgw.core.errors import Invalid

@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET
 
-from fleet.selectors import replica_views
+from fleet.selectors.state import replica_views
 from llmgw.core.pages import page, staff_required
 from llmgw.core.permissions import needs
 from tenancy.playground import playground_key_make, playground_key_usable

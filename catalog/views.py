@@ -18,14 +18,10 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import redirect
 from django.views.decorators.http import require_http_methods
 
-from fleet import (
-    dry_runs as fleet_dry_runs,
-    event_log,
-    listings as fleet_listings,
-    services as fleet_services,
-)
+from fleet import event_log, services as fleet_services
+from fleet.console.samples import replica_lines
 from fleet.domain.pages import answering_fallback, fallback_shown
-from fleet.history import replica_lines
+from fleet.selectors import dry_runs as fleet_dry_runs, listings as fleet_listings
 from llmgw.core import clock, reads
 from llmgw.core.charts import Chart, charts_context
 from llmgw.core.errors import NotFound, ServiceError

@@ -12,19 +12,10 @@ from llmgw.core.api import actor
 from llmgw.core.errors import Invalid
 from tenancy.auth import can
 
-from . import (
-    dry_runs,
-    event_log,
-    facility,
-    identity,
-    listings,
-    logs,
-    selectors,
-    services,
-    upgrades,
-)
-from .dispatch import dispatch, node_disconnect
-from .reconciler import reconcile_once
+from . import event_log, services
+from .nodes import identity, logs, upgrades
+from .reconciler.dispatch import dispatch, node_disconnect
+from .reconciler.run import reconcile_once
 from .schemas import (
     ApproveIn,
     DetailOut,
@@ -44,6 +35,7 @@ from .schemas import (
     TargetOut,
     UpgradeIn,
 )
+from .selectors import dry_runs, facility, listings, passes, state, status
 
 router = Router(tags=["fleet"])
 
@@ -193,15 +185,13 @@ def reconciler_get(request):
     """When the last pass began, whether it settles, and a sentence when passes stopped."""
     from llmgw.core import clock as clock_
 
-    return selectors.reconciler_status(now=clock_.now())
+    return passes.reconciler_status(now=clock_.now())
 
 
 @router.get("/status", auth=can("fleet.view_replica"))
 def status_get(request):
     """The control plane's own health: database, Redis, the reconciler's last pass, the
     workers, the nodes by state, the models needing attention (`llmgw ctl status`)."""
-    from . import status
-
     return status.control_plane_status(now=clock.now())
 
 
@@ -209,7 +199,7 @@ def status_get(request):
 def facility_list(request):
     """Every rack and PDU the nodes' labels or a budget name: its nodes, GPUs, what the GPUs
     held there draw, and its budget."""
-    held = facility.held_gpus(selectors.replica_views())
+    held = facility.held_gpus(state.replica_views())
     return [d.as_dict() for d in facility.facility_domains(held)]
 
 

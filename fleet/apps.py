@@ -8,6 +8,6 @@ class FleetConfig(AppConfig):
     def ready(self) -> None:
         from llmgw.core import history
 
-        from .history import fleet_sample
+        from .console.samples import fleet_sample
 
         history.sampler("fleet", fleet_sample)

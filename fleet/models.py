@@ -51,7 +51,7 @@ def revision() -> models.BigIntegerField:
     """A row's number, set by the database on every insert and update (migration 0014's
     triggers; a node's, 0015's, only on a change to what its view is built from), never by
     llmgw: a pass reads in full only the rows whose number moved
-    (fleet/rows.py RowsByRevision)."""
+    (fleet/selectors/rows.py RowsByRevision)."""
     return models.BigIntegerField(db_default=0, editable=False)
 
 
@@ -96,14 +96,14 @@ class Node(models.Model):
     cordoned = models.BooleanField(default=False)
     draining = models.BooleanField(default=False)
     load = models.JSONField(default=dict, blank=True)
-    # The figures of `load` the cluster page shows, sorts by and counts (fleet/events.py, Load).
+    # The figures of `load` the cluster page shows, sorts by and counts (fleet/protocol.py, Load).
     load1 = _load_figure("load1")
     memory_used_bytes = _load_figure("memory_used_bytes")
     cpu_temp_c = _load_figure("cpu_temp_c")
     cpu_power_w = _load_figure("cpu_power_w")
     inlet_temp_c = _load_figure("inlet_temp_c")
     # What the cluster page derives from the node's GPUs, labels and the replicas holding
-    # them, kept by fleet.node_figures.node_figures_refresh in each writer's transaction:
+    # them, kept by fleet.console.figures.node_figures_refresh in each writer's transaction:
     # its GPUs, those healthy and not held (null when it has none: no figure, not zero),
     # their classes as placement names them, and how many holding replicas run here.
     gpu_total = models.PositiveIntegerField(default=0)

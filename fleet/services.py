@@ -1,6 +1,6 @@
 """Fleet writes: applying a reconciler plan, and what operators and the gateway ask.
 
-What agents report is written by fleet/reports.py.
+What agents report is written by fleet/nodes/reports.py.
 
 Each public service is one transaction; the commands it returns go to agents
 only after that transaction has committed.
@@ -22,14 +22,14 @@ from llmgw.core.secrets import engine_key
 from mirror.selectors import FolderRef, WeightsRef, weights_for_source
 from tenancy.services import audit_record
 
-from .dispatch import Command, stop_command
+from .console.figures import node_figures_refresh
 from .domain.power import KINDS, MOST_WATTS, name_refusal, watts as watts_said
 from .domain.reconcile import Plan
-from .engine_installs import engine_build
 from .models import ModelState, Node, PowerBudget, Replica, Shard
-from .node_figures import node_figures_refresh
-from .rows import chunks
-from .selectors import drains_stuck
+from .nodes.engine_installs import engine_build
+from .reconciler.dispatch import Command, stop_command
+from .selectors.passes import drains_stuck
+from .selectors.rows import chunks
 
 log = logging.getLogger("llmgw.fleet")
 

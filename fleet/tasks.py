@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from .reconciler import reconcile_once
+from .reconciler.run import reconcile_once
 
 
 @shared_task(name="fleet.tasks.reconcile", ignore_result=True)

@@ -1,8 +1,8 @@
-"""The fleet pages (HTMX, staff only): the cluster at `/` and each node; views in fleet/views.py."""
+"""The fleet pages (HTMX, staff only): the cluster at `/` and each node; views in fleet/console/views.py."""
 
 from django.urls import path
 
-from . import views
+from .console import views
 
 urlpatterns = [
     path("", views.cluster, name="cluster"),

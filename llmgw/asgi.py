@@ -14,11 +14,11 @@ from django.core.exceptions import SuspiciousFileOperation  # noqa: E402
 from django.http import Http404  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from fleet.consumers import AgentConsumer  # noqa: E402
-from fleet.identity import mirror_refusal  # noqa: E402
+from fleet.nodes.consumers import AgentConsumer  # noqa: E402
+from fleet.nodes.identity import mirror_refusal  # noqa: E402
 
 # The project's Celery app, imported to be this process's current one: a wake sent from here
-# (fleet/wake.py, mirror/wake.py) goes to its broker, not to Celery's default app.
+# (fleet/reconciler/wake.py, mirror/wake.py) goes to its broker, not to Celery's default app.
 from llmgw.celery import app as celery_app  # noqa: E402, F401
 from llmgw.core import tracing  # noqa: E402
 from llmgw.gateway.app import Gateway  # noqa: E402

@@ -4,7 +4,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from fleet.metrics_view import metrics_view
+from fleet.metrics.view import metrics_view
 from llmgw.api import api
 from llmgw.logins import AdminLoginForm, ThrottledLoginView
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 from ninja import Query, Router, Status
 
 from catalog.schemas import ModelOut
-from fleet import listings as fleet_listings
+from fleet.selectors import listings as fleet_listings
 from llmgw.core import clock
 from llmgw.core.api import actor, json_body
 from llmgw.core.errors import Invalid, NotFound
 from tenancy.auth import can
 from tenancy.selectors import scope_find
 
-from . import engines, plans, selectors, services
+from . import builds as engines, plans, selectors, services
 from .schemas import EngineBuildOut, PlanOut, PlanQuery, WeightsIn, WeightsOut
 
 router = Router(tags=["weights"])

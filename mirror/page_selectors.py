@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import lru_cache
 
-from fleet.dry_runs import node_rooms
+from fleet.selectors.dry_runs import node_rooms
 
 from . import store
 from .domain.hf import HfError, HfModel

@@ -10,7 +10,7 @@ from typing import Any
 
 from catalog import services as catalog_services
 from catalog.domain import ModelSpec
-from fleet.dry_runs import node_rooms_and_quota
+from fleet.selectors.dry_runs import node_rooms_and_quota
 from llmgw.core.errors import Conflict, Invalid, NotFound
 from tenancy.selectors import scope_find
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from llmgw.core.errors import Invalid, NotFound
 from llmgw.core.version import installed
 
+from .builds import engine_build_add_file
 from .domain.platforms import RELEASE, RELEASE_PLATFORM
-from .engines import engine_build_add_file
 from .models import EngineBuild
 
 # How long building this control plane's own wheel may take.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ninja import Router, Status
 
-from fleet import selectors as fleet_selectors
+from fleet.selectors.state import holdings_load
 from llmgw.core import clock
 from llmgw.core.api import actor
 
@@ -94,7 +94,7 @@ def project_rename(request, ref: str, payload: RenameIn):
 @router.get("/quotas", response=list[QuotaOut], auth=can("tenancy.view_capacityquota"))
 def quotas_list(request):
     """Every quota with what its scope holds now."""
-    return selectors.quota_views(holdings=fleet_selectors.holdings_load())
+    return selectors.quota_views(holdings=holdings_load())
 
 
 @router.put("/quotas", response=QuotaSetOut, auth=can("tenancy.change_capacityquota"))

@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods
 
-from fleet.selectors import holdings_load
+from fleet.selectors.state import holdings_load
 from llmgw.core.errors import ServiceError
 from llmgw.core.pages import fragment_asked, page, page_actor, staff_required
 from llmgw.core.permissions import needs, require

@@ -10,8 +10,8 @@ def _fresh_caches():
     """Each test starts with no cached views (they are keyed by ids and times tests reuse)
     and ends with no database connection kept."""
     from catalog import selectors as catalog_selectors
-    from fleet.reconciler import MEASUREMENTS, POLICY
-    from fleet.selectors import caches_clear
+    from fleet.reconciler.run import MEASUREMENTS, POLICY
+    from fleet.selectors.state import caches_clear
     from llmgw.core.db import kept_connections_close
     from llmgw.core.history import HISTORY
     from llmgw.gateway.load import BOARD

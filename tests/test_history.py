@@ -8,7 +8,7 @@ import math
 
 from hypothesis import given, settings, strategies as st
 
-from fleet.history import node_schema
+from fleet.console.samples import node_schema
 from llmgw.core.history import POINTS, History, Schema
 
 BYTES = Schema(("cpu", "temp", "power"), (2.0, 1.0, 0.2))

@@ -95,9 +95,9 @@ def _room(name: str) -> str:
 
 def test_the_graph_is_read_from_the_source():
     graph = imports()
-    assert {"fleet.reconciler", "llmgw.core.clock", "llmgw.gateway.app"} <= graph.keys()
-    assert "fleet.selectors" in graph["fleet.reconciler"][0]
-    assert "django" in graph["fleet.reconciler"][1]
+    assert {"fleet.reconciler.run", "llmgw.core.clock", "llmgw.gateway.app"} <= graph.keys()
+    assert "fleet.reconciler.snapshot" in graph["fleet.reconciler.run"][0]
+    assert "django" in graph["fleet.reconciler.run"][1]
 
 
 def test_no_app_imports_the_root():

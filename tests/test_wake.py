@@ -6,7 +6,7 @@ import pytest
 from celery import current_app
 from django.conf import settings as django_settings
 
-import fleet.wake
+import fleet.reconciler.wake
 import mirror.wake
 from fleet.tasks import reconcile
 from mirror.tasks import fetch
@@ -23,7 +23,7 @@ def test_the_server_makes_the_projects_celery_app_its_current_one():
 
 @pytest.mark.parametrize(
     ("module", "task"),
-    [(fleet.wake, reconcile), (mirror.wake, fetch)],
+    [(fleet.reconciler.wake, reconcile), (mirror.wake, fetch)],
     ids=["reconciler", "mirror"],
 )
 def test_a_wake_in_production_sends_the_task_a_worker_runs(module, task, settings, monkeypatch):

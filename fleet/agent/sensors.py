@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 SENSOR_EVERY_S = 10.0
 SMI_TIMEOUT_S = 5.0
 MIB = 1024 * 1024
-# The largest reading the protocol takes (fleet/events.py, Reading).
+# The largest reading the protocol takes (fleet/protocol.py, Reading).
 MAX_READING = 1_000_000.0
 
 # What holds a card's clocks down, as NVML's clock event reason bits. Idle,

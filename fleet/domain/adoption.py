@@ -25,7 +25,7 @@ RUNNING = frozenset({"starting", "ready"})
 
 @dataclass(frozen=True)
 class Claim:
-    """A running shard as a node reported it in `register` (fleet/events.py RunningShard)."""
+    """A running shard as a node reported it in `register` (fleet/protocol.py RunningShard)."""
 
     shard_id: str
     replica_id: str

@@ -28,7 +28,7 @@ ENDED = (
 )
 
 # The reconciler's own sentence for a replica it gave up on at its startup timeout, to which
-# the agent's stop adds the engine's log (fleet/failures.py).
+# the agent's stop adds the engine's log (fleet/nodes/failures.py).
 _GAVE_UP = re.compile(r"^replica \S+ did not become ready within ")
 
 # What engines put before what they say, removed one after another from a line's start.

@@ -494,7 +494,7 @@ def add_to_mirror(build: Build) -> tuple[int, bool]:
     setup_django()
     from llmgw.core import clock
     from llmgw.core.errors import ServiceError
-    from mirror.engines import engine_build_add_file
+    from mirror.builds import engine_build_add_file
 
     try:
         added, created = engine_build_add_file(

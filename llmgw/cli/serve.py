@@ -360,7 +360,7 @@ def main(argv: list[str]) -> int:
         from llmgw.core.web import served_hosts
 
         settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, *served_hosts(args.host)]
-    from fleet.metrics_renderer import RENDERER
+    from fleet.metrics.renderer import RENDERER
 
     if args.worker_fd is not None:
         _fd_endpoints()
@@ -372,7 +372,7 @@ def main(argv: list[str]) -> int:
 
     workers = workers_wanted(args.workers, embedded=cfg.embedded)
     _prepare(cfg.embedded)
-    from fleet.reconciler import served_record
+    from fleet.reconciler.run import served_record
     from llmgw.core import clock
 
     # Agents reconnect from now: the reconciler settles before it places anything.
@@ -434,7 +434,7 @@ def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
     _close_reasons()
     Server = _server_class()
     _header_deadline(cfg.header_timeout)
-    from fleet.metrics_renderer import RENDERER
+    from fleet.metrics.renderer import RENDERER
     from llmgw.asgi import application, gateway
 
     _usage_journal(gateway, cfg.home)
@@ -457,7 +457,7 @@ def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
                 history.HISTORY.clear(cfg.history_step)
                 asyncio.get_event_loop().create_task(history.run_forever())
             if cfg.embedded:
-                from fleet.reconciler import run_forever
+                from fleet.reconciler.run import run_forever
                 from mirror.worker import start_embedded
 
                 asyncio.get_event_loop().create_task(run_forever(cfg.timings.reconcile_interval))

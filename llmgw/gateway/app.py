@@ -176,7 +176,7 @@ class Runtime(State):
         if not self.tables.upstreams:
             self.readings_read({})
             return
-        from fleet.selectors import replica_readings
+        from fleet.selectors.routing import replica_readings
 
         try:
             self.readings_read(await in_a_thread(replica_readings)())

@@ -202,7 +202,7 @@ _troubles: dict[str, tuple[float, str | None]] = {}
 
 async def _trouble(model: str) -> str | None:
     """The reconciler's reason a model is not coming, read at most every 2 s per model."""
-    from fleet.selectors import on_demand_trouble
+    from fleet.selectors.routing import on_demand_trouble
 
     now = time.monotonic()
     cached = _troubles.get(model)

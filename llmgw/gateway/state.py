@@ -314,8 +314,8 @@ def _model_entry(spec) -> dict:
 
 
 def _replica_unreachable(replica_id: str, why: str) -> None:
+    from fleet.reconciler.wake import wake
     from fleet.services import replica_unhealthy_mark
-    from fleet.wake import wake
     from llmgw.core import clock
 
     if replica_unhealthy_mark(
@@ -325,8 +325,8 @@ def _replica_unreachable(replica_id: str, why: str) -> None:
 
 
 def _model_requested(model: str) -> None:
+    from fleet.reconciler.wake import wake
     from fleet.services import model_requested
-    from fleet.wake import wake
     from llmgw.core import clock
 
     model_requested(name=model, now=clock.now())

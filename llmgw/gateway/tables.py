@@ -235,7 +235,7 @@ class Loader:
         """The models whose active replicas changed since the last look."""
         from django.utils import timezone
 
-        from fleet.selectors import replicas_print
+        from fleet.selectors.routing import replicas_print
 
         counts = tuple(c for c in replicas_print() if c[0] in ACTIVE)
         if counts == self._prints.get("replicas"):
@@ -303,6 +303,6 @@ class Loader:
 
     @staticmethod
     def _replica_rows(*, since) -> list[ReplicaRow]:
-        from fleet.selectors import routing_rows
+        from fleet.selectors.routing import routing_rows
 
         return [ReplicaRow(*row) for row in routing_rows(since=since)]

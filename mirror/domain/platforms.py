@@ -14,7 +14,7 @@ import sys
 # environment of its own, of the version the control plane pins (fleet/agent/install_pip.py).
 BINARY_ENGINES = frozenset({"llamacpp"})
 # llmgw's own release, a wheel for any platform, kept as a build is: what `llmgw ctl
-# upgrade` has agents install (fleet/upgrades.py). Never an engine a node installs.
+# upgrade` has agents install (fleet/nodes/upgrades.py). Never an engine a node installs.
 RELEASE = "llmgw"
 RELEASE_PLATFORM = "python-any"
 # The program each of them is, in its install folder.

@@ -13,7 +13,7 @@ pool, so a model with sliding-window layers (Gemma 3) or per-layer head counts
 
 GB here is GiB, 2³⁰ bytes, because that is what the catalog's `min_memory_gb`
 is compared with: agents report memory in MiB and a node's `memory_gb` is
-that over 1024 (fleet.selectors.node_views), so a profile asking 2 "GB" asks
+that over 1024 (fleet.selectors.state.node_views), so a profile asking 2 "GB" asks
 2 GiB of a node.
 
 Where it fits is placement's rule (fleet.domain.placement) for the llama.cpp

@@ -18,7 +18,7 @@ from fleet.agent.discovery import LoadSampler, Machine, simulated_gpus
 from fleet.agent.ports import can_bind
 from fleet.agent.sensors import SensorSampler
 from fleet.agent.supervisor import Supervisor
-from fleet.events import Heartbeat, parse
+from fleet.protocol import Heartbeat, parse
 
 from .helpers import FAKE_ENGINE, PATIENCE_S, FakeNVML, free_port, put
 

@@ -12,7 +12,7 @@ import pytest
 
 from fleet.agent.discovery import LoadSampler
 from fleet.agent.sensors import Sensors, SensorSampler, parse_smi, run_smi
-from fleet.events import Load
+from fleet.protocol import Load
 
 from .helpers import FakeNVML, put
 

@@ -150,7 +150,7 @@ def test_ctl_models_says_when_no_reconciler_pass_ran_for_several_intervals(capsy
     from datetime import timedelta
 
     from fleet.models import Lease
-    from fleet.reconciler import LEASE
+    from fleet.reconciler.run import LEASE
     from llmgw.core import clock
 
     model_add(data=cpu_model("tiny", cores=2, memory_gb=4), actor="test")
@@ -294,7 +294,7 @@ def test_ctl_upgrade_refuses_what_it_cannot_roll_and_sends_nothing(
     from datetime import UTC, datetime
 
     from fleet.models import EventRecord
-    from mirror.engines import engine_build_add
+    from mirror.builds import engine_build_add
     from tests.fleet.builders import node_add
     from tests.mirror.wheels import wheel
 

@@ -11,8 +11,8 @@ from django.db import connection
 
 from catalog.services import model_add
 from fleet.models import Node
-from fleet.reconciler import reconcile_once
-from fleet.status import needing_attention, workers_health
+from fleet.reconciler.run import reconcile_once
+from fleet.selectors.status import needing_attention, workers_health
 from llmgw.cli import ctl
 from llmgw.cli.ctl_status import render_status
 from llmgw.core import clock

@@ -109,7 +109,7 @@ def test_a_safetensors_repository_is_planned_and_served_as_vllm_from_ctl(
     from huggingface_hub import constants
 
     from fleet.models import Replica
-    from fleet.reconciler import reconcile_once
+    from fleet.reconciler.run import reconcile_once
     from tests.fleet.builders import L4, node_add
     from tests.mirror.hub import Hub
     from tests.mirror.test_serve_safetensors import T0, llama_repo

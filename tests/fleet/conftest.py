@@ -9,9 +9,9 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
-from fleet import consumers
-from fleet.connections import GATE
-from fleet.live import LIVE
+from fleet.nodes import consumers
+from fleet.nodes.connections import GATE
+from fleet.nodes.live import LIVE
 
 # Where the test agents connect from: the address their register frames declare
 # (tests/fleet/builders.py register_frame), as a real agent's connection would show.

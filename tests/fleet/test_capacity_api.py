@@ -8,7 +8,7 @@ import pytest
 
 from catalog.services import measurement_save
 from fleet.models import ModelState, Replica
-from fleet.reconciler import reconcile_once
+from fleet.reconciler.run import reconcile_once
 from llmgw.core import clock
 from tenancy.models import CapacityQuota, Organization, Team
 from tests.helpers import detail

@@ -10,11 +10,11 @@ from django.db import DatabaseError
 
 from catalog.models import Measurement, Model
 from fleet.domain.readings import Reading
-from fleet.events import ShardStatus
 from fleet.models import ModelState, Node, Replica
-from fleet.readings import Revised
-from fleet.reconciler import MEASUREMENTS, POLICY, reconcile_once
-from fleet.reports import shard_status_record
+from fleet.nodes.reports import shard_status_record
+from fleet.protocol import ShardStatus
+from fleet.reconciler.inputs import Revised
+from fleet.reconciler.run import MEASUREMENTS, POLICY, reconcile_once
 from llmgw.core import clock
 from tenancy.models import CapacityQuota, Organization, Team
 
@@ -236,9 +236,10 @@ def test_the_reconciler_takes_engine_load_and_scales_up_held_busy(no_settle, set
 def test_kv_caches_full_past_the_models_ceiling_scale_it_up_with_nothing_waiting(
     no_settle, settings
 ):
-    from fleet import listings
     from fleet.models import EventRecord
-    from fleet.selectors import replica_readings, replica_views
+    from fleet.selectors import listings
+    from fleet.selectors.routing import replica_readings
+    from fleet.selectors.state import replica_views
 
     node_add("gpu-a", now=T0, gpus=(H100, H100))
     model_added(gpu_model("chat", scaling={"min": 1, "max": 2, "kv_ceiling": 0.8}))
@@ -263,7 +264,7 @@ def test_kv_caches_full_past_the_models_ceiling_scale_it_up_with_nothing_waiting
 
 
 def test_a_replica_whose_engine_said_nothing_has_no_reading(no_settle):
-    from fleet.selectors import replica_readings
+    from fleet.selectors.routing import replica_readings
 
     node_add("gpu-a", now=T0, gpus=(H100, H100))
     model_added(gpu_model("chat"))

@@ -14,7 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from prometheus_client import CollectorRegistry, Counter
 
-from fleet.history import REPLICAS, fleet_sample
+from fleet.console.samples import REPLICAS, fleet_sample
 from fleet.models import Node
 from llmgw.core import charts, clock, history, promql
 from llmgw.core.charts import Chart, Line

@@ -10,10 +10,10 @@ import pytest
 from django.conf import settings
 from django.db import transaction
 
-from fleet.heard import node_live_flush
-from fleet.live import LIVE
 from fleet.models import Gpu, Node, Replica, Shard
-from fleet.reconciler import reconcile_once
+from fleet.nodes.heard import node_live_flush
+from fleet.nodes.live import LIVE
+from fleet.reconciler.run import reconcile_once
 from llmgw.core import clock
 from llmgw.core.secrets import engine_key
 
@@ -293,7 +293,7 @@ async def test_a_heartbeat_is_kept_in_memory_and_written_behind(agents):
 
 
 async def test_the_flusher_writes_heartbeats_behind_by_itself(agents, monkeypatch):
-    from fleet import consumers
+    from fleet.nodes import consumers
 
     monkeypatch.setattr(consumers, "FLUSH_EVERY_S", 0.02)
     comm = await agents.registered(register_frame("gpu-a"))
@@ -598,7 +598,7 @@ async def test_a_shard_another_node_holds_is_stopped_not_adopted_twice(agents):
 async def test_an_engine_the_agent_runs_but_the_control_plane_does_not_know_is_stopped(
     agents, monkeypatch
 ):
-    from fleet import consumers
+    from fleet.nodes import consumers
 
     monkeypatch.setattr(consumers, "FLUSH_EVERY_S", 0.02)
     comm = await agents.registered(register_frame("gpu-a"))
@@ -618,7 +618,7 @@ async def test_an_engine_the_agent_runs_but_the_control_plane_does_not_know_is_s
 def test_a_connection_whose_agent_hung_up_while_its_frame_waited_is_no_longer_there():
     """daphne puts the hang-up in the connection's inbox, where it waits until the frame's
     handler ends: a registration still queued then is not written for no one."""
-    from fleet.consumers import AgentConsumer
+    from fleet.nodes.consumers import AgentConsumer
     from llmgw.core.inbox import Inbox
 
     consumer = AgentConsumer()

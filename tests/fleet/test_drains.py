@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.listings import nodes_list
 from fleet.models import EventRecord, Replica
-from fleet.reconciler import reconcile_once
+from fleet.reconciler.run import reconcile_once
+from fleet.selectors.listings import nodes_list
 from fleet.services import model_restart, node_set_schedule
 from llmgw.cli.ctl_capacity import render_headroom
 from llmgw.cli.ctl_models import replicas_cell, serving

@@ -10,14 +10,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet import reconciler
-from fleet.engine_installs import node_engines_record
-from fleet.events import BadMessage, EngineInstallReport, Register, parse
-from fleet.listings import model_explain
 from fleet.models import ModelState, Node, Replica, Shard
-from fleet.reconciler import reconcile_once
-from fleet.reports import node_register
-from mirror.engines import engine_build_add
+from fleet.nodes.engine_installs import node_engines_record
+from fleet.nodes.reports import node_register
+from fleet.protocol import BadMessage, EngineInstallReport, Register, parse
+from fleet.reconciler.run import reconcile_once, run as reconciler
+from fleet.selectors.listings import model_explain
+from mirror.builds import engine_build_add
 from tests.fleet.builders import agent_credential
 
 from .builders import cpu_model, model_added, register_frame

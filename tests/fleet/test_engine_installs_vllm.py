@@ -9,13 +9,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fleet import reconciler
-from fleet.engine_installs import with_installable
-from fleet.events import Register
 from fleet.models import ModelState, Replica
-from fleet.reconciler import reconcile_once
-from fleet.reports import node_register
-from fleet.selectors import node_views
+from fleet.nodes.engine_installs import with_installable
+from fleet.nodes.reports import node_register
+from fleet.protocol import Register
+from fleet.reconciler.run import reconcile_once, run as reconciler
+from fleet.selectors.state import node_views
 from llmgw.core.config import Vllm
 from tests.fleet.builders import agent_credential
 

@@ -10,10 +10,10 @@ import pytest
 from catalog.services import model_scale
 from fleet import event_log
 from fleet.event_log import Happened, events_page, expire, record
-from fleet.events import ShardStatus
 from fleet.models import EventRecord, Replica
-from fleet.reconciler import reconcile_once
-from fleet.reports import shard_status_record
+from fleet.nodes.reports import shard_status_record
+from fleet.protocol import ShardStatus
+from fleet.reconciler.run import reconcile_once
 from llmgw.core.errors import Invalid
 
 from .builders import gpu_model, model_added, node_add

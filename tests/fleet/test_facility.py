@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from fleet.models import ModelState, Node, PowerBudget, Replica
-from fleet.reconciler import reconcile_once
+from fleet.reconciler.run import reconcile_once
 from llmgw.core.permissions import OPERATORS
 from tests.helpers import detail
 
@@ -153,7 +153,7 @@ def test_without_readings_a_budget_blocks_nothing(api, no_settle):
     # Nothing it holds reports its power: what it draws is unknown, not 0 W.
     assert (rack["estimated_w"], rack["unknown_gpus"]) == (None, 2)
     assert rack["said"].startswith("unknown of ")
-    from fleet.metrics import fleet_text
+    from fleet.metrics.collector import fleet_text
 
     text = fleet_text()
     assert 'llmgw_domain_power_budget_watts{kind="rack",name="r1"} 1.0' in text
@@ -275,9 +275,9 @@ def test_the_nodes_api_gives_where_a_node_is(api):
 
 @pytest.mark.parametrize("chunk", [500, 1])
 def test_the_snapshot_reads_power_only_for_nodes_under_a_budget(api, monkeypatch, chunk):
-    from fleet import facility
     from fleet.domain.power import GpuPower
-    from fleet.selectors import node_views
+    from fleet.selectors import facility
+    from fleet.selectors.state import node_views
 
     monkeypatch.setattr(facility, "_CHUNK", chunk)  # 1: many nodes, read all at once
     node_add("gpu-a", now=T0, labels={RACK: "r1"})

@@ -12,7 +12,7 @@ from django.test import AsyncClient, Client
 from django.test.utils import CaptureQueriesContext
 
 from fleet.models import ModelState, Node, Replica, Shard
-from fleet.selectors import caches_clear
+from fleet.selectors.state import caches_clear
 from llmgw.core import clock
 
 from .builders import gpu_model, model_added, node_add, register_frame

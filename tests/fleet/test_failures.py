@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from fleet.models import Lease, ModelState, Replica
-from fleet.reconciler import reconcile_once
+from fleet.reconciler.run import reconcile_once
 from fleet.services import model_retry
 from llmgw.core import clock
 

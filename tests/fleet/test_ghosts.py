@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from fleet.models import Node, Replica
-from fleet.reconciler import reconcile_once
+from fleet.reconciler.run import reconcile_once
 from fleet.services import replica_unhealthy_mark
 from llmgw.core import clock
 from llmgw.gateway.tables import Loader

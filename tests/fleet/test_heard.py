@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.conf import settings
 
-from fleet.heard import node_live_flush, node_silent_mark
-from fleet.live import LiveFleet, Silence
 from fleet.models import EventRecord, Node
+from fleet.nodes.heard import node_live_flush, node_silent_mark
+from fleet.nodes.live import LiveFleet, Silence
 from llmgw.core import clock
 
 from .builders import node_add, register_frame
@@ -24,7 +24,7 @@ def later(seconds: float) -> datetime:
 
 
 def heartbeat(seq: int):
-    from fleet.events import Heartbeat
+    from fleet.protocol import Heartbeat
 
     return Heartbeat.model_validate({"type": "heartbeat", "seq": seq})
 
@@ -137,7 +137,7 @@ def test_a_node_marked_silent_and_heard_from_again_is_ready_and_the_events_say_b
 async def test_an_agent_gone_quiet_is_marked_unreachable_by_its_process_and_back_on_its_heartbeat(
     agents, monkeypatch
 ):
-    from fleet import consumers
+    from fleet.nodes import consumers
 
     monkeypatch.setattr(consumers, "FLUSH_EVERY_S", 0.02)
     comm = await agents.registered(register_frame("gpu-a"))

@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.listings import nodes_list
 from fleet.models import Gpu, Replica
-from fleet.reconciler import reconcile_once
-from fleet.selectors import node_views
+from fleet.reconciler.run import reconcile_once
+from fleet.selectors.listings import nodes_list
+from fleet.selectors.state import node_views
 
 from .builders import H100, gpu_model, model_added, node_add
 

@@ -10,13 +10,14 @@ from dataclasses import replace
 import pytest
 from django.conf import settings
 
-from fleet.connections import PENALTY, FrameBudget
-from fleet.heard import node_live_flush
-from fleet.listings import measured_memory
-from fleet.live import LIVE
 from fleet.models import Node, Replica, Shard
-from fleet.reconciler import reconcile_once
-from fleet.selectors import model_loads, replica_views
+from fleet.nodes.connections import PENALTY, FrameBudget
+from fleet.nodes.heard import node_live_flush
+from fleet.nodes.live import LIVE
+from fleet.reconciler.run import reconcile_once
+from fleet.reconciler.snapshot import model_loads
+from fleet.selectors.listings import measured_memory
+from fleet.selectors.state import replica_views
 from llmgw.core import clock
 
 from .builders import gpu_model, model_added, register_frame
@@ -300,8 +301,8 @@ def test_the_frame_budget_drops_a_burst_past_it_and_closes_only_a_sustained_floo
 
 
 def test_mirror_files_are_read_only_by_nodes_a_shard_needing_them_was_placed_on(db, no_settle):
-    """The rule the root hands the mirror's file server (fleet.identity.mirror_refusal)."""
-    from fleet.identity import mirror_refusal
+    """The rule the root hands the mirror's file server (fleet.nodes.identity.mirror_refusal)."""
+    from fleet.nodes.identity import mirror_refusal
     from llmgw.core.secrets import digest
     from mirror.models import EngineBuild, WeightFile, Weights
 
@@ -342,7 +343,7 @@ def test_mirror_files_are_read_only_by_nodes_a_shard_needing_them_was_placed_on(
 def test_a_node_reads_every_file_of_the_folder_its_shard_runs_on_and_no_other(db, no_settle):
     """A model on a safetensors repository runs on all its files; one on a single file of
     some weights runs on that file, not on the rest of them."""
-    from fleet.identity import mirror_refusal
+    from fleet.nodes.identity import mirror_refusal
     from llmgw.core.secrets import digest
     from mirror.models import WeightFile, Weights
 
@@ -381,7 +382,7 @@ async def test_many_bearers_are_each_told_apart_with_the_nodes_found_in_one_quer
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from fleet.identity import agents_authenticate
+    from fleet.nodes.identity import agents_authenticate
 
     for node_id in ("gpu-a", "gpu-b"):
         await agents.registered(register_frame(node_id))

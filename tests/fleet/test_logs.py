@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from django.test import AsyncClient
 
-from fleet import logs
 from fleet.models import ModelState, Node, Replica, Shard
+from fleet.nodes import logs
 from llmgw.core import clock
 
 from .builders import register_frame

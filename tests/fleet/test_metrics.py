@@ -20,16 +20,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from catalog import selectors as catalog_selectors
-from fleet import metrics, selectors
-from fleet.connections import REFUSED as AGENTS_REFUSED, REGISTRY as AGENTS_REGISTRY
-from fleet.events import Load
-from fleet.heard import node_live_flush
-from fleet.live import NodeWrite
-from fleet.metrics import FleetCollector, fleet_scrape, fleet_text
-from fleet.metrics_series import DESCS
+from fleet.metrics.collector import FleetCollector, collector as metrics, fleet_scrape, fleet_text
+from fleet.metrics.series import DESCS
 from fleet.models import Lease, ModelState, Node, PowerBudget, Replica
-from fleet.reconciler import LEASE, advisory_take, reconcile_once
-from fleet.selectors import holdings_load
+from fleet.nodes.connections import REFUSED as AGENTS_REFUSED, REGISTRY as AGENTS_REGISTRY
+from fleet.nodes.heard import node_live_flush
+from fleet.nodes.live import NodeWrite
+from fleet.protocol import Load
+from fleet.reconciler.run import LEASE, advisory_take, reconcile_once
+from fleet.selectors import state as selectors
+from fleet.selectors.state import holdings_load
 from llmgw.core import clock
 from llmgw.gateway.metrics import REGISTRY as GATEWAY_REGISTRY
 from tenancy.models import CapacityQuota, Organization, Team
@@ -47,7 +47,7 @@ EXPORTED = (
     | {d.name for d in DESCS}
     | set(GATEWAY_REGISTRY._names_to_collectors)  # the gateway's own series
     | set(AGENTS_REGISTRY._names_to_collectors)  # the agents' connections' counts
-    | {"llmgw_database_up"}  # said only while the database is away (fleet/metrics.py)
+    | {"llmgw_database_up"}  # said only while the database is away (fleet/metrics/collector.py)
 )
 
 

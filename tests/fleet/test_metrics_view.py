@@ -7,9 +7,9 @@ import zlib
 
 import pytest
 
-from fleet import metrics
-from fleet.metrics import fleet_or_last
-from fleet.metrics_renderer import Renderer
+from fleet.metrics import collector as metrics
+from fleet.metrics.collector import fleet_or_last
+from fleet.metrics.renderer import Renderer
 from llmgw.core import clock
 
 from .builders import H100, L4, gpu_model, model_added, node_add
@@ -50,7 +50,7 @@ def test_the_renderer_writes_the_fleet_byte_for_byte_as_the_server_would(cluster
 def test_the_view_answers_the_same_with_the_renderer_as_without(
     cluster, renderer, client, monkeypatch
 ):
-    from fleet import metrics_renderer
+    from fleet.metrics import renderer as metrics_renderer
 
     alone = client.get("/metrics").content
     monkeypatch.setattr(metrics_renderer, "RENDERER", renderer)
@@ -63,7 +63,7 @@ def test_the_view_answers_the_same_with_the_renderer_as_without(
 def test_a_gzipped_scrape_is_compressed_by_the_renderer_and_reads_the_same(
     cluster, renderer, client, monkeypatch
 ):
-    from fleet import metrics_renderer
+    from fleet.metrics import renderer as metrics_renderer
 
     alone = client.get("/metrics").content
     monkeypatch.setattr(metrics_renderer, "RENDERER", renderer)

@@ -4,7 +4,7 @@ model whose replicas keep failing is `failing`, with why and its next try, not `
 import pytest
 
 from fleet.domain.types import Failure, ModelState
-from fleet.listings import model_status
+from fleet.selectors.listings import model_status
 from tests.domain.builders import NOW, at, model
 
 CAUSE = "invalid magic characters: 'This', expected 'GGUF'"

@@ -7,14 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.events import Load, Register, ShardStatus
-from fleet.heard import node_live_flush
-from fleet.identity import node_forget
-from fleet.live import NodeWrite
+from fleet.console.figures import node_figures_refresh
 from fleet.models import Node, Replica, Shard
-from fleet.node_figures import node_figures_refresh
-from fleet.reconciler import reconcile_once
-from fleet.reports import node_register, shard_status_record
+from fleet.nodes.heard import node_live_flush
+from fleet.nodes.identity import node_forget
+from fleet.nodes.live import NodeWrite
+from fleet.nodes.reports import node_register, shard_status_record
+from fleet.protocol import Load, Register, ShardStatus
+from fleet.reconciler.run import reconcile_once
 
 from .builders import (
     H100,

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from fleet.live import LIVE
 from fleet.models import Node
+from fleet.nodes.live import LIVE
 from llmgw.core.outage import Outage
 
 from .builders import register_frame
@@ -58,7 +58,7 @@ def _away(*args, **kwargs):
 
 
 def test_the_api_answers_503_with_a_sentence_while_the_database_is_away(api, monkeypatch):
-    from fleet import listings
+    from fleet.selectors import listings
 
     monkeypatch.setattr(listings, "nodes_list", _away)
 
@@ -73,7 +73,7 @@ def test_the_api_answers_503_with_a_sentence_while_the_database_is_away(api, mon
 
 
 def test_metrics_answer_the_last_good_scrape_and_say_the_database_is_down(client, monkeypatch):
-    from fleet import metrics
+    from fleet.metrics import collector as metrics
 
     monkeypatch.setattr(metrics, "fleet_text", lambda: "llmgw_node_up 1.0\n")
     # (Followed by whatever this process counted of agents and the gateway.)
@@ -90,7 +90,7 @@ def test_metrics_answer_the_last_good_scrape_and_say_the_database_is_down(client
 
 async def test_a_handshake_while_the_database_is_away_is_told_to_try_again(agents, monkeypatch):
     """Not refused: an agent refused would give up its own credential."""
-    from fleet import consumers
+    from fleet.nodes import consumers
     from llmgw.core.db import Batched
 
     monkeypatch.setattr(consumers, "_CREDENTIALS", Batched(_away, most=1))
@@ -105,8 +105,8 @@ async def test_a_handshake_while_the_database_is_away_is_told_to_try_again(agent
 async def test_with_the_channel_layer_away_an_agent_registers_and_gets_commands_once_it_is_back(
     agents, layer, monkeypatch
 ):
-    from fleet import consumers
-    from fleet.dispatch import Command, send_commands
+    from fleet.nodes import consumers
+    from fleet.reconciler.dispatch import Command, send_commands
 
     monkeypatch.setattr(consumers, "JOIN_RETRY_S", 0.05)
     real_add, failures = layer.group_add, []

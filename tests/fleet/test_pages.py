@@ -16,9 +16,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from catalog.models import Model, Profile
+from fleet.console.figures import node_figures_refresh
 from fleet.models import Gpu, ModelState, Node, Replica, Shard
-from fleet.node_figures import node_figures_refresh
-from fleet.selectors import caches_clear
+from fleet.selectors.state import caches_clear
 from llmgw.core import clock
 from tenancy.services import org_create, quota_set
 
@@ -483,7 +483,7 @@ def test_nothing_needs_attention_on_a_quiet_cluster(staff, now):
 
 def test_the_attention_strip_says_when_no_reconciler_pass_ran_for_several_intervals(staff, now):
     from fleet.models import Lease
-    from fleet.reconciler import LEASE
+    from fleet.reconciler.run import LEASE
 
     node_add("gpu-a", now=now)
     Lease.objects.create(name=LEASE, expires_at=now, last_pass_at=now - timedelta(minutes=5))

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from fleet import dry_runs
+from fleet.selectors import dry_runs
 from llmgw.core import clock, reads
 
 from .builders import gpu_model, model_added, node_add
@@ -41,7 +41,7 @@ def test_inside_once_each_a_models_rows_are_taken_from_the_whole_read_and_equal_
     django_assert_num_queries,
 ):
     from fleet.models import ModelState
-    from fleet.selectors import model_states, replica_views
+    from fleet.selectors.state import model_states, replica_views
     from tests.fleet.test_pages import place
 
     now = clock.now()

@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from catalog.services import model_add
-from fleet.events import Disk, Weight
 from fleet.models import Node
-from fleet.reclaim import weights_reclaim
-from fleet.reconciler import reconcile_once
-from fleet.reports import node_weights_record
+from fleet.nodes.reclaim import weights_reclaim
+from fleet.nodes.reports import node_weights_record
+from fleet.protocol import Disk, Weight
+from fleet.reconciler.run import reconcile_once
 from mirror.models import WeightFile
 from mirror.worker import work_until_idle
 from tests.fleet.builders import node_add

@@ -10,13 +10,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from catalog.services import model_remove, model_scale
-from fleet import reconciler
-from fleet.events import Load, ShardStatus
-from fleet.heard import node_live_flush
-from fleet.live import NodeWrite
 from fleet.models import ModelState, Node, Replica, Shard
-from fleet.reconciler import lease_release, lease_take, reconcile_once
-from fleet.reports import shard_status_record
+from fleet.nodes.heard import node_live_flush
+from fleet.nodes.live import NodeWrite
+from fleet.nodes.reports import shard_status_record
+from fleet.protocol import Load, ShardStatus
+from fleet.reconciler import run as reconciler
+from fleet.reconciler.run import lease_release, lease_take, reconcile_once
 from fleet.services import node_set_schedule
 
 from .builders import gpu_model, model_added, node_add
@@ -416,10 +416,10 @@ def test_a_retry_asked_while_a_pass_decides_is_not_overwritten(no_settle, monkey
     )  # no node has these: it keeps failing to place
     node_add("gpu-a", now=T0)
     ModelState.objects.create(model="llama", parked_since=T0, parked_reason="boom", failures=5)
-    from fleet import selectors
+    from fleet.reconciler import snapshot
     from fleet.services import model_retry
 
-    load = selectors.snapshot_load
+    load = snapshot.snapshot_load
 
     def retry_after_loading(**kw):
         snap = load(**kw)
@@ -455,7 +455,7 @@ def test_a_lost_multi_node_replicas_surviving_shard_is_told_to_stop(no_settle, s
 
 
 def test_an_engine_a_heartbeat_lists_but_nothing_here_runs_is_stopped(no_settle):
-    from fleet.heard import node_running_unknown
+    from fleet.nodes.heard import node_running_unknown
 
     model_added(gpu_model("llama"))
     node_add("gpu-a", now=T0)

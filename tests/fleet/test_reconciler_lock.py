@@ -19,7 +19,7 @@ import pytest
 from django.db import connection
 
 from fleet.models import Lease
-from fleet.reconciler import ADVISORY_KEY, LEASE, reconcile_once
+from fleet.reconciler.run import ADVISORY_KEY, LEASE, reconcile_once
 from llmgw.core import clock
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,10 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import fleet.domain.reconcile as reconcile
-from fleet import reconciler
 from fleet.domain.quiet import QuietModels
 from fleet.models import Replica
-from fleet.reconciler import reconcile_once
+from fleet.reconciler.run import reconcile_once, run as reconciler
 
 from .builders import gpu_model, model_added, node_add
 from .test_reconciler import heard, ready

@@ -3,9 +3,9 @@ gateway's 503 and the model views take each profile's summary (refusals.one_line
 
 import pytest
 
-from fleet.listings import model_views
 from fleet.models import ModelState
-from fleet.selectors import on_demand_trouble
+from fleet.selectors.listings import model_views
+from fleet.selectors.routing import on_demand_trouble
 
 from .builders import gpu_model, model_added
 

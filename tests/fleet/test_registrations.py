@@ -9,11 +9,11 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from fleet import reports
-from fleet.events import Register
-from fleet.identity import AgentCredential, Refused
 from fleet.models import Gpu, Node, Replica, Shard
-from fleet.reports import node_register, registrations_write
+from fleet.nodes import reports
+from fleet.nodes.identity import AgentCredential, Refused
+from fleet.nodes.reports import node_register, registrations_write
+from fleet.protocol import Register
 
 from .builders import (
     L4,

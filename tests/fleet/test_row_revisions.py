@@ -1,5 +1,5 @@
 """The database numbers a row anew on every write, and a pass reads in full only the rows
-whose number moved (fleet/rows.py RowsByRevision, migration fleet.0014)."""
+whose number moved (fleet/selectors/rows.py RowsByRevision, migration fleet.0014)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from django.apps import apps
 from django.db import connection
 
-from fleet import rows as fleet_rows, selectors
 from fleet.models import ModelState, Node, Replica, Shard
-from fleet.rows import RowsByRevision
+from fleet.selectors import rows as fleet_rows, state as selectors
+from fleet.selectors.rows import RowsByRevision
 from llmgw.core import clock
 
 from .builders import node_add

@@ -1,4 +1,4 @@
-"""Reading rows as the driver hands them over (fleet/rows.py): JSON columns decoded by
+"""Reading rows as the driver hands them over (fleet/selectors/rows.py): JSON columns decoded by
 orjson, with the standard library's reading where orjson refuses."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 from hypothesis import given, strategies as st
 
-from fleet.rows import json_loads, raw_json
+from fleet.selectors.rows import json_loads, raw_json
 
 READING = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text())
 LOADS = st.recursive(

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from fleet import events, upgrades
+from fleet import protocol as events
 from fleet.agent.upgrade import UpgradeError, Upgrader, start_refusal
 from fleet.models import EventRecord, Node
+from fleet.nodes import upgrades
 from llmgw.core.errors import Invalid, NotFound
+from mirror.builds import engine_build_add
 from mirror.domain.releases import wheel_name
-from mirror.engines import engine_build_add
 from tests.mirror.wheels import MAIN, wheel
 
 from .builders import node_add

@@ -9,12 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from catalog.services import model_add
-from fleet import reconciler
-from fleet.events import Heartbeat, ShardStatus
-from fleet.listings import replicas_list
 from fleet.models import ModelState, Node, Replica
-from fleet.reconciler import reconcile_once
-from fleet.reports import node_weights_record, shard_status_record
+from fleet.nodes.reports import node_weights_record, shard_status_record
+from fleet.protocol import Heartbeat, ShardStatus
+from fleet.reconciler.run import reconcile_once, run as reconciler
+from fleet.selectors.listings import replicas_list
 from mirror.models import WeightFile
 from mirror.worker import work_until_idle
 from tests.fleet.builders import node_add
@@ -215,7 +214,7 @@ def test_what_a_nodes_cache_holds_is_recorded_from_register_and_heartbeats(mirro
 def test_weights_and_progress_that_make_no_sense_are_refused(frame):
     import json
 
-    from fleet.events import BadMessage, parse
+    from fleet.protocol import BadMessage, parse
 
     with pytest.raises(BadMessage):
         parse(json.dumps(frame))

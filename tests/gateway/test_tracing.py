@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fleet.reconciler import reconcile_once
+from fleet.reconciler.run import reconcile_once
 from llmgw.core import tracing
 from llmgw.core.secrets import engine_key
 from tests.fleet.builders import gpu_model, model_added, node_add

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from llmgw.core import clock
-from mirror import engines, store
+from mirror import builds as engines, store
 from mirror.domain.platforms import this_platform
 from mirror.models import EngineBuild
 from tests.helpers import detail

@@ -14,8 +14,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from catalog.models import Model
-from fleet.events import Register
-from fleet.reports import node_register
+from fleet.nodes.reports import node_register
+from fleet.protocol import Register
 from llmgw.core import clock
 from mirror import services, store
 from mirror.models import WeightFile, Weights
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.django_db
 HX = {"HTTP_HX_REQUEST": "true"}
 # The page at any count of weights: the session and user, the weights, their files and
 # the models naming them; and, when a ready GGUF file is shown, one read of the fleet's
-# free room for every plan (fleet.dry_runs.node_rooms, counted on its own below).
+# free room for every plan (fleet.selectors.dry_runs.node_rooms, counted on its own below).
 PAGE_QUERIES = 5
 
 
@@ -566,7 +566,7 @@ def _queries(call) -> int:
 
 @pytest.mark.parametrize("count", [3, 30])
 def test_the_page_makes_the_same_queries_whatever_the_count_of_weights(staff, mirror_dir, count):  # noqa: F811
-    from fleet.dry_runs import node_rooms
+    from fleet.selectors.dry_runs import node_rooms
 
     cpu_node("big", memory_gb=64, cpus=16)
     for i in range(count):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from catalog.models import Model
-from fleet.events import Register
-from fleet.reports import node_register
+from fleet.nodes.reports import node_register
+from fleet.protocol import Register
 from llmgw.core import clock
 from mirror.worker import work_until_idle
 from tests.fleet.builders import agent_credential, register_frame

@@ -14,7 +14,7 @@ from catalog.models import Model
 from catalog.selectors import catalog_load
 from fleet.agent.engines import NodeContext, ShardSpec, build_command
 from fleet.models import Replica
-from fleet.reconciler import reconcile_once
+from fleet.reconciler.run import reconcile_once
 from fleet.services import start_command
 from mirror.domain.refs import FolderRef
 from mirror.worker import work_until_idle
@@ -249,7 +249,7 @@ def test_a_safetensors_card_costs_no_query_beyond_the_one_read_of_the_fleet(staf
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from fleet.dry_runs import node_rooms
+    from fleet.selectors.dry_runs import node_rooms
     from tests.mirror.test_pages import PAGE_QUERIES
 
     node_add("l4-node", now=T0, gpus=(L4, L4))

@@ -1,0 +1,395 @@
+"""Nodes, replicas and models as the API, ctl and the pages show them (reads only)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from datetime import datetime
+
+from django.db.models.fields.json import KeyTransform
+
+from catalog.domain import ModelSpec, reservation_warnings, suggested_cores
+from catalog.selectors import catalog_load
+from llmgw.core import clock
+from llmgw.core.errors import NotFound
+
+from ..domain.gpuclass import CLASS_LABEL
+from ..domain.plan import duration
+from ..domain.readings import Reading
+from ..domain.reconcile import desired_replicas, held_for
+from ..domain.refusals import one_line
+from ..domain.spread import location_of
+from ..domain.types import ACTIVE, HOLDING, ModelState as ModelStateView, NodeView, ReplicaView
+from ..models import Gpu, Node, Replica, Shard
+from ..nodes.engine_installs import installing_said, installs_of
+from .passes import drains_stuck
+from .routing import replica_readings
+from .state import model_states, replica_views
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t else None
+
+
+def replica_out(r: ReplicaView, spec: ModelSpec | None, endpoints: dict[str, str]) -> dict:
+    """A replica as the API shows it; outdated when its profile changed since it started."""
+    profile = spec.profile(r.profile) if spec else None
+    return {
+        "id": r.id,
+        "model": r.model,
+        "profile": r.profile,
+        "state": r.state,
+        "shards": [
+            {
+                "id": s.id,
+                "node": s.node_id,
+                "rank": s.rank,
+                "gpu_indices": list(s.gpu_indices),
+                "memory_gb": s.memory_gb,
+                "cpu_cores": s.cpu_cores,
+            }
+            for s in r.shards
+        ],
+        "endpoint": endpoints.get(r.shards[0].id, "") if r.shards else "",
+        "created_at": _iso(r.created_at),
+        "ready_at": _iso(r.ready_at),
+        "last_used_at": _iso(r.last_used_at),
+        "preempted_for": r.preempted_for,
+        "reason": r.reason,
+        "retiring": r.retiring,
+        "outdated": profile is not None and profile.fingerprint() != r.profile_fp,
+        "unhealthy_since": _iso(r.unhealthy_since),
+    }
+
+
+def replicas_list(*, model: str | None = None) -> list[dict]:
+    catalog = catalog_load()
+    shards = Shard.objects.filter(rank=0)
+    if model:
+        shards = shards.filter(replica__model=model)
+    endpoints = dict(shards.values_list("id", "endpoint"))
+    views = sorted(replica_views(model=model), key=lambda r: (r.model, r.created_at))
+    fetching = replicas_fetching()
+    readings = replica_readings(views)
+    return [
+        {
+            **replica_out(r, catalog.get(r.model), endpoints),
+            "fetching": fetching.get(r.id),
+            "engine": reading_out(readings.get(r.id)),
+        }
+        for r in views
+    ]
+
+
+def reading_out(reading: Reading | None) -> dict | None:
+    """A replica's engine reading as the API and the pages show it; None when none said."""
+    return asdict(reading) if reading is not None else None
+
+
+def replicas_fetching() -> dict[str, dict]:
+    """Replicas whose agents are fetching their weights: bytes done and total (None unknown)."""
+    rows = Shard.objects.filter(state="fetching").values_list(
+        "replica_id", "progress_done", "progress_total"
+    )
+    return {rid: {"done": done or 0, "total": total} for rid, done, total in rows}
+
+
+def _node_out(
+    node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[str], stuck: str = ""
+) -> dict:
+    view_state = NodeView(
+        id=node.id,
+        state=node.state,
+        cordoned=node.cordoned,
+        draining=node.draining,
+        approved=node.approved,
+        address_refusal=node.address_refusal,
+    ).shown_state
+    override = (node.labels or {}).get(CLASS_LABEL)
+    classes = sorted({override or g.gpu_class for g in gpus})
+    return {
+        "id": node.id,
+        "hostname": node.hostname,
+        "state": view_state,
+        # What an operator set, which a lost or unreachable state hides.
+        "cordoned": node.cordoned,
+        "draining": node.draining,
+        "labels": node.labels,
+        "location": location_of(node.labels or {}),
+        "gpu_total": len(gpus),
+        "gpu_free": sum(
+            1 for g in gpus if g.healthy and not g.unknown_processes and g.index not in used
+        ),
+        "gpu_class": ", ".join(classes) or None,
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "memory_mb": g.memory_mb,
+                "class": override or g.gpu_class,
+                "healthy": g.healthy,
+                # Processes no shard of llmgw runs, as its agent last said; null: unknown.
+                "unknown_processes": g.unknown_processes,
+                "replica": used.get(g.index),
+            }
+            for g in gpus
+        ],
+        "memory_gb": round(node.memory_total_mb / 1024, 1) if node.memory_total_mb else None,
+        "cpu_count": node.cpu_count,
+        "engines": node.engines,
+        "engine_installs": [i.__dict__ for i in installs_of(node.engine_installs)],
+        "disk": {"free_gb": node.disk_free_gb, "total_gb": node.disk_total_gb},
+        # What its weight cache holds, as it last said.
+        "weights": [
+            {"sha256": w.get("sha256"), "size": w.get("size"), "source": w.get("source") or ""}
+            for w in node.weights or ()
+            if isinstance(w, dict) and w.get("sha256")
+        ],
+        "replicas": replicas,
+        "load": {k: v for k, v in (node.load or {}).items() if k != "engines"},
+        "agent_version": node.agent_version,
+        "mgmt_addr": node.mgmt_addr,
+        "seen_addr": node.seen_addr,
+        "approved_addr": node.approved_addr,
+        "address_refusal": node.address_refusal,
+        # A drain that cannot go on for lack of room, and why; "" otherwise.
+        "drain_stuck": stuck,
+        "last_seen": _iso(node.last_seen),
+        "registered_at": _iso(node.registered_at),
+    }
+
+
+def nodes_list(*, node_id: str | None = None) -> list[dict]:
+    """Nodes as the API shows them, in four queries whatever their number."""
+    nodes = Node.objects.all()
+    if node_id is not None:
+        nodes = nodes.filter(pk=node_id)
+    nodes = list(nodes)
+    if node_id is not None and not nodes:
+        raise NotFound(f"There is no node {node_id!r}.")
+    ids = [n.id for n in nodes]
+    gpus: dict[str, list[Gpu]] = defaultdict(list)
+    for g in Gpu.objects.filter(node_id__in=ids) if node_id else Gpu.objects.all():
+        gpus[g.node_id].append(g)
+    used: dict[str, dict[int, str]] = defaultdict(dict)
+    replicas: dict[str, list[str]] = defaultdict(list)
+    shards = Shard.objects.filter(replica__state__in=HOLDING)
+    if node_id:
+        shards = shards.filter(node_id=node_id)
+    for shard_node, replica_id, indices in shards.values_list(
+        "node_id", "replica_id", "gpu_indices"
+    ):
+        replicas[shard_node].append(replica_id)
+        for i in indices or ():
+            used[shard_node][i] = replica_id
+    # Only while a node drains: its drain may be stuck for lack of room.
+    stuck = drains_stuck() if any(n.draining for n in nodes) else {}
+    return [
+        _node_out(n, gpus[n.id], used[n.id], sorted(replicas[n.id]), stuck.get(n.id, ""))
+        for n in nodes
+    ]
+
+
+def counted_as(replica: ReplicaView) -> str:
+    """What a replica counts as among its model's: its state, or "retiring" while it serves
+    on its way out (a restart, its node's drain). A retiring replica no longer counts
+    toward the model's replicas, as the reconciler and headroom count them."""
+    return "retiring" if replica.retiring and replica.state in ACTIVE else replica.state
+
+
+def model_status(
+    spec: ModelSpec,
+    state: ModelStateView | None,
+    desired: int,
+    ready: int,
+    starting: int,
+    now: datetime | None = None,
+) -> tuple[str, str]:
+    """A model's one-word status and the sentence behind it. A model whose replicas fail
+    to start is ``failing``, with why (the engine's line that says it) and its next try."""
+    if state and state.parked_since:
+        return "parked", state.parked_reason
+    if desired == 0:
+        return ("idle" if spec.on_demand else "stopped"), ""
+    if ready >= desired:
+        return "ready", ""
+    if state and state.failures:
+        return "failing", failing_said(state, starting, now or clock.now())
+    first = one_line(state.explanation) if state else ""
+    if state and state.unplaceable:
+        return "unplaceable", first
+    if starting:
+        return "starting", first
+    return "waiting", first
+
+
+def failing_said(state: ModelStateView, starting: int, now: datetime) -> str:
+    """Why a model fails and when it tries again: "invalid magic characters: 'This',
+    expected 'GGUF'; 3 failures, next try in 40s"."""
+    said = state.last_failure.summary if state.last_failure else ""
+    count = f"{state.failures} failure{'' if state.failures == 1 else 's'}"
+    if starting:
+        when = "trying again now"
+    elif state.backoff_until and state.backoff_until > now:
+        when = f"next try in {duration((state.backoff_until - now).total_seconds() + 0.999)}"
+    else:
+        when = "next try on the next pass"
+    return "; ".join(part for part in (said, f"{count}, {when}") if part)
+
+
+def model_views(*, name: str | None = None) -> list[dict]:
+    """Models as the API shows them, with what runs of each (a fixed number of queries)."""
+    catalog = catalog_load()
+    if name is not None:
+        if name not in catalog:
+            raise NotFound(f"There is no model {name!r}.")
+        catalog = {name: catalog[name]}
+    states = model_states(name=name)
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    replicas = replica_views(model=name)
+    for r in replicas:
+        counts[r.model][counted_as(r)] += 1
+    one = states.get(name) if name is not None else None
+    if one is not None and one.held_for and one.held_for not in states:
+        # Whether it is still held depends on the model it gave room to.
+        states = {**states, **model_states(name=one.held_for)}
+        for state in Replica.objects.filter(model=one.held_for).values_list("state", flat=True):
+            counts[one.held_for][state] += 1
+    measured = measured_memory(replicas, catalog)
+    cpu_nodes = (
+        [
+            (mb / 1024 if mb else None, cpus)
+            for mb, cpus in Node.objects.filter(state=Node.READY).values_list(
+                "memory_total_mb", "cpu_count"
+            )
+        ]
+        if any(p.cpu_only for spec in catalog.values() for p in spec.profiles)
+        else []
+    )
+    out = []
+    for spec in catalog.values():
+        state = states.get(spec.name)
+        # Before its first pass a model wants what its scaling says, not nothing.
+        desired = (
+            state.desired
+            if state
+            else desired_replicas(spec, ModelStateView(model=spec.name), clock.now())
+        )
+        c = counts[spec.name]
+        status, reason = model_status(
+            spec, state, desired, c["ready"], c["pending"] + c["starting"]
+        )
+        first = spec.profiles[0]
+        out.append(
+            {
+                "name": spec.name,
+                "aliases": list(spec.aliases),
+                "description": spec.description,
+                "source": spec.source,
+                "ready": c["ready"],
+                # Serving still, but on their way out: not among the ready.
+                "retiring": c["retiring"],
+                "desired": desired,
+                "min": spec.min_replicas,
+                "max": spec.max_replicas,
+                "idle_timeout": spec.idle_timeout_s,
+                "target_waiting": spec.target_waiting,
+                "kv_ceiling": spec.kv_ceiling,
+                "on_demand": spec.on_demand,
+                "status": status,
+                "reason": reason,
+                "class": spec.effective_class,
+                "owner": spec.owner,
+                "memory_gb": first.min_memory_gb,
+                "cpu_cores": first.reserved_cores,
+                "suggested_cores": (
+                    suggested_cores(first.min_memory_gb, cpu_nodes) or None
+                    if first.cpu_only
+                    else None
+                ),
+                "measured_memory_gb": measured.get(spec.name),
+                "warnings": reservation_warnings(spec, measured.get(spec.name)),
+                "preempted": state.preempted if state else 0,
+                "held_for": held_for_shown(state, counts, states),
+                "unplaceable": bool(state and state.unplaceable),
+                "parked": bool(state and state.parked_since),
+                "failures": state.failures if state else 0,
+                "last_failure": failure_shown(state),
+                "profiles": [p.to_dict() | {"fingerprint": p.fingerprint()} for p in spec.profiles],
+                "fallbacks": list(spec.fallbacks),
+                "routing_profile": spec.routing_profile,
+                "declared": spec.declared,
+                "slo": spec.slo.to_dict(),
+                "context_length": spec.context_length,
+                "max_output": spec.max_output,
+            }
+        )
+    return out
+
+
+def failure_shown(state: ModelStateView | None) -> dict | None:
+    """The model's last failure as the API shows it, while it backs off or is parked;
+    None otherwise (a retry or a ready replica has put it behind it)."""
+    if state is None or state.last_failure is None:
+        return None
+    if not (state.failures or state.parked_since):
+        return None
+    failure = state.last_failure
+    return failure.as_dict() | {"said": failure.summary, "exit": failure.exit_said}
+
+
+def held_for_shown(state: ModelStateView | None, counts: dict, states: dict) -> str:
+    """The model this one gave room to, while it is held back (reconcile.held_for's rule)."""
+    if state is None or not state.held_for:
+        return ""
+    live = sum(counts[state.held_for][s] for s in ("pending", "starting", "ready"))
+    return held_for(state, clock.now(), live, states.get(state.held_for))
+
+
+def measured_memory(
+    replicas: Iterable[ReplicaView], catalog: Mapping[str, ModelSpec]
+) -> dict[str, float]:
+    """The most resident memory one shard of each model was measured using, in GB, from the
+    agents' per-shard figures (one query, reading only the nodes that run ready shards); a
+    model no agent measured has no entry."""
+    # Keyed by (node, shard): a node's figures count only for shards placed on it.
+    model_of = {
+        (s.node_id, s.id): r.model
+        for r in replicas
+        if r.state == "ready" and r.model in catalog
+        for s in r.shards
+    }
+    if not model_of:
+        return {}
+    hosts = Shard.objects.filter(replica__state="ready").values("node_id")
+    uses = (
+        Node.objects.filter(pk__in=hosts)
+        .annotate(uses=KeyTransform("shards", "load"))
+        .values_list("id", "uses")
+    )
+    out: dict[str, float] = {}
+    for node_id, shards in uses:
+        for shard_id, use in (shards if isinstance(shards, dict) else {}).items():
+            model = model_of.get((node_id, shard_id))
+            rss = use.get("rss_bytes") if isinstance(use, dict) else None
+            if model and isinstance(rss, int) and rss > 0:
+                out[model] = max(out.get(model, 0.0), round(rss / 1024**3, 1))
+    return out
+
+
+def model_explain(*, name: str, view: dict | None = None) -> dict:
+    """Why the model's last placement failed, per profile and node (`view`: its
+    model_views entry, when the caller has read it already)."""
+    view = view if view is not None else model_views(name=name)[0]
+    state = model_states(name=name).get(name)
+    return {
+        "model": name,
+        "unplaceable": view["unplaceable"],
+        "status": view["status"],
+        "reason": view["reason"],
+        "explanation": list(state.explanation) if state else [],
+        "last_failure": view["last_failure"],
+        "installing": installing_said(catalog_load().get(name)),
+    }
