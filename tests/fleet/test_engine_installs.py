@@ -14,7 +14,8 @@ from fleet.models import ModelState, Node, Replica, Shard
 from fleet.nodes.engine_installs import node_engines_record
 from fleet.nodes.reports import node_register
 from fleet.protocol import BadMessage, EngineInstallReport, Register, parse
-from fleet.reconciler.run import reconcile_once, run as reconciler
+from fleet.reconciler import run as reconciler
+from fleet.reconciler.run import reconcile_once
 from fleet.selectors.listings import model_explain
 from mirror.builds import engine_build_add
 from tests.fleet.builders import agent_credential

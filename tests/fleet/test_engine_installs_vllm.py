@@ -13,7 +13,8 @@ from fleet.models import ModelState, Replica
 from fleet.nodes.engine_installs import with_installable
 from fleet.nodes.reports import node_register
 from fleet.protocol import Register
-from fleet.reconciler.run import reconcile_once, run as reconciler
+from fleet.reconciler import run as reconciler
+from fleet.reconciler.run import reconcile_once
 from fleet.selectors.state import node_views
 from llmgw.core.config import Vllm
 from tests.fleet.builders import agent_credential

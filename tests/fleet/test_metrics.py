@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from catalog import selectors as catalog_selectors
-from fleet.metrics.collector import FleetCollector, collector as metrics, fleet_scrape, fleet_text
+from fleet.metrics import collector as metrics
+from fleet.metrics.collector import FleetCollector, fleet_scrape, fleet_text
 from fleet.metrics.series import DESCS
 from fleet.models import Lease, ModelState, Node, PowerBudget, Replica
 from fleet.nodes.connections import REFUSED as AGENTS_REFUSED, REGISTRY as AGENTS_REGISTRY

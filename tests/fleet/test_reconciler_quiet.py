@@ -9,7 +9,8 @@ import pytest
 import fleet.domain.reconcile as reconcile
 from fleet.domain.quiet import QuietModels
 from fleet.models import Replica
-from fleet.reconciler.run import reconcile_once, run as reconciler
+from fleet.reconciler import run as reconciler
+from fleet.reconciler.run import reconcile_once
 
 from .builders import gpu_model, model_added, node_add
 from .test_reconciler import heard, ready

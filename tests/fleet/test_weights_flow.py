@@ -12,7 +12,8 @@ from catalog.services import model_add
 from fleet.models import ModelState, Node, Replica
 from fleet.nodes.reports import node_weights_record, shard_status_record
 from fleet.protocol import Heartbeat, ShardStatus
-from fleet.reconciler.run import reconcile_once, run as reconciler
+from fleet.reconciler import run as reconciler
+from fleet.reconciler.run import reconcile_once
 from fleet.selectors.listings import replicas_list
 from mirror.models import WeightFile
 from mirror.worker import work_until_idle
