@@ -23,12 +23,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db.models import F, Q
 
-from .models import EventRecord
+from . import models
+from .domain.plan import Event
 
 # (kind, model, node, replica) -> (row id, message, last said) of the latest row this
 # process wrote or read.
@@ -39,82 +39,67 @@ EXPIRE_EVERY_S = 3600.0
 _expired_at = float("-inf")
 
 
-@dataclass(frozen=True)
-class Happened:
-    """One sentence to keep, with what it is about."""
-
-    kind: str
-    message: str
-    model: str = ""
-    node: str = ""
-    replica: str = ""
-    fields: dict | None = None
-
-
-def of_event(event) -> Happened:
-    """A decision of the reconciler (fleet.domain.plan.Event, or a plain sentence such as a
-    stop's reason) as a row: its model, node and replica from its figures."""
-    fields = dict(getattr(event, "fields", {}) or {})
-    nodes = fields.get("nodes") or ()
-    return Happened(
-        kind=getattr(event, "kind", "") or "decision",
-        message=str(event),
-        model=str(fields.get("model") or ""),
-        # A replica over several nodes is told under the first (docs/events.md).
-        node=str(fields.get("node") or (nodes[0] if nodes else "")),
-        replica=str(fields.get("replica") or ""),
-        fields=fields,
-    )
-
-
-def record(happened: Iterable[Happened], *, now: datetime) -> None:
-    """Keep each sentence: a new row, or one more on the latest row about the same thing
-    when it says the same (within REPEAT_WITHIN: after that it is told again)."""
-    happened = [(_subject(h), h) for h in happened]
-    if not happened:
+def record(events: Iterable[Event | str], *, now: datetime) -> None:
+    """Keep each event (fleet.domain.plan.Event, or a plain sentence such as a stop's
+    reason): a new row, or one more on the latest row about the same thing when it says the
+    same (within REPEAT_WITHIN: after that it is told again)."""
+    keyed = [(_subject(e), e) for e in events]
+    if not keyed:
         return
-    _recall([key for key, _ in happened if key not in _last], now)
-    again: dict[int, tuple[tuple, Happened]] = {}
-    new: list[tuple[tuple, EventRecord]] = []
-    for key, h in happened:
+    _recall([key for key, _ in keyed if key not in _last], now)
+    again: dict[int, tuple[tuple, Event | str]] = {}
+    new: list[tuple[tuple, models.Event]] = []
+    for key, h in keyed:
         last = _last.get(key)
-        if last is not None and last[1] == h.message and now - last[2] < REPEAT_WITHIN:
+        if last is not None and last[1] == str(h) and now - last[2] < REPEAT_WITHIN:
             again[last[0]] = (key, h)
             _remember(key, (last[0], last[1], now))
             continue
         new.append((key, _row(key, h, now)))
         _last.pop(key, None)  # a second sentence in this batch is a row of its own
     if again:
-        rows = EventRecord.objects.filter(pk__in=list(again))
+        rows = models.Event.objects.filter(pk__in=list(again))
         if rows.update(count=F("count") + 1, last_at=now) < len(again):
             # Some were deleted meanwhile (kept too long, by another process): told anew.
             there = set(rows.values_list("pk", flat=True))
             new += [(key, _row(key, h, now)) for pk, (key, h) in again.items() if pk not in there]
     if new:
-        EventRecord.objects.bulk_create([row for _, row in new])
+        models.Event.objects.bulk_create([row for _, row in new])
         for key, row in new:
             if row.pk is not None:  # else found in the database next time
                 _remember(key, (row.pk, row.message, now))
 
 
-def _row(key: tuple, h: Happened, now: datetime) -> EventRecord:
-    return EventRecord(
+def _row(key: tuple, event: Event | str, now: datetime) -> models.Event:
+    return models.Event(
         at=now,
         last_at=now,
         kind=key[0],
         model=key[1],
         node=key[2],
         replica=key[3],
-        message=h.message,
-        fields=_plain(h.fields or {}),
+        message=str(event),
+        fields=_plain(getattr(event, "fields", None) or {}),
     )
 
 
 REPEAT_WITHIN = timedelta(days=1)
 
 
-def _subject(h: Happened) -> tuple[str, str, str, str]:
-    return (h.kind[:40], h.model[:64], h.node[:64], h.replica[:80])
+def _subject(event: Event | str) -> tuple[str, str, str, str]:
+    """What an event is about, from its figures: its kind, model, node and replica (a
+    replica over several nodes is told under the first, docs/events.md); a plain sentence
+    is a decision about nothing named."""
+    fields = getattr(event, "fields", None) or {}
+    nodes = fields.get("nodes") or ()
+    node = fields.get("node") or (nodes[0] if nodes else "")
+    kind = getattr(event, "kind", "") or "decision"
+    return (
+        kind[:40],
+        str(fields.get("model") or "")[:64],
+        str(node)[:64],
+        str(fields.get("replica") or "")[:80],
+    )
 
 
 def _recall(keys: list[tuple], now: datetime) -> None:
@@ -122,7 +107,7 @@ def _recall(keys: list[tuple], now: datetime) -> None:
     few hundred (a pass that says something of every node of a fleet just started)."""
     for i in range(0, len(keys), 500):
         chunk = set(keys[i : i + 500])
-        rows = EventRecord.objects.filter(
+        rows = models.Event.objects.filter(
             last_at__gte=now - REPEAT_WITHIN,
             kind__in={k[0] for k in chunk},
             model__in={k[1] for k in chunk},
@@ -144,7 +129,7 @@ def expire(*, now: datetime, keep_days: float) -> int:
     if time.monotonic() - _expired_at < EXPIRE_EVERY_S:
         return 0
     _expired_at = time.monotonic()
-    gone, _ = EventRecord.objects.filter(last_at__lt=now - timedelta(days=keep_days)).delete()
+    gone, _ = models.Event.objects.filter(last_at__lt=now - timedelta(days=keep_days)).delete()
     _last.clear()
     return gone
 
@@ -214,7 +199,7 @@ def events_page(
 
     limit = max(1, min(int(limit), PAGE_MOST))
     cut = _cursor(before) if before else None
-    rows = EventRecord.objects.all()
+    rows = models.Event.objects.all()
     if model:
         rows = rows.filter(model=model)
     if node:
@@ -268,7 +253,7 @@ def _key(e: dict) -> tuple:
     return (e["last_at"], e["source"], e["pk"])
 
 
-def _said(r: EventRecord) -> dict:
+def _said(r: models.Event) -> dict:
     return {
         "source": 1,
         "pk": r.pk,

@@ -283,7 +283,7 @@ class Lease(models.Model):
         return self.name
 
 
-class EventRecord(models.Model):
+class Event(models.Model):
     """Something that happened to a model, a replica or a node, in a sentence with its
     figures: a decision of the reconciler or what an agent reported (fleet/event_log.py).
     The same sentence again about the same thing counts on the last row, as Kubernetes'

@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from catalog.models import Model
-from fleet.models import EventRecord, Node, PowerBudget
+from fleet.models import Event, Node, PowerBudget
 from llmgw.api import api
 from llmgw.core import clock
 from llmgw.core.permissions import OPERATORS, RELEASE_MANAGERS, VIEWERS
@@ -514,7 +514,7 @@ def test_an_operator_may_neither_push_a_build_nor_upgrade_a_node(pushable, opera
         "(the release managers group has it)."
     )
     refused(_ask_release(operator), "fleet.upgrade_node")
-    assert not EventRecord.objects.filter(kind="upgrade").exists()
+    assert not Event.objects.filter(kind="upgrade").exists()
 
 
 def test_a_release_manager_pushes_builds_and_upgrades_nodes(pushable, release_manager):
@@ -522,7 +522,7 @@ def test_a_release_manager_pushes_builds_and_upgrades_nodes(pushable, release_ma
     assert EngineBuild.objects.count() == 2
     assert _ask_release(release_manager).json()["version"] == "b1"
     assert _ask_upgrade(release_manager).status_code == 200
-    assert EventRecord.objects.filter(kind="upgrade").exists()
+    assert Event.objects.filter(kind="upgrade").exists()
 
 
 @pytest.mark.parametrize("who", ["superuser", "admin token"])

@@ -18,7 +18,7 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from .. import event_log
-from ..domain.plan import duration, seconds_since
+from ..domain.plan import Event, duration, seconds_since
 from ..models import Node, Replica, Shard
 from ..reconciler.dispatch import Command, stop_command
 from .live import NodeWrite, Silence
@@ -77,10 +77,8 @@ def node_silent_mark(*, silent: list[Silence], now: datetime) -> list[str]:
     return marked
 
 
-def _node_state(node_id: str, state: str, said: str) -> event_log.Happened:
-    return event_log.Happened(
-        "node_state", said, node=node_id, fields={"node": node_id, "state": state}
-    )
+def _node_state(node_id: str, state: str, said: str) -> Event:
+    return Event(said, "node_state", node=node_id, state=state)
 
 
 def node_live_flush(*, writes: list[NodeWrite], now: datetime) -> list[str]:

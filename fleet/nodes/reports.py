@@ -26,6 +26,7 @@ from ..domain.causes import exit_said, summary as failure_summary
 from ..domain.endpoints import endpoint_refusal
 from ..domain.gpuclass import gpu_class
 from ..domain.passes import gap_allowed
+from ..domain.plan import Event
 from ..domain.types import parse_shard_id
 from ..models import Gpu, Lease, Node, Replica, Shard
 from ..protocol import BadMessage, Disk, Register, RunningShard, ShardStatus, Weight
@@ -303,9 +304,7 @@ def _address_judge(node: Node, *, declared: str, seen: str, now: datetime) -> No
     node.address_refusal = node_address_refusal(node)
     if node.address_refusal and node.address_refusal != was:
         log.warning("%s", node.address_refusal, extra={"node": node.id})
-        event_log.record(
-            [event_log.Happened("address_refused", node.address_refusal, node=node.id)], now=now
-        )
+        event_log.record([Event(node.address_refusal, "address_refused", node=node.id)], now=now)
 
 
 def _reconcile_reported_shards(
@@ -482,7 +481,7 @@ def _refusals_told(node: Node, refusals: list[Verdict], now: datetime) -> None:
     )
     log.warning("%s", sentence, extra={"node": node.id})
     event_log.record(
-        [event_log.Happened("shards_refused", sentence, node=node.id, fields=dict(counts))],
+        [Event(sentence, "shards_refused", **counts, node=node.id)],
         now=now,
     )
 
@@ -554,11 +553,7 @@ def _adopt(node: Node, rep, profile, now: datetime) -> None:
     )
     log.info(sentence, extra={"node": node.id, "replica": replica.id})
     event_log.record(
-        [
-            event_log.Happened(
-                "shard_adopted", sentence, model=rep.model, node=node.id, replica=replica.id
-            )
-        ],
+        [Event(sentence, "shard_adopted", model=rep.model, node=node.id, replica=replica.id)],
         now=now,
     )
 
@@ -660,9 +655,9 @@ _ON_THE_WAY = {
 def _happened(shard: Shard, replica: Replica, state: str, message: str, now: datetime) -> None:
     event_log.record(
         [
-            event_log.Happened(
-                f"shard_{state}",
+            Event(
                 message,
+                f"shard_{state}",
                 model=replica.model,
                 node=shard.node_id,
                 replica=replica.id,

@@ -18,6 +18,7 @@ from mirror.releases import release_get, release_offer, release_view
 from tenancy.services import audit_record
 
 from .. import event_log
+from ..domain.plan import Event
 from ..models import Node
 from ..protocol import UpgradeStatus
 from ..reconciler.dispatch import Command, dispatch
@@ -49,7 +50,7 @@ def node_upgrade(*, node_id: str, version: str, actor: str, now: datetime) -> st
     said = f"node {node_id} told to upgrade from llmgw {old} to {version} by {actor}"
     with transaction.atomic():
         audit_record(actor=actor, action="node.upgrade", target=node_id, detail={"to": version})
-        event_log.record([event_log.Happened("upgrade", said, node=node_id)], now=now)
+        event_log.record([Event(said, "upgrade", node=node_id)], now=now)
         payload = {
             "type": "upgrade",
             "version": version,
@@ -71,4 +72,4 @@ def upgrade_reported(*, node_id: str, msg: UpgradeStatus, now: datetime) -> None
         said = f"node {node_id} is {msg.state} llmgw {msg.version}"
         log.info(said, extra={"node": node_id})
     kind = "upgrade_failed" if msg.state == "failed" else "upgrade"
-    event_log.record([event_log.Happened(kind, said, node=node_id)], now=now)
+    event_log.record([Event(said, kind, node=node_id)], now=now)

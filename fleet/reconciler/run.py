@@ -29,8 +29,9 @@ from llmgw.core.outage import Outage
 
 from .. import event_log
 from ..domain.passes import restart_at, settles
+from ..domain.plan import Event
 from ..domain.quiet import QuietModels
-from ..domain.reconcile import Event, decide
+from ..domain.reconcile import decide
 from ..models import Lease
 from ..nodes.reclaim import weights_reclaim
 from ..services import plan_apply
@@ -261,10 +262,10 @@ def _pass(now: datetime, fresh_start: bool) -> dict:
     }
 
 
-def _happened(plan, snap) -> list[event_log.Happened]:
+def _happened(plan, snap) -> list[Event | str]:
     """The pass's decisions as the event log keeps them: each event, and each drain and
     stop with its reason, under its replica's model."""
-    happened = [event_log.of_event(e) for e in plan.events]
+    happened = list(plan.events)
     if not (plan.drains or plan.stops):
         return happened
     said = set(plan.events)
@@ -273,9 +274,7 @@ def _happened(plan, snap) -> list[event_log.Happened]:
         for a in actions:
             if a.reason not in said:
                 model = models.get(a.replica_id, "")
-                happened.append(
-                    event_log.Happened(kind, a.reason, model=model, replica=a.replica_id)
-                )
+                happened.append(Event(a.reason, kind, model=model, replica=a.replica_id))
     return happened
 
 

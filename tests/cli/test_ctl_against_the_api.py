@@ -270,10 +270,11 @@ def test_bad_tenancy_input_is_refused_and_changes_nothing(capsys, server):
 def test_ctl_events_pages_through_the_real_api(capsys, server):
     from datetime import UTC, datetime
 
-    from fleet.event_log import Happened, record
+    from fleet.domain.plan import Event
+    from fleet.event_log import record
 
     at = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-    record([Happened("restart", f"model m restarted ({i})", model="m") for i in range(3)], now=at)
+    record([Event(f"model m restarted ({i})", "restart", model="m") for i in range(3)], now=at)
     code, out, _ = ctl_run(capsys, server, "events", "--model", "m", "--limit", "2")
     assert code == 0
     assert "model m restarted (2)" in out
@@ -293,7 +294,7 @@ def test_ctl_upgrade_refuses_what_it_cannot_roll_and_sends_nothing(
     from dataclasses import replace
     from datetime import UTC, datetime
 
-    from fleet.models import EventRecord
+    from fleet.models import Event
     from mirror.builds import engine_build_add
     from tests.fleet.builders import node_add
     from tests.mirror.wheels import wheel
@@ -314,4 +315,4 @@ def test_ctl_upgrade_refuses_what_it_cannot_roll_and_sends_nothing(
     assert (code, err) == (2, "error: there is no node nope; nothing was upgraded\n")
     code, _, err = ctl_run(capsys, server, "upgrade", "1.2.3", "--wait", "0")
     assert code == 2
-    assert not EventRecord.objects.filter(kind="upgrade").exists()
+    assert not Event.objects.filter(kind="upgrade").exists()

@@ -236,7 +236,7 @@ def test_the_reconciler_takes_engine_load_and_scales_up_held_busy(no_settle, set
 def test_kv_caches_full_past_the_models_ceiling_scale_it_up_with_nothing_waiting(
     no_settle, settings
 ):
-    from fleet.models import EventRecord
+    from fleet.models import Event
     from fleet.selectors import listings
     from fleet.selectors.routing import replica_readings
     from fleet.selectors.state import replica_views
@@ -258,7 +258,7 @@ def test_kv_caches_full_past_the_models_ceiling_scale_it_up_with_nothing_waiting
     [listed] = [r for r in listings.replicas_list(model="chat") if r["id"] == first.id]
     assert listed["engine"] == said
     assert ModelState.objects.get(pk="chat").extra == 1
-    assert EventRecord.objects.filter(
+    assert Event.objects.filter(
         message__contains="its engines' KV caches 93% full on average, above its ceiling of 80%"
     ).exists()
 

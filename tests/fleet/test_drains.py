@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.models import EventRecord, Replica
+from fleet.models import Event, Replica
 from fleet.reconciler.run import reconcile_once
 from fleet.selectors.listings import nodes_list
 from fleet.services import model_restart, node_set_schedule
@@ -104,7 +104,7 @@ def test_an_uncordon_ends_the_drain_and_cancels_its_timeout(stuck):
     assert (stuck.retiring, stuck.drain_deadline, stuck.reason) == (False, None, "")
     assert nodes_list()[0]["drain_stuck"] == ""
     # Said on the node's page too: its events.
-    said = EventRecord.objects.get(kind="drain_ended")
+    said = Event.objects.get(kind="drain_ended")
     assert (said.node, said.message) == (
         "gpu-a",
         f"replica {stuck.id} of chat stays: gpu-a no longer drains",

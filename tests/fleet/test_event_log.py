@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from catalog.services import model_scale
-from fleet import event_log
-from fleet.event_log import Happened, events_page, expire, record
-from fleet.models import EventRecord, Replica
+from fleet import event_log, models
+from fleet.domain.plan import Event
+from fleet.event_log import events_page, expire, record
+from fleet.models import Replica
 from fleet.nodes.reports import shard_status_record
 from fleet.protocol import ShardStatus
 from fleet.reconciler.run import reconcile_once
@@ -37,16 +38,16 @@ def _forget_what_this_process_wrote():
 
 
 def rows() -> list[tuple]:
-    return list(EventRecord.objects.order_by("id").values_list("kind", "message", "count"))
+    return list(models.Event.objects.order_by("id").values_list("kind", "message", "count"))
 
 
 def test_the_same_sentence_again_counts_on_its_row_and_another_is_a_row_of_its_own():
-    said = Happened("unplaceable", "model m cannot be placed: no node has 8 GPUs", model="m")
+    said = Event("model m cannot be placed: no node has 8 GPUs", "unplaceable", model="m")
     record([said], now=at(0))
     record([said], now=at(5))
     event_log._last.clear()  # a process started since: the database tells it the last row
     record([said], now=at(10))
-    record([Happened("unplaceable", "model m cannot be placed: 3 GB short", model="m")], now=at(15))
+    record([Event("model m cannot be placed: 3 GB short", "unplaceable", model="m")], now=at(15))
     record([said], now=at(20))
 
     assert rows() == [
@@ -54,12 +55,12 @@ def test_the_same_sentence_again_counts_on_its_row_and_another_is_a_row_of_its_o
         ("unplaceable", "model m cannot be placed: 3 GB short", 1),
         ("unplaceable", "model m cannot be placed: no node has 8 GPUs", 1),
     ]
-    first = EventRecord.objects.order_by("id").first()
+    first = models.Event.objects.order_by("id").first()
     assert (first.at, first.last_at) == (at(0), at(10))
 
 
 def test_a_sentence_said_again_after_a_day_is_told_again():
-    said = Happened("node_state", "node a is unreachable: silent for 15 s", node="a")
+    said = Event("node a is unreachable: silent for 15 s", "node_state", node="a")
     record([said], now=at(0))
     record([said], now=at(0) + event_log.REPEAT_WITHIN + timedelta(seconds=1))
     assert [c for _, _, c in rows()] == [1, 1]
@@ -76,13 +77,13 @@ def test_a_passs_decisions_are_kept_under_their_model_and_node(no_settle):
         reconcile_once(now=at(second))
 
     replica = Replica.objects.get(model="llama")
-    placed = EventRecord.objects.get(kind="placement")
+    placed = models.Event.objects.get(kind="placement")
     assert (placed.model, placed.node, placed.replica) == ("llama", "gpu-a", replica.id)
     assert placed.message.startswith(f"replica {replica.id} of llama placed on gpu-a")
     # A row per sentence: the room changed once (llama took a GPU), the third pass said
     # nothing new.
     unplaceable = list(
-        EventRecord.objects.filter(kind="unplaceable")
+        models.Event.objects.filter(kind="unplaceable")
         .order_by("id")
         .values_list("model", "message")
     )
@@ -108,7 +109,7 @@ def test_a_shards_way_to_ready_is_told_once_a_step(no_settle):
     says("ready", 4)
 
     told = list(
-        EventRecord.objects.filter(kind__startswith="shard_")
+        models.Event.objects.filter(kind__startswith="shard_")
         .order_by("id")
         .values_list("kind", "node", "count")
     )
@@ -135,7 +136,7 @@ def test_a_page_is_newest_first_with_who_changed_what_beside_what_happened(no_se
     assert "placement" in kinds
     assert page["next"] is None
     # Another model's or node's are not on it.
-    record([Happened("placement", "replica q-1 of qwen placed", model="qwen")], now=T0)
+    record([Event("replica q-1 of qwen placed", "placement", model="qwen")], now=T0)
     assert all(e["model"] == "llama" for e in events_page(model="llama")["events"])
     assert [e["model"] for e in events_page(node="gpu-b")["events"]] == []
 
@@ -143,15 +144,10 @@ def test_a_page_is_newest_first_with_who_changed_what_beside_what_happened(no_se
 def test_pages_follow_one_another_without_losing_or_repeating_one():
     # Many said in the same pass share its moment: the cursor still cuts between them.
     record(
-        [
-            Happened("placement", f"replica r{i} placed", model="m", replica=f"r{i}")
-            for i in range(7)
-        ],
+        [Event(f"replica r{i} placed", "placement", model="m", replica=f"r{i}") for i in range(7)],
         now=at(0),
     )
-    record(
-        [Happened("restart", f"model m restarted ({i})", model="m") for i in range(3)], now=at(5)
-    )
+    record([Event(f"model m restarted ({i})", "restart", model="m") for i in range(3)], now=at(5))
     seen, before = [], None
     while True:
         page = events_page(model="m", limit=3, before=before)
@@ -173,8 +169,8 @@ def test_a_cursor_that_is_not_a_pages_is_refused(cursor):
 
 
 def test_rows_kept_past_their_days_are_deleted_at_most_hourly():
-    record([Happened("restart", "model m restarted", model="m")], now=at(0))
-    record([Happened("restart", "model n restarted", model="n")], now=at(0) + timedelta(days=20))
+    record([Event("model m restarted", "restart", model="m")], now=at(0))
+    record([Event("model n restarted", "restart", model="n")], now=at(0) + timedelta(days=20))
     assert expire(now=at(0) + timedelta(days=20), keep_days=14) == 1
     assert [m for _, m, _ in rows()] == ["model n restarted"]
     # Within the hour nothing is looked at again.
@@ -268,7 +264,7 @@ def test_a_failure_says_its_cause_and_a_node_its_state(no_settle):
         now=at(5),
     )
     reconcile_once(now=at(6))
-    failed = EventRecord.objects.get(kind="replica_failed")
+    failed = models.Event.objects.get(kind="replica_failed")
     assert failed.model == "llama"
     assert "(exit code 1): CUDA out of memory: tried to allocate 20.00 GiB" in failed.message
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.conf import settings
 
-from fleet.models import EventRecord, Node
+from fleet.models import Event, Node
 from fleet.nodes.heard import node_live_flush, node_silent_mark
 from fleet.nodes.live import LiveFleet, Silence
 from llmgw.core import clock
@@ -88,7 +88,7 @@ def test_a_silent_node_is_unreachable_with_the_reconcilers_sentence():
     node = Node.objects.get(pk="gpu-a")
     assert marked == ["gpu-a"]
     assert (node.state, node.state_since) == (Node.UNREACHABLE, later(15.4))
-    event = EventRecord.objects.get(kind="node_state")
+    event = Event.objects.get(kind="node_state")
     assert (event.node, event.message) == (
         "gpu-a",
         "node gpu-a is unreachable: nothing heard for 15s",
@@ -109,7 +109,7 @@ def test_a_silence_on_an_older_connection_or_a_node_not_ready_changes_nothing():
     assert marked == []
     states = dict(Node.objects.values_list("id", "state"))
     assert states == {"gpu-a": Node.READY, "gpu-b": Node.LOST}
-    assert not EventRecord.objects.exists()
+    assert not Event.objects.exists()
 
 
 @pytest.mark.django_db
@@ -123,7 +123,7 @@ def test_a_node_marked_silent_and_heard_from_again_is_ready_and_the_events_say_b
     node_live_flush(writes=live.due(only="gpu-a"), now=later(17))
 
     assert Node.objects.get(pk="gpu-a").state == Node.READY
-    said = list(EventRecord.objects.order_by("id").values_list("message", flat=True))
+    said = list(Event.objects.order_by("id").values_list("message", flat=True))
     assert said == [
         "node gpu-a is unreachable: nothing heard for 15s",
         "node gpu-a is ready: heard from again",
@@ -158,9 +158,7 @@ async def test_an_agent_gone_quiet_is_marked_unreachable_by_its_process_and_back
 
     node = await in_db(lambda: Node.objects.get(pk="gpu-a"))
     assert node.state == Node.READY
-    said = await in_db(
-        lambda: list(EventRecord.objects.order_by("id").values_list("message", flat=True))
-    )
+    said = await in_db(lambda: list(Event.objects.order_by("id").values_list("message", flat=True)))
     assert said == [
         f"node gpu-a is unreachable: nothing heard for {int(window) + 1}s",
         "node gpu-a is ready: heard from again",

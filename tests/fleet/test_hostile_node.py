@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from catalog.domain import parse_model
 from fleet.event_log import events_page
-from fleet.models import EventRecord, Lease, Node, Replica, Shard
+from fleet.models import Event, Lease, Node, Replica, Shard
 from fleet.nodes.connections import GATE
 from fleet.nodes.reports import shard_status_record
 from fleet.protocol import BadMessage, ShardStatus
@@ -124,7 +124,7 @@ async def test_a_node_cannot_attach_itself_to_another_nodes_replica_nor_stop_it(
     assert await in_db(placements) == before
     assert await in_db(lambda: Replica.objects.get().state) == "ready"
     # Said once, counted, and kept in the event log of the node that said it.
-    [event] = await in_db(lambda: list(EventRecord.objects.filter(kind="shards_refused")))
+    [event] = await in_db(lambda: list(Event.objects.filter(kind="shards_refused")))
     assert event.node == "evil"
     assert event.message.startswith(
         "node evil reported 3 shard(s) the control plane did not give it or cannot believe, "

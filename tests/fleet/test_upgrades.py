@@ -15,7 +15,7 @@ import pytest
 
 from fleet import protocol as events
 from fleet.agent.upgrade import UpgradeError, Upgrader, start_refusal
-from fleet.models import EventRecord, Node
+from fleet.models import Event, Node
 from fleet.nodes import upgrades
 from llmgw.core.errors import Invalid, NotFound
 from mirror.builds import engine_build_add
@@ -61,7 +61,7 @@ def test_a_node_is_told_the_release_and_it_is_said(
         "sha256": release.sha256,
         "size": release.size,
     }
-    assert EventRecord.objects.get(kind="upgrade").message == said
+    assert Event.objects.get(kind="upgrade").message == said
     assert release.platform == "python-any"
 
 
@@ -87,7 +87,7 @@ def test_an_agents_report_of_its_upgrade_is_an_event():
         '{"type": "upgrade_status", "version": "9.9.9", "state": "failed", "detail": "pip: no space"}'
     )
     upgrades.upgrade_reported(node_id="gpu-a", msg=failed, now=T0)
-    row = EventRecord.objects.get()
+    row = Event.objects.get()
     assert (row.kind, row.node) == ("upgrade_failed", "gpu-a")
     assert row.message == "node gpu-a could not upgrade to llmgw 9.9.9: pip: no space"
 
