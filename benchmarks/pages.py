@@ -56,8 +56,8 @@ def _build(nodes: int) -> None:
     from benchmarks.common import vacuumed
     from catalog.models import Model, Profile
     from catalog.selectors import catalog_load
-    from fleet.console.figures import node_figures_refresh
     from fleet.models import Gpu, Lease, ModelState, Node, Replica, Shard
+    from fleet.nodes.figures import node_figures_refresh
     from fleet.reconciler.run import reconcile_once
     from fleet.selectors.state import caches_clear
     from llmgw.core import clock

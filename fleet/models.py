@@ -103,7 +103,7 @@ class Node(models.Model):
     cpu_power_w = _load_figure("cpu_power_w")
     inlet_temp_c = _load_figure("inlet_temp_c")
     # What the cluster page derives from the node's GPUs, labels and the replicas holding
-    # them, kept by fleet.console.figures.node_figures_refresh in each writer's transaction:
+    # them, kept by fleet.nodes.figures.node_figures_refresh in each writer's transaction:
     # its GPUs, those healthy and not held (null when it has none: no figure, not zero),
     # their classes as placement names them, and how many holding replicas run here.
     gpu_total = models.PositiveIntegerField(default=0)

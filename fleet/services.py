@@ -22,11 +22,11 @@ from llmgw.core.secrets import engine_key
 from mirror.selectors import FolderRef, WeightsRef, weights_for_source
 from tenancy.services import audit_record
 
-from .console.figures import node_figures_refresh
 from .domain.power import KINDS, MOST_WATTS, name_refusal, watts as watts_said
 from .domain.reconcile import Plan
 from .models import ModelState, Node, PowerBudget, Replica, Shard
 from .nodes.engine_installs import engine_build
+from .nodes.figures import node_figures_refresh
 from .reconciler.dispatch import Command, stop_command
 from .selectors.passes import drains_stuck
 from .selectors.rows import chunks

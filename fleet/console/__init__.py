@@ -1,4 +1,4 @@
-"""The cluster's and nodes' pages: the views (`views`), their reads (`reads`, `figures`),
+"""The cluster's and nodes' pages: the views (`views`), their reads (`reads`),
 forms (`forms`), and the samples the charts are drawn from (`samples`, for the kernel's
 history).
 

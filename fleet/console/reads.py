@@ -191,7 +191,7 @@ def nodes_table(
     that does not report the figure last; each row says whether it is in `state`, carries
     `label` (key, value) and has a GPU of `gpu_class`. One query.
 
-    The figures are the node's own columns (fleet/console/figures.py and the load figures the
+    The figures are the node's own columns (fleet/nodes/figures.py and the load figures the
     database keeps): counting them over 5,000 plain rows is a few milliseconds, where
     deriving them per node was most of the page.
     """

@@ -11,7 +11,7 @@ def fill_figures(apps, schema_editor):
     from collections import defaultdict
 
     from fleet.domain.types import HOLDING
-    from fleet.node_figures import node_figures
+    from fleet.nodes.figures import node_figures
 
     Node, Gpu, Shard = (apps.get_model("fleet", m) for m in ("Node", "Gpu", "Shard"))
     gpus, held = defaultdict(list), defaultdict(list)

@@ -410,7 +410,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_engine_load(self, msg: events.EngineLoad) -> None:
         # Counted only for shards placed on this node: its readers match each figure to the
-        # node it came from (fleet/selectors.py), and so does the last use.
+        # node it came from (fleet/selectors/routing.py), and so does the last use.
         LIVE.engine_load(
             self.node_id, msg, {s.shard_id: parse_shard_id(s.shard_id)[0] for s in msg.shards}
         )

@@ -22,10 +22,10 @@ from tenancy.models import Token
 from tenancy.selectors import token_find
 from tenancy.services import audit_record
 
-from ..console.figures import node_figures_refresh
 from ..domain.endpoints import address_refusal
 from ..models import Node, Replica, Shard
 from ..reconciler.dispatch import Command, stop_command
+from .figures import node_figures_refresh
 
 log = logging.getLogger("llmgw.agents")
 

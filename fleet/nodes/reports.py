@@ -20,7 +20,6 @@ from catalog.selectors import catalog_load
 from llmgw.core import clock
 
 from .. import event_log
-from ..console.figures import node_figures_refresh
 from ..domain.adoption import KEEP, STOP, Claim, Ground, Terms, Verdict, adoption_window_open, judge
 from ..domain.causes import exit_said, summary as failure_summary
 from ..domain.endpoints import endpoint_refusal
@@ -35,6 +34,7 @@ from ..reconciler.run import LEASE
 from ..services import start_command
 from .connections import refused
 from .failures import failure_log_attach
+from .figures import node_figures_refresh
 from .heard import believe_figures
 from .identity import (
     AgentCredential,

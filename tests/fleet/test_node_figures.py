@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.console.figures import node_figures_refresh
 from fleet.models import Node, Replica, Shard
+from fleet.nodes.figures import node_figures_refresh
 from fleet.nodes.heard import node_live_flush
 from fleet.nodes.identity import node_forget
 from fleet.nodes.live import NodeWrite

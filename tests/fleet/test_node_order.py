@@ -15,10 +15,10 @@ from django.db import transaction
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fleet.console import reads as ps
-from fleet.console.figures import node_figures_refresh
 from fleet.domain.gpuclass import CLASS_LABEL
 from fleet.domain.types import HOLDING, NodeView
 from fleet.models import Gpu, Node, Replica, Shard
+from fleet.nodes.figures import node_figures_refresh
 from fleet.selectors.state import caches_clear, node_registrations, replica_views
 from llmgw.core import clock
 

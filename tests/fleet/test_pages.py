@@ -16,8 +16,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from catalog.models import Model, Profile
-from fleet.console.figures import node_figures_refresh
 from fleet.models import Gpu, ModelState, Node, Replica, Shard
+from fleet.nodes.figures import node_figures_refresh
 from fleet.selectors.state import caches_clear
 from llmgw.core import clock
 from tenancy.services import org_create, quota_set
