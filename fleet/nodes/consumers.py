@@ -20,7 +20,7 @@ from llmgw.core import clock
 from llmgw.core.db import Abandoned, Batched, database_call
 from llmgw.core.outage import Outage
 
-from .. import protocol as events
+from .. import protocol
 from ..domain.types import parse_shard_id
 from ..reconciler.dispatch import Command, node_group, send_commands
 from ..reconciler.wake import wake
@@ -273,8 +273,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._reject("frames must be JSON text, not binary")
             return
         try:
-            msg = events.parse(text_data)
-        except events.BadMessage as exc:
+            msg = protocol.parse(text_data)
+        except protocol.BadMessage as exc:
             await self._reject(str(exc))
             return
         if self.node_id is None and msg.type != "register":
@@ -285,7 +285,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         try:
             await getattr(self, f"on_{msg.type}")(msg)
-        except (OutOfOrder, events.BadMessage) as exc:
+        except (OutOfOrder, protocol.BadMessage) as exc:
             await self._reject(str(exc))
             return
         self.invalid = 0
@@ -344,7 +344,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"type": "error", "detail": f"{exc}."}))
         await self._end(CLOSE_REFUSED)
 
-    async def on_register(self, msg: events.Register) -> None:
+    async def on_register(self, msg: protocol.Register) -> None:
         group = node_group(msg.node_id)
         if self.node_id is None:
             try:
@@ -389,7 +389,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps(registered))
         await self._send_commands(commands)
 
-    async def on_heartbeat(self, msg: events.Heartbeat) -> None:
+    async def on_heartbeat(self, msg: protocol.Heartbeat) -> None:
         # Heard first: liveness must not wait behind the database thread's queue (a fleet
         # registering again), and a heartbeat out of order changes nothing.
         changed = LIVE.heartbeat(self.node_id, msg, clock.now())
@@ -408,23 +408,23 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # Memory or CPUs changed, or it was taken as silent: seen now, not in seconds.
             await _write_behind(LIVE.due(only=self.node_id))
 
-    async def on_engine_load(self, msg: events.EngineLoad) -> None:
+    async def on_engine_load(self, msg: protocol.EngineLoad) -> None:
         # Counted only for shards placed on this node: its readers match each figure to the
         # node it came from (fleet/selectors/routing.py), and so does the last use.
         LIVE.engine_load(
             self.node_id, msg, {s.shard_id: parse_shard_id(s.shard_id)[0] for s in msg.shards}
         )
 
-    async def on_shard_status(self, msg: events.ShardStatus) -> None:
+    async def on_shard_status(self, msg: protocol.ShardStatus) -> None:
         commands = await database_call(shard_status_record)(
             node_id=self.node_id, msg=msg, now=clock.now()
         )
         await self._send_commands(commands)
 
-    async def on_upgrade_status(self, msg: events.UpgradeStatus) -> None:
+    async def on_upgrade_status(self, msg: protocol.UpgradeStatus) -> None:
         await database_call(upgrade_reported)(node_id=self.node_id, msg=msg, now=clock.now())
 
-    async def on_engine_log_lines(self, msg: events.EngineLogLines) -> None:
+    async def on_engine_log_lines(self, msg: protocol.EngineLogLines) -> None:
         asked = self.log_requests.pop(msg.request_id, None)
         if asked is None or asked[1] != msg.shard_id:
             return  # late, or never asked of this connection: nobody waits for it

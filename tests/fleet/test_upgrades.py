@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import protocol as events
+from fleet import protocol
 from fleet.agent.upgrade import UpgradeError, Upgrader, start_refusal
 from fleet.models import Event, Node
 from fleet.nodes import upgrades
@@ -83,7 +83,7 @@ def test_what_cannot_be_upgraded_is_told_and_nothing_is_sent(release, monkeypatc
 
 
 def test_an_agents_report_of_its_upgrade_is_an_event():
-    failed = events.parse(
+    failed = protocol.parse(
         '{"type": "upgrade_status", "version": "9.9.9", "state": "failed", "detail": "pip: no space"}'
     )
     upgrades.upgrade_reported(node_id="gpu-a", msg=failed, now=T0)
@@ -104,8 +104,8 @@ def test_an_agents_report_of_its_upgrade_is_an_event():
     ],
 )
 def test_a_report_that_is_not_one_is_refused(frame):
-    with pytest.raises(events.BadMessage):
-        events.parse(frame)
+    with pytest.raises(protocol.BadMessage):
+        protocol.parse(frame)
 
 
 @pytest.mark.parametrize(
