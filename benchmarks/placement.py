@@ -35,7 +35,7 @@ def main() -> None:
     from fleet.domain.preemption import preempt
     from fleet.models import Gpu, Lease, ModelState, Node, Replica, Shard
     from fleet.reconciler.run import reconcile_once
-    from fleet.reconciler.snapshot import snapshot_load
+    from fleet.selectors.snapshot import snapshot_load
     from llmgw.core import clock
 
     for table in (Shard, Replica, Gpu, Node, Profile, Model, Lease, ModelState):

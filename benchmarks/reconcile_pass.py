@@ -34,9 +34,9 @@ def main() -> None:
     from catalog.models import Model, Profile
     from fleet.domain.reconcile import decide
     from fleet.models import Gpu, Lease, Node, Replica, Shard
-    from fleet.reconciler.inputs import MEASUREMENTS, POLICY
     from fleet.reconciler.run import QUIET, reconcile_once
-    from fleet.reconciler.snapshot import snapshot_load
+    from fleet.selectors.inputs import MEASUREMENTS, POLICY
+    from fleet.selectors.snapshot import snapshot_load
     from llmgw.core import clock
     from tenancy.models import CapacityQuota
 

@@ -14,7 +14,7 @@ from tenancy.auth import can
 
 from . import event_log, services
 from .nodes import identity, logs, upgrades
-from .reconciler.dispatch import dispatch, node_disconnect
+from .nodes.dispatch import dispatch, node_disconnect
 from .reconciler.run import reconcile_once
 from .schemas import (
     ApproveIn,

@@ -25,9 +25,9 @@ from tenancy.services import audit_record
 from .domain.power import KINDS, MOST_WATTS, name_refusal, watts as watts_said
 from .domain.reconcile import Plan
 from .models import ModelState, Node, PowerBudget, Replica, Shard
-from .nodes.engine_installs import engine_build
+from .nodes.dispatch import Command, stop_command
 from .nodes.figures import node_figures_refresh
-from .reconciler.dispatch import Command, stop_command
+from .selectors.installs import engine_build
 from .selectors.passes import drains_stuck
 from .selectors.rows import chunks
 

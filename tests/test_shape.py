@@ -96,7 +96,7 @@ def _room(name: str) -> str:
 def test_the_graph_is_read_from_the_source():
     graph = imports()
     assert {"fleet.reconciler.run", "llmgw.core.clock", "llmgw.gateway.app"} <= graph.keys()
-    assert "fleet.reconciler.snapshot" in graph["fleet.reconciler.run"][0]
+    assert "fleet.selectors.snapshot" in graph["fleet.reconciler.run"][0]
     assert "django" in graph["fleet.reconciler.run"][1]
 
 

@@ -43,7 +43,7 @@ from ..domain.readings import Reading, replica_reading
 from ..domain.reconcile import desired_replicas
 from ..domain.types import HOLDING, Failure, ModelState as ModelStateView, ReplicaView
 from ..models import ModelState, Node, PowerBudget, Shard
-from ..reconciler.inputs import POLICY
+from ..selectors.inputs import POLICY
 from ..selectors.listings import (
     counted_as,
     failure_shown,

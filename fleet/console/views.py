@@ -30,8 +30,8 @@ from .. import event_log, services
 from ..domain.pages import gpu_charts_said, installs_shown, labels_shown, schedule_actions
 from ..domain.types import HOLDING
 from ..nodes import identity, logs
+from ..nodes.dispatch import dispatch, node_disconnect
 from ..protocol import LOG_LINES
-from ..reconciler.dispatch import dispatch, node_disconnect
 from ..selectors.facility import facility_domains, held_gpus
 from ..selectors.listings import nodes_list, reading_out
 from ..selectors.passes import drains_stuck, reconciler_status

@@ -40,8 +40,8 @@ from catalog.selectors import catalog_load
 from llmgw.core import clock
 from llmgw.core.outage import Outage
 
-from ..nodes.engine_installs import install_rows
 from ..selectors.facility import facility_domains
+from ..selectors.installs import install_rows
 from .by_model import model_series as _models, quota_series, reconciler_series
 from .by_node import held_read, node_caches_clear, node_caches_trim, node_series
 from .series import Scrape, series_cache_trim, series_caches_clear

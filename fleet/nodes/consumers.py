@@ -22,11 +22,16 @@ from llmgw.core.outage import Outage
 
 from .. import protocol
 from ..domain.types import parse_shard_id
-from ..reconciler.dispatch import Command, node_group, send_commands
 from ..reconciler.wake import wake
 from .connections import GATE, PENALTY, FrameBudget, refused
-from .engine_installs import node_engines_record
-from .heard import node_disconnected, node_live_flush, node_running_unknown, node_silent_mark
+from .dispatch import Command, node_group, send_commands
+from .heard import (
+    node_disconnected,
+    node_engines_record,
+    node_live_flush,
+    node_running_unknown,
+    node_silent_mark,
+)
 from .identity import AgentCredential, Refused, agents_authenticate, register_refusal
 from .live import LIVE, OutOfOrder
 from .reports import node_weights_record, registrations_write, shard_status_record

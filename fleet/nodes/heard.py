@@ -12,6 +12,7 @@ went away with its connections.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,7 +21,8 @@ from django.db import connection, transaction
 from .. import event_log
 from ..domain.plan import Event, duration, seconds_since
 from ..models import Node, Replica, Shard
-from ..reconciler.dispatch import Command, stop_command
+from ..protocol import EngineInstallReport
+from .dispatch import Command, stop_command
 from .live import NodeWrite, Silence
 
 log = logging.getLogger("llmgw.fleet")
@@ -192,3 +194,25 @@ def _write_live(nodes: list[_Heard], loads: dict[str, str]) -> None:
             " cpu_count = %s WHERE id = %s",
             rows,
         )
+
+
+def node_engines_record(
+    *,
+    node_id: str,
+    engines: Mapping[str, str] | None,
+    installs: Iterable[EngineInstallReport] | None,
+    now: datetime,
+) -> None:
+    """What a heartbeat says of the node's engines and installs, when either moved on.
+
+    ``spec_at`` moves with it, so the reconciler's cache of what nodes registered reads
+    the node again: an installed engine is then an engine it has. Absent is as it was.
+    """
+    fields: dict = {}
+    if engines is not None:
+        fields["engines"] = dict(engines)
+        fields["engines_probed"] = True
+    if installs is not None:
+        fields["engine_installs"] = [i.model_dump() for i in installs]
+    if fields:
+        Node.objects.filter(pk=node_id).update(spec_at=now, **fields)

@@ -24,7 +24,7 @@ from tenancy.services import audit_record
 
 from ..domain.endpoints import address_refusal
 from ..models import Node, Replica, Shard
-from ..reconciler.dispatch import Command, stop_command
+from .dispatch import Command, stop_command
 from .figures import node_figures_refresh
 
 log = logging.getLogger("llmgw.agents")

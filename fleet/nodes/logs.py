@@ -20,7 +20,7 @@ from llmgw.core.errors import Invalid, NotFound, ServiceError
 from ..domain.types import shard_id as shard_id_of
 from ..models import ModelState, Node, Shard
 from ..protocol import LOG_LINES
-from ..reconciler.dispatch import node_group
+from .dispatch import node_group
 
 DEFAULT_LINES = 100
 # How long the agent has to answer: reading a file's end takes it milliseconds.

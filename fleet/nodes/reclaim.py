@@ -16,7 +16,7 @@ from mirror.domain.reclaim import Cached, reclaim
 from mirror.selectors import digests_by_source
 
 from ..models import Node, Shard
-from ..reconciler.dispatch import Command
+from .dispatch import Command
 
 log = logging.getLogger("llmgw.fleet")
 

@@ -29,10 +29,10 @@ from ..domain.plan import Event
 from ..domain.types import parse_shard_id
 from ..models import Gpu, Lease, Node, Replica, Shard
 from ..protocol import BadMessage, Disk, Register, RunningShard, ShardStatus, Weight
-from ..reconciler.dispatch import Command, stop_command
 from ..reconciler.run import LEASE
 from ..services import start_command
 from .connections import refused
+from .dispatch import Command, stop_command
 from .failures import failure_log_attach
 from .figures import node_figures_refresh
 from .heard import believe_figures

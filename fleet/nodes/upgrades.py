@@ -21,7 +21,7 @@ from .. import event_log
 from ..domain.plan import Event
 from ..models import Node
 from ..protocol import UpgradeStatus
-from ..reconciler.dispatch import Command, dispatch
+from .dispatch import Command, dispatch
 
 log = logging.getLogger("llmgw.fleet")
 

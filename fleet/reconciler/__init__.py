@@ -1,7 +1,8 @@
-"""The reconciler's shell around the pure rules (fleet.domain): take the pass lock, read the
-snapshot (`snapshot`, with the slower inputs `inputs` keeps by revision), decide, apply and
-record (`run`), tell agents (`dispatch`), and wake the next pass early (`wake`).
+"""The reconciler's shell around the pure rules (fleet.domain): take the pass lock, read
+the snapshot (fleet.selectors.snapshot), decide, apply and record, and tell agents
+(`run`); wake the next pass early (`wake`, which anything may ring).
 
-May import: fleet.domain, fleet.models, fleet.selectors, fleet.event_log, the kernel, and
+May import: fleet.domain, fleet.models, fleet.selectors, fleet.nodes (to tell agents and
+reclaim weights), fleet.services (to apply a plan), fleet.event_log, the kernel, and
 other apps' front doors. Nothing outside this package takes the pass lock.
 """

@@ -33,11 +33,11 @@ from ..domain.plan import Event
 from ..domain.quiet import QuietModels
 from ..domain.reconcile import decide
 from ..models import Lease
+from ..nodes.dispatch import dispatch
 from ..nodes.reclaim import weights_reclaim
+from ..selectors.inputs import MEASUREMENTS, POLICY
+from ..selectors.snapshot import snapshot_load
 from ..services import plan_apply
-from .dispatch import dispatch
-from .inputs import MEASUREMENTS, POLICY
-from .snapshot import snapshot_load
 from .wake import listen
 
 log = logging.getLogger("llmgw.reconciler")
@@ -161,7 +161,7 @@ def _settle_window(now: datetime, fresh_start: bool) -> tuple[bool, datetime | N
 
 
 # Quotas and measurements (POLICY, MEASUREMENTS) are read again at a pass only when their
-# revision moved, the last good ones kept while the database is away: fleet/reconciler/inputs.py.
+# revision moved, the last good ones kept while the database is away: fleet/selectors/inputs.py.
 
 # The models whose last step did nothing, kept from pass to pass: one whose inputs are the
 # same is not looked at again (fleet/domain/quiet.py). Keyed by what the step reads, so a

@@ -18,8 +18,8 @@ from ..domain.capacity import (
     target,
 )
 from ..domain.types import ACTIVE, Snapshot
-from ..reconciler.inputs import MEASUREMENTS, POLICY
-from ..reconciler.snapshot import snapshot_load
+from .inputs import MEASUREMENTS, POLICY
+from .snapshot import snapshot_load
 
 
 def _standing_snapshot() -> Snapshot:

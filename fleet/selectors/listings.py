@@ -22,7 +22,7 @@ from ..domain.refusals import one_line
 from ..domain.spread import location_of
 from ..domain.types import ACTIVE, HOLDING, ModelState as ModelStateView, NodeView, ReplicaView
 from ..models import Gpu, Node, Replica, Shard
-from ..nodes.engine_installs import installing_said, installs_of
+from .installs import installing_said, installs_of
 from .passes import drains_stuck
 from .routing import replica_readings
 from .state import model_states, replica_views

@@ -30,7 +30,7 @@ from ..domain.types import (
     ShardView,
 )
 from ..models import Gpu, ModelState, Node, Replica, Shard
-from ..nodes.engine_installs import installs_of, with_installable
+from .installs import installs_of, with_installable
 from .rows import (
     CHUNK,
     RowsByRevision,

@@ -7,10 +7,10 @@ from datetime import datetime
 from catalog.domain import ModelSpec, parse_model
 from catalog.services import model_add
 from fleet.models import Node
+from fleet.nodes.dispatch import Command
 from fleet.nodes.identity import AgentCredential
 from fleet.nodes.reports import node_register
 from fleet.protocol import Register
-from fleet.reconciler.dispatch import Command
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}
 L4 = {"name": "NVIDIA L4", "memory_total_mb": 23034}

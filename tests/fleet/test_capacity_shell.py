@@ -13,8 +13,8 @@ from fleet.domain.readings import Reading
 from fleet.models import ModelState, Node, Replica
 from fleet.nodes.reports import shard_status_record
 from fleet.protocol import ShardStatus
-from fleet.reconciler.inputs import Revised
 from fleet.reconciler.run import MEASUREMENTS, POLICY, reconcile_once
+from fleet.selectors.inputs import Revised
 from llmgw.core import clock
 from tenancy.models import CapacityQuota, Organization, Team
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleet.models import ModelState, Node, Replica, Shard
-from fleet.nodes.engine_installs import node_engines_record
+from fleet.nodes.heard import node_engines_record
 from fleet.nodes.reports import node_register
 from fleet.protocol import BadMessage, EngineInstallReport, Register, parse
 from fleet.reconciler import run as reconciler

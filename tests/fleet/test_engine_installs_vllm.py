@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 import pytest
 
 from fleet.models import ModelState, Replica
-from fleet.nodes.engine_installs import with_installable
 from fleet.nodes.reports import node_register
 from fleet.protocol import Register
 from fleet.reconciler import run as reconciler
 from fleet.reconciler.run import reconcile_once
+from fleet.selectors.installs import with_installable
 from fleet.selectors.state import node_views
 from llmgw.core.config import Vllm
 from tests.fleet.builders import agent_credential

@@ -15,8 +15,8 @@ from fleet.nodes.connections import PENALTY, FrameBudget
 from fleet.nodes.heard import node_live_flush
 from fleet.nodes.live import LIVE
 from fleet.reconciler.run import reconcile_once
-from fleet.reconciler.snapshot import model_loads
 from fleet.selectors.listings import measured_memory
+from fleet.selectors.snapshot import model_loads
 from fleet.selectors.state import replica_views
 from llmgw.core import clock
 

@@ -106,7 +106,7 @@ async def test_with_the_channel_layer_away_an_agent_registers_and_gets_commands_
     agents, layer, monkeypatch
 ):
     from fleet.nodes import consumers
-    from fleet.reconciler.dispatch import Command, send_commands
+    from fleet.nodes.dispatch import Command, send_commands
 
     monkeypatch.setattr(consumers, "JOIN_RETRY_S", 0.05)
     real_add, failures = layer.group_add, []

