@@ -31,7 +31,9 @@ added to `Snapshot` joins it with nothing to remember, and a change to it makes 
 kept step run again. A field is kept out of it only where it is named in `KEYED_APART`
 (it joins the key per model or in the world, each step reading only its own part) or
 `LEFT_OUT` (no step reads it), each with why; tests/domain/test_quiet_key.py fails on a
-field the key does not follow.
+field the key does not follow. A field that moves every pass though nothing changed (as
+`heard` does) belongs in one of them, or every model runs every pass:
+tests/fleet/test_reconciler_quiet.py, a pass over real rows, says so.
 
 What it buys (benchmarks/reconcile_pass.py, docs/benchmarks.md "A reconciler pass with
 nothing to do"): at 5,000 nodes, 10,000 replicas and 5,020 models, 20 of them
