@@ -1,9 +1,9 @@
 """Reading many rows cheaply: as the driver hands them over, compared with what was read
-last time, and decoded only where a row changed (fleet/selectors.py's snapshot, the
-`/metrics` scrape, the console's history). The tricks of reading rows live here; what
-they rely on in the schema is migrations fleet.0014 and fleet.0015, and the views built
-from the rows, kept while their rows are the same, are the snapshot's
-(fleet/selectors.py).
+last time, and decoded only where a row changed (the fleet's views in
+fleet/selectors/state.py, which the reconciler's snapshot reads, the `/metrics` scrape,
+the console's history). The tricks of reading rows live here; what they rely on in the
+schema is migrations fleet.0014 and fleet.0015, and the views built from the rows, kept
+while their rows are the same, are fleet/selectors/state.py's.
 
 - **Raw values** (`raw_values`, `decoded`, `json_loads`): Django's per-value converters
   decode every timestamp in Python (on SQLite twice), which was most of a reconciler
