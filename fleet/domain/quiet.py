@@ -25,22 +25,83 @@ replicas retire (they are taken from the pass's preemption), one placed or preem
 for, and one scaling from a load whose clocks run. The shell keeps one `QuietModels` a
 process; it holds no decision that was not worked out by a full step from the same
 inputs.
+
+The key every step shares is derived from the snapshot's fields (`shared_key`): a field
+added to `Snapshot` joins it with nothing to remember, and a change to it makes every
+kept step run again. A field is kept out of it only where it is named in `KEYED_APART`
+(it joins the key per model or in the world, each step reading only its own part) or
+`LEFT_OUT` (no step reads it), each with why; tests/domain/test_quiet_key.py fails on a
+field the key does not follow. A field that moves every pass though nothing changed (as
+`heard` does) belongs in one of them, or every model runs every pass:
+tests/fleet/test_reconciler_quiet.py, a pass over real rows, says so.
+
+What it buys (benchmarks/reconcile_pass.py, docs/benchmarks.md "A reconciler pass with
+nothing to do"): at 5,000 nodes, 10,000 replicas and 5,020 models, 20 of them
+unplaceable, `decide` took 969 ms over every model and 37 ms as the pass runs it with
+the models skipped, the whole pass 1,461 ms before the world was kept and 103 ms after
+(SQLite, 2026-12-02); a stuck model's search is about 50 ms at that scale. Before any
+model was unplaceable, 33 ms over every model against 19 ms as run. Its cost: every pass
+compares each model's inputs with those it was last decided from, about 15 ms of the
+pass at that scale, and the world about 7 ms. tests/domain/test_quiet.py holds every
+plan it makes to a full pass's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from catalog.domain import ModelSpec
 
-from .types import Load, ModelState, NodeView, ReplicaView
+from .types import Load, ModelState, NodeView, ReplicaView, Snapshot
 
 # What a step read (`_reconcile_model`): its own model and clocks only; or also the room it
 # looked for and found none in.
 OWN, WORLD = "own", "world"
+
+# The snapshot's fields that join the memo's key other than through the key every step
+# shares (`shared_key`): each step is kept with its own part (`QuietModels.get`), and a
+# step looking for room with all of it (`world_of`). In the shared key they would make
+# every kept step run again whenever any model's part moved.
+KEYED_APART: Mapping[str, str] = {
+    "models": "each step is kept with its own spec; the world holds every model's",
+    "replicas": "each step is kept with its own, as housekeeping left them; the world "
+    "holds every live one",
+    "states": "each step is kept with its own state; the world's clocks read the holds",
+    "loads": "each step is kept with its own load (they move with every engine's report)",
+    "nodes": "only a step looking for room reads them: the world holds them as liveness "
+    "left them; which are draining joins the shared key (`Pass.draining`)",
+    "policy": "only a step looking for room reads the quotas: the world holds them",
+    "power": "only a step looking for room reads it (the GPUs' draw moves with their "
+    "reports): the world holds it",
+}
+# The snapshot's fields no step reads, so they join no key: what they change, a step
+# reads from its own part or the world.
+LEFT_OUT: Mapping[str, str] = {
+    "heard": "moves with every heartbeat; read only by liveness and health, before any "
+    "step, into the nodes' and replicas' states",
+    "silence_floor": "read only by liveness and health, before any step, as `heard`",
+    "failures": "read only by housekeeping, before any step, into the model states it counts",
+}
+
+
+def shared_key(snap: Snapshot, *more: object) -> tuple:
+    """What every step of a pass shares (`QuietModels.begin`): every field of the snapshot
+    but those `KEYED_APART` or `LEFT_OUT`, by name, each mapping copied (the shell may hand
+    over the same one changed), then `more` (the timings, the nodes draining)."""
+    values = ((name, getattr(snap, name)) for name in shared_fields(type(snap)))
+    return (*((n, dict(v) if isinstance(v, Mapping) else v) for n, v in values), *more)
+
+
+@cache
+def shared_fields(kind: type) -> tuple[str, ...]:
+    """The names of the fields of a snapshot type that join the shared key."""
+    return tuple(
+        f.name for f in fields(kind) if f.name not in KEYED_APART and f.name not in LEFT_OUT
+    )
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from .measured import autoscale, measured_for, ordered_profiles
 from .placement import Inventory
 from .placing import end_holds, scale_up
 from .plan import Event, Pass, Plan, Stop, seconds_since
-from .quiet import OWN, WORLD, Quiet, QuietModels, world_of
+from .quiet import OWN, WORLD, Quiet, QuietModels, shared_key, world_of
 from .reserved import live_reservations
 from .stopping import retire, scale_down, stop_first, stop_retired
 from .types import ACTIVE, Measured, ModelState, ReplicaView, Snapshot
@@ -107,7 +107,7 @@ def decide(
         ordered = pass_order(*order)
     else:
         quiet.begin(
-            (t, snap.settling, dict(snap.measurements), dict(snap.weights_waiting), p.draining),
+            shared_key(snap, t, p.draining),
             world=lambda: world_of(p, nodes, alive, reserved, order[2]),
             touched=lambda: _touched(p),
         )

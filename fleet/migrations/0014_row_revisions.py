@@ -2,7 +2,8 @@
 
 from django.db import migrations, models
 
-# The tables whose rows a reconciler pass reads by revision (fleet/rows.py RowsByRevision).
+# The tables whose rows a reconciler pass reads by revision
+# (fleet/selectors/rows.py RowsByRevision).
 TABLES = ("fleet_replica", "fleet_shard", "fleet_modelstate")
 
 

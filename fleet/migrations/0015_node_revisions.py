@@ -1,9 +1,9 @@
 from django.db import migrations, models
 
-# What a reconciler pass builds a node's view from (fleet/selectors.py _NODE_VIEWED): the
-# node's number moves when one of these does, not with the heartbeats' last-seen time,
-# load and figures written again unchanged (tests/fleet/test_row_revisions.py checks the
-# list against the selector's).
+# What a reconciler pass builds a node's view from (fleet/selectors/state.py
+# _NODE_VIEWED): the node's number moves when one of these does, not with the heartbeats'
+# last-seen time, load and figures written again unchanged (tests/fleet/
+# test_row_revisions.py checks the list against the selector's).
 VIEWED = ("state", "cordoned", "draining", "approved", "memory_total_mb", "cpu_count", "spec_at")
 TABLE = "fleet_node"
 
