@@ -50,10 +50,15 @@ def test_items_become_the_conversation_with_its_tool_calls_and_their_outputs():
              "content": [{"type": "output_text", "text": "Oslo sunny, Rome rain.", "annotations": []}]},
         ]
     )  # fmt: skip
-    call = lambda i, city: {  # noqa: E731
-        "id": i, "type": "function",
-        "function": {"name": "weather", "arguments": json.dumps({"city": city}, separators=(",", ":"))},
-    }  # fmt: skip
+
+    def call(i, city):
+        arguments = json.dumps({"city": city}, separators=(",", ":"))
+        return {
+            "id": i,
+            "type": "function",
+            "function": {"name": "weather", "arguments": arguments},
+        }
+
     assert chat["messages"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather?"},
@@ -297,9 +302,12 @@ def replayed(events: list[dict]) -> Response:
             built = state._ResponseStreamState__current_snapshot.output  # what the deltas made
     final = Response.model_validate(events[-1]["response"])
     # The SDK's snapshot keeps each item's status as it was added ("in_progress").
-    same = lambda items: [{**i.to_dict(), "status": None} for i in items]  # noqa: E731
-    assert same(built) == same(final.output)
+    assert _unstatused(built) == _unstatused(final.output)
     return final
+
+
+def _unstatused(items) -> list[dict]:
+    return [{**item.to_dict(), "status": None} for item in items]
 
 
 def test_a_stream_is_the_responses_events_in_order_numbered():
