@@ -5,4 +5,5 @@ time and the request id are passed in), so each rule is tested alone. A body the
 cannot honour is refused with a 400 naming the field (`answers.Refused`), never guessed at.
 
 `fields` checks a body's fields; `chat` reads a chat completion, whole or streamed, into the
-parts both dialects write; `sse` writes one typed event as both APIs send them."""
+parts both dialects write; `sse` reads an engine's event stream into chunks and writes one
+typed event as both APIs send them."""

@@ -42,18 +42,9 @@ STATELESS = (
 
 def responses_request(body: dict) -> dict:
     """The chat completions body for a Responses API body; a 400 naming the field for one
-    the translation cannot honour. `text.verbosity`, `include`, `metadata` and the caching
-    and tier hints are accepted and left out: they ask for nothing a chat engine changes."""
+    the translation cannot honour."""
     f.only_known(body, KNOWN)
-    for name in STATEFUL:
-        if body.get(name) not in (None, False):
-            raise f.refuse(name, STATELESS, "unsupported_parameter")
-    if body.get("truncation") not in (None, "disabled"):
-        raise f.refuse("truncation", "only 'disabled' is supported.", "unsupported_value")
-    if body.get("reasoning") not in (None, {}):
-        raise f.refuse(
-            "reasoning", "reasoning settings are not supported.", "unsupported_parameter"
-        )
+    _stateless(body)
     chat: dict = {"model": f.text(body.get("model"), "model"), "messages": _messages(body)}
     f.sampling(body, chat, temperature_max=2.0)
     if body.get("max_output_tokens") is not None:
@@ -68,20 +59,41 @@ def responses_request(body: dict) -> dict:
         response_format = _text_format(f.obj(body["text"], "text"))
         if response_format is not None:
             chat["response_format"] = response_format
+    _hints(body, chat)
+    if f.stream(body):
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}  # response.completed carries usage
+    return chat
+
+
+def _stateless(body: dict) -> None:
+    """Refuse what needs stored responses, or work a chat engine cannot do."""
+    for name in STATEFUL:
+        if body.get(name) not in (None, False):
+            raise f.refuse(name, STATELESS, "unsupported_parameter")
+    if body.get("truncation") not in (None, "disabled"):
+        raise f.refuse("truncation", "only 'disabled' is supported.", "unsupported_value")
+    if body.get("reasoning") not in (None, {}):
+        raise f.refuse(
+            "reasoning", "reasoning settings are not supported.", "unsupported_parameter"
+        )
+
+
+def _hints(body: dict, chat: dict) -> None:
+    """`user` becomes chat's; `metadata` (echoed in the Response), `include`,
+    `stream_options` and the caching and tier hints are checked and left out: they ask for
+    nothing a chat engine changes."""
     for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):
         if body.get(name) is not None:
             f.text(body[name], name)
     if body.get("user") is not None:
         chat["user"] = body["user"]
-    if body.get("metadata") is not None:
-        f.obj(body["metadata"], "metadata")
+    for name in ("metadata", "stream_options"):
+        if body.get(name) is not None:
+            f.obj(body[name], name)
     if body.get("include") is not None:
         for i, value in enumerate(f.array(body["include"], "include")):
             f.text(value, f"include[{i}]")
-    if f.stream(body):
-        chat["stream"] = True
-        chat["stream_options"] = {"include_usage": True}  # response.completed carries usage
-    return chat
 
 
 def _messages(body: dict) -> list[dict]:
@@ -105,21 +117,12 @@ ITEM_KINDS = "message, function_call and function_call_output"
 
 
 def _item(item: dict, where: str, messages: list[dict]) -> None:
+    """One input item appended to `messages` as chat completions write it."""
     kind = item.get("type", "message")
     if kind == "message":
         messages.append(_message(item, where))
     elif kind == "function_call":
-        f.only_known(
-            item, frozenset({"type", "call_id", "name", "arguments", "id", "status"}), f"{where}."
-        )
-        call = {
-            "id": f.text(item.get("call_id"), f"{where}.call_id"),
-            "type": "function",
-            "function": {
-                "name": f.text(item.get("name"), f"{where}.name"),
-                "arguments": f.text(item.get("arguments"), f"{where}.arguments"),
-            },
-        }
+        call = _function_call(item, where)
         last = messages[-1] if messages else None
         # A response's text and its calls, or its parallel calls, are one assistant turn.
         if last is not None and last["role"] == "assistant":
@@ -127,17 +130,7 @@ def _item(item: dict, where: str, messages: list[dict]) -> None:
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind == "function_call_output":
-        f.only_known(item, frozenset({"type", "call_id", "output", "id", "status"}), f"{where}.")
-        output = item.get("output")
-        messages.append(
-            {
-                "role": "tool",
-                "tool_call_id": f.text(item.get("call_id"), f"{where}.call_id"),
-                "content": output
-                if isinstance(output, str)
-                else _joined(output, f"{where}.output"),
-            }
-        )
+        messages.append(_function_output(item, where))
     elif kind == "reasoning":
         pass  # a replayed reasoning item: chat completions have no place for it
     elif kind == "item_reference":
@@ -148,6 +141,32 @@ def _item(item: dict, where: str, messages: list[dict]) -> None:
             f"items of type {kind!r} are not supported; this gateway translates {ITEM_KINDS} items.",
             "unsupported_value",
         )
+
+
+def _function_call(item: dict, where: str) -> dict:
+    f.only_known(
+        item, frozenset({"type", "call_id", "name", "arguments", "id", "status"}), f"{where}."
+    )
+    return {
+        "id": f.text(item.get("call_id"), f"{where}.call_id"),
+        "type": "function",
+        "function": {
+            "name": f.text(item.get("name"), f"{where}.name"),
+            "arguments": f.text(item.get("arguments"), f"{where}.arguments"),
+        },
+    }
+
+
+def _function_output(item: dict, where: str) -> dict:
+    f.only_known(item, frozenset({"type", "call_id", "output", "id", "status"}), f"{where}.")
+    output = item.get("output")
+    if not isinstance(output, str):
+        output = _joined(output, f"{where}.output")
+    return {
+        "role": "tool",
+        "tool_call_id": f.text(item.get("call_id"), f"{where}.call_id"),
+        "content": output,
+    }
 
 
 ROLES = ("user", "assistant", "system", "developer")
