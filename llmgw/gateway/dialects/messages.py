@@ -166,7 +166,8 @@ def _assistant(blocks: list[dict], where: str) -> dict:
                 f"blocks of type {kind!r} are not supported in an assistant message; use text or tool_use.",
                 "unsupported_value",
             )
-    message: dict = {"role": "assistant", "content": "".join(texts) or None}
+    # No content is null beside tool calls; alone, an empty string (some templates want one).
+    message: dict = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
     if calls:
         message["tool_calls"] = calls
     return message
