@@ -4,6 +4,14 @@ write back (llmgw.gateway.dialects.chat): an engine's slips read as absent, neve
 from __future__ import annotations
 
 import pytest
+from anthropic.lib.streaming._messages import accumulate_event
+from anthropic.types import Message, RawMessageStreamEvent
+from anthropic.types.beta_error_response import BetaErrorResponse
+from hypothesis import given, settings, strategies as st
+from openai._types import omit
+from openai.lib.streaming.responses._responses import ResponseStreamState
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from llmgw.gateway.dialects.chat import (
     ChunkReader,
@@ -18,7 +26,12 @@ from llmgw.gateway.dialects.chat import (
     answer_read,
     usage_read,
 )
+from llmgw.gateway.dialects.messages import MessagesStream, message_body
+from llmgw.gateway.dialects.responses import ResponsesStream, response_body
 from tests.gateway.chat_answers import completion
+
+RESPONSE_EVENT = TypeAdapter(ResponseStreamEvent)
+MESSAGE_EVENT = TypeAdapter(RawMessageStreamEvent)
 
 
 def test_a_whole_answer_reads_into_its_parts():
@@ -92,3 +105,50 @@ def test_chunks_read_into_steps_in_order():
 def test_vllms_stop_string_is_read_and_its_token_ids_are_not():
     assert answer_read(completion(stop_reason="END"), "r1").stopped_by == "END"
     assert answer_read(completion(stop_reason=2), "r1").stopped_by is None
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=10,
+)  # fmt: skip
+# Chat answers and chunks with their fields, each any JSON at all.
+CHUNK_FIELDS = st.sampled_from(["choices", "usage", "error", "model", "delta", "message", "finish_reason", "tool_calls", "index", "content", "function"])  # fmt: skip
+SHAPES = st.recursive(
+    st.dictionaries(CHUNK_FIELDS, JSON, max_size=3),
+    lambda inner: st.dictionaries(CHUNK_FIELDS, inner | st.lists(inner, max_size=2), max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(SHAPES)
+def test_no_answer_an_engine_writes_makes_either_translation_raise(answer):
+    request = {"model": "smol", "max_tokens": 8, "messages": [], "input": "hi"}
+    Response.model_validate(response_body(request, answer, rid="r1", now=1.0))
+    Message.model_validate(message_body(request, answer, rid="r1"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(SHAPES, max_size=6))
+def test_no_chunks_an_engine_writes_make_either_stream_raise_or_go_astray(engine_chunks):
+    """Whatever the engine streams, each translator's events are ones the SDK's own stream
+    state reads in order, or (Anthropic's) an error event that ends them."""
+    request = {"model": "smol", "max_tokens": 8, "messages": [], "input": "hi"}
+    state = ResponseStreamState(input_tools=omit, text_format=omit)
+    for event in run(ResponsesStream(request, rid="r1", now=1.0), engine_chunks):
+        state.handle_event(RESPONSE_EVENT.validate_python(event))
+    snapshot, buffers = None, {}
+    for event in run(MessagesStream(request, rid="r1"), engine_chunks):
+        if event["type"] == "error":  # sent as an `event: error`, apart from the union
+            BetaErrorResponse.model_validate(event)
+            continue
+        parsed = MESSAGE_EVENT.validate_python(event)
+        snapshot = accumulate_event(event=parsed, current_snapshot=snapshot, json_bufs=buffers)
+
+
+def run(translator, engine_chunks: list[dict]) -> list[dict]:
+    events = translator.start()
+    for chunk in engine_chunks:
+        events += translator.feed(chunk)
+    return events + translator.close()

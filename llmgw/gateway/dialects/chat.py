@@ -141,7 +141,7 @@ class ChunkReader:
     started: set[int] = field(default_factory=set)
 
     def read(self, chunk: dict) -> list[Step]:
-        if "error" in chunk:
+        if chunk.get("error") is not None:
             error = _dict(chunk["error"])
             message = _str(error.get("message")) or "The engine's stream failed."
             code = error.get("code")
