@@ -6,7 +6,7 @@ setting or the database, so every rule is a table test.
 
 Here are the pass's driver and each model's step: what it wants, then its
 replicas on their way out (`stopping.py`) and its missing ones placed or
-preempted for (`placing.py`). What comes first, nodes and replicas lost and
+preempted for (`starting.py`). What comes first, nodes and replicas lost and
 failed and the failures counted, is `housekeeping.py`; the plan and the
 actions it holds are `plan.py`.
 """
@@ -28,10 +28,10 @@ from .holdings import profile_amount
 from .housekeeping import clear_failures_once_ready, housekeeping, liveness, why_not_now
 from .measured import autoscale, measured_for, ordered_profiles
 from .placement import Inventory
-from .placing import end_holds, scale_up
 from .plan import Event, Pass, Plan, Stop, seconds_since
 from .quiet import OWN, WORLD, Quiet, QuietModels, world_of
 from .reserved import live_reservations
+from .starting import end_holds, scale_up
 from .stopping import retire, scale_down, stop_first, stop_retired
 from .types import ACTIVE, Measured, ModelState, ReplicaView, Snapshot
 

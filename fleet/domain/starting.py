@@ -1,4 +1,7 @@
-"""Placing a model's missing replicas, and preempting for them when there is no room.
+"""A model's replicas on their way in, in its step of a reconciler pass (beside
+`stopping.py`, on their way out): placing the missing ones, and preempting for them
+when there is no room. Where a replica can run is placement's rule; who may be
+preempted is preemption's.
 
 `scale_up` places them one after another, into the room kept for the model
 first, else spread over nodes that do not run it yet; when a quota limit
