@@ -22,15 +22,14 @@ from catalog.domain import ModelSpec
 from llmgw.core.config import Timings
 from tenancy.quota import Amount, Policy
 
-from .context import context
 from .health import health_changes
 from .holdings import profile_amount
 from .housekeeping import clear_failures_once_ready, housekeeping, liveness, why_not_now
 from .measured import autoscale, measured_for, ordered_profiles
 from .placement import Inventory
 from .plan import Event, Pass, Plan, Stop, seconds_since
+from .preemption import context, live_reservations
 from .quiet import OWN, WORLD, Quiet, QuietModels, world_of
-from .reserved import live_reservations
 from .starting import end_holds, scale_up
 from .stopping import retire, scale_down, stop_first, stop_retired
 from .types import ACTIVE, Measured, ModelState, ReplicaView, Snapshot

@@ -21,11 +21,9 @@ from .holdings import placement_amount
 from .measured import ordered_profiles
 from .placement import MAX_REASONS_PER_PROFILE, Inventory, Placement
 from .plan import Drain, Event, Pass, Plan, Start
-from .preemption import preempt
+from .preemption import Preemption, place_kept, preempt, reserved_amount
 from .refusals import one_line
-from .reserved import place_kept, reserved_amount
 from .types import HOLDING, ModelState, Reservation, shard_id
-from .victims import Preemption
 
 
 def scale_up(

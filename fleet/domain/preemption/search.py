@@ -9,7 +9,8 @@ only shows them.
 The search is here: victim sets built per node (per fabric) and tried on a copy
 of the room. Who may be taken and in which tier is `candidates.py`, what the
 pass knows `context.py`, the room kept for a model `reserved.py`, the sentences
-for what is not taken `not_taken.py`, and what it answers `victims.py`.
+for what is not taken `not_taken.py`, and what it answers `victims.py`, all in
+this package.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from catalog.domain import ModelSpec, Profile
 from tenancy.quota import ZERO, Amount, Policy
 
+from ..holdings import placement_amount, profile_amount
+from ..placement import Inventory, Placement
+from ..types import FABRIC_LABEL, ReplicaView
 from .candidates import candidates
 from .context import Context
-from .holdings import placement_amount, profile_amount
 from .not_taken import guarantee_dropped, guarantee_passed, name_not_taken
-from .placement import Inventory, Placement
 from .reserved import freed_trial
-from .types import FABRIC_LABEL, ReplicaView
 from .victims import BORROWED, MAX_VICTIMS, TIER_WHY, Candidate, Preemption, Victim
 
 
