@@ -16,6 +16,7 @@ this package.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
 
 from catalog.domain import ModelSpec, Profile
 from tenancy.quota import ZERO, Amount, Policy
@@ -108,99 +109,157 @@ def preempt(
         want, live, ctx, useful | _budget_mates(inv, useful, profiles)
     )
     result.blocked.extend(sorted(set(blocked)))
+    search = _Search(want, profiles, inv, ctx, avoid, cands, _freeing(ctx, useful))
+    if not cands and not search.freeing:
+        if result.protected or blocked:
+            result.blocked.append("no replica in its way may be stopped for it")
+        return search.finish(result, unsaid)
+    # Limits first: with every victim of its own gone, would it still pass a limit?
+    if why := search.past_limit():
+        result.blocked.append(why)
+        return search.finish(result, unsaid, why)
+    groups = _groups(inv, profiles, useful, search.by_node.keys() | search.freeing.keys())
+    best = search.best(search.bounded(groups))
+    if best is not None:
+        search.answer(result, best)
+    else:
+        result.blocked.extend(search.why_none())
+    return search.finish(result, unsaid)
+
+
+def _freeing(ctx: Context, useful: set[str]) -> dict[str, list[ReplicaView]]:
+    """Per useful node, the replicas other preemptions are already stopping there."""
     freeing: dict[str, list[ReplicaView]] = {}
     for r in ctx.freeing.values():
         for n in sorted(r.nodes & useful):
             freeing.setdefault(n, []).append(r)
-    # Why each candidate that is not taken is spared by a rule, and why making room on a
-    # node failed (for those merely not needed, or on a node where it could not help).
-    spared: dict[str, str] = {}
-    node_why: dict[str, str] = {}
+    return freeing
 
-    def finish(why_not: str = "") -> Preemption:
-        """Name every candidate not taken, with why (`why_not`: why none may be taken)."""
-        return name_not_taken(result, cands, spared, node_why, unsaid, why_not)
 
-    if not cands and not freeing:
-        if result.protected or blocked:
-            result.blocked.append("no replica in its way may be stopped for it")
-        return finish()
-    policy = ctx.policy
-    need_guess = _first_need(profiles)
-    smallest = min((profile_amount(p) for p in profiles), key=Amount.size_key, default=ZERO)
-    mine = set(policy.chain(want.owner))
-    # Candidates whose going lowers what the wanting owner's chain holds: its own victims,
-    # and those of scopes sharing a guarantee with it.
-    own = [c for c in cands if mine & set(policy.chain(c.model.owner))]
-    own_ids = {c.replica.id for c in own}
-    # Limits first: with every victim of its own gone, would it still pass a limit?
-    if (
-        want.owner
-        and policy.quotas
-        and (why := policy.at_limit(want.owner, _minus(policy, ctx.usage, own), smallest))
+# A victim set found: (score, victims, placement, room being freed it counts on).
+Found = tuple[tuple, list[Candidate], Placement, list[ReplicaView]]
+
+
+class _Search:
+    """One preemption search: what it reads, and what it learns on the way: why each
+    candidate not taken is spared by a rule (`spared`), why making room on a node failed
+    (`node_why`, for those merely not needed or where they could not help), and the
+    refusals of whole victim sets (`reasons`)."""
+
+    def __init__(
+        self,
+        want: ModelSpec,
+        profiles: Sequence[Profile],
+        inv: Inventory,
+        ctx: Context,
+        avoid: frozenset[str],
+        cands: list[Candidate],
+        freeing: dict[str, list[ReplicaView]],
     ):
-        result.blocked.append(why)
-        return finish(why)
-    by_node: dict[str, list[Candidate]] = {}
-    for c in cands:
-        by_node.setdefault(c.node, []).append(c)
-    owner_loans: dict[str, Amount] = {}
-    for c in cands:
-        if c.reclaimable:
-            owner_loans[c.model.owner] = owner_loans.get(c.model.owner, ZERO) + c.amount
-    # Whether any trial could find it within its guarantee: else it borrows, whatever it takes.
-    could_reclaim = (
-        bool(policy.quotas)
-        and policy.has_guarantee(want.owner)
-        and policy.within_guarantee(want.owner, _minus(policy, ctx.usage, own), smallest)
-    )
+        self.want, self.profiles, self.inv, self.ctx, self.avoid = want, profiles, inv, ctx, avoid
+        self.cands, self.freeing, self.policy = cands, freeing, ctx.policy
+        self.spared: dict[str, str] = {}
+        self.node_why: dict[str, str] = {}
+        self.reasons: list[str] = []
+        self.need_guess = _first_need(profiles)
+        self.smallest = min(
+            (profile_amount(p) for p in profiles), key=Amount.size_key, default=ZERO
+        )
+        mine = set(self.policy.chain(want.owner))
+        # Candidates whose going lowers what the wanting owner's chain holds: its own
+        # victims, and those of scopes sharing a guarantee with it.
+        self.own = [c for c in cands if mine & set(self.policy.chain(c.model.owner))]
+        self.own_ids = {c.replica.id for c in self.own}
+        self.by_node: dict[str, list[Candidate]] = {}
+        self.owner_loans: dict[str, Amount] = {}
+        for c in cands:
+            self.by_node.setdefault(c.node, []).append(c)
+            if c.reclaimable:
+                self.owner_loans[c.model.owner] = (
+                    self.owner_loans.get(c.model.owner, ZERO) + c.amount
+                )
 
-    def flow_of(group: frozenset[str]) -> list[ReplicaView]:
-        return list({r.id: r for n in sorted(group) for r in freeing.get(n, ())}.values())
+    def finish(self, result: Preemption, unsaid: int, why_not: str = "") -> Preemption:
+        """Name every candidate not taken, with why (`why_not`: why none may be taken)."""
+        return name_not_taken(result, self.cands, self.spared, self.node_why, unsaid, why_not)
+
+    def minus(self, gone: Iterable[Candidate]) -> dict:
+        return _minus(self.policy, self.ctx.usage, gone)
+
+    def past_limit(self) -> str:
+        """The limit the owner would still pass with every victim of its own gone, or ""."""
+        want, policy = self.want, self.policy
+        if want.owner and policy.quotas:
+            return policy.at_limit(want.owner, self.minus(self.own), self.smallest) or ""
+        return ""
+
+    @cached_property
+    def could_reclaim(self) -> bool:
+        """Whether any trial could find it within its guarantee: else it borrows, whatever
+        it takes."""
+        policy = self.policy
+        return (
+            bool(policy.quotas)
+            and policy.has_guarantee(self.want.owner)
+            and policy.within_guarantee(self.want.owner, self.minus(self.own), self.smallest)
+        )
+
+    # -- Trials ------------------------------------------------------------------------
+
+    def flow_of(self, group: frozenset[str]) -> list[ReplicaView]:
+        return list({r.id: r for n in sorted(group) for r in self.freeing.get(n, ())}.values())
 
     def fits(
-        group: frozenset[str], chosen: list[Candidate], flow: list[ReplicaView]
+        self, group: frozenset[str], chosen: list[Candidate], flow: list[ReplicaView]
     ) -> Placement | None:
-        trial = freed_trial(inv, group, [c.replica for c in chosen], flow, ctx.promised)
-        placed = trial.place_spread(profiles, avoid & group, want.source, want.name)
+        """Where the model goes with these victims and this room being freed gone, if it fits."""
+        trial = freed_trial(self.inv, group, [c.replica for c in chosen], flow, self.ctx.promised)
+        want = self.want
+        placed = trial.place_spread(self.profiles, self.avoid & group, want.source, want.name)
         return placed if isinstance(placed, Placement) else None
 
-    def reclaiming(chosen: list[Candidate], need: Amount) -> bool:
-        return policy.within_guarantee(want.owner, _minus(policy, ctx.usage, chosen), need)
+    def reclaiming(self, chosen: list[Candidate], need: Amount) -> bool:
+        return self.policy.within_guarantee(self.want.owner, self.minus(chosen), need)
+
+    def still_valid(self, chosen: list[Candidate], need: Amount) -> bool:
+        return all(c.tier is not None for c in chosen) or self.reclaiming(chosen, need)
+
+    def spare_loan(self, rid: str, chosen: list[Candidate], need: Amount) -> None:
+        """Say a loan is spared: taking it back would take the owner past its guarantee."""
+        past = guarantee_passed(self.policy, self.want.owner, self.minus(chosen), need)
+        self.spared.setdefault(
+            rid,
+            f"candidate {rid} is on loan, but {self.want.name} would take {past} past its guarantee",
+        )
+
+    # -- One victim set ----------------------------------------------------------------
 
     def allowed(
-        c: Candidate, chosen: list[Candidate], may_drop: bool, pool: list[Candidate]
+        self, c: Candidate, chosen: list[Candidate], may_drop: bool, pool: list[Candidate]
     ) -> bool:
-        rid = c.replica.id
+        """Whether `c` may join the victims: a loan only for an owner within its guarantee
+        on the trial; one that would take its owner below a guarantee only with `may_drop`."""
+        rid, policy = c.replica.id, self.policy
         if c.tier is None:
             # A loan, taken back only by an owner within its guarantee on the trial: with
             # this one, and every victim of its own that could go with it, gone.
-            theirs = [o for o in pool if o.replica.id in own_ids]
-            if not reclaiming([*chosen, c, *theirs], need_guess):
-                past = guarantee_passed(
-                    policy, want.owner, _minus(policy, ctx.usage, [*chosen, c, *theirs]), need_guess
-                )
-                spared.setdefault(
-                    rid,
-                    f"candidate {rid} is on loan, but {want.name} would take {past} past its guarantee",
-                )
+            theirs = [o for o in pool if o.replica.id in self.own_ids]
+            if not self.reclaiming([*chosen, c, *theirs], self.need_guess):
+                self.spare_loan(rid, [*chosen, c, *theirs], self.need_guess)
                 return False
         if not may_drop and policy.quotas:
-            after = _minus(policy, ctx.usage, chosen)
+            after = self.minus(chosen)
             if scope := guarantee_dropped(policy, c.model.owner, after, c.amount):
-                borrows = "" if could_reclaim else f", and {want.name} would borrow"
-                spared.setdefault(
+                borrows = "" if self.could_reclaim else f", and {self.want.name} would borrow"
+                self.spared.setdefault(
                     rid, f"candidate {rid} would take {scope} below its guarantee{borrows}"
                 )
                 return False
         if may_drop:
-            spared.pop(rid, None)
+            self.spared.pop(rid, None)
         return True
 
-    def still_valid(chosen: list[Candidate], need: Amount) -> bool:
-        return all(c.tier is not None for c in chosen) or reclaiming(chosen, need)
-
-    def pick(pool: list[Candidate], chosen: list[Candidate]) -> Candidate:
+    def pick(self, pool: list[Candidate], chosen: list[Candidate]) -> Candidate:
         """The next candidate in tier order; among loans, from whoever still borrows most."""
         taken: dict[str, Amount] = {}
         for c in chosen:
@@ -208,145 +267,193 @@ def preempt(
 
         def key(c: Candidate) -> tuple:
             if c.rank == BORROWED:
-                left = owner_loans.get(c.model.owner, ZERO) - taken.get(c.model.owner, ZERO)
+                owner = c.model.owner
+                left = self.owner_loans.get(owner, ZERO) - taken.get(owner, ZERO)
                 return (c.rank, tuple(-x for x in left.size_key()), c.order())
             return (c.rank, (), c.order())
 
         return min(pool, key=key)
 
-    def build(group: frozenset[str], may_drop: bool, loans: bool = True):
-        """The victim set for this group: (score, victims, placement, room being freed it
-        counts on), a sentence when it is refused, None when there is none; "loans" when
-        the set found needs a loan back its owner would not be within its guarantee for."""
-        pool = [c for n in sorted(group) for c in by_node.get(n, ()) if loans or c.tier is not None]
-        flow = flow_of(group)
+    def build(
+        self, group: frozenset[str], may_drop: bool, loans: bool = True
+    ) -> Found | str | None:
+        """The victim set for this group, a sentence when it is refused, None when there is
+        none; "loans" when the set found needs a loan back its owner would not be within
+        its guarantee for."""
+        grown = self.grow(group, may_drop, loans)
+        if grown is None:
+            return None
+        chosen, placed, flow = self.trim(group, *grown)
+        return self.judge(chosen, placed, flow, may_drop, loans)
+
+    def grow(
+        self, group: frozenset[str], may_drop: bool, loans: bool
+    ) -> tuple[list[Candidate], Placement, list[ReplicaView]] | None:
+        """Victims taken in tier order until the model fits, none when the room being
+        freed is enough already; None when all that may be taken is not."""
+        pool = [
+            c for n in sorted(group) for c in self.by_node.get(n, ()) if loans or c.tier is not None
+        ]
+        flow = self.flow_of(group)
         chosen: list[Candidate] = []
         # Room already being freed may be enough: then nothing more is stopped.
-        placed = fits(group, chosen, flow) if flow else None
+        placed = self.fits(group, chosen, flow) if flow else None
         while pool and placed is None:
-            c = pick(pool, chosen)
+            c = self.pick(pool, chosen)
             pool.remove(c)
-            if allowed(c, chosen, may_drop, pool):
+            if self.allowed(c, chosen, may_drop, pool):
                 chosen.append(c)
-                placed = fits(group, chosen, flow)
-        if placed is None:
-            return None
+                placed = self.fits(group, chosen, flow)
+        return None if placed is None else (chosen, placed, flow)
+
+    def trim(
+        self,
+        group: frozenset[str],
+        chosen: list[Candidate],
+        placed: Placement,
+        flow: list[ReplicaView],
+    ) -> tuple[list[Candidate], Placement, list[ReplicaView]]:
+        """Every victim not needed dropped again, last taken first; and of the room being
+        freed, only what it needs counted on."""
         for i in reversed(range(len(chosen))):
             fewer = chosen[:i] + chosen[i + 1 :]
             if (
                 fewer
-                and (p := fits(group, fewer, flow))
-                and still_valid(fewer, placement_amount(p))
+                and (p := self.fits(group, fewer, flow))
+                and self.still_valid(fewer, placement_amount(p))
             ):
                 chosen, placed = fewer, p
-        # Of the room being freed, only what it needs is counted on.
         for r in list(flow):
             fewer_flow = [f for f in flow if f is not r]
-            if p := fits(group, chosen, fewer_flow):
+            if p := self.fits(group, chosen, fewer_flow):
                 flow, placed = fewer_flow, p
-        need = placement_amount(placed)
-        if (may_drop and not reclaiming(chosen, need)) or not still_valid(chosen, need):
+        return chosen, placed, flow
+
+    def judge(
+        self,
+        chosen: list[Candidate],
+        placed: Placement,
+        flow: list[ReplicaView],
+        may_drop: bool,
+        loans: bool,
+    ) -> Found | str | None:
+        """The set found with its score, or why it may not be taken: loans its owner would
+        not be within its guarantee for, too many victims, a quota limit."""
+        need, want, policy = placement_amount(placed), self.want, self.policy
+        if (may_drop and not self.reclaiming(chosen, need)) or not self.still_valid(chosen, need):
             for c in chosen:
                 if c.tier is None:
-                    past = guarantee_passed(
-                        policy, want.owner, _minus(policy, ctx.usage, chosen), need
-                    )
-                    spared.setdefault(
-                        c.replica.id,
-                        f"candidate {c.replica.id} is on loan, but {want.name} would take "
-                        f"{past} past its guarantee",
-                    )
+                    self.spare_loan(c.replica.id, chosen, need)
             return "loans" if loans and any(c.tier is None for c in chosen) else None
         if len(chosen) > MAX_VICTIMS:
             return f"would need {len(chosen)} victims (at most {MAX_VICTIMS})"
         # Limits first, on the trial: the victims' holds are gone, so an owner's own (or a
         # sibling's under the same limit) count for it.
-        if want.owner and (
-            why := policy.at_limit(want.owner, _minus(policy, ctx.usage, chosen), need)
-        ):
+        if want.owner and (why := policy.at_limit(want.owner, self.minus(chosen), need)):
             return why
         worst = max((c.rank for c in chosen), default=-1)
         klass = max((c.model.class_rank for c in chosen), default=0)
         size = sum((c.amount for c in chosen), ZERO).size_key()
         return (worst, klass, len(chosen), size), chosen, placed, flow
 
-    groups = _groups(inv, profiles, useful, by_node.keys() | freeing.keys())
-    reasons: list[str] = []
+    # -- Over the groups ---------------------------------------------------------------
 
-    def failed(group: frozenset[str], why: str) -> None:
+    def failed(self, group: frozenset[str], why: str) -> None:
         for n in group:
-            node_why.setdefault(n, why)
+            self.node_why.setdefault(n, why)
 
-    # Groups by the best any set there could score: a group whose bound is no better than
-    # the best set found is not tried, and one that could not make the room at all is not
-    # either (at 5,000 nodes this is what keeps a decision in milliseconds).
-    bounded = []
-    for name, group in groups:
-        pool = [c for n in group for c in by_node.get(n, ())]
-        flow = flow_of(group)
-        if flow and fits(group, [], flow):
-            bound = (-1, 0, 0, ZERO.size_key())
-        else:
-            base = freed_trial(inv, group, (), flow, ctx.promised) if flow else inv
-            bound = _lower_bound(pool, group, profiles, base)
-        where = f"node {name}" if len(group) == 1 else name
-        if bound is None:
-            failed(group, f"stopping all that may be stopped on {where} would not make room")
-            continue
-        if bound[2] > MAX_VICTIMS:
-            why = f"would need {bound[2]} victims (at most {MAX_VICTIMS})"
-            reasons.append(why)
-            failed(group, f"making room on {where} {why}")
-            continue
-        bounded.append((bound, name, group))
-    bounded.sort(key=lambda b: (b[0], b[1]))
-    for may_drop in (False, True):
-        if may_drop and not could_reclaim:
-            break
+    def bounded(self, groups: list[tuple[str, frozenset[str]]]) -> list[tuple]:
+        """Groups by the best any set there could score, best first; a group that could not
+        make the room at all, or only with too many victims, is left out (at 5,000 nodes
+        this is what keeps a decision in milliseconds)."""
+        bounded = []
+        for name, group in groups:
+            bound = self.bound(group)
+            where = f"node {name}" if len(group) == 1 else name
+            if bound is None:
+                self.failed(
+                    group, f"stopping all that may be stopped on {where} would not make room"
+                )
+                continue
+            if bound[2] > MAX_VICTIMS:
+                why = f"would need {bound[2]} victims (at most {MAX_VICTIMS})"
+                self.reasons.append(why)
+                self.failed(group, f"making room on {where} {why}")
+                continue
+            bounded.append((bound, name, group))
+        bounded.sort(key=lambda b: (b[0], b[1]))
+        return bounded
+
+    def bound(self, group: frozenset[str]) -> tuple | None:
+        """The best score any victim set in this group could have (`_lower_bound`)."""
+        pool = [c for n in group for c in self.by_node.get(n, ())]
+        flow = self.flow_of(group)
+        if flow and self.fits(group, [], flow):
+            return (-1, 0, 0, ZERO.size_key())
+        base = freed_trial(self.inv, group, (), flow, self.ctx.promised) if flow else self.inv
+        return _lower_bound(pool, group, self.profiles, base)
+
+    def best(self, bounded: list[tuple]) -> tuple | None:
+        """The best victim set of all groups: first taking no owner below a guarantee; only
+        when none is found, and the owner could be within its own, one that may."""
+        for may_drop in (False, True):
+            if may_drop and not self.could_reclaim:
+                break
+            best = self.best_with(bounded, may_drop)
+            if best is not None:
+                return best
+            if not self.policy.quotas:
+                break
+        return None
+
+    def best_with(self, bounded: list[tuple], may_drop: bool) -> tuple | None:
+        """The best set, trying groups in the order of their bound until no group left could
+        do better than the best found; each group that fails says why on its nodes."""
         best = None
         for bound, name, group in bounded:
             if best is not None and (bound, name) > best[0]:
                 break
-            found = build(group, may_drop)
+            found = self.build(group, may_drop)
             if found == "loans":
-                found = build(group, may_drop, loans=False)
+                found = self.build(group, may_drop, loans=False)
             where = f"node {name}" if len(group) == 1 else name
             if isinstance(found, str):
-                reasons.append(found)
-                failed(
+                self.reasons.append(found)
+                self.failed(
                     group, f"making room on {where} {found}" if found.startswith("would") else found
                 )
             elif found is None:
-                failed(group, f"stopping what may be stopped on {where} would not make room")
+                self.failed(group, f"stopping what may be stopped on {where} would not make room")
             elif best is None or (found[0], name) < best[0]:
                 best = ((found[0], name), found[1], found[2], found[3])
-        if best is not None:
-            _, chosen, placed, flow = best
-            reclaimed = reclaiming(chosen, placement_amount(placed))
-            result.victims = [
-                Victim(
-                    c.replica.id,
-                    c.model.name,
-                    c.model.effective_class,
-                    c.node,
-                    TIER_WHY[c.rank if reclaimed or c.tier is None else c.tier],
-                    c.amount,
-                )
-                for c in chosen
-            ]
-            nodes = {s.node_id for s in placed.shards}
-            result.waits_for = [(r.id, n) for r in flow for n in sorted(r.nodes & nodes)]
-            result.placement = placed
-            return finish()
-        if not policy.quotas:
-            break
-    if reasons:
-        result.blocked.extend(dict.fromkeys(reasons))
-    elif any(c.replica.id not in spared for c in cands):
-        result.blocked.append("stopping what it may stop would not make room for it")
-    else:
-        result.blocked.append("no replica in its way may be stopped for it")
-    return finish()
+        return best
+
+    def answer(self, result: Preemption, best: tuple) -> None:
+        """The victims, with why each, the room being freed counted on, and the placement."""
+        _, chosen, placed, flow = best
+        reclaimed = self.reclaiming(chosen, placement_amount(placed))
+        result.victims = [
+            Victim(
+                c.replica.id,
+                c.model.name,
+                c.model.effective_class,
+                c.node,
+                TIER_WHY[c.rank if reclaimed or c.tier is None else c.tier],
+                c.amount,
+            )
+            for c in chosen
+        ]
+        nodes = {s.node_id for s in placed.shards}
+        result.waits_for = [(r.id, n) for r in flow for n in sorted(r.nodes & nodes)]
+        result.placement = placed
+
+    def why_none(self) -> list[str]:
+        """Why no victim set was found, when none was."""
+        if self.reasons:
+            return list(dict.fromkeys(self.reasons))
+        if any(c.replica.id not in self.spared for c in self.cands):
+            return ["stopping what it may stop would not make room for it"]
+        return ["no replica in its way may be stopped for it"]
 
 
 def _fewest(amounts: list[float], deficit: float) -> int | None:
