@@ -29,10 +29,10 @@ from .measured import autoscale, measured_for, ordered_profiles
 from .placement import Inventory
 from .plan import Event, Pass, Plan, Stop, seconds_since
 from .preemption import context, live_reservations
-from .quiet import OWN, WORLD, Quiet, QuietModels, world_of
+from .quiet import OWN, WORLD, Quiet, QuietModels, World, world_of
 from .starting import end_holds, scale_up
 from .stopping import retire, scale_down, stop_first, stop_retired
-from .types import ACTIVE, Measured, ModelState, ReplicaView, Snapshot
+from .types import ACTIVE, Measured, ModelState, NodeView, ReplicaView, Snapshot
 
 
 def new_replica_id(model: str) -> str:
@@ -54,6 +54,36 @@ def decide(
     is the same as without it."""
     plan = Plan()
     nodes = liveness(snap, now, t, plan)
+    _say_health(snap, nodes, now, t, plan)
+    states = {name: snap.states.get(name) or ModelState(model=name) for name in snap.models}
+    alive = housekeeping(snap, nodes, now, t, plan, states)
+    reserved = _live_reservations(states, now)
+    by_model, live = _by_model(alive)
+    _stop_removed(snap, by_model, t, plan)
+    ctx = context(snap.models, alive, snap.policy, now, t, reserved)
+    p = Pass(
+        snap=snap,
+        now=now,
+        t=t,
+        plan=plan,
+        inv=Inventory(nodes, alive, reserved, snap.power),
+        states=states,
+        ctx=ctx,
+        draining=frozenset(n.id for n in nodes.values() if n.draining),
+        new_id=new_id,
+        live=live,
+    )
+    _steps(p, by_model, quiet, lambda usage: world_of(p, nodes, alive, reserved, usage))
+    end_holds(p)
+    _say_parked(snap, states, plan)
+    plan.states = states
+    return plan
+
+
+def _say_health(
+    snap: Snapshot, nodes: Mapping[str, NodeView], now: datetime, t: Timings, plan: Plan
+) -> None:
+    """Which replicas are routed to now, and a sentence for each that is not."""
     plan.health = health_changes(
         snap.replicas, nodes, snap.heard, now, unreachable=t.unreachable, floor=snap.silence_floor
     )
@@ -66,15 +96,22 @@ def decide(
                     replica=h.replica_id,
                 )
             )
-    states = {name: snap.states.get(name) or ModelState(model=name) for name in snap.models}
-    alive = housekeeping(snap, nodes, now, t, plan, states)
+
+
+def _live_reservations(states: dict[str, ModelState], now: datetime) -> dict:
+    """Per model, the room kept for it that still holds; a model's kept room whose hold
+    ended is let go from its state."""
     reserved = live_reservations(states, now)
     for name, state in states.items():
         if state.reserved and name not in reserved:
             states[name] = replace(state, reserved=(), reserved_until=None)
-    inventory = Inventory(nodes, alive, reserved, snap.power)
+    return reserved
+
+
+def _by_model(alive: Iterable[ReplicaView]) -> tuple[dict[str, list[ReplicaView]], dict[str, int]]:
+    """Each model's replicas still alive, and how many of them are live (active, not
+    retiring): the count the pass goes on with (placements add to it)."""
     by_model: dict[str, list[ReplicaView]] = {}
-    # Per model, its live replicas' count as the pass goes (placements add to it).
     live: dict[str, int] = {}
     for r in alive:
         reps = by_model.get(r.model)
@@ -84,30 +121,36 @@ def decide(
         reps.append(r)
         if r.state in ACTIVE and not r.retiring:
             live[r.model] += 1
+    return by_model, live
+
+
+def _stop_removed(
+    snap: Snapshot, by_model: Mapping[str, list[ReplicaView]], t: Timings, plan: Plan
+) -> None:
+    """Stop the replicas of models no longer in the catalog."""
     for name in sorted(by_model.keys() - snap.models.keys()):
         for r in by_model[name]:
             if r.state not in ("stopping",):
                 plan.stops.append(Stop(r.id, int(t.preempt_grace), f"model {name} was removed"))
-    ctx = context(snap.models, alive, snap.policy, now, t, reserved)
-    p = Pass(
-        snap=snap,
-        now=now,
-        t=t,
-        plan=plan,
-        inv=inventory,
-        states=states,
-        ctx=ctx,
-        draining=frozenset(n.id for n in nodes.values() if n.draining),
-        new_id=new_id,
-        live=live,
-    )
+
+
+def _steps(
+    p: Pass,
+    by_model: Mapping[str, list[ReplicaView]],
+    quiet: QuietModels | None,
+    world: Callable[[dict], World],
+) -> None:
+    """Each model's step, in the pass's order; with `quiet`, the models that did nothing
+    from the very same inputs are passed over (quiet.py). `world` is the pass's world,
+    given what each scope held when the pass began."""
+    snap, ctx = p.snap, p.ctx
     order = (snap.models.values(), ctx.policy, dict(ctx.usage), snap.measurements)
     if quiet is None:
         ordered = pass_order(*order)
     else:
         quiet.begin(
-            (t, snap.settling, dict(snap.measurements), dict(snap.weights_waiting), p.draining),
-            world=lambda: world_of(p, nodes, alive, reserved, order[2]),
+            (p.t, snap.settling, dict(snap.measurements), dict(snap.weights_waiting), p.draining),
+            world=lambda: world(order[2]),
             touched=lambda: _touched(p),
         )
         ordered = quiet.ordered((list(order[0]), *order[1:]), lambda: pass_order(*order))
@@ -115,7 +158,10 @@ def decide(
         _step(model, by_model.get(model.name, []), p, quiet)
     if quiet is not None:
         quiet.trim(snap.models.keys())
-    end_holds(p)
+
+
+def _say_parked(snap: Snapshot, states: Mapping[str, ModelState], plan: Plan) -> None:
+    """A sentence for each model parked in this pass."""
     for name, state in states.items():
         if state.parked_since and not ((was := snap.states.get(name)) and was.parked_since):
             plan.events.append(
@@ -127,8 +173,6 @@ def decide(
                     failures=state.failures,
                 )
             )
-    plan.states = states
-    return plan
 
 
 def pass_order(
