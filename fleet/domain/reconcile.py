@@ -275,23 +275,61 @@ def _reconcile_model(
     beyond its own model and clocks (quiet.py: OWN nothing, WORLD the room it found none
     in, "" more), and the first moment one of its own clocks could decide otherwise
     (None: none runs)."""
-    name, now, t, plan = model.name, p.now, p.t, p.plan
-    state = clear_failures_once_ready(replicas, p.states[name])
+    state = clear_failures_once_ready(replicas, p.states[model.name])
     # A step reading other models or a running load clock is not kept; one that looked for
     # room and found none is kept with the world it looked at (quiet.py).
-    keep, until = ("" if state.held_for else OWN), None
+    keep = "" if state.held_for else OWN
     if model.max_replicas > model.min_replicas or state.extra or state.busy_since:
-        load = p.snap.loads.get(name)
-        if load is not None and not model.on_demand and model.max_replicas > model.min_replicas:
-            keep = ""
-        ready_count = sum(1 for r in replicas if r.state == "ready" and not r.retiring)
-        running = [r.profile for r in replicas if r.state in ACTIVE]
-        found = measured_for(model, running, p.snap.measurements)
-        state, scaled = autoscale(
-            model, state, p.snap.loads.get(name), ready_count, found and found[0], now, t
+        state, reads_load = _scale_from_load(model, replicas, state, p)
+        keep = "" if reads_load else keep
+    desired, until = _wanted(model, replicas, state, p.now)
+    # Replicas that retire are taken from the pass (retire): such a step is not kept.
+    state, retiring, deadlines = retire(model, replicas, state, p)
+    for r in replicas:
+        if r.state == "draining" and r.drain_deadline is not None:
+            until = _earliest(until, r.drain_deadline)
+    active = _on_the_way_out(model, replicas, retiring, deadlines, desired, p)
+    missing = desired - len(active)
+    if missing <= 0 and state.reserved:
+        state = replace(state, reserved=(), reserved_until=None)
+    unplaceable, explanation = False, state.explanation if state.unplaceable else ()
+    if missing > 0:
+        if state.backoff_until is not None and p.now < state.backoff_until:
+            until = _earliest(until, state.backoff_until)
+        state, unplaceable, explanation, looked = _place_missing(
+            model, replicas, state, missing, (retiring, deadlines), p
         )
-        if scaled:
-            plan.events.append(Event(scaled, "scale", model=name, extra=state.extra))
+        if looked:
+            keep = WORLD if keep and unplaceable else ""
+    explanation = tuple(explanation)
+    if (state.desired, state.unplaceable, state.explanation) != (desired, unplaceable, explanation):
+        state = replace(state, desired=desired, unplaceable=unplaceable, explanation=explanation)
+    return state, keep, until
+
+
+def _scale_from_load(
+    model: ModelSpec, replicas: list[ReplicaView], state: ModelState, p: Pass
+) -> tuple[ModelState, bool]:
+    """The autoscaler's step (measured.py), with a sentence when it scaled; and whether it
+    read a running load clock (such a step is not kept, quiet.py)."""
+    name, load = model.name, p.snap.loads.get(model.name)
+    reads_load = (
+        load is not None and not model.on_demand and model.max_replicas > model.min_replicas
+    )
+    ready_count = sum(1 for r in replicas if r.state == "ready" and not r.retiring)
+    running = [r.profile for r in replicas if r.state in ACTIVE]
+    found = measured_for(model, running, p.snap.measurements)
+    state, scaled = autoscale(model, state, load, ready_count, found and found[0], p.now, p.t)
+    if scaled:
+        p.plan.events.append(Event(scaled, "scale", model=name, extra=state.extra))
+    return state, reads_load
+
+
+def _wanted(
+    model: ModelSpec, replicas: list[ReplicaView], state: ModelState, now: datetime
+) -> tuple[int, datetime | None]:
+    """How many replicas the model wants, and, for an on-demand model wanted now, when its
+    idle timeout passes (from the last time it was asked for or used)."""
     # Only an on-demand model's wish depends on when its replicas were last used.
     last_used = (
         max((r.last_used_at for r in replicas if r.last_used_at), default=None)
@@ -300,48 +338,52 @@ def _reconcile_model(
     )
     desired = desired_replicas(model, state, now, last_used)
     if model.on_demand and desired:
-        # Wanted until its idle timeout passes from the last time it was asked for or used.
         asked = max(x for x in (state.last_requested_at, last_used) if x)
-        until = asked + timedelta(seconds=model.idle_timeout_s)
+        return desired, asked + timedelta(seconds=model.idle_timeout_s)
+    return desired, None
 
-    # Replicas that retire are taken from the pass (retire): such a step is not kept.
-    state, retiring, deadlines = retire(model, replicas, state, p)
-    for r in replicas:
-        if r.state == "draining" and r.drain_deadline is not None:
-            until = _earliest(until, r.drain_deadline)
 
+def _on_the_way_out(
+    model: ModelSpec,
+    replicas: list[ReplicaView],
+    retiring: set[str],
+    deadlines: dict[str, datetime],
+    desired: int,
+    p: Pass,
+) -> list[ReplicaView]:
+    """Stop retired replicas whose time has come and drain or stop what is too many;
+    return the active replicas that stay (stopping.py)."""
     # A replica another model's preemption took this pass is already on its way out.
     active = [
         r
         for r in replicas
         if r.state in ACTIVE and r.id not in retiring and r.id not in p.ctx.taken
     ]
-    ready = [r for r in active if r.state == "ready"]
-    replaced = len(ready) >= desired
-
+    replaced = len([r for r in active if r.state == "ready"]) >= desired
     stop_retired(replicas, retiring, deadlines, replaced, p)
     if len(active) > desired:
         scale_down(model, active, desired, p)
+    return active
 
-    missing = desired - len(active)
-    if missing <= 0 and state.reserved:
-        state = replace(state, reserved=(), reserved_until=None)
-    unplaceable, explanation = False, state.explanation if state.unplaceable else ()
-    if missing > 0:
-        blocked = why_not_now(state, p.snap, now) or _held(state, p)
-        if state.backoff_until is not None and now < state.backoff_until:
-            until = _earliest(until, state.backoff_until)
-        if blocked:
-            explanation = ({"profile": "", "reasons": [blocked]},)
-        else:
-            state, unplaceable, explanation = scale_up(model, state, missing, p)
-            keep = WORLD if keep and unplaceable else ""
-            if unplaceable:
-                stop_first(model, replicas, retiring, deadlines, explanation, p)
-    explanation = tuple(explanation)
-    if (state.desired, state.unplaceable, state.explanation) != (desired, unplaceable, explanation):
-        state = replace(state, desired=desired, unplaceable=unplaceable, explanation=explanation)
-    return state, keep, until
+
+def _place_missing(
+    model: ModelSpec,
+    replicas: list[ReplicaView],
+    state: ModelState,
+    missing: int,
+    retired: tuple[set[str], dict[str, datetime]],
+    p: Pass,
+) -> tuple[ModelState, bool, tuple, bool]:
+    """Place what is missing (starting.py), or say why not now (parked, backing off, held).
+    Returns the state, whether it is unplaceable, the explanation, and whether it looked
+    for room. A restart whose replacement finds no room stops the replica it replaces."""
+    blocked = why_not_now(state, p.snap, p.now) or _held(state, p)
+    if blocked:
+        return state, False, ({"profile": "", "reasons": [blocked]},), False
+    state, unplaceable, explanation = scale_up(model, state, missing, p)
+    if unplaceable:
+        stop_first(model, replicas, *retired, explanation, p)
+    return state, unplaceable, explanation, True
 
 
 def held_for(state: ModelState, now: datetime, live: int, wants: ModelState | None) -> str:
