@@ -257,7 +257,8 @@ class Inventory:
         before the inventory is built (on a fresh inventory it is not there yet); the power
         budgets are read once it is."""
         spread = self.spread if self.spread is not None and self.spread.holds(model) else None
-        self.rooms  # noqa: B018  built here: the ledger is made with the rooms
+        if self._rooms is None:  # built first: the ledger is made with the rooms
+            self._build()
         return Ask(profile, avoid, source, self.ledger, model, spread)
 
     def place_spread(
