@@ -31,8 +31,7 @@ def main() -> None:
     from catalog.domain import ModelSpec, Profile as ProfileSpec
     from catalog.models import Model, Profile
     from fleet.domain.capacity import standing
-    from fleet.domain.context import context
-    from fleet.domain.preemption import preempt
+    from fleet.domain.preemption import context, preempt
     from fleet.models import Gpu, Lease, ModelState, Node, Replica, Shard
     from fleet.reconciler.run import reconcile_once
     from fleet.selectors.snapshot import snapshot_load

@@ -12,12 +12,10 @@ from catalog.domain import ModelSpec
 from llmgw.core.config import Timings
 from tenancy.quota import ZERO, Amount, Policy
 
-from .context import Context, context
 from .holdings import placement_amount
 from .measured import measured_for, ordered_profiles
 from .placement import Inventory, Placement
-from .preemption import preempt
-from .reserved import live_reservations, reserved_amount
+from .preemption import Context, context, live_reservations, preempt, reserved_amount
 from .types import ACTIVE, HOLDING, Measured, Snapshot
 
 

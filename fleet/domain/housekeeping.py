@@ -105,73 +105,126 @@ def housekeeping(
         if r.state == "stopped":
             plan.forgets.append(Forget(r.id, "stopped"))
             continue
-        running = [s for s in r.shards if s.state not in ("failed", "stopped")]
-        lost = sorted(
-            s.node_id for s in r.shards if (n := nodes.get(s.node_id)) is None or n.state == "lost"
-        )
-        if lost:
-            node = lost[0]
-            if any(s.node_id not in lost for s in running):
-                plan.stops.append(Stop(r.id, 0, f"node {node} was lost", lost_node=node))
-            plan.forgets.append(Forget(r.id, f"node {node} was lost", lost_node=node))
-            plan.events.append(
-                Event(
-                    f"replica {r.id} of {r.model} lost with node {node}",
-                    "replica_lost",
-                    replica=r.id,
-                    model=r.model,
-                    node=node,
-                )
-            )
+        if _forget_lost(r, nodes, plan):
             continue
         if r.state == "failed":
-            reason = r.reason or "failed"
-            if r.counts_as_failure and r.model in states:
-                states[r.model] = _record_failure(
-                    states[r.model], now, reason, t, _failure(snap, r, reason)
-                )
-            plan.events.append(
-                Event(
-                    f"replica {r.id} of {r.model} failed: {reason}",
-                    "replica_failed",
-                    replica=r.id,
-                    model=r.model,
-                )
-            )
-            if len(r.shards) < 2 or not running:
-                plan.forgets.append(Forget(r.id, reason))
-                continue
-            # One shard of a multi-node replica failed: the others stop before their room is free.
-            plan.stops.append(Stop(r.id, 0, f"replica {r.id} failed: {reason}"))
-            r = replace(r, state="stopping")
-        elif (
-            r.state == "stopping"
-            and seconds_since(r.state_since, now) > r.stop_grace_s + STOP_AGAIN_AFTER_S
-        ):
-            plan.stops.append(
-                Stop(r.id, 0, f"replica {r.id} is still stopping; asking its agents again")
-            )
-        elif (
-            r.state in ("pending", "starting")
-            and not snap.settling
-            # Fetching weights has its own end: bytes stop coming and the agent says failed.
-            and not any(s.state == "fetching" for s in r.shards)
-        ):
-            # Counted from the reconciler's restart at the earliest: agents had no chance
-            # before; and from its start once starting, so a long fetch is not counted.
-            started = r.state_since if r.state == "starting" else r.created_at
-            started = max(started, snap.silence_floor) if snap.silence_floor else started
-            if seconds_since(started, now) > (timeout := _startup_timeout(snap, r)):
-                reason = f"replica {r.id} did not become ready within {duration(timeout)}"
-                plan.stops.append(Stop(r.id, 0, reason))
-                plan.events.append(Event(reason, "replica_failed", replica=r.id, model=r.model))
-                if r.model in states:
-                    states[r.model] = _record_failure(
-                        states[r.model], now, reason, t, _failure(snap, r, reason)
-                    )
-                r = replace(r, state="stopping")
-        alive.append(r)
+            kept = _failed(r, snap, now, t, plan, states)
+        elif r.state == "stopping":
+            kept = _stop_again(r, now, plan)
+        elif r.state in ("pending", "starting"):
+            kept = _time_out_start(r, snap, now, t, plan, states)
+        else:
+            kept = r
+        if kept is not None:
+            alive.append(kept)
     return alive
+
+
+def _running(r: ReplicaView) -> list:
+    return [s for s in r.shards if s.state not in ("failed", "stopped")]
+
+
+def _forget_lost(r: ReplicaView, nodes: dict[str, NodeView], plan: Plan) -> bool:
+    """A replica with a shard on a lost (or vanished) node is forgotten, its other shards
+    stopped; True when it was."""
+    lost = sorted(
+        s.node_id for s in r.shards if (n := nodes.get(s.node_id)) is None or n.state == "lost"
+    )
+    if not lost:
+        return False
+    node = lost[0]
+    if any(s.node_id not in lost for s in _running(r)):
+        plan.stops.append(Stop(r.id, 0, f"node {node} was lost", lost_node=node))
+    plan.forgets.append(Forget(r.id, f"node {node} was lost", lost_node=node))
+    plan.events.append(
+        Event(
+            f"replica {r.id} of {r.model} lost with node {node}",
+            "replica_lost",
+            replica=r.id,
+            model=r.model,
+            node=node,
+        )
+    )
+    return True
+
+
+def _failed(
+    r: ReplicaView,
+    snap: Snapshot,
+    now: datetime,
+    t: Timings,
+    plan: Plan,
+    states: dict[str, ModelState],
+) -> ReplicaView | None:
+    """A failed replica counts against its model and is forgotten; None. One shard of a
+    multi-node replica failed: the others stop before their room is free (it stays,
+    stopping)."""
+    reason = r.reason or "failed"
+    if r.counts_as_failure:
+        _count_failure(r, reason, snap, now, t, states)
+    plan.events.append(
+        Event(
+            f"replica {r.id} of {r.model} failed: {reason}",
+            "replica_failed",
+            replica=r.id,
+            model=r.model,
+        )
+    )
+    if len(r.shards) < 2 or not _running(r):
+        plan.forgets.append(Forget(r.id, reason))
+        return None
+    plan.stops.append(Stop(r.id, 0, f"replica {r.id} failed: {reason}"))
+    return replace(r, state="stopping")
+
+
+def _stop_again(r: ReplicaView, now: datetime, plan: Plan) -> ReplicaView:
+    """A replica still stopping well past its grace is asked again."""
+    if seconds_since(r.state_since, now) > r.stop_grace_s + STOP_AGAIN_AFTER_S:
+        plan.stops.append(
+            Stop(r.id, 0, f"replica {r.id} is still stopping; asking its agents again")
+        )
+    return r
+
+
+def _time_out_start(
+    r: ReplicaView,
+    snap: Snapshot,
+    now: datetime,
+    t: Timings,
+    plan: Plan,
+    states: dict[str, ModelState],
+) -> ReplicaView:
+    """A start past its profile's startup timeout is stopped and counts as a failure.
+    Fetching weights has its own end (bytes stop coming and the agent says failed), and
+    while agents settle after a restart nothing is timed out."""
+    if snap.settling or any(s.state == "fetching" for s in r.shards):
+        return r
+    # Counted from the reconciler's restart at the earliest: agents had no chance
+    # before; and from its start once starting, so a long fetch is not counted.
+    started = r.state_since if r.state == "starting" else r.created_at
+    started = max(started, snap.silence_floor) if snap.silence_floor else started
+    if seconds_since(started, now) <= (timeout := _startup_timeout(snap, r)):
+        return r
+    reason = f"replica {r.id} did not become ready within {duration(timeout)}"
+    plan.stops.append(Stop(r.id, 0, reason))
+    plan.events.append(Event(reason, "replica_failed", replica=r.id, model=r.model))
+    _count_failure(r, reason, snap, now, t, states)
+    return replace(r, state="stopping")
+
+
+def _count_failure(
+    r: ReplicaView,
+    reason: str,
+    snap: Snapshot,
+    now: datetime,
+    t: Timings,
+    states: dict[str, ModelState],
+) -> None:
+    """Count a failure against the replica's model, when it is still in the catalog."""
+    if r.model in states:
+        states[r.model] = _record_failure(
+            states[r.model], now, reason, t, _failure(snap, r, reason)
+        )
 
 
 def _startup_timeout(snap: Snapshot, r: ReplicaView) -> int:

@@ -15,9 +15,9 @@ from datetime import datetime
 from catalog.domain import Profile
 from llmgw.core.config import Timings
 
-from .context import Context
 from .health import HealthChange
 from .placement import Inventory, ShardPlan
+from .preemption import Context
 from .types import ModelState, Snapshot
 
 

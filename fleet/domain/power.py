@@ -10,7 +10,7 @@ budget (the placement says so). Only GPUs are counted: a CPU-only replica's draw
 is not estimated.
 
 `Ledger` is the watts held per budgeted domain as one pass places replicas; the
-inventory (placement.py) takes and gives back watts with the GPUs, so a trial
+inventory (placement/inventory.py) takes and gives back watts with the GPUs, so a trial
 with victims removed frees their watts too, and preemption can make room under
 a budget as it does for GPUs.
 """

@@ -6,7 +6,7 @@ setting or the database, so every rule is a table test.
 
 Here are the pass's driver and each model's step: what it wants, then its
 replicas on their way out (`stopping.py`) and its missing ones placed or
-preempted for (`placing.py`). What comes first, nodes and replicas lost and
+preempted for (`starting.py`). What comes first, nodes and replicas lost and
 failed and the failures counted, is `housekeeping.py`; the plan and the
 actions it holds are `plan.py`.
 """
@@ -22,18 +22,17 @@ from catalog.domain import ModelSpec
 from llmgw.core.config import Timings
 from tenancy.quota import Amount, Policy
 
-from .context import context
 from .health import health_changes
 from .holdings import profile_amount
 from .housekeeping import clear_failures_once_ready, housekeeping, liveness, why_not_now
 from .measured import autoscale, measured_for, ordered_profiles
 from .placement import Inventory
-from .placing import end_holds, scale_up
 from .plan import Event, Pass, Plan, Stop, seconds_since
-from .quiet import OWN, WORLD, Quiet, QuietModels, shared_key, world_of
-from .reserved import live_reservations
+from .preemption import context, live_reservations
+from .quiet import OWN, WORLD, Quiet, QuietModels, World, shared_key, world_of
+from .starting import end_holds, scale_up
 from .stopping import retire, scale_down, stop_first, stop_retired
-from .types import ACTIVE, Measured, ModelState, ReplicaView, Snapshot
+from .types import ACTIVE, Measured, ModelState, NodeView, ReplicaView, Snapshot
 
 
 def new_replica_id(model: str) -> str:
@@ -55,6 +54,36 @@ def decide(
     is the same as without it."""
     plan = Plan()
     nodes = liveness(snap, now, t, plan)
+    _say_health(snap, nodes, now, t, plan)
+    states = {name: snap.states.get(name) or ModelState(model=name) for name in snap.models}
+    alive = housekeeping(snap, nodes, now, t, plan, states)
+    reserved = _live_reservations(states, now)
+    by_model, live = _by_model(alive)
+    _stop_removed(snap, by_model, t, plan)
+    ctx = context(snap.models, alive, snap.policy, now, t, reserved)
+    p = Pass(
+        snap=snap,
+        now=now,
+        t=t,
+        plan=plan,
+        inv=Inventory(nodes, alive, reserved, snap.power),
+        states=states,
+        ctx=ctx,
+        draining=frozenset(n.id for n in nodes.values() if n.draining),
+        new_id=new_id,
+        live=live,
+    )
+    _steps(p, by_model, quiet, lambda usage: world_of(p, nodes, alive, reserved, usage))
+    end_holds(p)
+    _say_parked(snap, states, plan)
+    plan.states = states
+    return plan
+
+
+def _say_health(
+    snap: Snapshot, nodes: Mapping[str, NodeView], now: datetime, t: Timings, plan: Plan
+) -> None:
+    """Which replicas are routed to now, and a sentence for each that is not."""
     plan.health = health_changes(
         snap.replicas, nodes, snap.heard, now, unreachable=t.unreachable, floor=snap.silence_floor
     )
@@ -67,15 +96,22 @@ def decide(
                     replica=h.replica_id,
                 )
             )
-    states = {name: snap.states.get(name) or ModelState(model=name) for name in snap.models}
-    alive = housekeeping(snap, nodes, now, t, plan, states)
+
+
+def _live_reservations(states: dict[str, ModelState], now: datetime) -> dict:
+    """Per model, the room kept for it that still holds; a model's kept room whose hold
+    ended is let go from its state."""
     reserved = live_reservations(states, now)
     for name, state in states.items():
         if state.reserved and name not in reserved:
             states[name] = replace(state, reserved=(), reserved_until=None)
-    inventory = Inventory(nodes, alive, reserved, snap.power)
+    return reserved
+
+
+def _by_model(alive: Iterable[ReplicaView]) -> tuple[dict[str, list[ReplicaView]], dict[str, int]]:
+    """Each model's replicas still alive, and how many of them are live (active, not
+    retiring): the count the pass goes on with (placements add to it)."""
     by_model: dict[str, list[ReplicaView]] = {}
-    # Per model, its live replicas' count as the pass goes (placements add to it).
     live: dict[str, int] = {}
     for r in alive:
         reps = by_model.get(r.model)
@@ -85,30 +121,36 @@ def decide(
         reps.append(r)
         if r.state in ACTIVE and not r.retiring:
             live[r.model] += 1
+    return by_model, live
+
+
+def _stop_removed(
+    snap: Snapshot, by_model: Mapping[str, list[ReplicaView]], t: Timings, plan: Plan
+) -> None:
+    """Stop the replicas of models no longer in the catalog."""
     for name in sorted(by_model.keys() - snap.models.keys()):
         for r in by_model[name]:
             if r.state not in ("stopping",):
                 plan.stops.append(Stop(r.id, int(t.preempt_grace), f"model {name} was removed"))
-    ctx = context(snap.models, alive, snap.policy, now, t, reserved)
-    p = Pass(
-        snap=snap,
-        now=now,
-        t=t,
-        plan=plan,
-        inv=inventory,
-        states=states,
-        ctx=ctx,
-        draining=frozenset(n.id for n in nodes.values() if n.draining),
-        new_id=new_id,
-        live=live,
-    )
+
+
+def _steps(
+    p: Pass,
+    by_model: Mapping[str, list[ReplicaView]],
+    quiet: QuietModels | None,
+    world: Callable[[dict], World],
+) -> None:
+    """Each model's step, in the pass's order; with `quiet`, the models that did nothing
+    from the very same inputs are passed over (quiet.py). `world` is the pass's world,
+    given what each scope held when the pass began."""
+    snap, ctx = p.snap, p.ctx
     order = (snap.models.values(), ctx.policy, dict(ctx.usage), snap.measurements)
     if quiet is None:
         ordered = pass_order(*order)
     else:
         quiet.begin(
-            shared_key(snap, t, p.draining),
-            world=lambda: world_of(p, nodes, alive, reserved, order[2]),
+            shared_key(snap, p.t, p.draining),
+            world=lambda: world(order[2]),
             touched=lambda: _touched(p),
         )
         ordered = quiet.ordered((list(order[0]), *order[1:]), lambda: pass_order(*order))
@@ -116,7 +158,10 @@ def decide(
         _step(model, by_model.get(model.name, []), p, quiet)
     if quiet is not None:
         quiet.trim(snap.models.keys())
-    end_holds(p)
+
+
+def _say_parked(snap: Snapshot, states: Mapping[str, ModelState], plan: Plan) -> None:
+    """A sentence for each model parked in this pass."""
     for name, state in states.items():
         if state.parked_since and not ((was := snap.states.get(name)) and was.parked_since):
             plan.events.append(
@@ -128,8 +173,6 @@ def decide(
                     failures=state.failures,
                 )
             )
-    plan.states = states
-    return plan
 
 
 def pass_order(
@@ -232,23 +275,61 @@ def _reconcile_model(
     beyond its own model and clocks (quiet.py: OWN nothing, WORLD the room it found none
     in, "" more), and the first moment one of its own clocks could decide otherwise
     (None: none runs)."""
-    name, now, t, plan = model.name, p.now, p.t, p.plan
-    state = clear_failures_once_ready(replicas, p.states[name])
+    state = clear_failures_once_ready(replicas, p.states[model.name])
     # A step reading other models or a running load clock is not kept; one that looked for
     # room and found none is kept with the world it looked at (quiet.py).
-    keep, until = ("" if state.held_for else OWN), None
+    keep = "" if state.held_for else OWN
     if model.max_replicas > model.min_replicas or state.extra or state.busy_since:
-        load = p.snap.loads.get(name)
-        if load is not None and not model.on_demand and model.max_replicas > model.min_replicas:
-            keep = ""
-        ready_count = sum(1 for r in replicas if r.state == "ready" and not r.retiring)
-        running = [r.profile for r in replicas if r.state in ACTIVE]
-        found = measured_for(model, running, p.snap.measurements)
-        state, scaled = autoscale(
-            model, state, p.snap.loads.get(name), ready_count, found and found[0], now, t
+        state, reads_load = _scale_from_load(model, replicas, state, p)
+        keep = "" if reads_load else keep
+    desired, until = _wanted(model, replicas, state, p.now)
+    # Replicas that retire are taken from the pass (retire): such a step is not kept.
+    state, retiring, deadlines = retire(model, replicas, state, p)
+    for r in replicas:
+        if r.state == "draining" and r.drain_deadline is not None:
+            until = _earliest(until, r.drain_deadline)
+    active = _on_the_way_out(model, replicas, retiring, deadlines, desired, p)
+    missing = desired - len(active)
+    if missing <= 0 and state.reserved:
+        state = replace(state, reserved=(), reserved_until=None)
+    unplaceable, explanation = False, state.explanation if state.unplaceable else ()
+    if missing > 0:
+        if state.backoff_until is not None and p.now < state.backoff_until:
+            until = _earliest(until, state.backoff_until)
+        state, unplaceable, explanation, looked = _place_missing(
+            model, replicas, state, missing, (retiring, deadlines), p
         )
-        if scaled:
-            plan.events.append(Event(scaled, "scale", model=name, extra=state.extra))
+        if looked:
+            keep = WORLD if keep and unplaceable else ""
+    explanation = tuple(explanation)
+    if (state.desired, state.unplaceable, state.explanation) != (desired, unplaceable, explanation):
+        state = replace(state, desired=desired, unplaceable=unplaceable, explanation=explanation)
+    return state, keep, until
+
+
+def _scale_from_load(
+    model: ModelSpec, replicas: list[ReplicaView], state: ModelState, p: Pass
+) -> tuple[ModelState, bool]:
+    """The autoscaler's step (measured.py), with a sentence when it scaled; and whether it
+    read a running load clock (such a step is not kept, quiet.py)."""
+    name, load = model.name, p.snap.loads.get(model.name)
+    reads_load = (
+        load is not None and not model.on_demand and model.max_replicas > model.min_replicas
+    )
+    ready_count = sum(1 for r in replicas if r.state == "ready" and not r.retiring)
+    running = [r.profile for r in replicas if r.state in ACTIVE]
+    found = measured_for(model, running, p.snap.measurements)
+    state, scaled = autoscale(model, state, load, ready_count, found and found[0], p.now, p.t)
+    if scaled:
+        p.plan.events.append(Event(scaled, "scale", model=name, extra=state.extra))
+    return state, reads_load
+
+
+def _wanted(
+    model: ModelSpec, replicas: list[ReplicaView], state: ModelState, now: datetime
+) -> tuple[int, datetime | None]:
+    """How many replicas the model wants, and, for an on-demand model wanted now, when its
+    idle timeout passes (from the last time it was asked for or used)."""
     # Only an on-demand model's wish depends on when its replicas were last used.
     last_used = (
         max((r.last_used_at for r in replicas if r.last_used_at), default=None)
@@ -257,48 +338,52 @@ def _reconcile_model(
     )
     desired = desired_replicas(model, state, now, last_used)
     if model.on_demand and desired:
-        # Wanted until its idle timeout passes from the last time it was asked for or used.
         asked = max(x for x in (state.last_requested_at, last_used) if x)
-        until = asked + timedelta(seconds=model.idle_timeout_s)
+        return desired, asked + timedelta(seconds=model.idle_timeout_s)
+    return desired, None
 
-    # Replicas that retire are taken from the pass (retire): such a step is not kept.
-    state, retiring, deadlines = retire(model, replicas, state, p)
-    for r in replicas:
-        if r.state == "draining" and r.drain_deadline is not None:
-            until = _earliest(until, r.drain_deadline)
 
+def _on_the_way_out(
+    model: ModelSpec,
+    replicas: list[ReplicaView],
+    retiring: set[str],
+    deadlines: dict[str, datetime],
+    desired: int,
+    p: Pass,
+) -> list[ReplicaView]:
+    """Stop retired replicas whose time has come and drain or stop what is too many;
+    return the active replicas that stay (stopping.py)."""
     # A replica another model's preemption took this pass is already on its way out.
     active = [
         r
         for r in replicas
         if r.state in ACTIVE and r.id not in retiring and r.id not in p.ctx.taken
     ]
-    ready = [r for r in active if r.state == "ready"]
-    replaced = len(ready) >= desired
-
+    replaced = len([r for r in active if r.state == "ready"]) >= desired
     stop_retired(replicas, retiring, deadlines, replaced, p)
     if len(active) > desired:
         scale_down(model, active, desired, p)
+    return active
 
-    missing = desired - len(active)
-    if missing <= 0 and state.reserved:
-        state = replace(state, reserved=(), reserved_until=None)
-    unplaceable, explanation = False, state.explanation if state.unplaceable else ()
-    if missing > 0:
-        blocked = why_not_now(state, p.snap, now) or _held(state, p)
-        if state.backoff_until is not None and now < state.backoff_until:
-            until = _earliest(until, state.backoff_until)
-        if blocked:
-            explanation = ({"profile": "", "reasons": [blocked]},)
-        else:
-            state, unplaceable, explanation = scale_up(model, state, missing, p)
-            keep = WORLD if keep and unplaceable else ""
-            if unplaceable:
-                stop_first(model, replicas, retiring, deadlines, explanation, p)
-    explanation = tuple(explanation)
-    if (state.desired, state.unplaceable, state.explanation) != (desired, unplaceable, explanation):
-        state = replace(state, desired=desired, unplaceable=unplaceable, explanation=explanation)
-    return state, keep, until
+
+def _place_missing(
+    model: ModelSpec,
+    replicas: list[ReplicaView],
+    state: ModelState,
+    missing: int,
+    retired: tuple[set[str], dict[str, datetime]],
+    p: Pass,
+) -> tuple[ModelState, bool, tuple, bool]:
+    """Place what is missing (starting.py), or say why not now (parked, backing off, held).
+    Returns the state, whether it is unplaceable, the explanation, and whether it looked
+    for room. A restart whose replacement finds no room stops the replica it replaces."""
+    blocked = why_not_now(state, p.snap, p.now) or _held(state, p)
+    if blocked:
+        return state, False, ({"profile": "", "reasons": [blocked]},), False
+    state, unplaceable, explanation = scale_up(model, state, missing, p)
+    if unplaceable:
+        stop_first(model, replicas, *retired, explanation, p)
+    return state, unplaceable, explanation, True
 
 
 def held_for(state: ModelState, now: datetime, live: int, wants: ModelState | None) -> str:

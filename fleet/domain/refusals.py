@@ -1,6 +1,6 @@
 """Why a node was refused, and the one line that names what binds.
 
-`refuse` (placement.py) answers a `NodeRefusal`: placement's sentence, with the
+Placement's filters (placement/filters.py) answer a `NodeRefusal`: its sentence, with the
 node, how close it came and how much it lacks beside it. `binding` turns one
 profile's refusals into the one line that events, restarts, "Needs attention",
 `ctl models` and the gateway's 503 show: the nodes that came closest, in

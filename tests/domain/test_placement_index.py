@@ -6,8 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from catalog.domain import Profile
-from fleet.domain import placement
-from fleet.domain.placement import Inventory, Placement
+from fleet.domain.placement import Inventory, Placement, inventory as placement
 from fleet.domain.power import RACK_LABEL, ZONE_LABEL, Budget, GpuPower, Power
 
 from .builders import gpu_node

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fleet.domain.capacity import preemption_dry_run
-from fleet.domain.context import Context
-from fleet.domain.preemption import preempt
+from fleet.domain.preemption import Context, preempt
 from fleet.domain.reconcile import held_for
 from fleet.domain.types import ModelState
 from tenancy.quota import Policy, Quota, Resources

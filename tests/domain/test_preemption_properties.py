@@ -26,10 +26,10 @@ from fleet.domain.holdings import holdings, placement_amount
 from fleet.domain.measured import ordered_profiles
 from fleet.domain.placement import Inventory, Placement, could_ever_run
 from fleet.domain.preemption import preempt
+from fleet.domain.preemption.reserved import freed_trial, reserved_amount
+from fleet.domain.preemption.victims import BORROWED, TIER_WHY
 from fleet.domain.reconcile import Plan, pass_order
-from fleet.domain.reserved import freed_trial, reserved_amount
 from fleet.domain.types import ACTIVE, HOLDING, ReplicaView, Reservation, Snapshot
-from fleet.domain.victims import BORROWED, TIER_WHY
 from tenancy.quota import ZERO, Amount, Policy, Quota, Resources
 
 from .builders import TIMINGS, Cluster, cpu_node, cpu_profile, gpu_node, gpu_profile, snapshot

@@ -14,8 +14,8 @@ from datetime import datetime
 from catalog.domain import Profile
 from tenancy.quota import ZERO, Amount
 
-from .placement import Inventory, Placement
-from .types import ModelState, ReplicaView, Reservation
+from ..placement import Inventory, Placement
+from ..types import ModelState, ReplicaView, Reservation
 
 
 def live_reservations(

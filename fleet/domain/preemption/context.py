@@ -17,10 +17,10 @@ from catalog.domain import ModelSpec, Profile
 from llmgw.core.config import Timings
 from tenancy.quota import ZERO, Amount, Holding, Policy
 
-from .holdings import holdings
-from .placement import Inventory, could_ever_run
+from ..holdings import holdings
+from ..placement import Inventory, could_ever_run
+from ..types import ACTIVE, HOLDING, ReplicaView, Reservation
 from .reserved import reserved_amount
-from .types import ACTIVE, HOLDING, ReplicaView, Reservation
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,7 @@
-"""Placing a model's missing replicas, and preempting for them when there is no room.
+"""A model's replicas on their way in, in its step of a reconciler pass (beside
+`stopping.py`, on their way out): placing the missing ones, and preempting for them
+when there is no room. Where a replica can run is placement's rule; who may be
+preempted is preemption's.
 
 `scale_up` places them one after another, into the room kept for the model
 first, else spread over nodes that do not run it yet; when a quota limit
@@ -18,11 +21,9 @@ from .holdings import placement_amount
 from .measured import ordered_profiles
 from .placement import MAX_REASONS_PER_PROFILE, Inventory, Placement
 from .plan import Drain, Event, Pass, Plan, Start
-from .preemption import preempt
+from .preemption import Preemption, place_kept, preempt, reserved_amount
 from .refusals import one_line
-from .reserved import place_kept, reserved_amount
 from .types import HOLDING, ModelState, Reservation, shard_id
-from .victims import Preemption
 
 
 def scale_up(
@@ -30,7 +31,7 @@ def scale_up(
 ) -> tuple[ModelState, bool, tuple]:
     """Place the missing replicas one after another, each seeing what the previous took;
     when there is no room, preempt, and say why when that cannot help either."""
-    name, plan, inv, ctx = model.name, p.plan, p.inv, p.ctx
+    name, inv, ctx = model.name, p.inv, p.ctx
     profiles = ordered_profiles(model, p.snap.measurements)
     for _ in range(missing):
         # The room kept for it is its own to place into, and no longer counted as coming.
@@ -48,49 +49,58 @@ def scale_up(
                 inv.rereserve(name, mine)
                 ctx.charge(model.owner, kept)
                 explanation = ({"profile": placed.profile.name, "reasons": [over]},)
-                _refusal_said(model, state, explanation, over, plan)
+                _refusal_said(model, state, explanation, over, p.plan)
                 return state, True, explanation
             _start(model, placed, p)
             ctx.charge(model.owner, need)
             state = replace(state, reserved=(), reserved_until=None)
             continue
-        # Its victims, and room another's victims are freeing that it counts on.
-        counted = {v for r in state.reserved for v in r.victims}
-        in_flight = [
-            r.id
-            for r in ctx.alive
-            if r.state in HOLDING and (r.preempted_for == name or r.id in counted)
-        ]
-        if in_flight:
+        if in_flight := _in_flight(model, state, p):
             inv.rereserve(name, mine)
             ctx.charge(model.owner, kept)
             why = f"waiting for room being freed by {', '.join(in_flight)}"
             return state, False, ({"profile": "", "reasons": [why]},)
-        # Its victims are gone and it still does not fit (the node went away, say): the
-        # room kept is no use to it; let it go and look again. The holds for it end: the
-        # room they gave is let go.
-        if state.reserved:
-            end_holds(p, name)
-        state = replace(state, reserved=(), reserved_until=None)
-        result = preempt(model, profiles, p.live.get(name, 0), inv, ctx, _avoid(model, inv))
-        if result.victims or result.waits_for:
-            why = (
-                f"making room: stopping {_victim_list(result)}"
-                if result.victims
-                else f"waiting for room being freed by {', '.join(r for r, _ in result.waits_for)}"
-            )
-            return (
-                _apply_preemption(model, state, result, p),
-                False,
-                ({"profile": "", "reasons": [why]},),
-            )
-        lines = [*result.blocked, *(x.why for x in result.protected)]
-        explanation = tuple(placed)
-        if lines:
-            explanation += ({"profile": "preemption", "reasons": lines[:MAX_REASONS_PER_PROFILE]},)
-        _refusal_said(model, state, explanation, one_line(placed) or "no profile fits", plan)
-        return state, True, explanation
+        return _make_room(model, state, profiles, placed, p)
     return state, False, ()
+
+
+def _in_flight(model: ModelSpec, state: ModelState, p: Pass) -> list[str]:
+    """Its victims still holding room, and those of another whose room it counts on."""
+    counted = {v for r in state.reserved for v in r.victims}
+    return [
+        r.id
+        for r in p.ctx.alive
+        if r.state in HOLDING and (r.preempted_for == model.name or r.id in counted)
+    ]
+
+
+def _make_room(
+    model: ModelSpec, state: ModelState, profiles: list[Profile], refused: list[dict], p: Pass
+) -> tuple[ModelState, bool, tuple]:
+    """Nothing fits and no room is being freed for it: preempt; when that cannot help
+    either, say why (once)."""
+    name = model.name
+    # Its victims are gone and it still does not fit (the node went away, say): the
+    # room kept is no use to it; let it go and look again. The holds for it end: the
+    # room they gave is let go.
+    if state.reserved:
+        end_holds(p, name)
+    state = replace(state, reserved=(), reserved_until=None)
+    result = preempt(model, profiles, p.live.get(name, 0), p.inv, p.ctx, _avoid(model, p.inv))
+    if result.victims or result.waits_for:
+        why = (
+            f"making room: stopping {_victim_list(result)}"
+            if result.victims
+            else f"waiting for room being freed by {', '.join(r for r, _ in result.waits_for)}"
+        )
+        state = _apply_preemption(model, state, result, p)
+        return state, False, ({"profile": "", "reasons": [why]},)
+    lines = [*result.blocked, *(x.why for x in result.protected)]
+    explanation = tuple(refused)
+    if lines:
+        explanation += ({"profile": "preemption", "reasons": lines[:MAX_REASONS_PER_PROFILE]},)
+    _refusal_said(model, state, explanation, one_line(refused) or "no profile fits", p.plan)
+    return state, True, explanation
 
 
 def _refusal_said(

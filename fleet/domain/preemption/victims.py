@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from catalog.domain import ModelSpec
 from tenancy.quota import ZERO, Amount
 
-from .placement import Placement
-from .types import ReplicaView
+from ..placement import Placement
+from ..types import ReplicaView
 
 MAX_VICTIMS = 3
 # The protected candidates said, at most: at 5,000 nodes there may be thousands.

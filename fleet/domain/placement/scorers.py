@@ -1,0 +1,78 @@
+"""Placement's scorers: each preference among the nodes that pass the filters a named
+function, asked in a declared order (`SCORERS`); the node with the smallest score is
+taken (a later scorer only breaks the ties of the earlier ones).
+
+A scorer takes a node's room and what is asked (`room.Ask`) and answers a tuple
+(smaller first); `order` joins them into the key eligible nodes are sorted by.
+
+To add a preference: write one function here and put it, as a `Scorer`, in `SCORERS`
+where it should weigh: before the ones it should overrule, after the ones that overrule it. The index
+`Inventory` searches on large fleets (`inventory._first_fit`) walks the nodes in this
+same order, and a property test holds it to that: a scorer that changes the order of
+one-node GPU placements must be followed there too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .room import Ask, NodeRoom
+
+
+def fewest_of_the_model_nearby(room: NodeRoom, ask: Ask) -> tuple:
+    """While the model's replicas are spread over racks and zones, the rack and then the
+    zone holding fewest of them first (spread.py)."""
+    if ask.spread is None:
+        return (0, 0)
+    return ask.spread.key(ask.model, room.node.id)
+
+
+def holds_the_weights(room: NodeRoom, ask: Ask) -> tuple:
+    """A node that holds the model's weights already first: it starts without a download."""
+    return (not (bool(ask.source) and ask.source in room.node.weights),)
+
+
+def packs_gpus_or_spreads_cpu(room: NodeRoom, ask: Ask) -> tuple:
+    """GPU profiles pack (the fewest free GPUs of the class first, keeping whole nodes free
+    for large profiles); CPU profiles spread (the fewest shards first)."""
+    if ask.profile.cpu_only:
+        return (room.shards,)
+    return (len(room.free_gpus.get(ask.profile.gpu_class, [])),)
+
+
+def by_id(room: NodeRoom, ask: Ask) -> tuple:
+    """Ties go by node id, so the same fleet always gives the same answer."""
+    return (room.node.id,)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """A preference: `score` answers a node's part of the key; `applies` says, once per ask,
+    whether it orders anything (one that gives every node the same part is left out)."""
+
+    score: Callable[[NodeRoom, Ask], tuple]
+    applies: Callable[[Ask], bool] = lambda ask: True
+
+
+SCORERS: tuple[Scorer, ...] = (
+    Scorer(fewest_of_the_model_nearby, lambda ask: ask.spread is not None),
+    Scorer(holds_the_weights, lambda ask: bool(ask.source)),
+    Scorer(packs_gpus_or_spreads_cpu),
+    Scorer(by_id),
+)
+
+
+def order(ask: Ask) -> Callable[[NodeRoom], tuple]:
+    """The key nodes are ordered by for this ask, smallest first: the part of every scorer
+    that applies, in `SCORERS` order. While the model is spread, its first two are the
+    spread's (`Spread.first` reads them)."""
+    asked = tuple(s.score for s in SCORERS if s.applies(ask))
+
+    def key(room: NodeRoom) -> tuple:
+        parts: tuple = ()
+        for score in asked:
+            parts += score(room, ask)
+        return parts
+
+    return key
