@@ -39,9 +39,10 @@ test: $(STAMP) ## run the whole test suite (PostgreSQL and Redis when DATABASE_U
 test-fast: $(STAMP) ## the tests without the end-to-end and browser ones
 	$(BIN)/python -m pytest -m "not e2e and not browser"
 
-lint: $(STAMP) ## ruff, Django's checks, and migrations up to date
+lint: $(STAMP) ## ruff, mypy, Django's checks, and migrations up to date
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python manage.py check
 	$(BIN)/python manage.py makemigrations --check --dry-run
 
