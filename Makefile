@@ -33,15 +33,17 @@ engines: $(STAMP) ## build llama-server once per machine (about 8 minutes on 2 c
 demo-real: engines ## the demo, and SmolLM2-135M-Instruct served by a real llama-server here (ARGS too)
 	$(BIN)/llmgw demo --real $(ARGS)
 
-test: $(STAMP) ## run the whole test suite (PostgreSQL and Redis when DATABASE_URL and REDIS_URL are set)
-	$(BIN)/python -m pytest
+test: $(STAMP) ## run the whole test suite (PostgreSQL and Redis when DATABASE_URL and REDIS_URL are set), with its coverage
+	$(BIN)/python -m pytest --cov --cov-report=
+	@echo "coverage: $$($(BIN)/coverage report --format=total)% of the lines of llmgw, catalog, tenancy, fleet and mirror"
 
 test-fast: $(STAMP) ## the tests without the end-to-end and browser ones
 	$(BIN)/python -m pytest -m "not e2e and not browser"
 
-lint: $(STAMP) ## ruff, Django's checks, and migrations up to date
+lint: $(STAMP) ## ruff, mypy, Django's checks, and migrations up to date
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python manage.py check
 	$(BIN)/python manage.py makemigrations --check --dry-run
 

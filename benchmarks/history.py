@@ -23,7 +23,6 @@ NODES = int(os.environ.get("BENCH_HISTORY_NODES", 5000))
 MODELS = int(os.environ.get("BENCH_HISTORY_MODELS", 500))
 RUNS = int(os.environ.get("BENCH_RUNS", 21))
 AIM_MB = 50
-DAY = 86400
 
 
 def _readings(schemas, t: float) -> dict:
@@ -41,22 +40,8 @@ def _readings(schemas, t: float) -> dict:
     return out
 
 
-def _times(step: float, end: float) -> list[float]:
-    """A day of steps, as the rings keep it: each ring's span recorded at its own slot."""
-    spans = [(DAY, 96), (21600, 24), (3600, 4), (900, 1)]
-    out: list[float] = []
-    start = end - DAY
-    for (span, multiple), (next_span, _) in zip(spans, [*spans[1:], (0, 0)], strict=True):
-        t = max(start, end - span)
-        stop = end - next_span
-        while t < stop:
-            out.append(t)
-            t += step * multiple
-        start = stop
-    return out
-
-
 def history_day() -> list[dict]:
+    from benchmarks.day import DAY, day_times
     from fleet.console.samples import node_schema
     from llmgw.core.history import History
 
@@ -64,7 +49,7 @@ def history_day() -> list[dict]:
     schema = node_schema(tuple(range(8)))
     history = History(step)
     end = (time.time() // DAY) * DAY + DAY / 2
-    times = _times(step, end)
+    times = day_times(step, end)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     record_s = []
@@ -99,11 +84,10 @@ def _ms(values: list[float], q: int) -> float:
 def sampler() -> list[dict]:
     from django.conf import settings
 
-    import benchmarks.pages as pages
+    from benchmarks.pages import fleet_build
     from fleet.console.samples import fleet_sample
 
-    pages.MODELS = MODELS
-    pages._build(NODES)
+    fleet_build(NODES, models=MODELS)
     sample_s = []
     for _ in range(max(5, RUNS // 3)):
         started = time.perf_counter()

@@ -50,7 +50,9 @@ def _load(i: int) -> dict:
     }  # fmt: skip
 
 
-def _build(nodes: int) -> None:
+def fleet_build(nodes: int, *, models: int = MODELS) -> None:
+    """The fleet in the database: `nodes` of 8 GPUs, `models` of two ready replicas each, the
+    teams' quotas and two reconciler passes' model states (benchmarks/history.py too)."""
     from django.conf import settings
 
     from benchmarks.common import vacuumed
@@ -72,7 +74,7 @@ def _build(nodes: int) -> None:
     org, _ = Organization.objects.get_or_create(name="bench")
     teams = [Team.objects.get_or_create(org=org, name=f"team{t:02d}")[0] for t in range(TEAMS)]
     for t, team in enumerate(teams):
-        held = 4 * len(range(t, MODELS, TEAMS))  # its models' two replicas of two GPUs
+        held = 4 * len(range(t, models, TEAMS))  # its models' two replicas of two GPUs
         CapacityQuota.objects.create(
             scope=f"team:{team.id}", limit_gpus=held, guarantee_gpus=held // 2
         )
@@ -92,7 +94,7 @@ def _build(nodes: int) -> None:
     rows = Model.objects.bulk_create(
         (Model(name=f"m{i:04d}", min_replicas=2, max_replicas=2, owner=f"team:{teams[i % TEAMS].id}",
                description=f"model {i}, for the benchmark's operators")
-         for i in range(MODELS)),
+         for i in range(models)),
         batch_size=1000,
     )  # fmt: skip
     Profile.objects.bulk_create(
@@ -101,7 +103,7 @@ def _build(nodes: int) -> None:
     )
     fp = {name: spec.profiles[0].fingerprint() for name, spec in catalog_load().items()}
     replicas, shards = [], []
-    for slot in range(MODELS * 2):
+    for slot in range(models * 2):
         m, r = divmod(slot, 2)
         node, first = divmod(slot, 4)
         node %= nodes
@@ -126,14 +128,14 @@ def _build(nodes: int) -> None:
 def _history_filled(nodes: int) -> None:
     """A whole day of this process's history for every node and model, as llmgw serve
     keeps it when no Prometheus is named (benchmarks/history.py records the same)."""
-    from benchmarks.history import _times
+    from benchmarks.day import day_times
     from fleet.console.samples import FLEET, REPLICAS, node_schema
     from llmgw.core.history import HISTORY
     from llmgw.core.traffic import GATEWAY, MODEL
 
     schema = node_schema(tuple(range(8)))
     HISTORY.clear(15)
-    for t in _times(HISTORY.step, time.time()):
+    for t in day_times(HISTORY.step, time.time()):
         util = 50 + 40 * ((t // 60) % 2)
         readings = {f"node:n{i:05d}": (schema, [util] * 34) for i in range(nodes)}
         readings["fleet"] = (FLEET, [util, 50.0, nodes * 8.0, float(nodes)])
@@ -148,7 +150,7 @@ def _measure(nodes: int, client) -> None:
     from django.conf import settings
     from django.db import connection
 
-    _build(nodes)
+    fleet_build(nodes)
     # A whole day of charts behind every page, as a server up for a day has.
     _history_filled(nodes)
     page = client.get("/")

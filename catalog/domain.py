@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 from llmgw.core.text import surrogate_refusal
 from tenancy.scopes import KEY_RE
@@ -162,9 +163,11 @@ class ModelSpec:
         return next((p for p in self.profiles if p.name == name), None)
 
 
-def _int(
-    data: Mapping, key: str, default: int | None, *, where: str, minimum: int = 0
-) -> int | None:
+# A default of a number gives a number back; a default of None may give None.
+_D = TypeVar("_D", bound=int | None)
+
+
+def _int(data: Mapping, key: str, default: _D, *, where: str, minimum: int = 0) -> int | _D:
     # A key given with no value (YAML's `tp:`) is left out, not a crash further on.
     value = data.get(key)
     if value is None:

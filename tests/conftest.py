@@ -1,4 +1,4 @@
-"""Shared fixtures: tokens, an authenticated API client, and a clean channel layer."""
+"""Shared fixtures: tokens, an authenticated API client, a staff client, and a clean channel layer."""
 
 from __future__ import annotations
 
@@ -59,6 +59,16 @@ def api(admin_token):
             return getattr(self, method.lower())(f"/api/v1{path}", **kwargs)
 
     return ApiClient()
+
+
+@pytest.fixture
+def staff(client, django_user_model):
+    """The test client logged in as "ops", a staff superuser: every page open to it. The
+    pages write that name as who changed a row, which the page tests read back."""
+    client.force_login(
+        django_user_model.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
+    )
+    return client
 
 
 @pytest.fixture

@@ -66,7 +66,7 @@ class WeightCache:
 
     def held(self) -> list[dict[str, Any]]:
         """What ``register`` and heartbeats report: each file's digest, size and sources."""
-        out = []
+        out: list[dict[str, Any]] = []
         folder = self.root / "sha256"
         if not folder.is_dir():
             return out
@@ -138,7 +138,9 @@ class WeightCache:
                 f"{exc.strerror or exc}."
             ) from None
 
-    async def _fetch(self, ref: WeightsRef, on_progress) -> Path:
+    async def _fetch(
+        self, ref: WeightsRef, on_progress: Callable[[int, int | None], None] | None
+    ) -> Path:
         part = self._part(ref.sha256)
         have = part.stat().st_size if part.exists() else 0
         self.root.mkdir(parents=True, exist_ok=True)

@@ -83,7 +83,9 @@ class ShardSpec:
             rank = int(msg.get("rank") or 0)
             memory_gb = msg.get("memory_gb") or profile.get("min_memory_gb")
             memory_gb = float(memory_gb) if memory_gb else None
-            watch = msg.get("memory_watch") if isinstance(msg.get("memory_watch"), dict) else {}
+            watch = msg.get("memory_watch")
+            if not isinstance(watch, dict):
+                watch = {}
             margin = float(watch.get("margin", 0.25))
             grace = float(watch.get("grace_s", 5.0))
         except (TypeError, ValueError) as exc:

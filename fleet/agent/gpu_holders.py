@@ -24,7 +24,7 @@ def nvml_compute_pids(nvml: Any = None) -> dict[int, list[int]] | None:
     cannot say for every GPU. ``nvml``: the ``pynvml`` module, or a stand-in."""
     try:
         if nvml is None:
-            import pynvml as nvml
+            import pynvml as nvml  # type: ignore[no-redef]  # the parameter, given the module
         nvml.nvmlInit()
     except Exception:
         return None

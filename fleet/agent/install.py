@@ -39,6 +39,9 @@ from fleet.agent.install_pip import (
 from mirror.domain.platforms import BINARY_ENGINES, PROGRAMS, version_folder
 from mirror.transfer import TransferError, fetch_from_mirror
 
+# What an install calls as bytes arrive: (done, total or None).
+Progress = Callable[[int, int | None], None]
+
 log = logging.getLogger(__name__)
 
 INSTALLING, INSTALLED, FAILED = "installing", "installed", "failed"
@@ -214,7 +217,7 @@ class Installer:
         self,
         ref: BuildRef | PipRef,
         *,
-        on_progress: Callable[[int, int | None], None] | None = None,
+        on_progress: Progress | None = None,
     ) -> Path:
         """The installed program for ``ref``'s engine, installing it first; raises InstallError.
 
@@ -235,7 +238,7 @@ class Installer:
             task.add_done_callback(lambda _t: self._tasks.pop(ref.engine, None))
         return await asyncio.shield(task)
 
-    async def _install(self, ref: BuildRef | PipRef, on_progress) -> Path:
+    async def _install(self, ref: BuildRef | PipRef, on_progress: Progress | None) -> Path:
         state = self._installs[ref.engine]
         try:
             if isinstance(ref, PipRef):
@@ -277,7 +280,7 @@ class Installer:
                 f"{ref.name} could not be installed in {self.root}: {exc.strerror or exc}."
             ) from None
 
-    def _install_sync(self, ref: BuildRef, on_progress) -> Path:
+    def _install_sync(self, ref: BuildRef, on_progress: Progress | None) -> Path:
         folder = self.root / ref.engine / version_folder(ref.version)
         binary = folder / PROGRAMS[ref.engine]
         if _installed(folder, ref.sha256):
@@ -300,7 +303,7 @@ class Installer:
         os.replace(staging, folder)
         return binary
 
-    def _fetch(self, ref: BuildRef, dest: Path, part: Path, on_progress) -> None:
+    def _fetch(self, ref: BuildRef, dest: Path, part: Path, on_progress: Progress | None) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         have = part.stat().st_size if part.exists() else 0
         free = shutil.disk_usage(dest.parent).free

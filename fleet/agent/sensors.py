@@ -235,14 +235,14 @@ class SensorSampler:
         if prev is None or not energy or dt <= 0:
             return None
         joules = 0.0
-        for dom, e in energy.items():
-            if dom not in prev:
+        for name, e in energy.items():
+            if name not in prev:
                 return None  # a domain appeared: no fair difference this time
-            p = prev[dom]
+            p = prev[name]
             if e < p:  # the counter wrapped at max_energy_range_uj
-                if dom not in wrap:
+                if name not in wrap:
                     return None
-                e += wrap[dom]
+                e += wrap[name]
             joules += (e - p) / 1e6
         return _positive(round(joules / dt, 2))
 

@@ -264,15 +264,17 @@ class Supervisor:
     async def _install(self, shard: Shard, raw: Any) -> bool:
         """Install the shard's engine from the mirror; whether it may go on (else it is failed)."""
         loop = asyncio.get_running_loop()
+
+        def progress(done: int, total: int | None) -> None:
+            # Called from the install's thread.
+            loop.call_soon_threadsafe(self._progress, shard, done, total)
+
         try:
             if self.installer is None:
                 raise InstallError("This agent installs no engines (it has no state folder).")
             ref = engine_ref(raw)
             self._progress(shard, 0, ref.size)
-            await self.installer.ensure(
-                ref,
-                on_progress=lambda d, t: loop.call_soon_threadsafe(self._progress, shard, d, t),
-            )
+            await self.installer.ensure(ref, on_progress=progress)
         except InstallError as exc:
             if shard.stop_task is None:
                 self._finish(shard, FAILED, detail=str(exc))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import NoReturn
 
 from django.http import HttpRequest
 
@@ -40,7 +41,7 @@ def actor(request: HttpRequest) -> str:
     return getattr(request, "actor", "") or "unknown"
 
 
-def _not_json(constant: str):
+def _not_json(constant: str) -> NoReturn:
     # Python's json reads NaN and Infinity, which JSON has not; a figure of either breaks every rule.
     raise ValueError(f"{constant} is not JSON")
 

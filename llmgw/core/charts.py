@@ -20,9 +20,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
+from typing import cast
 from urllib.parse import urlencode
 
 from django.conf import settings
+from django.http import HttpRequest
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
@@ -240,8 +242,8 @@ def _svg_empty(text: str) -> SafeString:
 def _runs(series: Sequence[float | None]) -> Iterator[list[tuple[int, float]]]:
     """Each run of slots in a row that measured something: [(slot, reading), ...]."""
     for measured, run in groupby(enumerate(series), key=lambda slot: slot[1] is not None):
-        if measured:
-            yield list(run)
+        if measured:  # so no reading in the run is None
+            yield cast(list[tuple[int, float]], list(run))
 
 
 def _svg(
@@ -289,14 +291,14 @@ def _svg(
     return mark_safe("".join(parts))
 
 
-def charts_context(request, charts: Sequence[Chart], now: float | None = None) -> dict:
+def charts_context(request: HttpRequest, charts: Sequence[Chart], now: float | None = None) -> dict:
     """What templates/charts.html needs: the charts drawn over the window the request's
     `?window=` asks for, a link per window keeping the page's other parameters, and the
     address its refresh asks (the same window, only the charts)."""
     shown = windows(request.GET.get("window"))
     rest = {k: v for k, v in request.GET.items() if k not in ("window", "fragment")}
 
-    def link(**extra) -> str:
+    def link(**extra: str) -> str:
         return "?" + urlencode(rest | extra)
 
     return {

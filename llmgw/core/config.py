@@ -13,6 +13,7 @@ import secrets
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from llmgw.core.web import Web, flag, private, web_load
@@ -281,12 +282,11 @@ def load(env: dict[str, str] | None = None) -> Config:
     catalog = Path(catalog_raw).resolve() if catalog_raw else None
     if catalog is not None and not catalog.is_file():
         raise SettingError(f"LLMGW_CATALOG names {catalog_raw!r}, which is not a file.")
-    timings = Timings(
-        **{
-            field: _number(env, var, getattr(Timings, field), integer=field == "park_after")
-            for field, var in _TIMING_VARS.items()
-        }
-    )
+    figures: dict[str, Any] = {
+        field: _number(env, var, getattr(Timings, field), integer=field == "park_after")
+        for field, var in _TIMING_VARS.items()
+    }
+    timings = Timings(**figures)
     if timings.reconcile_interval <= 0:
         raise SettingError("LLMGW_RECONCILE_INTERVAL_SECONDS must be more than 0.")
     if timings.lost <= timings.unreachable:

@@ -19,6 +19,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from asgiref.sync import SyncToAsync
 from django.db import connections
@@ -35,15 +36,17 @@ def _close_if_done() -> None:
     for conn in connections.all(initialized_only=True):
         if conn.connection is None:
             continue
-        # When this connection (the driver's object) was first seen open.
-        if getattr(conn, "_llmgw_kept", None) is not conn.connection:
-            conn._llmgw_kept, conn._llmgw_since = conn.connection, now
-        conn.close_at = conn._llmgw_since + KEEP_S
+        # When this connection (the driver's object) was first seen open, kept on Django's
+        # wrapper under names of our own (Any: its class does not declare them).
+        marked: Any = conn
+        if getattr(marked, "_llmgw_kept", None) is not conn.connection:
+            marked._llmgw_kept, marked._llmgw_since = conn.connection, now
+        conn.close_at = marked._llmgw_since + KEEP_S
         conn.close_if_unusable_or_obsolete()
 
 
 class _KeptConnection(SyncToAsync):
-    def thread_handler(self, loop, *args, **kwargs):
+    def thread_handler(self, loop: Any, *args: Any, **kwargs: Any) -> Any:
         _close_if_done()
         try:
             return super().thread_handler(loop, *args, **kwargs)
@@ -51,7 +54,9 @@ class _KeptConnection(SyncToAsync):
             _close_if_done()
 
 
-def database_call(fn, *, executor: ThreadPoolExecutor | None = None):
+def database_call(
+    fn: Callable[..., Any], *, executor: ThreadPoolExecutor | None = None
+) -> SyncToAsync:
     """`fn` made awaitable, run on the thread-sensitive thread with its connection kept; or
     on `executor`'s one thread, for work that must not wait behind that thread's queue."""
     if executor is None:
@@ -82,13 +87,17 @@ class Batched:
     whose `still_wanted()` says no when its turn comes (its agent hung up while it
     waited) is not run: its caller gets Abandoned, and no work is done for nobody."""
 
-    def __init__(self, many, *, most: int, executor: ThreadPoolExecutor | None = None) -> None:
+    def __init__(
+        self, many: Callable[[list], list], *, most: int, executor: ThreadPoolExecutor | None = None
+    ) -> None:
         self._call = database_call(many, executor=executor)
         self._most = most
         self._waiting: deque[tuple[object, asyncio.Future, Callable[[], bool]]] = deque()
         self._draining: asyncio.Task | None = None
 
-    async def __call__(self, item, *, still_wanted: Callable[[], bool] = lambda: True):
+    async def __call__(
+        self, item: object, *, still_wanted: Callable[[], bool] = lambda: True
+    ) -> Any:
         answer = asyncio.get_running_loop().create_future()
         self._waiting.append((item, answer, still_wanted))
         draining = self._draining
@@ -122,7 +131,7 @@ class Batched:
                 self._draining = None
 
     def _take(self) -> list:
-        batch = []
+        batch: list = []
         while self._waiting and len(batch) < self._most:
             entry = self._waiting.popleft()
             answer, still_wanted = entry[1], entry[2]

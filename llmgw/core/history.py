@@ -196,11 +196,11 @@ class History:
                     _, rows, rows_values = given[id(block)]
                     block.data[rows, 0, :, position] = block.encoded(rows_values)
                     block.given[rows] = t
-                for row in np.flatnonzero(block.given < t - longest):
-                    name = block.names[row]
-                    if name is not None:
-                        del self._where[name]
-                        block.remove(int(row))
+                for stale in np.flatnonzero(block.given < t - longest):
+                    gone = block.names[stale]
+                    if gone is not None:
+                        del self._where[gone]
+                        block.remove(int(stale))
 
     def _close(self, level: int, current: int) -> None:
         """Close ring `level`'s open slot once time has moved past it: its value is the

@@ -4,6 +4,7 @@ keeps for a channel, each held for as long as an agent's socket is open."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 
 class Inbox:
@@ -25,11 +26,11 @@ class Inbox:
     def waited_on(self) -> bool:
         return bool(self._waiters)
 
-    def put_nowait(self, item) -> None:
+    def put_nowait(self, item: Any) -> None:
         self.items.append(item)
         self._wake()
 
-    async def get(self):
+    async def get(self) -> Any:
         while not self.items:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from functools import wraps
+from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
@@ -25,13 +26,13 @@ def staff_required(view: Callable) -> Callable:
     """
 
     @wraps(view)
-    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         user = request.user
         if not user.is_authenticated:
-            response = redirect_to_login(request.get_full_path())
+            login = redirect_to_login(request.get_full_path())
             if getattr(request, "htmx", False):
-                response = HttpResponse(status=204, headers={"HX-Redirect": response.url})
-            return response
+                return HttpResponse(status=204, headers={"HX-Redirect": login.url})
+            return login
         if not (user.is_active and user.is_staff):
             raise PermissionDenied("These pages are for staff.")
         return view(request, *args, **kwargs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
+from typing import Any
 
 from django.apps import apps as global_apps
 from django.core.exceptions import PermissionDenied
@@ -37,7 +38,7 @@ PUSH = (("mirror", "push_enginebuild"), ("fleet", "upgrade_node"))
 VERBS = {"view": "see", "add": "add", "change": "change", "delete": "remove"}
 
 
-def refusal(user, *perms: str) -> str:
+def refusal(user: Any, *perms: str) -> str:
     """ "" when `user` holds every one of `perms` (a superuser holds all); else the sentence
     saying what they may not do, the permission it needs and the group that has it."""
     for perm in perms:
@@ -74,7 +75,7 @@ def needs(*perms: str) -> Callable:
 
     def decorate(view: Callable) -> Callable:
         @wraps(view)
-        def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             require(request, *perms)
             return view(request, *args, **kwargs)
 
@@ -108,7 +109,9 @@ def groups_ensure(*, using: str = DEFAULT_DB_ALIAS) -> None:
         group.permissions.add(*perms)
 
 
-def groups_after_migrate(sender, *, using: str = DEFAULT_DB_ALIAS, apps=None, **kwargs) -> None:
+def groups_after_migrate(
+    sender: object, *, using: str = DEFAULT_DB_ALIAS, apps: Any = None, **kwargs: Any
+) -> None:
     """post_migrate (sent for tenancy): the built-in groups, with every app's permissions.
 
     Django makes an app's permissions when post_migrate is sent for that app, and catalog,

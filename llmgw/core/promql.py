@@ -70,7 +70,7 @@ def query_range(url: str, query: str, start: float, end: float, step: float) -> 
     return result
 
 
-def _number(text: object) -> float | None:
+def _number(text: Any) -> float | None:
     try:
         value = float(text)  # Prometheus sends numbers as strings, "NaN" and "+Inf" too
     except (TypeError, ValueError):

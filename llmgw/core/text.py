@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import datetime
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -65,7 +66,7 @@ def surrogate_refusal(value: object, *, where: str = "") -> str | None:
     return f"{field}: {SURROGATE}." if field else f"The text {SURROGATE}."
 
 
-def ago(then, now) -> str:
+def ago(then: datetime, now: datetime) -> str:
     """How long before `now` `then` was, as a page says it: "12 s ago", "3 min ago",
     "5 h ago", "2 d ago"; "just now" within a second."""
     seconds = (now - then).total_seconds()

@@ -18,7 +18,7 @@ from .text import ago
 register = template.Library()
 
 
-def _time(value) -> datetime | None:
+def _time(value: object) -> datetime | None:
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value)
@@ -30,7 +30,7 @@ def _time(value) -> datetime | None:
 
 
 @register.filter(is_safe=True)
-def when(value) -> str:
+def when(value: object) -> str:
     then = _time(value)
     if then is None:
         return "–"

@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from prometheus_client.metrics_core import Metric
 
 FOLDER_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -47,7 +49,7 @@ class _Said:
         self.registry = CollectorRegistry(auto_describe=False)
         multiprocess.MultiProcessCollector(self.registry, path)
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         for family in self.registry.collect():
             if family.type == "counter":
                 if any(s.value for s in family.samples):

@@ -212,7 +212,9 @@ def gpu_profile(option: GpuOption, *, engine: str, name: str = "", **kw: Any) ->
     )
 
 
-def where(option: GpuOption, profile: Profile | None, rooms: Mapping[str, NodeRoom], source: str):
+def where(
+    option: GpuOption, profile: Profile | None, rooms: Mapping[str, NodeRoom], source: str
+) -> GpuOption:
     """The option with where a replica of `profile` goes now, in placement's own words."""
     if profile is None:
         return option

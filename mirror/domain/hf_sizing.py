@@ -12,7 +12,7 @@ then the fewest GPUs; placement takes the first that fits when it places.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,8 @@ class HfPlan:
     def fitting(self) -> list[GpuOption]:
         """Options that hold a sequence: those that fit now first, then the fewest GPUs."""
         fit = [o for o in self.gpus if o.chosen is not None]
-        return sorted(fit, key=lambda o: (not o.fits, o.chosen.tp, o.gpu_class))
+        # `chosen` is never None in `fit`; mypy does not carry that into the lambda.
+        return sorted(fit, key=lambda o: (not o.fits, o.chosen.tp, o.gpu_class))  # type: ignore[union-attr]
 
     def as_dict(self) -> dict[str, Any]:
         """The `GET /weights/{id}/plan` answer: the GGUF plan's fields (memory and cores
@@ -171,7 +172,7 @@ def serve_hf_model(
     that fits (or only `gpu_class`), with `profile_overrides` (cpu_cores, min_memory_gb,
     node_selector) on each and `overrides` (ModelIn fields) replacing what they name.
     SizingError when no class fits, with each class's sentence."""
-    options = plan.fitting
+    options: Sequence[GpuOption] = plan.fitting
     if gpu_class:
         options = (option_for(plan.gpus, gpu_class),)
     if not options:

@@ -34,7 +34,8 @@ def with_owner_limit(plan: P, owner: str, policy: Policy, usage: Mapping[str, Am
     if isinstance(plan, Plan) and plan.fits:
         need = Amount(0, plan.cpu_cores, float(plan.memory_gb))
         if why := policy.at_limit(owner, usage, need):
-            plan = replace(plan, quota=f"fits on {', '.join(plan.fits)}, but {why}")
+            # mypy also tries this for P=HfPlan as an HfPlan-and-Plan, which has no quota.
+            plan = replace(plan, quota=f"fits on {', '.join(plan.fits)}, but {why}")  # type: ignore[call-arg]
     return plan
 
 

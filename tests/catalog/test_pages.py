@@ -28,14 +28,6 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
 @pytest.fixture
-def staff(client) -> Client:
-    client.force_login(
-        get_user_model().objects.create_user("ops", is_staff=True, is_superuser=True)
-    )
-    return client
-
-
-@pytest.fixture
 def ml(db) -> str:
     """The key of team Acme/ml."""
     org_create(name="Acme", actor="t")

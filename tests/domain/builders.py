@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from catalog.domain import ModelSpec, Profile
-from fleet.domain.placement import Inventory, Placement, Refusal
+from fleet.domain.placement import Inventory, NodeRoom, Placement, Refusal
 from fleet.domain.reconcile import Plan, decide
 from fleet.domain.types import (
     FABRIC_LABEL,
@@ -375,6 +375,16 @@ class Cluster:
         self.snap = replace(self.snap, states=states)
 
 
+def inventory(nodes: Iterable[NodeView], replicas: Iterable[ReplicaView] = ()) -> Inventory:
+    """These nodes, by id, with these replicas already holding their share of them."""
+    return Inventory({n.id: n for n in nodes}, list(replicas))
+
+
+def rooms(*nodes: NodeView, replicas: Iterable[ReplicaView] = ()) -> list[NodeRoom]:
+    """Each node's free room once `replicas` are on it: what the mirror's sizing reads."""
+    return list(inventory(nodes, replicas).rooms.values())
+
+
 def place(
     nodes: Iterable[NodeView],
     *profiles: Profile,
@@ -383,8 +393,7 @@ def place(
     source: str = "",
 ) -> Placement | Refusal:
     """Place one replica of `profiles` on these nodes, with these replicas already there."""
-    inventory = Inventory({n.id: n for n in nodes}, replicas)
-    return inventory.place(profiles, avoid=frozenset(avoid), weights_source=source)
+    return inventory(nodes, replicas).place(profiles, avoid=frozenset(avoid), weights_source=source)
 
 
 def nodes_of(result: Placement | Refusal) -> list[str]:

@@ -20,6 +20,7 @@ from .builders import (
     cpu_profile,
     gpu_node,
     gpu_profile,
+    inventory,
     model,
     replica,
     snapshot,
@@ -124,7 +125,7 @@ def test_headroom_counts_memory_already_claimed():
 
 def test_headroom_stops_at_the_number_asked_for_and_says_so():
     llama = replace(model("llama", TP4), min_replicas=0, max_replicas=0)
-    inv = Inventory({n.id: n for n in (gpu_node("1"), gpu_node("2"))}, ())
+    inv = inventory([gpu_node("1"), gpu_node("2")])
     room = headroom(llama, inv, 0, 3, Policy(), {}, {("llama", "tp4"): Measured(8, 640)})
     assert (room.more, room.limited, room.blocked) == (3, True, [])
     assert room.tok_per_sec == 640

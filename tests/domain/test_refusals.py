@@ -8,10 +8,10 @@ placement's own words; every other refused node is counted once, by what refused
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fleet.domain.placement import Inventory, Refusal
+from fleet.domain.placement import Refusal
 from fleet.domain.refusals import MAX_NAMED, binding, one_line
 
-from .builders import cpu_node, cpu_profile, gpu_node, gpu_profile, place, replica
+from .builders import cpu_node, cpu_profile, gpu_node, gpu_profile, inventory, place, replica
 
 
 def summary_of(nodes, *profiles, held=()) -> str:
@@ -187,7 +187,7 @@ def clusters(draw):
 @given(clusters())
 def test_every_refused_node_is_counted_exactly_once_and_the_line_is_never_empty(cluster):
     nodes, held, profile = cluster
-    inv = Inventory({n.id: n for n in nodes}, held)
+    inv = inventory(nodes, held)
     result = inv.place([profile])
     if not isinstance(result, Refusal):
         return

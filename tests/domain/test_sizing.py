@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from catalog.domain import parse_model
-from fleet.domain.placement import Inventory
 from mirror.domain.sizing import (
     DEFAULT_CTX,
     GIB,
@@ -20,7 +19,7 @@ from mirror.domain.sizing import (
 )
 from mirror.gguf import GgufInfo
 
-from .builders import cpu_node, gpu_node, replica
+from .builders import cpu_node, gpu_node, replica, rooms
 
 # Llama 3.1 8B Instruct Q4_K_M as its header has it.
 LLAMA = GgufInfo(
@@ -38,10 +37,6 @@ LLAMA = GgufInfo(
     value_length=128,
     size_bytes=4_920_734_656,
 )
-
-
-def rooms(*nodes, replicas=()):
-    return Inventory({n.id: n for n in nodes}, list(replicas)).rooms.values()
 
 
 def test_the_estimate_is_weights_kv_cache_a_gib_and_a_twentieth():

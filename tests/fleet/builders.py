@@ -1,8 +1,9 @@
-"""Builders for the shell's tests: agent frames, catalog entries, and nodes registered for real."""
+"""Builders for the shell's tests: their clock, agent frames, catalog entries, and nodes
+registered for real."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from catalog.domain import ModelSpec, parse_model
 from catalog.services import model_add
@@ -14,6 +15,13 @@ from fleet.protocol import Register
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}
 L4 = {"name": "NVIDIA L4", "memory_total_mb": 23034}
+# The moment a test's fleet starts: passes and heartbeats are given times after it.
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    """A moment `seconds` after T0."""
+    return T0 + timedelta(seconds=seconds)
 
 
 def register_frame(

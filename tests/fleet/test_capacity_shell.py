@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import DatabaseError
@@ -18,17 +18,12 @@ from fleet.selectors.inputs import Revised
 from llmgw.core import clock
 from tenancy.models import CapacityQuota, Organization, Team
 
-from .builders import gpu_model, model_added, node_add
+from .builders import T0, at, gpu_model, model_added, node_add
 from .test_reconciler import heard, ready
 
 pytestmark = pytest.mark.django_db
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 def stopped(replica: Replica, now: datetime) -> None:

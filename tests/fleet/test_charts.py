@@ -10,7 +10,6 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from prometheus_client import CollectorRegistry, Counter
 
@@ -25,15 +24,6 @@ from .builders import gpu_model, model_added, node_add
 
 pytestmark = pytest.mark.django_db
 HX = {"HTTP_HX_REQUEST": "true"}
-
-
-@pytest.fixture
-def staff(client, django_user_model) -> Client:
-    user = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
-    user.is_superuser = True
-    user.save()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

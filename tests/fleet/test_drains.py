@@ -5,7 +5,6 @@ meanwhile says what it waits for; an uncordon ends it, its timeout with it."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -18,18 +17,13 @@ from llmgw.cli.ctl_models import replicas_cell, serving
 from llmgw.cli.ctl_nodes import render_node, render_nodes
 from llmgw.cli.ctl_replicas import render_replicas
 
-from .builders import H100, gpu_model, model_added, node_add
+from .builders import H100, T0, at, gpu_model, model_added, node_add
 from .test_reconciler import heard, ready
 
 pytestmark = pytest.mark.django_db
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 NODES = ("gpu-a", "gpu-b")
 WHY = "gpu-b has 0 free h100-80g GPUs of 1, needs 1; gpu-a is draining"
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 def passes(seconds: float) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -18,13 +18,12 @@ from fleet.reconciler import run as reconciler
 from fleet.reconciler.run import reconcile_once
 from fleet.selectors.listings import model_explain
 from mirror.builds import engine_build_add
-from tests.fleet.builders import agent_credential
+from tests.fleet.builders import T0, agent_credential
 
 from .builders import cpu_model, model_added, register_frame
 
 pytestmark = pytest.mark.django_db
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 BINARY = b"#!/bin/sh\necho 'version: 6000'\n"
 
 

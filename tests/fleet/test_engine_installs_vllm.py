@@ -5,7 +5,6 @@ carries the requirement, the index and the more pip arguments the settings name.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
 
 import pytest
 
@@ -17,13 +16,11 @@ from fleet.reconciler.run import reconcile_once
 from fleet.selectors.installs import with_installable
 from fleet.selectors.state import node_views
 from llmgw.core.config import Vllm
-from tests.fleet.builders import agent_credential
+from tests.fleet.builders import T0, agent_credential
 
 from .builders import cpu_model, gpu_model, model_added, register_frame
 
 pytestmark = pytest.mark.django_db
-
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ reconciler's passes, the agents' reports and who changed what, newest first and 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -17,15 +17,9 @@ from fleet.protocol import ShardStatus
 from fleet.reconciler.run import reconcile_once
 from llmgw.core.errors import Invalid
 
-from .builders import gpu_model, model_added, node_add
+from .builders import T0, at, gpu_model, model_added, node_add
 
 pytestmark = pytest.mark.django_db
-
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
 
 import pytest
 from django.db import connection
@@ -15,12 +14,11 @@ from fleet.reconciler.run import reconcile_once
 from llmgw.core.permissions import OPERATORS
 from tests.helpers import detail
 
-from .builders import H100, gpu_model, model_added, node_add
+from .builders import H100, T0, gpu_model, model_added, node_add
 from .test_pages import CLUSTER_QUERIES
 
 pytestmark = pytest.mark.django_db
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 RACK = "llmgw.io/rack"
 
 

@@ -31,14 +31,6 @@ def _fresh():
     caches_clear()
 
 
-@pytest.fixture
-def staff(client, django_user_model) -> Client:
-    client.force_login(
-        django_user_model.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
-    )
-    return client
-
-
 def failing(name: str, *, failures: int = 3, parked: bool = False, node: str = "gpu-a") -> None:
     now = clock.now()
     ModelState.objects.create(

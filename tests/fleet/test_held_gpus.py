@@ -7,7 +7,7 @@ them; the API shows them; an agent that cannot tell (the field absent) constrain
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -16,11 +16,9 @@ from fleet.reconciler.run import reconcile_once
 from fleet.selectors.listings import nodes_list
 from fleet.selectors.state import node_views
 
-from .builders import H100, gpu_model, model_added, node_add
+from .builders import H100, T0, gpu_model, model_added, node_add
 
 pytestmark = pytest.mark.django_db
-
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
 def _gpus(*counts: int | None) -> tuple[dict, ...]:

@@ -9,7 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -36,12 +36,11 @@ from llmgw.gateway.metrics import REGISTRY as GATEWAY_REGISTRY
 from tenancy.models import CapacityQuota, Organization, Team
 from tenancy.selectors import quota_policy_load, quota_views
 
-from .builders import H100, L4, gpu_model, model_added, node_add
+from .builders import H100, L4, T0, at, gpu_model, model_added, node_add
 from .test_reconciler import ready
 
 pytestmark = pytest.mark.django_db
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parents[2]
 EXPORTED = (
     {d.sample for d in DESCS}
@@ -63,10 +62,6 @@ def _fresh_metric_caches():
 def at_t0(monkeypatch):
     """The clock the view reads stands at T0 + 5 s."""
     monkeypatch.setattr(clock, "now", lambda: T0 + timedelta(seconds=5))
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 def heard(node_id: str, now: datetime, load: dict | None) -> None:

@@ -3,7 +3,7 @@ placing, a shard ending, forgetting a node, and the heartbeats' load."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -19,6 +19,7 @@ from fleet.reconciler.run import reconcile_once
 from .builders import (
     H100,
     L4,
+    T0,
     agent_credential,
     gpu_model,
     model_added,
@@ -28,8 +29,6 @@ from .builders import (
 )
 
 pytestmark = pytest.mark.django_db
-
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
 def figures(node_id: str) -> tuple:

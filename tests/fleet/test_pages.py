@@ -50,14 +50,6 @@ def now():
     return clock.now()
 
 
-@pytest.fixture
-def staff(client, django_user_model) -> Client:
-    client.force_login(
-        django_user_model.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
-    )
-    return client
-
-
 def rows(body: bytes, attribute: str) -> list[str]:
     """The values of `data-<attribute>` on the table rows, in order."""
     return re.findall(rf'<tr data-{attribute}="([^"]+)"', body.decode())

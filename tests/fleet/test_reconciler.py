@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 import pytest
 from django.db import connection
@@ -19,15 +19,9 @@ from fleet.reconciler import run as reconciler
 from fleet.reconciler.run import lease_release, lease_take, reconcile_once
 from fleet.services import node_set_schedule
 
-from .builders import gpu_model, model_added, node_add
+from .builders import T0, at, gpu_model, model_added, node_add
 
 pytestmark = pytest.mark.django_db
-
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 def heard(node_id: str, now: datetime, **figures) -> None:

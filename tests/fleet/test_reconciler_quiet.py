@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import pytest
 
 import fleet.domain.reconcile as reconcile
@@ -12,16 +10,10 @@ from fleet.models import Replica
 from fleet.reconciler import run as reconciler
 from fleet.reconciler.run import reconcile_once
 
-from .builders import gpu_model, model_added, node_add
+from .builders import T0, at, gpu_model, model_added, node_add
 from .test_reconciler import heard, ready
 
 pytestmark = pytest.mark.django_db
-
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 @pytest.fixture

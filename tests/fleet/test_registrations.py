@@ -17,6 +17,7 @@ from fleet.protocol import Register
 
 from .builders import (
     L4,
+    T0,
     agent_credential,
     gpu_model,
     model_added,
@@ -27,7 +28,6 @@ from .builders import (
 
 pytestmark = pytest.mark.django_db
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 T1 = datetime(2026, 3, 2, 9, 5, tzinfo=UTC)
 
 

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -22,11 +21,9 @@ from mirror.builds import engine_build_add
 from mirror.domain.releases import wheel_name
 from tests.mirror.wheels import MAIN, wheel
 
-from .builders import node_add
+from .builders import T0, node_add
 
 pytestmark = pytest.mark.django_db
-
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
 @pytest.fixture

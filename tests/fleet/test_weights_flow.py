@@ -4,7 +4,7 @@ cache holds is recorded from register and heartbeats."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -17,12 +17,11 @@ from fleet.reconciler.run import reconcile_once
 from fleet.selectors.listings import replicas_list
 from mirror.models import WeightFile
 from mirror.worker import work_until_idle
-from tests.fleet.builders import node_add
+from tests.fleet.builders import T0, node_add
 from tests.mirror.test_weights import mirror_dir  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 DIGEST = "ab" * 32
 
 

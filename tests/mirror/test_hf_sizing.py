@@ -9,12 +9,11 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fleet.domain.placement import Inventory
 from mirror.domain.gpus import GIB, gpu_options
 from mirror.domain.hf import HfError, Tensor, hf_model
 from mirror.domain.hf_sizing import hf_plan, serve_hf_model
 from mirror.domain.sizing import SizingError
-from tests.domain.builders import cpu_node, gpu_node
+from tests.domain.builders import cpu_node, gpu_node, rooms
 
 from .hf_configs import (
     DEEPSEEK_V3,
@@ -33,10 +32,6 @@ from .hf_configs import (
     awq_tensors,
     dense_tensors,
 )
-
-
-def rooms(*nodes):
-    return list(Inventory({n.id: n for n in nodes}, []).rooms.values())
 
 
 @pytest.mark.parametrize(

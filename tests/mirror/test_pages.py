@@ -33,14 +33,6 @@ HX = {"HTTP_HX_REQUEST": "true"}
 PAGE_QUERIES = 5
 
 
-@pytest.fixture
-def staff(client, django_user_model) -> Client:
-    client.force_login(
-        django_user_model.objects.create_user("ops", password="x", is_staff=True, is_superuser=True)
-    )
-    return client
-
-
 def cpu_node(node_id: str, *, memory_gb: int, cpus: int) -> None:
     """A CPU node with llama.cpp, registered as its agent would."""
     frame = register_frame(node_id, gpus=(), memory_total_mb=memory_gb * 1024, cpu_count=cpus)

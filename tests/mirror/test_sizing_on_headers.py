@@ -4,16 +4,11 @@ figures, against estimates worked out by hand (the arithmetic beside each)."""
 from __future__ import annotations
 
 from catalog.domain import new_model_warnings_as_errors, parse_model
-from fleet.domain.placement import Inventory
 from mirror.domain.sizing import GIB, plan, serve_model
 from mirror.gguf import read_gguf
-from tests.domain.builders import cpu_node, gpu_node
+from tests.domain.builders import cpu_node, gpu_node, rooms
 
 from .ggufs import write_gguf
-
-
-def rooms(*nodes):
-    return Inventory({n.id: n for n in nodes}, []).rooms.values()
 
 
 def test_gemma_3_270m_needs_2_gb_at_the_default_context(gemma_gguf):

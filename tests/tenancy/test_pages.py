@@ -25,14 +25,6 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
 @pytest.fixture
-def staff(client) -> Client:
-    client.force_login(
-        get_user_model().objects.create_user("ops", is_staff=True, is_superuser=True)
-    )
-    return client
-
-
-@pytest.fixture
 def tree(db) -> dict[str, str]:
     """Acme with teams ml (and its project training) and web; scope keys by path."""
     acme = org_create(name="Acme", actor="t")
