@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from catalog.domain import ModelSpec
 from llmgw.core.config import Timings
@@ -160,7 +161,7 @@ def preemption_dry_run(model: ModelSpec, snap: Snapshot, now: datetime, t: Timin
     live = st.live.get(model.name, 0)
     wants = max((state.desired if state else model.min_replicas) - live, 0)
     profiles = ordered_profiles(model, snap.measurements)
-    out = {
+    out: dict[str, Any] = {
         "model": model.name,
         "class": model.effective_class,
         "wants": wants,

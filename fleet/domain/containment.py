@@ -60,7 +60,9 @@ class Verdict:
 
 def _over(used: int | None, reserved: int | None, margin: float) -> bool:
     # An unread figure or a reservation of nothing declared is never "over".
-    return used is not None and bool(reserved) and used > reserved * (1 + margin)
+    if used is None or not reserved:
+        return False
+    return used > reserved * (1 + margin)
 
 
 def judge(

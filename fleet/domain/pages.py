@@ -30,8 +30,15 @@ def installs_shown(engines: Mapping[str, str], installs: Iterable[dict]) -> list
     return [
         i
         for i in installs
-        if not (i.get("state") == "installed" and engines.get(i.get("engine")) == i.get("version"))
+        if not (i.get("state") == "installed" and _reported(engines, i) == i.get("version"))
     ]
+
+
+def _reported(engines: Mapping[str, str], install: dict) -> str | None:
+    """The version the node reports of this install's engine; None where it reports none
+    (or the install names no engine)."""
+    engine = install.get("engine")
+    return engines.get(engine) if engine is not None else None
 
 
 def schedule_actions(*, cordoned: bool, draining: bool) -> tuple[str, ...]:

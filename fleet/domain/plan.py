@@ -96,7 +96,7 @@ class Event(str):
     kind: str
     fields: dict
 
-    def __new__(cls, text: str, kind: str, **fields) -> Event:
+    def __new__(cls, text: str, kind: str, **fields: object) -> Event:
         event = super().__new__(cls, text)
         event.kind, event.fields = kind, fields
         return event

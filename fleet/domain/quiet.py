@@ -92,7 +92,9 @@ def shared_key(snap: Snapshot, *more: object) -> tuple:
     """What every step of a pass shares (`QuietModels.begin`): every field of the snapshot
     but those `KEYED_APART` or `LEFT_OUT`, by name, each mapping copied (the shell may hand
     over the same one changed), then `more` (the timings, the nodes draining)."""
-    values = ((name, getattr(snap, name)) for name in shared_fields(type(snap)))
+    # As a plain `type`: mypy checks a class against Hashable by its instances' __hash__.
+    kind: type = type(snap)
+    values = ((name, getattr(snap, name)) for name in shared_fields(kind))
     return (*((n, dict(v) if isinstance(v, Mapping) else v) for n, v in values), *more)
 
 

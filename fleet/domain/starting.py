@@ -126,7 +126,10 @@ def _apply_preemption(
     now, t = p.now, p.t
     deadline = now + timedelta(seconds=t.preempt_grace)
     until = now + timedelta(seconds=t.preempt_hold)
-    p.ctx.charge(model.owner, placement_amount(result.placement))
+    placed = result.placement
+    # Preemption gives victims or room being freed only with the placement they make (answer).
+    assert placed is not None
+    p.ctx.charge(model.owner, placement_amount(placed))
     # The whole placement it counted on is kept for it: the free part now, the victims'
     # part once they are gone. Another model later in this pass cannot take the free part.
     by_node: dict[str, list[str]] = {}
@@ -136,7 +139,7 @@ def _apply_preemption(
         Reservation(
             s.node_id, s.gpu_indices, s.memory_gb, s.cpu_cores, tuple(by_node.get(s.node_id, ()))
         )
-        for s in result.placement.shards
+        for s in placed.shards
     )
     p.ctx.preempted(model.name, [v.replica for v in result.victims], reserved)
     p.inv.keep(model.name, reserved)

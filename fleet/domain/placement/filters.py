@@ -184,6 +184,7 @@ def short_of_memory(room: NodeRoom, ask: Ask) -> NodeRefusal | None:
     wanted, free, node = ask.profile.min_memory_gb, room.memory_free, room.node
     if wanted is None or free is None or free >= wanted:
         return None
+    assert node.memory_gb is not None  # memory_free is None without it (room.py)
     return _short(
         node,
         f"has {_gb(node.memory_gb)} GB of memory with {_gb(max(free, 0))} GB free, needs {_gb(wanted)}",
@@ -222,12 +223,14 @@ def short_of_disk(room: NodeRoom, ask: Ask) -> NodeRefusal | None:
     node, profile = room.node, ask.profile
     if not _disk_short(node, profile, ask.source):
         return None
+    wanted, free = profile.min_disk_gb, node.disk_free_gb
+    assert wanted is not None and free is not None  # else the disk is not short
     return _short(
         node,
-        f"has {_gb(node.disk_free_gb)} GB of disk free, needs {_gb(profile.min_disk_gb)}",
+        f"has {_gb(free)} GB of disk free, needs {_gb(wanted)}",
         ("has too little free disk", "have too little free disk"),
         "disk",
-        profile.min_disk_gb - node.disk_free_gb,
+        wanted - free,
     )
 
 

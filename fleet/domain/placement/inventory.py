@@ -81,6 +81,7 @@ class Inventory:
     def rooms(self) -> dict[str, NodeRoom]:
         if self._rooms is None:
             self._build()
+        assert self._rooms is not None  # _build sets it
         return self._rooms
 
     @property

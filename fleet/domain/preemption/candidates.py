@@ -11,6 +11,7 @@ from __future__ import annotations
 from catalog.domain import ModelSpec
 from llmgw.core.config import Timings
 
+from ..types import ReplicaView
 from .context import Context
 from .victims import (
     GROWN_LOWER,
@@ -75,7 +76,7 @@ def candidates(
                 continue
             seen.add(r.id)
 
-            def refuse(why: str, r=r) -> None:
+            def refuse(why: str, r: ReplicaView = r) -> None:
                 nonlocal unsaid
                 if len(protected) < MAX_PROTECTED:
                     protected.append(Protected(r.id, r.model, f"candidate {r.id} {why}"))

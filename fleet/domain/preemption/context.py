@@ -155,7 +155,7 @@ def _above_min(alive: Iterable[ReplicaView], models: Mapping[str, ModelSpec]) ->
     for r in alive:
         if r.state in ACTIVE and not r.retiring:
             by_model.setdefault(r.model, []).append(r)
-    out = set()
+    out: set[str] = set()
     for name, reps in by_model.items():
         spec = models.get(name)
         if spec is None:

@@ -481,7 +481,7 @@ def _lower_bound(
     if len(group) > 1:
         return (rank, klass, 1, ZERO.size_key())
     room = inv.rooms[next(iter(group))]
-    fewest: list[tuple[int, float]] = []
+    fewest: list[tuple[int, int]] = []
     for p in profiles:
         if p.nodes != 1:
             continue
@@ -501,8 +501,9 @@ def _lower_bound(
             _fewest([c.amount.memory_gb for c in pool], memory),
             _fewest([c.amount.cpu_cores for c in pool], cores),
         ]
-        if None not in counts:
-            fewest.append((max(max(counts), 1), max(gpus, 0)))
+        known = [n for n in counts if n is not None]
+        if len(known) == len(counts):
+            fewest.append((max(max(known), 1), max(gpus, 0)))
     if not fewest:
         return None
     k, gpus = min(fewest)

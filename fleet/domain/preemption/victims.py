@@ -77,7 +77,11 @@ class Candidate:
     @property
     def rank(self) -> int:
         """Its tier as ordered: a loan to take back goes with the loans, unless it is idle."""
-        return BORROWED if self.reclaimable and self.tier != IDLE_ON_DEMAND else self.tier
+        if self.reclaimable and self.tier != IDLE_ON_DEMAND:
+            return BORROWED
+        # Only a loan to take back has no tier by class (candidates.py refuses the rest).
+        assert self.tier is not None
+        return self.tier
 
     def order(self) -> tuple:
         """Class inside every tier: lower class first, then longest unused, smallest, id."""
