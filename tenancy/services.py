@@ -682,7 +682,7 @@ def budget_figures(given: Mapping[str, object]) -> dict[str, int | Decimal | Non
     return out
 
 
-def _budget_scope(scope: object, tree: ScopeTree, *, stored: bool = False) -> str:
+def budget_scope(scope: object, tree: ScopeTree, *, stored: bool = False) -> str:
     """The key of a budget's scope: `key:ID` for an API key, else the scope `scope` names;
     with `stored`, also a key a budget is kept under whose key or scope was since deleted."""
     text = scope.strip() if isinstance(scope, str) else ""
@@ -711,7 +711,7 @@ def budget_set(*, scope: str, actor: str, **figures: object) -> str:
     wanted = budget_figures(figures)
     with transaction.atomic():
         tree = scope_tree()
-        key = _budget_scope(scope, tree)
+        key = budget_scope(scope, tree)
         Budget.objects.update_or_create(scope=key, defaults={**wanted, "updated_by": actor[:150]})
         audit_record(actor=actor, action="budget.set", target=key, detail=_budget_detail(wanted))
     log.info(
@@ -730,7 +730,7 @@ def budget_clear(*, scope: str, actor: str) -> str:
     budget whose key or scope was since deleted can still be removed by its key."""
     with transaction.atomic():
         tree = scope_tree()
-        key = _budget_scope(scope, tree, stored=True)
+        key = budget_scope(scope, tree, stored=True)
         old = Budget.objects.filter(scope=key).first()
         if old is None:
             raise NotFound(f"{_written(tree, key)} has no budget.")

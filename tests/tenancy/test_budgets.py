@@ -422,3 +422,76 @@ def test_budgets_and_prices_need_an_admin_token(tree, method, path):
     response = Client().generic(method, f"/api/v1{path}", "{}", "application/json")
 
     assert response.status_code == 401
+
+
+# In Django admin
+
+
+class TestAdmin:
+    def test_the_list_shows_each_budget_by_name(self, admin_client, tree):
+        budget_set(scope="team:Acme/ml", tokens_per_day=600, actor="o")
+
+        page = admin_client.get("/admin/tenancy/budget/")
+
+        assert page.status_code == 200
+        text = page.content.decode()
+        assert "Acme / ml" in text and tree["ml"] in text and "600" in text
+
+    def test_a_budget_added_in_admin_goes_through_the_service(self, admin_client, tree):
+        response = admin_client.post(
+            "/admin/tenancy/budget/add/",
+            {"scope": f"key:{tree['ci'].pk}", "cost_per_month": "12.5", "tokens_per_day": ""},
+        )
+
+        assert response.status_code == 302
+        row = Budget.objects.get()
+        assert (row.scope, row.cost_per_month, row.tokens_per_day, row.updated_by) == (
+            f"key:{tree['ci'].pk}",
+            Decimal("12.5"),
+            None,
+            "admin",
+        )
+        assert AuditEvent.objects.filter(action="budget.set", actor="admin").exists()
+
+    @pytest.mark.parametrize(
+        "form, field, said",
+        [
+            ({"scope": "team:ml", "tokens_per_day": "1"}, "scope", "could be any of 2"),
+            ({"scope": "key:999", "tokens_per_day": "1"}, "scope", "there is no API key"),
+            ({"scope": "org:Acme", "tokens_per_day": "0"}, "tokens_per_day", "from 1"),
+            ({"scope": "org:Acme", "cost_per_day": "-1"}, "cost_per_day", "must be a number"),
+            ({"scope": "org:Acme"}, "__all__", "A budget needs tokens or a cost"),
+        ],
+    )
+    def test_a_bad_budget_is_refused_beside_its_field(self, admin_client, tree, form, field, said):
+        response = admin_client.post("/admin/tenancy/budget/add/", form)
+
+        assert response.status_code == 200
+        errors = response.context["adminform"].form.errors.get(field, [])
+        assert said in " ".join(errors)
+        assert not Budget.objects.exists()
+
+    def test_a_budget_deleted_in_admin_is_cleared_and_recorded(self, admin_client, tree):
+        budget_set(scope="org:Acme", tokens_per_day=5, actor="o")
+        row = Budget.objects.get()
+        assert admin_client.get(f"/admin/tenancy/budget/{row.pk}/change/").status_code == 200
+
+        response = admin_client.post(f"/admin/tenancy/budget/{row.pk}/delete/", {"post": "yes"})
+
+        assert response.status_code == 302
+        assert AuditEvent.objects.filter(action="budget.clear", actor="admin").exists()
+
+    def test_a_price_is_added_and_deleted_in_admin_through_the_services(self, admin_client, tree):
+        assert admin_client.get("/admin/tenancy/modelprice/add/").status_code == 200
+        response = admin_client.post(
+            "/admin/tenancy/modelprice/add/",
+            {"model": "llama", "prompt_per_million": "0.15", "completion_per_million": "0.6"},
+        )
+        assert response.status_code == 302
+        row = ModelPrice.objects.get()
+        assert (row.model, row.updated_by) == ("llama", "admin")
+
+        admin_client.post(f"/admin/tenancy/modelprice/{row.pk}/delete/", {"post": "yes"})
+
+        assert not ModelPrice.objects.exists()
+        assert AuditEvent.objects.filter(action="price.clear", actor="admin").exists()
