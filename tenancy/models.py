@@ -155,6 +155,30 @@ class ModelPrice(models.Model):
         return self.model
 
 
+class DailySpend(models.Model):
+    """The Usage rows' tokens summed per UTC day, key and model: added in the same statement's
+    transaction as the rows (services.usage_add), so a month's spend for a budget is a sum of
+    at most 31 rows per key and model rather than of 44,640 minutes."""
+
+    day = models.DateField()
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="spend")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="spend")
+    model = models.CharField(max_length=64)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "api_key", "model"], name="daily_spend_one_row_per_day"
+            )
+        ]
+        indexes = [models.Index(fields=["project", "day"])]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.model}"
+
+
 class UsageJournal(models.Model):
     """How much of a gateway process's usage journal (llmgw/gateway/journal.py) the Usage
     rows hold: the number of the last batch added, written in that batch's own transaction;

@@ -32,6 +32,7 @@ from .models import (
     AuditEvent,
     Budget as BudgetRow,
     CapacityQuota,
+    DailySpend,
     ModelPrice,
     Organization,
     PolicyRevision,
@@ -404,7 +405,8 @@ def audit_rows(
 
 
 # Spend budgets (tenancy/budgets.py): what each budgeted key and scope spent, read from the
-# usage rows, so every gateway process and server counts the same and a restart loses none.
+# days' sums added with the usage rows, so every gateway process and server counts the same
+# and a restart loses none.
 
 # Usage rows under a budget's scope, by the column that holds its kind's ID.
 _BUDGET_COLUMNS = {"key": "api_key_id", **_SCOPE_COLUMNS}
@@ -436,9 +438,9 @@ def prices_load() -> dict[str, Price]:
 
 def _used(budgets: list[Budget], now: datetime) -> list[Used]:
     """Usage this UTC month and this UTC day, per key and model, of the keys under the
-    budgets' scopes: one aggregate query."""
-    month, day = window("month", now)[0], window("day", now)[0]
-    rows = Usage.objects.filter(bucket__gte=month, bucket__lte=now)
+    budgets' scopes, from the days' sums kept beside the usage rows: one aggregate query."""
+    month, day = window("month", now)[0].date(), window("day", now)[0].date()
+    rows = DailySpend.objects.filter(day__gte=month, day__lte=day)
     scopes = {b.scope for b in budgets}
     if len(scopes) <= _BUDGETS_FILTERED:
         under = Q()
@@ -446,7 +448,7 @@ def _used(budgets: list[Budget], now: datetime) -> list[Used]:
             kind, _, raw = scope.partition(":")
             under |= Q(**{_BUDGET_COLUMNS[kind]: int(raw)})
         rows = rows.filter(under)
-    today = Q(bucket__gte=day)
+    today = Q(day=day)
     sums = rows.values("api_key_id", "project_id", "model").annotate(
         m_prompt=Sum("prompt_tokens"),
         m_completion=Sum("completion_tokens"),
@@ -454,7 +456,7 @@ def _used(budgets: list[Budget], now: datetime) -> list[Used]:
         d_completion=Sum("completion_tokens", filter=today),
     )
     out = []
-    for s in sums:
+    for s in sums.order_by():
         common = (s["api_key_id"], s["project_id"], s["model"])
         out.append(Used("month", *common, s["m_prompt"] or 0, s["m_completion"] or 0))
         if s["d_prompt"] or s["d_completion"]:

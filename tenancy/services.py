@@ -599,6 +599,35 @@ def _usage_rows_add(tallies: Mapping[tuple[int, int, int, str], Sequence[int]]) 
     if rows:
         with connection.cursor() as cursor:
             cursor.executemany(_USAGE_ADD, rows)
+        _daily_spend_add(tallies, keys)
+
+
+_DAILY_SPEND_ADD = """
+INSERT INTO tenancy_dailyspend (day, api_key_id, project_id, model, prompt_tokens,
+                                completion_tokens)
+VALUES (%s, %s, %s, %s, %s, %s)
+ON CONFLICT (day, api_key_id, model) DO UPDATE SET
+    prompt_tokens = tenancy_dailyspend.prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = tenancy_dailyspend.completion_tokens + excluded.completion_tokens
+"""
+
+
+def _daily_spend_add(
+    tallies: Mapping[tuple[int, int, int, str], Sequence[int]], keys: set[int]
+) -> None:
+    """Add the tallies' tokens to their UTC day's DailySpend rows, in the caller's
+    transaction with the Usage rows they are also added to: the budgets' spend."""
+    days: dict[tuple, list[int]] = {}
+    for (minute, key, project, model), figures in tallies.items():
+        if key in keys:
+            day = datetime.fromtimestamp(minute * 60, UTC).date()
+            summed = days.setdefault((day, key, project, model), [0, 0])
+            summed[0] += figures[2]
+            summed[1] += figures[3]
+    adapt = connection.ops.adapt_datefield_value
+    rows = [(adapt(day), *rest, *summed) for (day, *rest), summed in sorted(days.items())]
+    with connection.cursor() as cursor:
+        cursor.executemany(_DAILY_SPEND_ADD, rows)
 
 
 def usage_journal_settle(

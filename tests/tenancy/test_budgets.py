@@ -495,3 +495,53 @@ class TestAdmin:
 
         assert not ModelPrice.objects.exists()
         assert AuditEvent.objects.filter(action="price.clear", actor="admin").exists()
+
+
+# The days' sums the spend is read from
+
+
+def test_the_days_sums_hold_what_the_usage_rows_hold_however_it_came(tree):
+    from tenancy.models import DailySpend, Usage
+    from tenancy.services import usage_journal_settle
+
+    late = NOW.replace(hour=23, minute=59)
+    spend(tree["ci"], "llama", 10, 1)
+    spend(tree["ci"], "llama", 20, 2, at=late)
+    spend(tree["ci"], "llama", 40, 4, at=late + timedelta(minutes=1))  # the next UTC day
+    minute = int(NOW.timestamp() // 60)
+    usage_journal_settle(
+        name="gw-1",
+        tallies={(minute, tree["other"].pk, tree["other"].project_id, "qwen"): [1, 0, 7, 3, 1, 0]},
+    )
+    gone = tree["site"].pk
+    usage_add(tallies={(minute, gone + 1000, tree["site"].project_id, "llama"): [1, 0, 5, 5, 1, 0]})
+
+    days = {
+        (d.day.isoformat(), d.api_key_id, d.model): (d.prompt_tokens, d.completion_tokens)
+        for d in DailySpend.objects.all()
+    }
+    assert days == {
+        ("2026-12-07", tree["ci"].pk, "llama"): (30, 3),
+        ("2026-12-08", tree["ci"].pk, "llama"): (40, 4),
+        ("2026-12-07", tree["other"].pk, "qwen"): (7, 3),
+    }
+    assert sum(p for p, _ in days.values()) == sum(
+        Usage.objects.values_list("prompt_tokens", flat=True)
+    )
+
+
+def test_the_migration_sums_the_usage_recorded_before_it(tree):
+    import importlib
+
+    from django.apps import apps
+
+    from tenancy.models import DailySpend
+
+    spend(tree["ci"], "llama", 10, 1)
+    spend(tree["ci"], "llama", 20, 2, at=NOW + timedelta(minutes=5))
+    DailySpend.objects.all().delete()
+
+    importlib.import_module("tenancy.migrations.0007_budgets").daily_spend_fill(apps, None)
+
+    (row,) = DailySpend.objects.all()
+    assert (row.day.isoformat(), row.prompt_tokens, row.completion_tokens) == ("2026-12-07", 30, 3)
