@@ -1,5 +1,5 @@
-"""Tenancy reads: tokens, the tenancy tree, scope names, capacity quotas, scope limits and
-usage reports."""
+"""Tenancy reads: tokens, the tenancy tree, scope names, capacity quotas, scope limits, usage
+reports, and budgets with their spend."""
 
 from __future__ import annotations
 
@@ -497,7 +497,7 @@ def _book(rows, now: datetime) -> tuple[Book, list[Used], ScopeTree]:
 def budget_book(*, now: datetime) -> Book:
     """Every budget with what its scope spent this UTC day and month, as of `now`: for the
     gateway to keep in memory, read again every few seconds, and judge each request by
-    (`Book.verdict`). Six queries however many budgets there are."""
+    (`Book.verdict`). At most seven queries however many budgets there are."""
     return _book(BudgetRow.objects.all(), now)[0]
 
 

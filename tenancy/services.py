@@ -1,4 +1,5 @@
-"""Tenancy writes: tokens, the tenancy tree, capacity quotas, scope limits and the audit trail."""
+"""Tenancy writes: tokens, the tenancy tree, capacity quotas, scope limits, budgets, model
+prices, usage and the audit trail."""
 
 from __future__ import annotations
 
