@@ -1,4 +1,5 @@
-"""The tenancy tree over REST: orgs, teams, projects, keys, quotas, limits and usage."""
+"""The tenancy tree over REST: orgs, teams, projects, keys, quotas, limits, usage, budgets
+and prices."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from llmgw.core.api import actor
 from . import selectors, services
 from .auth import can
 from .schemas import (
+    BudgetClearOut,
+    BudgetIn,
+    BudgetSetOut,
+    BudgetsOut,
     KeyIn,
     KeyMadeOut,
     KeyOut,
@@ -21,6 +26,10 @@ from .schemas import (
     LimitSetOut,
     OrgIn,
     OrgOut,
+    PriceClearOut,
+    PriceIn,
+    PriceOut,
+    PriceSetOut,
     ProjectIn,
     ProjectOut,
     QuotaClearOut,
@@ -174,3 +183,47 @@ def usage_report(request, scope: str | None = None, since: str | None = None, by
     return selectors.usage_report(
         scope=scope or None, since=selectors.usage_since(since, now=clock.now()), by=by
     )
+
+
+@router.get("/budgets", response=BudgetsOut, auth=can("tenancy.view_budget"))
+def budgets_list(request):
+    """Every budget with what its key or scope spent this UTC day and month."""
+    return selectors.budgets_list(now=clock.now())
+
+
+@router.put("/budgets", response=BudgetSetOut, auth=can("tenancy.change_budget"))
+def budget_set(request, payload: BudgetIn):
+    """Set a key's or scope's budgets, replacing what it had."""
+    figures = payload.dict(exclude={"scope"})
+    key = services.budget_set(scope=payload.scope, actor=actor(request), **figures)
+    return {"scope": key}
+
+
+@router.delete("/budgets/{path:scope}", response=BudgetClearOut, auth=can("tenancy.delete_budget"))
+def budget_clear(request, scope: str):
+    return {"removed": services.budget_clear(scope=scope, actor=actor(request))}
+
+
+@router.get("/prices", response=list[PriceOut], auth=can("tenancy.view_modelprice"))
+def prices_list(request):
+    """Every model's price per million prompt and completion tokens."""
+    return selectors.prices_list()
+
+
+@router.put("/prices", response=PriceSetOut, auth=can("tenancy.change_modelprice"))
+def price_set(request, payload: PriceIn):
+    """Set a model's price, replacing what it had."""
+    name = services.price_set(
+        model=payload.model,
+        prompt_per_million=payload.prompt_per_million,
+        completion_per_million=payload.completion_per_million,
+        actor=actor(request),
+    )
+    return {"model": name}
+
+
+@router.delete(
+    "/prices/{path:model}", response=PriceClearOut, auth=can("tenancy.delete_modelprice")
+)
+def price_clear(request, model: str):
+    return {"removed": services.price_clear(model=model, actor=actor(request))}

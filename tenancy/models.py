@@ -115,6 +115,70 @@ class Usage(models.Model):
         return f"{self.bucket:%Y-%m-%d %H:%M} {self.model}"
 
 
+class Budget(models.Model):
+    """What a key or scope may spend per UTC day and per UTC month, in tokens (prompt and
+    completion) and in cost (by ModelPrice); a figure left null is not budgeted
+    (tenancy/budgets.py holds the rules)."""
+
+    scope = models.CharField(
+        max_length=40, unique=True, help_text="key:ID, org:ID, team:ID or project:ID"
+    )
+    tokens_per_day = models.PositiveBigIntegerField(null=True, blank=True)
+    tokens_per_month = models.PositiveBigIntegerField(null=True, blank=True)
+    cost_per_day = models.DecimalField(max_digits=16, decimal_places=4, null=True, blank=True)
+    cost_per_month = models.DecimalField(max_digits=16, decimal_places=4, null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        verbose_name = "spend budget"
+
+    def __str__(self) -> str:
+        return self.scope
+
+
+class ModelPrice(models.Model):
+    """What a model's tokens cost, per million prompt and per million completion tokens, in
+    the operator's currency, for cost budgets. Kept here by the model's name as usage rows
+    hold it, not in the catalog: a price is the tenants' bill, and outlives the model."""
+
+    model = models.CharField(max_length=64, unique=True)
+    prompt_per_million = models.DecimalField(max_digits=12, decimal_places=4)
+    completion_per_million = models.DecimalField(max_digits=12, decimal_places=4)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["model"]
+
+    def __str__(self) -> str:
+        return self.model
+
+
+class DailySpend(models.Model):
+    """The Usage rows' tokens summed per UTC day, key and model: added in the same statement's
+    transaction as the rows (services.usage_add), so a month's spend for a budget is a sum of
+    at most 31 rows per key and model rather than of 44,640 minutes."""
+
+    day = models.DateField()
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="spend")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="spend")
+    model = models.CharField(max_length=64)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "api_key", "model"], name="daily_spend_one_row_per_day"
+            )
+        ]
+        indexes = [models.Index(fields=["project", "day"])]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.model}"
+
+
 class UsageJournal(models.Model):
     """How much of a gateway process's usage journal (llmgw/gateway/journal.py) the Usage
     rows hold: the number of the last batch added, written in that batch's own transaction;

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from ninja import Schema
-from pydantic import ConfigDict, Field, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 
 class _In(Schema):
@@ -178,3 +178,75 @@ class UsageOut(Schema):
     since: datetime
     by: str = Field(description="project, key or model; rows are always split by model too")
     rows: list[UsageRowOut] = Field(description="the most requests first")
+
+
+# A cost: a JSON number, or its text when every decimal place matters (`"0.1500"`).
+Cost = StrictInt | StrictFloat | StrictStr
+
+
+class BudgetIn(_In):
+    """Each figure above zero; one left out is not budgeted."""
+
+    scope: StrictStr = Field(
+        description="key:ID, org:Acme, team:Acme/ml, project:Acme/ml/training or ID"
+    )
+    tokens_per_day: StrictInt | None = Field(None, description="prompt and completion tokens")
+    tokens_per_month: StrictInt | None = None
+    cost_per_day: Cost | None = Field(None, description="by the models' prices")
+    cost_per_month: Cost | None = None
+
+
+class SpentOut(Schema):
+    tokens: int
+    cost: float
+
+
+class BudgetOut(Schema):
+    scope: str = Field(description="team:ID or key:ID")
+    name: str = Field(description="Acme / ml")
+    tokens_per_day: int | None = Field(description="null: not budgeted")
+    tokens_per_month: int | None
+    cost_per_day: float | None
+    cost_per_month: float | None
+    spent: dict[str, SpentOut] = Field(description="this UTC day and this UTC month")
+    resets_at: dict[str, datetime] = Field(description="when the day and the month end")
+    updated_by: str
+    updated_at: datetime | None
+
+
+class BudgetsOut(Schema):
+    budgets: list[BudgetOut]
+    unpriced: list[str] = Field(
+        description="models used this month without a price: cost budgets count them free"
+    )
+    read_at: datetime
+
+
+class BudgetSetOut(Schema):
+    scope: str
+
+
+class BudgetClearOut(Schema):
+    removed: str
+
+
+class PriceIn(_In):
+    model: StrictStr = Field(description="the model's name as the catalog has it")
+    prompt_per_million: Cost
+    completion_per_million: Cost
+
+
+class PriceOut(Schema):
+    model: str
+    prompt_per_million: float
+    completion_per_million: float
+    updated_by: str
+    updated_at: datetime | None
+
+
+class PriceSetOut(Schema):
+    model: str
+
+
+class PriceClearOut(Schema):
+    removed: str

@@ -1,22 +1,39 @@
-"""Tenancy reads: tokens, the tenancy tree, scope names, capacity quotas, scope limits and
-usage reports."""
+"""Tenancy reads: tokens, the tenancy tree, scope names, capacity quotas, scope limits, usage
+reports, and budgets with their spend."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, Max, Q, Sum
 
 from llmgw.core import clock
 from llmgw.core.errors import Invalid
 from llmgw.core.secrets import digest
 
+from .budgets import (
+    ALLOWED,
+    PERIODS,
+    UNITS,
+    Book,
+    Budget,
+    Price,
+    Used,
+    Verdict,
+    spent_by_scope,
+    unpriced,
+    window,
+)
 from .models import (
     ApiKey,
     AuditEvent,
+    Budget as BudgetRow,
     CapacityQuota,
+    DailySpend,
+    ModelPrice,
     Organization,
     PolicyRevision,
     Project,
@@ -385,3 +402,146 @@ def audit_rows(
         rows = rows.filter(at__lt=before)
     fields = ("id", "at", "actor", "action", "target", "detail")
     return list(rows.order_by("-at", "-id").values_list(*fields)[:limit])
+
+
+# Spend budgets (tenancy/budgets.py): what each budgeted key and scope spent, read from the
+# days' sums added with the usage rows, so every gateway process and server counts the same
+# and a restart loses none.
+
+# Usage rows under a budget's scope, by the column that holds its kind's ID.
+_BUDGET_COLUMNS = {"key": "api_key_id", **_SCOPE_COLUMNS}
+# Past this many budgets the spend is summed over every key rather than an OR of them all.
+_BUDGETS_FILTERED = 50
+
+
+def _budgets(rows) -> list[Budget]:
+    """The Budget rows as the rules take them: one per figure set."""
+    out = []
+    for row in rows:
+        for unit in UNITS:
+            for period in PERIODS:
+                amount = getattr(row, f"{unit}_per_{period}")
+                if amount is not None:
+                    out.append(Budget(row.scope, period, unit, Decimal(amount)))
+    return out
+
+
+def prices_load() -> dict[str, Price]:
+    """model name → its price: one query."""
+    return {
+        m: Price(Decimal(p), Decimal(c))
+        for m, p, c in ModelPrice.objects.values_list(
+            "model", "prompt_per_million", "completion_per_million"
+        )
+    }
+
+
+def _used(budgets: list[Budget], now: datetime) -> list[Used]:
+    """Usage this UTC month and this UTC day, per key and model, of the keys under the
+    budgets' scopes, from the days' sums kept beside the usage rows: one aggregate query."""
+    month, day = window("month", now)[0].date(), window("day", now)[0].date()
+    rows = DailySpend.objects.filter(day__gte=month, day__lte=day)
+    scopes = {b.scope for b in budgets}
+    if len(scopes) <= _BUDGETS_FILTERED:
+        under = Q()
+        for scope in scopes:
+            kind, _, raw = scope.partition(":")
+            under |= Q(**{_BUDGET_COLUMNS[kind]: int(raw)})
+        rows = rows.filter(under)
+    today = Q(day=day)
+    sums = rows.values("api_key_id", "project_id", "model").annotate(
+        m_prompt=Sum("prompt_tokens"),
+        m_completion=Sum("completion_tokens"),
+        d_prompt=Sum("prompt_tokens", filter=today),
+        d_completion=Sum("completion_tokens", filter=today),
+    )
+    out = []
+    for s in sums.order_by():
+        common = (s["api_key_id"], s["project_id"], s["model"])
+        out.append(Used("month", *common, s["m_prompt"] or 0, s["m_completion"] or 0))
+        if s["d_prompt"] or s["d_completion"]:
+            out.append(Used("day", *common, s["d_prompt"] or 0, s["d_completion"] or 0))
+    return out
+
+
+def _budget_names(tree: ScopeTree, scopes: Iterable[str]) -> dict[str, str]:
+    """Every scope's name, and each budgeted key's: `key:ci (llmgw_key_ab…)`."""
+    ids = [int(s.partition(":")[2]) for s in scopes if s.startswith("key:")]
+    names = dict(tree.names)
+    for pk, name, prefix in ApiKey.objects.filter(pk__in=ids).values_list("pk", "name", "prefix"):
+        names[f"key:{pk}"] = f"key:{name} ({prefix}…)"
+    return names
+
+
+def _book(rows, now: datetime) -> tuple[Book, list[Used], ScopeTree]:
+    budgets = _budgets(rows)
+    tree = scope_tree()
+    chains = {
+        int(s.partition(":")[2]): (s, *up)
+        for s, up in tree.parents.items()
+        if s.startswith("project:")
+    }
+    used = _used(budgets, now) if budgets else []
+    by_scope: dict[str, tuple[Budget, ...]] = {}
+    for b in budgets:
+        by_scope[b.scope] = (*by_scope.get(b.scope, ()), b)
+    book = Book(
+        budgets=by_scope,
+        spent=spent_by_scope(used, chains, prices_load()) if used else {},
+        names=_budget_names(tree, by_scope),
+        read_at=now,
+    )
+    return book, used, tree
+
+
+def budget_book(*, now: datetime) -> Book:
+    """Every budget with what its scope spent this UTC day and month, as of `now`: for the
+    gateway to keep in memory, read again every few seconds, and judge each request by
+    (`Book.verdict`). At most seven queries however many budgets there are."""
+    return _book(BudgetRow.objects.all(), now)[0]
+
+
+def budget_verdict(*, chain: Iterable[str], now: datetime) -> Verdict:
+    """What the budgets of `chain` (`key:3`, `project:12`, `team:7`, `org:9`, as the gateway
+    holds a key's chain) say of one more request now: budgets.Verdict."""
+    chain = tuple(chain)
+    rows = BudgetRow.objects.filter(scope__in=chain)
+    if not rows.exists():
+        return ALLOWED
+    return _book(rows, now)[0].verdict(chain, now)
+
+
+def budgets_list(*, now: datetime) -> dict:
+    """Every budget as `GET /budgets` shows it: its figures, what its scope spent this UTC day
+    and month and when each resets, in path order; and the models used this month without a
+    price, which cost budgets count as free."""
+    rows = list(BudgetRow.objects.all())
+    book, used, tree = _book(rows, now)
+    resets = {p: window(p, now)[1] for p in PERIODS}
+    out = []
+    for row in rows:
+        spent = {p: book.spent_now(row.scope, p, now) for p in PERIODS}
+        out.append(
+            {
+                "scope": row.scope,
+                "name": tree.display(row.scope)
+                if row.scope in tree.names
+                else book.names.get(row.scope, row.scope),
+                **{f"{u}_per_{p}": getattr(row, f"{u}_per_{p}") for u in UNITS for p in PERIODS},
+                "spent": {p: {"tokens": s.tokens, "cost": s.cost} for p, s in spent.items()},
+                "resets_at": resets,
+                "updated_by": row.updated_by,
+                "updated_at": row.updated_at,
+            }
+        )
+    out.sort(key=lambda v: (tree.path(v["scope"]).casefold(), v["scope"]))
+    return {"budgets": out, "unpriced": unpriced(used, prices_load()), "read_at": now}
+
+
+def prices_list() -> list[dict]:
+    """Every model's price, by model name."""
+    return list(
+        ModelPrice.objects.values(
+            "model", "prompt_per_million", "completion_per_million", "updated_by", "updated_at"
+        )
+    )

@@ -22,6 +22,7 @@ NO_DJANGO = (
     "catalog.domain",
     "fleet.domain",
     "mirror.domain",
+    "tenancy.budgets",
     "tenancy.quota",
     "tenancy.scopes",
     "fleet.agent",

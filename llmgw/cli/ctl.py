@@ -23,6 +23,7 @@ import httpx
 
 from llmgw.cli import (
     ctl_bench,
+    ctl_budget,
     ctl_capacity,
     ctl_engines,
     ctl_events,
@@ -56,6 +57,7 @@ COMMANDS = [
     ctl_capacity,
     ctl_keys,
     ctl_usage,
+    ctl_budget,
     ctl_bench,
     ctl_logs,
     ctl_events,

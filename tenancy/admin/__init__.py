@@ -8,7 +8,8 @@ message after it is added; only its hash and first characters are kept.
 
 Each part registers its models as it is imported here, so Django's autodiscovery
 of `tenancy.admin` finds them all: the tree (tree.py), API keys and tokens
-(keys.py), quotas and scope limits (limits.py), and the audit trail (audit.py).
+(keys.py), quotas and scope limits (limits.py), spend budgets and model prices
+(budgets.py), and the audit trail (audit.py).
 """
 
-from . import audit, keys, limits, tree  # noqa: F401 (imported to register)
+from . import audit, budgets, keys, limits, tree  # noqa: F401 (imported to register)
