@@ -1,16 +1,20 @@
-"""Reads of the mirror: weights as the API and pages show them, and what a model's source names."""
+"""Reads of the mirror: weights as the API and pages show them, what a model's source names,
+the engine builds placement and ``start_shard`` offer, and llmgw's own releases."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from django.conf import settings
 
 from catalog.models import Model
+from llmgw.core.errors import NotFound
 
+from .domain.platforms import BINARY_ENGINES, RELEASE, RELEASE_PLATFORM
 from .domain.progress import READY, FileProgress, progress
 from .domain.refs import FolderRef, WeightsRef
-from .models import WeightFile, Weights
+from .models import EngineBuild, WeightFile, Weights
 
 
 def _users(weights: list[Weights]) -> dict[int, list[str]]:
@@ -208,8 +212,6 @@ def file_sources(sha256: str) -> tuple[str, ...] | None:
     """Who may read the mirror file with this digest: () for an engine build (any node), the
     sources of the weights it is a file of (nodes running a model on them), None when the
     mirror holds no such file."""
-    from .models import EngineBuild
-
     if EngineBuild.objects.filter(sha256=sha256).exists():
         return ()
     sources = tuple(
@@ -218,3 +220,69 @@ def file_sources(sha256: str) -> tuple[str, ...] | None:
         .distinct()
     )
     return sources or None
+
+
+@dataclass(frozen=True)
+class EngineBuildRef:
+    """What an agent needs to install a build: ``start_shard``'s ``engine_build``."""
+
+    engine: str
+    version: str
+    sha256: str
+    size: int
+    url: str
+
+    def message(self) -> dict:
+        return {
+            "engine": self.engine,
+            "version": self.version,
+            "sha256": self.sha256,
+            "size": self.size,
+            "url": self.url,
+        }
+
+
+def builds_offered() -> dict[str, dict[str, EngineBuildRef]]:
+    """Per platform, per engine, the build a node lacking it installs: the newest added.
+
+    One query, whatever the count.
+    """
+    base = settings.LLMGW.mirror.url or ""
+    out: dict[str, dict[str, EngineBuildRef]] = {}
+    rows = EngineBuild.objects.order_by("added_at", "pk").values_list(
+        "platform", "engine", "version", "sha256", "size"
+    )
+    for platform, engine, version, digest, size in rows:
+        # Later rows are newer and replace earlier ones.
+        out.setdefault(platform, {})[engine] = EngineBuildRef(
+            engine=engine,
+            version=version,
+            sha256=digest,
+            size=size,
+            url=f"{base}/api/v1/mirror/files/{digest}",
+        )
+    return out
+
+
+def build_for(*, engine: str, platform: str) -> EngineBuildRef | None:
+    """The build a node of ``platform`` lacking ``engine`` installs; None when there is none."""
+    if not platform or engine not in BINARY_ENGINES:
+        return None
+    return builds_offered().get(platform, {}).get(engine)
+
+
+def release_view(build: EngineBuild) -> dict:
+    return {"version": build.version, "sha256": build.sha256, "size": build.size}
+
+
+def release_get(version: str) -> EngineBuild:
+    """The release `version` in the mirror; NotFound saying how to add it."""
+    build = EngineBuild.objects.filter(
+        engine=RELEASE, platform=RELEASE_PLATFORM, version=version
+    ).first()
+    if build is None:
+        raise NotFound(
+            f"The mirror holds no llmgw {version}: add its wheel with llmgw ctl engines add "
+            f"--engine llmgw --version {version} --file llmgw-{version}-py3-none-any.whl."
+        )
+    return build

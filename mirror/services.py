@@ -1,21 +1,37 @@
-"""Writes to the mirror: adding and removing weights, and the worker's claims on files."""
+"""Writes to the mirror: adding and removing weights, the worker's claims on files, and the
+release `llmgw ctl upgrade` offers (llmgw's own wheel, kept as an engine build).
+
+A release is kept as an engine build is (engine `llmgw`, platform `python-any`), by its
+SHA-256, and any node's credential may read it. The release this control plane runs is
+offered without anyone adding it: its wheel is built once from the source it was
+installed from (`pip wheel`) and kept. Another release is placed by the operator:
+`llmgw ctl engines add --engine llmgw --version V --file llmgw-V-py3-none-any.whl`.
+"""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import tempfile
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from llmgw.core.errors import Conflict, Invalid, NotFound
+from llmgw.core.version import installed
 
 from . import store, wake
+from .builds import engine_build_add_file
+from .domain.platforms import RELEASE
 from .domain.progress import ATTEMPTS, DOWNLOADING, FAILED, QUEUED, READY, retry_delay
 from .domain.sources import SourceError, parse_source
 from .models import EngineBuild, WeightFile, Weights
 from .resolve import resolve
+from .selectors import release_get
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # How long a worker's claim on a file lasts without word from it; it renews it with
@@ -186,3 +202,55 @@ def claims_release() -> int:
 def wake_worker() -> None:
     """Have the worker look for due files once this transaction commits."""
     transaction.on_commit(wake.wake)
+
+
+# How long building this control plane's own wheel may take.
+BUILD_TIMEOUT_S = 300
+
+
+def release_offer(*, version: str | None, actor: str, now: datetime) -> EngineBuild:
+    """The release to upgrade to: `version` as the mirror holds it, or, without one, the
+    release this control plane runs, its wheel built and kept on first asking."""
+    own = installed()
+    wanted = (version or "").strip() or own
+    try:
+        return release_get(wanted)
+    except NotFound:
+        if wanted != own:
+            raise
+    with tempfile.TemporaryDirectory(prefix="llmgw-release-") as folder:
+        wheel = _own_wheel(Path(folder), own)
+        build, _ = engine_build_add_file(
+            path=wheel, engine=RELEASE, version=own, actor=actor, now=now
+        )
+    return build
+
+
+def _own_wheel(folder: Path, version: str) -> Path:
+    """This llmgw's wheel (release `version`), built from the source it runs from."""
+    import llmgw
+
+    source = Path(llmgw.__file__).resolve().parents[1]
+    if not (source / "pyproject.toml").is_file():
+        raise Invalid(
+            f"This control plane runs llmgw {version} from an installed wheel, not from its "
+            f"source, and cannot build that wheel: add it with llmgw ctl engines add --engine "
+            f"llmgw --version {version} --file llmgw-{version}-py3-none-any.whl."
+        )
+    argv = [sys.executable, "-m", "pip", "wheel", "--no-deps"]
+    try:
+        done = subprocess.run(
+            [*argv, "--quiet", "-w", str(folder), str(source)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise Invalid(
+            f"Building llmgw {version}'s wheel took more than {BUILD_TIMEOUT_S} s."
+        ) from None
+    wheels = sorted(folder.glob("llmgw-*.whl"))
+    if done.returncode != 0 or not wheels:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no wheel was made"]
+        raise Invalid(f"Building llmgw {version}'s wheel failed: {last[0][:300]}")
+    return wheels[0]
