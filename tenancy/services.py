@@ -10,6 +10,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from catalog.selectors import catalog_load
 from llmgw.core.errors import Conflict, Invalid, NotFound
 from llmgw.core.secrets import digest, keyed_digest, new_secret
 
@@ -371,9 +372,6 @@ def api_key_models(models: object) -> list[str]:
         raise Invalid(
             "models must be a list of model names; left out, the key may use every model."
         )
-    # Imported here: the catalog records its changes through this module.
-    from catalog.selectors import catalog_load
-
     known = catalog_load()
     names = {n for spec in known.values() for n in (spec.name, *spec.aliases)}
     unknown = sorted(set(models) - names)
