@@ -18,10 +18,14 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import redirect
 from django.views.decorators.http import require_http_methods
 
-from fleet import event_log, services as fleet_services
-from fleet.console.samples import replica_lines
+from fleet import services as fleet_services
 from fleet.domain.pages import answering_fallback, fallback_shown
-from fleet.selectors import dry_runs as fleet_dry_runs, listings as fleet_listings
+from fleet.selectors import (
+    charts as fleet_charts,
+    dry_runs as fleet_dry_runs,
+    events as fleet_events,
+    listings as fleet_listings,
+)
 from llmgw.core import clock, reads
 from llmgw.core.charts import Chart, charts_context
 from llmgw.core.errors import NotFound, ServiceError
@@ -297,7 +301,7 @@ class ModelDetail:
 
     @cached_property
     def events(self) -> list[dict]:
-        return event_log.recent(model=self.name)
+        return fleet_events.recent(model=self.name)
 
     @cached_property
     def preemption(self) -> dict:
@@ -531,5 +535,7 @@ def _model_page(
 
 def _model_charts(request: HttpRequest, name: str) -> dict:
     """Its traffic (what the gateway measured) and its replicas over time."""
-    replicas = Chart("replicas", "Replicas", "", f"replicas:{name}", replica_lines(name))
+    replicas = Chart(
+        "replicas", "Replicas", "", f"replicas:{name}", fleet_charts.replica_lines(name)
+    )
     return charts_context(request, (*model_charts(name), replicas))
