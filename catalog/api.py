@@ -6,7 +6,6 @@ from __future__ import annotations
 from ninja import Router, Status
 
 from fleet import services as fleet_services
-from fleet.selectors import listings as fleet_listings
 from llmgw.core import clock
 from llmgw.core.api import actor, json_body
 from llmgw.core.errors import Invalid
@@ -27,12 +26,13 @@ from .schemas import (
     ScaleIn,
     inline_schema,
 )
+from .selectors import listings
 
 router = Router(tags=["models"])
 
 
 def _view(name: str) -> dict:
-    return fleet_listings.model_views(name=name)[0]
+    return listings.model_views(name=name)[0]
 
 
 @router.get("/models", response=list[ModelOut], by_alias=True, auth=can("catalog.view_model"))
@@ -40,9 +40,9 @@ def models_list(request, name: str | None = None):
     """Every model; with `name`, the one called so by its name or an alias, else none: how
     `llmgw ctl` finds a model by alias without asking for a path that is not there."""
     if name is None:
-        return fleet_listings.model_views()
+        return listings.model_views()
     called = selectors.model_called(name)
-    return fleet_listings.model_views(name=called) if called else []
+    return listings.model_views(name=called) if called else []
 
 
 @router.get("/models/{name}", response=ModelOut, by_alias=True, auth=can("catalog.view_model"))
@@ -166,4 +166,4 @@ def model_retry(request, name: str):
 
 @router.get("/models/{name}/explain", response=ExplainOut, auth=can("catalog.view_model"))
 def model_explain(request, name: str):
-    return fleet_listings.model_explain(name=name)
+    return listings.model_explain(name=name)

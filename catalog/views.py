@@ -46,7 +46,7 @@ from .forms import (
     ResourcesForm,
     ScaleForm,
 )
-from .selectors import catalog_load, measurements_list
+from .selectors import catalog_load, listings, measurements_list
 
 LIST = "catalog/model_list.html"
 DETAIL = "catalog/model_detail.html"
@@ -212,7 +212,7 @@ class ModelRows:
     @cached_property
     def all(self) -> list[dict]:
         tree = scope_tree()
-        views = fleet_listings.model_views()
+        views = listings.model_views()
         ready_of = {view["name"]: _serving(view) for view in views}
         return [
             {
@@ -252,7 +252,7 @@ class ModelDetail:
     @cached_property
     def view(self) -> dict:
         try:
-            return fleet_listings.model_views(name=self.name)[0]
+            return listings.model_views(name=self.name)[0]
         except NotFound:
             raise Http404(f"There is no model {self.name!r}.") from None
 
@@ -289,7 +289,7 @@ class ModelDetail:
 
     @cached_property
     def explain(self) -> dict:
-        return fleet_listings.model_explain(name=self.name, view=self.view)
+        return listings.model_explain(name=self.name, view=self.view)
 
     @cached_property
     def headroom(self) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ninja import Query, Router, Status
 
 from catalog.schemas import ModelOut
-from fleet.selectors import listings as fleet_listings
+from catalog.selectors.listings import model_views
 from llmgw.core import clock
 from llmgw.core.api import actor, json_body
 from llmgw.core.errors import Invalid, NotFound
@@ -89,7 +89,7 @@ def model_serve(request):
     {"weights", "name", "ctx"?, "file"?, "gpu_class"?, "gpu_memory_utilization"?, "cores"?,
     "memory_gb"?, "node_selector"?, "kv_cache_dtype"?, ...ModelIn fields to override}."""
     spec, _ = plans.model_serve(data=json_body(request), actor=actor(request))
-    return Status(201, fleet_listings.model_views(name=spec.name)[0])
+    return Status(201, model_views(name=spec.name)[0])
 
 
 @router.get(

@@ -1,4 +1,5 @@
-"""Catalog reads: rows into the frozen specs the rules take."""
+"""Catalog reads: rows into the frozen specs the rules take. The models as the API and
+the pages list them, with what the fleet knows of each, are in `listings`."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from django.db import connection
 
 from llmgw.core import reads
 
-from .domain import ModelSpec, Profile, Slo
-from .models import Measurement, Model, Profile as ProfileRow, Revision
+from ..domain import ModelSpec, Profile, Slo
+from ..models import Measurement, Model, Profile as ProfileRow, Revision
 
 
 def profile_from_row(row: ProfileRow) -> Profile:
