@@ -13,7 +13,7 @@ from django.db.models import F
 
 from fleet.services import model_forget
 from llmgw.core.errors import Conflict, Invalid, NotFound
-from mirror.checks import model_sizing_refusal
+from mirror.selectors import model_sizing_refusal
 from tenancy.selectors import scope_find
 from tenancy.services import audit_record
 

@@ -1,5 +1,7 @@
 """Reads of the mirror: weights as the API and pages show them, what a model's source names,
-the engine builds placement and ``start_shard`` offer, and llmgw's own releases."""
+the engine builds placement and ``start_shard`` offer, llmgw's own releases, and the
+check the catalog asks of a model before it is added or replaced (issue 36, item 5): a
+llama.cpp profile on mirror weights sized as serve sizes it, in the same sentences."""
 
 from __future__ import annotations
 
@@ -8,12 +10,16 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from catalog.domain import ModelSpec
 from catalog.models import Model
 from llmgw.core.errors import NotFound
 
+from . import store
 from .domain.platforms import BINARY_ENGINES, RELEASE, RELEASE_PLATFORM
 from .domain.progress import READY, FileProgress, progress
 from .domain.refs import FolderRef, WeightsRef
+from .domain.sizing import profile_refusal
+from .gguf import GgufError, read_gguf
 from .models import EngineBuild, WeightFile, Weights
 
 
@@ -286,3 +292,31 @@ def release_get(version: str) -> EngineBuild:
             f"--engine llmgw --version {version} --file llmgw-{version}-py3-none-any.whl."
         )
     return build
+
+
+def model_sizing_refusal(spec: ModelSpec) -> str | None:
+    """Why a model's llama.cpp profiles cannot run on the mirror weights its source names,
+    in the plan's sentences (not a GGUF file, a context past the trained one, less memory
+    than the estimate); None when they can, or when its source is not mirror weights ready
+    to read (then there is nothing yet to size)."""
+    if not any(p.engine == "llamacpp" for p in spec.profiles):
+        return None
+    ref = weights_for_source(spec.source)
+    if ref is None or isinstance(ref, str):
+        return None
+    if isinstance(ref, FolderRef):
+        return (
+            f"model {spec.name}: its source {spec.source} is a folder of {len(ref.files)} files, "
+            "not a GGUF file; llama.cpp serves one GGUF (name it as the source's path), "
+            "vLLM serves a folder."
+        )
+    try:
+        info = read_gguf(store.blob(ref.sha256))
+    except GgufError as exc:
+        return f"model {spec.name}: {str(exc).replace(ref.sha256, ref.file)}"
+    for profile in spec.profiles:
+        if profile.engine == "llamacpp" and (
+            why := profile_refusal(info, profile, model=spec.name)
+        ):
+            return why
+    return None
