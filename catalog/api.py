@@ -9,6 +9,7 @@ from fleet import services as fleet_services
 from llmgw.core import clock
 from llmgw.core.api import actor, json_body
 from llmgw.core.errors import Invalid
+from mirror import services as mirror_services
 from tenancy.auth import can
 
 from . import selectors, services
@@ -43,6 +44,22 @@ def models_list(request, name: str | None = None):
         return listings.model_views()
     called = selectors.model_called(name)
     return listings.model_views(name=called) if called else []
+
+
+# Before /models/{name}, whose path would take /models/serve first.
+@router.post(
+    "/models/serve",
+    response={201: ModelOut},
+    by_alias=True,
+    tags=["weights"],
+    auth=can("catalog.add_model"),
+)
+def model_serve(request):
+    """Add a model sized by its weights' plan (llama.cpp for GGUF, vLLM for safetensors):
+    {"weights", "name", "ctx"?, "file"?, "gpu_class"?, "gpu_memory_utilization"?, "cores"?,
+    "memory_gb"?, "node_selector"?, "kv_cache_dtype"?, ...ModelIn fields to override}."""
+    spec, _ = mirror_services.model_serve(data=json_body(request), actor=actor(request))
+    return Status(201, _view(spec.name))
 
 
 @router.get("/models/{name}", response=ModelOut, by_alias=True, auth=can("catalog.view_model"))

@@ -33,8 +33,6 @@ NAMED_DOORS = {
 LEFT_OPEN = {
     ("catalog.playground", "tenancy.playground"): "the playground's key is a tenancy service"
     " kept apart from tenancy/services.py, which is at the size limit",
-    ("mirror.api", "catalog.schemas"): "POST /models/serve answers with a catalog model: the"
-    " endpoint belongs to catalog's API, once the mirror's model_serve is a mirror service",
 }
 # The rules are pure (style.md) and the agent runs on nodes with no Django installed.
 NO_DJANGO = (
