@@ -29,11 +29,6 @@ NAMED_DOORS = {
     "mirror.transfer": "the mirror's HTTP client, with no Django: the mirror's worker fetches"
     " from the hub with it, and agents (fleet.agent) from the mirror",
 }
-# Back doors not yet closed, each with what closes it (issue 38, item 3).
-LEFT_OPEN = {
-    ("catalog.playground", "tenancy.playground"): "the playground's key is a tenancy service"
-    " kept apart from tenancy/services.py, which is at the size limit",
-}
 # The rules are pure (style.md) and the agent runs on nodes with no Django installed.
 NO_DJANGO = (
     "catalog.domain",
@@ -265,7 +260,7 @@ def test_apps_meet_only_at_their_front_doors():
     wrong = [
         f"{name} imports {target}, which is not one of {target.partition('.')[0]}'s doors"
         for name, target, _ in cross_app_imports()
-        if not is_door(target) and (name, target) not in LEFT_OPEN
+        if not is_door(target)
     ]
     assert not wrong, (
         f"an app imports another app's {', '.join(DOORS)} and {', '.join(PURE_RULES)}"
@@ -283,9 +278,3 @@ def test_no_app_imports_another_inside_a_function():
         "an app imports another at the top of a module; one inside a function hides a circle"
         " to untangle:\n" + "\n".join(wrong)
     )
-
-
-def test_what_is_left_open_is_still_there():
-    found = {(name, target) for name, target, _ in cross_app_imports()}
-    closed = sorted(set(LEFT_OPEN) - found)
-    assert not closed, f"closed, so drop them from LEFT_OPEN: {closed}"

@@ -1,4 +1,5 @@
-"""Tenancy writes: tokens, the tenancy tree, capacity quotas, scope limits and the audit trail."""
+"""Tenancy writes: tokens, the tenancy tree, capacity quotas, scope limits and the audit trail;
+the console playground's key is in `playground`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from catalog.selectors import catalog_load
 from llmgw.core.errors import Conflict, Invalid, NotFound
 from llmgw.core.secrets import digest, keyed_digest, new_secret
 
-from .models import (
+from ..models import (
     ApiKey,
     AuditEvent,
     CapacityQuota,
@@ -26,9 +27,9 @@ from .models import (
     Token,
     UsageJournal,
 )
-from .quota import RESOURCES, Resources
-from .scopes import KEY_RE
-from .selectors import ScopeTree, scope_find, scope_tree
+from ..quota import RESOURCES, Resources
+from ..scopes import KEY_RE
+from ..selectors import ScopeTree, scope_find, scope_tree
 
 log = logging.getLogger("llmgw.tenancy")
 
