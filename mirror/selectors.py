@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from catalog.domain import ModelSpec
-from catalog.models import Model
+from catalog.selectors import model_sources
 from llmgw.core.errors import NotFound
 
 from . import store
@@ -29,8 +29,7 @@ def _users(weights: list[Weights]) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {w.pk: [] for w in weights}
     if not sources:
         return out
-    rows = Model.objects.exclude(source="").values_list("name", "source")
-    for name, source in rows:
+    for name, source in model_sources().items():
         pk = sources.get(source)
         if pk is None:
             pk = next(

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
-from catalog.models import Model
+from catalog.selectors import model_sources
 from llmgw.core.errors import Invalid, NotFound, ServiceError
 from llmgw.core.secrets import digest, new_secret
 from mirror.selectors import file_sources, source_reads
@@ -109,7 +109,7 @@ def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
         state__in=NEEDS_WEIGHTS,
         replica__state__in=NEEDS_WEIGHTS,
     ).values("replica__model")
-    needed = list(Model.objects.filter(name__in=models).values_list("source", flat=True))
+    needed = list(model_sources(names=models).values())
     if source_reads(needed, sha256):  # the file a model runs on, or one of its folder's
         return None
     return (
