@@ -7,30 +7,11 @@ write the rows behind its back.
 
 from django.contrib import admin
 
+from llmgw.core.admin import ViewOnly
+from tenancy.selectors import scope_tree
+
 from .models import Measurement, Model, Profile
 from .selectors import spec_from_row
-
-
-class ViewOnly:
-    """No add, change or delete: the admin shows rows, the API and `llmgw ctl` change them."""
-
-    # Changes go elsewhere; the sentence on the list page says where.
-    description = ""
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-    def changelist_view(self, request, extra_context=None):
-        # Said under the heading (templates/admin/change_list.html), not as the subtitle,
-        # which the admin also puts in the page's <title>.
-        extra = {"view_only_said": self.description, **(extra_context or {})}
-        return super().changelist_view(request, extra_context=extra)
 
 
 class ProfileInline(ViewOnly, admin.StackedInline):
@@ -100,8 +81,6 @@ class ModelAdmin(ViewOnly, admin.ModelAdmin):
             if not obj.owner:
                 return "shared"
             if tree is None:
-                from tenancy.selectors import scope_tree
-
                 tree = scope_tree()
             shown = tree.display(obj.owner)
             return obj.owner if shown == obj.owner else f"{obj.owner} ({shown})"

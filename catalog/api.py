@@ -6,10 +6,10 @@ from __future__ import annotations
 from ninja import Router, Status
 
 from fleet import services as fleet_services
-from fleet.selectors import listings as fleet_listings
 from llmgw.core import clock
 from llmgw.core.api import actor, json_body
 from llmgw.core.errors import Invalid
+from mirror import services as mirror_services
 from tenancy.auth import can
 
 from . import selectors, services
@@ -27,12 +27,13 @@ from .schemas import (
     ScaleIn,
     inline_schema,
 )
+from .selectors import listings
 
 router = Router(tags=["models"])
 
 
 def _view(name: str) -> dict:
-    return fleet_listings.model_views(name=name)[0]
+    return listings.model_views(name=name)[0]
 
 
 @router.get("/models", response=list[ModelOut], by_alias=True, auth=can("catalog.view_model"))
@@ -40,9 +41,25 @@ def models_list(request, name: str | None = None):
     """Every model; with `name`, the one called so by its name or an alias, else none: how
     `llmgw ctl` finds a model by alias without asking for a path that is not there."""
     if name is None:
-        return fleet_listings.model_views()
+        return listings.model_views()
     called = selectors.model_called(name)
-    return fleet_listings.model_views(name=called) if called else []
+    return listings.model_views(name=called) if called else []
+
+
+# Before /models/{name}, whose path would take /models/serve first.
+@router.post(
+    "/models/serve",
+    response={201: ModelOut},
+    by_alias=True,
+    tags=["weights"],
+    auth=can("catalog.add_model"),
+)
+def model_serve(request):
+    """Add a model sized by its weights' plan (llama.cpp for GGUF, vLLM for safetensors):
+    {"weights", "name", "ctx"?, "file"?, "gpu_class"?, "gpu_memory_utilization"?, "cores"?,
+    "memory_gb"?, "node_selector"?, "kv_cache_dtype"?, ...ModelIn fields to override}."""
+    spec, _ = mirror_services.model_serve(data=json_body(request), actor=actor(request))
+    return Status(201, _view(spec.name))
 
 
 @router.get("/models/{name}", response=ModelOut, by_alias=True, auth=can("catalog.view_model"))
@@ -166,4 +183,4 @@ def model_retry(request, name: str):
 
 @router.get("/models/{name}/explain", response=ExplainOut, auth=can("catalog.view_model"))
 def model_explain(request, name: str):
-    return fleet_listings.model_explain(name=name)
+    return listings.model_explain(name=name)

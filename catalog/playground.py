@@ -1,6 +1,6 @@
 """The playground (`/playground`, staff only): chat with a model through the gateway.
 
-The page holds a key of the staff user's own project (tenancy/playground.py), kept in
+The page holds a key of the staff user's own project (tenancy/services/playground.py), kept in
 their session and made on their first visit of a session, and static/playground.js
 sends the conversation to `/v1/chat/completions` with it, streamed, as any client of the
 gateway would: the limits, the usage and the routing are the gateway's. Beside each
@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET
 from fleet.selectors.state import replica_views
 from llmgw.core.pages import page, staff_required
 from llmgw.core.permissions import needs
-from tenancy.playground import playground_key_make, playground_key_usable
+from tenancy.services.playground import playground_key_make, playground_key_usable
 
 from .selectors import catalog_load
 

@@ -11,8 +11,9 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import F
 
+from fleet.services import model_forget
 from llmgw.core.errors import Conflict, Invalid, NotFound
-from mirror.checks import model_sizing_refusal
+from mirror.selectors import model_sizing_refusal
 from tenancy.selectors import scope_find
 from tenancy.services import audit_record
 
@@ -444,11 +445,8 @@ def model_remove(*, name: str, actor: str) -> None:
 
 def _delete(name: str) -> None:
     """Forget a model and the controller's memory of it, so one added again starts afresh."""
-    # Imported here: fleet reads the catalog, so a module-level import would be a cycle.
-    from fleet.models import ModelState
-
     _, deleted = Model.objects.filter(name=name).delete()
-    ModelState.objects.filter(pk=name).delete()
+    model_forget(name=name)
     _bump()
     if deleted.get(Measurement._meta.label):  # its measurements went with it
         measurements_revision_bump()

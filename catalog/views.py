@@ -18,10 +18,14 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import redirect
 from django.views.decorators.http import require_http_methods
 
-from fleet import event_log, services as fleet_services
-from fleet.console.samples import replica_lines
+from fleet import services as fleet_services
 from fleet.domain.pages import answering_fallback, fallback_shown
-from fleet.selectors import dry_runs as fleet_dry_runs, listings as fleet_listings
+from fleet.selectors import (
+    charts as fleet_charts,
+    dry_runs as fleet_dry_runs,
+    events as fleet_events,
+    listings as fleet_listings,
+)
 from llmgw.core import clock, reads
 from llmgw.core.charts import Chart, charts_context
 from llmgw.core.errors import NotFound, ServiceError
@@ -42,7 +46,7 @@ from .forms import (
     ResourcesForm,
     ScaleForm,
 )
-from .selectors import catalog_load, measurements_list
+from .selectors import catalog_load, listings, measurements_list
 
 LIST = "catalog/model_list.html"
 DETAIL = "catalog/model_detail.html"
@@ -208,7 +212,7 @@ class ModelRows:
     @cached_property
     def all(self) -> list[dict]:
         tree = scope_tree()
-        views = fleet_listings.model_views()
+        views = listings.model_views()
         ready_of = {view["name"]: _serving(view) for view in views}
         return [
             {
@@ -248,7 +252,7 @@ class ModelDetail:
     @cached_property
     def view(self) -> dict:
         try:
-            return fleet_listings.model_views(name=self.name)[0]
+            return listings.model_views(name=self.name)[0]
         except NotFound:
             raise Http404(f"There is no model {self.name!r}.") from None
 
@@ -285,7 +289,7 @@ class ModelDetail:
 
     @cached_property
     def explain(self) -> dict:
-        return fleet_listings.model_explain(name=self.name, view=self.view)
+        return listings.model_explain(name=self.name, view=self.view)
 
     @cached_property
     def headroom(self) -> dict:
@@ -297,7 +301,7 @@ class ModelDetail:
 
     @cached_property
     def events(self) -> list[dict]:
-        return event_log.recent(model=self.name)
+        return fleet_events.recent(model=self.name)
 
     @cached_property
     def preemption(self) -> dict:
@@ -531,5 +535,7 @@ def _model_page(
 
 def _model_charts(request: HttpRequest, name: str) -> dict:
     """Its traffic (what the gateway measured) and its replicas over time."""
-    replicas = Chart("replicas", "Replicas", "", f"replicas:{name}", replica_lines(name))
+    replicas = Chart(
+        "replicas", "Replicas", "", f"replicas:{name}", fleet_charts.replica_lines(name)
+    )
     return charts_context(request, (*model_charts(name), replicas))

@@ -7,7 +7,7 @@ did it, and the reconciler is the only one to start or stop a replica.
 
 from django.contrib import admin
 
-from catalog.admin import ViewOnly
+from llmgw.core.admin import ViewOnly
 
 from .models import Gpu, Node, PowerBudget, Replica, Shard
 

@@ -12,7 +12,7 @@ from llmgw.core.api import actor
 from llmgw.core.errors import Invalid
 from tenancy.auth import can
 
-from . import event_log, services
+from . import services
 from .nodes import identity, logs, upgrades
 from .nodes.dispatch import dispatch, node_disconnect
 from .reconciler.run import reconcile_once
@@ -35,7 +35,7 @@ from .schemas import (
     TargetOut,
     UpgradeIn,
 )
-from .selectors import dry_runs, facility, listings, passes, state, status
+from .selectors import dry_runs, events, facility, listings, passes, state, status
 
 router = Router(tags=["fleet"])
 
@@ -128,10 +128,10 @@ def events_list(
 ):
     """What happened to models, replicas and nodes, and who changed what, newest first:
     `since` a time or a span back (`1h`), `before` a page's `next`, at most 500 a page."""
-    if not 1 <= limit <= event_log.PAGE_MOST:
-        raise Invalid(f"limit must be from 1 to {event_log.PAGE_MOST}, not {limit}.")
+    if not 1 <= limit <= events.PAGE_MOST:
+        raise Invalid(f"limit must be from 1 to {events.PAGE_MOST}, not {limit}.")
     now = clock.now()
-    return event_log.events_page(
+    return events.events_page(
         model=model or None,
         node=node or None,
         since=clock.since(since, now=now) if since else None,

@@ -323,6 +323,13 @@ def model_retry(*, name: str, actor: str) -> str:
     )
 
 
+def model_forget(*, name: str) -> None:
+    """Forget the controller's memory of a model (its failures, parking, restart), so one
+    added again starts afresh: the catalog asks it as it removes the model, in its
+    transaction."""
+    ModelState.objects.filter(pk=name).delete()
+
+
 def model_requested(*, name: str, now: datetime) -> None:
     """An on-demand model was asked for: it wants a replica until its idle timeout passes."""
     ModelState.objects.update_or_create(pk=name, defaults={"last_requested_at": now})

@@ -1,14 +1,13 @@
-"""Weights over REST: add by source, list, show, retry, remove (interfaces.md, Weights);
-and engine builds: upload, list, remove."""
+"""Weights over REST: add by source, list, show, retry, remove, size (interfaces.md,
+Weights); and engine builds: upload, list, remove. A model served from weights (POST
+/models/serve) is added by catalog's API, which answers with the model."""
 
 from __future__ import annotations
 
 from ninja import Query, Router, Status
 
-from catalog.schemas import ModelOut
-from fleet.selectors import listings as fleet_listings
 from llmgw.core import clock
-from llmgw.core.api import actor, json_body
+from llmgw.core.api import actor
 from llmgw.core.errors import Invalid, NotFound
 from tenancy.auth import can
 from tenancy.selectors import scope_find
@@ -79,17 +78,6 @@ def weights_plan(request, weights_id: int, query: Query[PlanQuery]):
         kv_cache_dtype=query.kv_cache_dtype,
     )
     return {**plan.as_dict(), "ctx": plan.ctx}
-
-
-@router.post(
-    "/models/serve", response={201: ModelOut}, by_alias=True, auth=can("catalog.add_model")
-)
-def model_serve(request):
-    """Add a model sized by its weights' plan (llama.cpp for GGUF, vLLM for safetensors):
-    {"weights", "name", "ctx"?, "file"?, "gpu_class"?, "gpu_memory_utilization"?, "cores"?,
-    "memory_gb"?, "node_selector"?, "kv_cache_dtype"?, ...ModelIn fields to override}."""
-    spec, _ = plans.model_serve(data=json_body(request), actor=actor(request))
-    return Status(201, fleet_listings.model_views(name=spec.name)[0])
 
 
 @router.get(

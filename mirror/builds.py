@@ -1,5 +1,5 @@
-"""Engine builds in the mirror: added from a file with its digest checked, listed, removed;
-and what placement and ``start_shard`` read of them.
+"""Engine builds in the mirror: added from a file with its digest checked, listed, removed.
+What placement and ``start_shard`` read of them is in mirror/selectors.py.
 
 A build's bytes are a blob of the same store weights use (``store.blob``), so the mirror's
 file server hands them to agents as it does weights. A node that lacks an engine the mirror
@@ -12,12 +12,10 @@ import hashlib
 import os
 import re
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from llmgw.core.errors import Conflict, Invalid, NotFound
@@ -31,26 +29,6 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # A version is shown and kept as the engine says it; a folder name is made of it on nodes.
 _VERSION = re.compile(r"^[^\x00-\x1f\x7f/\\]{1,100}$")
 CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class EngineBuildRef:
-    """What an agent needs to install a build: ``start_shard``'s ``engine_build``."""
-
-    engine: str
-    version: str
-    sha256: str
-    size: int
-    url: str
-
-    def message(self) -> dict:
-        return {
-            "engine": self.engine,
-            "version": self.version,
-            "sha256": self.sha256,
-            "size": self.size,
-            "url": self.url,
-        }
 
 
 def _checked(engine: str, version: str, platform: str, sha256: str) -> tuple[str, str, str, str]:
@@ -199,32 +177,3 @@ def engine_builds_list() -> list[dict]:
         }
         for b in EngineBuild.objects.all()
     ]
-
-
-def builds_offered() -> dict[str, dict[str, EngineBuildRef]]:
-    """Per platform, per engine, the build a node lacking it installs: the newest added.
-
-    One query, whatever the count.
-    """
-    base = settings.LLMGW.mirror.url or ""
-    out: dict[str, dict[str, EngineBuildRef]] = {}
-    rows = EngineBuild.objects.order_by("added_at", "pk").values_list(
-        "platform", "engine", "version", "sha256", "size"
-    )
-    for platform, engine, version, digest, size in rows:
-        # Later rows are newer and replace earlier ones.
-        out.setdefault(platform, {})[engine] = EngineBuildRef(
-            engine=engine,
-            version=version,
-            sha256=digest,
-            size=size,
-            url=f"{base}/api/v1/mirror/files/{digest}",
-        )
-    return out
-
-
-def build_for(*, engine: str, platform: str) -> EngineBuildRef | None:
-    """The build a node of ``platform`` lacking ``engine`` installs; None when there is none."""
-    if not platform or engine not in BINARY_ENGINES:
-        return None
-    return builds_offered().get(platform, {}).get(engine)

@@ -1,43 +1,25 @@
 """Sizing weights the mirror holds: a GGUF file's header or a safetensors model's config.json
-and headers, read from the blobs, placed against the fleet as it stands, and the model
-made from it (llama.cpp for a GGUF, vLLM for safetensors); and the check the catalog asks
-of a llama.cpp profile on mirror weights (issue 36, item 5)."""
+and headers, read from the blobs, placed against the fleet as it stands. The model made
+from a plan (llama.cpp for a GGUF, vLLM for safetensors) is added by
+mirror.services.model_serve."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from catalog import services as catalog_services
-from catalog.domain import ModelSpec
 from fleet.selectors.dry_runs import node_rooms_and_quota
 from llmgw.core.errors import Conflict, Invalid, NotFound
-from tenancy.selectors import scope_find
 
 from . import store
 from .domain.hf import HfError
-from .domain.hf_sizing import HfPlan, check_utilization, hf_plan, serve_hf_model
+from .domain.hf_sizing import HfPlan, check_utilization, hf_plan
 from .domain.owner import with_owner_limit
 from .domain.progress import READY
-from .domain.sizing import Plan, SizingError, plan, serve_model
+from .domain.sizing import Plan, SizingError, plan
 from .domain.sources import HF, LOCAL, parse_source
 from .gguf import GgufError, read_gguf
 from .models import WeightFile, Weights
 from .safetensors import is_hf, read_hf
-
-# What the serve body may set beside ModelIn's own fields (which override the model).
-_NOT_OVERRIDES = (
-    "weights",
-    "name",
-    "ctx",
-    "file",
-    "gpu_class",
-    "gpu_memory_utilization",
-    "cores",
-    "memory_gb",
-    "node_selector",
-    "kv_cache_dtype",
-)
 
 
 def _weights(weights_id: int) -> tuple[Weights, list[WeightFile]]:
@@ -140,87 +122,3 @@ def parse_selector(text: str | None) -> dict[str, str]:
             raise Invalid(f"A node selector is key=value, separated by commas; not {part!r}.")
         out[key.strip()] = value.strip()
     return out
-
-
-def _figure(data: Mapping[str, Any], key: str, kinds: tuple[type, ...], said: str) -> Any:
-    value = data.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-        raise Invalid(f"{key} must be {said}.")
-    return value
-
-
-def model_serve(*, data: Mapping[str, Any], actor: str) -> tuple[ModelSpec, str]:
-    """Add a model sized by the plan of its weights (POST /models/serve): llama.cpp for a
-    GGUF file, vLLM for a safetensors model. `cores`, `memory_gb` and `node_selector` go on
-    every profile; ModelIn's own fields replace what they name. Returns the model and, for
-    an `owner` whose capacity limit stops the replica the plan fits, the sentence saying so
-    ("" otherwise): the model is added all the same, to run once the limit allows."""
-    if not isinstance(data, Mapping):
-        raise Invalid("The body must be an object with weights and name.")
-    weights_id, name = data.get("weights"), data.get("name")
-    if isinstance(weights_id, bool) or not isinstance(weights_id, int):
-        raise Invalid("weights must be the id of weights in the mirror (llmgw ctl weights list).")
-    if not isinstance(name, str) or not name.strip():
-        raise Invalid("name is needed: what the model is called in the catalog and the gateway.")
-    ctx = _figure(data, "ctx", (int,), "a whole number of tokens")
-    file = _figure(data, "file", (str,), "a path within the weights")
-    gpu_class = _figure(data, "gpu_class", (str,), "a GPU class (llmgw ctl nodes)")
-    util = _figure(data, "gpu_memory_utilization", (int, float), "a fraction such as 0.9")
-    cores = _figure(data, "cores", (int,), "a whole number of cores")
-    memory = _figure(data, "memory_gb", (int, float), "a number of GB")
-    selector = _figure(data, "node_selector", (dict,), "an object of label: value")
-    cache = _figure(data, "kv_cache_dtype", (str,), "auto or fp8")
-    if selector and not all(isinstance(v, str) for v in selector.values()):
-        raise Invalid("node_selector must be an object of label: value, each a string.")
-    owner = data.get("owner") if isinstance(data.get("owner"), str) else ""
-    if owner:
-        try:
-            owner = scope_find(owner)
-        except Invalid as exc:
-            raise Invalid(f"owner: {exc}") from None
-    p, weights, f = weights_plan(
-        weights_id=weights_id,
-        ctx=ctx,
-        file=file,
-        utilization=util,
-        node_selector=selector,
-        owner=owner,
-        kv_cache_dtype=cache,
-    )
-    profile: dict[str, Any] = {}
-    if cores is not None:
-        profile["cpu_cores"] = cores
-    if memory is not None:
-        profile["min_memory_gb"] = memory
-    if selector:
-        profile["node_selector"] = selector
-    overrides = {k: v for k, v in data.items() if k not in _NOT_OVERRIDES}
-    try:
-        if isinstance(p, HfPlan):
-            model = serve_hf_model(
-                p,
-                name=name.strip(),
-                source=vllm_source(weights),
-                gpu_class=gpu_class,
-                profile_overrides=profile,
-                overrides=overrides,
-            )
-        else:
-            single = len(weights.files.all()) == 1
-            source = weights.source if single else f"{weights.source.rstrip('/')}/{f.path}"
-            model = serve_model(
-                p,
-                name=name.strip(),
-                source=source,
-                gpu_class=gpu_class,
-                profile_overrides=profile,
-                overrides=overrides,
-            )
-    except SizingError as exc:
-        raise Invalid(str(exc)) from None
-    spec = catalog_services.model_add(data=model, actor=actor)
-    if gpu_class:
-        return spec, next((o.quota for o in p.gpus if o.gpu_class == gpu_class), "")
-    if isinstance(p, HfPlan):
-        return spec, next((o.quota for o in p.fitting[:1]), "")
-    return spec, p.quota

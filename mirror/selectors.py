@@ -1,16 +1,26 @@
-"""Reads of the mirror: weights as the API and pages show them, and what a model's source names."""
+"""Reads of the mirror: weights as the API and pages show them, what a model's source names,
+the engine builds placement and ``start_shard`` offer, llmgw's own releases, and the
+check the catalog asks of a model before it is added or replaced (issue 36, item 5): a
+llama.cpp profile on mirror weights sized as serve sizes it, in the same sentences."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from django.conf import settings
 
-from catalog.models import Model
+from catalog.domain import ModelSpec
+from catalog.selectors import model_sources
+from llmgw.core.errors import NotFound
 
+from . import store
+from .domain.platforms import BINARY_ENGINES, RELEASE, RELEASE_PLATFORM
 from .domain.progress import READY, FileProgress, progress
 from .domain.refs import FolderRef, WeightsRef
-from .models import WeightFile, Weights
+from .domain.sizing import profile_refusal
+from .gguf import GgufError, read_gguf
+from .models import EngineBuild, WeightFile, Weights
 
 
 def _users(weights: list[Weights]) -> dict[int, list[str]]:
@@ -19,8 +29,7 @@ def _users(weights: list[Weights]) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {w.pk: [] for w in weights}
     if not sources:
         return out
-    rows = Model.objects.exclude(source="").values_list("name", "source")
-    for name, source in rows:
+    for name, source in model_sources().items():
         pk = sources.get(source)
         if pk is None:
             pk = next(
@@ -208,8 +217,6 @@ def file_sources(sha256: str) -> tuple[str, ...] | None:
     """Who may read the mirror file with this digest: () for an engine build (any node), the
     sources of the weights it is a file of (nodes running a model on them), None when the
     mirror holds no such file."""
-    from .models import EngineBuild
-
     if EngineBuild.objects.filter(sha256=sha256).exists():
         return ()
     sources = tuple(
@@ -218,3 +225,97 @@ def file_sources(sha256: str) -> tuple[str, ...] | None:
         .distinct()
     )
     return sources or None
+
+
+@dataclass(frozen=True)
+class EngineBuildRef:
+    """What an agent needs to install a build: ``start_shard``'s ``engine_build``."""
+
+    engine: str
+    version: str
+    sha256: str
+    size: int
+    url: str
+
+    def message(self) -> dict:
+        return {
+            "engine": self.engine,
+            "version": self.version,
+            "sha256": self.sha256,
+            "size": self.size,
+            "url": self.url,
+        }
+
+
+def builds_offered() -> dict[str, dict[str, EngineBuildRef]]:
+    """Per platform, per engine, the build a node lacking it installs: the newest added.
+
+    One query, whatever the count.
+    """
+    base = settings.LLMGW.mirror.url or ""
+    out: dict[str, dict[str, EngineBuildRef]] = {}
+    rows = EngineBuild.objects.order_by("added_at", "pk").values_list(
+        "platform", "engine", "version", "sha256", "size"
+    )
+    for platform, engine, version, digest, size in rows:
+        # Later rows are newer and replace earlier ones.
+        out.setdefault(platform, {})[engine] = EngineBuildRef(
+            engine=engine,
+            version=version,
+            sha256=digest,
+            size=size,
+            url=f"{base}/api/v1/mirror/files/{digest}",
+        )
+    return out
+
+
+def build_for(*, engine: str, platform: str) -> EngineBuildRef | None:
+    """The build a node of ``platform`` lacking ``engine`` installs; None when there is none."""
+    if not platform or engine not in BINARY_ENGINES:
+        return None
+    return builds_offered().get(platform, {}).get(engine)
+
+
+def release_view(build: EngineBuild) -> dict:
+    return {"version": build.version, "sha256": build.sha256, "size": build.size}
+
+
+def release_get(version: str) -> EngineBuild:
+    """The release `version` in the mirror; NotFound saying how to add it."""
+    build = EngineBuild.objects.filter(
+        engine=RELEASE, platform=RELEASE_PLATFORM, version=version
+    ).first()
+    if build is None:
+        raise NotFound(
+            f"The mirror holds no llmgw {version}: add its wheel with llmgw ctl engines add "
+            f"--engine llmgw --version {version} --file llmgw-{version}-py3-none-any.whl."
+        )
+    return build
+
+
+def model_sizing_refusal(spec: ModelSpec) -> str | None:
+    """Why a model's llama.cpp profiles cannot run on the mirror weights its source names,
+    in the plan's sentences (not a GGUF file, a context past the trained one, less memory
+    than the estimate); None when they can, or when its source is not mirror weights ready
+    to read (then there is nothing yet to size)."""
+    if not any(p.engine == "llamacpp" for p in spec.profiles):
+        return None
+    ref = weights_for_source(spec.source)
+    if ref is None or isinstance(ref, str):
+        return None
+    if isinstance(ref, FolderRef):
+        return (
+            f"model {spec.name}: its source {spec.source} is a folder of {len(ref.files)} files, "
+            "not a GGUF file; llama.cpp serves one GGUF (name it as the source's path), "
+            "vLLM serves a folder."
+        )
+    try:
+        info = read_gguf(store.blob(ref.sha256))
+    except GgufError as exc:
+        return f"model {spec.name}: {str(exc).replace(ref.sha256, ref.file)}"
+    for profile in spec.profiles:
+        if profile.engine == "llamacpp" and (
+            why := profile_refusal(info, profile, model=spec.name)
+        ):
+            return why
+    return None

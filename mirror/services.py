@@ -1,21 +1,47 @@
-"""Writes to the mirror: adding and removing weights, and the worker's claims on files."""
+"""Writes to the mirror: adding and removing weights, the worker's claims on files, the
+model served from weights (added to the catalog through its services, sized by the
+weights' plan), and the release `llmgw ctl upgrade` offers (llmgw's own wheel, kept as an
+engine build).
+
+A release is kept as an engine build is (engine `llmgw`, platform `python-any`), by its
+SHA-256, and any node's credential may read it. The release this control plane runs is
+offered without anyone adding it: its wheel is built once from the source it was
+installed from (`pip wheel`) and kept. Another release is placed by the operator:
+`llmgw ctl engines add --engine llmgw --version V --file llmgw-V-py3-none-any.whl`.
+"""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
 from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
+from catalog import services as catalog_services
+from catalog.domain import ModelSpec
 from llmgw.core.errors import Conflict, Invalid, NotFound
+from llmgw.core.version import installed
+from tenancy.selectors import scope_find
 
 from . import store, wake
+from .builds import engine_build_add_file
+from .domain.hf_sizing import HfPlan, serve_hf_model
+from .domain.platforms import RELEASE
 from .domain.progress import ATTEMPTS, DOWNLOADING, FAILED, QUEUED, READY, retry_delay
+from .domain.sizing import SizingError, serve_model
 from .domain.sources import SourceError, parse_source
 from .models import EngineBuild, WeightFile, Weights
+from .plans import vllm_source, weights_plan
 from .resolve import resolve
+from .selectors import release_get
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # How long a worker's claim on a file lasts without word from it; it renews it with
@@ -186,3 +212,154 @@ def claims_release() -> int:
 def wake_worker() -> None:
     """Have the worker look for due files once this transaction commits."""
     transaction.on_commit(wake.wake)
+
+
+# How long building this control plane's own wheel may take.
+BUILD_TIMEOUT_S = 300
+
+
+def release_offer(*, version: str | None, actor: str, now: datetime) -> EngineBuild:
+    """The release to upgrade to: `version` as the mirror holds it, or, without one, the
+    release this control plane runs, its wheel built and kept on first asking."""
+    own = installed()
+    wanted = (version or "").strip() or own
+    try:
+        return release_get(wanted)
+    except NotFound:
+        if wanted != own:
+            raise
+    with tempfile.TemporaryDirectory(prefix="llmgw-release-") as folder:
+        wheel = _own_wheel(Path(folder), own)
+        build, _ = engine_build_add_file(
+            path=wheel, engine=RELEASE, version=own, actor=actor, now=now
+        )
+    return build
+
+
+def _own_wheel(folder: Path, version: str) -> Path:
+    """This llmgw's wheel (release `version`), built from the source it runs from."""
+    import llmgw
+
+    source = Path(llmgw.__file__).resolve().parents[1]
+    if not (source / "pyproject.toml").is_file():
+        raise Invalid(
+            f"This control plane runs llmgw {version} from an installed wheel, not from its "
+            f"source, and cannot build that wheel: add it with llmgw ctl engines add --engine "
+            f"llmgw --version {version} --file llmgw-{version}-py3-none-any.whl."
+        )
+    argv = [sys.executable, "-m", "pip", "wheel", "--no-deps"]
+    try:
+        done = subprocess.run(
+            [*argv, "--quiet", "-w", str(folder), str(source)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise Invalid(
+            f"Building llmgw {version}'s wheel took more than {BUILD_TIMEOUT_S} s."
+        ) from None
+    wheels = sorted(folder.glob("llmgw-*.whl"))
+    if done.returncode != 0 or not wheels:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no wheel was made"]
+        raise Invalid(f"Building llmgw {version}'s wheel failed: {last[0][:300]}")
+    return wheels[0]
+
+
+# What the serve body may set beside ModelIn's own fields (which override the model).
+_NOT_OVERRIDES = (
+    "weights",
+    "name",
+    "ctx",
+    "file",
+    "gpu_class",
+    "gpu_memory_utilization",
+    "cores",
+    "memory_gb",
+    "node_selector",
+    "kv_cache_dtype",
+)
+
+
+def _figure(data: Mapping[str, Any], key: str, kinds: tuple[type, ...], said: str) -> Any:
+    value = data.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+        raise Invalid(f"{key} must be {said}.")
+    return value
+
+
+def model_serve(*, data: Mapping[str, Any], actor: str) -> tuple[ModelSpec, str]:
+    """Add a model sized by the plan of its weights (POST /models/serve): llama.cpp for a
+    GGUF file, vLLM for a safetensors model. `cores`, `memory_gb` and `node_selector` go on
+    every profile; ModelIn's own fields replace what they name. Returns the model and, for
+    an `owner` whose capacity limit stops the replica the plan fits, the sentence saying so
+    ("" otherwise): the model is added all the same, to run once the limit allows."""
+    if not isinstance(data, Mapping):
+        raise Invalid("The body must be an object with weights and name.")
+    weights_id, name = data.get("weights"), data.get("name")
+    if isinstance(weights_id, bool) or not isinstance(weights_id, int):
+        raise Invalid("weights must be the id of weights in the mirror (llmgw ctl weights list).")
+    if not isinstance(name, str) or not name.strip():
+        raise Invalid("name is needed: what the model is called in the catalog and the gateway.")
+    ctx = _figure(data, "ctx", (int,), "a whole number of tokens")
+    file = _figure(data, "file", (str,), "a path within the weights")
+    gpu_class = _figure(data, "gpu_class", (str,), "a GPU class (llmgw ctl nodes)")
+    util = _figure(data, "gpu_memory_utilization", (int, float), "a fraction such as 0.9")
+    cores = _figure(data, "cores", (int,), "a whole number of cores")
+    memory = _figure(data, "memory_gb", (int, float), "a number of GB")
+    selector = _figure(data, "node_selector", (dict,), "an object of label: value")
+    cache = _figure(data, "kv_cache_dtype", (str,), "auto or fp8")
+    if selector and not all(isinstance(v, str) for v in selector.values()):
+        raise Invalid("node_selector must be an object of label: value, each a string.")
+    owner = data.get("owner") if isinstance(data.get("owner"), str) else ""
+    if owner:
+        try:
+            owner = scope_find(owner)
+        except Invalid as exc:
+            raise Invalid(f"owner: {exc}") from None
+    p, weights, f = weights_plan(
+        weights_id=weights_id,
+        ctx=ctx,
+        file=file,
+        utilization=util,
+        node_selector=selector,
+        owner=owner,
+        kv_cache_dtype=cache,
+    )
+    profile: dict[str, Any] = {}
+    if cores is not None:
+        profile["cpu_cores"] = cores
+    if memory is not None:
+        profile["min_memory_gb"] = memory
+    if selector:
+        profile["node_selector"] = selector
+    overrides = {k: v for k, v in data.items() if k not in _NOT_OVERRIDES}
+    try:
+        if isinstance(p, HfPlan):
+            model = serve_hf_model(
+                p,
+                name=name.strip(),
+                source=vllm_source(weights),
+                gpu_class=gpu_class,
+                profile_overrides=profile,
+                overrides=overrides,
+            )
+        else:
+            single = len(weights.files.all()) == 1
+            source = weights.source if single else f"{weights.source.rstrip('/')}/{f.path}"
+            model = serve_model(
+                p,
+                name=name.strip(),
+                source=source,
+                gpu_class=gpu_class,
+                profile_overrides=profile,
+                overrides=overrides,
+            )
+    except SizingError as exc:
+        raise Invalid(str(exc)) from None
+    spec = catalog_services.model_add(data=model, actor=actor)
+    if gpu_class:
+        return spec, next((o.quota for o in p.gpus if o.gpu_class == gpu_class), "")
+    if isinstance(p, HfPlan):
+        return spec, next((o.quota for o in p.fitting[:1]), "")
+    return spec, p.quota

@@ -211,7 +211,7 @@ def _serve(request: HttpRequest, state: dict) -> Outcome:
     if scaling:
         data["scaling"] = scaling
     try:
-        spec, quota = plans.model_serve(data=data, actor=page_actor(request))
+        spec, quota = services.model_serve(data=data, actor=page_actor(request))
     except ServiceError as exc:
         sentence = str(exc)
         field = next((f for pattern, f in _SERVE_FIELDS if re.search(pattern, sentence)), None)

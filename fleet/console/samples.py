@@ -230,16 +230,3 @@ def node_charts(
             ),
         ]
     return tuple(charts)
-
-
-def replica_lines(model: str) -> tuple[Line, ...]:
-    """A model's replicas over time, for its page's chart."""
-    m = f"model={quoted(model)}"
-    return (
-        Line("ready", "ready", f"llmgw_model_replicas_ready{{{m}}}"),
-        Line(
-            "holding room",
-            "holding",
-            f'sum(llmgw_replicas{{{m},state=~"pending|starting|ready|draining|stopping"}})',
-        ),
-    )

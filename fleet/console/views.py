@@ -26,12 +26,13 @@ from llmgw.core.pages import fragment_asked, page, staff_required
 from llmgw.core.permissions import needs, require
 from llmgw.core.traffic import requests_chart
 
-from .. import event_log, services
+from .. import services
 from ..domain.pages import gpu_charts_said, installs_shown, labels_shown, schedule_actions
 from ..domain.types import HOLDING
 from ..nodes import identity, logs
 from ..nodes.dispatch import dispatch, node_disconnect
 from ..protocol import LOG_LINES
+from ..selectors import events
 from ..selectors.facility import facility_domains, held_gpus
 from ..selectors.listings import nodes_list, reading_out
 from ..selectors.passes import drains_stuck, reconciler_status
@@ -295,7 +296,7 @@ def node(request: HttpRequest, node_id: str) -> HttpResponse:
         context |= _node_charts(request, view)
     if fragment is None:  # the whole page: what happened to it, newest first
         context |= {
-            "events": event_log.recent(node=node_id),
+            "events": events.recent(node=node_id),
             "more": f"llmgw ctl events --node {node_id}",
         }
     return page(request, "fleet/node_detail.html", context, fragment=fragment)

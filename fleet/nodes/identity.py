@@ -16,8 +16,10 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from catalog.selectors import model_sources
 from llmgw.core.errors import Invalid, NotFound, ServiceError
 from llmgw.core.secrets import digest, new_secret
+from mirror.selectors import file_sources, source_reads
 from tenancy.models import Token
 from tenancy.selectors import token_find
 from tenancy.services import audit_record
@@ -93,9 +95,6 @@ def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
     (on its way to running, of a model that runs on the file: the one its source names, or
     any of the folder it names; no other file of the same weights). What a node reported
     itself (an adopted shard) reads nothing: weights follow placements, not claims."""
-    from catalog.models import Model
-    from mirror.selectors import file_sources, source_reads
-
     credential = agent_authenticate(secret=secret)
     if credential is None or credential.joining:
         return 401, "A node's own credential is needed: Authorization: Bearer <node credential>."
@@ -110,7 +109,7 @@ def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
         state__in=NEEDS_WEIGHTS,
         replica__state__in=NEEDS_WEIGHTS,
     ).values("replica__model")
-    needed = list(Model.objects.filter(name__in=models).values_list("source", flat=True))
+    needed = list(model_sources(names=models).values())
     if source_reads(needed, sha256):  # the file a model runs on, or one of its folder's
         return None
     return (

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 
-from catalog.models import Model
+from catalog.selectors import model_sources
 from mirror.domain.reclaim import Cached, reclaim
 from mirror.selectors import digests_by_source
 
@@ -37,9 +37,7 @@ def weights_reclaim(*, now: datetime, force: bool = False) -> list[Command]:
     if not nodes:
         return []
     cfg = settings.LLMGW.mirror
-    digest_of = digests_by_source(
-        dict(Model.objects.exclude(source="").values_list("name", "source"))
-    )
+    digest_of = digests_by_source(model_sources())
     models_on = defaultdict(set)
     for node_id, model in Shard.objects.filter(node_id__in=[n for n, _, _ in nodes]).values_list(
         "node_id", "replica__model"

@@ -14,7 +14,8 @@ from datetime import datetime
 from django.db import transaction
 
 from llmgw.core.errors import Invalid, NotFound
-from mirror.releases import release_get, release_offer, release_view
+from mirror.selectors import release_get, release_view
+from mirror.services import release_offer
 from tenancy.services import audit_record
 
 from .. import event_log

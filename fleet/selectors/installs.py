@@ -19,8 +19,8 @@ from dataclasses import replace
 from django.conf import settings
 
 from catalog.domain import ModelSpec
-from mirror.builds import build_for, builds_offered
 from mirror.domain.platforms import BINARY_ENGINES
+from mirror.selectors import build_for, builds_offered
 
 from ..domain.types import EngineInstall, NodeView
 from ..models import Gpu, Node, Shard

@@ -1,4 +1,5 @@
-"""Nodes, replicas and models as the API, ctl and the pages show them (reads only)."""
+"""Nodes and replicas as the API, ctl and the pages show them, and what the fleet knows of
+each model for its listing (catalog/selectors/listings.py composes that). Reads only."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from datetime import datetime
 
 from django.db.models.fields.json import KeyTransform
 
-from catalog.domain import ModelSpec, reservation_warnings, suggested_cores
+from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
 from llmgw.core import clock
 from llmgw.core.errors import NotFound
@@ -17,7 +18,7 @@ from llmgw.core.errors import NotFound
 from ..domain.gpuclass import CLASS_LABEL
 from ..domain.plan import duration
 from ..domain.readings import Reading
-from ..domain.reconcile import desired_replicas, held_for
+from ..domain.reconcile import held_for
 from ..domain.refusals import one_line
 from ..domain.spread import location_of
 from ..domain.types import ACTIVE, HOLDING, ModelState as ModelStateView, NodeView, ReplicaView
@@ -239,96 +240,6 @@ def failing_said(state: ModelStateView, starting: int, now: datetime) -> str:
     return "; ".join(part for part in (said, f"{count}, {when}") if part)
 
 
-def model_views(*, name: str | None = None) -> list[dict]:
-    """Models as the API shows them, with what runs of each (a fixed number of queries)."""
-    catalog = catalog_load()
-    if name is not None:
-        if name not in catalog:
-            raise NotFound(f"There is no model {name!r}.")
-        catalog = {name: catalog[name]}
-    states = model_states(name=name)
-    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    replicas = replica_views(model=name)
-    for r in replicas:
-        counts[r.model][counted_as(r)] += 1
-    one = states.get(name) if name is not None else None
-    if one is not None and one.held_for and one.held_for not in states:
-        # Whether it is still held depends on the model it gave room to.
-        states = {**states, **model_states(name=one.held_for)}
-        for state in Replica.objects.filter(model=one.held_for).values_list("state", flat=True):
-            counts[one.held_for][state] += 1
-    measured = measured_memory(replicas, catalog)
-    cpu_nodes = (
-        [
-            (mb / 1024 if mb else None, cpus)
-            for mb, cpus in Node.objects.filter(state=Node.READY).values_list(
-                "memory_total_mb", "cpu_count"
-            )
-        ]
-        if any(p.cpu_only for spec in catalog.values() for p in spec.profiles)
-        else []
-    )
-    out = []
-    for spec in catalog.values():
-        state = states.get(spec.name)
-        # Before its first pass a model wants what its scaling says, not nothing.
-        desired = (
-            state.desired
-            if state
-            else desired_replicas(spec, ModelStateView(model=spec.name), clock.now())
-        )
-        c = counts[spec.name]
-        status, reason = model_status(
-            spec, state, desired, c["ready"], c["pending"] + c["starting"]
-        )
-        first = spec.profiles[0]
-        out.append(
-            {
-                "name": spec.name,
-                "aliases": list(spec.aliases),
-                "description": spec.description,
-                "source": spec.source,
-                "ready": c["ready"],
-                # Serving still, but on their way out: not among the ready.
-                "retiring": c["retiring"],
-                "desired": desired,
-                "min": spec.min_replicas,
-                "max": spec.max_replicas,
-                "idle_timeout": spec.idle_timeout_s,
-                "target_waiting": spec.target_waiting,
-                "kv_ceiling": spec.kv_ceiling,
-                "on_demand": spec.on_demand,
-                "status": status,
-                "reason": reason,
-                "class": spec.effective_class,
-                "owner": spec.owner,
-                "memory_gb": first.min_memory_gb,
-                "cpu_cores": first.reserved_cores,
-                "suggested_cores": (
-                    suggested_cores(first.min_memory_gb, cpu_nodes) or None
-                    if first.cpu_only
-                    else None
-                ),
-                "measured_memory_gb": measured.get(spec.name),
-                "warnings": reservation_warnings(spec, measured.get(spec.name)),
-                "preempted": state.preempted if state else 0,
-                "held_for": held_for_shown(state, counts, states),
-                "unplaceable": bool(state and state.unplaceable),
-                "parked": bool(state and state.parked_since),
-                "failures": state.failures if state else 0,
-                "last_failure": failure_shown(state),
-                "profiles": [p.to_dict() | {"fingerprint": p.fingerprint()} for p in spec.profiles],
-                "fallbacks": list(spec.fallbacks),
-                "routing_profile": spec.routing_profile,
-                "declared": spec.declared,
-                "slo": spec.slo.to_dict(),
-                "context_length": spec.context_length,
-                "max_output": spec.max_output,
-            }
-        )
-    return out
-
-
 def failure_shown(state: ModelStateView | None) -> dict | None:
     """The model's last failure as the API shows it, while it backs off or is parked;
     None otherwise (a retry or a ready replica has put it behind it)."""
@@ -379,17 +290,27 @@ def measured_memory(
     return out
 
 
-def model_explain(*, name: str, view: dict | None = None) -> dict:
-    """Why the model's last placement failed, per profile and node (`view`: its
-    model_views entry, when the caller has read it already)."""
-    view = view if view is not None else model_views(name=name)[0]
+def replica_states(model: str) -> list[str]:
+    """The state of each of a model's replicas (one query)."""
+    return list(Replica.objects.filter(model=model).values_list("state", flat=True))
+
+
+def ready_node_sizes() -> list[tuple[float | None, int]]:
+    """Each ready node's memory in GB (None unknown) and CPU count, for the cores a CPU-only
+    model is suggested (one query)."""
+    return [
+        (mb / 1024 if mb else None, cpus)
+        for mb, cpus in Node.objects.filter(state=Node.READY).values_list(
+            "memory_total_mb", "cpu_count"
+        )
+    ]
+
+
+def placement_explained(*, name: str, spec: ModelSpec | None) -> dict:
+    """Why a model's last placement failed, per profile and node, and the engines being
+    installed for it."""
     state = model_states(name=name).get(name)
     return {
-        "model": name,
-        "unplaceable": view["unplaceable"],
-        "status": view["status"],
-        "reason": view["reason"],
         "explanation": list(state.explanation) if state else [],
-        "last_failure": view["last_failure"],
-        "installing": installing_said(catalog_load().get(name)),
+        "installing": installing_said(spec),
     }

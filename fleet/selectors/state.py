@@ -15,7 +15,7 @@ from django.conf import settings
 
 from catalog.selectors import catalog_load
 from llmgw.core import reads
-from mirror.builds import builds_offered
+from mirror.selectors import builds_offered
 from tenancy.quota import Holding
 
 from ..domain.gpuclass import CLASS_LABEL

@@ -15,8 +15,9 @@ from datetime import datetime
 from django.conf import settings
 from django.db import connection
 
+from catalog.selectors.listings import model_views
+
 from ..models import Node
-from . import listings
 from .passes import reconciler_status
 
 # How long the Celery workers have to answer a ping, and Redis to answer its own.
@@ -33,7 +34,7 @@ def control_plane_status(*, now: datetime) -> dict:
         "reconciler": reconciler_status(now=now),
         "workers": workers_health(),
         "nodes": nodes_by_state(),
-        "attention": needing_attention(listings.model_views()),
+        "attention": needing_attention(model_views()),
     }
 
 

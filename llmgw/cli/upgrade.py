@@ -249,7 +249,7 @@ def _wheel(args: argparse.Namespace, version: str) -> tuple[Path, str]:
     setup_django()
     from llmgw.core.errors import NotFound
     from mirror import store
-    from mirror.releases import release_get
+    from mirror.selectors import release_get
 
     try:
         build = release_get(version)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from catalog.admin import ViewOnly
+from llmgw.core.admin import ViewOnly
 from tenancy.models import AuditEvent
 
 

@@ -13,7 +13,7 @@ from django.test import Client
 from catalog.services import model_add
 from llmgw.core import clock
 from tenancy.models import ApiKey
-from tenancy.playground import project_name
+from tenancy.services.playground import project_name
 from tests.fleet.builders import gpu_model
 
 pytestmark = pytest.mark.django_db

@@ -10,13 +10,13 @@ from datetime import timedelta
 
 import pytest
 
+from catalog.selectors.listings import model_explain
 from fleet.models import ModelState, Node, Replica, Shard
 from fleet.nodes.heard import node_engines_record
 from fleet.nodes.reports import node_register
 from fleet.protocol import BadMessage, EngineInstallReport, Register, parse
 from fleet.reconciler import run as reconciler
 from fleet.reconciler.run import reconcile_once
-from fleet.selectors.listings import model_explain
 from mirror.builds import engine_build_add
 from tests.fleet.builders import T0, agent_credential
 

@@ -10,11 +10,12 @@ import pytest
 from catalog.services import model_scale
 from fleet import event_log, models
 from fleet.domain.plan import Event
-from fleet.event_log import events_page, expire, record
+from fleet.event_log import expire, record
 from fleet.models import Replica
 from fleet.nodes.reports import shard_status_record
 from fleet.protocol import ShardStatus
 from fleet.reconciler.run import reconcile_once
+from fleet.selectors.events import events_page
 from llmgw.core.errors import Invalid
 
 from .builders import T0, at, gpu_model, model_added, node_add

@@ -13,12 +13,12 @@ from django.db import IntegrityError, transaction
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from catalog.domain import parse_model
-from fleet.event_log import events_page
 from fleet.models import Event, Lease, Node, Replica, Shard
 from fleet.nodes.connections import GATE
 from fleet.nodes.reports import shard_status_record
 from fleet.protocol import BadMessage, ShardStatus
 from fleet.reconciler.run import LEASE, reconcile_once
+from fleet.selectors.events import events_page
 from llmgw.core import clock
 from mirror.models import WeightFile
 from mirror.worker import work_until_idle

@@ -3,8 +3,8 @@ gateway's 503 and the model views take each profile's summary (refusals.one_line
 
 import pytest
 
+from catalog.selectors.listings import model_views
 from fleet.models import ModelState
-from fleet.selectors.listings import model_views
 from fleet.selectors.routing import on_demand_trouble
 
 from .builders import gpu_model, model_added

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from llmgw.core import clock
-from mirror import builds as engines, store
+from mirror import builds as engines, selectors, store
 from mirror.domain.platforms import this_platform
 from mirror.models import EngineBuild
 from tests.helpers import detail
@@ -139,13 +139,13 @@ def test_the_newest_build_is_the_one_offered_per_platform(tmp_path):
         engines.engine_build_add_file(
             path=path, engine="llamacpp", version=version, actor="ops", now=clock.now()
         )
-    offered = engines.builds_offered()
+    offered = selectors.builds_offered()
     assert set(offered) == {this_platform()}
     ref = offered[this_platform()]["llamacpp"]
     assert ref.version == "b6000"
     assert ref.url.endswith(f"/api/v1/mirror/files/{ref.sha256}")
-    assert engines.build_for(engine="llamacpp", platform="linux-riscv64") is None
-    assert engines.build_for(engine="llamacpp", platform="") is None
+    assert selectors.build_for(engine="llamacpp", platform="linux-riscv64") is None
+    assert selectors.build_for(engine="llamacpp", platform="") is None
 
 
 def test_a_file_that_cannot_be_read_is_a_sentence(tmp_path):

@@ -12,7 +12,6 @@ from mirror.worker import work_until_idle
 from tests.catalog.test_pages import add_form
 from tests.helpers import detail
 from tests.mirror.ggufs import write_gguf
-from tests.mirror.test_pages import staff  # noqa: F401 (a fixture)
 from tests.mirror.test_weights import mirror_dir  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db

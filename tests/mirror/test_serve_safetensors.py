@@ -21,7 +21,6 @@ from mirror.worker import work_until_idle
 from tests.fleet.builders import L4, node_add
 from tests.helpers import detail
 from tests.mirror.hub import Hub, HubFile
-from tests.mirror.test_pages import staff  # noqa: F401 (a fixture)
 from tests.mirror.test_weights import mirror_dir  # noqa: F401 (a fixture)
 
 from .hf_configs import LLAMA_31_8B, dense_tensors, write_safetensors

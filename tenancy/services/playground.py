@@ -16,8 +16,8 @@ from django.db import transaction
 
 from llmgw.core.errors import Conflict
 
-from .models import ApiKey, Organization, Project, Team
-from .services import api_key_create, api_key_revoke, org_create, project_create, team_create
+from ..models import ApiKey, Organization, Project, Team
+from . import api_key_create, api_key_revoke, org_create, project_create, team_create
 
 ORG, TEAM, KEY_NAME = "Console", "playground", "playground"
 

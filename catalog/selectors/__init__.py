@@ -1,13 +1,16 @@
-"""Catalog reads: rows into the frozen specs the rules take."""
+"""Catalog reads: rows into the frozen specs the rules take. The models as the API and
+the pages list them, with what the fleet knows of each, are in `listings`."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from django.db import connection
 
 from llmgw.core import reads
 
-from .domain import ModelSpec, Profile, Slo
-from .models import Measurement, Model, Profile as ProfileRow, Revision
+from ..domain import ModelSpec, Profile, Slo
+from ..models import Measurement, Model, Profile as ProfileRow, Revision
 
 
 def profile_from_row(row: ProfileRow) -> Profile:
@@ -98,6 +101,16 @@ def model_called(name: str) -> str | None:
         return name
     owners = [spec.name for spec in catalog.values() if name in spec.aliases]
     return owners[0] if len(owners) == 1 else None
+
+
+def model_sources(*, names: Iterable[str] | None = None) -> dict[str, str]:
+    """Each model's source by its name, for the models that name one: of `names` when given
+    (a list, or a query of names asked in the same query). One query, uncached: the
+    mirror and the fleet's weights checks read the rows as they are now."""
+    rows = Model.objects.exclude(source="")
+    if names is not None:
+        rows = rows.filter(name__in=names)
+    return dict(rows.values_list("name", "source"))
 
 
 def measurements_revision() -> int:

@@ -1,5 +1,5 @@
 """Tenancy writes: tokens, the tenancy tree, capacity quotas, scope limits, budgets, model
-prices, usage and the audit trail."""
+prices, usage and the audit trail; the console playground's key is in `playground`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from catalog.selectors import catalog_load
 from llmgw.core.errors import Conflict, Invalid, NotFound
 from llmgw.core.secrets import digest, keyed_digest, new_secret
 
-from .models import (
+from ..models import (
     ApiKey,
     AuditEvent,
     Budget,
@@ -29,9 +30,9 @@ from .models import (
     Token,
     UsageJournal,
 )
-from .quota import RESOURCES, Resources
-from .scopes import KEY_RE
-from .selectors import ScopeTree, scope_find, scope_tree
+from ..quota import RESOURCES, Resources
+from ..scopes import KEY_RE
+from ..selectors import ScopeTree, scope_find, scope_tree
 
 log = logging.getLogger("llmgw.tenancy")
 
@@ -375,9 +376,6 @@ def api_key_models(models: object) -> list[str]:
         raise Invalid(
             "models must be a list of model names; left out, the key may use every model."
         )
-    # Imported here: the catalog records its changes through this module.
-    from catalog.selectors import catalog_load
-
     known = catalog_load()
     names = {n for spec in known.values() for n in (spec.name, *spec.aliases)}
     unknown = sorted(set(models) - names)
