@@ -1,6 +1,7 @@
 """One `/v1/` request from its first byte to its answer: the key, the body read and
 checked, the model found, admission by the limits, then `routing`; whatever fails is
-answered with an OpenAI-style error, and counted."""
+answered with an OpenAI-style error. However it ends, it is counted once, at its end
+(`accounting.account`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 import orjson
 
 from llmgw.core import tracing
-from llmgw.gateway import metrics
+from llmgw.gateway.accounting import Outcome, account
 from llmgw.gateway.answers import (
     JSON_HEADERS,
     MAX_BODY_BYTES,
@@ -31,7 +32,6 @@ from llmgw.gateway.answers import (
 from llmgw.gateway.limits import Limiter, prompt_estimate, refusal_sentence, reservation
 from llmgw.gateway.routing import route
 from llmgw.gateway.state import Request, State
-from llmgw.gateway.streaming import record_usage
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -158,11 +158,9 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) -> None:
-    started = time.perf_counter()
+    out = Outcome(started=time.perf_counter())
     path, method = scope["path"], scope["method"]
     req: Request | None = None
-    model_series = metrics.series("")
-    status = 0
     try:
         with tracing.span("llmgw.admission.key"):
             key = await rt.key_of(scope["headers"])
@@ -175,8 +173,9 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
             # The ASGI path is decoded already: `/v1/models/org%2Fm` names `org/m`.
             name = path[len("/v1/models/") :] if path != "/v1/models" else None
             answer = rt.models_json(key) if name is None else rt.model_json(key, name)
-            await send_answer(send, status := 200, answer)
-            model_series.answered(200)
+            out.status = 200
+            await send_answer(send, 200, answer)
+            out.answered(200)
             return
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
@@ -205,96 +204,59 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
             raw=raw,
             stream=body.get("stream") is True,
             wants_usage=isinstance(options, dict) and options.get("include_usage") is True,
-            started=started,
+            started=out.started,
             model=spec.name,
         )
         req.estimate = prompt_estimate(len(raw))
         req.reserved = _reserved(rt.cfg, req, spec, _capped(req, spec, _asked(body, endpoint)))
-        model_series = metrics.series(spec.name)
+        out.model = spec.name
         tracing.said(span, **{"gen_ai.request.model": body["model"], "llmgw.model": spec.name})
         req.admitted = time.time()
         with tracing.span("llmgw.admission.limits"):
             await _admit(rt, req)
         rt.usage.begin(req, req.admitted)
         status = await route(rt, req, receive, send)
-        model_series = metrics.series(req.model)
-        model_series.answered(status)
+        out.model = req.model  # a fallback's, when one served it
+        out.answered(status)
     except Refused as refused:
-        status = refused.status
+        out.answered(refused.status)
+        out.failed = refused.reason
         tracing.said(span, **{"llmgw.refused": refused.reason, "error.type": refused.code})
-        model_series.failed(refused.reason)
-        model_series.answered(refused.status)
         headers = JSON_HEADERS
         if refused.retry_after is not None:
             headers = [*JSON_HEADERS, (b"retry-after", str(refused.retry_after).encode())]
-        if req is not None and refused.reason not in ("auth",):
-            record_usage(rt, req, None, error=True)
         await send_answer(send, refused.status, refused.body(), headers)
     except ClientGone:
         # Hanging up once the whole answer has passed is no failure: only the close was left.
         if req is not None and req.done:
-            status = 200
-            model_series = metrics.series(req.model)
-            model_series.answered(200)
-            record_usage(rt, req, req.usage, error=False)
+            out.model = req.model
+            out.answered(200)
+            if req.verdict is None:
+                req.verdict = ""
         else:
-            status = 499  # as nginx says it: the client went before its answer
-            model_series.failed("client_gone")
-            if req is not None:
-                record_usage(rt, req, req.usage, error=True)
+            out.status = 499  # as nginx says it: the client went before its answer
+            out.failed = "client_gone"
     except asyncio.CancelledError:
         if not rt.stopping:
             raise
         # Cut by a server that stopped waiting for it (Runtime.drain): said, and counted.
         asyncio.current_task().uncancel()
-        model_series.failed("shutdown")
-        if req is not None:
-            record_usage(rt, req, req.usage, error=True)
-        status = 503
+        out.status, out.failed = 503, "shutdown"
         with contextlib.suppress(Exception):  # the answer may have begun already
             await send_answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
     except Exception:
         # A bug of ours, or something no rule foresaw: still an OpenAI-style answer, counted.
         log.exception("gateway request %s %s failed", method, path)
-        model_series.failed("internal")
-        model_series.answered(500)
-        if req is not None:
-            record_usage(rt, req, req.usage, error=True)
-        status = 500
+        out.answered(500)
+        out.failed = "internal"
         error = Refused(500, "The gateway failed to answer.", "server_error", reason="internal")
         with contextlib.suppress(Exception):  # the answer may have begun already
             await send_answer(send, 500, error.body())
     finally:
-        if req is not None and not req.recorded:
-            # Cancelled from underneath (daphne gives up on an application some seconds
-            # after its connection is lost): what it held and used still counts.
-            record_usage(rt, req, req.usage, error=True)
-        model_series.duration.observe(time.perf_counter() - started)
-        if span is not None:
-            _span_end(span, req, status)
-
-
-def _span_end(span, req: Request | None, status: int) -> None:
-    """What the request's span says once it is answered: its status, the model that
-    served it, and the engine's token counts when they came."""
-    usage = req.usage if req is not None and isinstance(req.usage, dict) else {}
-    tracing.said(
-        span,
-        **{
-            "http.response.status_code": status or None,
-            "llmgw.served_by": req.model if req is not None else None,
-            "gen_ai.usage.input_tokens": _count(usage.get("prompt_tokens")),
-            "gen_ai.usage.output_tokens": _count(usage.get("completion_tokens")),
-        },
-    )
-    if status >= 500 or not status:
-        from opentelemetry.trace import Status, StatusCode
-
-        span.set_status(Status(StatusCode.ERROR, f"answered {status or 'nothing'}"))
-
-
-def _count(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+        # Whichever way it went, counted once, here; cancelled from underneath too (daphne
+        # gives up on an application some seconds after its connection is lost): what it
+        # held and used still counts.
+        account(rt, req, out, span)
 
 
 async def _admit(rt: State, req: Request) -> None:
