@@ -1,5 +1,5 @@
 """The gateway's traffic in the console's history: the series its sampler records
-(llmgw/gateway/history.py) and the charts the cluster and model pages draw of them, in
+(llmgw/gateway/samples.py) and the charts the cluster and model pages draw of them, in
 one place so the two agree without the pages importing the gateway.
 
 Group "gateway" is every model together, "model:NAME" one model: requests, completion

@@ -13,9 +13,9 @@ class GatewayConfig(AppConfig):
     def ready(self) -> None:
         from llmgw.core import history, sources
 
-        from .history import Rates
         from .load import gateway_loads
         from .metrics import gateway_text
+        from .samples import Rates
 
         sources.offer(sources.GATEWAY_LOAD, gateway_loads)
         sources.offer(sources.GATEWAY_METRICS, gateway_text)

@@ -1,6 +1,7 @@
 """One `/v1/` request from its first byte to its answer: the key, the body read and
 checked, the model found, admission by the limits, then `routing`; whatever fails is
-answered with an OpenAI-style error, and counted."""
+answered with an OpenAI-style error. However it ends, it is counted once, at its end
+(`accounting.account`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import orjson
 
 from llmgw.core import tracing
-from llmgw.gateway import metrics
+from llmgw.gateway.accounting import Outcome, account
 from llmgw.gateway.answers import (
     JSON_HEADERS,
     MAX_BODY_BYTES,
@@ -31,7 +33,10 @@ from llmgw.gateway.answers import (
 from llmgw.gateway.limits import Limiter, prompt_estimate, refusal_sentence, reservation
 from llmgw.gateway.routing import route
 from llmgw.gateway.state import Request, State
-from llmgw.gateway.streaming import record_usage
+from llmgw.gateway.tables import Key
+
+if TYPE_CHECKING:
+    from catalog.domain import ModelSpec
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -158,146 +163,118 @@ async def serve(rt: State, scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) -> None:
-    started = time.perf_counter()
-    path, method = scope["path"], scope["method"]
+    """The request as a stack of steps: its key; the models listed, or its body read and
+    checked (`_request`), held to its caps and limits (`_admit`), and sent to a replica
+    (`routing.route`, which passes the engine's answer back). A step that fails raises,
+    and is answered below. Whichever way it went, it is counted once, at its end."""
+    out = Outcome(started=time.perf_counter())
     req: Request | None = None
-    model_series = metrics.series("")
-    status = 0
     try:
-        with tracing.span("llmgw.admission.key"):
-            key = await rt.key_of(scope["headers"])
-        if span is not None:
-            project = rt.tables.scope_names.get(key.scopes[0], key.scopes[0])
-            tracing.said(span, **{"llmgw.key": key.prefix, "llmgw.project": project})
+        key = await _key(rt, scope, span)
+        path = scope["path"]
         if path == "/v1/models" or path.startswith("/v1/models/"):
-            if method != "GET":
-                raise Refused(405, "Use GET.", "invalid_request_error", reason="bad_request")
-            # The ASGI path is decoded already: `/v1/models/org%2Fm` names `org/m`.
-            name = path[len("/v1/models/") :] if path != "/v1/models" else None
-            answer = rt.models_json(key) if name is None else rt.model_json(key, name)
-            await send_answer(send, status := 200, answer)
-            model_series.answered(200)
+            await _models(rt, key, scope, send, out)
             return
-        endpoint = ENDPOINTS.get(path)
-        if endpoint is None:
-            raise Refused(
-                404,
-                f"Unknown request URL: {method} {path}.",
-                "invalid_request_error",
-                "unknown_url",
-                reason="bad_request",
-            )
-        if method != "POST":
-            raise Refused(
-                405, f"Use POST for {path}.", "invalid_request_error", reason="bad_request"
-            )
-        raw = await _read_body(scope, receive)
-        body = _parse(raw, endpoint)
-        spec = rt.tables.resolve(body["model"])
-        if spec is None or (key.models is not None and spec.name not in key.models):
-            raise unknown_model(body["model"])
-        options = body.get("stream_options")
-        req = Request(
-            key=key,
-            endpoint=endpoint,
-            path=path,
-            body=body,
-            raw=raw,
-            stream=body.get("stream") is True,
-            wants_usage=isinstance(options, dict) and options.get("include_usage") is True,
-            started=started,
-            model=spec.name,
-        )
-        req.estimate = prompt_estimate(len(raw))
-        req.reserved = _reserved(rt.cfg, req, spec, _capped(req, spec, _asked(body, endpoint)))
-        model_series = metrics.series(spec.name)
-        tracing.said(span, **{"gen_ai.request.model": body["model"], "llmgw.model": spec.name})
-        req.admitted = time.time()
-        with tracing.span("llmgw.admission.limits"):
-            await _admit(rt, req)
-        rt.usage.begin(req, req.admitted)
+        req, spec = await _request(rt, key, scope, receive, out.started)
+        await _admit(rt, req, spec, out, span)
         status = await route(rt, req, receive, send)
-        model_series = metrics.series(req.model)
-        model_series.answered(status)
+        out.model = req.model  # a fallback's, when one served it
+        out.answered(status)
     except Refused as refused:
-        status = refused.status
-        tracing.said(span, **{"llmgw.refused": refused.reason, "error.type": refused.code})
-        model_series.failed(refused.reason)
-        model_series.answered(refused.status)
-        headers = JSON_HEADERS
-        if refused.retry_after is not None:
-            headers = [*JSON_HEADERS, (b"retry-after", str(refused.retry_after).encode())]
-        if req is not None and refused.reason not in ("auth",):
-            record_usage(rt, req, None, error=True)
-        await send_answer(send, refused.status, refused.body(), headers)
+        await _refused(send, refused, out, span)
     except ClientGone:
-        # Hanging up once the whole answer has passed is no failure: only the close was left.
-        if req is not None and req.done:
-            status = 200
-            model_series = metrics.series(req.model)
-            model_series.answered(200)
-            record_usage(rt, req, req.usage, error=False)
-        else:
-            status = 499  # as nginx says it: the client went before its answer
-            model_series.failed("client_gone")
-            if req is not None:
-                record_usage(rt, req, req.usage, error=True)
+        _gone(req, out)
     except asyncio.CancelledError:
         if not rt.stopping:
             raise
         # Cut by a server that stopped waiting for it (Runtime.drain): said, and counted.
         asyncio.current_task().uncancel()
-        model_series.failed("shutdown")
-        if req is not None:
-            record_usage(rt, req, req.usage, error=True)
-        status = 503
-        with contextlib.suppress(Exception):  # the answer may have begun already
-            await send_answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
+        await _stopping(send, out)
     except Exception:
         # A bug of ours, or something no rule foresaw: still an OpenAI-style answer, counted.
-        log.exception("gateway request %s %s failed", method, path)
-        model_series.failed("internal")
-        model_series.answered(500)
-        if req is not None:
-            record_usage(rt, req, req.usage, error=True)
-        status = 500
-        error = Refused(500, "The gateway failed to answer.", "server_error", reason="internal")
-        with contextlib.suppress(Exception):  # the answer may have begun already
-            await send_answer(send, 500, error.body())
+        log.exception("gateway request %s %s failed", scope["method"], scope["path"])
+        await _failed(send, out)
     finally:
-        if req is not None and not req.recorded:
-            # Cancelled from underneath (daphne gives up on an application some seconds
-            # after its connection is lost): what it held and used still counts.
-            record_usage(rt, req, req.usage, error=True)
-        model_series.duration.observe(time.perf_counter() - started)
-        if span is not None:
-            _span_end(span, req, status)
+        # Cancelled from underneath too (daphne gives up on an application some seconds
+        # after its connection is lost): what it held and used still counts.
+        account(rt, req, out, span)
 
 
-def _span_end(span, req: Request | None, status: int) -> None:
-    """What the request's span says once it is answered: its status, the model that
-    served it, and the engine's token counts when they came."""
-    usage = req.usage if req is not None and isinstance(req.usage, dict) else {}
-    tracing.said(
-        span,
-        **{
-            "http.response.status_code": status or None,
-            "llmgw.served_by": req.model if req is not None else None,
-            "gen_ai.usage.input_tokens": _count(usage.get("prompt_tokens")),
-            "gen_ai.usage.output_tokens": _count(usage.get("completion_tokens")),
-        },
+async def _key(rt: State, scope: Scope, span) -> Key:
+    """The caller's API key (401 without a good one), told to the request's span."""
+    with tracing.span("llmgw.admission.key"):
+        key = await rt.key_of(scope["headers"])
+    if span is not None:
+        project = rt.tables.scope_names.get(key.scopes[0], key.scopes[0])
+        tracing.said(span, **{"llmgw.key": key.prefix, "llmgw.project": project})
+    return key
+
+
+async def _models(rt: State, key: Key, scope: Scope, send: Send, out: Outcome) -> None:
+    """`GET /v1/models` and `/v1/models/{name}`: the models the key may use."""
+    path = scope["path"]
+    if scope["method"] != "GET":
+        raise Refused(405, "Use GET.", "invalid_request_error", reason="bad_request")
+    # The ASGI path is decoded already: `/v1/models/org%2Fm` names `org/m`.
+    name = path[len("/v1/models/") :] if path != "/v1/models" else None
+    answer = rt.models_json(key) if name is None else rt.model_json(key, name)
+    out.status = 200  # the span's, even when the send is cut; counted once it is sent
+    await send_answer(send, 200, answer)
+    out.answered(200)
+
+
+async def _request(
+    rt: State, key: Key, scope: Scope, receive: Receive, started: float
+) -> tuple[Request, ModelSpec]:
+    """The request its URL, method and body make, and the model it names (404 for one the
+    key may not use); 400 for a body that is not what its endpoint takes."""
+    path, method = scope["path"], scope["method"]
+    endpoint = ENDPOINTS.get(path)
+    if endpoint is None:
+        raise Refused(
+            404,
+            f"Unknown request URL: {method} {path}.",
+            "invalid_request_error",
+            "unknown_url",
+            reason="bad_request",
+        )
+    if method != "POST":
+        raise Refused(405, f"Use POST for {path}.", "invalid_request_error", reason="bad_request")
+    raw = await _read_body(scope, receive)
+    body = _parse(raw, endpoint)
+    spec = rt.tables.resolve(body["model"])
+    if spec is None or (key.models is not None and spec.name not in key.models):
+        raise unknown_model(body["model"])
+    options = body.get("stream_options")
+    req = Request(
+        key=key,
+        endpoint=endpoint,
+        path=path,
+        body=body,
+        raw=raw,
+        stream=body.get("stream") is True,
+        wants_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        started=started,
+        model=spec.name,
     )
-    if status >= 500 or not status:
-        from opentelemetry.trace import Status, StatusCode
-
-        span.set_status(Status(StatusCode.ERROR, f"answered {status or 'nothing'}"))
+    req.estimate = prompt_estimate(len(raw))
+    return req, spec
 
 
-def _count(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+async def _admit(rt: State, req: Request, spec: ModelSpec, out: Outcome, span) -> None:
+    """`req` held to its caps on `max_tokens` (400 past one) and let in by the limits with
+    what it may use reserved (429 past one), then begun in the usage book."""
+    req.reserved = _reserved(rt.cfg, req, spec, _capped(req, spec, _asked(req.body, req.endpoint)))
+    out.model = spec.name
+    tracing.said(span, **{"gen_ai.request.model": req.body["model"], "llmgw.model": spec.name})
+    req.admitted = time.time()
+    with tracing.span("llmgw.admission.limits"):
+        await _limited(rt, req)
+    rt.usage.begin(req, req.admitted)
 
 
-async def _admit(rt: State, req: Request) -> None:
+async def _limited(rt: State, req: Request) -> None:
+    """Let in by every limit along its key's chain, holding what it reserves; else a 429."""
     checks = Limiter.checks(req.key, rt.tables.limits, req.reserved)
     if not checks:
         return
@@ -312,3 +289,43 @@ async def _admit(rt: State, req: Request) -> None:
         reason="limit",
         retry_after=refusal.retry_after,
     )
+
+
+# Each way a request can fail, answered (when it still can be) and noted for `account`.
+
+
+async def _refused(send: Send, refused: Refused, out: Outcome, span) -> None:
+    out.answered(refused.status)
+    out.failed = refused.reason
+    tracing.said(span, **{"llmgw.refused": refused.reason, "error.type": refused.code})
+    headers = JSON_HEADERS
+    if refused.retry_after is not None:
+        headers = [*JSON_HEADERS, (b"retry-after", str(refused.retry_after).encode())]
+    await send_answer(send, refused.status, refused.body(), headers)
+
+
+def _gone(req: Request | None, out: Outcome) -> None:
+    """The caller hung up. Once the whole answer had passed that is no failure: only the
+    close was left."""
+    if req is not None and req.done:
+        out.model = req.model
+        out.answered(200)
+        if req.verdict is None:
+            req.verdict = ""
+    else:
+        out.status = 499  # as nginx says it: the client went before its answer
+        out.failed = "client_gone"
+
+
+async def _stopping(send: Send, out: Outcome) -> None:
+    out.status, out.failed = 503, "shutdown"
+    with contextlib.suppress(Exception):  # the answer may have begun already
+        await send_answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
+
+
+async def _failed(send: Send, out: Outcome) -> None:
+    out.answered(500)
+    out.failed = "internal"
+    error = Refused(500, "The gateway failed to answer.", "server_error", reason="internal")
+    with contextlib.suppress(Exception):  # the answer may have begun already
+        await send_answer(send, 500, error.body())

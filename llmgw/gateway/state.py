@@ -55,7 +55,9 @@ class Request:
     tried: set[str] = field(default_factory=set)
     usage: dict | None = None  # the engine's figures, once they have passed
     done: bool = False  # the answer has reached its end (a stream, its [DONE])
-    recorded: bool = False  # its usage is counted: once, whichever way it ended
+    # Once its answer is known: "" for one that passed whole and good, else why it failed
+    # (upstream_status, stream_cut). None before: accounting.account reads it.
+    verdict: str | None = None
     events: int = 0  # server-sent events passed on: tokens, about, when no usage came
     estimate: int = 0  # its prompt's tokens, about, before an engine counts them
     reserved: int = 0  # the tokens it may use (prompt estimate and completion asked for)

@@ -1,7 +1,7 @@
 """Passing an engine's server-sent events back as they arrive, with an error event for a
-stream cut short (upstream, or by a server that stops); and counting what a request used,
-however it was answered: tokens from the engine's `usage` figures, or the events passed on
-for a stream that ended before them, in the usage book, the metrics and the token limits."""
+stream cut short (upstream, or by a server that stops), noting on the request what the
+accounting reads once it is answered (`accounting.account`): the engine's `usage` figures,
+the events passed on, and the stream's verdict."""
 
 from __future__ import annotations
 
@@ -24,72 +24,6 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
-
-
-def record_usage(rt: State, req: Request, usage: dict | None, *, error: bool) -> None:
-    """Usage and token counts for one request (`tokens_used`), and what it held of the token
-    limits settled; only the first call for a request counts."""
-    if req.recorded:
-        return
-    req.recorded = True
-    prompt, completion, cached, estimated = tokens_used(req, usage)
-    now = time.time()
-    rt.usage.record(
-        key_id=req.key.id,
-        project_id=req.key.project_id,
-        model=req.model,
-        prompt=prompt,
-        completion=completion,
-        estimated=estimated,
-        request=req.rid,
-        error=error,
-        latency_ms=(time.perf_counter() - req.started) * 1000,
-        now=now,
-    )
-    if prompt or completion:
-        s = metrics.series(req.model)
-        s.prompt.inc(prompt)
-        s.completion.inc(completion)
-        if cached:
-            s.cached(cached)
-        if estimated:
-            s.estimated(estimated)
-    if req.held:
-        rt.limiter.settle(req.held, prompt + completion, req.admitted)
-
-
-def tokens_used(req: Request, usage: dict | None) -> tuple[int, int, int, int]:
-    """(prompt, completion, cached, estimated) tokens of a request: from the engine's own
-    `usage` figures when they came. Otherwise, for a request an engine worked on: a stream
-    counts a completion token per event passed on (each carries about one), and one cut
-    before its answer (the caller hung up, the server stopped) what it may have written,
-    its reservation; either way its prompt by the estimate. `estimated` says how many of
-    them no engine counted. A request no engine worked on, or that one refused, used none.
-    """
-    if isinstance(usage, dict):
-        prompt = _tokens(usage.get("prompt_tokens"))
-        completion = _tokens(usage.get("completion_tokens"))
-        details = usage.get("prompt_tokens_details")
-        cached = 0
-        if isinstance(details, dict):  # OpenAI's, vLLM's and llama.cpp's place for it
-            cached = min(_tokens(details.get("cached_tokens")), prompt)
-        return prompt, completion, cached, 0
-    if req.events:
-        return req.estimate, req.events, 0, req.estimate
-    if req.abandoned:
-        written = 0 if req.stream else req.reserved - req.estimate
-        return req.estimate, written, 0, req.estimate + written
-    return 0, 0, 0, 0
-
-
-MOST_TOKENS = 100_000_000  # more in one answer is an engine's mistake, not a figure
-
-
-def _tokens(value: object) -> int:
-    """A token count as an engine reported it: a whole number from 0 to MOST_TOKENS, else 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return 0
-    return min(value, MOST_TOKENS)
 
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
@@ -143,17 +77,16 @@ async def relay_stream(rt: State, req: Request, resp, send: Send) -> int:
     """Pass the events on as they arrive; a stream cut upstream ends with an error event."""
     headers = [*SSE_HEADERS, *req.replica_header()]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
-    series = metrics.series(req.model)
     drop = not req.wants_usage
-    rest, usage, first, cut, stopped = b"", None, True, False, False
+    rest, first, cut, stopped = b"", True, False, False
     try:
         async for chunk in resp.content.iter_any():
             if first:
-                series.first_token.observe(time.perf_counter() - req.started)
+                metrics.series(req.model).first_token.observe(time.perf_counter() - req.started)
                 first = False
             out, rest, found = split_events(rest + chunk if rest else chunk, drop)
             if found is not None:
-                usage = req.usage = found
+                req.usage = found
             if out:
                 if b"data: [DONE]" in out:
                     req.done = True
@@ -174,7 +107,5 @@ async def relay_stream(rt: State, req: Request, resp, send: Send) -> int:
     # Half an event is not passed on: the error must arrive as an event of its own.
     tail = (SHUTDOWN_CUT if stopped else STREAM_CUT) if cut else rest
     await send({"type": "http.response.body", "body": tail, "more_body": False})
-    if cut:
-        series.failed("stream_cut")
-    record_usage(rt, req, usage, error=cut)
+    req.verdict = "stream_cut" if cut else ""
     return 200

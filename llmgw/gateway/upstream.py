@@ -1,6 +1,7 @@
 """Sending a request on to a replica's engine: the aiohttp pool, one attempt against one
 replica (`Unreachable` when it cannot be reached, so that another is tried), and a whole
-(not streamed) answer passed back; a stream goes on to `streaming`."""
+(not streamed) answer passed back, its usage and verdict noted on the request for the
+accounting (`accounting.account`); a stream goes on to `streaming`."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import logging
 import aiohttp
 
 from llmgw.core import tracing
-from llmgw.gateway import metrics
 from llmgw.gateway.answers import Refused, Send, send_answer
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.state import Request, State
-from llmgw.gateway.streaming import record_usage, relay_stream
+from llmgw.gateway.streaming import relay_stream
 from llmgw.gateway.tables import Upstream
 
 log = logging.getLogger("llmgw.gateway")
@@ -102,13 +102,15 @@ async def _proxy(rt: State, req: Request, up: Upstream, send: Send, body, header
             kind = resp.headers.get("Content-Type", "")
             if req.stream and resp.status == 200 and kind.startswith("text/event-stream"):
                 return await relay_stream(rt, req, resp, send)
-            return await _whole(rt, req, resp, kind, send)
+            return await _whole(req, resp, kind, send)
         finally:
             resp.close()
     except asyncio.CancelledError:
-        # The caller hung up, or the server stopped waiting, while the engine worked on it:
-        # no usage will come, so what it may have used is counted (streaming.tokens_used).
-        req.abandoned = True
+        # The caller hung up, or the server stopped waiting, while the engine worked on it
+        # (before its answer was in): no usage will come, so what it may have used is
+        # counted (accounting.tokens_used).
+        if req.verdict is None:
+            req.abandoned = True
         raise
     finally:
         rt.inflight[rid] -= 1
@@ -134,7 +136,7 @@ def _usage_in(data: bytes) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-async def _whole(rt: State, req: Request, resp, kind: str, send: Send) -> int:
+async def _whole(req: Request, resp, kind: str, send: Send) -> int:
     chunks, size = [], 0
     try:
         async for chunk in resp.content.iter_any():
@@ -167,12 +169,9 @@ async def _whole(rt: State, req: Request, resp, kind: str, send: Send) -> int:
             "upstream_refused",
             reason="upstream_status",
         )
-    error = status >= 400
-    if error:
-        metrics.series(req.model).failed("upstream_status")
     if status == 200:
         req.usage = _usage_in(data)  # the engine's figures, for the request's span too
-    record_usage(rt, req, req.usage if status == 200 else None, error=error)
+    req.verdict = "upstream_status" if status >= 400 else ""
     content_type = (kind or "application/json").encode("latin-1", "replace")
     await send_answer(send, status, data, [(b"content-type", content_type), *req.replica_header()])
     return status

@@ -17,8 +17,8 @@ from fleet.console.samples import REPLICAS, fleet_sample
 from fleet.models import Node
 from llmgw.core import charts, clock, history, promql
 from llmgw.core.charts import Chart, Line
-from llmgw.gateway import history as gateway_history
-from llmgw.gateway.history import Rates, Totals, quantile
+from llmgw.gateway import samples as gateway_samples
+from llmgw.gateway.samples import Rates, Totals, quantile
 
 from .builders import gpu_model, model_added, node_add
 
@@ -224,8 +224,8 @@ def test_the_gateways_counters_are_read_by_model(monkeypatch):
     requests.labels("a", "429").inc(1)
     tokens.labels("a", "completion").inc(40)
     tokens.labels("a", "prompt").inc(400)
-    monkeypatch.setattr(gateway_history, "REGISTRY", registry)
-    got = gateway_history.totals()
+    monkeypatch.setattr(gateway_samples, "REGISTRY", registry)
+    got = gateway_samples.totals()
     assert (got["a"].requests, got["a"].tokens) == (4.0, 40.0)
 
 

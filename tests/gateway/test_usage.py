@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw.gateway.accounting import tokens_used
 from llmgw.gateway.state import Request
-from llmgw.gateway.streaming import tokens_used
 from llmgw.gateway.tables import Key
 
 KEY = Key(7, "ci", "llmgw_key_Ab12", 3, ("project:3",), None, None, None)
