@@ -39,7 +39,8 @@ def verdict(limit: int, previous: int, current: int, elapsed: float, cost: int =
     if limit < cost:
         return 2 * WINDOW_S  # never fits: a limit of nothing (admin or database may hold 0)
     cover = (WINDOW_S - elapsed) / WINDOW_S
-    if previous * cover + current + cost <= limit:
+    # Within a float's rounding of the limit is at it: the wait said is then the wait needed.
+    if previous * cover + current + cost <= limit + 1e-9:
         return None
     room = limit - cost
     if current > room:

@@ -288,3 +288,10 @@ def test_local_counts_forget_minutes_older_than_the_last():
 
 def test_a_limit_of_nothing_never_fits_and_never_divides_by_zero():
     assert verdict(0, previous=0, current=0, elapsed=10) == 120
+
+
+def test_a_wait_that_ends_on_the_limit_exactly_is_enough():
+    # Found by hypothesis: 600 of the last minute sliding out lands on 450 give or take a
+    # float's rounding; the request must fit then, not one second later.
+    wait = verdict(450, 0, 600, 1.1)
+    assert verdict(450, 600, 0, 1.1 + wait - 60) is None
