@@ -15,7 +15,7 @@ from llmgw.core import worker_series
 # A worker's share: requests answered, a refusal, requests running at the gateway.
 _WORKER = """
 import sys
-from fleet import connections
+from fleet.nodes import connections
 from llmgw.gateway import metrics
 for _ in range(int(sys.argv[1])):
     metrics.series("small").answered(200)

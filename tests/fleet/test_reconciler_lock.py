@@ -37,7 +37,7 @@ MID_PASS = """
 import sys, time
 import django
 django.setup()
-from fleet import reconciler
+from fleet.reconciler import run as reconciler
 
 def stuck(*args, **kwargs):
     print("mid-pass", flush=True)
