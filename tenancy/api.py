@@ -41,6 +41,7 @@ from .schemas import (
     TeamOut,
     UsageOut,
 )
+from .services import budgets as budget_services
 
 router = Router(tags=["tenancy"])
 
@@ -195,13 +196,13 @@ def budgets_list(request):
 def budget_set(request, payload: BudgetIn):
     """Set a key's or scope's budgets, replacing what it had."""
     figures = payload.dict(exclude={"scope"})
-    key = services.budget_set(scope=payload.scope, actor=actor(request), **figures)
+    key = budget_services.budget_set(scope=payload.scope, actor=actor(request), **figures)
     return {"scope": key}
 
 
 @router.delete("/budgets/{path:scope}", response=BudgetClearOut, auth=can("tenancy.delete_budget"))
 def budget_clear(request, scope: str):
-    return {"removed": services.budget_clear(scope=scope, actor=actor(request))}
+    return {"removed": budget_services.budget_clear(scope=scope, actor=actor(request))}
 
 
 @router.get("/prices", response=list[PriceOut], auth=can("tenancy.view_modelprice"))
@@ -213,7 +214,7 @@ def prices_list(request):
 @router.put("/prices", response=PriceSetOut, auth=can("tenancy.change_modelprice"))
 def price_set(request, payload: PriceIn):
     """Set a model's price, replacing what it had."""
-    name = services.price_set(
+    name = budget_services.price_set(
         model=payload.model,
         prompt_per_million=payload.prompt_per_million,
         completion_per_million=payload.completion_per_million,
@@ -226,4 +227,4 @@ def price_set(request, payload: PriceIn):
     "/prices/{path:model}", response=PriceClearOut, auth=can("tenancy.delete_modelprice")
 )
 def price_clear(request, model: str):
-    return {"removed": services.price_clear(model=model, actor=actor(request))}
+    return {"removed": budget_services.price_clear(model=model, actor=actor(request))}

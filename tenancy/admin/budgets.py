@@ -10,7 +10,7 @@ from django.contrib import admin
 from llmgw.core.errors import Invalid
 from tenancy.models import Budget, ModelPrice
 from tenancy.selectors import scope_tree
-from tenancy.services import (
+from tenancy.services.budgets import (
     budget_clear,
     budget_figures,
     budget_scope,

@@ -16,17 +16,8 @@ from django.test.utils import CaptureQueriesContext
 from llmgw.core.errors import Invalid, NotFound
 from tenancy.models import AuditEvent, Budget, ModelPrice
 from tenancy.selectors import budget_book, budget_verdict, budgets_list
-from tenancy.services import (
-    api_key_create,
-    budget_clear,
-    budget_set,
-    org_create,
-    price_clear,
-    price_set,
-    project_create,
-    team_create,
-    usage_add,
-)
+from tenancy.services import api_key_create, org_create, project_create, team_create, usage_add
+from tenancy.services.budgets import budget_clear, budget_set, price_clear, price_set
 from tests.helpers import detail
 
 pytestmark = pytest.mark.django_db
