@@ -96,6 +96,10 @@ def gpu_models(draw) -> list[ModelSpec]:
     return out
 
 
+def one_h100(tp: int) -> Profile:
+    return Profile("p", engine="vllm", gpu_class=H100, tp=tp)
+
+
 def assert_every_start_kept_the_fabric(before, plan) -> None:
     for start in plan.starts:
         shards = [p for _, p in start.shards]
@@ -159,12 +163,12 @@ def passes(c: Cluster, data) -> None:
                 c.report(r.id, "stopped")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
-    fabrics(),
+    st.one_of(fabrics(), racks()),
     st.lists(
         st.tuples(
-            gpu_profiles(),
+            st.one_of(gpu_profiles(), st.sampled_from([1, 2, 2]).map(one_h100)),
             st.sampled_from(["", *SOURCES]),
             st.frozensets(st.sampled_from(["n0", "n1", "n2"]), max_size=1),
         ),
