@@ -86,7 +86,8 @@ class Spread:
     ) -> str | None:
         """The node that fits with the least `key` (spread first, then placement's order),
         found without judging every node: `holders` (of the weights, already judged fit)
-        are all weighed; the rest come in `ordered`, the index's order (fewest free, then
+        are all weighed; the rest come in `ordered`, the index's order (placement's own
+        after the spread: joined by NVLink where that orders anything, fewest free, then
         id), and the search stops at the first in a rack and zone as empty as any."""
         floor = self.floor(model)
         weighed = set(holders)

@@ -46,11 +46,28 @@ class GpuView:
     # Its memory as registered (placement does not read it; the console's charts take its
     # memory use as a share of it); None where the agent did not say.
     memory_mb: int | None = None
+    # Why it takes no new replicas, in a sentence (fabric.gpu_problem: an Xid that needs a
+    # reset, uncorrected ECC errors, a fabric registration not completed); None: none known.
+    problem: str | None = None
+    # Its NVLink domain, (cluster UUID, clique id), once its fabric registration completed
+    # (fabric.gpu_domain); None: no fabric, or not known.
+    domain: tuple[str, int] | None = None
+    # The GPUs of the same node it reaches by an NVLink that is up (fabric.nvlink_peers);
+    # empty where the node says nothing of its links.
+    nvlink_peers: frozenset[int] = frozenset()
+    # An operator's `ctl gpu cordon NODE:INDEX`: no new replicas, the running one stays.
+    cordoned: bool = False
 
     @property
     def free_to_place(self) -> bool:
-        """Whether placement may give it out once no replica holds it."""
-        return self.healthy and not self.held
+        """Whether placement may give it out once no replica holds it. A GPU with a problem
+        or cordoned keeps the replica it runs: only new ones are kept off it."""
+        return self.healthy and not self.held and self.problem is None and not self.cordoned
+
+    @property
+    def out_of_service(self) -> bool:
+        """Healthy and not held, yet taking no new replicas: a problem, or cordoned."""
+        return self.healthy and not self.held and not self.free_to_place
 
 
 @dataclass(frozen=True)
@@ -91,6 +108,9 @@ class NodeView:
     # Engine -> the version of the build the mirror holds for this node's platform: an
     # engine it lacks but would install when a shard of it is placed here.
     installable: Mapping[str, str] = field(default_factory=dict)
+    # IMEX (memory shared over a multi-node NVLink domain) up on the node; False: down;
+    # None: not installed, or not known.
+    imex: bool | None = None
 
     def install_of(self, engine: str) -> EngineInstall | None:
         """What the node said of installing ``engine``, if anything."""
@@ -103,6 +123,12 @@ class NodeView:
         for g in self.gpus:
             out[g.gpu_class] = out.get(g.gpu_class, 0) + 1
         return out
+
+    @cached_property
+    def links(self) -> Mapping[int, frozenset[int]]:
+        """Per GPU that has some, the GPUs it is joined to by NVLink; empty where the node
+        says nothing of its links (or has none)."""
+        return {g.index: g.nvlink_peers for g in self.gpus if g.nvlink_peers}
 
     @property
     def shown_state(self) -> str:

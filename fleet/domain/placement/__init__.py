@@ -6,7 +6,8 @@ rest, and the inventory of free room that a pass places into.
   `refuse` asks them in turn.
 - `scorers.py`: each preference a named scorer, in `SCORERS` order; `score` is the key
   eligible nodes are sorted by.
-- `fabric.py`: the nodes a profile over several nodes takes together.
+- `fabric.py`: the nodes a profile over several nodes takes together: one NVLink
+  domain with IMEX up, else one `llmgw.io/fabric` label.
 - `inventory.py`: `Inventory`, the room on every node updated as a pass places, and
   `place`, which composes the three above.
 - `outcome.py`: what placing answers: a `Placement` or a `Refusal`.

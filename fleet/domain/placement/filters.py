@@ -159,6 +159,39 @@ def _short(
     return NodeRefusal(f"node {node.id} {words}", node.id, SHORT, group, kind, missing)
 
 
+MOST_NAMED = 3
+
+
+def gpus_out_of_service(room: NodeRoom, ask: Ask) -> NodeRefusal | None:
+    """GPUs with a problem (an Xid that needs a reset, uncorrected ECC errors, a fabric
+    registration not completed: fabric.py) or cordoned by an operator take no new
+    replicas. When they are what leaves the node short (in service, and held by no
+    replica, they would make up the need), the refusal names them and why; else
+    `short_of_gpus` speaks."""
+    need, node, cls = ask.need, room.node, ask.profile.gpu_class
+    free = len(room.free_gpus.get(cls, ()))
+    if not need or free >= need:
+        return None
+    out = [
+        g
+        for g in node.gpus
+        if g.gpu_class == cls and g.out_of_service and g.index not in room.taken
+    ]
+    if free + len(out) < need:
+        return None
+    said = [g.problem or f"GPU {g.index} of node {node.id} is cordoned" for g in out]
+    if len(said) > MOST_NAMED:
+        said = [*said[:MOST_NAMED], f"and {len(said) - MOST_NAMED} more"]
+    total = node.gpu_totals.get(cls, 0)
+    return _short(
+        node,
+        f"has {free} free {cls} GPUs of {total}, needs {need}: {'; '.join(said)}",
+        ("has GPUs out of service", "have GPUs out of service"),
+        "gpus",
+        need - free,
+    )
+
+
 def short_of_gpus(room: NodeRoom, ask: Ask) -> NodeRefusal | None:
     """Too few free GPUs of the class (held by replicas, or by other processes)."""
     need, node, cls = ask.need, room.node, ask.profile.gpu_class
@@ -238,7 +271,7 @@ def over_power_budget(room: NodeRoom, ask: Ask) -> NodeRefusal | None:
     """A shard that would take its rack or PDU past a power budget (power.py)."""
     if ask.ledger is None or not ask.need:
         return None
-    indices = tuple(sorted(room.free_gpus.get(ask.profile.gpu_class, []))[: ask.need])
+    indices = room.gpus_for(ask.profile.gpu_class, ask.need)
     over = ask.ledger.refusal(room.node.id, indices)
     if over is None:
         return None
@@ -274,6 +307,7 @@ UNSUITED_FILTERS: tuple[Filter, ...] = (
     Filter(lacks_gpu_class, lambda ask: bool(ask.need)),
 )
 SHORT_FILTERS: tuple[Filter, ...] = (
+    Filter(gpus_out_of_service, lambda ask: bool(ask.need)),
     Filter(short_of_gpus, lambda ask: bool(ask.need)),
     Filter(short_of_memory, lambda ask: ask.profile.min_memory_gb is not None),
     Filter(short_of_cores, lambda ask: bool(ask.profile.reserved_cores)),

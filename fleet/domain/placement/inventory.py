@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
 
 from catalog.domain import Profile
 
@@ -57,6 +58,8 @@ class Inventory:
         self._buckets: dict[str, dict[int, list[str]]] | None = None
         self._weights: dict[str, list[str]] = {}
         self._holding: dict[str, ReplicaView] = {}
+        # Whether any node says which of its GPUs NVLink joins (None: not looked yet).
+        self._links: bool | None = None
 
     @classmethod
     def of_rooms(cls, rooms: dict[str, NodeRoom]) -> Inventory:
@@ -189,6 +192,7 @@ class Inventory:
         if room is None:
             return
         taken = set(shard.gpu_indices)
+        room.taken |= taken
         if taken:
             before = {c: len(i) for c, i in room.free_gpus.items()}
             for cls, indices in room.free_gpus.items():
@@ -207,6 +211,7 @@ class Inventory:
         if room is None:
             return
         given = set(shard.gpu_indices)
+        room.taken -= given
         before = {c: len(i) for c, i in room.free_gpus.items()}
         for gpu in room.node.gpus:
             if gpu.index in given and gpu.free_to_place:
@@ -260,7 +265,14 @@ class Inventory:
         spread = self.spread if self.spread is not None and self.spread.holds(model) else None
         if self._rooms is None:  # built first: the ledger is made with the rooms
             self._build()
-        return Ask(profile, avoid, source, self.ledger, model, spread)
+        return Ask(profile, avoid, source, self.ledger, model, spread, self.links)
+
+    @property
+    def links(self) -> bool:
+        """Whether any node says which of its GPUs NVLink joins (scorers.joined_by_nvlink)."""
+        if self._links is None:
+            self._links = any(r.node.links for r in self.rooms.values())
+        return self._links
 
     def place_spread(
         self, profiles: Sequence[Profile], avoid: frozenset[str], source: str = "", model: str = ""
@@ -278,7 +290,8 @@ class Inventory:
         """The node a one-node GPU profile goes to, found through the index rather than by
         judging every node, in the scorers' order: while the model's replicas are spread
         over racks, the rack and zone holding fewest of them first (`Spread.first`); then
-        holders of the weights; then the fewest free (pack)."""
+        holders of the weights; then, where NVLink is said, nodes that can give a joined
+        set; then the fewest free (pack)."""
         profile, source, model = ask.profile, ask.source, ask.model
         buckets = self._index().get(profile.gpu_class)
         if not buckets:
@@ -291,20 +304,23 @@ class Inventory:
             return refused(rooms[node_id]) is None
 
         held = [n for n in self._weights.get(source, ()) if fits(n)] if source else []
-        ordered = (
-            n
-            for free in sorted(f for f, ids in buckets.items() if f >= need and ids)
-            for n in buckets[free]
-            if n not in ask.avoid
-        )
+
+        def walk() -> Iterable[str]:  # the fewest free first, then by id
+            for free in sorted(f for f, ids in buckets.items() if f >= need and ids):
+                yield from (n for n in buckets[free] if n not in ask.avoid)
+
+        ordered: Iterable[str] = walk()
+        if scorers.joins(ask):
+            # Nodes that can give a joined set, then the rest: the scorer's order.
+            def apart(n: str) -> int:
+                return int(scorers.joined_by_nvlink(rooms[n], ask)[0])
+
+            ordered = chain((n for n in walk() if not apart(n)), (n for n in walk() if apart(n)))
         if spread is not None:
             found = spread.first(model, held, ordered, fits, lambda n: key(rooms[n]))
             return rooms[found] if found is not None else None
         if held:
-            return min(
-                (rooms[n] for n in held),
-                key=lambda r: (len(r.free_gpus.get(profile.gpu_class, ())), r.node.id),
-            )
+            return min((rooms[n] for n in held), key=key)
         return next((rooms[n] for n in ordered if fits(n)), None)
 
     def _place_profile(self, ask: Ask, judge: bool = True) -> Placement | list[str]:
@@ -338,12 +354,12 @@ class Inventory:
     def _place_group(
         self, ask: Ask, eligible: list[NodeRoom], refusals: list[str]
     ) -> Placement | list[str]:
-        """A profile over several nodes: the first fabric group with enough eligible nodes,
-        unless together they pass a power budget."""
+        """A profile over several nodes: the first NVLink domain or fabric group with enough
+        eligible nodes (fabric.py), unless together they pass a power budget."""
         profile = ask.profile
-        chosen = fabric_group(eligible, profile.nodes)
+        chosen = fabric_group(eligible, ask)
         if chosen is None:
-            return [*refusals, no_group_said(eligible, profile.nodes)]
+            return [*refusals, *no_group_said(eligible, ask, self.rooms.values())]
         if self.ledger is not None:
             # Each shard alone was judged by the filters; together they may pass a budget.
             each = [(r.node.id, self._shard(r, profile, 0).gpu_indices) for r in chosen]
@@ -365,7 +381,7 @@ class Inventory:
 
     def _shard(self, room: NodeRoom, profile: Profile, rank: int) -> ShardPlan:
         need = profile.gpus_on_each_node
-        indices = tuple(sorted(room.free_gpus.get(profile.gpu_class, []))[:need]) if need else ()
+        indices = room.gpus_for(profile.gpu_class, need) if need else ()
         return ShardPlan(
             node_id=room.node.id,
             rank=rank,

@@ -24,6 +24,9 @@ class NodeRoom:
     cores_reserved: int = 0
     shards: int = 0
     ports: set[int] = field(default_factory=set)
+    # Indices held by replicas or kept for a model: what a GPU out of service could not
+    # give even were it in service (filters.gpus_out_of_service).
+    taken: set[int] = field(default_factory=set)
 
     # Zero is unknown, never a reading (domain.md): a node reporting 0 constrains nothing.
     @property
@@ -46,7 +49,35 @@ class NodeRoom:
             cores_reserved=self.cores_reserved,
             shards=self.shards,
             ports=set(self.ports),
+            taken=set(self.taken),
         )
+
+    def gpus_for(self, gpu_class: str, need: int) -> tuple[int, ...]:
+        """The GPUs a shard needing `need` of the class takes here: a set joined to each
+        other by NVLink where the node says its links and has one free (`joined`), else
+        the lowest free indices. Placement, the power budgets and the scorers all ask
+        this, so they speak of the same GPUs."""
+        free = sorted(self.free_gpus.get(gpu_class, ()))
+        if need >= 2 and self.node.links:
+            joined = self.joined(free, need)
+            if joined is not None:
+                return joined
+        return tuple(free[:need])
+
+    def joined(self, free: list[int], need: int) -> tuple[int, ...] | None:
+        """The first `need` of these GPUs (sorted) joined each to each by an NVLink that is
+        up, found greedily from each in turn (lowest first); None when none is found."""
+        links = self.node.links
+        for first in free:
+            chosen = [first]
+            for other in free:
+                if len(chosen) == need:
+                    break
+                if other != first and all(other in links.get(c, ()) for c in chosen):
+                    chosen.append(other)
+            if len(chosen) == need:
+                return tuple(sorted(chosen))
+        return None
 
     def next_port(self) -> int:
         port = PORT_BASE
@@ -70,6 +101,9 @@ class Ask:
     ledger: Ledger | None = None
     model: str = ""
     spread: Spread | None = None
+    # Whether any node says which of its GPUs NVLink joins: only then can the NVLink
+    # scorer order anything (scorers.joined_by_nvlink).
+    links: bool = False
     # GPUs of the profile's class a node must give one shard (made once, from the profile).
     need: int = field(init=False)
 

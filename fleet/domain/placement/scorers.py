@@ -33,6 +33,22 @@ def holds_the_weights(room: NodeRoom, ask: Ask) -> tuple:
     return (not (bool(ask.source) and ask.source in room.node.weights),)
 
 
+def joined_by_nvlink(room: NodeRoom, ask: Ask) -> tuple:
+    """A shard of two GPUs or more: a node that can give a set joined each to each by
+    NVLink first, before one whose links say it cannot (its shard would talk over PCIe).
+    A node that says nothing of its links is not put behind: unknown is not "not
+    joined" (an NVSwitch board's links reach the switch, not a GPU)."""
+    if ask.need < 2 or not room.node.links:
+        return (0,)
+    free = sorted(room.free_gpus.get(ask.profile.gpu_class, ()))
+    return (0 if room.joined(free, ask.need) is not None else 1,)
+
+
+def joins(ask: Ask) -> bool:
+    """Whether `joined_by_nvlink` can order anything for this ask."""
+    return ask.links and ask.need >= 2
+
+
 def packs_gpus_or_spreads_cpu(room: NodeRoom, ask: Ask) -> tuple:
     """GPU profiles pack (the fewest free GPUs of the class first, keeping whole nodes free
     for large profiles); CPU profiles spread (the fewest shards first)."""
@@ -58,6 +74,7 @@ class Scorer:
 SCORERS: tuple[Scorer, ...] = (
     Scorer(fewest_of_the_model_nearby, lambda ask: ask.spread is not None),
     Scorer(holds_the_weights, lambda ask: bool(ask.source)),
+    Scorer(joined_by_nvlink, joins),
     Scorer(packs_gpus_or_spreads_cpu),
     Scorer(by_id),
 )

@@ -23,7 +23,8 @@ from tenancy.quota import ZERO, Amount, Policy
 
 from ..holdings import placement_amount, profile_amount
 from ..placement import Inventory, Placement
-from ..types import FABRIC_LABEL, ReplicaView
+from ..placement.fabric import fabric_of
+from ..types import ReplicaView
 from .candidates import candidates
 from .context import Context
 from .not_taken import guarantee_dropped, guarantee_passed, name_not_taken
@@ -53,12 +54,11 @@ def _groups(
     if any(p.nodes > 1 for p in profiles):
         fabrics: dict[str, set[str]] = {}
         for n in useful:
-            fabric = inv.rooms[n].node.labels.get(FABRIC_LABEL)
-            if fabric:
+            if fabric := fabric_of(inv.rooms[n].node):
                 fabrics.setdefault(fabric, set()).add(n)
         for fabric, nodes in sorted(fabrics.items()):
             if nodes & with_candidates:
-                groups[f"{FABRIC_LABEL}={fabric}"] = frozenset(nodes)
+                groups[fabric] = frozenset(nodes)
     return list(groups.items())
 
 
