@@ -134,6 +134,10 @@ def _node_out(
                 # Processes no shard of llmgw runs, as its agent last said; null: unknown.
                 "unknown_processes": g.unknown_processes,
                 "replica": used.get(g.index),
+                # Its fabric, NVLinks, memory errors and Xids as its agent last said
+                # (fleet/protocol.py GpuFabricReport); null: it said nothing of them.
+                "fabric": g.fabric,
+                "cordoned": g.cordoned,
             }
             for g in gpus
         ],
@@ -142,6 +146,9 @@ def _node_out(
         "engines": node.engines,
         "engine_installs": [i.__dict__ for i in installs_of(node.engine_installs)],
         "disk": {"free_gb": node.disk_free_gb, "total_gb": node.disk_total_gb},
+        # Its IMEX service and InfiniBand ports as its agent last said; null: none, or unsaid.
+        "imex": node.imex,
+        "ib_ports": node.ib_ports,
         # What its weight cache holds, as it last said.
         "weights": [
             {"sha256": w.get("sha256"), "size": w.get("size"), "source": w.get("source") or ""}

@@ -149,6 +149,30 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
         )
 
 
+def gpu_fabric_fields(
+    node_id: str, index: int, fabric: Mapping | None, *, cordoned: bool = False
+) -> dict:
+    """A GPU's placement fields (GpuView.problem, domain, nvlink_peers, cordoned) from its
+    row's `fabric` and `cordoned`, through the pure rules of fleet/domain/fabric.py.
+    A GPU whose agent said nothing of its fabric has no problem, domain nor peers."""
+    from ..domain.fabric import gpu_domain, gpu_problem, nvlink_peers
+
+    report = {**(fabric if isinstance(fabric, Mapping) else {}), "index": index}
+    return {
+        "problem": gpu_problem(report, node_id=node_id),
+        "domain": gpu_domain(report),
+        "nvlink_peers": nvlink_peers(report),
+        "cordoned": bool(cordoned),
+    }
+
+
+def node_fabric_fields(imex: Mapping | None) -> dict:
+    """A node's placement field NodeView.imex from its row's `imex`: True while its agent
+    says IMEX is up, False down, None where it has none or did not say."""
+    state = imex.get("state") if isinstance(imex, Mapping) else None
+    return {"imex": None if state not in ("up", "down") else state == "up"}
+
+
 def node_registrations(spec_at: Mapping[str, datetime | None]) -> dict[str, dict]:
     """What every node registered (labels, GPUs as placement sees them, engines, disk,
     weights), keyed by node: from the per-process cache, read again only for nodes whose
