@@ -393,3 +393,31 @@ def test_a_node_without_a_fabric_says_none_and_a_failing_read_costs_only_the_fab
 
     assert all("fabric" not in b and b["type"] == "heartbeat" for b in beats)
     assert caplog.text.count("cannot read the GPU fabric") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "kind"),
+    [
+        (["--simulate-gpus", "4xh100-80g", "--simulate-fabric", "nvl72-a:1"], SimulatedFabric),
+        (["--simulate-gpus", "4xh100-80g"], type(None)),  # one machine plays many nodes
+        ([], FabricReader),
+    ],
+)
+def test_the_agent_reads_the_fabric_asked_for(tmp_path, argv, kind):
+    from fleet.agent.discovery import Machine, simulated_gpus
+    from fleet.agent.main import build_parser, fabric_reader
+
+    args = build_parser().parse_args(argv)
+    gpus = simulated_gpus(args.simulate_gpus, "n1") if args.simulate_gpus else []
+    machine = Machine(tmp_path, gpus=gpus, engines={"sim": "1"})
+    machine.gpus_simulated = bool(args.simulate_gpus)
+
+    assert isinstance(fabric_reader(args, machine), kind)
+
+
+def test_a_fabric_that_is_not_domain_and_clique_is_refused_at_the_command_line(capsys):
+    from fleet.agent.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--simulate-fabric", "nvl72"])
+    assert "DOMAIN:CLIQUE" in capsys.readouterr().err
