@@ -119,6 +119,9 @@ def test_the_node_api_shows_the_fabric(api):
     assert shown["gpus"][1]["fabric"]["xids"] == [79]
     assert shown["gpus"][0]["cordoned"] is False
     assert (plain["imex"], plain["ib_ports"], plain["gpus"][0]["fabric"]) == (None, None, None)
+    listed = {n["id"]: n for n in api.call("GET", "/nodes").json()}
+    assert listed["nvl-1"]["imex"]["state"] == "up"
+    assert "fabric" not in listed["nvl-1"]["gpus"][1]  # kilobytes a GPU: for one node only
 
 
 @pytest.mark.parametrize(
