@@ -95,6 +95,10 @@ class Node(models.Model):
     # as its agent last said (fleet/protocol.py Fabric); null: it has none, or did not say.
     imex = models.JSONField(null=True, blank=True)
     ib_ports = models.JSONField(null=True, blank=True)
+    # When its agent last said its fabric changed (a register, or a heartbeat): what the
+    # metrics' cached fabric series are keyed by. spec_at moves only when what placement
+    # reads of it did (fleet/nodes/reports.py node_fabric_record): counters that tick.
+    fabric_at = models.DateTimeField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=STATES, default=READY, db_index=True)
     state_since = models.DateTimeField()
     cordoned = models.BooleanField(default=False)

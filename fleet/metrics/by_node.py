@@ -1,7 +1,9 @@
 """The nodes' and GPUs' series of a scrape, and what replicas hold of them.
 
 Each node's GPUs are cached as last registered, keyed by the node's spec_at: it moves
-whenever the node registers, the only time its GPUs change. A fresh node's load gives
+whenever the node registers, the only time its GPUs change; and with them its fabric's
+series, keyed also by its fabric_at, which moves whenever its agent says the fabric
+changed. A fresh node's load gives
 its readings and its GPUs', each only when measured; one not heard from for as long
 as it takes to call it unreachable publishes none.
 """
@@ -138,9 +140,21 @@ def node_series(
     within `fresh_s` seconds, what its load measured. `allocated`: GPU indices held per node."""
     rows = raw_values(
         Node.objects.order_by("id"),
-        ("id", "state", "last_seen", "spec_at", "cpu_count", "memory_total_mb", "load"),
+        (
+            "id",
+            "state",
+            "last_seen",
+            "spec_at",
+            "cpu_count",
+            "memory_total_mb",
+            "load",
+            "fabric_at",
+        ),
     )
-    stale = {r[0]: r[3] for r in rows if r[0] not in _gpus or _gpus[r[0]][0] != r[3]}
+    # Keyed by both: a changed fabric moves fabric_at alone when placement reads none of it.
+    stale = {
+        r[0]: (r[3], r[7]) for r in rows if r[0] not in _gpus or _gpus[r[0]][0] != (r[3], r[7])
+    }
     if stale:
         _gpu_rows(stale)
     if len(_gpus) > len(rows) or len(_node_prefixes) > len(rows):
@@ -159,7 +173,7 @@ def node_series(
     (gmem_p, gmem_v), (health_p, health_v) = (scrape.lists(n) for n in GPU_METRICS[:2])
     readings = _Readings(scrape)
     none: set[int] = set()
-    for i, (node_id, state, last_seen, _, cpus, memory_mb, load) in enumerate(rows):
+    for i, (node_id, state, last_seen, _, cpus, memory_mb, load, _) in enumerate(rows):
         if i % YIELD_EVERY == 0:
             yield_now()
         pre = _prefixes_of(node_id)

@@ -3,7 +3,7 @@ InfiniBand, from what its agent last said (fleet/protocol.py Fabric, as the node
 GPUs' rows keep it).
 
 Worked out once per registration or changed report (fleet/metrics/by_node.py caches them
-by the node's spec_at, which both move) and added to each scrape while the node is heard
+by the node's spec_at and fabric_at, which those move) and added to each scrape while the node is heard
 from. What the agent did not say has no series: an absent counter is unknown, not 0.
 """
 

@@ -28,6 +28,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name="node",
+            name="fabric_at",
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="node",
             name="imex",
             field=models.JSONField(blank=True, null=True),
         ),

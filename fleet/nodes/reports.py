@@ -275,6 +275,7 @@ def _register(
     node.platform = msg.platform
     node.engine_installs = [i.model_dump() for i in msg.engine_installs]
     node.imex, node.ib_ports = node_fabric(msg.fabric)
+    node.fabric_at = now
     node.state = Node.READY
     node.session = session
     node.last_seen = now
@@ -602,14 +603,56 @@ def _gpu_fabric_write(gpus: list[Gpu], reports: dict[int, dict]) -> bool:
 
 def node_fabric_record(*, node_id: str, fabric: Fabric, now: datetime) -> None:
     """What a heartbeat says of the node's fabric (it says so only when it changed): each
-    GPU's report, IMEX and the InfiniBand ports. ``spec_at`` moves with it, as at a
-    registration: the node's number moves (migration 0015), so the reconciler's views and
-    the metrics' cached GPUs read it again."""
+    GPU's report, IMEX and the InfiniBand ports. ``fabric_at`` moves with it (the metrics'
+    cached series are keyed by it); ``spec_at`` only when what placement reads of it
+    changed, as at a registration: the node's number moves (migration 0015) and the
+    reconciler builds its view again. Error counters that tick every few seconds on a
+    large fleet must not rebuild views each time."""
     with transaction.atomic():
-        imex, ports = node_fabric(fabric)
-        if not Node.objects.filter(pk=node_id).update(imex=imex, ib_ports=ports, spec_at=now):
+        node = Node.objects.filter(pk=node_id).only("imex").first()
+        if node is None:
             return
-        _gpu_fabric_write(list(Gpu.objects.filter(node_id=node_id)), gpu_reports(fabric))
+        gpus = list(Gpu.objects.filter(node_id=node_id))
+        before = _placed_by(node.imex, {g.index: g.fabric for g in gpus})
+        imex, ports = node_fabric(fabric)
+        reports = gpu_reports(fabric)
+        fields = {"imex": imex, "ib_ports": ports, "fabric_at": now}
+        if _placed_by(imex, {g.index: reports.get(g.index) for g in gpus}) != before:
+            fields["spec_at"] = now
+        Node.objects.filter(pk=node_id).update(**fields)
+        _gpu_fabric_write(gpus, reports)
+
+
+# What placement does not read of a GPU's report (fleet/domain/fabric.py): counts that
+# tick on a healthy GPU. Uncorrected volatile ECC errors, pending repairs, Xids, the
+# fabric's state and the links' up and peers it does.
+_TICKING = {
+    "nvlinks": ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors"),
+    "ecc": ("corrected_volatile", "corrected_aggregate"),
+}
+
+
+def _placed_by(imex: dict | None, reports: dict[int, dict | None]) -> tuple:
+    """The parts of a node's fabric placement reads: IMEX's state, and each GPU's report
+    without its ticking counters."""
+
+    def steady(report: dict | None):
+        if not isinstance(report, dict):
+            return report
+        out = dict(report)
+        if isinstance(out.get("ecc"), dict):
+            out["ecc"] = {k: v for k, v in out["ecc"].items() if k not in _TICKING["ecc"]}
+        if isinstance(out.get("nvlinks"), list):
+            out["nvlinks"] = [
+                {k: v for k, v in ln.items() if k not in _TICKING["nvlinks"]}
+                if isinstance(ln, dict)
+                else ln
+                for ln in out["nvlinks"]
+            ]
+        return out
+
+    state = imex.get("state") if isinstance(imex, dict) else None
+    return state, {i: steady(r) for i, r in sorted(reports.items())}
 
 
 def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> list[Command]:

@@ -99,7 +99,24 @@ def test_a_heartbeats_fabric_is_recorded_and_moves_what_the_views_are_built_from
     imex, ports, gpus = stored()
     assert (imex, ports) == ({"state": "down"}, None)
     assert gpus[0]["nvlinks"][0] == {"link": 0, "up": False, "peer_index": 1}
-    assert after.spec_at == at(5) and after.rev != node.rev
+    assert after.spec_at == after.fabric_at == at(5) and after.rev != node.rev
+
+
+def test_counters_that_tick_are_recorded_without_rebuilding_the_nodes_view():
+    register()
+    node = Node.objects.get(pk="nvl-1")
+    ticked = copy.deepcopy(FABRIC)
+    ticked["gpus"][0]["nvlinks"][0]["replay_errors"] = 41
+    ticked["gpus"][0]["ecc"]["corrected_volatile"] = 7
+    ticked["ib_ports"][0]["symbol_errors"] = 3
+
+    node_fabric_record(node_id="nvl-1", fabric=Fabric.model_validate(ticked), now=at(5))
+
+    after = Node.objects.get(pk="nvl-1")
+    _, ports, gpus = stored()
+    assert gpus[0]["nvlinks"][0]["replay_errors"] == 41 and ports[0]["symbol_errors"] == 3
+    assert (after.spec_at, after.rev) == (node.spec_at, node.rev)
+    assert after.fabric_at == at(5)
 
 
 def test_a_fabric_for_a_node_forgotten_meanwhile_writes_nothing():

@@ -323,8 +323,16 @@ def test_a_changed_fabric_replaces_the_last_one_and_a_silent_node_publishes_none
 
     fabric_said("gpu-a", {**FABRIC, "imex": {"state": "down"}}, at(6))
     now = scrape(at(7))
+    ticked = json.loads(json.dumps(FABRIC))
+    ticked["gpus"][0]["nvlinks"][0]["replay_errors"] = 9  # what placement reads stays
+    fabric_said("gpu-a", ticked, at(8))
+    later = scrape(at(9))
 
     assert "llmgw_node_imex_up domain= node=gpu-a -> 0" in now
+    assert (
+        "llmgw_gpu_nvlink_errors_total class=h100-80g gpu=0 kind=replay link=0 node=gpu-a -> 9"
+        in later
+    )
     assert not [s for s in scrape(at(3600)) if "imex" in s or "nvlink" in s]
 
 
