@@ -91,6 +91,14 @@ class Node(models.Model):
     # last said: [{engine, version, state, detail}]); empty from an agent that installs none.
     platform = models.CharField(max_length=40, blank=True)
     engine_installs = models.JSONField(default=list, blank=True)
+    # Its IMEX service ({state, domain}) and InfiniBand ports ([{device, port, state, ...}]),
+    # as its agent last said (fleet/protocol.py Fabric); null: it has none, or did not say.
+    imex = models.JSONField(null=True, blank=True)
+    ib_ports = models.JSONField(null=True, blank=True)
+    # When its agent last said its fabric changed (a register, or a heartbeat): what the
+    # metrics' cached fabric series are keyed by. spec_at moves only when what placement
+    # reads of it did (fleet/nodes/reports.py node_fabric_record): counters that tick.
+    fabric_at = models.DateTimeField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=STATES, default=READY, db_index=True)
     state_since = models.DateTimeField()
     cordoned = models.BooleanField(default=False)
@@ -150,6 +158,11 @@ class Gpu(models.Model):
     # Compute processes its agent found on it that no shard of llmgw runs, as last
     # registered; placement gives out no GPU with any. Null: the agent could not tell.
     unknown_processes = models.PositiveIntegerField(null=True, blank=True)
+    # Its fabric, NVLinks, memory errors and Xids as its agent last said (fleet/protocol.py
+    # GpuFabricReport without the index); null: it said nothing of them.
+    fabric = models.JSONField(null=True, blank=True)
+    # Set by an operator: it takes no new replicas (`llmgw ctl gpu cordon NODE:INDEX`).
+    cordoned = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["node", "index"]

@@ -93,6 +93,93 @@ class RunningShard(_Message):
     state: ShardState = "ready"
 
 
+GpuIndex = Annotated[int, Field(ge=0, le=1023)]
+ErrorCount = Annotated[int, Field(ge=0, le=1 << 62)]
+
+
+class GpuFabric(_Message):
+    """A GPU's place in an NVLink fabric (nvmlDeviceGetGpuFabricInfoV)."""
+
+    # The fabric's cluster UUID as text; "" unknown.
+    cluster_uuid: Short = ""
+    clique_id: Annotated[int, Field(ge=0, le=2**32 - 1)] | None = None
+    state: Literal["not_supported", "not_started", "in_progress", "completed"] | None = None
+    # NVML's return code of the GPU's registration with the fabric: 0 is success.
+    status: Int32 | None = None
+    # Its health mask says degraded bandwidth or an unhealthy route.
+    health_degraded: bool | None = None
+
+
+class NvLink(_Message):
+    """One NVLink of a GPU: up or not, the GPU of the same node at its other end, and its
+    data-link error counters."""
+
+    link: Annotated[int, Field(ge=0, le=63)]
+    up: bool | None = None
+    peer_index: GpuIndex | None = None
+    replay_errors: ErrorCount | None = None
+    recovery_errors: ErrorCount | None = None
+    crc_flit_errors: ErrorCount | None = None
+    crc_data_errors: ErrorCount | None = None
+
+
+class Ecc(_Message):
+    """A GPU's memory errors: ECC mode and counts, and the repairs its memory waits for."""
+
+    enabled: bool | None = None
+    corrected_volatile: ErrorCount | None = None
+    uncorrected_volatile: ErrorCount | None = None
+    corrected_aggregate: ErrorCount | None = None
+    uncorrected_aggregate: ErrorCount | None = None
+    retired_pending: bool | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+
+
+# Xid codes an agent keeps per GPU, the newest last.
+XIDS_KEPT = 32
+
+
+class GpuFabricReport(_Message):
+    """One GPU's fabric, links, memory errors and Xids; a part NVML says nothing of is absent."""
+
+    index: GpuIndex
+    fabric: GpuFabric | None = None
+    nvlinks: Annotated[list[NvLink], Field(max_length=64)] | None = None
+    ecc: Ecc | None = None
+    xids: Annotated[
+        list[Annotated[int, Field(ge=0, le=2**32 - 1)]], Field(max_length=XIDS_KEPT)
+    ] = []
+
+
+class Imex(_Message):
+    """The IMEX service that lets the GPUs of a multi-node NVLink domain share memory."""
+
+    state: Literal["up", "down"] | None = None
+    domain: Short = ""
+
+
+class IbPort(_Message):
+    """One InfiniBand port, as /sys/class/infiniband/<device>/ports/<port>/ says."""
+
+    device: Short
+    port: Annotated[int, Field(ge=0, le=255)]
+    state: Short = ""
+    rate_gbps: Annotated[float, Field(ge=0, le=100_000)] | None = None
+    link_downed: ErrorCount | None = None
+    symbol_errors: ErrorCount | None = None
+    port_rcv_errors: ErrorCount | None = None
+
+
+class Fabric(_Message):
+    """A node's GPU fabric, IMEX and InfiniBand (fleet/agent/fabric.py reads it)."""
+
+    gpus: Annotated[list[GpuFabricReport], Field(max_length=64)] = []
+    # None: no IMEX on this node; no InfiniBand.
+    imex: Imex | None = None
+    ib_ports: Annotated[list[IbPort], Field(max_length=256)] | None = None
+
+
 class Register(_Message):
     type: Literal["register"]
     node_id: NodeId
@@ -112,6 +199,7 @@ class Register(_Message):
     disk: Disk | None = None
     weights: Annotated[list[Weight], Field(max_length=1000)] = []
     shards: Annotated[list[RunningShard], Field(max_length=1000)] = []
+    fabric: Fabric | None = None
 
 
 class GpuLoad(_Message):
@@ -164,6 +252,8 @@ class Heartbeat(_Message):
     # again); absent is "as last said".
     engines: Engines | None = None
     engine_installs: Installs | None = None
+    # Sent only when it changed since the last one sent; absent is "as last said".
+    fabric: Fabric | None = None
 
 
 class Progress(_Message):

@@ -23,6 +23,11 @@ class NodeOut(Schema):
     cpu_count: int | None
     engines: dict
     disk: dict
+    # Its IMEX service ({state, domain}) and InfiniBand ports, as its agent last said; null
+    # where it has none or did not say. Each GPU's own report is its `fabric`, shown for
+    # one node (GET /nodes/{id}), not in the list.
+    imex: dict | None = None
+    ib_ports: list[dict] | None = None
     weights: list[dict] = []
     replicas: list[str]
     load: dict

@@ -87,6 +87,7 @@ class Agent:
         machine: Machine,
         supervisor: Supervisor,
         load_sampler: LoadSampler | None = None,
+        fabric: Any = None,
     ) -> None:
         self.settings = settings
         self.machine = machine
@@ -95,6 +96,10 @@ class Agent:
             include_memory=not machine.memory_simulated,
             sensors=SensorSampler(read_gpus=not machine.gpus_simulated),
         )
+        # Reads the node's GPU fabric (fleet/agent/fabric.py FabricReader); None: none.
+        self.fabric = fabric
+        self._fabric_sent: dict[str, Any] | None = None
+        self._fabric_failed = False
         self.supervisor.on_change = self._queue_status
         # shard_status messages not yet sent; kept across disconnects.
         self._outbox: deque[dict[str, Any]] = deque()
@@ -131,6 +136,8 @@ class Agent:
                 task.cancel()
             await self.supervisor.close()
             self.load_sampler.close()
+            if self.fabric is not None:
+                self.fabric.close()
 
     async def connect_forever(self) -> None:
         """Connect, serve the session, and reconnect with backoff, forever."""
@@ -172,7 +179,8 @@ class Agent:
         self._ws = ws
         # Built and sent before anything else can change the shards, so the
         # outbox is trimmed against exactly the list the server is given.
-        register = self.register_message()
+        # In a thread: NVML takes seconds to load on a card without persistence mode.
+        register = self.register_message(await asyncio.to_thread(self.fabric_read))
         self._trim_outbox({s["shard_id"] for s in register["shards"]})
         await self._send(register)
         try:
@@ -232,8 +240,9 @@ class Agent:
                 self.settings.node_id,
             )
 
-    def register_message(self) -> dict[str, Any]:
-        """The ``register`` message for this node as it is now."""
+    def register_message(self, fabric: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``register`` message for this node as it is now; ``fabric`` is one read
+        already (`fabric_read`), without it one is read here."""
         m = self.machine
         shards = self.supervisor.shards()
         # GPUs that processes this agent did not start hold: placement leaves them alone.
@@ -267,17 +276,35 @@ class Agent:
             # builds are matched against.
             msg["platform"] = this_platform()
             msg["engine_installs"] = self._installs_sent = installer.reports()
+        self._fabric_sent = fabric if fabric is not None else self.fabric_read()
+        if self._fabric_sent:
+            msg["fabric"] = self._fabric_sent
         return msg
+
+    def fabric_read(self) -> dict[str, Any]:
+        """The node's GPU fabric now; empty without a reader, or when reading it failed
+        (logged once: a bug reading it must cost the fabric, not the heartbeat)."""
+        if self.fabric is None:
+            return {}
+        try:
+            return self.fabric.read()
+        except Exception:
+            if not self._fabric_failed:
+                self._fabric_failed = True
+                log.exception("cannot read the GPU fabric; it goes unreported")
+            return {}
 
     def _engines(self) -> dict[str, str]:
         """The engines probed at start and those installed since."""
         installer = self.supervisor.installer
         return {**self.machine.engines, **(installer.engines() if installer else {})}
 
-    def heartbeat_message(self, seq: int, load: dict[str, Any] | None = None) -> dict[str, Any]:
+    def heartbeat_message(
+        self, seq: int, load: dict[str, Any] | None = None, fabric: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The ``heartbeat`` message number ``seq`` of this connection.
 
-        ``load`` is a sample already taken; without it one is taken here.
+        ``load`` and ``fabric`` are read already; without them they are read here.
         """
         if load is None:
             load = self.load_sampler.sample_load(self.supervisor.process_groups())
@@ -307,6 +334,11 @@ class Agent:
             # An install moved on; once installed, its engine is one the node has.
             msg["engine_installs"] = self._installs_sent = installs
             msg["engines"] = self._engines()
+        fabric = fabric if fabric is not None else self.fabric_read()
+        if fabric != (self._fabric_sent or {}):
+            # Only when it changed (a link went down, an Xid, IMEX stopped): absent is "as
+            # last said", and it may be long.
+            msg["fabric"] = self._fabric_sent = fabric
         return msg
 
     def _weights_held(self) -> list[dict[str, Any]]:
@@ -332,7 +364,8 @@ class Agent:
             load = await asyncio.to_thread(
                 self.load_sampler.sample_load, self.supervisor.process_groups()
             )
-            await self._send(self.heartbeat_message(seq, load))
+            fabric = await asyncio.to_thread(self.fabric_read)
+            await self._send(self.heartbeat_message(seq, load, fabric))
             loads = await self.supervisor.engine_loads()
             if loads:
                 await self._send({"type": "engine_load", "shards": loads})

@@ -24,6 +24,7 @@ from fleet.agent.contain import MemoryReader, kernel_limits, real_nvml
 from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import Machine, advertise_address, parse_gpu_spec, simulated_gpus
 from fleet.agent.engines import use_binary
+from fleet.agent.fabric import FabricReader, SimulatedFabric, parse_fabric_spec
 from fleet.agent.install import Installer
 from fleet.agent.supervisor import Supervisor
 from fleet.agent.upgrade import Upgrader
@@ -150,6 +151,11 @@ def _gpu_spec(value: str) -> str:
     return value
 
 
+def _fabric_spec(value: str) -> str:
+    parse_fabric_spec(value)  # only to refuse a bad one at the command line
+    return value
+
+
 def executable_file(value: str) -> str:
     """``value`` as an absolute path, if it names a file this user may run."""
     path = Path(value).expanduser()
@@ -216,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         type=_arg(_gpu_spec),
         help="pretend to have these GPUs, e.g. 8xh100-80g or 2xa100-80g,1xl40s-48g",
+    )
+    p.add_argument(
+        "--simulate-fabric",
+        metavar="DOMAIN:CLIQUE",
+        type=_arg(_fabric_spec),
+        help="with --simulate-gpus: pretend those GPUs are joined to clique CLIQUE of the "
+        "NVLink domain DOMAIN, IMEX up (nodes given the same share a clique), e.g. nvl72-a:1",
     )
     p.add_argument("--memory-gb", type=float, help="pretend to have this much memory")
     p.add_argument("--cpus", type=int, help="pretend to have this many CPUs")
@@ -353,10 +366,23 @@ def main(argv: list[str] | None = None) -> int:
         advertise,
         url,
     )
-    agent = Agent(settings, machine, supervisor)
+    agent = Agent(settings, machine, supervisor, fabric=fabric_reader(args, machine))
     agent.upgrader = Upgrader(state_dir, server=args.server, bearer=credentials)
     asyncio.run(_run(agent))
     return 0
+
+
+def fabric_reader(
+    args: argparse.Namespace, machine: Machine
+) -> FabricReader | SimulatedFabric | None:
+    """What reads the node's GPU fabric: the simulated one asked for; none for simulated
+    GPUs without one (the real cards, ports and IMEX here are not the node registered,
+    and one machine plays many nodes); else the machine's own, through NVML and sysfs."""
+    if args.simulate_fabric and machine.gpus_simulated:
+        return SimulatedFabric(args.simulate_fabric, len(machine.gpus))
+    if machine.gpus_simulated:
+        return None
+    return FabricReader(nvml=real_nvml())
 
 
 async def _run(agent: Agent) -> None:

@@ -1,7 +1,9 @@
 """The nodes' and GPUs' series of a scrape, and what replicas hold of them.
 
 Each node's GPUs are cached as last registered, keyed by the node's spec_at: it moves
-whenever the node registers, the only time its GPUs change. A fresh node's load gives
+whenever the node registers, the only time its GPUs change; and with them its fabric's
+series, keyed also by its fabric_at, which moves whenever its agent says the fabric
+changed. A fresh node's load gives
 its readings and its GPUs', each only when measured; one not heard from for as long
 as it takes to call it unreachable publishes none.
 """
@@ -20,6 +22,7 @@ from ..domain.gpuclass import CLASS_LABEL
 from ..domain.types import HOLDING
 from ..models import Gpu, Node, Shard
 from ..selectors.rows import aware, raw_json, raw_values
+from .fabric import Line, fabric_lines
 from .series import BY_NAME, GPU_METRICS, NODE_METRICS, YIELD_EVERY, Scrape, line_prefix, yield_now
 
 log = logging.getLogger("llmgw.metrics")
@@ -39,12 +42,14 @@ class _GpuRow(NamedTuple):
 _node_prefixes: dict[str, tuple[str, ...]] = {}
 _gpus: dict[str, tuple[object, tuple[_GpuRow, ...]]] = {}
 _indices: dict[str, tuple[int, ...]] = {}
+# Each node's fabric series as last reported (fleet/metrics/fabric.py), kept with its GPUs.
+_fabric: dict[str, tuple[Line, ...]] = {}
 _STALE_ALL = 500  # more registrations than this since the last scrape: read every GPU at once
 
 
 def node_caches_clear() -> None:
     """Forget cached node label text and GPUs; the caller holds the scrape's lock."""
-    for cache in (_node_prefixes, _gpus, _indices):
+    for cache in (_node_prefixes, _gpus, _indices, _fabric):
         cache.clear()
 
 
@@ -60,9 +65,10 @@ def _gpu_rows(stale: dict[str, object]) -> None:
     if len(stale) <= _STALE_ALL:
         rows = rows.filter(node_id__in=list(stale))
     found: dict[str, list[_GpuRow]] = defaultdict(list)
+    reports: dict[str, list[tuple]] = defaultdict(list)
     descs = [BY_NAME[n] for n in GPU_METRICS]
-    for node_id, index, gpu_class, memory_mb, healthy, labels in rows.values_list(
-        "node_id", "index", "gpu_class", "memory_mb", "healthy", "node__labels"
+    for node_id, index, gpu_class, memory_mb, healthy, labels, fabric in rows.values_list(
+        "node_id", "index", "gpu_class", "memory_mb", "healthy", "node__labels", "fabric"
     ):
         if node_id not in stale:
             continue
@@ -70,8 +76,16 @@ def _gpu_rows(stale: dict[str, object]) -> None:
         cls = str(override or gpu_class)
         prefixes = tuple(line_prefix(d, (cls, index, node_id)) for d in descs)
         found[node_id].append(_GpuRow(index, memory_mb, bool(healthy), cls, prefixes))
+        if fabric is not None:
+            reports[node_id].append((index, cls, fabric))
+    nodes = Node.objects.order_by().exclude(imex__isnull=True, ib_ports__isnull=True)
+    if len(stale) <= _STALE_ALL:
+        nodes = nodes.filter(pk__in=list(stale))
+    ports = {n: (imex, ib) for n, imex, ib in nodes.values_list("id", "imex", "ib_ports")}
     for node_id, spec_at in stale.items():
         _gpus[node_id] = (spec_at, tuple(sorted(found.get(node_id, ()))))
+        imex, ib = ports.get(node_id, (None, None))
+        _fabric[node_id] = fabric_lines(node_id, sorted(reports.get(node_id, ())), imex, ib)
 
 
 class Held(NamedTuple):
@@ -126,14 +140,26 @@ def node_series(
     within `fresh_s` seconds, what its load measured. `allocated`: GPU indices held per node."""
     rows = raw_values(
         Node.objects.order_by("id"),
-        ("id", "state", "last_seen", "spec_at", "cpu_count", "memory_total_mb", "load"),
+        (
+            "id",
+            "state",
+            "last_seen",
+            "spec_at",
+            "cpu_count",
+            "memory_total_mb",
+            "load",
+            "fabric_at",
+        ),
     )
-    stale = {r[0]: r[3] for r in rows if r[0] not in _gpus or _gpus[r[0]][0] != r[3]}
+    # Keyed by both: a changed fabric moves fabric_at alone when placement reads none of it.
+    stale = {
+        r[0]: (r[3], r[7]) for r in rows if r[0] not in _gpus or _gpus[r[0]][0] != (r[3], r[7])
+    }
     if stale:
         _gpu_rows(stale)
     if len(_gpus) > len(rows) or len(_node_prefixes) > len(rows):
         ids = {r[0] for r in rows}
-        for cache in (_gpus, _node_prefixes):
+        for cache in (_gpus, _node_prefixes, _fabric):
             for gone in cache.keys() - ids:
                 del cache[gone]
     (
@@ -147,7 +173,7 @@ def node_series(
     (gmem_p, gmem_v), (health_p, health_v) = (scrape.lists(n) for n in GPU_METRICS[:2])
     readings = _Readings(scrape)
     none: set[int] = set()
-    for i, (node_id, state, last_seen, _, cpus, memory_mb, load) in enumerate(rows):
+    for i, (node_id, state, last_seen, _, cpus, memory_mb, load, _) in enumerate(rows):
         if i % YIELD_EVERY == 0:
             yield_now()
         pre = _prefixes_of(node_id)
@@ -176,7 +202,11 @@ def node_series(
             continue
         seen_v.append(seen.timestamp())
         seen_p.append(pre[5])
-        if (now - seen).total_seconds() >= fresh_s or not load:
+        if (now - seen).total_seconds() >= fresh_s:
+            continue
+        for name, values, value in _fabric[node_id]:
+            scrape.add(name, values, value)
+        if not load:
             continue
         try:
             readings.add(node_id, pre, gpus, raw_json(load))

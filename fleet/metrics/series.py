@@ -75,6 +75,27 @@ DESCS = (
     Desc("llmgw_gpu_throttled",
          "1 while something holds a GPU's clocks down: sw_power_cap, hw_slowdown, sw_thermal, hw_thermal, power_brake.",
          _THROTTLE),
+    # The GPU fabric, as each node's agent last said (fleet/agent/fabric.py); only from a node
+    # heard from lately, and each only where the machine says it.
+    Desc("llmgw_gpu_nvlink_up", "1 while a GPU's NVLink is up, 0 while it is down.", ("class", "gpu", "link", "node")),
+    Desc("llmgw_gpu_nvlink_errors", "A GPU's NVLink data-link errors (replay, recovery, crc_flit, crc_data), as NVML counts them.",
+         ("class", "gpu", "kind", "link", "node"), "counter"),
+    Desc("llmgw_gpu_ecc_errors", "A GPU's memory ECC errors, corrected or uncorrected: volatile since the driver last loaded, "
+         "aggregate over its life.", ("class", "gpu", "kind", "node", "scope"), "counter"),
+    Desc("llmgw_gpu_memory_repair", "1 while a GPU's memory waits for a reset to retire pages (retire_pending) or remap rows "
+         "(remap_pending), or a row remapping failed (remap_failed); 0 when it says none.", ("class", "gpu", "node", "state")),
+    Desc("llmgw_gpu_fabric_state", "Where a GPU's registration with the NVLink fabric stands: 1 for the current state "
+         "(not_started, in_progress, completed).", ("class", "gpu", "node", "state")),
+    Desc("llmgw_gpu_nvlink_joined", "1 for a GPU joined to an NVLink domain: the fabric's cluster UUID and its clique.",
+         ("class", "clique", "cluster", "gpu", "node")),
+    Desc("llmgw_gpu_xid", "Critical Xid errors of a GPU NVML told its agent of since the agent started (the last 32).",
+         ("class", "gpu", "node", "xid")),
+    Desc("llmgw_node_imex_up", "1 while a node's IMEX service is up, 0 while it is down; absent where none is installed.",
+         ("domain", "node")),
+    Desc("llmgw_node_ib_port_active", "1 while an InfiniBand port is ACTIVE, 0 otherwise.", ("device", "node", "port")),
+    Desc("llmgw_node_ib_port_rate_gbps", "An InfiniBand port's rate.", ("device", "node", "port")),
+    Desc("llmgw_node_ib_port_errors", "An InfiniBand port's error counters: link_downed, symbol_errors, port_rcv_errors.",
+         ("counter", "device", "node", "port"), "counter"),
     Desc("llmgw_replicas", "Replicas of a model in each state it has any in.", ("model", "state")),
     Desc("llmgw_model_replicas_ready", "Replicas of a model ready to serve.", ("model",)),
     Desc("llmgw_model_desired", "Replicas a model wants now: its minimum, what load added, or one while an on-demand model is asked for.", ("model",)),

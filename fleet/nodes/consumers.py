@@ -34,7 +34,12 @@ from .heard import (
 )
 from .identity import AgentCredential, Refused, agents_authenticate, register_refusal
 from .live import LIVE, OutOfOrder
-from .reports import node_weights_record, registrations_write, shard_status_record
+from .reports import (
+    node_fabric_record,
+    node_weights_record,
+    registrations_write,
+    shard_status_record,
+)
 from .upgrades import upgrade_reported
 
 log = logging.getLogger("llmgw.agents")
@@ -408,6 +413,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 engines=msg.engines,
                 installs=msg.engine_installs,
                 now=clock.now(),
+            )
+        if msg.fabric is not None:
+            await database_call(node_fabric_record)(
+                node_id=self.node_id, fabric=msg.fabric, now=clock.now()
             )
         if changed:
             # Memory or CPUs changed, or it was taken as silent: seen now, not in seconds.

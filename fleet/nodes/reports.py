@@ -28,7 +28,7 @@ from ..domain.passes import gap_allowed
 from ..domain.plan import Event
 from ..domain.types import parse_shard_id
 from ..models import Gpu, Lease, Node, Replica, Shard
-from ..protocol import BadMessage, Disk, Register, RunningShard, ShardStatus, Weight
+from ..protocol import BadMessage, Disk, Fabric, Register, RunningShard, ShardStatus, Weight
 from ..reconciler.run import LEASE
 from ..services import start_command
 from .connections import refused
@@ -51,6 +51,7 @@ def _sync_gpus(node: Node, msg: Register, *, new: bool, rows: list[Gpu] | None =
     """Make the node's Gpu rows what it reported, with the processes llmgw did not start on
     each; True when its GPUs changed (read once, not at all for a node just made, and not
     again when its batch read them: `rows`)."""
+    reports = gpu_reports(msg.fabric)
     wanted = {
         # Cut to the column's length: only an odd product name makes a class that long.
         g.index: (g.uuid, g.name, g.memory_total_mb, gpu_class(g.name, g.memory_total_mb)[:40])
@@ -61,11 +62,12 @@ def _sync_gpus(node: Node, msg: Register, *, new: bool, rows: list[Gpu] | None =
     have = {g.index: (g.uuid, g.name, g.memory_mb, g.gpu_class) for g in rows}
     if wanted == have:
         _note_unknown_processes(node, msg, rows, save=True)
+        _gpu_fabric_write(rows, reports)
         return False
     if rows:
         node.gpus.all().delete()
     made = [
-        Gpu(node=node, index=i, uuid=u, name=n, memory_mb=m, gpu_class=c)
+        Gpu(node=node, index=i, uuid=u, name=n, memory_mb=m, gpu_class=c, fabric=reports.get(i))
         for i, (u, n, m, c) in sorted(wanted.items())
     ]
     _note_unknown_processes(node, msg, made, save=False)
@@ -272,6 +274,8 @@ def _register(
     node.weights = [w.model_dump() for w in msg.weights]
     node.platform = msg.platform
     node.engine_installs = [i.model_dump() for i in msg.engine_installs]
+    node.imex, node.ib_ports = node_fabric(msg.fabric)
+    node.fabric_at = now
     node.state = Node.READY
     node.session = session
     node.last_seen = now
@@ -568,6 +572,87 @@ def node_weights_record(*, node_id: str, weights: list[Weight] | None, disk: Dis
         fields["disk_free_gb"], fields["disk_total_gb"] = disk.free_gb, disk.total_gb
     if fields:
         Node.objects.filter(pk=node_id).update(**fields)
+
+
+def gpu_reports(fabric: Fabric | None) -> dict[int, dict]:
+    """Each GPU's report as its Gpu row keeps it (`fabric`), by index: the protocol's
+    GpuFabricReport without its index and without what it did not say (absent, or its default)."""
+    if fabric is None:
+        return {}
+    return {g.index: g.model_dump(exclude={"index"}, exclude_defaults=True) for g in fabric.gpus}
+
+
+def node_fabric(fabric: Fabric | None) -> tuple[dict | None, list[dict] | None]:
+    """The node's IMEX and InfiniBand ports as its row keeps them (`imex`, `ib_ports`)."""
+    if fabric is None:
+        return None, None
+    imex = fabric.imex.model_dump(exclude_defaults=True) if fabric.imex is not None else None
+    ports = fabric.ib_ports
+    return imex, [p.model_dump(exclude_defaults=True) for p in ports] if ports is not None else None
+
+
+def _gpu_fabric_write(gpus: list[Gpu], reports: dict[int, dict]) -> bool:
+    """Give each of the node's Gpu rows its report; whether any changed."""
+    changed = [g for g in gpus if g.fabric != reports.get(g.index)]
+    for g in changed:
+        g.fabric = reports.get(g.index)
+    if changed:
+        Gpu.objects.bulk_update(changed, ["fabric"])
+    return bool(changed)
+
+
+def node_fabric_record(*, node_id: str, fabric: Fabric, now: datetime) -> None:
+    """What a heartbeat says of the node's fabric (it says so only when it changed): each
+    GPU's report, IMEX and the InfiniBand ports. ``fabric_at`` moves with it (the metrics'
+    cached series are keyed by it); ``spec_at`` only when what placement reads of it
+    changed, as at a registration: the node's number moves (migration 0015) and the
+    reconciler builds its view again. Error counters that tick every few seconds on a
+    large fleet must not rebuild views each time."""
+    with transaction.atomic():
+        node = Node.objects.filter(pk=node_id).only("imex").first()
+        if node is None:
+            return
+        gpus = list(Gpu.objects.filter(node_id=node_id))
+        before = _placed_by(node.imex, {g.index: g.fabric for g in gpus})
+        imex, ports = node_fabric(fabric)
+        reports = gpu_reports(fabric)
+        fields = {"imex": imex, "ib_ports": ports, "fabric_at": now}
+        if _placed_by(imex, {g.index: reports.get(g.index) for g in gpus}) != before:
+            fields["spec_at"] = now
+        Node.objects.filter(pk=node_id).update(**fields)
+        _gpu_fabric_write(gpus, reports)
+
+
+# What placement does not read of a GPU's report (fleet/domain/fabric.py): counts that
+# tick on a healthy GPU. Uncorrected volatile ECC errors, pending repairs, Xids, the
+# fabric's state and the links' up and peers it does.
+_TICKING = {
+    "nvlinks": ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors"),
+    "ecc": ("corrected_volatile", "corrected_aggregate"),
+}
+
+
+def _placed_by(imex: dict | None, reports: dict[int, dict | None]) -> tuple:
+    """The parts of a node's fabric placement reads: IMEX's state, and each GPU's report
+    without its ticking counters."""
+
+    def steady(report: dict | None):
+        if not isinstance(report, dict):
+            return report
+        out = dict(report)
+        if isinstance(out.get("ecc"), dict):
+            out["ecc"] = {k: v for k, v in out["ecc"].items() if k not in _TICKING["ecc"]}
+        if isinstance(out.get("nvlinks"), list):
+            out["nvlinks"] = [
+                {k: v for k, v in ln.items() if k not in _TICKING["nvlinks"]}
+                if isinstance(ln, dict)
+                else ln
+                for ln in out["nvlinks"]
+            ]
+        return out
+
+    state = imex.get("state") if isinstance(imex, dict) else None
+    return state, {i: steady(r) for i, r in sorted(reports.items())}
 
 
 def shard_status_record(*, node_id: str, msg: ShardStatus, now: datetime) -> list[Command]:

@@ -97,7 +97,13 @@ def replicas_fetching() -> dict[str, dict]:
 
 
 def _node_out(
-    node: Node, gpus: list[Gpu], used: dict[int, str], replicas: list[str], stuck: str = ""
+    node: Node,
+    gpus: list[Gpu],
+    used: dict[int, str],
+    replicas: list[str],
+    stuck: str = "",
+    *,
+    one: bool = False,
 ) -> dict:
     view_state = NodeView(
         id=node.id,
@@ -134,6 +140,11 @@ def _node_out(
                 # Processes no shard of llmgw runs, as its agent last said; null: unknown.
                 "unknown_processes": g.unknown_processes,
                 "replica": used.get(g.index),
+                "cordoned": g.cordoned,
+                # Its fabric, NVLinks, memory errors and Xids as its agent last said
+                # (fleet/protocol.py GpuFabricReport); null: it said nothing of them. Only
+                # for one node: a rack's links are kilobytes a GPU.
+                **({"fabric": g.fabric} if one else {}),
             }
             for g in gpus
         ],
@@ -142,6 +153,9 @@ def _node_out(
         "engines": node.engines,
         "engine_installs": [i.__dict__ for i in installs_of(node.engine_installs)],
         "disk": {"free_gb": node.disk_free_gb, "total_gb": node.disk_total_gb},
+        # Its IMEX service and InfiniBand ports as its agent last said; null: none, or unsaid.
+        "imex": node.imex,
+        "ib_ports": node.ib_ports,
         # What its weight cache holds, as it last said.
         "weights": [
             {"sha256": w.get("sha256"), "size": w.get("size"), "source": w.get("source") or ""}
@@ -172,7 +186,7 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
         raise NotFound(f"There is no node {node_id!r}.")
     ids = [n.id for n in nodes]
     gpus: dict[str, list[Gpu]] = defaultdict(list)
-    for g in Gpu.objects.filter(node_id__in=ids) if node_id else Gpu.objects.all():
+    for g in Gpu.objects.filter(node_id__in=ids) if node_id else Gpu.objects.defer("fabric"):
         gpus[g.node_id].append(g)
     used: dict[str, dict[int, str]] = defaultdict(dict)
     replicas: dict[str, list[str]] = defaultdict(list)
@@ -188,7 +202,14 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
     # Only while a node drains: its drain may be stuck for lack of room.
     stuck = drains_stuck() if any(n.draining for n in nodes) else {}
     return [
-        _node_out(n, gpus[n.id], used[n.id], sorted(replicas[n.id]), stuck.get(n.id, ""))
+        _node_out(
+            n,
+            gpus[n.id],
+            used[n.id],
+            sorted(replicas[n.id]),
+            stuck.get(n.id, ""),
+            one=node_id is not None,
+        )
         for n in nodes
     ]
 

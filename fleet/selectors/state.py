@@ -18,6 +18,7 @@ from llmgw.core import reads
 from mirror.selectors import builds_offered
 from tenancy.quota import Holding
 
+from ..domain.fabric import gpu_domain, gpu_problem, nvlink_peers
 from ..domain.gpuclass import CLASS_LABEL
 from ..domain.holdings import holdings
 from ..domain.types import (
@@ -66,6 +67,7 @@ _NODE_STATIC = (
     "platform",
     "engine_installs",
     "address_refusal",
+    "imex",
 )
 _REPLICA_FIELDS = (
     "id",
@@ -111,7 +113,14 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
     ids = list(stale)
     gpus: dict[str, list[tuple]] = defaultdict(list)
     gpu_rows = Gpu.objects.order_by().values_list(
-        "node_id", "index", "gpu_class", "healthy", "unknown_processes", "memory_mb"
+        "node_id",
+        "index",
+        "gpu_class",
+        "healthy",
+        "unknown_processes",
+        "memory_mb",
+        "fabric",
+        "cordoned",
     )
     node_rows = Node.objects.order_by().values_list(*_NODE_STATIC)
     # A few nodes are named in the query; many (a restart, every node registering) are read
@@ -134,8 +143,15 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
             {
                 "labels": labels,
                 "gpus": tuple(
-                    GpuView(index=i, gpu_class=override or c, healthy=h, held=bool(u), memory_mb=m)
-                    for i, c, h, u, m in sorted(gpus[d["id"]])
+                    GpuView(
+                        index=i,
+                        gpu_class=override or c,
+                        healthy=h,
+                        held=bool(u),
+                        memory_mb=m,
+                        **gpu_fabric_fields(d["id"], i, fabric, cordoned=cordoned),
+                    )
+                    for i, c, h, u, m, fabric, cordoned in sorted(gpus[d["id"]], key=itemgetter(0))
                 ),
                 "engines": frozenset(d["engines"] or ()) if d["engines_probed"] else None,
                 "disk_free_gb": d["disk_free_gb"],
@@ -145,8 +161,31 @@ def _load_node_static(stale: dict[str, datetime | None]) -> None:
                 "platform": d["platform"],
                 "installs": installs_of(d["engine_installs"]),
                 "address_refusal": d["address_refusal"],
+                **node_fabric_fields(d["imex"]),
             },
         )
+
+
+def gpu_fabric_fields(
+    node_id: str, index: int, fabric: Mapping | None, *, cordoned: bool = False
+) -> dict:
+    """A GPU's placement fields (GpuView.problem, domain, nvlink_peers, cordoned) from its
+    row's `fabric` and `cordoned`, through the pure rules of fleet/domain/fabric.py.
+    A GPU whose agent said nothing of its fabric has no problem, domain nor peers."""
+    report = {**(fabric if isinstance(fabric, Mapping) else {}), "index": index}
+    return {
+        "problem": gpu_problem(report, node_id=node_id),
+        "domain": gpu_domain(report),
+        "nvlink_peers": nvlink_peers(report),
+        "cordoned": bool(cordoned),
+    }
+
+
+def node_fabric_fields(imex: Mapping | None) -> dict:
+    """A node's placement field NodeView.imex from its row's `imex`: True while its agent
+    says IMEX is up, False down, None where it has none or did not say."""
+    state = imex.get("state") if isinstance(imex, Mapping) else None
+    return {"imex": None if state not in ("up", "down") else state == "up"}
 
 
 def node_registrations(spec_at: Mapping[str, datetime | None]) -> dict[str, dict]:

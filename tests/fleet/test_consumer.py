@@ -323,6 +323,30 @@ async def test_a_heartbeat_reporting_other_memory_or_cpus_is_written_at_once(age
     assert (row.memory_total_mb, row.cpu_count) == (32768, 8)
 
 
+async def test_a_heartbeat_with_a_changed_fabric_is_recorded_at_once(agents):
+    frame = register_frame("gpu-a")
+    frame["fabric"] = {"gpus": [{"index": 0, "ecc": {"uncorrected_volatile": 0}}]}
+    comm = await agents.registered(frame)
+    registered = await in_db(lambda: Node.objects.get(pk="gpu-a"))
+
+    await comm.send_json_to(
+        {
+            "type": "heartbeat",
+            "seq": 1,
+            "fabric": {
+                "gpus": [{"index": 0, "ecc": {"uncorrected_volatile": 2}, "xids": [79]}],
+                "imex": {"state": "down"},
+            },
+        }
+    )
+    await barrier(comm)
+
+    row = await in_db(lambda: Node.objects.get(pk="gpu-a"))
+    gpu = await in_db(lambda: Gpu.objects.get(node_id="gpu-a", index=0))
+    assert gpu.fabric == {"ecc": {"uncorrected_volatile": 2}, "xids": [79]}
+    assert row.imex == {"state": "down"} and row.spec_at > registered.spec_at
+
+
 async def test_engine_load_with_requests_running_marks_the_replica_used(agents, no_settle):
     await in_db(lambda: model_added(gpu_model("llama")))
     comm = await agents.registered(register_frame("gpu-a"))

@@ -27,7 +27,8 @@ from fleet.models import Lease, ModelState, Node, PowerBudget, Replica
 from fleet.nodes.connections import REFUSED as AGENTS_REFUSED, REGISTRY as AGENTS_REGISTRY
 from fleet.nodes.heard import node_live_flush
 from fleet.nodes.live import NodeWrite
-from fleet.protocol import Load
+from fleet.nodes.reports import node_fabric_record
+from fleet.protocol import Fabric, Load
 from fleet.reconciler.run import LEASE, advisory_take, reconcile_once
 from fleet.selectors import state as selectors
 from fleet.selectors.state import holdings_load
@@ -119,6 +120,33 @@ SENSED = {
     ],
 }  # fmt: skip
 
+# gpu-a's fabric as its agent reports it: GPU 0 joined, a link down, an uncorrected ECC
+# error and Xid 79; GPU 1 still joining; IMEX up; one InfiniBand port active, one down.
+FABRIC = {
+    "gpus": [
+        {"index": 0,
+         "fabric": {"cluster_uuid": "7f3c2a10-5b1e-4c8e-9d2f-0a1b2c3d4e5f", "clique_id": 1,
+                    "state": "completed", "status": 0},
+         "nvlinks": [{"link": 0, "up": True, "peer_index": 1, "replay_errors": 4},
+                     {"link": 1, "up": False}],
+         "ecc": {"enabled": True, "corrected_volatile": 3, "uncorrected_volatile": 1,
+                 "remap_pending": False, "remap_failure": False},
+         "xids": [79, 79]},
+        {"index": 1, "fabric": {"state": "in_progress", "status": 0}},
+    ],
+    "imex": {"state": "up", "domain": "imex-0123456789ab"},
+    "ib_ports": [
+        {"device": "mlx5_0", "port": 1, "state": "ACTIVE", "rate_gbps": 400.0, "link_downed": 2,
+         "symbol_errors": 0},
+        {"device": "mlx5_1", "port": 1, "state": "DOWN"},
+    ],
+}  # fmt: skip
+
+
+def fabric_said(node_id: str, fabric: dict, now: datetime) -> None:
+    """A heartbeat's fabric recorded, as the consumer records it."""
+    node_fabric_record(node_id=node_id, fabric=Fabric.model_validate(fabric), now=now)
+
 
 def test_sensors_are_published_fresh_and_only_when_measured():
     node_add("g1", now=T0, gpus=(H100,))
@@ -207,6 +235,7 @@ def a_whole_cluster(no_settle) -> None:
     ModelState.objects.filter(pk="huge").update(failures=5, parked_since=at(1))
     heard("gpu-a", at(2), SENSED)
     heard("gpu-b", at(2), {"gpus": [{"index": 0, "temp_c": 50}]})
+    fabric_said("gpu-a", FABRIC, at(2))
     # chat's engine said what it runs; a llama-server would say no KV use, absent then.
     shard = Replica.objects.get(model="chat").shards.get()
     gpu_a = Node.objects.get(pk="gpu-a")
@@ -252,6 +281,59 @@ def test_passes_missed_are_a_gauge(no_settle):
 
     assert "llmgw_reconciler_stale -> 0" in scrape(at(5))
     assert "llmgw_reconciler_stale -> 1" in scrape(at(47))
+
+
+def test_the_fabric_is_published_as_its_agent_said_it():
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    heard("gpu-a", at(1), {})
+    fabric_said("gpu-a", FABRIC, at(1))
+
+    fabric = [
+        s for s in scrape(at(5))
+        if any(w in s for w in ("nvlink", "ecc", "memory_repair", "fabric", "xid", "imex", "ib_"))
+    ]  # fmt: skip
+
+    assert fabric == [
+        "llmgw_gpu_nvlink_up class=h100-80g gpu=0 link=0 node=gpu-a -> 1",
+        "llmgw_gpu_nvlink_up class=h100-80g gpu=0 link=1 node=gpu-a -> 0",
+        "llmgw_gpu_nvlink_errors_total class=h100-80g gpu=0 kind=replay link=0 node=gpu-a -> 4",
+        "llmgw_gpu_ecc_errors_total class=h100-80g gpu=0 kind=corrected node=gpu-a scope=volatile -> 3",
+        "llmgw_gpu_ecc_errors_total class=h100-80g gpu=0 kind=uncorrected node=gpu-a scope=volatile -> 1",
+        "llmgw_gpu_memory_repair class=h100-80g gpu=0 node=gpu-a state=remap_pending -> 0",
+        "llmgw_gpu_memory_repair class=h100-80g gpu=0 node=gpu-a state=remap_failed -> 0",
+        "llmgw_gpu_fabric_state class=h100-80g gpu=0 node=gpu-a state=completed -> 1",
+        "llmgw_gpu_fabric_state class=h100-80g gpu=1 node=gpu-a state=in_progress -> 1",
+        "llmgw_gpu_nvlink_joined class=h100-80g clique=1 cluster=7f3c2a10-5b1e-4c8e-9d2f-0a1b2c3d4e5f"
+        " gpu=0 node=gpu-a -> 1",
+        "llmgw_gpu_xid class=h100-80g gpu=0 node=gpu-a xid=79 -> 2",
+        "llmgw_node_imex_up domain=imex-0123456789ab node=gpu-a -> 1",
+        "llmgw_node_ib_port_active device=mlx5_0 node=gpu-a port=1 -> 1",
+        "llmgw_node_ib_port_active device=mlx5_1 node=gpu-a port=1 -> 0",
+        "llmgw_node_ib_port_rate_gbps device=mlx5_0 node=gpu-a port=1 -> 400",
+        "llmgw_node_ib_port_errors_total counter=link_downed device=mlx5_0 node=gpu-a port=1 -> 2",
+        "llmgw_node_ib_port_errors_total counter=symbol_errors device=mlx5_0 node=gpu-a port=1 -> 0",
+    ]
+
+
+def test_a_changed_fabric_replaces_the_last_one_and_a_silent_node_publishes_none():
+    node_add("gpu-a", now=T0, gpus=(H100, H100))
+    heard("gpu-a", at(1), {})
+    fabric_said("gpu-a", FABRIC, at(1))
+    assert "llmgw_node_imex_up domain=imex-0123456789ab node=gpu-a -> 1" in scrape(at(5))
+
+    fabric_said("gpu-a", {**FABRIC, "imex": {"state": "down"}}, at(6))
+    now = scrape(at(7))
+    ticked = json.loads(json.dumps(FABRIC))
+    ticked["gpus"][0]["nvlinks"][0]["replay_errors"] = 9  # what placement reads stays
+    fabric_said("gpu-a", ticked, at(8))
+    later = scrape(at(9))
+
+    assert "llmgw_node_imex_up domain= node=gpu-a -> 0" in now
+    assert (
+        "llmgw_gpu_nvlink_errors_total class=h100-80g gpu=0 kind=replay link=0 node=gpu-a -> 9"
+        in later
+    )
+    assert not [s for s in scrape(at(3600)) if "imex" in s or "nvlink" in s]
 
 
 def test_every_metric_is_published_where_there_is_something_to_say(no_settle):
