@@ -67,6 +67,9 @@ class Dialect:
             await self.downstream(message)
 
     async def _started(self, message: dict) -> None:
+        if self.stream is not None:  # a second start, after a stream began: as it would go
+            await self.downstream(message)
+            return
         kind = dict(message.get("headers", ())).get(b"content-type", b"")
         if message["status"] == 200 and kind.startswith(b"text/event-stream") and self.request:
             self.reader = ChatEvents()

@@ -7,7 +7,9 @@ tests/e2e/test_dialects.py."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 
 import anthropic
 import httpx
@@ -191,3 +193,44 @@ async def test_a_bearer_key_is_taken_on_messages_and_x_api_key_on_chat(world, ga
         r = await http.post("http://gw/v1/messages", json=body, headers={"x-api-key": " "})
         assert r.status_code == 401
         assert r.json()["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "last"),
+    [
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 1000}, "response.failed"),
+        (
+            "/v1/messages",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000},
+            "error",
+        ),
+    ],
+)
+async def test_a_stream_cut_upstream_ends_with_the_apis_own_failure(
+    world, gateway, path, body, last
+):
+    await add(model_added, gpu_model("llama"))
+    endpoint = await world.engine("llama-1", "llama", tokens_per_sec=20, max_tokens=1000)
+    await add(_replica, "llama-1", "llama", endpoint)
+    _, secret = await add(api_key_create, project="Acme/ml/chat", name="k", actor="t")
+
+    async def cut_soon():
+        await asyncio.sleep(0.3)
+        await world.runners[0].cleanup()
+
+    async with transport(gateway) as http:
+        r, _ = await asyncio.gather(
+            http.post(
+                f"http://gw{path}",
+                json={"model": "llama", "stream": True, **body},
+                headers={"x-api-key": secret},
+            ),
+            cut_soon(),
+        )
+    world.runners.clear()
+    events = [e for e in r.text.split("\n\n") if e]
+    final = json.loads(events[-1].partition("data: ")[2])
+    assert final["type"] == last
+    assert "went away mid-way" in json.dumps(final)
+    await gateway.runtime._flush()
+    assert await add(lambda: Usage.objects.get().errors) == 1
