@@ -30,6 +30,7 @@ from llmgw.gateway.answers import (
     too_large,
     unknown_model,
 )
+from llmgw.gateway.dialect_serve import CHAT_PATH, Dialect, dialect_for
 from llmgw.gateway.limits import Limiter, prompt_estimate, refusal_sentence, reservation
 from llmgw.gateway.routing import route
 from llmgw.gateway.state import Request, State
@@ -44,6 +45,9 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/embeddings": "embedding",
+    # Translated to chat completions and back (dialect_serve).
+    "/v1/responses": "chat",
+    "/v1/messages": "chat",
 }
 
 
@@ -70,7 +74,7 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _parse(raw: bytes, endpoint: str) -> dict:
+def _json(raw: bytes) -> dict:
     # orjson, not json: Python's reader takes NaN and Infinity (and reads 1e400 as infinity),
     # which are not JSON and which an engine should not be handed. orjson refuses them, and
     # bodies nested past 1,024 levels, and is several times faster.
@@ -80,6 +84,11 @@ def _parse(raw: bytes, endpoint: str) -> dict:
         raise bad_request(f"The body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
         raise bad_request("The body must be a JSON object.")
+    return body
+
+
+def _parse(raw: bytes, endpoint: str) -> dict:
+    body = _json(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required: the name of the model to use.", "missing_model")
@@ -169,13 +178,16 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
     and is answered below. Whichever way it went, it is counted once, at its end."""
     out = Outcome(started=time.perf_counter())
     req: Request | None = None
+    dialect = dialect_for(scope["path"], send)
+    if dialect is not None:
+        send = dialect.send  # the answer, the gateway's own errors too, in the caller's API
     try:
         key = await _key(rt, scope, span)
         path = scope["path"]
         if path == "/v1/models" or path.startswith("/v1/models/"):
             await _models(rt, key, scope, send, out)
             return
-        req, spec = await _request(rt, key, scope, receive, out.started)
+        req, spec = await _request(rt, key, scope, receive, out.started, dialect)
         await _admit(rt, req, spec, out, span)
         status = await route(rt, req, receive, send)
         out.model = req.model  # a fallback's, when one served it
@@ -224,10 +236,11 @@ async def _models(rt: State, key: Key, scope: Scope, send: Send, out: Outcome) -
 
 
 async def _request(
-    rt: State, key: Key, scope: Scope, receive: Receive, started: float
+    rt: State, key: Key, scope: Scope, receive: Receive, started: float, dialect: Dialect | None
 ) -> tuple[Request, ModelSpec]:
     """The request its URL, method and body make, and the model it names (404 for one the
-    key may not use); 400 for a body that is not what its endpoint takes."""
+    key may not use); 400 for a body that is not what its endpoint takes. A body in another
+    API (`dialect`) goes on as the chat completion it translates to."""
     path, method = scope["path"], scope["method"]
     endpoint = ENDPOINTS.get(path)
     if endpoint is None:
@@ -241,6 +254,8 @@ async def _request(
     if method != "POST":
         raise Refused(405, f"Use POST for {path}.", "invalid_request_error", reason="bad_request")
     raw = await _read_body(scope, receive)
+    if dialect is not None:
+        raw, path = orjson.dumps(dialect.translated(_json(raw))), CHAT_PATH
     body = _parse(raw, endpoint)
     spec = rt.tables.resolve(body["model"])
     if spec is None or (key.models is not None and spec.name not in key.models):

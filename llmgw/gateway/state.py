@@ -96,6 +96,26 @@ class Picked:
     reading: Reading | None = None  # what its engine last said, when it said anything
 
 
+def _secret(headers: list[tuple[bytes, bytes]]) -> str:
+    """The caller's secret: `Authorization: Bearer` (OpenAI's clients), else `x-api-key`
+    (Anthropic's); no_key for neither."""
+    auth = api_key = None
+    for name, value in headers:
+        if name == b"authorization" and auth is None:
+            auth = value
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value
+    if not auth and api_key and api_key.strip():
+        return api_key.decode("latin-1").strip()
+    if not auth:
+        raise no_key()
+    scheme, _, secret = auth.decode("latin-1").partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        raise no_key()
+    return secret
+
+
 class State:
     """What the request path reads and asks of the process: tables, counters, the upstream
     pool, in-flight counts and suspect replicas."""
@@ -149,17 +169,7 @@ class State:
 
     def _key(self, headers: list[tuple[bytes, bytes]]) -> Key | None:
         """The header's key; None for a secret the tables do not hold; Refused for no key."""
-        auth = None
-        for name, value in headers:
-            if name == b"authorization":
-                auth = value
-                break
-        if not auth:
-            raise no_key()
-        scheme, _, secret = auth.decode("latin-1").partition(" ")
-        secret = secret.strip()
-        if scheme.lower() != "bearer" or not secret:
-            raise no_key()
+        secret = _secret(headers)
         if len(secret) > MAX_SECRET_CHARS:
             raise bad_key()
         digest = self._digests.get(secret)

@@ -1,0 +1,142 @@
+"""`POST /v1/responses` and `POST /v1/messages` served through chat's own steps. A request
+in either API is a chat completion on its way through the gateway: its body is translated
+on the way in (`Dialect.translated`), so the key, the limits, the routing, the accounting
+and the tracing see a chat request and treat it as one; its answer is translated on the
+way out (`Dialect.send`, which stands in for the ASGI `send`), whole or streamed, the
+gateway's own errors included (in Anthropic's shape for `/v1/messages`).
+
+A streamed request asks the engine for its usage (`stream_options.include_usage`), so
+the usage reaches the accounting exactly as a chat stream's does (`streaming`), and the
+closing event (`response.completed`, `message_delta`) carries it to the caller."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from llmgw.gateway.answers import Refused, Send
+from llmgw.gateway.dialects.messages import (
+    MessagesStream,
+    anthropic_error,
+    message_body,
+    messages_request,
+)
+from llmgw.gateway.dialects.responses import ResponsesStream, response_body, responses_request
+from llmgw.gateway.dialects.sse import ChatEvents, sse
+
+CHAT_PATH = "/v1/chat/completions"
+PATHS = ("/v1/responses", "/v1/messages")
+JSON = b"application/json"
+
+
+def dialect_for(path: str, send: Send) -> Dialect | None:
+    """The translation for a request to `path`; None for an API the engines speak."""
+    return Dialect(path == "/v1/messages", send) if path in PATHS else None
+
+
+class Dialect:
+    """One request in the Responses (`anthropic` false) or the Messages API: `translated`
+    turns its body into chat's, `send` turns chat's answer into this API's."""
+
+    def __init__(self, anthropic: bool, send: Send) -> None:
+        self.anthropic, self.downstream = anthropic, send
+        self.rid = uuid.uuid4().hex[:24]  # the ids of the answer's objects
+        self.now = time.time()
+        self.request: dict | None = None  # the caller's body, once translated
+        self.start: dict | None = None  # the answer's start, held until its body is known
+        self.held: list[bytes] = []
+        self.reader: ChatEvents | None = None
+        self.stream: ResponsesStream | MessagesStream | None = None
+
+    def translated(self, body: dict) -> dict:
+        """Chat's body for the caller's (a 400 naming the field it cannot honour)."""
+        chat = messages_request(body) if self.anthropic else responses_request(body)
+        self.request = body
+        return chat
+
+    async def send(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            await self._started(message)
+        elif message["type"] == "http.response.body":
+            if self.stream is not None:
+                await self._streamed(message)
+            else:
+                await self._whole(message)
+        else:
+            await self.downstream(message)
+
+    async def _started(self, message: dict) -> None:
+        if self.stream is not None:  # a second start, after a stream began: as it would go
+            await self.downstream(message)
+            return
+        kind = dict(message.get("headers", ())).get(b"content-type", b"")
+        if message["status"] == 200 and kind.startswith(b"text/event-stream") and self.request:
+            self.reader = ChatEvents()
+            if self.anthropic:
+                self.stream = MessagesStream(self.request, rid=self.rid)
+            else:
+                self.stream = ResponsesStream(self.request, rid=self.rid, now=self.now)
+            await self.downstream(message)
+            await self._events(self.stream.start(), more=True)
+        else:
+            self.start = message  # a whole answer is translated once it is all here
+
+    async def _streamed(self, message: dict) -> None:
+        events = []
+        for chunk in self.reader.feed(message.get("body", b"")):
+            events += self.stream.feed(chunk)
+        more = message.get("more_body", False)
+        if not more:
+            events += self.stream.close()
+        await self._events(events, more=more)
+
+    async def _events(self, events: list[dict], *, more: bool) -> None:
+        if events or not more:
+            body = b"".join(sse(event) for event in events)
+            await self.downstream({"type": "http.response.body", "body": body, "more_body": more})
+
+    async def _whole(self, message: dict) -> None:
+        self.held.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        status, body = self._answer(self.start["status"], b"".join(self.held))
+        headers = [
+            (name, value)
+            for name, value in self.start.get("headers", ())
+            if name not in (b"content-type", b"content-length")
+        ]
+        await self.downstream(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", JSON), *headers],
+            }
+        )
+        await self.downstream({"type": "http.response.body", "body": body})
+
+    def _answer(self, status: int, data: bytes) -> tuple[int, bytes]:
+        """The status and body of a whole answer in this API: an engine's completion
+        translated, an error in this API's shape (OpenAI's is the Responses API's)."""
+        if status == 200 and self.request is not None:
+            try:
+                completion = json.loads(data)
+            except ValueError:
+                completion = None
+            if isinstance(completion, dict):
+                if self.anthropic:
+                    answer = message_body(self.request, completion, rid=self.rid)
+                else:
+                    answer = response_body(self.request, completion, rid=self.rid, now=self.now)
+                return 200, json.dumps(answer).encode()
+            status = 502
+            data = Refused(
+                502,
+                "The replica's answer was not a JSON object.",
+                "api_error",
+                "upstream_invalid",
+                reason="upstream",
+            ).body()
+        if self.anthropic:
+            return status, json.dumps(anthropic_error(status, data)).encode()
+        return status, data
