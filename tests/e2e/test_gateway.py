@@ -274,15 +274,16 @@ def test_an_on_demand_model_is_started_by_its_first_request_which_waits_for_it(s
     assert again.model == "lazy"
 
 
-def test_an_on_demand_model_with_no_room_answers_503_with_retry_after(site):
+def test_an_on_demand_model_with_no_room_answers_503_not_to_retry(site):
     resp = site.post(
         "chat/completions", {"model": "nowhere", "messages": HELLO, "max_tokens": 1}, timeout=90
     )
     assert resp.status_code == 503, resp.text
-    assert int(resp.headers["Retry-After"]) > 0
+    assert "Retry-After" not in resp.headers
+    assert resp.headers["x-should-retry"] == "false"
     error = _error(resp)
     assert "no room" in error["message"]
-    assert error["code"] == "model_not_ready"
+    assert error["code"] == "model_unplaceable"
     assert site.cluster.ready_replicas("nowhere") == []
 
 
@@ -395,8 +396,12 @@ def test_keys_missing_wrong_revoked_or_limited_to_other_models_are_refused(site)
     wait_for("the revoked key to be refused", refused, timeout=10)
     with pytest.raises(openai.AuthenticationError) as after:
         client.chat.completions.create(model="chat", messages=HELLO, max_tokens=1)
-    # A revoked key is told what a wrong one is: nothing says it existed.
-    assert after.value.message == wrong.value.message
+    # A revoked key is told what a wrong one is: nothing says it existed (each names its
+    # own request).
+    assert after.value.request_id != wrong.value.request_id
+    assert after.value.message.replace(after.value.request_id, "") == (
+        wrong.value.message.replace(wrong.value.request_id, "")
+    )
 
     narrow = gateway_key(cluster, site.project, "chat-only", models=["chat"])
     client = site.client(narrow["secret"])
