@@ -413,9 +413,9 @@ def test_keys_missing_wrong_revoked_or_limited_to_other_models_are_refused(site)
     with pytest.raises(openai.NotFoundError) as unknown:
         client.embeddings.create(model="no-such-model", input="x")
     # A model the key may not use reads the same as one that does not exist.
-    assert other.value.message.replace("embed", "") == unknown.value.message.replace(
-        "no-such-model", ""
-    )
+    assert other.value.message.replace("embed", "").replace(
+        other.value.request_id, ""
+    ) == unknown.value.message.replace("no-such-model", "").replace(unknown.value.request_id, "")
 
 
 def test_a_keys_requests_per_minute_answer_429_with_retry_after(site):
@@ -428,9 +428,8 @@ def test_a_keys_requests_per_minute_answer_429_with_retry_after(site):
 
     resp = site.post("chat/completions", {"model": "chat", "messages": HELLO}, key["secret"])
     assert resp.status_code == 429
-    # A sliding minute estimated from two fixed ones (limits.py): the wait can pass 60 s, but
-    # never two minutes.
-    assert 1 <= int(resp.headers["Retry-After"]) < 120
+    # A sliding minute: the wait said is never more than a minute (limits.py).
+    assert 1 <= int(resp.headers["Retry-After"]) <= 60
     assert _error(resp)["code"] == "rate_limit_exceeded"
     assert "allows 2 requests per minute" in _error(resp)["message"]
     # Another key is not held back by this one's limit.
