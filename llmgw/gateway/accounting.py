@@ -16,8 +16,8 @@ from llmgw.core import tracing
 from llmgw.gateway import metrics
 from llmgw.gateway.state import Request, State
 
-# One line per request, naming it by its id (x-request-id): at INFO for those the gateway
-# or an engine failed (a 5xx, or none sent), which a caller quotes; at DEBUG for the rest.
+# One line per request, naming it by its id (x-request-id): at INFO for those refused or
+# failed (4xx, 5xx, none sent), which a caller quotes; at DEBUG for those answered well.
 access = logging.getLogger("llmgw.gateway.access")
 
 
@@ -57,7 +57,7 @@ def account(rt: State, req: Request | None, out: Outcome, span) -> None:
 
 
 def _access(req: Request | None, out: Outcome, took: float) -> None:
-    failed = out.status >= 500 or not out.status or (req is not None and req.verdict)
+    failed = out.status >= 400 or not out.status or (req is not None and req.verdict)
     level = logging.INFO if failed else logging.DEBUG
     if not access.isEnabledFor(level):
         return

@@ -74,7 +74,7 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                 log.warning("replica %s of %s unreachable: %s", up.replica_id, up.model, exc)
                 req.tried.add(up.replica_id)
                 if exc.broken and rt.suspect.get(up.replica_id, 0) <= time.monotonic():
-                    rt.report_unreachable(up.replica_id, str(exc))
+                    rt.report_unreachable(up.replica_id, f"{exc} (request {req.request_id})")
                 rt.suspect[up.replica_id] = time.monotonic() + SUSPECT_S
                 if len(req.tried) >= 2:
                     req.tried.update(
