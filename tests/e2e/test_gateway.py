@@ -740,3 +740,27 @@ def test_each_replicas_engine_reading_reaches_metrics_and_ctl_replicas(site):
     header, row = done.stdout.splitlines()[0].split(), done.stdout.splitlines()[1].split()
     said = dict(zip(header, row, strict=False))
     assert said["RUN"].isdigit() and said["WAIT"] == "0" and said["KV"].endswith("%")
+
+
+def test_the_openai_client_reads_request_ids_and_what_openais_schema_says(site):
+    from openai.types import Model
+    from openai.types.chat import ChatCompletion
+
+    client = site.client()
+    # `stream=None` as the SDK sends it; the answer's id read from x-request-id.
+    answer = client.chat.completions.create(model="chat", messages=HELLO, max_tokens=1, stream=None)
+    assert answer._request_id.startswith("req_")
+    assert answer.choices[0].message.refusal is None
+    raw = client.chat.completions.with_raw_response.create(
+        model="chat", messages=HELLO, max_tokens=1, extra_headers={"x-request-id": "team-7.a"}
+    )
+    assert raw.headers["x-request-id"] == "team-7.a"
+    ChatCompletion.model_validate(raw.http_response.json(), strict=True)
+    listed = client.models.with_raw_response.list()
+    entries = [Model.model_validate(m, strict=True) for m in listed.http_response.json()["data"]]
+    assert all(m.created > 1_700_000_000 for m in entries)
+    assert sorted(client.models.list(), key=lambda m: m.created)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="no-such-model", messages=HELLO)
+    assert missing.value.request_id.startswith("req_")
+    assert f"(request {missing.value.request_id})" in missing.value.message
