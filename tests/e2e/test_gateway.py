@@ -238,10 +238,13 @@ def test_a_model_with_no_ready_replica_is_answered_by_its_fallback(site):
     assert {c.model for c in chunks} == {"chat"}
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
-    # With nothing to fall back to, the caller is told why and when to come back.
+    # With nothing to fall back to, the caller is told why, and that waiting will not bring
+    # it: no node has its GPU.
     resp = site.post("chat/completions", {"model": "stranded", "messages": HELLO, "max_tokens": 1})
     assert resp.status_code == 503, resp.text
-    assert int(resp.headers["Retry-After"]) > 0
+    assert "Retry-After" not in resp.headers
+    assert resp.headers["x-should-retry"] == "false"
+    assert _error(resp)["code"] == "model_unplaceable"
     assert "stranded has no ready replica" in _error(resp)["message"]
 
 
