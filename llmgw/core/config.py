@@ -187,6 +187,8 @@ class Config:
     agents: Agents = Agents()
     login: LoginThrottle = LoginThrottle()
     routing: Routing = Routing()
+    # The browser origins whose pages may call `/v1/` (CORS); none: no CORS headers at all.
+    cors_origins: tuple[str, ...] = ()
 
     @property
     def embedded(self) -> bool:
@@ -318,7 +320,19 @@ def load(env: dict[str, str] | None = None) -> Config:
         agents=_agents(env),
         login=_login(env),
         routing=_routing(env),
+        cors_origins=_origins(env),
     )
+
+
+def _origins(env: dict[str, str]) -> tuple[str, ...]:
+    """LLMGW_CORS_ORIGINS: a comma list of origins (https://app.example.com) or `*`."""
+    origins = tuple(o.strip().rstrip("/") for o in env.get("LLMGW_CORS_ORIGINS", "").split(","))
+    for origin in origins:
+        if origin and origin != "*" and not origin.startswith(("http://", "https://")):
+            raise SettingError(
+                f"LLMGW_CORS_ORIGINS: {origin!r} is not an origin such as https://app.example.com."
+            )
+    return tuple(o for o in origins if o)
 
 
 MOST_PREFIX_BLOCKS = 1 << 20  # about 200 MB of the gateway's memory per model

@@ -8,6 +8,7 @@ events passed on and the answer's `verdict`."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -15,12 +16,17 @@ from llmgw.core import tracing
 from llmgw.gateway import metrics
 from llmgw.gateway.state import Request, State
 
+# One line per request, naming it by its id (x-request-id): at INFO for those refused or
+# failed (4xx, 5xx, none sent), which a caller quotes; at DEBUG for those answered well.
+access = logging.getLogger("llmgw.gateway.access")
+
 
 @dataclass(slots=True)
 class Outcome:
     """How one request was answered, noted by its steps and read once, by `account`."""
 
     started: float  # time.perf_counter() at its arrival
+    rid: str = ""  # its id, told to the caller in x-request-id (answers.request_id)
     model: str = ""  # the catalog name its request series are labelled with; "" for none
     status: int = 0  # the HTTP status it was answered with (499: the caller went); 0: none
     counted: bool = False  # `status` is counted in llmgw_gateway_requests
@@ -43,9 +49,29 @@ def account(rt: State, req: Request | None, out: Outcome, span) -> None:
         # A request let in, whatever became of it, has a row: an error unless its answer
         # passed whole and good.
         _used(rt, req, error=req.verdict != "")
-    series.duration.observe(time.perf_counter() - out.started)
+    took = time.perf_counter() - out.started
+    series.duration.observe(took)
+    _access(req, out, took)
     if span is not None:
         _span_end(span, req, out.status)
+
+
+def _access(req: Request | None, out: Outcome, took: float) -> None:
+    failed = out.status >= 400 or not out.status or (req is not None and req.verdict)
+    level = logging.INFO if failed else logging.DEBUG
+    if not access.isEnabledFor(level):
+        return
+    access.log(
+        level,
+        "request %s key=%s model=%s replica=%s status=%s failed=%s %.0f ms",
+        out.rid,
+        req.key.prefix if req is not None else "-",
+        out.model or "-",
+        (req.replica or "-") if req is not None else "-",
+        out.status or "-",
+        out.failed or (req.verdict if req is not None and req.verdict else "-"),
+        took * 1000,
+    )
 
 
 def _used(rt: State, req: Request, *, error: bool) -> None:

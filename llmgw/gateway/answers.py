@@ -5,6 +5,8 @@ of a server that is stopping."""
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from collections.abc import Awaitable, Callable
 
 Scope = dict
@@ -33,9 +35,44 @@ class Refused(Exception):
         self.status, self.message, self.kind, self.code = status, message, kind, code
         self.reason, self.retry_after, self.param = reason, retry_after, param
 
-    def body(self) -> bytes:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+    def body(self, rid: str | None = None) -> bytes:
+        """The OpenAI-style body; with `rid`, its message names the request, for the caller
+        to quote."""
+        message = self.message if rid is None else with_request(self.message, rid)
+        error = {"message": message, "type": self.kind, "param": self.param, "code": self.code}
         return json.dumps({"error": error}).encode()
+
+
+def with_request(message: str, rid: str) -> str:
+    return f"{message} (request {rid})"
+
+
+# A caller's own id is kept when it is one a log line and a header can carry as it is.
+_SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id(headers) -> str:
+    """The request's id, told back in `x-request-id`: the caller's own when it sent a sane
+    one, so its logs and ours name the request alike; else a new one."""
+    for name, value in headers:
+        if name == b"x-request-id":
+            given = value.decode("latin-1")
+            if _SANE_ID.fullmatch(given):
+                return given
+            break
+    return f"req_{secrets.token_hex(12)}"
+
+
+def with_id(send: Send, rid: str) -> Send:
+    """`send`, with `x-request-id` added to the answer's start, whoever sends it."""
+    header = (b"x-request-id", rid.encode())
+
+    async def sending(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = dict(message, headers=[*message.get("headers", ()), header])
+        await send(message)
+
+    return sending
 
 
 class ClientGone(Exception):
@@ -76,6 +113,15 @@ def bad_key() -> Refused:
 
 def bad_request(message: str, code: str | None = None, param: str | None = None) -> Refused:
     return Refused(400, message, "invalid_request_error", code, reason="bad_request", param=param)
+
+
+def unplaceable(message: str) -> Refused:
+    """A model nothing is bringing up (no replica starting; the reconciler says why, or none
+    is asked for): 503 `model_unplaceable` with no Retry-After and `x-should-retry: false`
+    (requests.py), since waiting will not bring it: a client that retries blindly would
+    only stall. A model that is loading answers `model_not_ready` or `model_loading`, with
+    the Retry-After its wait needs."""
+    return Refused(503, message, "server_error", "model_unplaceable", reason="no_replica")
 
 
 def too_large() -> Refused:

@@ -30,8 +30,11 @@ from llmgw.gateway.answers import (
     Receive,
     Scope,
     Send,
+    request_id,
     send_answer,
+    with_id,
 )
+from llmgw.gateway.cors import cors
 from llmgw.gateway.journal import Journal
 from llmgw.gateway.load import BOARD, publish
 from llmgw.gateway.requests import serve
@@ -253,15 +256,26 @@ class Gateway:
         # and wherever else the app runs.
         self.journal: Journal | None = None
         self._starting: asyncio.Future | None = None
+        from django.conf import settings
+
+        self.cors_origins = settings.LLMGW.cors_origins  # LLMGW_CORS_ORIGINS (cors.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not (
             scope["path"].startswith("/v1/") or scope["path"] == "/v1"
         ):
             return await self.inner(scope, receive, send)
+        if self.cors_origins:
+            return await cors(self.cors_origins, scope, receive, send, self._v1)
+        await self._v1(scope, receive, send)
+
+    async def _v1(self, scope: Scope, receive: Receive, send: Send) -> None:
         rt = self.runtime or await self._start()
         if rt.stopping:
-            await send_answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
+            rid = request_id(scope["headers"])
+            await send_answer(
+                with_id(send, rid), 503, SHUTTING_DOWN.body(rid), SHUTTING_DOWN_HEADERS
+            )
             return
         task = asyncio.current_task()
         rt.requests.add(task)

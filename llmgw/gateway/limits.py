@@ -29,13 +29,30 @@ log = logging.getLogger("llmgw.gateway")
 WINDOW_S = 60
 
 
-def verdict(limit: int, previous: int, current: int, elapsed: float, cost: int = 1) -> int | None:
+def verdict(
+    limit: int,
+    previous: int,
+    current: int,
+    elapsed: float,
+    cost: int = 1,
+    age: float | None = None,
+) -> int | None:
     """None when `cost` more fits under `limit` now; otherwise the whole seconds to wait.
 
     `previous` and `current` are the counts of the last and the current fixed minute,
     `elapsed` how far into the current minute we are (0 to 60). The wait is the least
-    after which the same cost fits, with nothing else counted meanwhile.
+    after which the same cost fits, with nothing else counted meanwhile. `age`, when known,
+    is how long ago the latest request counted was let in: a minute after it, all that is
+    counted has left a sliding minute, so no wait is longer than that (the two-minute
+    estimate alone can ask for up to 120 s).
     """
+    wait = _estimate_wait(limit, previous, current, elapsed, cost)
+    if wait is None or age is None or limit < cost:
+        return wait
+    return min(wait, max(1, math.ceil(WINDOW_S - age)))
+
+
+def _estimate_wait(limit: int, previous: int, current: int, elapsed: float, cost: int):
     if limit < cost:
         return 2 * WINDOW_S  # never fits: a limit of nothing (admin or database may hold 0)
     cover = (WINDOW_S - elapsed) / WINDOW_S
@@ -74,11 +91,18 @@ class Refusal:
     retry_after: int
 
 
-def judge(checks: Sequence[Check], counts: Sequence[tuple[int, int]], elapsed: float):
-    """The first check that does not fit, with the longest wait among those that do not."""
+def judge(
+    checks: Sequence[Check],
+    counts: Sequence[tuple[int, int]],
+    elapsed: float,
+    ages: Sequence[float | None] | None = None,
+):
+    """The first check that does not fit, with the longest wait among those that do not.
+    `ages`: per check, how long ago its latest admission was (`verdict`), when known."""
     worst: Refusal | None = None
-    for check, (previous, current) in zip(checks, counts, strict=True):
-        wait = verdict(check.limit, previous, current, elapsed, check.cost)
+    ages = ages or [None] * len(checks)
+    for check, (previous, current), age in zip(checks, counts, ages, strict=True):
+        wait = verdict(check.limit, previous, current, elapsed, check.cost, age)
         if wait is not None and (worst is None or wait > worst.retry_after):
             worst = Refusal(check.subject, check.limit, wait)
     return worst
@@ -118,7 +142,20 @@ class LocalCounters:
 
     def __init__(self) -> None:
         self._counts: dict[tuple[str, int], int] = {}
+        self._last: dict[tuple[str, int], float] = {}  # the latest admission, per minute
         self._minute = 0
+
+    def admitted(self, subjects: Sequence[str], now: float) -> None:
+        """A request was let in at `now`, counted against `subjects`."""
+        minute = self._roll(now)
+        for subject in subjects:
+            self._last[(subject, minute)] = now
+
+    async def lasts(self, subjects: Sequence[str], now: float) -> list[tuple[float | None, ...]]:
+        """Per subject, its latest admission in the last and in the current minute (None:
+        none known)."""
+        minute = self._roll(now)
+        return [(self._last.get((s, minute - 1)), self._last.get((s, minute))) for s in subjects]
 
     async def take(
         self, amounts: Sequence[tuple[str, int]], now: float
@@ -151,6 +188,7 @@ class LocalCounters:
         if minute > self._minute:
             self._minute = minute
             self._counts = {k: v for k, v in self._counts.items() if k[1] >= minute - 1}
+            self._last = {k: v for k, v in self._last.items() if k[1] >= minute - 1}
         return self._minute
 
 
@@ -210,6 +248,38 @@ class RedisCounters:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
+    def admitted(self, subjects: Sequence[str], now: float) -> None:
+        if not subjects or time.monotonic() < self._away_until:
+            return
+        task = asyncio.get_running_loop().create_task(self._admitted(subjects, now))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _admitted(self, subjects: Sequence[str], now: float) -> None:
+        minute, _ = _minute(now)
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for subject in subjects:
+                    pipe.set(f"{self.PREFIX}{subject}:{minute}:at", repr(now), ex=3 * WINDOW_S)
+                await pipe.execute()
+        except Exception as exc:  # noqa: BLE001
+            self._warn(exc)
+
+    async def lasts(self, subjects: Sequence[str], now: float) -> list[tuple[float | None, ...]]:
+        """As LocalCounters.lasts; all unknown when Redis could not be asked."""
+        minute, _ = _minute(now)
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for subject in subjects:
+                    pipe.get(f"{self.PREFIX}{subject}:{minute - 1}:at")
+                    pipe.get(f"{self.PREFIX}{subject}:{minute}:at")
+                values = await pipe.execute()
+        except Exception as exc:  # noqa: BLE001
+            self._warn(exc)
+            return [(None, None)] * len(subjects)
+        found = [float(v) if v is not None else None for v in values]
+        return [tuple(found[2 * i : 2 * i + 2]) for i in range(len(subjects))]
+
     async def _add(self, amounts: Sequence[tuple[str, int]], minute: int) -> None:
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -252,11 +322,33 @@ class Limiter:
         counts = await self.counters.take(amounts, now)
         if counts is None:  # not enforced now (Redis away): nothing was taken
             return None, []
-        refusal = judge(checks, counts, _minute(now)[1])
+        elapsed = _minute(now)[1]
+        refusal = judge(checks, counts, elapsed)
+        if refusal is not None:
+            refusal = await self._truer(checks, counts, elapsed, now)
         if refusal is not None:
             self.counters.add([(s, -cost) for s, cost in amounts], now)
             return refusal, []
+        self.counters.admitted([c.subject for c in checks], now)
         return None, [(c.subject, c.cost) for c in checks if c.tokens]
+
+    async def _truer(self, checks, counts, elapsed: float, now: float) -> Refusal | None:
+        """A refusal judged again with when each limit last let a request in: the last
+        minute counts for nothing once its latest admission is a minute old (all of it
+        has left the sliding minute), and no wait is longer than until the latest one is.
+        Asked only on a refusal, so an admission costs no more."""
+        lasts = await self.counters.lasts([c.subject for c in checks], now)
+        truer, ages = [], []
+        for (previous, current), (last_previous, last_current) in zip(counts, lasts, strict=True):
+            if previous and last_previous is not None and now - last_previous >= WINDOW_S - 1e-6:
+                previous = 0
+            known = (previous == 0 or last_previous is not None) and (
+                current == 0 or last_current is not None
+            )
+            latest = max((t for t in (last_previous, last_current) if t is not None), default=None)
+            truer.append((previous, current))
+            ages.append(now - latest if known and latest is not None else None)
+        return judge(checks, truer, elapsed, ages)
 
     def settle(self, held: Held, spent: int, admitted: float) -> None:
         """A request admitted at `admitted` ended having used `spent` tokens: each limit it

@@ -26,9 +26,11 @@ from llmgw.gateway.answers import (
     Scope,
     Send,
     bad_request,
+    request_id,
     send_answer,
     too_large,
     unknown_model,
+    with_id,
 )
 from llmgw.gateway.dialect_serve import CHAT_PATH, Dialect, dialect_for
 from llmgw.gateway.limits import Limiter, prompt_estimate, refusal_sentence, reservation
@@ -92,8 +94,8 @@ def _parse(raw: bytes, endpoint: str) -> dict:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required: the name of the model to use.", "missing_model")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
         raise bad_request("'stream' must be true or false.")
     if stream and endpoint == "embedding":
         raise bad_request("Embeddings cannot be streamed.")
@@ -176,7 +178,9 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
     checked (`_request`), held to its caps and limits (`_admit`), and sent to a replica
     (`routing.route`, which passes the engine's answer back). A step that fails raises,
     and is answered below. Whichever way it went, it is counted once, at its end."""
-    out = Outcome(started=time.perf_counter())
+    out = Outcome(started=time.perf_counter(), rid=request_id(scope["headers"]))
+    send = with_id(send, out.rid)
+    tracing.said(span, **{"llmgw.request_id": out.rid})
     req: Request | None = None
     dialect = dialect_for(scope["path"], send)
     if dialect is not None:
@@ -188,6 +192,7 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
             await _models(rt, key, scope, send, out)
             return
         req, spec = await _request(rt, key, scope, receive, out.started, dialect)
+        req.request_id = out.rid
         await _admit(rt, req, spec, out, span)
         status = await route(rt, req, receive, send)
         out.model = req.model  # a fallback's, when one served it
@@ -204,7 +209,7 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
         await _stopping(send, out)
     except Exception:
         # A bug of ours, or something no rule foresaw: still an OpenAI-style answer, counted.
-        log.exception("gateway request %s %s failed", scope["method"], scope["path"])
+        log.exception("gateway request %s %s (%s) failed", scope["method"], scope["path"], out.rid)
         await _failed(send, out)
     finally:
         # Cancelled from underneath too (daphne gives up on an application some seconds
@@ -316,7 +321,9 @@ async def _refused(send: Send, refused: Refused, out: Outcome, span) -> None:
     headers = JSON_HEADERS
     if refused.retry_after is not None:
         headers = [*JSON_HEADERS, (b"retry-after", str(refused.retry_after).encode())]
-    await send_answer(send, refused.status, refused.body(), headers)
+    elif refused.code == "model_unplaceable":
+        headers = [*JSON_HEADERS, (b"x-should-retry", b"false")]
+    await send_answer(send, refused.status, refused.body(out.rid), headers)
 
 
 def _gone(req: Request | None, out: Outcome) -> None:
@@ -335,7 +342,7 @@ def _gone(req: Request | None, out: Outcome) -> None:
 async def _stopping(send: Send, out: Outcome) -> None:
     out.status, out.failed = 503, "shutdown"
     with contextlib.suppress(Exception):  # the answer may have begun already
-        await send_answer(send, 503, SHUTTING_DOWN.body(), SHUTTING_DOWN_HEADERS)
+        await send_answer(send, 503, SHUTTING_DOWN.body(out.rid), SHUTTING_DOWN_HEADERS)
 
 
 async def _failed(send: Send, out: Outcome) -> None:
@@ -343,4 +350,4 @@ async def _failed(send: Send, out: Outcome) -> None:
     out.failed = "internal"
     error = Refused(500, "The gateway failed to answer.", "server_error", reason="internal")
     with contextlib.suppress(Exception):  # the answer may have begun already
-        await send_answer(send, 500, error.body())
+        await send_answer(send, 500, error.body(out.rid))

@@ -11,7 +11,7 @@ import time
 
 from llmgw.core import tracing
 from llmgw.gateway import metrics
-from llmgw.gateway.answers import ClientGone, Receive, Refused, Send
+from llmgw.gateway.answers import ClientGone, Receive, Refused, Send, unplaceable
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.scoring import reading_words
 from llmgw.gateway.state import Picked, Request, State, in_a_thread
@@ -74,7 +74,7 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                 log.warning("replica %s of %s unreachable: %s", up.replica_id, up.model, exc)
                 req.tried.add(up.replica_id)
                 if exc.broken and rt.suspect.get(up.replica_id, 0) <= time.monotonic():
-                    rt.report_unreachable(up.replica_id, str(exc))
+                    rt.report_unreachable(up.replica_id, f"{exc} (request {req.request_id})")
                 rt.suspect[up.replica_id] = time.monotonic() + SUSPECT_S
                 if len(req.tried) >= 2:
                     req.tried.update(
@@ -153,14 +153,16 @@ async def _wait_for_replica(rt: State, req: Request, chain: list[str]) -> None:
             if starting and trouble is None
             else trouble or "it has no replica running"
         )
-        raise Refused(
-            503,
-            f"Model {req.model} has no ready replica: {why}.",
-            "server_error",
-            "model_not_ready",
-            reason="no_replica",
-            retry_after=10 if starting else 30,
-        )
+        if starting and trouble is None:
+            raise Refused(
+                503,
+                f"Model {req.model} has no ready replica: {why}.",
+                "server_error",
+                "model_not_ready",
+                reason="no_replica",
+                retry_after=10,
+            )
+        raise unplaceable(f"Model {req.model} has no ready replica: {why}.")
     bound = rt.cfg.on_demand_wait
     deadline = req.started + bound
     BOARD.waiting[target] = BOARD.waiting.get(target, 0) + 1
@@ -169,14 +171,7 @@ async def _wait_for_replica(rt: State, req: Request, chain: list[str]) -> None:
             await rt.start_model(target)
             trouble = await _trouble(target)
             if trouble is not None:
-                raise Refused(
-                    503,
-                    f"Model {target} cannot be started now: {trouble}.",
-                    "server_error",
-                    "model_not_ready",
-                    reason="no_replica",
-                    retry_after=30,
-                )
+                raise unplaceable(f"Model {target} cannot be started now: {trouble}.")
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 raise Refused(

@@ -66,6 +66,7 @@ class Request:
     held: Held = field(default_factory=list)  # what it holds of each token limit meanwhile
     admitted: float = 0.0  # when (time.time()) it was let in, and its reservation counted
     rid: int = 0  # its id in the process's usage book and journal, once let in
+    request_id: str = ""  # its id told to the caller (x-request-id, answers.request_id)
     replica: str = ""  # the replica answering it, told to the caller (X-Llmgw-Replica)
     _prefix: list[int] | None = None
 
@@ -304,7 +305,8 @@ class State:
         if cached is None:
             names = sorted(self.tables.models if key.models is None else key.models)
             specs = (self.tables.models.get(n) for n in names)
-            data = [_model_entry(spec) for spec in specs if spec is not None]
+            created = self.tables.created
+            data = [_model_entry(spec, created) for spec in specs if spec is not None]
             cached = json.dumps({"object": "list", "data": data}).encode()
             self._models_json[key.models] = cached
         return cached
@@ -315,11 +317,18 @@ class State:
         spec = self.tables.resolve(name)
         if spec is None or (key.models is not None and spec.name not in key.models):
             raise unknown_model(name)
-        return json.dumps(_model_entry(spec)).encode()
+        return json.dumps(_model_entry(spec, self.tables.created)).encode()
 
 
-def _model_entry(spec) -> dict:
-    entry = {"id": spec.name, "object": "model", "owned_by": "llmgw"}
+def _model_entry(spec, created) -> dict:
+    """A model as OpenAI's schema has it (`created`: when it joined the catalog), with its
+    aliases beside."""
+    entry = {
+        "id": spec.name,
+        "object": "model",
+        "created": created.get(spec.name, 0),
+        "owned_by": "llmgw",
+    }
     if spec.aliases:
         entry["aliases"] = list(spec.aliases)
     return entry

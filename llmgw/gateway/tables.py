@@ -56,6 +56,7 @@ class Tables:
     starting: Mapping[str, int] = field(default_factory=dict)  # pending or starting replicas
     limits: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
     scope_names: Mapping[str, str] = field(default_factory=dict)  # "team:2" -> "team:Acme/ml"
+    created: Mapping[str, int] = field(default_factory=dict)  # model -> its row's Unix time
 
     def resolve(self, name: str) -> ModelSpec | None:
         canonical = self.names.get(name)
@@ -87,6 +88,15 @@ class ReplicaRow:
 
 
 ACTIVE = ("pending", "starting", "ready")
+
+
+def _created() -> dict[str, int]:
+    """When each model was added to the catalog, in Unix seconds (`/v1/models`' `created`)."""
+    from catalog.models import Model
+
+    return {
+        name: int(at.timestamp()) for name, at in Model.objects.values_list("name", "created_at")
+    }
 
 
 def names_of(catalog: Mapping[str, ModelSpec]) -> dict[str, str]:
@@ -218,6 +228,8 @@ class Loader:
                     starting[m] = coming
             tables = replace(tables, upstreams=upstreams, starting=starting)
         tables = replace(tables, names=names, models=catalog)
+        if catalog_changed:
+            tables = replace(tables, created=_created())
         if tables == self.tables:
             return None
         self.tables = tables

@@ -12,7 +12,7 @@ import logging
 import aiohttp
 
 from llmgw.core import tracing
-from llmgw.gateway.answers import Refused, Send, send_answer
+from llmgw.gateway.answers import Refused, Send, send_answer, with_request
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.state import Request, State
 from llmgw.gateway.streaming import relay_stream
@@ -171,7 +171,70 @@ async def _whole(req: Request, resp, kind: str, send: Send) -> int:
         )
     if status == 200:
         req.usage = _usage_in(data)  # the engine's figures, for the request's span too
+        if req.endpoint == "chat":
+            data = with_refusal(data)
     req.verdict = "upstream_status" if status >= 400 else ""
+    headers = req.replica_header()
+    if status >= 400:
+        status, data, more = engine_error(status, data, req.request_id)
+        kind = "application/json"
+        headers = [*headers, *more]
     content_type = (kind or "application/json").encode("latin-1", "replace")
-    await send_answer(send, status, data, [(b"content-type", content_type), *req.replica_header()])
+    await send_answer(send, status, data, [(b"content-type", content_type), *headers])
     return status
+
+
+def with_refusal(data: bytes) -> bytes:
+    """A chat answer with `message.refusal` in each choice, null where the engine left it
+    out (llama.cpp does): OpenAI's schema requires it. An answer that has it, or that is
+    not a chat completion, passes as it is, unparsed."""
+    if b'"refusal"' in data:
+        return data
+    try:
+        body = json.loads(data)
+        for choice in body["choices"]:
+            choice["message"].setdefault("refusal", None)
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        return data
+    return json.dumps(body).encode()
+
+
+def engine_error(status: int, data: bytes, rid: str) -> tuple[int, bytes, list]:
+    """An engine's error as the gateway's own are: an OpenAI-style body whose message keeps
+    the engine's words and names the request. A 4xx keeps its status (the request is at
+    fault; the client fixes it). A 5xx becomes 502 `upstream_error` with `x-should-retry:
+    false`: the engine took the request and failed on it, so the same body is not sent
+    again blindly (the openai SDK obeys the header, as it otherwise retries any 5xx)."""
+    error = _error_in(data)
+    message = error.get("message")
+    if not isinstance(message, str) or not message:
+        text = data.decode("utf-8", "replace").strip()[:2000]
+        message = f"The engine answered HTTP {status}" + (f": {text}" if text else ".")
+    shaped = {
+        "message": with_request(message, rid) if rid else message,
+        "type": error.get("type") if isinstance(error.get("type"), str) else None,
+        "param": error.get("param") if isinstance(error.get("param"), str) else None,
+        "code": error.get("code") if isinstance(error.get("code"), str | int) else None,
+    }
+    more = []
+    if status >= 500:
+        status, more = 502, [(b"x-should-retry", b"false")]
+        shaped["type"], shaped["code"] = "api_error", "upstream_error"
+    elif shaped["type"] is None:
+        shaped["type"] = "invalid_request_error"
+    return status, json.dumps({"error": shaped}).encode(), more
+
+
+def _error_in(data: bytes) -> dict:
+    """The `error` object of an engine's JSON error body ({"error": {...}}, or vLLM's and
+    llama.cpp's flatter ones with a `message`); empty for anything else."""
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(body, dict):
+        return {}
+    error = body.get("error", body)
+    if isinstance(error, str):
+        return {"message": error}
+    return error if isinstance(error, dict) else {}

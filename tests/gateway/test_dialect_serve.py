@@ -158,7 +158,12 @@ async def test_the_gateways_own_refusals_come_in_anthropics_shape(world, gateway
         await anthropic_client(gateway, secret).messages.create(
             model="llama", max_tokens=2, messages=[], extra_body={"bogus": 1}
         )
-    assert refused.value.body["error"]["message"] == "'bogus': this field is not supported."
+    said = refused.value.body["error"]["message"]
+    # The sentence, then the request's id (issue 39, item 1), as the header says it.
+    assert (
+        said
+        == f"'bogus': this field is not supported. (request {refused.value.response.headers['x-request-id']})"
+    )
 
 
 async def test_a_limit_on_messages_is_anthropics_rate_limit_error(world, gateway, secret):

@@ -106,3 +106,15 @@ def test_the_reconciler_sums_what_every_gateway_process_published(settings, clea
 def test_unreachable_redis_is_unknown_load_not_none_running(settings):
     settings.LLMGW = replace(settings.LLMGW, redis_url="redis://127.0.0.1:1/0")
     assert gateway_loads() is None
+
+
+async def test_a_one_request_a_minute_key_waits_at_most_a_minute_through_redis():
+    checks = Limiter.checks(a_key(rpm=1), {}, tokens=1)
+    first, second = Limiter(RedisCounters(URL)), Limiter(RedisCounters(URL))
+    now = 3_000_021.0
+    assert (await first.admit(checks, now))[0] is None
+    await _settled(first)
+    refusal, _ = await second.admit(checks, now + 1)
+    assert refusal is not None and 1 <= refusal.retry_after <= 59
+    await _settled(second)
+    assert (await second.admit(checks, now + 1 + refusal.retry_after))[0] is None

@@ -90,6 +90,7 @@ async def test_a_request_is_a_span_with_admission_routing_and_the_upstream_attem
     assert a["llmgw.key"] == secret[: len(a["llmgw.key"])]
     assert (a["http.response.status_code"], a["gen_ai.usage.input_tokens"]) == (200, 7)
     assert a["gen_ai.usage.output_tokens"] == 2
+    assert a["llmgw.request_id"] == r.headers["x-request-id"]  # what a team quotes
     for child in (
         "llmgw.admission.key",
         "llmgw.admission.limits",
@@ -120,7 +121,8 @@ async def test_a_refused_request_says_why_and_an_unreachable_replica_is_an_attem
     async with client(gateway, "llmgw_key_wrong") as c:
         assert (await c.post("/v1/chat/completions", json=chat("llama"))).status_code == 401
     async with client(gateway, secret) as c:
-        assert (await c.post("/v1/chat/completions", json=chat("llama"))).status_code == 502
+        answer = await c.post("/v1/chat/completions", json=chat("llama"))
+        assert answer.status_code == 502
 
     finished = spans.get_finished_spans()
     refused, failed = [s for s in finished if s.name == "POST /v1/chat/completions"]
@@ -128,6 +130,7 @@ async def test_a_refused_request_says_why_and_an_unreachable_replica_is_an_attem
     assert refused.attributes["http.response.status_code"] == 401
     assert failed.attributes["http.response.status_code"] == 502
     assert failed.status.status_code.name == "ERROR"
+    assert failed.attributes["llmgw.request_id"] == answer.headers["x-request-id"]
     attempt = next(s for s in finished if s.name == "llmgw.upstream")
     assert attempt.attributes["error.type"] == "unreachable"
     assert [s.attributes["llmgw.why"] for s in finished if s.name == "llmgw.routing"][-1] == (

@@ -29,16 +29,20 @@ async def test_a_replica_refusing_connections_is_marked_for_every_gateway_and_th
     await add(other.refresh)
     assert [u.replica_id for u in other.tables.upstreams["llama"]] == ["llama-1", "llama-2"]
 
+    ids = []
     async with client(gateway, secret) as c:
         for _ in range(3):
             r = await c.post("/v1/chat/completions", json=chat("llama"))
             assert r.status_code == 200, r.text
+            ids.append(r.headers["x-request-id"])
     await asyncio.gather(*list(gateway.runtime._tasks), return_exceptions=True)
 
     marked = await add(Replica.objects.get, pk="llama-1")
     assert marked.state == "ready"
     assert marked.unhealthy_since is not None
     assert marked.unhealthy_reason.startswith("the gateway could not reach it: ")
+    # The event names the request that found it so, which its caller can quote.
+    assert any(marked.unhealthy_reason.endswith(f"(request {rid})") for rid in ids)
     assert (await add(Replica.objects.get, pk="llama-2")).unhealthy_since is None
     await add(other.refresh)
     assert [u.replica_id for u in other.tables.upstreams["llama"]] == ["llama-2"]
