@@ -17,6 +17,7 @@ from llmgw.core.errors import Conflict, Invalid, NotFound
 from llmgw.core.secrets import digest, keyed_digest, new_secret
 
 from ..models import (
+    BANDS,
     ApiKey,
     AuditEvent,
     Budget,
@@ -415,13 +416,16 @@ def api_key_create(
     name: object,
     models: object = None,
     limits: Mapping | None = None,
+    band: object = "",
     actor: str,
 ) -> tuple[ApiKey, str]:
     """Make a gateway key for a project (by path `Acme/ml/training` or ID); return it with its
-    secret, which is stored nowhere: only a prefix and a keyed hash of it are kept."""
+    secret, which is stored nowhere: only a prefix and a keyed hash of it are kept. Its band
+    (`low`, `normal`, `high`) left empty is its project's."""
     from django.conf import settings
 
     name = tree_name(name, what="an API key")
+    band = band_checked(band, blank=True)
     allowed = api_key_models(models)
     figures = limit_figures(limits, _KEY_LIMITS)
     with transaction.atomic():
@@ -435,13 +439,15 @@ def api_key_create(
             secret_hash=keyed_digest(settings.SECRET_KEY, secret),
             models_allowed=allowed,
             created_by=actor[:150],
+            band=band,
             **figures,
         )
+        detail = {"project": key_scope, "name": name, "models": allowed, **figures}
         audit_record(
             actor=actor,
             action="key.add",
             target=f"key:{key.pk}",
-            detail={"project": key_scope, "name": name, "models": allowed, **figures},
+            detail={**detail, "band": band} if band else detail,
         )
     log.info(
         "API key %s (%s…) for %s made by %s",
@@ -772,6 +778,58 @@ def budget_clear(*, scope: str, actor: str) -> str:
         extra={"event": "budget", "scope": key, "actor": actor},
     )
     return key
+
+
+BAND_NAMES = tuple(b for b, _ in BANDS)
+
+
+def band_checked(band: object, *, blank: bool = False) -> str:
+    """`band` as stored: one of BANDS, or empty (its project's) where `blank` allows."""
+    text = band.strip().lower() if isinstance(band, str) else band
+    if (blank and text in ("", None)) or text in BAND_NAMES:
+        return text or ""
+    allowed = ", ".join(BAND_NAMES) + (", or empty for its project's" if blank else "")
+    raise Invalid(f"a band is {allowed}; not {str(band)[:40]!r}.")
+
+
+def band_set(*, scope: str, band: object, actor: str) -> str:
+    """Set a key's (`key:ID`) or a project's priority band under overload; return its key.
+    A key's band set empty is its project's again. Invalid for another kind of scope. The
+    gateway reads keys whole every few seconds, so a band needs no fingerprint of its own."""
+    with transaction.atomic():
+        key = budget_scope(scope, scope_tree())
+        kind, _, raw = key.partition(":")
+        if kind not in ("key", "project"):
+            raise Invalid(f"a band belongs to a key (key:ID) or a project, not {kind}:…")
+        value = band_checked(band, blank=kind == "key")
+        rows = ApiKey.objects if kind == "key" else Project.objects
+        rows.filter(pk=int(raw)).update(band=value)
+        audit_record(actor=actor, action="band.set", target=key, detail={"band": value})
+    log.info("band of %s set to %s by %s", key, value or "its project's", actor)
+    return key
+
+
+def budget_warnings_record(*, warnings: Sequence[tuple[str, str, str, datetime, str]]) -> None:
+    """Tell, once a window, each budget spent past its warning share (budgets.Book.warned:
+    scope, period, unit, the window's start, the sentence): an audit row by `gateway`
+    (`budget.warning`), which `ctl events` shows. A budget already told of in this window,
+    by any gateway process, is not told again."""
+    for scope, period, unit, start, said in warnings:
+        told = AuditEvent.objects.filter(
+            action="budget.warning",
+            target=scope,
+            at__gte=start,
+            detail__period=period,
+            detail__unit=unit,
+        )
+        if not told.exists():
+            audit_record(
+                actor="gateway",
+                action="budget.warning",
+                target=scope,
+                detail={"period": period, "unit": unit, "message": said},
+            )
+            log.info("budget warning: %s", said)
 
 
 def _price_model(model: object) -> str:
