@@ -24,7 +24,7 @@ BANDS = ("low", "normal", "high")  # lowest first
 DEFAULT = "normal"
 # Requests an engine may queue per unit of its replica's weight before its model counts
 # as overloaded; with no engine reading, requests in flight to the replica instead.
-WAITING_BOUND = 2
+WAITING_BOUND = 1
 INFLIGHT_BOUND = 16
 PRESENT_S = 10.0
 RETRY_AFTER_S = 2  # about when the engines' next readings come in
