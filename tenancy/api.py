@@ -12,6 +12,8 @@ from llmgw.core.api import actor
 from . import selectors, services
 from .auth import can
 from .schemas import (
+    BandIn,
+    BandSetOut,
     BudgetClearOut,
     BudgetIn,
     BudgetSetOut,
@@ -41,7 +43,7 @@ from .schemas import (
     TeamOut,
     UsageOut,
 )
-from .services import budgets as budget_services
+from .services import bands as band_services, budgets as budget_services
 
 router = Router(tags=["tenancy"])
 
@@ -141,6 +143,7 @@ def key_add(request, payload: KeyIn):
         name=payload.name,
         models=payload.models,
         limits=payload.limits.dict() if payload.limits else None,
+        band=payload.band,
         actor=actor(request),
     )
     return Status(201, {"id": key.pk, "name": key.name, "prefix": key.prefix, "secret": secret})
@@ -150,6 +153,13 @@ def key_add(request, payload: KeyIn):
 def key_revoke(request, key_id: int):
     """Revoke a key: the gateway refuses it from then on."""
     return {"revoked": services.api_key_revoke(key_id=key_id, actor=actor(request)).pk}
+
+
+@router.put("/bands", response=BandSetOut, auth=can("tenancy.change_apikey"))
+def band_set(request, payload: BandIn):
+    """A key's or a project's priority band under overload (docs/gateway.md, Priority)."""
+    scope = band_services.band_set(scope=payload.scope, band=payload.band, actor=actor(request))
+    return {"scope": scope, "band": payload.band.strip().lower()}
 
 
 @router.get("/limits", response=list[LimitOut], auth=can("tenancy.view_scopelimit"))

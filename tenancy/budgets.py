@@ -202,6 +202,23 @@ class Book:
             resets_at=end,
         )
 
+    def warned(self, now: datetime) -> list[tuple[str, str, str, datetime, str]]:
+        """Every budget spent past WARN_AT, whole or not, in the window `now` falls in:
+        (scope, period, unit, the window's start, a sentence), for the event told once a
+        window (the gateway's loader tells each as it first sees it)."""
+        out = []
+        for scope, budgets in self.budgets.items():
+            for b in budgets:
+                spent = self.spent_now(scope, b.period, now).of(b.unit)
+                if spent >= b.amount * WARN_AT:
+                    start, end = window(b.period, now)
+                    said = (
+                        f"{self.names.get(scope, scope)} passed {WARN_AT * 100:.0f} % of its "
+                        f"{b.words()} for {window_named(b.period, start)}; it resets at {_at(end)}"
+                    )
+                    out.append((scope, b.period, b.unit, start, said))
+        return out
+
     def _warning(self, b: Budget, spent: Decimal, start: datetime, end: datetime) -> str:
         share = math.floor(spent * 100 / b.amount)
         return (

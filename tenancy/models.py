@@ -33,11 +33,17 @@ class Team(models.Model):
         return f"{self.org.name}/{self.name}"
 
 
+BANDS = [("low", "low"), ("normal", "normal"), ("high", "high")]  # llmgw/gateway/bands.py
+
+
 class Project(models.Model):
     """A project within a team: API keys belong to a project."""
 
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="projects")
     name = models.CharField(max_length=100)
+    # Its keys' priority under overload, unless a key has its own: set through
+    # services.band_set (audited), not admin's forms.
+    band = models.CharField(max_length=10, choices=BANDS, default="normal", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -62,6 +68,8 @@ class ApiKey(models.Model):
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
     # The most completion tokens one request may ask for (`max_tokens`); null: no cap.
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Its priority under overload; blank: its project's.
+    band = models.CharField(max_length=10, choices=BANDS, blank=True, default="", editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150, blank=True)

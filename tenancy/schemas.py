@@ -103,6 +103,17 @@ class KeyIn(_In):
     name: StrictStr
     models: list[StrictStr] | None = Field(None, description="left out: every model")
     limits: KeyLimitsIn | None = None
+    band: StrictStr = Field("", description="low, normal or high; left out: its project's")
+
+
+class BandIn(_In):
+    scope: StrictStr = Field(description="key:ID, or a project: project:Acme/ml/training")
+    band: StrictStr = Field(description="low, normal or high; for a key, empty: its project's")
+
+
+class BandSetOut(Schema):
+    scope: str
+    band: str
 
 
 class KeyMadeOut(Schema):
@@ -121,6 +132,7 @@ class KeyOut(Schema):
     requests_per_minute: int | None
     tokens_per_minute: int | None
     max_tokens: int | None = Field(description="null: requests may ask for any max_tokens")
+    band: str = Field(description="its priority under overload: its own or its project's")
     revoked_at: str | None
     created_at: str
     created_by: str

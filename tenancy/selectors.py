@@ -220,6 +220,7 @@ def key_view(key: ApiKey) -> dict:
         "requests_per_minute": key.requests_per_minute,
         "tokens_per_minute": key.tokens_per_minute,
         "max_tokens": key.max_tokens,
+        "band": key.band or key.project.band,
         "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
         "created_at": key.created_at.isoformat(),
         "created_by": key.created_by,
@@ -350,10 +351,11 @@ def keys_print() -> tuple:
 
 def key_rows() -> list[tuple]:
     """Every key not revoked, as the gateway admits by: (id, name, prefix, secret hash,
-    project id, models allowed, requests per minute, tokens per minute, max tokens)."""
+    project id, models allowed, requests per minute, tokens per minute, max tokens, band:
+    its own, or else its project's)."""
     return [
-        (i, n, pre, d, p, tuple(m or ()), rpm, tpm, cap)
-        for i, n, pre, d, p, m, rpm, tpm, cap in ApiKey.objects.filter(
+        (i, n, pre, d, p, tuple(m or ()), rpm, tpm, cap, band or project_band)
+        for i, n, pre, d, p, m, rpm, tpm, cap, band, project_band in ApiKey.objects.filter(
             revoked_at__isnull=True
         ).values_list(
             "id",
@@ -365,6 +367,8 @@ def key_rows() -> list[tuple]:
             "requests_per_minute",
             "tokens_per_minute",
             "max_tokens",
+            "band",
+            "project__band",
         )
     ]
 

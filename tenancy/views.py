@@ -1,4 +1,5 @@
-"""The tenancy pages: capacity quotas with the tenancy tree beside them, and the scope search.
+"""The tenancy pages: capacity quotas with the tenancy tree beside them, the spend
+budgets with what was spent, and the scope search.
 
 One view per page: `quotas` serves /quotas and its fragments and takes the set and
 clear forms; `scopes` answers the scope search of every form that names a scope.
@@ -19,11 +20,12 @@ from llmgw.core.pages import fragment_asked, page, page_actor, staff_required
 from llmgw.core.permissions import needs, require
 
 from . import services
+from .budgets import PERIODS, UNITS, WARN_AT, figure
 from .forms import QuotaForm
-from .selectors import ScopeTree, quota_views, scope_named, scope_tree
+from .selectors import ScopeTree, budgets_list, quota_views, scope_named, scope_tree
 
 TEMPLATE = "tenancy/quota_list.html"
-FRAGMENTS = ("quotas-main", "quota-table")
+FRAGMENTS = ("quotas-main", "quota-table", "budget-table")
 # A datalist longer than this is no help; the operator types more of the name.
 SCOPE_OPTIONS = 20
 RESOURCES = (("gpus", "GPUs"), ("cpu_cores", "Cores"), ("memory_gb", "Memory GB"))
@@ -51,6 +53,8 @@ def quotas(request: HttpRequest) -> HttpResponse:
         fragment = "quotas-main" if request.htmx else None
     else:
         fragment = fragment_asked(request, FRAGMENTS, main=FRAGMENTS[0])
+    if fragment == "budget-table":
+        return page(request, TEMPLATE, {"budgets": _budget_context()}, fragment=fragment)
     return page(
         request,
         TEMPLATE,
@@ -145,6 +149,34 @@ def _quota_context() -> dict:
         ],
         "tree": _tree(tree, {q["scope"] for q in views}),
     }
+
+
+def _budget_context() -> dict:
+    """Every spend budget with what its scope spent this UTC day and month, as the gateway
+    judges by (`budgets_list`): asked for by the page after it loads, so the quotas' own
+    part keeps its few queries."""
+    from django.utils import timezone
+
+    listed = budgets_list(now=timezone.now())
+    rows = []
+    for b in listed["budgets"]:
+        cells = []
+        for unit in UNITS:
+            for period in PERIODS:
+                amount = b[f"{unit}_per_{period}"]
+                spent = b["spent"][period][unit]
+                cells.append(
+                    {
+                        "label": f"{unit} / {period}",
+                        "text": "-"
+                        if amount is None
+                        else f"{figure(unit, spent)} / {figure(unit, amount)}",
+                        "over": amount is not None and spent >= amount,
+                        "warned": amount is not None and spent >= amount * WARN_AT,
+                    }
+                )
+        rows.append({"scope": b["scope"], "name": b["name"], "cells": cells})
+    return {"rows": rows, "unpriced": listed["unpriced"]}
 
 
 def _figure(value: float) -> str:

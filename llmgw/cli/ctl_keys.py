@@ -1,4 +1,5 @@
-"""``llmgw ctl key``: gateway API keys for projects, made, listed and revoked."""
+"""``llmgw ctl key``: gateway API keys for projects, made, listed, revoked, and their
+priority bands under overload set."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 from llmgw.cli.base import Api, Output, whole_number
 from llmgw.cli.tables import DASH, render
 
-KEY_HEADERS = ["ID", "NAME", "PREFIX", "PROJECT", "MODELS", "LIMITS", "STATE"]
+BANDS = ("low", "normal", "high")  # llmgw/gateway/bands.py
+KEY_HEADERS = ["ID", "NAME", "PREFIX", "PROJECT", "MODELS", "LIMITS", "BAND", "STATE"]
 
 
 def limits_cell(key: Mapping[str, Any]) -> str:
@@ -35,6 +37,7 @@ def render_keys(keys: list[Mapping[str, Any]]) -> str:
             k.get("project"),
             ", ".join(k.get("models") or ()) or "all",
             limits_cell(k),
+            k.get("band") or DASH,
             "revoked" if k.get("revoked_at") else "live",
         ]
         for k in keys
@@ -57,6 +60,8 @@ def key_body(args: argparse.Namespace) -> dict[str, Any]:
     }
     if limits:
         body["limits"] = limits
+    if args.band:
+        body["band"] = args.band
     return body
 
 
@@ -80,8 +85,16 @@ def cmd_key_revoke(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(answer, lambda a: f"API key {a['revoked']} revoked: the gateway refuses it now")
 
 
+def cmd_key_band(api: Api, args: argparse.Namespace, out: Output) -> None:
+    answer = api.put("/bands", {"scope": args.scope, "band": args.band})
+    out.show(
+        answer,
+        lambda a: f"{a['scope']} is in band {a['band'] or 'of its project'} from the next refresh",
+    )
+
+
 def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
-    """Add ``key create|list|revoke`` to the commands."""
+    """Add ``key create|list|revoke|band`` to the commands."""
     key = add(commands, "key", "gateway API keys for projects: create, list, revoke")
     actions = key.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = add(
@@ -95,6 +108,14 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
     create.add_argument(
         "--max-tokens", type=whole_number, help="the most max_tokens one request may ask for"
     )
+    create.add_argument(
+        "--band", choices=BANDS, help="its priority under overload (default: its project's)"
+    )
+    band = add(
+        actions, "band", "set a key's (key:ID) or a project's band under overload", cmd_key_band
+    )
+    band.add_argument("scope", help="key:ID, or project:ORG/TEAM/PROJECT")
+    band.add_argument("band", help="low, normal or high; for a key, '' for its project's")
     add(actions, "list", "every key, by its prefix", cmd_key_list)
     add(actions, "revoke", "refuse a key from now on", cmd_key_revoke).add_argument(
         "id", type=whole_number

@@ -10,7 +10,13 @@ label cannot grow without bound.
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from tenancy.budgets import Book
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -27,7 +33,8 @@ ERRORS = Counter(
     "llmgw_gateway_errors",
     "Requests that failed, by model and why: auth, limit, unknown_model, not_allowed, "
     "bad_request, no_replica, loading, upstream, upstream_status, stream_cut, client_gone, "
-    "shutdown, internal.",
+    "shutdown, internal, budget (a spend budget spent whole), overloaded (a priority band "
+    "displaced under overload).",
     ["model", "reason"],
     registry=REGISTRY,
 )
@@ -74,6 +81,30 @@ WAITING = Gauge(
     ["model"],
     registry=REGISTRY,
     multiprocess_mode="livesum",
+)
+
+DISPLACED = Counter(
+    "llmgw_gateway_displaced",
+    "Requests refused while their model's waiting work was past its bound, by model and the "
+    "priority band refused (docs/gateway.md, Priority).",
+    ["model", "band"],
+    registry=REGISTRY,
+)
+BUDGET_SPENT = Gauge(
+    "llmgw_gateway_budget_spent",
+    "What each budgeted key or scope spent this UTC day or month, as the gateway last read "
+    "it (every 2 s), by scope, period (day, month) and unit (tokens, cost).",
+    ["scope", "period", "unit"],
+    registry=REGISTRY,
+    multiprocess_mode="livemax",
+)
+BUDGET_AMOUNT = Gauge(
+    "llmgw_gateway_budget",
+    "Each budget's figure, by scope, period and unit: llmgw_gateway_budget_spent over it is "
+    "the share spent.",
+    ["scope", "period", "unit"],
+    registry=REGISTRY,
+    multiprocess_mode="livemax",
 )
 
 
@@ -145,6 +176,16 @@ def load_gauges(counts: dict[str, tuple[int, int]]) -> None:
     for model, (running, waiting) in counts.items():
         RUNNING.labels(model).set(running)
         WAITING.labels(model).set(waiting)
+
+
+def budget_gauges(book: Book, now: datetime) -> None:
+    """Every budget and what its scope spent in the window `now` falls in, as `book` says."""
+    for scope, budgets in book.budgets.items():
+        name = book.names.get(scope, scope)
+        for b in budgets:
+            spent = book.spent_now(scope, b.period, now).of(b.unit)
+            BUDGET_SPENT.labels(name, b.period, b.unit).set(float(spent))
+            BUDGET_AMOUNT.labels(name, b.period, b.unit).set(float(b.amount))
 
 
 class _Spoken:

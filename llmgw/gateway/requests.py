@@ -9,11 +9,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import orjson
 
 from llmgw.core import tracing
+from llmgw.gateway import metrics
 from llmgw.gateway.accounting import Outcome, account
 from llmgw.gateway.answers import (
     JSON_HEADERS,
@@ -32,6 +34,7 @@ from llmgw.gateway.answers import (
     unknown_model,
     with_id,
 )
+from llmgw.gateway.bands import RETRY_AFTER_S, model_work, refused
 from llmgw.gateway.dialect_serve import CHAT_PATH, Dialect, dialect_for
 from llmgw.gateway.limits import Limiter, prompt_estimate, refusal_sentence, reservation
 from llmgw.gateway.routing import route
@@ -288,9 +291,56 @@ async def _admit(rt: State, req: Request, spec: ModelSpec, out: Outcome, span) -
     out.model = spec.name
     tracing.said(span, **{"gen_ai.request.model": req.body["model"], "llmgw.model": spec.name})
     req.admitted = time.time()
+    _budgeted(rt, req)
+    _displaced(rt, req)
     with tracing.span("llmgw.admission.limits"):
         await _limited(rt, req)
     rt.usage.begin(req, req.admitted)
+
+
+def _budgeted(rt: State, req: Request) -> None:
+    """Let in by the budgets along its key's chain (tenancy/budgets.py, the book the tables
+    hold), or a 429 until the refusing one resets; a budget spent past its warning share is
+    told in a header on the answer."""
+    book = rt.tables.budgets
+    if not book.budgets:
+        return
+    now = datetime.fromtimestamp(req.admitted, UTC)
+    verdict = book.verdict(req.key.chain(), now)
+    if not verdict.allowed:
+        raise Refused(
+            429,
+            verdict.refusal,
+            "insufficient_quota",
+            "budget_exceeded",
+            reason="budget",
+            retry_after=verdict.retry_after(now),
+        )
+    if verdict.warnings:
+        req.warning = verdict.warnings[0]
+
+
+def _displaced(rt: State, req: Request) -> None:
+    """A 429 for a request of a band below others present while its model's waiting work
+    is past its bound (llmgw/gateway/bands.py); else its band noted as present."""
+    ups = rt.tables.upstreams.get(req.model, ())
+    present = rt.bands_present(req.model)
+    if ups and present.keys() - {req.key.band}:
+        work, bound = model_work(
+            ((u.replica_id, u.weight) for u in ups), rt.inflight, rt.readings, rt.inflight_read
+        )
+        if refused(req.key.band, present, work, bound):
+            metrics.DISPLACED.labels(req.model, req.key.band).inc()
+            raise Refused(
+                429,
+                f"Model {req.model} is overloaded ({work} requests waiting, past {bound}): "
+                f"requests of band {req.key.band} wait until it keeps up; try again shortly.",
+                "rate_limit_error",
+                "model_overloaded",
+                reason="overloaded",
+                retry_after=RETRY_AFTER_S,
+            )
+    rt.band_seen(req.model, req.key.band)
 
 
 async def _limited(rt: State, req: Request) -> None:

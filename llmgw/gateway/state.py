@@ -18,6 +18,7 @@ import aiohttp
 from channels.db import database_sync_to_async
 
 from llmgw.gateway.answers import bad_key, no_key, unknown_model
+from llmgw.gateway.bands import PRESENT_S
 from llmgw.gateway.journal import Journal
 from llmgw.gateway.limits import Held, Limiter, LocalCounters, RedisCounters
 from llmgw.gateway.prefixes import PrefixTable, block_hashes, choose, prompt_text
@@ -68,6 +69,7 @@ class Request:
     rid: int = 0  # its id in the process's usage book and journal, once let in
     request_id: str = ""  # its id told to the caller (x-request-id, answers.request_id)
     replica: str = ""  # the replica answering it, told to the caller (X-Llmgw-Replica)
+    warning: str = ""  # a budget's spent past its warning share (X-Llmgw-Budget-Warning)
     _prefix: list[int] | None = None
 
     @property
@@ -80,7 +82,13 @@ class Request:
         return self._prefix
 
     def replica_header(self) -> list[tuple[bytes, bytes]]:
-        return [(b"x-llmgw-replica", self.replica.encode())] if self.replica else []
+        """The gateway's own headers on an engine's answer: the replica, and a budget's
+        warning (in ASCII, as headers are: a key's `…` written `...`)."""
+        out = [(b"x-llmgw-replica", self.replica.encode())] if self.replica else []
+        if self.warning:
+            said = self.warning.replace("…", "...").encode("ascii", "replace")
+            out.append((b"x-llmgw-budget-warning", said))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +152,19 @@ class State:
         self._models_json: dict[object, bytes] = {}
         self._tasks: set[asyncio.Task] = set()
         self.stopping = False  # this server is stopping (`Runtime.drain`): no new requests
+        # model -> band -> when (time.monotonic()) a request of it was last let in (bands.py)
+        self.bands: dict[str, dict[str, float]] = {}
+
+    def band_seen(self, model: str, band: str) -> None:
+        self.bands.setdefault(model, {})[band] = time.monotonic()
+
+    def bands_present(self, model: str) -> dict[str, float]:
+        """The bands let in for `model` within the last PRESENT_S seconds."""
+        seen = self.bands.get(model)
+        if not seen:
+            return {}
+        since = time.monotonic() - PRESENT_S
+        return {b: t for b, t in seen.items() if t >= since}
 
     def authenticate(self, headers: list[tuple[bytes, bytes]]) -> Key:
         """The key of the `Authorization: Bearer` header; Refused (401) for none, or for one

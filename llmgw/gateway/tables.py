@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from catalog.domain import ModelSpec
 from llmgw.core.secrets import engine_key
+from tenancy.budgets import Book
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -33,6 +34,11 @@ class Key:
     requests_per_minute: int | None
     tokens_per_minute: int | None
     max_tokens: int | None = None  # the most one request may ask for
+    band: str = "normal"  # its priority under overload (llmgw/gateway/bands.py)
+
+    def chain(self) -> tuple[str, ...]:
+        """Itself and its scopes up the tree, as budgets are kept: `key:3`, `project:12`…"""
+        return (f"key:{self.id}", *self.scopes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,9 @@ class Tables:
     limits: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
     scope_names: Mapping[str, str] = field(default_factory=dict)  # "team:2" -> "team:Acme/ml"
     created: Mapping[str, int] = field(default_factory=dict)  # model -> its row's Unix time
+    # Every budget with what its scope spent, read every BOOK_EVERY seconds; a new read
+    # alone is no change the runtime is told of beyond the tables themselves.
+    budgets: Book = field(default_factory=Book, compare=False)
 
     def resolve(self, name: str) -> ModelSpec | None:
         canonical = self.names.get(name)
@@ -74,6 +83,7 @@ class KeyRow:
     requests_per_minute: int | None
     tokens_per_minute: int | None
     max_tokens: int | None = None
+    band: str = "normal"  # its own, or else its project's
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +137,7 @@ def build_keys(
             requests_per_minute=r.requests_per_minute,
             tokens_per_minute=r.tokens_per_minute,
             max_tokens=r.max_tokens,
+            band=r.band,
         )
     return out
 
@@ -180,6 +191,7 @@ class Loader:
 
     KEYS_EVERY = 5  # refreshes: keys' model lists change without moving the fingerprint
     FULL_EVERY = 60.0
+    BOOK_EVERY = 2.0  # seconds between reads of the budgets' spend (tenancy's budget_book)
     MARGIN = timedelta(seconds=10)
 
     def __init__(self) -> None:
@@ -192,6 +204,8 @@ class Loader:
         self._read_at = None  # when replicas were last read, by this machine's clock
         self._full_at = float("-inf")
         self._engine_keys: dict[str, str] = {}
+        self._book_at = float("-inf")
+        self._warned: set[tuple] = set()  # budgets told of at WARN_AT, in their window
 
     def refresh(self) -> Tables | None:
         from catalog.selectors import catalog_load
@@ -230,10 +244,34 @@ class Loader:
         tables = replace(tables, names=names, models=catalog)
         if catalog_changed:
             tables = replace(tables, created=_created())
-        if tables == self.tables:
+        book = self._book()
+        if book is not None:
+            tables = replace(tables, budgets=book)
+        elif tables == self.tables:
             return None
         self.tables = tables
         return tables
+
+    def _book(self) -> Book | None:
+        """The budgets read again when BOOK_EVERY has passed (None otherwise); each budget
+        newly past WARN_AT in its window told once (tenancy's `budget_warnings_record`)."""
+        if time.monotonic() - self._book_at < self.BOOK_EVERY:
+            return None
+        from django.utils import timezone
+
+        from llmgw.gateway.metrics import budget_gauges
+        from tenancy.selectors import budget_book
+        from tenancy.services.budgets import budget_warnings_record
+
+        now = timezone.now()
+        book = budget_book(now=now)
+        self._book_at = time.monotonic()
+        budget_gauges(book, now)
+        new = [w for w in book.warned(now) if w[:4] not in self._warned]
+        if new:
+            budget_warnings_record(warnings=new)
+            self._warned.update(w[:4] for w in new)
+        return book
 
     def _engine_key(self, replica_id: str) -> str:
         key = self._engine_keys.get(replica_id)

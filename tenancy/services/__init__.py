@@ -16,6 +16,7 @@ from llmgw.core.errors import Conflict, Invalid, NotFound
 from llmgw.core.secrets import digest, keyed_digest, new_secret
 
 from ..models import (
+    BANDS,
     ApiKey,
     AuditEvent,
     CapacityQuota,
@@ -412,13 +413,16 @@ def api_key_create(
     name: object,
     models: object = None,
     limits: Mapping | None = None,
+    band: object = "",
     actor: str,
 ) -> tuple[ApiKey, str]:
     """Make a gateway key for a project (by path `Acme/ml/training` or ID); return it with its
-    secret, which is stored nowhere: only a prefix and a keyed hash of it are kept."""
+    secret, which is stored nowhere: only a prefix and a keyed hash of it are kept. Its band
+    (`low`, `normal`, `high`) left empty is its project's."""
     from django.conf import settings
 
     name = tree_name(name, what="an API key")
+    band = band_checked(band, blank=True)
     allowed = api_key_models(models)
     figures = limit_figures(limits, _KEY_LIMITS)
     with transaction.atomic():
@@ -432,13 +436,15 @@ def api_key_create(
             secret_hash=keyed_digest(settings.SECRET_KEY, secret),
             models_allowed=allowed,
             created_by=actor[:150],
+            band=band,
             **figures,
         )
+        detail = {"project": key_scope, "name": name, "models": allowed, **figures}
         audit_record(
             actor=actor,
             action="key.add",
             target=f"key:{key.pk}",
-            detail={"project": key_scope, "name": name, "models": allowed, **figures},
+            detail={**detail, "band": band} if band else detail,
         )
     log.info(
         "API key %s (%s…) for %s made by %s",
@@ -643,3 +649,15 @@ def usage_journal_settle(
 def usage_journal_forget(*, name: str) -> None:
     """The journal `name` is gone from disk: its record goes too."""
     UsageJournal.objects.filter(name=name).delete()
+
+
+BAND_NAMES = tuple(b for b, _ in BANDS)
+
+
+def band_checked(band: object, *, blank: bool = False) -> str:
+    """`band` as stored: one of BANDS, or empty (its project's) where `blank` allows."""
+    text = band.strip().lower() if isinstance(band, str) else band
+    if (blank and text in ("", None)) or text in BAND_NAMES:
+        return text or ""
+    allowed = ", ".join(BAND_NAMES) + (", or empty for its project's" if blank else "")
+    raise Invalid(f"a band is {allowed}; not {str(band)[:40]!r}.")

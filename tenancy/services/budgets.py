@@ -1,21 +1,19 @@
 """Spend budgets and model prices (tenancy/budgets.py): set and cleared by operators,
-audited as every tenancy write is."""
+audited as every tenancy write is; and the gateway's warning, once a window, of a budget
+spent past its warning share."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
 
 from llmgw.core.errors import Invalid, NotFound
 
-from ..models import (
-    ApiKey,
-    Budget,
-    ModelPrice,
-)
+from ..models import ApiKey, AuditEvent, Budget, ModelPrice
 from ..selectors import ScopeTree, scope_find, scope_tree
 from . import _stored_scope, _written, audit_record
 
@@ -189,3 +187,26 @@ def price_clear(*, model: object, actor: str) -> str:
         audit_record(actor=actor, action="price.clear", target=f"model:{name}")
     log.info("price of %s removed by %s", name, actor)
     return name
+
+
+def budget_warnings_record(*, warnings: Sequence[tuple[str, str, str, datetime, str]]) -> None:
+    """Tell, once a window, each budget spent past its warning share (budgets.Book.warned:
+    scope, period, unit, the window's start, the sentence): an audit row by `gateway`
+    (`budget.warning`), which `ctl events` shows. A budget already told of in this window,
+    by any gateway process, is not told again."""
+    for scope, period, unit, start, said in warnings:
+        told = AuditEvent.objects.filter(
+            action="budget.warning",
+            target=scope,
+            at__gte=start,
+            detail__period=period,
+            detail__unit=unit,
+        )
+        if not told.exists():
+            audit_record(
+                actor="gateway",
+                action="budget.warning",
+                target=scope,
+                detail={"period": period, "unit": unit, "message": said},
+            )
+            log.info("budget warning: %s", said)

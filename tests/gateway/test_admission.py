@@ -1,0 +1,249 @@
+"""Admission beyond the per-minute limits: spend budgets (refused past one, warned near one)
+and priority bands under overload, through the gateway's ASGI app in this process in front
+of real sim engines; the bands' rule itself by table and by property."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given, strategies as st
+
+from fleet.domain.readings import Reading
+from llmgw.gateway import bands
+from llmgw.gateway.bands import BANDS, model_work, refused, refused_bands
+from tenancy.models import ApiKey, AuditEvent
+from tenancy.services import api_key_create, usage_add
+from tenancy.services.bands import band_set
+from tenancy.services.budgets import budget_set
+from tests.fleet.builders import gpu_model, model_added
+from tests.gateway.test_app import add, chat, client, new_key, refreshed
+from tests.gateway.world import _replica
+
+# The rule: which bands are refused at which waiting work.
+
+
+@pytest.mark.parametrize(
+    ("present", "work", "bound", "out"),
+    [
+        ({"low", "high"}, 3, 4, set()),  # under the bound: nobody
+        ({"low", "high"}, 4, 4, {"low"}),  # at it: the lowest present
+        ({"low", "normal", "high"}, 4, 4, {"low"}),
+        ({"low", "normal", "high"}, 8, 4, {"low", "normal"}),  # twice: one band more
+        ({"low", "normal", "high"}, 40, 4, {"low", "normal"}),  # never the highest present
+        ({"normal", "high"}, 5, 4, {"normal"}),  # the lowest present, whichever it is
+        ({"low"}, 40, 4, set()),  # one band alone is never displaced
+        ({"low", "high"}, 40, 0, set()),  # no bound (no replica): nothing to judge by
+    ],
+)
+def test_the_lowest_bands_present_are_refused_one_more_per_bound_passed(present, work, bound, out):
+    assert refused_bands(present, work, bound) == out
+
+
+def test_a_request_counts_its_own_band_as_present():
+    assert refused("low", {"high"}, 4, 4)
+    assert not refused("high", {"low"}, 40, 4)
+
+
+@given(
+    present=st.sets(st.sampled_from(BANDS), min_size=1),
+    work=st.integers(0, 200),
+    bound=st.integers(0, 20),
+)
+def test_displacement_never_refuses_the_top_band_and_refuses_from_the_bottom(present, work, bound):
+    out = refused_bands(present, work, bound)
+    top = max(present, key=bands.rank)
+    assert top not in out
+    assert out <= present
+    # Whatever is refused, every band below it is refused too.
+    for band in out:
+        assert all(b in out for b in present if bands.rank(b) < bands.rank(band))
+    # More waiting work never lets a refused band in.
+    assert out <= refused_bands(present, work + max(bound, 1), bound)
+
+
+def test_waiting_work_is_the_engines_queue_where_they_say_it_and_in_flight_otherwise():
+    readings = {"a": Reading(running=4, waiting=3)}
+    # a: queued 3 when read, and 2 more sent since (6 in flight, 4 then); b: 5 in flight.
+    work, bound = model_work([("a", 1), ("b", 2)], {"a": 6, "b": 5}, readings, {"a": 4})
+    assert work == 3 + 2 + 5
+    assert bound == bands.WAITING_BOUND + bands.INFLIGHT_BOUND * 2
+    # Requests ended since the reading take from its queue, never below nothing.
+    assert model_work([("a", 1)], {"a": 0}, readings, {"a": 9})[0] == 0
+
+
+# Through the gateway.
+
+pytestmark_db = pytest.mark.django_db(transaction=True)
+
+
+async def spend(secret_key_id: int, prompt: int, completion: int) -> None:
+    key = await add(ApiKey.objects.get, pk=secret_key_id)
+    minute = int(time.time() // 60)
+    await add(
+        usage_add,
+        tallies={(minute, key.pk, key.project_id, "llama"): [1, 0, prompt, completion, 5, 0]},
+    )
+
+
+async def made_key(**kwargs) -> tuple[int, str]:
+    key, secret = await add(api_key_create, project="Acme/ml/chat", name="k", actor="t", **kwargs)
+    return key.pk, secret
+
+
+async def llama(world) -> None:
+    await add(model_added, gpu_model("llama"))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+
+
+@pytestmark_db
+async def test_a_key_past_its_budget_is_refused_until_it_resets(world, gateway):
+    await llama(world)
+    kid, secret = await made_key()
+    await add(budget_set, scope=f"key:{kid}", actor="t", tokens_per_day=100)
+    await spend(kid, 90, 20)
+    async with client(gateway, secret) as c:
+        r = await c.post("/v1/chat/completions", json=chat("llama"))
+    assert r.status_code == 429
+    error = r.json()["error"]
+    assert error["code"] == "budget_exceeded"
+    assert "has spent 110 of its 100 tokens for" in error["message"]
+    assert "it resets at" in error["message"]
+    assert 1 <= int(r.headers["retry-after"]) <= 86_400
+    assert world.engines["llama-1"].requests_total == 0
+
+
+@pytestmark_db
+async def test_a_budget_up_the_tree_refuses_every_key_beneath(world, gateway):
+    await llama(world)
+    (first, _), second = await made_key(), await new_key()
+    await add(budget_set, scope="team:Acme/ml", actor="t", tokens_per_month=50)
+    await spend(first, 40, 10)
+    async with client(gateway, second) as c:
+        r = await c.post("/v1/chat/completions", json=chat("llama"))
+    assert r.status_code == 429
+    assert r.json()["error"]["message"].startswith("team:Acme/ml has spent 50 of its 50 tokens")
+
+
+@pytestmark_db
+async def test_a_budget_past_its_warning_share_is_said_in_a_header_and_told_once(world, gateway):
+    await llama(world)
+    kid, secret = await made_key()
+    await add(budget_set, scope=f"key:{kid}", actor="t", tokens_per_day=1000)
+    await spend(kid, 800, 50)
+    async with client(gateway, secret) as c:
+        first = await c.post("/v1/chat/completions", json=chat("llama"))
+        gateway.runtime.loader._book_at = float("-inf")  # the next refresh reads the book
+        await refreshed(gateway)
+        second = await c.post("/v1/chat/completions", json=chat("llama"))
+    for r in (first, second):
+        assert r.status_code == 200
+        warning = r.headers["x-llmgw-budget-warning"]
+        assert "has spent 85 % of its 1,000 tokens for" in warning
+        assert warning.startswith("key:k (") and "...)" in warning  # the key's name, in ASCII
+    told = await add(
+        lambda: list(AuditEvent.objects.filter(action="budget.warning").values("target", "actor"))
+    )
+    assert told == [{"target": f"key:{kid}", "actor": "gateway"}]
+
+
+@pytestmark_db
+async def test_a_budget_under_its_warning_share_adds_no_header(world, gateway):
+    await llama(world)
+    kid, secret = await made_key()
+    await add(budget_set, scope=f"key:{kid}", actor="t", tokens_per_day=1000)
+    await spend(kid, 10, 10)
+    async with client(gateway, secret) as c:
+        r = await c.post("/v1/chat/completions", json=chat("llama"))
+    assert r.status_code == 200
+    assert "x-llmgw-budget-warning" not in r.headers
+
+
+@pytestmark_db
+async def test_keys_carry_their_own_band_or_their_projects(world, gateway):
+    await llama(world)
+    own, secret = await made_key(band="high")
+    inherits, _ = await made_key()
+    await add(band_set, scope="project:Acme/ml/chat", band="low", actor="t")
+    async with client(gateway, secret) as c:
+        assert (await c.post("/v1/chat/completions", json=chat("llama"))).status_code == 200
+    keys = {k.id: k.band for k in gateway.runtime.tables.keys.values()}
+    assert keys == {own: "high", inherits: "low"}
+
+
+@pytestmark_db
+async def test_under_overload_the_lowest_band_present_is_refused_and_the_top_band_goes(
+    world, gateway
+):
+    await llama(world)
+    high, low = await new_key(band="high"), await new_key(band="low")
+    async with client(gateway, high) as hc, client(gateway, low) as lc:
+        assert (await hc.post("/v1/chat/completions", json=chat("llama"))).status_code == 200
+        assert (await lc.post("/v1/chat/completions", json=chat("llama"))).status_code == 200
+        # The engine says it queues past the bound: the low band is refused, the high goes.
+        rt = gateway.runtime
+        rt.readings_read({"llama-1": Reading(running=4, waiting=bands.WAITING_BOUND)})
+        refused_answer = await lc.post("/v1/chat/completions", json=chat("llama"))
+        assert (await hc.post("/v1/chat/completions", json=chat("llama"))).status_code == 200
+        # Caught up again: both go.
+        rt.readings_read({"llama-1": Reading(running=1, waiting=0)})
+        assert (await lc.post("/v1/chat/completions", json=chat("llama"))).status_code == 200
+    assert refused_answer.status_code == 429
+    error = refused_answer.json()["error"]
+    assert error["code"] == "model_overloaded"
+    assert "band low" in error["message"]
+    assert refused_answer.headers["retry-after"] == str(bands.RETRY_AFTER_S)
+
+
+@pytestmark_db
+async def test_a_band_alone_is_never_displaced_and_one_gone_quiet_stops_counting(world, gateway):
+    await llama(world)
+    high, low = await new_key(band="high"), await new_key(band="low")
+    async with client(gateway, high) as hc, client(gateway, low) as lc:
+        assert (await hc.post("/v1/chat/completions", json=chat("llama"))).status_code == 200
+        rt = gateway.runtime
+        # The high band last asked longer ago than PRESENT_S: the low band is alone.
+        rt.bands["llama"]["high"] -= bands.PRESENT_S + 1
+        rt.readings_read({"llama-1": Reading(running=4, waiting=50)})
+        assert (await lc.post("/v1/chat/completions", json=chat("llama"))).status_code == 200
+
+
+@pytestmark_db
+async def test_without_readings_the_bound_is_on_requests_in_flight(world, gateway):
+    await llama(world)
+    high, low = await new_key(band="high"), await new_key(band="low")
+    async with client(gateway, high) as hc, client(gateway, low) as lc:
+        assert (await hc.post("/v1/chat/completions", json=chat("llama"))).status_code == 200
+        rt = gateway.runtime
+        rt.inflight["llama-1"] = bands.INFLIGHT_BOUND
+        r = await lc.post("/v1/chat/completions", json=chat("llama"))
+        rt.inflight["llama-1"] = 0
+    assert r.status_code == 429 and r.json()["error"]["code"] == "model_overloaded"
+
+
+def test_bands_are_the_models_choices():
+    assert tuple(b for b, _ in ApiKey._meta.get_field("band").choices) == BANDS
+
+
+@pytestmark_db
+async def test_spend_and_displacement_reach_metrics(world, gateway):
+    from llmgw.gateway.metrics import gateway_text
+
+    await llama(world)
+    kid, secret = await made_key(band="low")
+    await add(budget_set, scope=f"key:{kid}", actor="t", tokens_per_month=1000)
+    await spend(kid, 30, 12)
+    _, high = await made_key(band="high")
+    async with client(gateway, high) as hc, client(gateway, secret) as lc:
+        assert (await hc.post("/v1/chat/completions", json=chat("llama"))).status_code == 200
+        gateway.runtime.inflight["llama-1"] = bands.INFLIGHT_BOUND
+        assert (await lc.post("/v1/chat/completions", json=chat("llama"))).status_code == 429
+        gateway.runtime.inflight["llama-1"] = 0
+    text = gateway_text()
+    assert 'llmgw_gateway_displaced_total{band="low",model="llama"}' in text
+    spent = [
+        line
+        for line in text.splitlines()
+        if line.startswith("llmgw_gateway_budget_spent{") and 'period="month"' in line
+    ]
+    assert any(line.endswith(" 42.0") and 'unit="tokens"' in line for line in spent), spent
