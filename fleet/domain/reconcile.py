@@ -22,6 +22,7 @@ from catalog.domain import ModelSpec
 from llmgw.core.config import Timings
 from tenancy.quota import Amount, Policy
 
+from .defrag import defragment
 from .health import health_changes
 from .holdings import profile_amount
 from .housekeeping import clear_failures_once_ready, housekeeping, liveness, why_not_now
@@ -74,6 +75,7 @@ def decide(
         live=live,
     )
     _steps(p, by_model, quiet, lambda usage: world_of(p, nodes, alive, reserved, usage))
+    defragment(p)
     end_holds(p)
     _say_parked(snap, states, plan)
     plan.states = states
