@@ -26,7 +26,7 @@ from llmgw.core.config import Timings
 from tenancy.quota import ZERO, Amount
 
 from .capacity import standing
-from .holdings import placement_amount
+from .holdings import placement_amount, profile_amount
 from .measured import ordered_profiles
 from .placement import Inventory, Placement, refuse
 from .placement.fabric import Domain
@@ -115,56 +115,80 @@ def _tray_cost(
     return None
 
 
-def _in_domain(
+@dataclass(frozen=True)
+class _Trays:
+    """The trays of one domain chosen to be freed for a profile: per tray, the replicas
+    to move off it and those already leaving it."""
+
+    profile: Profile
+    domain: Domain
+    trays: tuple[str, ...]
+    every: frozenset[str]  # all the domain's trays: no replacement goes there
+    moving: tuple[ReplicaView, ...]
+    leaving: tuple[ReplicaView, ...]
+
+    @property
+    def where(self) -> str:
+        return f"domain {self.domain[0]} clique {self.domain[1]}"
+
+
+def _trays(
     want: ModelSpec,
     profile: Profile,
     domain: Domain,
     trays: list[str],
     inv: Inventory,
     ctx: Context,
-    measurements: Mapping,
-) -> Defrag | str:
-    """The plan freeing `profile.nodes` trays of one domain, or why there is none."""
+    leaving: list[ReplicaView],
+) -> _Trays | str:
+    """The `profile.nodes` trays of one domain freed by the fewest moves, or why there are
+    none ("" when its trays are free already: what binds is not the fabric)."""
     where = f"domain {domain[0]} clique {domain[1]}"
-    leaving_all = [r for r in ctx.alive if r.retiring and r.state in HOLDING]
     costs = []
     for node in trays:
-        leaving = [r for r in leaving_all if node in r.nodes]
-        movers = _tray_cost(inv, node, profile, leaving, _movable(want, node, ctx))
+        gone = [r for r in leaving if node in r.nodes]
+        movers = _tray_cost(inv, node, profile, gone, _movable(want, node, ctx))
         if movers is not None:
-            costs.append((len(movers), node, movers, leaving))
+            costs.append((len(movers), node, movers, gone))
     costs.sort(key=lambda c: (c[0], c[1]))
     chosen = costs[: profile.nodes]
     if len(chosen) < profile.nodes:
         return f"{where}: only {len(costs)} trays could be freed; the replica needs {profile.nodes}"
-    moving = [r for c in chosen for r in c[2]]
-    if not moving and not any(c[3] for c in chosen):
-        return ""  # its trays are free: what binds is not the fabric
+    moving = tuple(r for c in chosen for r in c[2])
+    left = tuple(r for c in chosen for r in c[3])
+    if not moving and not left:
+        return ""
     if len(moving) > MAX_MOVES:
         return f"{where}: it would take {len(moving)} moves, more than {MAX_MOVES}"
+    return _Trays(profile, domain, tuple(c[1] for c in chosen), frozenset(trays), moving, left)
+
+
+def _moves(
+    want: ModelSpec, t: _Trays, inv: Inventory, ctx: Context, measurements: Mapping
+) -> Defrag | str:
+    """Each move's replacement placed outside the domain (within its owner's limits), and
+    the placement `want` gets on the trays once they are gone; or why not."""
     out = inv.trial(inv.rooms)
-    avoid = frozenset(trays)
     usage = dict(ctx.usage)
     moves = []
-    for r in moving:
+    for r in t.moving:
         m = ctx.models[r.model]
         runs = inv.model_nodes.get(m.name, set()) | out.model_nodes.get(m.name, set())
-        placed = _replacement(out, m, avoid, frozenset(runs), measurements)
-        if not isinstance(placed, Placement):
-            return f"{where}: no room outside it for a replacement of {r.id} of {m.name}"
+        placed = _replacement(out, m, t.every, frozenset(runs), measurements)
+        if placed is None:
+            return f"{t.where}: no room outside it for a replacement of {r.id} of {m.name}"
         need = placement_amount(placed)
         if m.owner and (over := ctx.policy.at_limit(m.owner, usage, need)):
-            return f"{where}: a replacement of {r.id} of {m.name} would pass a limit: {over}"
+            return f"{t.where}: a replacement of {r.id} of {m.name} would pass a limit: {over}"
         _charge(usage, ctx.policy.chain(m.owner), need)
         out.reserve(m.name, placed)
         moves.append(Move(r, m, placed))
-    left = sorted({r.id for c in chosen for r in c[3]})
-    gone = [*moving, *(r for c in chosen for r in c[3])]
-    freed = out.trial([c[1] for c in chosen], gone)
-    room = freed.place([profile], model=want.name)
+    freed = out.trial(t.trays, [*t.moving, *t.leaving])
+    room = freed.place([t.profile], model=want.name)
     if not isinstance(room, Placement):
-        return f"{where}: its trays freed would still not take {want.name}"
-    return Defrag(want.name, domain, tuple(moves), tuple(left), room)
+        return f"{t.where}: its trays freed would still not take {want.name}"
+    left = tuple(sorted({r.id for r in t.leaving}))
+    return Defrag(want.name, t.domain, tuple(moves), left, room)
 
 
 def _replacement(
@@ -191,24 +215,31 @@ def plan_defrag(
     """The plan with the fewest moves that makes room for one replica of `want` over
     several trays of one NVLink domain; else why each domain cannot be freed; None when
     no such profile of it meets a known domain (defragmentation has nothing to say)."""
-    best: Defrag | None = None
     why: list[str] = []
-    for profile in ordered_profiles(want, measurements):
+    found: list[tuple[int, int, _Trays]] = []
+    leaving = [r for r in ctx.alive if r.retiring and r.state in HOLDING]
+    for rank, profile in enumerate(ordered_profiles(want, measurements)):
         if profile.nodes < 2 or profile.cpu_only:
             continue
+        if want.owner and ctx.policy.at_limit(want.owner, ctx.usage, profile_amount(profile)):
+            continue  # its owner's limit binds, not the fabric
         domains: dict[Domain, list[str]] = {}
         for node_id in sorted(inv.rooms):
             d = _domain(inv.rooms[node_id].node, profile.gpu_class)
             if d is not None:
                 domains.setdefault(d, []).append(node_id)
         for domain in sorted(domains):
-            found = _in_domain(want, profile, domain, domains[domain], inv, ctx, measurements)
-            if isinstance(found, str):
-                why += [found] if found else []
-            elif best is None or len(found.moves) < len(best.moves):
-                best = found
-    if best is not None:
-        return best
+            t = _trays(want, profile, domain, domains[domain], inv, ctx, leaving)
+            if isinstance(t, str):
+                why += [t] if t else []
+            else:
+                found.append((len(t.moving), rank, t))
+    # The fewest moves first; placing the replacements is tried only until one fits.
+    for _, _, t in sorted(found, key=lambda f: (f[0], f[1], f[2].domain)):
+        plan = _moves(want, t, inv, ctx, measurements)
+        if isinstance(plan, Defrag):
+            return plan
+        why.append(plan)
     return why or None
 
 

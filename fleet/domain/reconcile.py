@@ -7,8 +7,9 @@ setting or the database, so every rule is a table test.
 Here are the pass's driver and each model's step: what it wants, then its
 replicas on their way out (`stopping.py`) and its missing ones placed or
 preempted for (`starting.py`). What comes first, nodes and replicas lost and
-failed and the failures counted, is `housekeeping.py`; the plan and the
-actions it holds are `plan.py`.
+failed and the failures counted, is `housekeeping.py`; what follows every
+step, moves that free an NVLink domain for a model still unplaced, is
+`defrag.py`; the plan and the actions it holds are `plan.py`.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 from fleet.domain.defrag import MAX_MOVES, defrag_dry_run
 from fleet.domain.refusals import one_line
 from fleet.domain.types import NodeView
+from tenancy.quota import Policy, Quota, Resources
 
 from .builders import NOW, TIMINGS, Cluster, gpu_node, gpu_profile, model, replica, run, snapshot
 
@@ -192,3 +193,46 @@ def test_a_defragmentation_moves_what_it_names_and_keeps_every_minimum(spots, mi
     # A replacement never lands on a tray it leaves.
     trays = {r.nodes for r in replicas if r.id in retired}
     assert not {p.node_id for s in moved for _, p in s.shards} & set().union(*trays)
+
+
+def test_the_domain_needing_fewest_moves_is_freed():
+    two_on_a = [*SPLIT, replica("small-c", "small", on="a1", gpus=(0,), profile="one")]
+    snap = snapshot(TRAYS, [big(), small(min=3)], two_on_a)
+    (said,) = defrag_entry(run(snap).states["big"])["reasons"]
+    assert said.startswith("moving small-b of small from b0 to ")
+    assert f"free 4 trays of domain {B} clique 1" in said
+
+
+def test_a_replica_over_several_trays_is_not_moved():
+    wide = replica("pair-1", "pair", on=["a0", "b0"], gpus=(0,), profile="two")
+    pair = model("pair", gpu_profile("two", gpu_class=GB200, tp=2, nodes=2))
+    plan = run(snapshot(TRAYS, [big(), pair], [wide]), timings=ON)
+    assert plan.retires == []
+    reasons = defrag_entry(plan.states["big"])["reasons"]
+    assert reasons[0] == f"domain {A} clique 1: only 3 trays could be freed; the replica needs 4"
+
+
+def test_a_replica_already_retiring_counts_as_leaving():
+    leaving = [replace(SPLIT[0], retiring=True), SPLIT[1]]
+    plan = run(snapshot(TRAYS, [big(), small(min=1)], leaving), timings=ON)
+    # small-b is its replacement: defragmentation moves nothing more and
+    # keeps the trays for big while small-a leaves.
+    assert plan.retires == []
+    state = plan.states["big"]
+    assert state.explanation[0]["reasons"] == ["waiting for room being freed by small-a"]
+    assert sorted(r.node_id for r in state.reserved) == ["a0", "a1", "a2", "a3"]
+    (kept,) = [r for r in state.reserved if r.node_id == "a0"]
+    assert kept.victims == ("small-a",)
+
+
+def test_a_replacement_past_its_owners_limit_is_no_move():
+    limited = policy(Quota("team:ml", limit=Resources(gpus=2)))
+    snap = replace(snapshot(TRAYS, [big(), small(owner="team:ml")], SPLIT), policy=limited)
+    plan = run(snap, timings=ON)
+    assert plan.retires == []
+    reasons = defrag_entry(plan.states["big"])["reasons"]
+    assert any("a replacement of small-a of small would pass a limit" in r for r in reasons)
+
+
+def policy(*quotas: Quota) -> Policy:
+    return Policy.build(quotas, {})
