@@ -3,11 +3,13 @@ scenarios, the dry run, and properties of what a plan may do."""
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from fleet.domain.defrag import MAX_MOVES, defrag_dry_run
 from fleet.domain.refusals import one_line
 from fleet.domain.types import NodeView
+from llmgw.core.config import SettingError, load
 from tenancy.quota import Policy, Quota, Resources
 
 from .builders import NOW, TIMINGS, Cluster, gpu_node, gpu_profile, model, replica, run, snapshot
@@ -147,6 +149,17 @@ def test_the_dry_run_names_the_moves_and_changes_nothing():
     assert out["moves"] == [{"replica": "small-a", "model": "small", "from": ["a0"], "to": ["b1"]}]
     assert out["domain"] == f"domain {A} clique 1" and out["done"] is False
     assert out["summary"].startswith("moving small-a of small from a0 to b1")
+
+
+@pytest.mark.parametrize(("raw", "doing"), [(None, False), ("on", True), ("off", False)])
+def test_llmgw_defrag_is_off_unless_turned_on(tmp_path, raw, doing):
+    env = {"LLMGW_HOME": str(tmp_path / "home")} | ({"LLMGW_DEFRAG": raw} if raw else {})
+    assert load(env).timings.defrag is doing
+
+
+def test_a_bad_llmgw_defrag_is_named(tmp_path):
+    with pytest.raises(SettingError, match="LLMGW_DEFRAG must be 1 or 0"):
+        load({"LLMGW_HOME": str(tmp_path / "home"), "LLMGW_DEFRAG": "maybe"})
 
 
 # Properties: a defragmentation never leaves a model below its minimum, never stops
