@@ -7,8 +7,9 @@ setting or the database, so every rule is a table test.
 Here are the pass's driver and each model's step: what it wants, then its
 replicas on their way out (`stopping.py`) and its missing ones placed or
 preempted for (`starting.py`). What comes first, nodes and replicas lost and
-failed and the failures counted, is `housekeeping.py`; the plan and the
-actions it holds are `plan.py`.
+failed and the failures counted, is `housekeeping.py`; what follows every
+step, moves that free an NVLink domain for a model still unplaced, is
+`defrag.py`; the plan and the actions it holds are `plan.py`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from catalog.domain import ModelSpec
 from llmgw.core.config import Timings
 from tenancy.quota import Amount, Policy
 
+from .defrag import defragment
 from .health import health_changes
 from .holdings import profile_amount
 from .housekeeping import clear_failures_once_ready, housekeeping, liveness, why_not_now
@@ -74,6 +76,7 @@ def decide(
         live=live,
     )
     _steps(p, by_model, quiet, lambda usage: world_of(p, nodes, alive, reserved, usage))
+    defragment(p)
     end_holds(p)
     _say_parked(snap, states, plan)
     plan.states = states

@@ -22,6 +22,16 @@ SHORT, UNAVAILABLE, UNSUITED = 0, 1, 2
 # Within "short of room", what it lacks, in the order named.
 KINDS = ("gpus", "cores", "memory", "disk", "power")
 MAX_NAMED = 3
+# The explanation's entry where defragmentation says its plan (defrag.py): beside what
+# binds, like preemption's, never the one line, nor a change in why a model is refused.
+DEFRAG = "defragmentation"
+
+
+def settled(explanation: Sequence[Mapping]) -> tuple:
+    """An explanation without defragmentation's entry: what placement itself said."""
+    return tuple(
+        e for e in explanation if not (isinstance(e, Mapping) and e.get("profile") == DEFRAG)
+    )
 
 
 class NodeRefusal(str):
@@ -113,7 +123,9 @@ def one_line(explanation: Sequence[Mapping]) -> str:
     explanation with no summary (a wait, a hold, one stored before summaries), its first
     reason. What preemption could not take stays in the explanation."""
     entries = [
-        e for e in explanation if isinstance(e, Mapping) and e.get("profile") != "preemption"
+        e
+        for e in explanation
+        if isinstance(e, Mapping) and e.get("profile") not in ("preemption", DEFRAG)
     ]
     lines = []
     for e in entries:

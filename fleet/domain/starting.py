@@ -22,7 +22,7 @@ from .measured import ordered_profiles
 from .placement import MAX_REASONS_PER_PROFILE, Inventory, Placement
 from .plan import Drain, Event, Pass, Plan, Start
 from .preemption import Preemption, place_kept, preempt, reserved_amount
-from .refusals import one_line
+from .refusals import one_line, settled
 from .types import HOLDING, ModelState, Reservation, shard_id
 
 
@@ -107,7 +107,7 @@ def _refusal_said(
     model: ModelSpec, state: ModelState, explanation: tuple, first: str, plan: Plan
 ) -> None:
     """Say a model cannot be placed once, and again only when the reason changes."""
-    if state.unplaceable and tuple(state.explanation) == tuple(explanation):
+    if state.unplaceable and settled(state.explanation) == tuple(explanation):
         return
     plan.events.append(
         Event(f"model {model.name} cannot be placed: {first}", "unplaceable", model=model.name)

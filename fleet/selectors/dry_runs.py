@@ -17,6 +17,7 @@ from ..domain.capacity import (
     standing,
     target,
 )
+from ..domain.defrag import defrag_dry_run
 from ..domain.types import ACTIVE, Snapshot
 from .inputs import MEASUREMENTS, POLICY
 from .snapshot import snapshot_load
@@ -101,6 +102,13 @@ def model_preemption(*, name: str) -> dict:
     """The preemption dry run: what would be stopped for one more replica, and what may not."""
     snap = _standing_snapshot()
     return preemption_dry_run(_spec(snap, name), snap, clock.now(), settings.LLMGW.timings)
+
+
+def model_defrag(*, name: str) -> dict:
+    """The defragmentation dry run: which replicas would move to free an NVLink domain for
+    one replica of a model over several trays, and why none can (docs/fabric.md)."""
+    snap = _standing_snapshot()
+    return defrag_dry_run(_spec(snap, name), snap, clock.now(), settings.LLMGW.timings)
 
 
 def node_rooms() -> list:

@@ -41,6 +41,9 @@ class Timings:
     backoff_base: float = 10.0
     backoff_max: float = 300.0
     park_after: int = 5
+    # LLMGW_DEFRAG: do the moves that free an NVLink domain for a replica over several
+    # trays (fleet/domain/defrag.py); off, they are only said.
+    defrag: bool = False
 
 
 _TIMING_VARS = {
@@ -288,7 +291,7 @@ def load(env: dict[str, str] | None = None) -> Config:
         field: _number(env, var, getattr(Timings, field), integer=field == "park_after")
         for field, var in _TIMING_VARS.items()
     }
-    timings = Timings(**figures)
+    timings = Timings(**figures, defrag=flag(env, "LLMGW_DEFRAG", False, SettingError))
     if timings.reconcile_interval <= 0:
         raise SettingError("LLMGW_RECONCILE_INTERVAL_SECONDS must be more than 0.")
     if timings.lost <= timings.unreachable:
