@@ -26,7 +26,7 @@ from ..models import Gpu, Node, Replica, Shard
 from .installs import installing_said, installs_of
 from .passes import drains_stuck
 from .routing import replica_readings
-from .state import model_states, replica_views
+from .state import model_states, node_views, replica_views
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -103,6 +103,7 @@ def _node_out(
     replicas: list[str],
     stuck: str = "",
     *,
+    kept: frozenset[int] = frozenset(),
     one: bool = False,
 ) -> dict:
     view_state = NodeView(
@@ -125,8 +126,15 @@ def _node_out(
         "labels": node.labels,
         "location": location_of(node.labels or {}),
         "gpu_total": len(gpus),
+        # Free as placement counts it: a GPU kept out of service (a problem, a cordon) is not.
         "gpu_free": sum(
-            1 for g in gpus if g.healthy and not g.unknown_processes and g.index not in used
+            1
+            for g in gpus
+            if g.healthy
+            and not g.unknown_processes
+            and not g.cordoned
+            and g.index not in used
+            and g.index not in kept
         ),
         "gpu_class": ", ".join(classes) or None,
         "gpus": [
@@ -201,6 +209,7 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
             used[shard_node][i] = replica_id
     # Only while a node drains: its drain may be stuck for lack of room.
     stuck = drains_stuck() if any(n.draining for n in nodes) else {}
+    kept = out_of_service()
     return [
         _node_out(
             n,
@@ -208,10 +217,22 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
             used[n.id],
             sorted(replicas[n.id]),
             stuck.get(n.id, ""),
+            kept=kept.get(n.id, frozenset()),
             one=node_id is not None,
         )
         for n in nodes
     ]
+
+
+def out_of_service() -> dict[str, frozenset[int]]:
+    """Per node, the GPUs whose fabric report says they take no new replica
+    (GpuView.problem), from placement's cached views: the list leaves each GPU's report
+    unread."""
+    return {
+        node_id: frozenset(g.index for g in view.gpus if g.problem)
+        for node_id, view in node_views().items()
+        if any(g.problem for g in view.gpus)
+    }
 
 
 def counted_as(replica: ReplicaView) -> str:
