@@ -355,8 +355,10 @@ def test_the_fleet_as_it_stands(no_settle):
     for want in (
         "llmgw_node_up node=gpu-a -> 1",
         "llmgw_node_gpus node=gpu-a -> 2",
-        "llmgw_node_gpus_free node=gpu-a -> 1",
+        # chat holds GPU 0; GPU 1 is still joining its fabric (FABRIC): neither is free.
+        "llmgw_node_gpus_free node=gpu-a -> 0",
         "llmgw_node_gpus_free node=gpu-b -> 1",
+        "llmgw_node_multinode_replicas node=gpu-a -> 0",
         "llmgw_node_cpus node=gpu-a -> 32",
         f"llmgw_node_memory_total_bytes node=gpu-a -> {256 * 1024 * 1048576:g}",
         f"llmgw_node_memory_used_bytes node=gpu-a -> {100 << 30:g}",
