@@ -675,3 +675,27 @@ def test_the_dashboards_queries_are_promql(tmp_path):
     )
 
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_cordoned_gpu_is_not_free_and_a_replica_over_two_nodes_counts_on_each(no_settle):
+    from fleet.services import gpu_set_cordon
+
+    for node in ("gpu-a", "gpu-b", "gpu-c"):
+        node_add(node, now=T0, labels={"llmgw.io/fabric": "ib"})
+    gpu_set_cordon(node_id="gpu-c", index=1, cordoned=True, actor="ops", now=T0)
+    wide = {"name": "gpu", "engine": "sim", "gpu_class": "h100-80g", "tp": 4, "nodes": 2}
+    model_added(gpu_model("wide") | {"profiles": [wide]})
+    reconcile_once(now=at(1))
+    held = sorted(s.node_id for s in Replica.objects.get().shards.all())
+    assert held == ["gpu-a", "gpu-b"]
+
+    out = scrape()
+
+    for want in (
+        "llmgw_node_gpus_free node=gpu-a -> 0",
+        "llmgw_node_gpus_free node=gpu-c -> 1",
+        "llmgw_node_multinode_replicas node=gpu-a -> 1",
+        "llmgw_node_multinode_replicas node=gpu-b -> 1",
+        "llmgw_node_multinode_replicas node=gpu-c -> 0",
+    ):
+        assert want in out, want
