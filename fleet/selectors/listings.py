@@ -15,6 +15,7 @@ from catalog.selectors import catalog_load
 from llmgw.core import clock
 from llmgw.core.errors import NotFound
 
+from ..domain.fabric import gpu_problem
 from ..domain.gpuclass import CLASS_LABEL
 from ..domain.plan import duration
 from ..domain.readings import Reading
@@ -26,7 +27,7 @@ from ..models import Gpu, Node, Replica, Shard
 from .installs import installing_said, installs_of
 from .passes import drains_stuck
 from .routing import replica_readings
-from .state import model_states, node_views, replica_views
+from .state import model_states, replica_views
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -96,6 +97,19 @@ def replicas_fetching() -> dict[str, dict]:
     return {rid: {"done": done or 0, "total": total} for rid, done, total in rows}
 
 
+# The parts of a GPU's fabric report gpu_problem reads: not its links, kilobytes a GPU
+# on a rack, which the list leaves unread.
+_PROBLEM_PARTS = ("ecc", "fabric", "xids")
+
+
+def _kept(node_id: str, gpu: Gpu) -> bool:
+    """Whether a GPU takes no new replica though healthy: cordoned, or a problem in its
+    fabric report (fleet/domain/fabric.py), as placement reads them."""
+    parts = {p: getattr(gpu, f"part_{p}", None) for p in _PROBLEM_PARTS}
+    report = {p: v for p, v in parts.items() if v is not None} | {"index": gpu.index}
+    return gpu.cordoned or gpu_problem(report, node_id=node_id) is not None
+
+
 def _node_out(
     node: Node,
     gpus: list[Gpu],
@@ -103,7 +117,6 @@ def _node_out(
     replicas: list[str],
     stuck: str = "",
     *,
-    kept: frozenset[int] = frozenset(),
     one: bool = False,
 ) -> dict:
     view_state = NodeView(
@@ -132,9 +145,8 @@ def _node_out(
             for g in gpus
             if g.healthy
             and not g.unknown_processes
-            and not g.cordoned
             and g.index not in used
-            and g.index not in kept
+            and not _kept(node.id, g)
         ),
         "gpu_class": ", ".join(classes) or None,
         "gpus": [
@@ -194,7 +206,8 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
         raise NotFound(f"There is no node {node_id!r}.")
     ids = [n.id for n in nodes]
     gpus: dict[str, list[Gpu]] = defaultdict(list)
-    for g in Gpu.objects.filter(node_id__in=ids) if node_id else Gpu.objects.defer("fabric"):
+    rows = Gpu.objects.annotate(**{f"part_{p}": KeyTransform(p, "fabric") for p in _PROBLEM_PARTS})
+    for g in rows.filter(node_id__in=ids) if node_id else rows.defer("fabric"):
         gpus[g.node_id].append(g)
     used: dict[str, dict[int, str]] = defaultdict(dict)
     replicas: dict[str, list[str]] = defaultdict(list)
@@ -209,7 +222,6 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
             used[shard_node][i] = replica_id
     # Only while a node drains: its drain may be stuck for lack of room.
     stuck = drains_stuck() if any(n.draining for n in nodes) else {}
-    kept = out_of_service()
     return [
         _node_out(
             n,
@@ -217,22 +229,10 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
             used[n.id],
             sorted(replicas[n.id]),
             stuck.get(n.id, ""),
-            kept=kept.get(n.id, frozenset()),
             one=node_id is not None,
         )
         for n in nodes
     ]
-
-
-def out_of_service() -> dict[str, frozenset[int]]:
-    """Per node, the GPUs whose fabric report says they take no new replica
-    (GpuView.problem), from placement's cached views: the list leaves each GPU's report
-    unread."""
-    return {
-        node_id: frozenset(g.index for g in view.gpus if g.problem)
-        for node_id, view in node_views().items()
-        if any(g.problem for g in view.gpus)
-    }
 
 
 def counted_as(replica: ReplicaView) -> str:
