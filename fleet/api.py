@@ -21,6 +21,7 @@ from .schemas import (
     DetailOut,
     EngineLogOut,
     EventsOut,
+    FabricOut,
     FacilityDomainOut,
     HeadroomOut,
     NodeOut,
@@ -35,7 +36,7 @@ from .schemas import (
     TargetOut,
     UpgradeIn,
 )
-from .selectors import dry_runs, events, facility, listings, passes, state, status
+from .selectors import dry_runs, events, fabric, facility, listings, passes, state, status
 
 router = Router(tags=["fleet"])
 
@@ -69,6 +70,29 @@ def node_uncordon(request, node_id: str):
 @router.post("/nodes/{node_id}/drain", response=DetailOut, auth=can("fleet.change_node"))
 def node_drain(request, node_id: str):
     return _schedule(request, node_id, "drain")
+
+
+def _gpu_cordon(request, node_id: str, index: int, cordoned: bool) -> dict:
+    said = services.gpu_set_cordon(
+        node_id=node_id, index=index, cordoned=cordoned, actor=actor(request), now=clock.now()
+    )
+    return {"detail": said}
+
+
+@router.post(
+    "/nodes/{node_id}/gpus/{index}/cordon", response=DetailOut, auth=can("fleet.change_node")
+)
+def gpu_cordon(request, node_id: str, index: int):
+    """Keep new replicas off one GPU; the replica it runs stays (`ctl gpu cordon`)."""
+    return _gpu_cordon(request, node_id, index, True)
+
+
+@router.post(
+    "/nodes/{node_id}/gpus/{index}/uncordon", response=DetailOut, auth=can("fleet.change_node")
+)
+def gpu_uncordon(request, node_id: str, index: int):
+    """Let placement give one GPU out again."""
+    return _gpu_cordon(request, node_id, index, False)
 
 
 @router.post("/nodes/{node_id}/approve", response=DetailOut, auth=can("fleet.change_node"))
@@ -193,6 +217,13 @@ def status_get(request):
     """The control plane's own health: database, Redis, the reconciler's last pass, the
     workers, the nodes by state, the models needing attention (`llmgw ctl status`)."""
     return status.control_plane_status(now=clock.now())
+
+
+@router.get("/fabric", response=FabricOut, auth=can("fleet.view_node"))
+def fabric_get(request):
+    """Each NVLink domain the GPUs report: its GPUs free and in all, its trays with IMEX on
+    each and the replicas spanning them; and every GPU kept out of service, with why."""
+    return fabric.fabric_read()
 
 
 @router.get("/facility", response=list[FacilityDomainOut], auth=can("fleet.view_powerbudget"))

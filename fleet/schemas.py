@@ -239,3 +239,34 @@ class FacilityDomainOut(Schema):
     budget_w: float | None
     over: bool
     said: str
+
+
+class FabricTrayOut(Schema):
+    node: str
+    state: str
+    gpus_total: int
+    # Those placement would give out now: no replica holds them, no problem, no cordon.
+    gpus_free: int
+    # "up" or "down" as its agent says; null where it has no IMEX or did not say.
+    imex: str | None
+    # The replicas over several nodes with a shard on it.
+    replicas: list[str]
+    # Why each of its GPUs kept out of service is (a problem, a cordon), in a sentence.
+    problems: list[str]
+
+
+class FabricDomainOut(Schema):
+    name: str
+    cluster_uuid: str
+    clique: int
+    gpus_total: int
+    gpus_free: int
+    imex_up: int
+    replicas: list[str]
+    trays: list[FabricTrayOut]
+
+
+class FabricOut(Schema):
+    domains: list[FabricDomainOut]
+    # Every GPU kept out of service on any node, in a domain or not.
+    problems: list[str]

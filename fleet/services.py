@@ -282,6 +282,27 @@ def node_set_schedule(*, node_id: str, action: str, actor: str) -> str:
     }[action]
 
 
+def gpu_set_cordon(*, node_id: str, index: int, cordoned: bool, actor: str, now: datetime) -> str:
+    """Cordon one GPU (it takes no new replica; the one it runs stays) or uncordon it.
+    The node's spec_at moves with it: placement's and /metrics' views of a node's GPUs
+    are read again only when it does."""
+    action = "cordon" if cordoned else "uncordon"
+    with transaction.atomic():
+        node = _node(node_id)
+        if not node.gpus.filter(index=index).exists():
+            raise NotFound(f"Node {node_id} has no GPU {index}.")
+        node.gpus.filter(index=index).update(cordoned=cordoned)
+        Node.objects.filter(pk=node.pk).update(spec_at=now)
+        # A node's write, so the node's events list it (fleet/selectors/events.py).
+        audit_record(
+            actor=actor, action=f"node.gpu_{action}", target=node_id, detail={"gpu": index}
+        )
+    log.info("GPU %s of node %s %sed by %s", index, node_id, action, actor, extra={"node": node_id})
+    if cordoned:
+        return f"GPU {index} of node {node_id} cordoned: no new replica is placed on it"
+    return f"GPU {index} of node {node_id} uncordoned"
+
+
 def _state_for(name: str) -> ModelState:
     if name not in catalog_load():
         raise NotFound(f"There is no model {name!r}.")

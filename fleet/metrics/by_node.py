@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import datetime
 from typing import NamedTuple
 
 from tenancy.quota import Amount
 
+from ..domain.fabric import gpu_problem
 from ..domain.gpuclass import CLASS_LABEL
 from ..domain.types import HOLDING
 from ..models import Gpu, Node, Shard
@@ -35,6 +37,8 @@ class _GpuRow(NamedTuple):
     healthy: bool
     gpu_class: str
     prefixes: tuple[str, ...]  # one per GPU_METRICS
+    # Kept out of service (fleet/domain/fabric.py gpu_problem, or cordoned): not free.
+    kept: bool = False
 
 
 # Each node's line prefixes and GPUs as last registered, and the GPU indices of shards by
@@ -67,15 +71,16 @@ def _gpu_rows(stale: dict[str, object]) -> None:
     found: dict[str, list[_GpuRow]] = defaultdict(list)
     reports: dict[str, list[tuple]] = defaultdict(list)
     descs = [BY_NAME[n] for n in GPU_METRICS]
-    for node_id, index, gpu_class, memory_mb, healthy, labels, fabric in rows.values_list(
-        "node_id", "index", "gpu_class", "memory_mb", "healthy", "node__labels", "fabric"
-    ):
+    fields = ("node_id", "index", "gpu_class", "memory_mb", "healthy", "node__labels", "fabric")
+    for *row, cordoned in rows.values_list(*fields, "cordoned"):
+        node_id, index, gpu_class, memory_mb, healthy, labels, fabric = row
         if node_id not in stale:
             continue
         override = labels.get(CLASS_LABEL) if isinstance(labels, dict) else None
         cls = str(override or gpu_class)
         prefixes = tuple(line_prefix(d, (cls, index, node_id)) for d in descs)
-        found[node_id].append(_GpuRow(index, memory_mb, bool(healthy), cls, prefixes))
+        kept = bool(cordoned) or _problem(node_id, index, fabric)
+        found[node_id].append(_GpuRow(index, memory_mb, bool(healthy), cls, prefixes, kept))
         if fabric is not None:
             reports[node_id].append((index, cls, fabric))
     nodes = Node.objects.order_by().exclude(imex__isnull=True, ib_ports__isnull=True)
@@ -88,11 +93,20 @@ def _gpu_rows(stale: dict[str, object]) -> None:
         _fabric[node_id] = fabric_lines(node_id, sorted(reports.get(node_id, ())), imex, ib)
 
 
+def _problem(node_id: str, index: int, fabric: object) -> bool:
+    """Whether a GPU's fabric report keeps it out of service, as placement reads it."""
+    if not isinstance(fabric, dict):
+        return False
+    return gpu_problem({**fabric, "index": index}, node_id=node_id) is not None
+
+
 class Held(NamedTuple):
-    """What replicas hold now: GPU indices per node, and per model what its shards hold."""
+    """What replicas hold now: GPU indices per node, per model what its shards hold, and
+    per node how many replicas over several nodes have a shard on it."""
 
     gpus: dict[str, set[int]]
     models: dict[str, Amount]
+    spanning: dict[str, int]
 
 
 def held_read() -> Held:
@@ -105,9 +119,11 @@ def held_read() -> Held:
     per_model: dict[str, list] = defaultdict(lambda: [0, 0, 0.0])
     shards = Shard.objects.filter(replica__state__in=HOLDING).order_by()
     rows = raw_values(
-        shards, ("node_id", "gpu_indices", "cpu_cores", "memory_gb", "replica__model")
+        shards,
+        ("node_id", "gpu_indices", "cpu_cores", "memory_gb", "replica__model", "replica_id"),
     )
-    for i, (node_id, indices, cores, memory_gb, model) in enumerate(rows):
+    nodes_of: dict[str, set[str]] = defaultdict(set)
+    for i, (node_id, indices, cores, memory_gb, model, replica_id) in enumerate(rows):
         if i % (YIELD_EVERY * 128) == 0:
             yield_now()
         if isinstance(indices, str):
@@ -115,13 +131,20 @@ def held_read() -> Held:
             if parsed is None:
                 parsed = _indices[indices] = tuple(json.loads(indices) or ())
             indices = parsed
+        nodes_of[replica_id].add(node_id)
         held = per_model[model]
         if indices:
             gpus[node_id].update(indices)
             held[0] += len(indices)
         held[1] += cores or 0
         held[2] += memory_gb or 0.0
-    return Held(gpus, {m: Amount(g, c, mem) for m, (g, c, mem) in per_model.items()})
+    spanning: dict[str, int] = defaultdict(int)
+    for nodes in nodes_of.values():
+        if len(nodes) > 1:
+            for node_id in nodes:
+                spanning[node_id] += 1
+    models = {m: Amount(g, c, mem) for m, (g, c, mem) in per_model.items()}
+    return Held(gpus, models, spanning)
 
 
 def _prefixes_of(node_id: str) -> tuple[str, ...]:
@@ -134,10 +157,15 @@ def _prefixes_of(node_id: str) -> tuple[str, ...]:
 
 
 def node_series(
-    scrape: Scrape, now: datetime, fresh_s: float, allocated: dict[str, set[int]]
+    scrape: Scrape,
+    now: datetime,
+    fresh_s: float,
+    allocated: dict[str, set[int]],
+    spanning: Mapping[str, int],
 ) -> None:
     """Add each node's and GPU's series to `scrape`: what it registered and, heard from
-    within `fresh_s` seconds, what its load measured. `allocated`: GPU indices held per node."""
+    within `fresh_s` seconds, what its load measured. `allocated`: GPU indices held per node;
+    `spanning`: replicas over several nodes with a shard on each (Held.spanning)."""
     rows = raw_values(
         Node.objects.order_by("id"),
         (
@@ -170,6 +198,7 @@ def node_series(
         (mem_p, mem_v),
         (seen_p, seen_v),
     ) = (scrape.lists(n) for n in NODE_METRICS[:6])
+    span_p, span_v = scrape.lists("llmgw_node_multinode_replicas")
     (gmem_p, gmem_v), (health_p, health_v) = (scrape.lists(n) for n in GPU_METRICS[:2])
     readings = _Readings(scrape)
     none: set[int] = set()
@@ -183,8 +212,12 @@ def node_series(
         up_p.append(pre[0])
         gpus_v.append(float(len(gpus)))
         gpus_p.append(pre[1])
-        free_v.append(float(sum(1 for g in gpus if g.healthy and g.index not in held)))
+        free_v.append(
+            float(sum(1 for g in gpus if g.healthy and not g.kept and g.index not in held))
+        )
         free_p.append(pre[2])
+        span_v.append(float(spanning.get(node_id, 0)))
+        span_p.append(pre[15])
         if cpus:
             cpus_v.append(float(cpus))
             cpus_p.append(pre[3])

@@ -88,7 +88,7 @@ def _scrape(now: datetime) -> Scrape:
     with _snapshot():
         held = held_read()
         catalog = catalog_load()
-        node_series(scrape, now, settings.LLMGW.timings.unreachable, held.gpus)
+        node_series(scrape, now, settings.LLMGW.timings.unreachable, held.gpus, held.spanning)
         _models(scrape, now, catalog)
         quota_series(scrape, catalog, held.models)
         reconciler_series(scrape, now)

@@ -49,7 +49,7 @@ class Desc:
 DESCS = (
     Desc("llmgw_node_up", "1 while a node's agent is heard from (ready); 0 when unreachable or lost.", NODE),
     Desc("llmgw_node_gpus", "GPUs a node registered.", NODE),
-    Desc("llmgw_node_gpus_free", "A node's healthy GPUs that no replica holds.", NODE),
+    Desc("llmgw_node_gpus_free", "A node's GPUs placement may give out: healthy, no fabric problem, not cordoned, and held by no replica.", NODE),
     Desc("llmgw_node_cpus", "CPUs a node's agent may run on, as it last said; absent when it did not say.", NODE),
     Desc("llmgw_node_memory_total_bytes", "A node's memory, as its agent last said; absent when it did not say.", NODE),
     Desc("llmgw_node_last_seen_timestamp_seconds", "When a node's agent was last heard from, as the database has it.", NODE),
@@ -62,6 +62,7 @@ DESCS = (
     Desc("llmgw_node_cpu_temperature_celsius", "A node's hottest CPU sensor.", NODE),
     Desc("llmgw_node_cpu_power_watts", "A node's CPU packages' power draw, from RAPL.", NODE),
     Desc("llmgw_node_inlet_temperature_celsius", "A node's inlet or ambient air sensor, where its board has one.", NODE),
+    Desc("llmgw_node_multinode_replicas", "Replicas over several nodes with a shard on a node: IMEX down in its domain stops them.", NODE),
     Desc("llmgw_gpu_memory_total_bytes", "A GPU's memory, as registered.", GPU),
     Desc("llmgw_gpu_healthy", "1 while a GPU is healthy and may be given to replicas.", GPU),
     Desc("llmgw_gpu_memory_used_bytes", "A GPU's memory in use.", GPU),

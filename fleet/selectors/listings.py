@@ -15,6 +15,7 @@ from catalog.selectors import catalog_load
 from llmgw.core import clock
 from llmgw.core.errors import NotFound
 
+from ..domain.fabric import gpu_problem
 from ..domain.gpuclass import CLASS_LABEL
 from ..domain.plan import duration
 from ..domain.readings import Reading
@@ -96,6 +97,19 @@ def replicas_fetching() -> dict[str, dict]:
     return {rid: {"done": done or 0, "total": total} for rid, done, total in rows}
 
 
+# The parts of a GPU's fabric report gpu_problem reads: not its links, kilobytes a GPU
+# on a rack, which the list leaves unread.
+_PROBLEM_PARTS = ("ecc", "fabric", "xids")
+
+
+def _kept(node_id: str, gpu: Gpu) -> bool:
+    """Whether a GPU takes no new replica though healthy: cordoned, or a problem in its
+    fabric report (fleet/domain/fabric.py), as placement reads them."""
+    parts = {p: getattr(gpu, f"part_{p}", None) for p in _PROBLEM_PARTS}
+    report = {p: v for p, v in parts.items() if v is not None} | {"index": gpu.index}
+    return gpu.cordoned or gpu_problem(report, node_id=node_id) is not None
+
+
 def _node_out(
     node: Node,
     gpus: list[Gpu],
@@ -125,8 +139,14 @@ def _node_out(
         "labels": node.labels,
         "location": location_of(node.labels or {}),
         "gpu_total": len(gpus),
+        # Free as placement counts it: a GPU kept out of service (a problem, a cordon) is not.
         "gpu_free": sum(
-            1 for g in gpus if g.healthy and not g.unknown_processes and g.index not in used
+            1
+            for g in gpus
+            if g.healthy
+            and not g.unknown_processes
+            and g.index not in used
+            and not _kept(node.id, g)
         ),
         "gpu_class": ", ".join(classes) or None,
         "gpus": [
@@ -186,7 +206,8 @@ def nodes_list(*, node_id: str | None = None) -> list[dict]:
         raise NotFound(f"There is no node {node_id!r}.")
     ids = [n.id for n in nodes]
     gpus: dict[str, list[Gpu]] = defaultdict(list)
-    for g in Gpu.objects.filter(node_id__in=ids) if node_id else Gpu.objects.defer("fabric"):
+    rows = Gpu.objects.annotate(**{f"part_{p}": KeyTransform(p, "fabric") for p in _PROBLEM_PARTS})
+    for g in rows.filter(node_id__in=ids) if node_id else rows.defer("fabric"):
         gpus[g.node_id].append(g)
     used: dict[str, dict[int, str]] = defaultdict(dict)
     replicas: dict[str, list[str]] = defaultdict(list)

@@ -355,8 +355,10 @@ def test_the_fleet_as_it_stands(no_settle):
     for want in (
         "llmgw_node_up node=gpu-a -> 1",
         "llmgw_node_gpus node=gpu-a -> 2",
-        "llmgw_node_gpus_free node=gpu-a -> 1",
+        # chat holds GPU 0; GPU 1 is still joining its fabric (FABRIC): neither is free.
+        "llmgw_node_gpus_free node=gpu-a -> 0",
         "llmgw_node_gpus_free node=gpu-b -> 1",
+        "llmgw_node_multinode_replicas node=gpu-a -> 0",
         "llmgw_node_cpus node=gpu-a -> 32",
         f"llmgw_node_memory_total_bytes node=gpu-a -> {256 * 1024 * 1048576:g}",
         f"llmgw_node_memory_used_bytes node=gpu-a -> {100 << 30:g}",
@@ -673,3 +675,27 @@ def test_the_dashboards_queries_are_promql(tmp_path):
     )
 
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_cordoned_gpu_is_not_free_and_a_replica_over_two_nodes_counts_on_each(no_settle):
+    from fleet.services import gpu_set_cordon
+
+    for node in ("gpu-a", "gpu-b", "gpu-c"):
+        node_add(node, now=T0, labels={"llmgw.io/fabric": "ib"})
+    gpu_set_cordon(node_id="gpu-c", index=1, cordoned=True, actor="ops", now=T0)
+    wide = {"name": "gpu", "engine": "sim", "gpu_class": "h100-80g", "tp": 4, "nodes": 2}
+    model_added(gpu_model("wide") | {"profiles": [wide]})
+    reconcile_once(now=at(1))
+    held = sorted(s.node_id for s in Replica.objects.get().shards.all())
+    assert held == ["gpu-a", "gpu-b"]
+
+    out = scrape()
+
+    for want in (
+        "llmgw_node_gpus_free node=gpu-a -> 0",
+        "llmgw_node_gpus_free node=gpu-c -> 1",
+        "llmgw_node_multinode_replicas node=gpu-a -> 1",
+        "llmgw_node_multinode_replicas node=gpu-b -> 1",
+        "llmgw_node_multinode_replicas node=gpu-c -> 0",
+    ):
+        assert want in out, want
