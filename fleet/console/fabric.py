@@ -37,6 +37,7 @@ def fabric_page(nodes: Mapping[str, NodeView], replicas: Iterable[ReplicaView]) 
     for d in domains:
         for t in d["trays"]:
             t["imex_domain"] = names.get(t["node"], "")
+        d["imex_domains"] = sorted({t["imex_domain"] for t in d["trays"]} - {""})
     drawn = {n for d in domains for n in (t["node"] for t in d["trays"])}
     without = sorted(n.id for n in nodes.values() if n.gpus and n.id not in drawn)
     return {"domains": domains, "without": without}
