@@ -83,8 +83,10 @@ def rack(tmp_path_factory) -> Iterator[Cluster]:
         broken.start()
         wait_for(
             "three ready trays",
-            lambda: sorted(n["id"] for n in cluster.get("/nodes") if n["state"] == "ready")
-            == ["tray-1", "tray-2", "tray-3"],
+            lambda: (
+                sorted(n["id"] for n in cluster.get("/nodes") if n["state"] == "ready")
+                == ["tray-1", "tray-2", "tray-3"]
+            ),
         )
         cluster.post("/models", WIDE)
         wait_for(
@@ -139,3 +141,24 @@ def test_the_nvlink_page_draws_each_domain_as_a_rack(rack, browser, tmp_path):
         # caret="initial": hiding the caret injects a style the CSP refuses.
         tab.screenshot(path=str(shot), full_page=True, caret="initial")
         assert shot.stat().st_size > 10_000, f"{shot} is blank"
+
+
+def test_a_trays_page_lists_its_links_and_ecc_counters(rack, browser, tmp_path):
+    with browsing(browser, rack.url, viewport=VIEWPORT) as tab:
+        log_in(tab, rack.url)
+        tab.goto("/nodes/tray-3")
+        broken = tab.locator('#gpu-fabric tr[data-gpu="1"]')
+        expect(broken.locator('[data-ecc="uncorrected"]')).to_have_text("2")
+        expect(broken).to_contain_text("GPU 1 of node tray-3 has 2 uncorrected ECC errors")
+        expect(tab.locator("#node-fabric [data-imex]")).to_have_text("IMEX down")
+        tab.goto("/nodes/tray-1")
+        expect(tab.locator("#node-fabric-said")).to_contain_text(f"{CLUSTER} clique 1")
+        # Simulated neighbours are paired by one NVLink each: 0-1 and 2-3.
+        tab.locator("#node-fabric summary").click()
+        expect(tab.locator("#node-nvlinks tbody tr")).to_have_count(4)
+        expect(tab.locator('#node-nvlinks tr[data-link="2-0"]')).to_contain_text("GPU 3")
+        folder = Path(os.environ.get("LLMGW_SCREENSHOTS") or os.environ.get("TMPDIR") or tmp_path)
+        folder.mkdir(parents=True, exist_ok=True)
+        shot = folder / "fabric-node.png"
+        tab.locator("#node-fabric").screenshot(path=str(shot), caret="initial")
+        assert shot.stat().st_size > 5_000, f"{shot} is blank"
