@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from fleet.models import Replica, Shard
 from fleet.selectors.state import caches_clear
@@ -136,3 +138,21 @@ def test_a_gpu_node_without_a_fabric_says_so_in_a_line(staff):
     assert "Its GPUs report no NVLink fabric" in body
     node_add("vm", now=T0, gpus=())
     assert "node-fabric" not in staff.get("/nodes/vm").content.decode()
+
+
+def test_the_page_makes_as_many_queries_at_thirty_trays_as_at_three(staff):
+    def counted() -> int:
+        staff.get("/fabric")  # the views are cached per process: warm them
+        with CaptureQueriesContext(connection) as seen:
+            assert staff.get("/fabric").status_code == 200
+        return len(seen)
+
+    for i in range(3):
+        tray(f"tray-{i:02}", gpu(0), gpu(1))
+    small = counted()
+    for i in range(3, 30):
+        tray(f"tray-{i:02}", gpu(0), gpu(1))
+    holding("big-1", "big", {"tray-00": [0, 1], "tray-29": [0, 1]})
+    big = counted()
+    print(f"/fabric: {big} queries at 30 trays")
+    assert big == small
