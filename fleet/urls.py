@@ -1,4 +1,5 @@
-"""The fleet pages (HTMX, staff only): the cluster at `/` and each node; views in fleet/console/views.py."""
+"""The fleet pages (HTMX, staff only): the cluster at `/`, each node, the NVLink fabric;
+views in fleet/console/views.py."""
 
 from django.urls import path
 
@@ -6,6 +7,7 @@ from .console import views
 
 urlpatterns = [
     path("", views.cluster, name="cluster"),
+    path("fabric", views.fabric, name="fabric"),
     path("nodes/<str:node_id>", views.node, name="node"),
     path("replicas/<str:replica_id>/log", views.replica_log, name="replica-log"),
 ]

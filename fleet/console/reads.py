@@ -42,7 +42,7 @@ from ..domain.power import PDU_LABEL, RACK_LABEL
 from ..domain.readings import Reading, replica_reading
 from ..domain.reconcile import desired_replicas
 from ..domain.types import HOLDING, Failure, ModelState as ModelStateView, ReplicaView
-from ..models import ModelState, Node, PowerBudget, Shard
+from ..models import Gpu, ModelState, Node, PowerBudget, Shard
 from ..selectors.inputs import POLICY
 from ..selectors.listings import (
     counted_as,
@@ -115,12 +115,14 @@ _COLUMNS = (
     *NODE_SENSORS,
     "replica_count",
     "facility",
+    "fabric",
     "asked",
     "of_class",
 )
 _ID, _STATE, _TOTAL, _FREE, _CLASSES = range(5)
 _SENSOR_AT = {s: _COLUMNS.index(s) for s in NODE_SENSORS}
 _FACILITY = _COLUMNS.index("facility")
+_FABRIC = _COLUMNS.index("fabric")
 _ASKED, _OF_CLASS = len(_COLUMNS) - 2, len(_COLUMNS) - 1
 # Whether any node says where it is or any power budget exists: the same for every row,
 # worked out once by the database (two uncorrelated EXISTS), so that the cluster page
@@ -130,6 +132,9 @@ _ANY_FACILITY = ExpressionWrapper(
     | Q(Exists(PowerBudget.objects.all())),
     output_field=BooleanField(),
 )
+# Whether any GPU reports a place in an NVLink fabric: the cluster page links to the
+# NVLink page (/fabric) then. The same for every row, worked out once as _ANY_FACILITY.
+_ANY_FABRIC = Exists(Gpu.objects.filter(fabric__has_key="fabric"))
 
 
 class _JsonListHas(Func):
@@ -170,6 +175,7 @@ class NodeTable:
     down: list[tuple[str, str]]
     counters: dict[str, int | str]
     facility: bool = False  # a node says where it is, or a power budget exists
+    fabric: bool = False  # a GPU reports a place in an NVLink fabric
 
     def shown(self, *, of_class: bool) -> list[tuple]:
         """The rows in the state and with the label asked; of the class asked too when
@@ -204,6 +210,7 @@ def nodes_table(
     of_class = _JsonListHas(F("gpu_classes"), Value(gpu_class)) if gpu_class else Value(True)
     query = query.annotate(
         facility=_ANY_FACILITY,
+        fabric=_ANY_FABRIC,
         asked=ExpressionWrapper(asked, output_field=BooleanField()) if asked else Value(True),
         of_class=of_class,
     )
@@ -244,6 +251,7 @@ def nodes_table(
             "gpus_idle_not_free": idle_not_free(unplaceable),
         },
         facility=bool(rows) and bool(rows[0][_FACILITY]),
+        fabric=bool(rows) and bool(rows[0][_FABRIC]),
     )
 
 

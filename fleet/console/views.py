@@ -36,8 +36,9 @@ from ..selectors import events
 from ..selectors.facility import facility_domains, held_gpus
 from ..selectors.listings import nodes_list, reading_out
 from ..selectors.passes import drains_stuck, reconciler_status
-from ..selectors.state import replica_views
+from ..selectors.state import node_views, replica_views
 from . import reads as ps
+from .fabric import fabric_page, node_fabric_shown
 from .forms import NodeActionForm, NodeFilterForm
 from .samples import GPU_SERIES, cluster_charts, node_charts
 
@@ -84,6 +85,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
         context |= _nodes_context(request, replicas)
         down = context.pop("down")
         facility = context.pop("facility")
+        context["fabric"] = context.pop("fabric") and fragment is None
         if fragment is None and facility and request.user.has_perm("fleet.view_powerbudget"):
             # Only when a node says where it is or a budget exists (the nodes' query says):
             # one query more then, none otherwise.
@@ -178,6 +180,7 @@ def _nodes_context(request: HttpRequest, replicas) -> dict:
         },
         "down": table.down,
         "facility": table.facility,
+        "fabric": table.fabric,
     }
 
 
@@ -212,6 +215,16 @@ def _attention(
         **{k: v[:ATTENTION_NAMED] for k, v in kinds.items()},
         **{f"{k}_more": max(len(v) - ATTENTION_NAMED, 0) for k, v in kinds.items()},
     }
+
+
+@staff_required
+@needs("fleet.view_node")
+@require_GET
+def fabric(request: HttpRequest) -> HttpResponse:
+    """The NVLink page: each NVLink domain drawn as a rack of its trays (fleet/console/
+    fabric.py), or a sentence saying no node reports one."""
+    context = fabric_page(node_views(), replica_views()) | {"section": "cluster"}
+    return page(request, "fleet/fabric.html", context)
 
 
 @staff_required
@@ -430,4 +443,5 @@ def _node_context(view: dict) -> dict:
         "weights": sorted(view["weights"], key=lambda w: w["source"]),
         "disk": view["disk"],
         "live_refresh": f"?{_query(fragment='live')}",
+        "fabric": node_fabric_shown(view),
     }

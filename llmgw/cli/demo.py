@@ -95,10 +95,12 @@ RUNTIME = {
 }
 
 # The simulated nodes. Each says where it stands (docs/facility.md): chat-70b's two
-# replicas are spread over the two racks.
+# replicas are spread over the two racks. The GPU nodes are two trays of one simulated
+# NVLink domain (docs/fabric.md), so that the NVLink page (/fabric) has a rack to draw.
+GPU_NODE = "--simulate-gpus 8xh100-80g --simulate-fabric nvl72-a:1 --memory-gb 1024 --cpus 96"
 NODES = (
-    ("gpu-a", "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --zone a --rack r1"),
-    ("gpu-b", "--simulate-gpus 8xh100-80g --memory-gb 1024 --cpus 96 --zone b --rack r2"),
+    ("gpu-a", f"{GPU_NODE} --zone a --rack r1"),
+    ("gpu-b", f"{GPU_NODE} --zone b --rack r2"),
     ("cpu-1", "--memory-gb 64 --cpus 16 --zone a --rack r1 --labels kind=cpu"),
 )
 # This machine as it is, with --real: the node the real model is kept on, by its label.
