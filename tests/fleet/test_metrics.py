@@ -406,6 +406,9 @@ def test_the_fleet_as_it_stands(no_settle):
 
 def test_what_each_scope_holds_is_what_the_quota_list_says(no_settle):
     a_whole_cluster(no_settle)
+    # gpu-a's GPUs are healthy again (the whole cluster's fabric has both out of service),
+    # so the model below is placed on one and Acme holds two.
+    fabric_said("gpu-a", {"gpus": [{"index": 0}, {"index": 1}]}, at(2))
     acme = Organization.objects.get(name="Acme")
     model_added(gpu_model("more", owner=f"org:{acme.pk}", profiles=[
         {"name": "gpu", "engine": "sim", "gpu_class": "h100-80g", "min_memory_gb": 20}]))  # fmt: skip
