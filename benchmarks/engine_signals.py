@@ -165,7 +165,6 @@ async def gateway(args: argparse.Namespace) -> None:
                             first = time.monotonic() - sent
             finally:
                 state.inflight[up.replica_id] -= 1
-            state.served(up, req)
             if sent >= measure_from and first is not None:
                 ttfts.append(first * 1000)
                 served[up.replica_id] = served.get(up.replica_id, 0) + 1
