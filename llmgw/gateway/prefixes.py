@@ -40,17 +40,18 @@ def prompt_text(endpoint: str, body: Mapping, most: int = BLOCK_CHARS * MAX_BLOC
     return None if found is None else found[0]
 
 
-def opening_chars(endpoint: str, body: Mapping) -> int:
-    """How many leading characters of `prompt_text` every later turn of the same
-    conversation repeats: for chat, the tools, the system prompt and the first message
-    after it (the first question: what tells one conversation from another sharing the
-    system prompt); for a completion, its first block. 0 for no prompt."""
+def prefix_for(endpoint: str, body: Mapping) -> Prefix | None:
+    """What names the prefix of a request's prompt (`prefix_of`): its opening is, for
+    chat, the tools, the system prompt and the first message after it (the first
+    question: what tells one conversation from another sharing the system prompt); for a
+    completion, its first block. None for a request with no prompt to cache."""
     found = _opening(endpoint, body, BLOCK_CHARS * MAX_BLOCKS)
-    return 0 if found is None else found[1]
+    return None if found is None else prefix_of(*found)
 
 
 def _opening(endpoint: str, body: Mapping, most: int) -> tuple[str, int] | None:
-    """`prompt_text` and `opening_chars` at once: they read the body the same way."""
+    """The prompt's text (`prompt_text`) and how many of its leading characters every
+    later turn of the same conversation repeats (`prefix_for`)."""
     if endpoint == "chat":
         return _chat_text(body, most)
     if endpoint == "completion":

@@ -19,7 +19,7 @@ from channels.db import database_sync_to_async
 from llmgw.gateway.answers import bad_key, no_key, unknown_model
 from llmgw.gateway.journal import Journal
 from llmgw.gateway.limits import Held, Limiter, LocalCounters, RedisCounters
-from llmgw.gateway.prefixes import Prefix, choose, opening_chars, order, prefix_of, prompt_text
+from llmgw.gateway.prefixes import Prefix, choose, order, prefix_for
 from llmgw.gateway.scoring import replica_load
 from llmgw.gateway.tables import Key, Tables, Upstream
 from llmgw.gateway.usage import UsageBook
@@ -70,12 +70,10 @@ class Request:
 
     @property
     def prefix(self) -> Prefix | None:
-        """What names its prompt's prefix (`prefixes.prefix_of`), worked out once; None
+        """What names its prompt's prefix (`prefixes.prefix_for`), worked out once; None
         for a request with no prompt to cache."""
         if self._prefix is False:
-            text = prompt_text(self.endpoint, self.body)
-            opening = opening_chars(self.endpoint, self.body)
-            self._prefix = prefix_of(text, opening) if text else None
+            self._prefix = prefix_for(self.endpoint, self.body)
         return self._prefix
 
     def replica_header(self) -> list[tuple[bytes, bytes]]:

@@ -9,7 +9,7 @@ import pytest
 
 from llmgw.gateway import metrics
 from llmgw.gateway.app import Gateway
-from llmgw.gateway.prefixes import opening_chars, order, prefix_of, prompt_text
+from llmgw.gateway.prefixes import order, prefix_for
 from tests.fleet.builders import model_added
 from tests.gateway.test_app import add, client, new_key
 from tests.gateway.world import _replica, django_inner
@@ -55,7 +55,7 @@ async def conversation(c, topic: str, turns: int, *others) -> list[str]:
 def home(topic: str, replicas: list[str]) -> str:
     """The first replica in the order of a conversation on `topic`'s prefix."""
     body = {"messages": [{"role": "system", "content": SYSTEM}, asked(topic, 0)]}
-    p = prefix_of(prompt_text("chat", body), opening_chars("chat", body))
+    p = prefix_for("chat", body)
     return replicas[order(p.key, [(r, 1) for r in replicas])[0]]
 
 
@@ -101,7 +101,7 @@ async def test_a_home_busier_than_the_bound_allows_spills_to_the_next_in_order(w
         assert await conversation(c, "NVLink", 1) == [first]
     assert again[0] != first
     body = {"messages": [{"role": "system", "content": SYSTEM}, asked("NVLink", 0)]}
-    p = prefix_of(prompt_text("chat", body), opening_chars("chat", body))
+    p = prefix_for("chat", body)
     assert again[0] == replicas[order(p.key, [(r, 1) for r in replicas])[1]]
     assert routed("imbalance") == before + 1
 

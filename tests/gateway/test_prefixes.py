@@ -17,8 +17,8 @@ from llmgw.gateway.prefixes import (
     SPILL,
     bound,
     choose,
-    opening_chars,
     order,
+    prefix_for,
     prefix_of,
     prompt_text,
 )
@@ -77,8 +77,7 @@ def test_other_prompts(endpoint, body, text):
 
 
 def prefix(endpoint: str, body: dict):
-    text = prompt_text(endpoint, body)
-    return prefix_of(text, opening_chars(endpoint, body)) if text else None
+    return prefix_for(endpoint, body)
 
 
 QUESTION = "What does NVLink connect, and how fast is it? " * 8  # about 370 characters
@@ -87,7 +86,7 @@ QUESTION = "What does NVLink connect, and how fast is it? " * 8  # about 370 cha
 def test_a_conversation_is_named_by_its_opening_whole_blocks_on_every_turn():
     turn1 = chat(SYSTEM, QUESTION)
     turn2 = chat(SYSTEM, QUESTION, "It connects GPUs. " * 30, "And PCIe? " * 20)
-    first, later = prefix(*("chat", turn1)), prefix("chat", turn2)
+    first, later = prefix("chat", turn1), prefix("chat", turn2)
     opening = len(f"system\x1f{SYSTEM}\x1euser\x1f{QUESTION}\x1e")
     assert first.key == later.key and first.blocks == later.blocks == opening // BLOCK_CHARS
     assert later.of > first.of  # the prompt grew; what names it did not
