@@ -5,7 +5,7 @@ Everything is a real process on 127.0.0.1, stopped at the end: REPLICAS `llmgw
 sim-engine`s (SLOTS requests at once each, more wait, with a prefix cache and a prefill
 rate, publishing vLLM's series), and two gateway processes, each this file run with
 `--gateway`. A gateway process holds the gateway's own routing state (`State`: its tables,
-its in-flight counts, its prefix table) and picks each request's replica with
+its in-flight counts) and picks each request's replica with
 `State.pick`, the gateway's code, and streams it to the engine the way the gateway does,
 counting it in flight meanwhile; each process is the load of its own clients too
 (CLIENTS workers, back to back, a think time between), and measures the time to the
@@ -165,7 +165,6 @@ async def gateway(args: argparse.Namespace) -> None:
                             first = time.monotonic() - sent
             finally:
                 state.inflight[up.replica_id] -= 1
-            state.served(up, req)
             if sent >= measure_from and first is not None:
                 ttfts.append(first * 1000)
                 served[up.replica_id] = served.get(up.replica_id, 0) + 1

@@ -1,7 +1,10 @@
 """Prefix-aware routing against routing by load and in turn, on a multi-turn trace.
 
 Everything is a real process on 127.0.0.1, in a temporary LLMGW_HOME, stopped at the end:
-an embedded `llmgw serve` and one `llmgw agent` (a CPU node). Two setups, one after the
+an embedded `llmgw serve` and one `llmgw agent` (a CPU node); with DATABASE_URL and
+REDIS_URL set, two `llmgw serve` processes on two ports sharing them (and the Celery
+workers production runs), each conversation's turns sent through one and the other in
+turn, so no gateway process sees every turn of any conversation. Two setups, one after the
 other:
 
 - **sim**: a model with 4 replicas of `llmgw sim-engine` modelling a prefix cache
@@ -20,7 +23,8 @@ conversation so far (the earlier questions and the engine's answers) and asks a 
 question, 0.5 to 1.5 s after the last answer (the person reading and writing), streamed
 through the gateway with the official `openai` client. Each routing gets a system prompt
 and questions of its own, of the same lengths, so what one left in the engines' caches
-does not help the next. The sim engines' caches hold about 6 of the 16 conversations
+does not help the next. With two gateways, prefix routing is also run through the first
+alone (`prefix_one_gateway`), the share cached to compare with. The sim engines' caches hold about 6 of the 16 conversations
 going on at once; each llama-server has 2 slots for the 4 going on at once.
 
 Figures per setup and routing: time to first token p50 and p95 (the client's, to the
@@ -28,11 +32,12 @@ first content chunk), the share of prompt tokens the engines found cached (their
 `usage.prompt_tokens_details.cached_tokens`), requests per replica (the
 `X-Llmgw-Replica` header) as the busiest over the mean; and prefix's TTFT p50 as a share
 lower than least_loaded's and round_robin's. Aim (issue 16): ≥ 30 % lower than
-least_loaded, no replica above 1.5 × the mean.
+least_loaded, no replica above 1.5 × the mean; through two gateways (issue 39) the same,
+and the share cached within 5 % of one gateway's.
 
 BENCH_ROUTING_SESSIONS, BENCH_ROUTING_TURNS, BENCH_ROUTING_CONCURRENCY scale the sim
 trace; BENCH_ROUTING_SIM=0 leaves the sim engines out, BENCH_ROUTING_LLAMACPP=0 the real
-ones.
+ones; BENCH_ROUTING_GATEWAYS=1 runs one gateway even where two could run.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.harness import Cluster, gateway_key, gateway_project, wait_for  # noqa: E402
+from tests.e2e.harness import Cluster, free_port, gateway_key, gateway_project, wait_for  # noqa: E402
 from tests.e2e.real_engines import gemma_gguf, llama_server  # noqa: E402
 
 ROUTINGS = ("prefix", "least_loaded", "round_robin")
@@ -169,7 +174,8 @@ async def _turn(client, model: str, messages: list[dict], max_tokens: int) -> di
     }
 
 
-async def _trace(url: str, secret: str, model: str, shape: dict, seed: int) -> list[dict]:
+async def _trace(urls: list[str], secret: str, model: str, shape: dict, seed: int) -> list[dict]:
+    """The conversations, conversation i's turn t through gateway (i + t) % len(urls)."""
     from openai import AsyncOpenAI
 
     rng = random.Random(seed)
@@ -181,23 +187,28 @@ async def _trace(url: str, secret: str, model: str, shape: dict, seed: int) -> l
     pace = random.Random(seed + 100)
     results: list[dict] = []
     gate = asyncio.Semaphore(shape["concurrency"])
-    client = AsyncOpenAI(base_url=f"{url}/v1", api_key=secret, max_retries=0, timeout=300)
+    clients = [
+        AsyncOpenAI(base_url=f"{url}/v1", api_key=secret, max_retries=0, timeout=300)
+        for url in urls
+    ]
 
-    async def conversation(questions: list[str]) -> None:
+    async def conversation(i: int, questions: list[str]) -> None:
         async with gate:
             messages = [{"role": "system", "content": system}]
             for turn, q in enumerate(questions):
                 if turn:  # the person reads the answer and writes the next question
                     await asyncio.sleep(pace.uniform(*shape["think_s"]))
                 messages.append({"role": "user", "content": q})
+                client = clients[(i + turn) % len(clients)]
                 done = await _turn(client, model, messages, shape["max_tokens"])
                 messages.append({"role": "assistant", "content": done["answer"]})
                 results.append({**done, "turn": turn})
 
     try:
-        await asyncio.gather(*(conversation(q) for q in sessions))
+        await asyncio.gather(*(conversation(i, q) for i, q in enumerate(sessions)))
     finally:
-        await client.close()
+        for client in clients:
+            await client.close()
     return results
 
 
@@ -231,9 +242,16 @@ def _figures(setup: str, results: dict[str, list[dict]], scale: dict) -> None:
     for other in ("least_loaded", "round_robin"):
         _emit(setup, f"prefix_ttft_p50_lower_than_{other}",
               round(1 - p50["prefix"] / p50[other], 3), "share", scale)  # fmt: skip
+    if "prefix_one_gateway" in results:
+        share = {r: sum(x["cached"] for x in results[r]) / max(sum(x["prompt"] for x in results[r]), 1)
+                 for r in ("prefix", "prefix_one_gateway")}  # fmt: skip
+        _emit(setup, "prefix_cached_share_below_one_gateways",
+              round(1 - share["prefix"] / share["prefix_one_gateway"], 3), "share", scale)  # fmt: skip
 
 
-def _run(cluster: Cluster, setup: str, model: dict, shape: dict, extra_scale: dict) -> None:
+def _run(
+    cluster: Cluster, urls: list[str], setup: str, model: dict, shape: dict, extra_scale: dict
+) -> None:
     cluster.post("/models", model)
     wait_for(
         f"{shape['replicas']} replicas of {model['name']}",
@@ -243,39 +261,68 @@ def _run(cluster: Cluster, setup: str, model: dict, shape: dict, extra_scale: di
     )
     project = gateway_project(cluster, f"bench-{setup}")
     secret = gateway_key(cluster, project, "routing")["secret"]
-    scale = {**shape, **extra_scale, "load1_before": _load1(),
+    wait_for(
+        "every gateway to know the key",
+        lambda: all(
+            httpx.get(f"{u}/v1/models", headers={"Authorization": f"Bearer {secret}"}).status_code
+            == 200
+            for u in urls
+        ),
+        timeout=20,
+    )
+    scale = {**shape, **extra_scale, "gateways": len(urls), "load1_before": _load1(),
              "cpus": len(os.sched_getaffinity(0))}  # fmt: skip
     # A warm-up, not measured: the engines' first requests and the client's first
     # connections would otherwise slow whichever routing goes first.
     warm = {**shape, "sessions": shape["concurrency"], "turns": 1}
-    asyncio.run(_trace(cluster.url, secret, model["name"], warm, 99))
+    asyncio.run(_trace(urls, secret, model["name"], warm, 99))
+    runs = [(routing, routing, urls) for routing in ROUTINGS]
+    if len(urls) > 1:
+        runs.append(("prefix_one_gateway", "prefix", urls[:1]))
     results = {}
-    for i, routing in enumerate(ROUTINGS):
+    for i, (name, routing, through) in enumerate(runs):
         _routing_set(cluster, model, routing)
-        results[routing] = asyncio.run(_trace(cluster.url, secret, model["name"], shape, i))
+        results[name] = asyncio.run(_trace(through, secret, model["name"], shape, i))
     scale["load1_after"] = _load1()
     _figures(setup, results, scale)
 
 
-def _sim(cluster: Cluster) -> None:
+def _sim(cluster: Cluster, urls: list[str]) -> None:
     sim = {
         "name": "routing-sim", "source": "hf://bench/routing", "scaling": {"min": SIM["replicas"]},
         "profiles": [{"name": "cpu", "engine": "sim", "cpu_cores": 1, "min_memory_gb": 1,
                       "args": SIM_ARGS}],
     }  # fmt: skip
-    _run(cluster, "sim", sim, SIM, {"sim_args": " ".join(SIM_ARGS)})
+    _run(cluster, urls, "sim", sim, SIM, {"sim_args": " ".join(SIM_ARGS)})
     cluster.client.delete("/models/routing-sim")
+
+
+def _second_gateway(cluster: Cluster) -> str:
+    """Another `llmgw serve` on a port of its own, sharing the first's database and Redis:
+    another server, with nothing in memory in common. Its URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "llmgw", "serve", "--port", str(port)]
+    proc = cluster._spawn("serve-2", cmd)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(
+        "the second llmgw serve to answer",
+        lambda: proc.poll() is None and httpx.get(f"{url}/api/v1/openapi.json"),
+    )
+    return url
 
 
 def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-"))
-    cluster = Cluster(home, production=False)
+    shared = bool(os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
+    two = shared and os.environ.get("BENCH_ROUTING_GATEWAYS", "2") != "1"
+    cluster = Cluster(home, production=two)
     try:
         cluster.start_server()
+        urls = [cluster.url, _second_gateway(cluster)] if two else [cluster.url]
         cluster.start_agent("cpu-sim", "--cpus", "8", "--memory-gb", "32", port_range="35000-35099")
         wait_for("the node", lambda: [n["state"] for n in cluster.get("/nodes")] == ["ready"])
         if os.environ.get("BENCH_ROUTING_SIM", "1") != "0":
-            _sim(cluster)
+            _sim(cluster, urls)
         binary, why = llama_server()
         if os.environ.get("BENCH_ROUTING_LLAMACPP", "1") == "0" or binary is None:
             skipped = why or "BENCH_ROUTING_LLAMACPP=0"
@@ -293,7 +340,7 @@ def main() -> int:
                           "node_selector": {"engine": "llamacpp"}, "startup_timeout": 300,
                           "args": ["--ctx-size", "8192", "--parallel", "2", "--threads", "1"]}],
         }  # fmt: skip
-        _run(cluster, "llamacpp", real, LLAMACPP, {"model": "gemma-3-270m Q4_K_M"})
+        _run(cluster, urls, "llamacpp", real, LLAMACPP, {"model": "gemma-3-270m Q4_K_M"})
     except httpx.HTTPError as exc:
         print(json.dumps({"bench": "routing", "failed": str(exc)}), flush=True)
         return 1

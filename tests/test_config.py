@@ -91,8 +91,6 @@ BAD = {
     "a short secret key": ("LLMGW_SECRET_KEY", "hunter2"),
     "an imbalance that is not a number": ("LLMGW_ROUTING_IMBALANCE", "lots"),
     "a negative imbalance": ("LLMGW_ROUTING_IMBALANCE", "-1"),
-    "prefix blocks past what memory allows": ("LLMGW_ROUTING_PREFIX_BLOCKS", "2000000"),
-    "prefix blocks of a fraction": ("LLMGW_ROUTING_PREFIX_BLOCKS", "10.5"),
     "a KV cache fuller than full": ("LLMGW_ROUTING_KV_FULL", "1.5"),
     "a KV cache share of nothing": ("LLMGW_ROUTING_KV_FULL", "0"),
     "a KV cache share that is a word": ("LLMGW_ROUTING_KV_FULL", "most"),
@@ -213,11 +211,8 @@ def test_a_login_figure_of_zero_or_less_stops_the_start(env, variable):
 
 
 def test_routing_is_read_from_its_variables(env):
-    routing = load(
-        env | {"LLMGW_ROUTING_IMBALANCE": "0", "LLMGW_ROUTING_PREFIX_BLOCKS": "64"}
-    ).routing
-    assert (routing.imbalance, routing.prefix_blocks) == (0.0, 64)
-    assert (load(env).routing.imbalance, load(env).routing.prefix_blocks) == (2.0, 16384)
+    assert load(env | {"LLMGW_ROUTING_IMBALANCE": "0"}).routing.imbalance == 0.0
+    assert load(env).routing.imbalance == 2.0
     assert load(env | {"LLMGW_ROUTING_KV_FULL": "0.95"}).routing.kv_full == 0.95
     assert load(env).routing.kv_full == 0.9
 

@@ -153,8 +153,6 @@ class Routing:
     # Requests in flight per unit of weight by which the replica holding a prefix may
     # be busier than the least loaded before the least loaded gets the request.
     imbalance: float = 2.0
-    # Leading blocks of prompts remembered per model (docs/gateway.md, Routing).
-    prefix_blocks: int = 16384
     # The share of an engine's KV cache in use from which its replica counts as twice as
     # loaded (llmgw/gateway/scoring.py); 1: only a full one.
     kv_full: float = 0.9
@@ -338,26 +336,17 @@ def _origins(env: dict[str, str]) -> tuple[str, ...]:
     return tuple(o for o in origins if o)
 
 
-MOST_PREFIX_BLOCKS = 1 << 20  # about 200 MB of the gateway's memory per model
-
-
 def _routing(env: dict[str, str]) -> Routing:
     imbalance = _number(
         env, "LLMGW_ROUTING_IMBALANCE", Routing.imbalance, integer=False, kind="a number"
     )
-    blocks = int(_number(env, "LLMGW_ROUTING_PREFIX_BLOCKS", Routing.prefix_blocks, integer=True))
-    if blocks > MOST_PREFIX_BLOCKS:
-        raise SettingError(
-            f"LLMGW_ROUTING_PREFIX_BLOCKS must be at most {MOST_PREFIX_BLOCKS} "
-            f"(about 200 MB per model), not {blocks}."
-        )
     kv_full = _number(env, "LLMGW_ROUTING_KV_FULL", Routing.kv_full, integer=False, kind="a share")
     if not 0 < kv_full <= 1:
         raise SettingError(
             f"LLMGW_ROUTING_KV_FULL must be a share of the KV cache above 0 and at most 1 "
             f"(0.9 is 90 %), not {env['LLMGW_ROUTING_KV_FULL']!r}."
         )
-    return Routing(imbalance=imbalance, prefix_blocks=blocks, kv_full=kv_full)
+    return Routing(imbalance=imbalance, kv_full=kv_full)
 
 
 def _history_step(env: dict[str, str]) -> float:

@@ -167,8 +167,6 @@ class Runtime(State):
                 self._models_json.clear()
                 self._digests.clear()
             self.tables = tables
-            for gone in [m for m in self.prefixes if m not in tables.models]:
-                del self.prefixes[gone]  # a model removed: what its replicas served goes too
             self.changed.set()
             self.changed = asyncio.Event()
 

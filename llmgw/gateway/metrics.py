@@ -48,8 +48,9 @@ TOKENS = Counter(
 )
 ROUTED = Counter(
     "llmgw_gateway_routed",
-    "Requests sent to a replica, by model and how it was chosen: prefix (it served the "
-    "prompt's prefix lately), imbalance (that replica was too busy), least_loaded, "
+    "Requests sent to a replica, by model and how it was chosen: prefix (the first in "
+    "the order of the prompt's prefix), imbalance (a later one: those before were too busy), "
+    "least_loaded, "
     "round_robin, suspect (only replicas refusing connections were left).",
     ["model", "how"],
     registry=REGISTRY,

@@ -81,8 +81,6 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                         u.replica_id for m in chain for u in rt.tables.upstreams.get(m, ())
                     )
                 continue
-            if status == 200:
-                rt.served(up, req)
             return status
     except asyncio.CancelledError:
         if gone.is_set():
@@ -121,13 +119,13 @@ def routing_why(picked: Picked, ready: int) -> str:
     of = f"{picked.inflight} in flight, of {ready} ready" + (f"; {engine}" if engine else "")
     if picked.how == "prefix":
         return (
-            f"it served {picked.depth} of the {picked.blocks} leading blocks of this prompt "
-            f"lately ({of})"
+            f"first in the order of this prompt's prefix ({picked.depth} of its "
+            f"{picked.blocks} leading blocks) ({of})"
         )
     if picked.how == "imbalance":
         return (
-            f"fewest requests in flight ({of}): the replica holding this prompt's prefix "
-            "is busier than the imbalance allowed"
+            f"number {picked.place + 1} in the order of this prompt's prefix ({of}): "
+            "those before it were busier than the bound allows"
         )
     if picked.how == "round_robin":
         return f"next in turn ({of})"

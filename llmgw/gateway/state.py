@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,7 @@ from llmgw.gateway.answers import bad_key, no_key, unknown_model
 from llmgw.gateway.bands import PRESENT_S
 from llmgw.gateway.journal import Journal
 from llmgw.gateway.limits import Held, Limiter, LocalCounters, RedisCounters
-from llmgw.gateway.prefixes import PrefixTable, block_hashes, choose, prompt_text
+from llmgw.gateway.prefixes import Prefix, choose, order, prefix_for
 from llmgw.gateway.scoring import replica_load
 from llmgw.gateway.tables import Key, Tables, Upstream
 from llmgw.gateway.usage import UsageBook
@@ -70,15 +69,14 @@ class Request:
     request_id: str = ""  # its id told to the caller (x-request-id, answers.request_id)
     replica: str = ""  # the replica answering it, told to the caller (X-Llmgw-Replica)
     warning: str = ""  # a budget's spent past its warning share (X-Llmgw-Budget-Warning)
-    _prefix: list[int] | None = None
+    _prefix: Prefix | None | bool = False
 
     @property
-    def prefix(self) -> list[int]:
-        """The chained hashes of its prompt's leading blocks (`prefixes.block_hashes`),
-        worked out once; none for a request with no prompt to cache."""
-        if self._prefix is None:
-            text = prompt_text(self.endpoint, self.body)
-            self._prefix = block_hashes(text) if text else []
+    def prefix(self) -> Prefix | None:
+        """What names its prompt's prefix (`prefixes.prefix_for`), worked out once; None
+        for a request with no prompt to cache."""
+        if self._prefix is False:
+            self._prefix = prefix_for(self.endpoint, self.body)
         return self._prefix
 
     def replica_header(self) -> list[tuple[bytes, bytes]]:
@@ -93,9 +91,11 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Picked:
-    """A replica chosen for a request, and how: `prefix` (it holds `depth` of the prompt's
-    `blocks` leading blocks), `imbalance` (the holder was too loaded), `least_loaded`,
-    `round_robin`, or `suspect` (only replicas recently refusing were left)."""
+    """A replica chosen for a request, and how: `prefix` (the first in the order of its
+    prompt's prefix, named by `depth` of the prompt's `blocks` leading blocks),
+    `imbalance` (the `place`th in that order: those before it were too loaded),
+    `least_loaded`, `round_robin`, or `suspect` (only replicas recently refusing were
+    left)."""
 
     up: Upstream
     how: str
@@ -103,6 +103,7 @@ class Picked:
     blocks: int = 0
     inflight: int = 0  # requests it had in flight before this one
     reading: Reading | None = None  # what its engine last said, when it said anything
+    place: int = 0
 
 
 def _secret(headers: list[tuple[bytes, bytes]]) -> str:
@@ -145,7 +146,6 @@ class State:
         self.inflight_read: dict[str, int] = {}  # our in-flight counts when they were read
         self.suspect: dict[str, float] = {}
         self.turn = 0
-        self.prefixes: dict[str, PrefixTable] = {}  # per model, what its replicas served lately
         self.asked: dict[str, float] = {}  # on-demand model -> when the reconciler was last told
         self.session: aiohttp.ClientSession | None = None
         self._digests: dict[str, str] = {}
@@ -209,14 +209,12 @@ class State:
         return self.tables.keys.get(digest)
 
     def pick(self, model: str, tried: set[str], req: Request | None = None) -> Picked | None:
-        """A ready replica of `model` for `req`, by its profiles' routing: the one holding
-        the longest prefix of its prompt unless it is too loaded (`prefixes.choose`; what
-        each served is told by `served`), the least loaded (by what this gateway has in
-        flight and what the engines say they run and queue: `scoring.replica_load`), or
-        the next in turn. The
-        prompt is hashed only for a model routed by prefix whose replicas served some.
-        Replicas tried already, or recently refusing connections, only when nothing else
-        is left."""
+        """A ready replica of `model` for `req`, by its profiles' routing: the first in the
+        order of its prompt's prefix whose load is within the bound (`prefixes.choose`: the
+        same in every gateway process, nothing remembered), the least loaded (by what this
+        gateway has in flight and what the engines say they run and queue:
+        `scoring.replica_load`), or the next in turn. Replicas tried already, or recently
+        refusing connections, only when nothing else is left."""
         ups = self.tables.upstreams.get(model)
         if not ups:
             return None
@@ -244,37 +242,30 @@ class State:
         routings = {u.routing for u in fresh}
         if routings == {"round_robin"}:
             return Picked(fresh[0], "round_robin", inflight=inflight.get(fresh[0].replica_id, 0))
-        depths = [0] * len(fresh)
-        prefix: Sequence[int] = ()
-        table = self.prefixes.get(model)
-        if (
-            table is not None
-            and req is not None
-            and "prefix" in routings
-            and (prefix := req.prefix)
-        ):
-            held = table.depths(prefix, (u.replica_id for u in fresh if u.routing == "prefix"))
-            depths = [held.get(u.replica_id, 0) for u in fresh]
-        choice = choose(loads, depths, self.cfg.routing.imbalance)
+        prefix = req.prefix if req is not None and "prefix" in routings else None
+        ordered: list[int] = []
+        if prefix is not None:
+            routed = [i for i, u in enumerate(fresh) if u.routing == "prefix"]
+            ranked = order(prefix.key, [(fresh[i].replica_id, fresh[i].weight) for i in routed])
+            ordered = [routed[i] for i in ranked]
+        choice = choose(loads, ordered, self.cfg.routing.imbalance)
         up = fresh[choice.index]
         held = inflight.get(up.replica_id, 0)
-        return Picked(up, choice.how, choice.depth, len(prefix), held, readings.get(up.replica_id))
+        return Picked(
+            up,
+            choice.how,
+            prefix.blocks if prefix else 0,
+            prefix.of if prefix else 0,
+            held,
+            readings.get(up.replica_id),
+            choice.place,
+        )
 
     def readings_read(self, readings: dict[str, Reading]) -> None:
         """The engines' readings, just read: kept with this gateway's in-flight counts now,
         which the engines' counts include (`scoring.replica_load` takes them out again)."""
         self.readings = readings
         self.inflight_read = {r: self.inflight.get(r, 0) for r in readings}
-
-    def served(self, up: Upstream, req: Request) -> None:
-        """`up` answered `req`: its engine holds the prompt's leading blocks now. Not before
-        it answered: a request sent while the first is still filling the engine's cache
-        would find nothing there, only a busier replica."""
-        if up.routing == "prefix" and (prefix := req.prefix):
-            table = self.prefixes.get(up.model)
-            if table is None:
-                table = self.prefixes[up.model] = PrefixTable(self.cfg.routing.prefix_blocks)
-            table.served(prefix, up.replica_id)
 
     def chain(self, model: str) -> list[str]:
         """The model, then its fallbacks in order, then theirs: each once."""

@@ -1,18 +1,25 @@
-"""Prefix-aware routing's rules (llmgw/gateway/prefixes.py): the prompt's blocks, the
-table of who served them, and the choice between the prefix's replica and load."""
+"""Prefix-aware routing's rules (llmgw/gateway/prefixes.py): the prompt and what names its
+prefix, the replicas' order for it (rendezvous hashing, the same in every process), and the
+choice along that order within a bound of the mean load."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from llmgw.gateway.prefixes import (
     BLOCK_CHARS,
-    HOLDERS,
     MAX_BLOCKS,
-    PrefixTable,
-    block_hashes,
+    SPILL,
+    bound,
     choose,
+    order,
+    prefix_for,
+    prefix_of,
     prompt_text,
 )
 
@@ -69,133 +76,181 @@ def test_other_prompts(endpoint, body, text):
     assert prompt_text(endpoint, body) == text
 
 
-def test_only_whole_blocks_count_and_each_names_everything_before_it():
-    text = "a" * (BLOCK_CHARS * 3 + 10)
-    hashes = block_hashes(text)
-    assert len(hashes) == 3
-    # The same block after a different one is a different block.
-    other = block_hashes("b" * BLOCK_CHARS + "a" * (BLOCK_CHARS * 2))
-    assert other[1] != hashes[1] and other[2] != hashes[2]
-    # A longer prompt with the same start shares its blocks.
-    assert block_hashes(text + "more" * 100)[:3] == hashes
+def prefix(endpoint: str, body: dict):
+    return prefix_for(endpoint, body)
 
 
-def test_a_huge_prompt_names_its_prefix_by_its_first_blocks_only():
-    assert len(block_hashes("x" * BLOCK_CHARS * (MAX_BLOCKS + 50))) == MAX_BLOCKS
-    assert block_hashes("short") == []
+QUESTION = "What does NVLink connect, and how fast is it? " * 8  # about 370 characters
 
 
-# -- the table
+def test_a_conversation_is_named_by_its_opening_whole_blocks_on_every_turn():
+    turn1 = chat(SYSTEM, QUESTION)
+    turn2 = chat(SYSTEM, QUESTION, "It connects GPUs. " * 30, "And PCIe? " * 20)
+    first, later = prefix("chat", turn1), prefix("chat", turn2)
+    opening = len(f"system\x1f{SYSTEM}\x1euser\x1f{QUESTION}\x1e")
+    assert first.key == later.key and first.blocks == later.blocks == opening // BLOCK_CHARS
+    assert later.of > first.of  # the prompt grew; what names it did not
+    # Another question under the same system prompt is another conversation.
+    assert prefix("chat", chat(SYSTEM, "Tell me about HBM. " * 20)).key != first.key
+    # Tools come first: other tools, another prefix.
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert prefix("chat", chat(SYSTEM, QUESTION, tools=tools)).key != first.key
 
 
-def test_the_deepest_block_a_replica_served_is_its_depth():
-    t = PrefixTable(100)
-    turn1 = block_hashes(SYSTEM + "user: what is a GPU? " * 20)
-    turn2 = block_hashes(SYSTEM + "user: what is a GPU? " * 20 + "assistant: a card. " * 30)
-    other = block_hashes(SYSTEM + "user: hello " * 40)
-    t.served(turn1, "r1")
-    t.served(other, "r2")
-    assert t.depths(turn2, ["r1", "r2", "r3"]) == {"r1": len(turn1), "r2": 4}
-    assert t.depths(turn2, ["r3"]) == {}
+@pytest.mark.parametrize(
+    ("endpoint", "body", "blocks"),
+    [
+        ("chat", chat("short", "hi"), None),  # shorter than a block: routed by load
+        ("chat", chat("s" * 100, "q" * 100, "a" * 300), 1),  # a short opening: the first block
+        ("chat", chat("q" * (BLOCK_CHARS * (MAX_BLOCKS + 9))), MAX_BLOCKS),
+        ("completion", {"prompt": "p" * (BLOCK_CHARS * 5)}, 1),  # a completion: its first block
+        ("completion", {"prompt": "p" * 100}, None),
+        ("embedding", {"input": "e" * 1000}, None),
+    ],
+)
+def test_what_names_a_prefix(endpoint, body, blocks):
+    found = prefix(endpoint, body)
+    assert (found.blocks if found else None) == blocks
 
 
-def test_the_deepest_blocks_of_what_was_served_least_lately_go_first():
-    t = PrefixTable(4)
-    a, b = block_hashes("a" * BLOCK_CHARS * 3), block_hashes("b" * BLOCK_CHARS * 3)
-    t.served(a, "r1")
-    t.served(b, "r2")
-    assert len(t) == 4
-    # What is left of a is still a prefix of it: its first block.
-    assert t.depths(a, ["r1"]) == {"r1": 1}
-    assert t.depths(b, ["r2"]) == {"r2": 3}
-    t.served(a, "r1")
-    assert t.depths(a, ["r1"]) == {"r1": 3}
-    assert t.depths(b, ["r2"]) == {"r2": 1}
+def test_the_key_and_order_are_the_same_in_any_process():
+    # Python's own hash of a string differs from process to process; these must not.
+    script = (
+        "from llmgw.gateway.prefixes import order, prefix_of;"
+        "p = prefix_of('x' * 2000, 600);"
+        "print(p.key.hex(), order(p.key, [(f'r{i}', 1 + i % 2) for i in range(7)]))"
+    )
+    said = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    here = prefix_of("x" * 2000, 600)
+    assert said == {
+        f"{here.key.hex()} {order(here.key, [(f'r{i}', 1 + i % 2) for i in range(7)])}\n"
+    }
 
 
-def test_each_block_remembers_its_latest_holders_only():
-    t = PrefixTable(10)
-    h = block_hashes("s" * BLOCK_CHARS)
-    for i in range(HOLDERS + 3):
-        t.served(h, f"r{i}")
-    t.served(h, "r5")  # again: it moves to the end, not in twice
-    held = t.depths(h, [f"r{i}" for i in range(HOLDERS + 3)])
-    assert set(held) == {f"r{i}" for i in range(HOLDERS + 3 - HOLDERS, HOLDERS + 3)}
+# -- the order
+
+
+keys = st.binary(min_size=16, max_size=16)
+ids = st.lists(
+    st.text("abcdefgh0123456789-", min_size=1, max_size=12), min_size=1, max_size=10, unique=True
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys, ids, st.randoms(use_true_random=False))
+def test_the_order_is_the_replicas_not_the_order_they_are_listed_in(key, replicas, rnd):
+    shuffled = replicas[:]
+    rnd.shuffle(shuffled)
+    listed = [replicas[i] for i in order(key, [(r, 1) for r in replicas])]
+    again = [shuffled[i] for i in order(key, [(r, 1) for r in shuffled])]
+    assert listed == again
+    assert sorted(listed) == sorted(replicas)
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys, ids.filter(lambda r: len(r) > 1), st.data())
+def test_a_replica_gone_moves_only_what_it_was_first_for(key, replicas, data):
+    gone = data.draw(st.sampled_from(replicas))
+    left = [r for r in replicas if r != gone]
+    before = [replicas[i] for i in order(key, [(r, 1) for r in replicas])]
+    after = [left[i] for i in order(key, [(r, 1) for r in left])]
+    # The others keep their order: a prefix whose first was another stays there, and one
+    # whose first went goes to its second.
+    assert after == [r for r in before if r != gone]
+
+
+def test_about_one_prefix_in_n_moves_when_one_of_n_replicas_goes():
+    replicas = [f"llama-{i}" for i in range(8)]
+    prefixes = [prefix_of(f"conversation {i} " * 40, 600).key for i in range(4000)]
+    firsts = [replicas[order(k, [(r, 1) for r in replicas])[0]] for k in prefixes]
+    left = replicas[:3] + replicas[4:]
+    moved = sum(
+        first != left[order(k, [(r, 1) for r in left])[0]]
+        for k, first in zip(prefixes, firsts, strict=True)
+    )
+    assert moved == firsts.count("llama-3")
+    assert 0.10 < moved / len(prefixes) < 0.15  # 1/8, give or take chance
+    # Each replica is first for about its share.
+    assert max(firsts.count(r) for r in replicas) < 1.2 * len(prefixes) / 8
+
+
+def test_a_replica_of_twice_the_weight_is_first_for_twice_the_prefixes():
+    replicas = [("big", 2), ("small-1", 1), ("small-2", 1)]
+    firsts = [order(prefix_of(f"p{i} " * 200, 600).key, replicas)[0] for i in range(4000)]
+    assert 0.46 < firsts.count(0) / len(firsts) < 0.54
 
 
 # -- the choice
 
 
 @pytest.mark.parametrize(
-    ("loads", "depths", "imbalance", "index", "how"),
+    ("loads", "ordered", "imbalance", "index", "how"),
     [
-        ([1, 1, 1], [0, 0, 0], 4, 0, "least_loaded"),  # ties go to the first
-        ([3, 1, 2], [0, 0, 0], 4, 1, "least_loaded"),
-        ([3, 1, 2], [5, 0, 2], 4, 0, "prefix"),  # the longest prefix wins while it can
-        ([5, 1, 2], [5, 0, 2], 4, 0, "prefix"),  # 4 more than the least: still allowed
-        ([6, 1, 2], [5, 0, 2], 4, 1, "imbalance"),  # past it: the least loaded
-        ([3, 1, 2], [5, 0, 5], 4, 2, "prefix"),  # of two holding it, the less loaded
-        ([2, 2, 2], [1, 3, 0], 0, 1, "prefix"),  # no imbalance allowed, none there
-        ([2.5, 1, 2], [4, 0, 0], 1, 1, "imbalance"),  # loads per unit of weight
+        ([1, 1, 1], [], 2, 0, "least_loaded"),  # no prefix: ties go to the first
+        ([3, 1, 2], [], 2, 1, "least_loaded"),
+        ([3, 1, 2], [0, 2, 1], 2, 0, "prefix"),  # the first in order while it can
+        ([4, 1, 1], [0, 2, 1], 2, 2, "imbalance"),  # past the bound: the next in order
+        ([4, 1, 3], [0, 2, 1], 2, 2, "imbalance"),  # the next may be busier than the least
+        ([4, 1, 4], [0, 2, 1], 2, 1, "imbalance"),
+        ([2, 2, 2], [1, 0, 2], 0, 1, "prefix"),  # no imbalance allowed, none there
+        ([15, 12, 12], [0, 1, 2], 2, 0, "prefix"),  # 15 <= 1.25 × 13, past 12 + 2
+        ([18, 12, 12], [0, 1, 2], 2, 1, "imbalance"),  # 18 > 1.25 × 14
+        ([9, 1, 1], [0], 2, 1, "imbalance"),  # only one routed by prefix, and over it
     ],
 )
-def test_choose(loads, depths, imbalance, index, how):
-    choice = choose(loads, depths, imbalance)
+def test_choose(loads, ordered, imbalance, index, how):
+    choice = choose(loads, ordered, imbalance)
     assert (choice.index, choice.how) == (index, how)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 30), st.integers(0, 8)), min_size=1, max_size=12),
+    st.lists(st.integers(1, 40), min_size=1, max_size=12),
     st.floats(0, 10),
+    st.randoms(use_true_random=False),
 )
-def test_the_choice_is_never_busier_than_the_imbalance_allows(candidates, imbalance):
-    loads = [float(load) for load, _ in candidates]
-    depths = [d for _, d in candidates]
-    choice = choose(loads, depths, imbalance)
-    assert loads[choice.index] - min(loads) <= imbalance
-    if choice.how == "prefix":
-        # The holder of the longest prefix, and the least loaded of such holders.
-        assert depths[choice.index] == max(depths) > 0
-        assert loads[choice.index] == min(
-            x for x, d in zip(loads, depths, strict=True) if d == max(depths)
-        )
-    else:
-        assert loads[choice.index] == min(loads)
+def test_the_load_stays_bounded(loads, imbalance, rnd):
+    ordered = list(range(len(loads)))
+    rnd.shuffle(ordered)
+    choice = choose([float(x) for x in loads], ordered, imbalance)
+    most = bound(loads, imbalance)
+    assert most >= (1 + SPILL) * sum(loads) / len(loads)
+    # Never a replica past the bound; the first in order that is within it.
+    assert loads[choice.index] <= most
+    place = ordered.index(choice.index)
+    assert all(loads[i] > most for i in ordered[:place])
+    assert choice.how == ("prefix" if place == 0 else "imbalance")
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.integers(1, 50),
-    st.lists(
-        st.tuples(st.integers(0, 20), st.integers(1, 12), st.sampled_from("abcdefgh")),
-        max_size=60,
-    ),
-)
-def test_nothing_grows_without_bound(capacity, served):
-    t = PrefixTable(capacity)
-    prompts = []
-    for start, length, replica in served:
-        hashes = block_hashes("".join(f"{i:0{BLOCK_CHARS}d}" for i in range(start, start + length)))
-        t.served(hashes, replica)
-        assert len(t) <= capacity
-        assert all(len(held) <= HOLDERS for held in t._blocks.values())
-        depths = t.depths(hashes, "abcdefgh")
-        assert all(0 < d <= len(hashes) for d in depths.values())
-        # What was served last is held whole by whoever served it, if it fits.
-        if len(hashes) <= capacity:
-            assert depths[replica] == len(hashes)
-        # What is held of any prompt served is a prefix of it.
-        prompts.append(hashes)
-        for p in prompts:
-            kept = [h in t._blocks for h in p]
-            assert kept == sorted(kept, reverse=True)
+@given(keys, st.lists(st.integers(1, 6), min_size=2, max_size=8), st.integers(0, 5))
+def test_requests_for_one_hot_prefix_spread_no_further_than_the_bound(key, weights, imbalance):
+    # One prefix, one request after another with none finishing: it fills the first in
+    # its order up to the bound, then the next, and no replica's load passes the bound.
+    replicas = [(f"r{i}", w) for i, w in enumerate(weights)]
+    ordered = order(key, replicas)
+    held = [0] * len(replicas)
+    for _ in range(40):
+        loads = [(h + 1) / w for h, (_, w) in zip(held, replicas, strict=True)]
+        choice = choose(loads, ordered, imbalance)
+        assert loads[choice.index] <= bound(loads, imbalance)
+        held[choice.index] += 1
+    # The first in order took the most per unit of weight, within one request.
+    per = [h / w for h, (_, w) in zip(held, replicas, strict=True)]
+    assert per[ordered[0]] >= max(per) - 1
 
 
 def test_a_prompt_is_read_only_as_far_as_its_prefix_can_reach():
     body = chat("x" * (BLOCK_CHARS * MAX_BLOCKS), "never read", "nor this")
     text = prompt_text("chat", body)
     assert "never read" not in text
-    assert block_hashes(text) == block_hashes(
-        prompt_text("chat", chat("x" * (BLOCK_CHARS * MAX_BLOCKS)))
-    )
+    assert prefix("chat", body) == prefix("chat", chat("x" * (BLOCK_CHARS * MAX_BLOCKS)))

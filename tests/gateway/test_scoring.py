@@ -49,16 +49,16 @@ def test_a_replica_whose_engine_queues_is_not_least_loaded_for_few_in_flight_her
         replica_load(3, 1, Reading(running=3, waiting=0)),
         replica_load(2, 1, Reading(running=6, waiting=0, kv_cache=0.97)),
     ]
-    assert choose(loads, [0, 0, 0], imbalance=4).index == 1
+    assert choose(loads, [], imbalance=4).index == 1
 
 
 def test_a_prefix_holder_whose_engine_queues_gives_way():
     loads = [replica_load(0, 1, Reading(running=4, waiting=4)), replica_load(0, 1, None)]
-    choice = choose(loads, [5, 0], imbalance=4)
+    choice = choose(loads, [0, 1], imbalance=4)
     assert (choice.index, choice.how) == (1, "imbalance")
     # A short queue on the holder is worth its cache: it keeps the prompt.
     loads = [replica_load(0, 1, Reading(running=1, waiting=1)), replica_load(0, 1, None)]
-    assert choose(loads, [5, 0], imbalance=4).how == "prefix"
+    assert choose(loads, [0, 1], imbalance=4).how == "prefix"
 
 
 def test_what_an_engine_said_in_words():
@@ -127,6 +127,14 @@ def test_the_trace_says_what_the_engine_said_of_the_replica_chosen():
     )
     assert routing_why(Picked(up, "least_loaded", inflight=1), 3) == (
         "fewest requests in flight (1) of 3 ready"
+    )
+    assert routing_why(Picked(up, "prefix", 5, 9, inflight=2), 3) == (
+        "first in the order of this prompt's prefix (5 of its 9 leading blocks) "
+        "(2 in flight, of 3 ready)"
+    )
+    assert routing_why(Picked(up, "imbalance", 5, 9, inflight=0, place=1), 3) == (
+        "number 2 in the order of this prompt's prefix (0 in flight, of 3 ready): "
+        "those before it were busier than the bound allows"
     )
 
 
