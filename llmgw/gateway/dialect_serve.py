@@ -7,7 +7,12 @@ gateway's own errors included (in Anthropic's shape for `/v1/messages`).
 
 A streamed request asks the engine for its usage (`stream_options.include_usage`), so
 the usage reaches the accounting exactly as a chat stream's does (`streaming`), and the
-closing event (`response.completed`, `message_delta`) carries it to the caller."""
+closing event (`response.completed`, `message_delta`) carries it to the caller.
+
+An engine that serves the caller's API itself (vLLM serves the Responses API) is sent the
+caller's own body instead, its model renamed (`native_body`), and its answer passes back
+as it is: the gateway's steps still saw the chat request it translates to, so the limits
+and the caps held it alike, and the usage is read from the Response (`chat_usage`)."""
 
 from __future__ import annotations
 
@@ -24,10 +29,13 @@ from llmgw.gateway.dialects.messages import (
 )
 from llmgw.gateway.dialects.responses import ResponsesStream, response_body, responses_request
 from llmgw.gateway.dialects.sse import ChatEvents, sse
+from llmgw.gateway.tables import Upstream
 
 CHAT_PATH = "/v1/chat/completions"
 PATHS = ("/v1/responses", "/v1/messages")
 JSON = b"application/json"
+# The engines (catalog.domain.ENGINES) that serve the Responses API themselves.
+SERVE_RESPONSES = frozenset({"vllm"})
 
 
 def dialect_for(path: str, send: Send) -> Dialect | None:
@@ -48,6 +56,7 @@ class Dialect:
         self.held: list[bytes] = []
         self.reader: ChatEvents | None = None
         self.stream: ResponsesStream | MessagesStream | None = None
+        self.native = False  # the engine answering serves this API: its answer passes as is
 
     def translated(self, body: dict) -> dict:
         """Chat's body for the caller's (a 400 naming the field it cannot honour)."""
@@ -55,8 +64,23 @@ class Dialect:
         self.request = body
         return chat
 
+    def native_body(self, up: Upstream, chat: dict) -> tuple[str, bytes] | None:
+        """The path and body to send `up` when its engine serves this API itself: the
+        caller's body, its model renamed as chat's is and with the cap on its output the
+        gateway set on `chat` (the translated body, as admitted); None for an engine it is
+        translated for. The answer then passes as it is."""
+        self.native = not self.anthropic and up.engine in SERVE_RESPONSES and bool(self.request)
+        if not self.native:
+            return None
+        body = dict(self.request, model=up.model)
+        if body.get("max_output_tokens") is None and chat.get("max_tokens") is not None:
+            body["max_output_tokens"] = chat["max_tokens"]
+        return "/v1/responses", json.dumps(body).encode()
+
     async def send(self, message: dict) -> None:
-        if message["type"] == "http.response.start":
+        if self.native:
+            await self.downstream(message)
+        elif message["type"] == "http.response.start":
             await self._started(message)
         elif message["type"] == "http.response.body":
             if self.stream is not None:

@@ -279,6 +279,7 @@ async def _request(
         wants_usage=isinstance(options, dict) and options.get("include_usage") is True,
         started=started,
         model=spec.name,
+        native=dialect.native_body if dialect is not None else None,
     )
     req.estimate = prompt_estimate(len(raw))
     return req, spec

@@ -26,6 +26,8 @@ from llmgw.gateway.tables import Key, Tables, Upstream
 from llmgw.gateway.usage import UsageBook
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fleet.domain.readings import Reading
 
 log = logging.getLogger("llmgw.gateway")
@@ -69,6 +71,9 @@ class Request:
     request_id: str = ""  # its id told to the caller (x-request-id, answers.request_id)
     replica: str = ""  # the replica answering it, told to the caller (X-Llmgw-Replica)
     warning: str = ""  # a budget's spent past its warning share (X-Llmgw-Budget-Warning)
+    # A body in another API (dialect_serve.Dialect.native_body): the path and body to send
+    # an engine that serves that API itself, or None to send it the chat request.
+    native: Callable[[Upstream, dict], tuple[str, bytes] | None] | None = None
     _prefix: Prefix | None | bool = False
 
     @property

@@ -15,6 +15,7 @@ import aiohttp
 
 from llmgw.gateway import metrics
 from llmgw.gateway.answers import Send
+from llmgw.gateway.dialects.responses import chat_usage
 from llmgw.gateway.state import Request, State
 
 log = logging.getLogger("llmgw.gateway")
@@ -27,6 +28,9 @@ SSE_HEADERS = [
 
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+# The event that ends a stream: chat's [DONE], or the Responses API's last (from an engine
+# that serves it itself: vLLM sends no [DONE] after it).
+_ENDED = re.compile(rb'data: \[DONE\]|"type":\s*"response\.(?:completed|incomplete|failed)"')
 
 
 def split_events(data: bytes, drop_usage: bool) -> tuple[bytes, bytes, dict | None]:
@@ -58,8 +62,17 @@ def split_events(data: bytes, drop_usage: bool) -> tuple[bytes, bytes, dict | No
                 usage = obj["usage"]
                 if drop_usage and not obj.get("choices"):
                     continue
+            elif isinstance(obj, dict) and (found := _response_usage(obj)) is not None:
+                usage = chat_usage(found)
         kept.append(event + end.group())
     return b"".join(kept), rest, usage
+
+
+def _response_usage(event: dict) -> dict | None:
+    """The usage a Responses API event carries in its Response (`response.completed`)."""
+    response = event.get("response")
+    usage = response.get("usage") if isinstance(response, dict) else None
+    return usage if isinstance(usage, dict) else None
 
 
 STREAM_CUT = (
@@ -88,7 +101,7 @@ async def relay_stream(rt: State, req: Request, resp, send: Send) -> int:
             if found is not None:
                 req.usage = found
             if out:
-                if b"data: [DONE]" in out:
+                if _ENDED.search(out):
                     req.done = True
                 req.events += out.count(b"data:")
                 await send({"type": "http.response.body", "body": out, "more_body": True})

@@ -51,6 +51,7 @@ class Upstream:
     authorization: str
     weight: int
     routing: str = "least_loaded"  # its profile's (catalog.domain.Profile.routes_by)
+    engine: str = ""  # its profile's: which APIs it serves itself (dialect_serve)
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ def build_routes(
             profile = spec.profile(r.profile)
             weight = profile.weight if profile is not None else 1
             routing = profile.routes_by if profile is not None else "least_loaded"
+            engine = profile.engine if profile is not None else ""
             if weight > 0:  # a profile weighted 0 takes no traffic
                 ready.append(
                     Upstream(
@@ -166,6 +168,7 @@ def build_routes(
                         authorization=f"Bearer {key_of(r.id)}",
                         weight=weight,
                         routing=routing,
+                        engine=engine,
                     )
                 )
     return tuple(sorted(ready, key=lambda u: u.replica_id)), starting

@@ -13,6 +13,7 @@ import aiohttp
 
 from llmgw.core import tracing
 from llmgw.gateway.answers import Refused, Send, send_answer, with_request
+from llmgw.gateway.dialects.responses import chat_usage
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.state import Request, State
 from llmgw.gateway.streaming import relay_stream
@@ -43,7 +44,17 @@ class Unreachable(Exception):
 
 
 async def proxy(rt: State, req: Request, up: Upstream, send: Send) -> int:
-    body = req.raw
+    native = req.native(up, req.body) if req.native is not None else None
+    path, body = native if native is not None else (req.path, _body(req, up))
+    headers = {"Authorization": up.authorization, "Content-Type": "application/json"}
+    if tracing.TRACER is not None:
+        return await _traced(rt, req, up, send, path, body, headers)
+    return await _proxy(rt, req, up, send, path, body, headers)
+
+
+def _body(req: Request, up: Upstream) -> bytes:
+    """The body to send: the caller's bytes, unless its model is renamed, its usage asked
+    for on its behalf, or the gateway added to it."""
     if req.body["model"] != up.model or (req.stream and not req.wants_usage) or req.body_changed:
         changed = dict(req.body, model=up.model)
         if req.stream and not req.wants_usage:
@@ -51,24 +62,23 @@ async def proxy(rt: State, req: Request, up: Upstream, send: Send) -> int:
             changed["stream_options"] = dict(
                 options if isinstance(options, dict) else {}, include_usage=True
             )
-        body = json.dumps(changed).encode()
-    headers = {"Authorization": up.authorization, "Content-Type": "application/json"}
-    if tracing.TRACER is not None:
-        return await _traced(rt, req, up, send, body, headers)
-    return await _proxy(rt, req, up, send, body, headers)
+        return json.dumps(changed).encode()
+    return req.raw
 
 
-async def _traced(rt: State, req: Request, up: Upstream, send: Send, body, headers) -> int:
+async def _traced(
+    rt: State, req: Request, up: Upstream, send: Send, path: str, body, headers
+) -> int:
     """One attempt inside a span of its own, its W3C traceparent passed on to the engine."""
     attributes = {
         "llmgw.replica": up.replica_id,
         "llmgw.model": up.model,
-        "url.full": up.url + req.path,
+        "url.full": up.url + path,
     }
     with tracing.span("llmgw.upstream", "CLIENT", **attributes) as span:
         tracing.inject(headers)
         try:
-            status = await _proxy(rt, req, up, send, body, headers)
+            status = await _proxy(rt, req, up, send, path, body, headers)
         except Unreachable as exc:
             tracing.said(span, **{"error.type": "unreachable", "llmgw.why": str(exc)})
             raise
@@ -76,7 +86,9 @@ async def _traced(rt: State, req: Request, up: Upstream, send: Send, body, heade
         return status
 
 
-async def _proxy(rt: State, req: Request, up: Upstream, send: Send, body, headers) -> int:
+async def _proxy(
+    rt: State, req: Request, up: Upstream, send: Send, path: str, body, headers
+) -> int:
     rid, model = up.replica_id, up.model
     rt.inflight[rid] = rt.inflight.get(rid, 0) + 1
     BOARD.running[model] = BOARD.running.get(model, 0) + 1
@@ -84,7 +96,7 @@ async def _proxy(rt: State, req: Request, up: Upstream, send: Send, body, header
     req.replica = rid
     try:
         try:
-            resp = await rt.session.post(up.url + req.path, data=body, headers=headers)
+            resp = await rt.session.post(up.url + path, data=body, headers=headers)
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise Unreachable(
                 str(exc) or type(exc).__name__, broken=not isinstance(exc, TimeoutError)
@@ -170,7 +182,8 @@ async def _whole(req: Request, resp, kind: str, send: Send) -> int:
             reason="upstream_status",
         )
     if status == 200:
-        req.usage = _usage_in(data)  # the engine's figures, for the request's span too
+        usage = _usage_in(data)  # the engine's figures, for the request's span too
+        req.usage = chat_usage(usage) if usage is not None else None
         if req.endpoint == "chat":
             data = with_refusal(data)
     req.verdict = "upstream_status" if status >= 400 else ""

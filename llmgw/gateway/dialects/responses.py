@@ -405,6 +405,22 @@ def usage_object(usage: Usage) -> dict:
     }
 
 
+def chat_usage(usage: dict) -> dict:
+    """An engine's usage in chat completions' names, which the accounting reads: a
+    Response's (`input_tokens`, `output_tokens`, its cached tokens), from an engine that
+    served the Responses API itself, renamed; a chat completion's as it is."""
+    if "prompt_tokens" in usage or "input_tokens" not in usage:
+        return usage
+    prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    chat = {"prompt_tokens": prompt, "completion_tokens": completion}
+    if isinstance(prompt, int) and isinstance(completion, int):
+        chat["total_tokens"] = prompt + completion
+    details = usage.get("input_tokens_details")
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        chat["prompt_tokens_details"] = {"cached_tokens": details["cached_tokens"]}
+    return chat
+
+
 class ResponsesStream:
     """The Responses API's typed events for a streamed chat completion: `start()` first,
     `feed(chunk)` for each chunk as it arrives, `close()` when the engine's stream ends.
