@@ -49,8 +49,8 @@ log = logging.getLogger("llmgw.fleet")
 
 def _sync_gpus(node: Node, msg: Register, *, new: bool, rows: list[Gpu] | None = None) -> bool:
     """Make the node's Gpu rows what it reported, with the processes llmgw did not start on
-    each; True when its GPUs changed (read once, not at all for a node just made, and not
-    again when its batch read them: `rows`)."""
+    each; True when its GPUs or their fabric reports changed (read once, not at all for a
+    node just made, and not again when its batch read them: `rows`)."""
     reports = gpu_reports(msg.fabric)
     wanted = {
         # Cut to the column's length: only an odd product name makes a class that long.
@@ -62,8 +62,7 @@ def _sync_gpus(node: Node, msg: Register, *, new: bool, rows: list[Gpu] | None =
     have = {g.index: (g.uuid, g.name, g.memory_mb, g.gpu_class) for g in rows}
     if wanted == have:
         _note_unknown_processes(node, msg, rows, save=True)
-        _gpu_fabric_write(rows, reports)
-        return False
+        return _gpu_fabric_write(rows, reports)
     if rows:
         node.gpus.all().delete()
     made = [
@@ -617,10 +616,14 @@ def node_fabric_record(*, node_id: str, fabric: Fabric, now: datetime) -> None:
         imex, ports = node_fabric(fabric)
         reports = gpu_reports(fabric)
         fields = {"imex": imex, "ib_ports": ports, "fabric_at": now}
-        if _placed_by(imex, {g.index: reports.get(g.index) for g in gpus}) != before:
+        placed_changed = _placed_by(imex, {g.index: reports.get(g.index) for g in gpus}) != before
+        if placed_changed:
             fields["spec_at"] = now
         Node.objects.filter(pk=node_id).update(**fields)
         _gpu_fabric_write(gpus, reports)
+        if placed_changed:
+            # A problem come or gone changes the GPUs the cluster page counts free.
+            node_figures_refresh(nodes=[node_id])
 
 
 # What placement does not read of a GPU's report (fleet/domain/fabric.py): counts that

@@ -123,6 +123,36 @@ def test_the_node_list_does_not_count_a_gpu_with_a_problem_or_cordoned_as_free(a
     assert api.call("GET", "/nodes/n1").json()["gpu_free"] == 1
 
 
+def stored_free(node_id: str) -> int | None:
+    """The GPUs free the cluster page sorts and counts by (fleet/nodes/figures.py)."""
+    return Node.objects.get(pk=node_id).gpu_free
+
+
+def test_the_cluster_pages_figures_count_free_what_placement_would_give_out(api):
+    register("n1", [joined(0), joined(1, xids=[79]), joined(2)])
+    assert stored_free("n1") == 2
+
+    api.call("POST", "/nodes/n1/gpus/2/cordon")
+    assert stored_free("n1") == 1
+    api.call("POST", "/nodes/n1/gpus/2/uncordon")
+    assert stored_free("n1") == 2
+
+
+def test_a_problem_come_or_gone_in_a_heartbeat_moves_the_stored_figures():
+    from fleet.nodes.reports import node_fabric_record
+    from fleet.protocol import Fabric
+
+    register("n1", [joined(0), joined(1)])
+    assert stored_free("n1") == 2
+    sick = {"gpus": [joined(0), joined(1, ecc={"uncorrected_volatile": 1})]}
+
+    node_fabric_record(node_id="n1", fabric=Fabric.model_validate(sick), now=at(1))
+    assert stored_free("n1") == 1
+    well = {"gpus": [joined(0), joined(1)]}
+    node_fabric_record(node_id="n1", fabric=Fabric.model_validate(well), now=at(2))
+    assert stored_free("n1") == 2
+
+
 def test_a_replica_over_several_nodes_is_listed_on_each_tray_of_its_domain(api, no_settle):
     for node_id in ("n1", "n2"):
         register(node_id, [joined(0), joined(1)])
