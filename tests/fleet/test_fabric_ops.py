@@ -168,3 +168,15 @@ def test_a_replica_over_several_nodes_is_listed_on_each_tray_of_its_domain(api, 
         ("n1", [replica.id], 0),
         ("n2", [replica.id], 0),
     ]
+
+
+def test_a_node_whose_gpus_report_two_domains_is_a_tray_of_each_as_the_page_draws_it(api):
+    register("n1", [joined(0), joined(1, clique=2), {"index": 2}])
+
+    domains = api.call("GET", "/fabric").json()["domains"]
+
+    # Its GPU that reports no domain yet is counted with each, as the page draws it.
+    assert [(d["clique"], [(t["node"], t["gpus_total"]) for t in d["trays"]]) for d in domains] == [
+        (1, [("n1", 2)]),
+        (2, [("n1", 2)]),
+    ]
