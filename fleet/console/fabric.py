@@ -22,6 +22,7 @@ from typing import Any
 from ..domain.fabric import Domain, domain_trays, gpu_domain, gpu_problem
 from ..domain.types import HOLDING, GpuView, NodeView, ReplicaView
 from ..models import Node
+from ..protocol import NVLINK_ERRORS
 
 # Replicas in a domain take these hues in turn (fleet.css .hue-N): enough to tell the
 # replicas of one rack apart, beside the legend naming each.
@@ -147,8 +148,6 @@ def _gpu(node: NodeView, g: GpuView, replica: ReplicaView | None, hues: dict) ->
 
 # A node's own report, as its page lists it.
 
-# The NVLink error counters, summed per GPU on the node page.
-LINK_COUNTERS = ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors")
 # ECC's counters as the node page's columns name them.
 ECC_COUNTERS = (
     "corrected_volatile",
@@ -191,7 +190,7 @@ def _gpu_shown(node_id: str, g: Mapping[str, Any]) -> dict[str, Any]:
         "links": links,
         "links_up": sum(1 for link in links if link.get("up") is True),
         "links_down": [link["link"] for link in links if link.get("up") is False],
-        "link_errors": _sum(links, LINK_COUNTERS),
+        "link_errors": _sum(links, NVLINK_ERRORS),
         "ecc": {k: ecc[k] for k in ECC_COUNTERS if isinstance(ecc.get(k), int)},
         "waiting": [
             words

@@ -28,7 +28,16 @@ from ..domain.passes import gap_allowed
 from ..domain.plan import Event
 from ..domain.types import parse_shard_id
 from ..models import Gpu, Lease, Node, Replica, Shard
-from ..protocol import BadMessage, Disk, Fabric, Register, RunningShard, ShardStatus, Weight
+from ..protocol import (
+    NVLINK_ERRORS,
+    BadMessage,
+    Disk,
+    Fabric,
+    Register,
+    RunningShard,
+    ShardStatus,
+    Weight,
+)
 from ..reconciler.run import LEASE
 from ..services import start_command
 from .connections import refused
@@ -630,7 +639,7 @@ def node_fabric_record(*, node_id: str, fabric: Fabric, now: datetime) -> None:
 # tick on a healthy GPU. Uncorrected volatile ECC errors, pending repairs, Xids, the
 # fabric's state and the links' up and peers it does.
 _TICKING = {
-    "nvlinks": ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors"),
+    "nvlinks": NVLINK_ERRORS,
     "ecc": ("corrected_volatile", "corrected_aggregate"),
 }
 
