@@ -18,6 +18,7 @@ from .nodes.dispatch import dispatch, node_disconnect
 from .reconciler.run import reconcile_once
 from .schemas import (
     ApproveIn,
+    DefragOut,
     DetailOut,
     EngineLogOut,
     EventsOut,
@@ -196,6 +197,15 @@ def model_target(request, name: str, tokens_per_sec: Query[float]):
 def model_preemption(request, name: str):
     """What would be stopped now to place one more replica, and why; changes nothing."""
     return dry_runs.model_preemption(name=name)
+
+
+@router.get(
+    "/models/{name}/defrag", response=DefragOut, by_alias=True, auth=can("catalog.view_model")
+)
+def model_defrag(request, name: str):
+    """Which replicas would move to free an NVLink domain for one replica of the model over
+    several trays, and why none can be freed; changes nothing (docs/fabric.md)."""
+    return dry_runs.model_defrag(name=name)
 
 
 @router.post("/reconcile", response=ReconcileOut, auth=can("fleet.change_replica"))

@@ -123,6 +123,12 @@ class NvLink(_Message):
     crc_data_errors: ErrorCount | None = None
 
 
+# An NVLink's data-link error counters by the protocol's names, in one place: the agent
+# reads them from NVML, /metrics publishes them, the node page sums them, and a change
+# in them alone moves no placement view (they tick on a healthy GPU).
+NVLINK_ERRORS = tuple(name for name in NvLink.model_fields if name.endswith("_errors"))
+
+
 class Ecc(_Message):
     """A GPU's memory errors: ECC mode and counts, and the repairs its memory waits for."""
 

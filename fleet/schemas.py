@@ -156,6 +156,29 @@ class PreemptionOut(Schema):
     blocked: list[str]
 
 
+class DefragMoveOut(Schema):
+    """One replica defragmentation would move: a replacement placed on `to` first, then
+    the old one on `from` stopped, as a drain does."""
+
+    replica: str
+    model: str
+    from_: list[str] = Field(alias="from")
+    to: list[str]
+
+
+class DefragOut(Schema):
+    """The defragmentation dry run (fleet/domain/defrag.py `defrag_dry_run`): the domain
+    it would free for one replica of `model`, the moves, and why none can be freed."""
+
+    model: str
+    done: bool = Field(description="whether the reconciler carries such plans out (LLMGW_DEFRAG)")
+    summary: str
+    domain: str | None = None
+    moves: list[DefragMoveOut]
+    leaving: list[str] = Field(default_factory=list, description="replicas already leaving it")
+    blocked: list[str]
+
+
 class EngineLogOut(Schema):
     """A replica's engine log as its node read it: the last lines, oldest first."""
 

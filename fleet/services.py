@@ -293,6 +293,8 @@ def gpu_set_cordon(*, node_id: str, index: int, cordoned: bool, actor: str, now:
             raise NotFound(f"Node {node_id} has no GPU {index}.")
         node.gpus.filter(index=index).update(cordoned=cordoned)
         Node.objects.filter(pk=node.pk).update(spec_at=now)
+        # The cluster page's free GPUs count no cordoned one, as placement does.
+        node_figures_refresh(nodes=[node_id])
         # A node's write, so the node's events list it (fleet/selectors/events.py).
         audit_record(
             actor=actor, action=f"node.gpu_{action}", target=node_id, detail={"gpu": index}

@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from catalog.models import Model
-from fleet.models import Event, Node, PowerBudget
+from fleet.models import Event, Gpu, Node, PowerBudget
 from llmgw.api import api
 from llmgw.core import clock
 from llmgw.core.permissions import OPERATORS, RELEASE_MANAGERS, VIEWERS
@@ -38,6 +38,7 @@ def world(db):
     """One of everything the actions touch."""
     now = clock.now()
     Node.objects.create(id="gpu-a", state_since=now, registered_at=now, last_seen=now)
+    Gpu.objects.create(node_id="gpu-a", index=0, gpu_class="h100-80g")
     model_added(gpu_model("llama"))
     org_create(name="Acme", actor="test")
     team_create(org="Acme", name="ml", actor="test")
@@ -108,6 +109,14 @@ API = [
         ("post", "/nodes/gpu-a/cordon", None),
         "fleet.change_node",
         lambda: Node.objects.get(pk="gpu-a").cordoned,
+    ),
+    Family(
+        "GPUs",
+        "/fabric",
+        "fleet.view_node",
+        ("post", "/nodes/gpu-a/gpus/0/cordon", None),
+        "fleet.change_node",
+        lambda: Gpu.objects.get(node="gpu-a", index=0).cordoned,
     ),
     Family(
         "models",
@@ -457,11 +466,18 @@ def test_a_superuser_sees_the_form_and_uses_it(world, root, family):
         ("/", "fleet.view_node"),
         ("/scopes?q=acme", "tenancy.view_organization"),
         ("/replicas/r-1/log", "fleet.view_replica"),
+        ("/fabric", "fleet.view_node"),
     ],
 )
 def test_the_other_pages_need_their_view_permission_too(world, nobody, viewer, path, perm):
     page_refused(nobody.get(path), perm)
     assert viewer.get(path).status_code == 200
+
+
+@pytest.mark.parametrize("what", ["preemption", "defrag"])
+def test_a_models_dry_runs_need_its_view_permission(world, nobody, viewer, what):
+    refused(call(nobody, "get", f"/models/llama/{what}"), "catalog.view_model")
+    assert call(viewer, "get", f"/models/llama/{what}").status_code == 200
 
 
 # Pushing code to nodes: an engine build or an llmgw release runs as the agent's user on

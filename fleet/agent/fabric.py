@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleet.protocol import MAX_FRAME_BYTES, XIDS_KEPT
+from fleet.protocol import MAX_FRAME_BYTES, NVLINK_ERRORS, XIDS_KEPT
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,10 @@ FABRIC_EVERY_S = 10.0
 FABRIC_BYTES = MAX_FRAME_BYTES // 4
 IMEX_TIMEOUT_S = 5.0
 FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")
-# NVML's data-link error counters (NVML_NVLINK_ERROR_DL_*), by the protocol's names.
-NVLINK_COUNTERS = (
-    ("replay_errors", "NVML_NVLINK_ERROR_DL_REPLAY"),
-    ("recovery_errors", "NVML_NVLINK_ERROR_DL_RECOVERY"),
-    ("crc_flit_errors", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
-    ("crc_data_errors", "NVML_NVLINK_ERROR_DL_CRC_DATA"),
+# NVML's data-link error counters by the protocol's names: replay_errors is
+# NVML_NVLINK_ERROR_DL_REPLAY, crc_flit_errors NVML_NVLINK_ERROR_DL_CRC_FLIT, and so on.
+NVLINK_COUNTERS = tuple(
+    (key, f"NVML_NVLINK_ERROR_DL_{key.removesuffix('_errors').upper()}") for key in NVLINK_ERRORS
 )
 IB_COUNTERS = (
     ("link_downed", "link_downed"),

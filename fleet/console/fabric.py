@@ -5,8 +5,9 @@ rack of its trays: the nodes whose GPUs report it, each GPU coloured by what hol
 and marked by its health (`GpuView.problem`, `cordoned`, `healthy`), IMEX per tray
 (`NodeView.imex`), and the replicas holding GPUs there. It reads the views every
 reader shares (fleet/selectors/state.py: cached per process) and the replicas, and
-the nodes' IMEX domains in one query. The API's reads of domains are another's
-(fleet/selectors/fabric.py); this is what the page draws, in the page's words.
+the nodes' IMEX domains in one query. It groups trays into domains as the API does
+(fleet/selectors/fabric.py), by `domain_trays`; this is what the page draws, in the
+page's words.
 
 A node's page lists its own report as stored (`Gpu.fabric`, `Node.imex`,
 `Node.ib_ports`): `node_fabric_shown` turns it into rows.
@@ -18,14 +19,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..domain.fabric import gpu_domain, gpu_problem
+from ..domain.fabric import Domain, domain_trays, gpu_domain, gpu_problem
 from ..domain.types import HOLDING, GpuView, NodeView, ReplicaView
 from ..models import Node
+from ..protocol import NVLINK_ERRORS
 
 # Replicas in a domain take these hues in turn (fleet.css .hue-N): enough to tell the
 # replicas of one rack apart, beside the legend naming each.
 HUES = 8
-Domain = tuple[str, int]
 
 
 def fabric_page(nodes: Mapping[str, NodeView], replicas: Iterable[ReplicaView]) -> dict:
@@ -57,27 +58,22 @@ def fabric_domains(
     nodes: Mapping[str, NodeView], replicas: Iterable[ReplicaView]
 ) -> list[dict[str, Any]]:
     """Each NVLink domain, by UUID then clique: its trays by node id, each GPU's use and
-    health, the replicas holding its GPUs, and its figures. Pure.
-
-    A tray is a node any of whose GPUs reports the domain; its GPUs that report none (a
-    registration not completed) are drawn with it, those of another domain are not."""
+    health, the replicas holding its GPUs, and its figures. Pure. The trays, and the GPUs
+    drawn in each, are `domain_trays`'."""
     holder = {
         (s.node_id, i): r for r in replicas if r.state in HOLDING for s in r.shards
         for i in s.gpu_indices
     }  # fmt: skip
-    by_domain: dict[Domain, list[NodeView]] = defaultdict(list)
-    for node in sorted(nodes.values(), key=lambda n: n.id):
-        for domain in sorted({g.domain for g in node.gpus if g.domain is not None}):
-            by_domain[domain].append(node)
-    return [_domain(d, by_domain[d], holder) for d in sorted(by_domain)]
+    return [_domain(d, trays, holder) for d, trays in domain_trays(nodes.values()).items()]
 
 
-def _domain(domain: Domain, trays: list[NodeView], holder: Mapping) -> dict[str, Any]:
+def _domain(
+    domain: Domain, trays: list[tuple[NodeView, list[GpuView]]], holder: Mapping
+) -> dict[str, Any]:
     hues: dict[str, int] = {}
     spans: dict[str, dict[str, int]] = defaultdict(dict)
     drawn = []
-    for node in trays:
-        gpus = [g for g in node.gpus if g.domain in (domain, None)]
+    for node, gpus in trays:
         cells = []
         for g in gpus:
             replica = holder.get((node.id, g.index))
@@ -152,8 +148,6 @@ def _gpu(node: NodeView, g: GpuView, replica: ReplicaView | None, hues: dict) ->
 
 # A node's own report, as its page lists it.
 
-# The NVLink error counters, summed per GPU on the node page.
-LINK_COUNTERS = ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors")
 # ECC's counters as the node page's columns name them.
 ECC_COUNTERS = (
     "corrected_volatile",
@@ -196,7 +190,7 @@ def _gpu_shown(node_id: str, g: Mapping[str, Any]) -> dict[str, Any]:
         "links": links,
         "links_up": sum(1 for link in links if link.get("up") is True),
         "links_down": [link["link"] for link in links if link.get("up") is False],
-        "link_errors": _sum(links, LINK_COUNTERS),
+        "link_errors": _sum(links, NVLINK_ERRORS),
         "ecc": {k: ecc[k] for k in ECC_COUNTERS if isinstance(ecc.get(k), int)},
         "waiting": [
             words

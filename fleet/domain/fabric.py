@@ -8,12 +8,18 @@ figure may be absent: absent is unknown, never 0, and unknown is never a problem
 - `gpu_problem`: why the GPU takes no new replicas, in a sentence; None when nothing says so.
 - `gpu_domain`: the NVLink domain it is in (cluster UUID, clique), once registered.
 - `nvlink_peers`: the GPUs of the same node it is joined to by an NVLink that is up.
+- `domain_trays`: the nodes (trays) of each NVLink domain, as the API and the page list them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from .types import GpuView, NodeView
+
+Domain = tuple[str, int]
 
 # The Xids after which a GPU needs a reset before it serves again, with the words an
 # operator reads. The list is the one issue 40 gives, from NVIDIA's Xid catalog
@@ -118,3 +124,16 @@ def nvlink_peers(report: Mapping[str, Any]) -> frozenset[int]:
         if link.get("up") is True and isinstance(peer, int) and peer != own:
             peers.add(peer)
     return frozenset(peers)
+
+
+def domain_trays(nodes: Iterable[NodeView]) -> dict[Domain, list[tuple[NodeView, list[GpuView]]]]:
+    """Each NVLink domain the nodes' GPUs report, by UUID then clique, with its trays by
+    node id: each a node any of whose GPUs reports the domain, with those GPUs and the
+    ones that report none (a registration not completed, counted with the others), not
+    those of another domain. GET /api/v1/fabric and the /fabric page both group by it."""
+    found: dict[Domain, list[tuple[NodeView, list[GpuView]]]] = defaultdict(list)
+    for node in sorted(nodes, key=lambda n: n.id):
+        for domain in sorted({g.domain for g in node.gpus if g.domain is not None}):
+            gpus = [g for g in node.gpus if g.domain in (domain, None)]
+            found[domain].append((node, gpus))
+    return {d: found[d] for d in sorted(found)}

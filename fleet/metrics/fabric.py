@@ -13,15 +13,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..protocol import NVLINK_ERRORS
+
 # (name, label values in the Desc's order, value)
 Line = tuple[str, tuple, float]
 
-_NVLINK_KINDS = (
-    ("replay_errors", "replay"),
-    ("recovery_errors", "recovery"),
-    ("crc_flit_errors", "crc_flit"),
-    ("crc_data_errors", "crc_data"),
-)
+# Each NVLink error counter with its `kind` label: replay_errors is kind="replay".
+_NVLINK_KINDS = tuple((key, key.removesuffix("_errors")) for key in NVLINK_ERRORS)
 _ECC = (
     ("corrected_volatile", "corrected", "volatile"),
     ("uncorrected_volatile", "uncorrected", "volatile"),

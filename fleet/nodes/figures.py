@@ -16,9 +16,10 @@ from typing import NamedTuple
 from django.db import connection, transaction
 
 from ..domain.gpuclass import CLASS_LABEL
-from ..domain.types import HOLDING
+from ..domain.types import HOLDING, GpuView
 from ..models import Gpu, Node, Shard
 from ..selectors.rows import chunks
+from ..selectors.state import gpu_fabric_fields
 
 
 class NodeFigures(NamedTuple):
@@ -35,11 +36,12 @@ def node_figures(
     gpus: Iterable[tuple[int, str, bool]],
     held: Iterable[tuple[str, Iterable[int]]],
 ) -> NodeFigures:
-    """A node's figures from its labels, its GPUs (index, class, healthy) and the shards of
-    holding replicas on it (replica id, GPU indices).
+    """A node's figures from its labels, its GPUs (index, class, in service) and the shards
+    of holding replicas on it (replica id, GPU indices).
 
-    A GPU is free when it is healthy and no holding replica has it, as `nodes_list` says;
-    a class label names every GPU's class, as placement sees them.
+    A GPU is free when it is in service (`gpu_in_service`: healthy, no problem, not
+    cordoned) and no holding replica has it, as placement and `nodes_list` count it; a
+    class label names every GPU's class, as placement sees them.
     """
     override = labels.get(CLASS_LABEL) if isinstance(labels, Mapping) else None
     used: set[int] = set()
@@ -50,10 +52,20 @@ def node_figures(
     gpus = list(gpus)
     return NodeFigures(
         gpu_total=len(gpus),
-        gpu_free=sum(1 for i, _, healthy in gpus if healthy and i not in used) if gpus else None,
+        gpu_free=sum(1 for i, _, serving in gpus if serving and i not in used) if gpus else None,
         gpu_classes=sorted({override or c for _, c, _ in gpus}),
         replica_count=len(replicas),
     )
+
+
+def gpu_in_service(
+    node_id: str, index: int, healthy: bool, fabric: Mapping | None, cordoned: bool
+) -> bool:
+    """Whether placement may give the GPU out once no replica holds it, by placement's own
+    rule (`GpuView.free_to_place`): a problem in its fabric report or a cordon keeps it
+    from new replicas, so the page must not count it free."""
+    fields = gpu_fabric_fields(node_id, index, fabric, cordoned=cordoned)
+    return GpuView(index=index, gpu_class="", healthy=healthy, **fields).free_to_place
 
 
 def node_figures_refresh(*, nodes: Iterable[str] = (), replicas: Iterable[str] = ()) -> None:
@@ -83,12 +95,13 @@ def _refresh(ids: list[str]) -> None:
         .values_list("id", "labels", "gpu_total", "gpu_free", "gpu_classes", "replica_count")
     }
     gpus: dict[str, list[tuple]] = defaultdict(list)
-    for node_id, *gpu in (
+    for node_id, index, cls, healthy, fabric, cordoned in (
         Gpu.objects.filter(node_id__in=current)
         .order_by()
-        .values_list("node_id", "index", "gpu_class", "healthy")
+        .values_list("node_id", "index", "gpu_class", "healthy", "fabric", "cordoned")
     ):
-        gpus[node_id].append(tuple(gpu))
+        serving = gpu_in_service(node_id, index, healthy, fabric, cordoned)
+        gpus[node_id].append((index, cls, serving))
     held: dict[str, list[tuple]] = defaultdict(list)
     for node_id, replica_id, indices in (
         Shard.objects.filter(node_id__in=current, replica__state__in=HOLDING)

@@ -28,7 +28,16 @@ from ..domain.passes import gap_allowed
 from ..domain.plan import Event
 from ..domain.types import parse_shard_id
 from ..models import Gpu, Lease, Node, Replica, Shard
-from ..protocol import BadMessage, Disk, Fabric, Register, RunningShard, ShardStatus, Weight
+from ..protocol import (
+    NVLINK_ERRORS,
+    BadMessage,
+    Disk,
+    Fabric,
+    Register,
+    RunningShard,
+    ShardStatus,
+    Weight,
+)
 from ..reconciler.run import LEASE
 from ..services import start_command
 from .connections import refused
@@ -49,8 +58,8 @@ log = logging.getLogger("llmgw.fleet")
 
 def _sync_gpus(node: Node, msg: Register, *, new: bool, rows: list[Gpu] | None = None) -> bool:
     """Make the node's Gpu rows what it reported, with the processes llmgw did not start on
-    each; True when its GPUs changed (read once, not at all for a node just made, and not
-    again when its batch read them: `rows`)."""
+    each; True when its GPUs or their fabric reports changed (read once, not at all for a
+    node just made, and not again when its batch read them: `rows`)."""
     reports = gpu_reports(msg.fabric)
     wanted = {
         # Cut to the column's length: only an odd product name makes a class that long.
@@ -62,8 +71,7 @@ def _sync_gpus(node: Node, msg: Register, *, new: bool, rows: list[Gpu] | None =
     have = {g.index: (g.uuid, g.name, g.memory_mb, g.gpu_class) for g in rows}
     if wanted == have:
         _note_unknown_processes(node, msg, rows, save=True)
-        _gpu_fabric_write(rows, reports)
-        return False
+        return _gpu_fabric_write(rows, reports)
     if rows:
         node.gpus.all().delete()
     made = [
@@ -617,17 +625,21 @@ def node_fabric_record(*, node_id: str, fabric: Fabric, now: datetime) -> None:
         imex, ports = node_fabric(fabric)
         reports = gpu_reports(fabric)
         fields = {"imex": imex, "ib_ports": ports, "fabric_at": now}
-        if _placed_by(imex, {g.index: reports.get(g.index) for g in gpus}) != before:
+        placed_changed = _placed_by(imex, {g.index: reports.get(g.index) for g in gpus}) != before
+        if placed_changed:
             fields["spec_at"] = now
         Node.objects.filter(pk=node_id).update(**fields)
         _gpu_fabric_write(gpus, reports)
+        if placed_changed:
+            # A problem come or gone changes the GPUs the cluster page counts free.
+            node_figures_refresh(nodes=[node_id])
 
 
 # What placement does not read of a GPU's report (fleet/domain/fabric.py): counts that
 # tick on a healthy GPU. Uncorrected volatile ECC errors, pending repairs, Xids, the
 # fabric's state and the links' up and peers it does.
 _TICKING = {
-    "nvlinks": ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors"),
+    "nvlinks": NVLINK_ERRORS,
     "ecc": ("corrected_volatile", "corrected_aggregate"),
 }
 

@@ -3,7 +3,8 @@ NVLink domain with its GPUs free and in all, its trays (nodes) with IMEX on each
 replicas spanning them, and what keeps GPUs out of service. Reads only.
 
 Everything comes from the views placement reads (fleet/selectors/state.py, through the
-pure rules of fleet/domain/fabric.py), so a GPU is "free" here exactly when placement
+pure rules of fleet/domain/fabric.py: its `domain_trays` groups the trays into domains,
+as the /fabric page does), so a GPU is "free" here exactly when placement
 would give it out: healthy, not held by another process, no problem, not cordoned, and
 held by no replica.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
+from ..domain.fabric import Domain, domain_trays
 from ..domain.types import HOLDING, GpuView, NodeView, ReplicaView
 from .facility import held_gpus
 from .state import node_views, replica_views
@@ -50,13 +52,6 @@ def _tray(node: NodeView, gpus: list[GpuView], held: set[int], spanning: list[st
     }
 
 
-def _domain_of_node(node: NodeView) -> tuple[str, int] | None:
-    """The one NVLink domain a node's GPUs report; a GPU that reports none (its
-    registration not completed) is counted with the others. None for no domain, or two."""
-    found = {g.domain for g in node.gpus if g.domain is not None}
-    return found.pop() if len(found) == 1 else None
-
-
 def fabric_read() -> dict:
     """Every NVLink domain the nodes' GPUs report, and every GPU kept out of service (a
     problem, a cordon) on any node, in a domain or not."""
@@ -68,22 +63,18 @@ def fabric_read() -> dict:
         if r.state in HOLDING and len(r.nodes) > 1:
             for node_id in sorted(r.nodes):
                 spanning[node_id].append(r.id)
-    trays: dict[tuple[str, int], list[dict]] = defaultdict(list)
-    problems: list[str] = []
-    for node_id in sorted(nodes):
-        node = nodes[node_id]
-        problems.extend(s for g in node.gpus if (s := gpu_kept_said(node_id, g)))
-        domain = _domain_of_node(node)
-        if domain is not None:
-            tray = _tray(node, list(node.gpus), held.get(node_id, set()), spanning[node_id])
-            trays[domain].append(tray)
-    return {
-        "domains": [_domain_out(d, trays[d]) for d in sorted(trays)],
-        "problems": problems,
-    }
+    problems = [
+        s for node_id in sorted(nodes) for g in nodes[node_id].gpus
+        if (s := gpu_kept_said(node_id, g))
+    ]  # fmt: skip
+    domains = [
+        _domain_out(d, [_tray(n, gpus, held.get(n.id, set()), spanning[n.id]) for n, gpus in trays])
+        for d, trays in domain_trays(nodes.values()).items()
+    ]
+    return {"domains": domains, "problems": problems}
 
 
-def _domain_out(domain: tuple[str, int], trays: list[Mapping]) -> dict:
+def _domain_out(domain: Domain, trays: list[Mapping]) -> dict:
     uuid, clique = domain
     return {
         "name": f"domain {uuid} clique {clique}",

@@ -1,4 +1,5 @@
-"""``llmgw ctl fabric`` and ``ctl gpu cordon|uncordon NODE:INDEX``: the GPU fabric.
+"""``llmgw ctl fabric``, ``ctl gpu cordon|uncordon NODE:INDEX`` and ``ctl model defrag
+NAME`` (a dry run, as ``model preemption``): the GPU fabric.
 
 A replica over several nodes is placed within one NVLink domain (the fabric manager's
 cluster UUID and clique) on trays with IMEX up; a GPU with a problem (uncorrected ECC
@@ -20,6 +21,11 @@ NOTHING = (
     "No GPU reports an NVLink domain: replicas over several nodes go by the llmgw.io/fabric label."
 )
 LEGEND = "GPUS FREE: those placement would give out now (no replica, no problem, no cordon)."
+# Whether the reconciler carries a defragmentation plan out (LLMGW_DEFRAG, docs/fabric.md).
+DEFRAG_DONE = {
+    True: "LLMGW_DEFRAG is on: the reconciler makes these moves.",
+    False: "LLMGW_DEFRAG is off: the reconciler only says these moves.",
+}
 
 
 def gpu_address(text: str) -> tuple[str, int]:
@@ -80,8 +86,29 @@ def cmd_gpu_action(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(answer, lambda a: said(a, f"GPU {index} of node {node} {args.action}ed"))
 
 
+def render_defrag(d: Mapping[str, Any]) -> str:
+    """``ctl model defrag``: what would move to free an NVLink domain for one more replica,
+    and whether the reconciler would do it; or why no domain can be freed."""
+    blocks = [d["summary"]]
+    moves = d.get("moves") or []
+    if moves:
+        rows = [[m["replica"], m["model"], ", ".join(m["from"]), ", ".join(m["to"])] for m in moves]
+        blocks.append("Would move:\n" + render(["REPLICA", "MODEL", "FROM", "TO"], rows))
+    if d.get("leaving"):
+        blocks.append("Counts on these leaving already: " + ", ".join(d["leaving"]))
+    if d.get("blocked"):
+        blocks.append("\n".join(d["blocked"]))
+    if moves:
+        blocks.append(DEFRAG_DONE[bool(d.get("done"))])
+    return "\n\n".join(blocks)
+
+
+def cmd_model_defrag(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get(f"/models/{segment(args.name)}/defrag"), render_defrag)
+
+
 def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:
-    """Add ``fabric`` and ``gpu cordon|uncordon`` to the commands."""
+    """Add ``fabric`` and ``gpu cordon|uncordon`` to the commands, ``defrag`` to ``model``."""
     add(commands, "fabric", "NVLink domains: GPUs free, trays, IMEX, problems", cmd_fabric)
     gpu = add(commands, "gpu", "cordon or uncordon one GPU of a node")
     actions = gpu.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -92,3 +119,10 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
         add(actions, action, help, cmd_gpu_action).add_argument(
             "gpu", metavar="NODE:INDEX", type=gpu_address, help="e.g. n1:3"
         )
+    defrag = add(
+        groups["model"],
+        "defrag",
+        "what would move to free an NVLink domain for a model now (changes nothing)",
+        cmd_model_defrag,
+    )
+    defrag.add_argument("name")

@@ -1,5 +1,6 @@
-"""``llmgw ctl fabric`` and ``ctl gpu cordon|uncordon NODE:INDEX``: against a fake server for
-what is printed, and against the real API for the shapes sent and answered."""
+"""``llmgw ctl fabric``, ``ctl gpu cordon|uncordon NODE:INDEX`` and ``ctl model defrag``:
+against a fake server for what is printed, and against the real API for the shapes sent
+and answered."""
 
 from __future__ import annotations
 
@@ -99,3 +100,59 @@ def test_a_gpu_is_cordoned_uncordoned_and_shown_in_the_fabric_against_the_api(ca
     code = ctl.main(["gpu", "cordon", "n1:9"], transport=server)
     assert code == 1
     assert capsys.readouterr().err.strip() == "error: Node n1 has no GPU 9."
+
+
+DEFRAG = {
+    "model": "big",
+    "done": False,
+    "summary": "moving small-1 of small from a0 to b1 would free 4 trays of domain c0ffee "
+    "clique 1 for big",
+    "domain": "domain c0ffee clique 1",
+    "moves": [{"replica": "small-1", "model": "small", "from": ["a0"], "to": ["b1"]}],
+    "leaving": ["chat-2"],
+    "blocked": [],
+}
+
+
+def test_model_defrag_shows_the_moves_what_it_counts_on_and_that_it_is_only_said(capsys):
+    server = FakeServer({("GET", "/api/v1/models/big/defrag"): (200, DEFRAG)})
+
+    code, out, err = run(capsys, server, "model", "defrag", "big")
+
+    assert (code, err) == (0, "")
+    summary, moves, leaving, done = out.rstrip("\n").split("\n\n")
+    assert summary == DEFRAG["summary"]
+    assert table(moves.split("\n", 1)[1]) == [
+        ["REPLICA", "MODEL", "FROM", "TO"],
+        ["small-1", "small", "a0", "b1"],
+    ]
+    assert leaving == "Counts on these leaving already: chat-2"
+    assert done == ctl.ctl_fabric.DEFRAG_DONE[False]
+
+
+def test_model_defrag_says_why_no_domain_can_be_freed(capsys):
+    blocked = {
+        **DEFRAG,
+        "summary": "no NVLink domain can be freed for big",
+        "moves": [],
+        "leaving": [],
+        "blocked": ["domain c0ffee clique 1: no room outside it for a replacement of chat-3"],
+    }
+    server = FakeServer({("GET", "/api/v1/models/big/defrag"): (200, blocked)})
+
+    _, out, _ = run(capsys, server, "model", "defrag", "big")
+
+    assert out.rstrip("\n").split("\n\n") == [blocked["summary"], blocked["blocked"][0]]
+
+
+@pytest.mark.django_db
+def test_model_defrag_against_the_api(capsys, server):
+    from tests.fleet.test_fabric_ops import fragmented
+
+    fragmented()
+    code = ctl.main(["model", "defrag", "big"], transport=server)
+    out = capsys.readouterr().out
+
+    assert code == 0
+    assert table(out.split("\n\n")[1].split("\n", 1)[1])[1] == ["small-1", "small", "c1-0", "c2-1"]
+    assert ctl.main(["model", "defrag", "nope"], transport=server) == 1

@@ -8,14 +8,13 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from catalog.domain import ModelSpec, Profile
-from fleet.domain.placement import Inventory, Placement
 from fleet.domain.types import FABRIC_LABEL, NodeView
 
 from .builders import H100, Cluster, gpu_node, snapshot
-from .test_placement_index import gpu_profiles, placed_by
+from .test_placement_index import assert_the_index_places_as_judging_every_node, gpu_profiles
 from .test_placement_properties import (
-    OUTCOMES,
     SOURCES,
+    agents_report,
     assert_nothing_given_twice,
     catalogs,
     nodes,
@@ -154,13 +153,7 @@ def passes(c: Cluster, data) -> None:
         plan = c.step()
         assert_every_start_kept_the_fabric(before, plan)
         assert_nothing_given_twice(c.snap)
-        for r in c.snap.replicas:
-            if r.state in ("pending", "starting"):
-                outcome = data.draw(st.sampled_from(OUTCOMES), label=f"{r.id} reports")
-                if outcome != r.state and outcome != "pending":
-                    c.report(r.id, outcome, reason="exit code 1")
-            elif r.state == "stopping" and data.draw(st.booleans(), label=f"{r.id} stops"):
-                c.report(r.id, "stopped")
+        agents_report(c, data)
 
 
 @settings(max_examples=200, deadline=None)
@@ -177,17 +170,4 @@ def passes(c: Cluster, data) -> None:
     ),
 )
 def test_the_index_follows_the_links(fleet, asks):
-    by_id = {n.id: n for n in fleet}
-    fast, slow = Inventory(by_id, ()), Inventory(by_id, ())
-    for profile, source, avoid in asks:
-        a = placed_by(fast, 0, profile, avoid, source)
-        b = placed_by(slow, 10**9, profile, avoid, source)
-        if isinstance(b, Placement):
-            assert isinstance(a, Placement)
-            assert [(s.node_id, s.gpu_indices) for s in a.shards] == [
-                (s.node_id, s.gpu_indices) for s in b.shards
-            ]
-            fast.reserve("m", a)
-            slow.reserve("m", b)
-        else:
-            assert a == b, "when nothing fits, both say why the same way"
+    assert_the_index_places_as_judging_every_node(fleet, asks)

@@ -47,6 +47,12 @@ def placed_by(inv: Inventory, index_from: int, profile: Profile, avoid, source, 
     ),
 )
 def test_the_index_places_where_judging_every_node_would(fleet, asks):
+    assert_the_index_places_as_judging_every_node(fleet, asks)
+
+
+def assert_the_index_places_as_judging_every_node(fleet, asks) -> None:
+    """Each ask placed through the index and by judging every node lands on the same GPUs,
+    or both refuse it the same way."""
     by_id = {n.id: n for n in fleet}
     fast, slow = Inventory(by_id, ()), Inventory(by_id, ())
     for profile, source, avoid in asks:

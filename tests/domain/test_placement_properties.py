@@ -197,13 +197,18 @@ def test_repeated_passes_never_give_a_gpu_a_gb_or_a_core_twice(fleet, catalog, d
         assert_every_start_was_allowed(before, plan)
         assert_nothing_given_twice(c.snap)
         assert_no_model_runs_more_than_it_wants(c.snap, plan)
-        for r in c.snap.replicas:
-            if r.state in ("pending", "starting"):
-                outcome = data.draw(st.sampled_from(OUTCOMES), label=f"{r.id} reports")
-                if outcome != r.state and outcome != "pending":
-                    c.report(r.id, outcome, reason="exit code 1")
-            elif r.state == "stopping" and data.draw(st.booleans(), label=f"{r.id} stops"):
-                c.report(r.id, "stopped")
+        agents_report(c, data)
+
+
+def agents_report(c: Cluster, data) -> None:
+    """The agents report a random outcome for each replica starting, and some stop."""
+    for r in c.snap.replicas:
+        if r.state in ("pending", "starting"):
+            outcome = data.draw(st.sampled_from(OUTCOMES), label=f"{r.id} reports")
+            if outcome != r.state and outcome != "pending":
+                c.report(r.id, outcome, reason="exit code 1")
+        elif r.state == "stopping" and data.draw(st.booleans(), label=f"{r.id} stops"):
+            c.report(r.id, "stopped")
 
 
 @settings(max_examples=100, deadline=None)

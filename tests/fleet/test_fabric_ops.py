@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.models import Gpu, Node, Replica
+from fleet.models import Gpu, Node, Replica, Shard
 from fleet.reconciler.run import reconcile_once
 from fleet.selectors.state import node_views
 from tenancy.models import AuditEvent
@@ -123,6 +123,36 @@ def test_the_node_list_does_not_count_a_gpu_with_a_problem_or_cordoned_as_free(a
     assert api.call("GET", "/nodes/n1").json()["gpu_free"] == 1
 
 
+def stored_free(node_id: str) -> int | None:
+    """The GPUs free the cluster page sorts and counts by (fleet/nodes/figures.py)."""
+    return Node.objects.get(pk=node_id).gpu_free
+
+
+def test_the_cluster_pages_figures_count_free_what_placement_would_give_out(api):
+    register("n1", [joined(0), joined(1, xids=[79]), joined(2)])
+    assert stored_free("n1") == 2
+
+    api.call("POST", "/nodes/n1/gpus/2/cordon")
+    assert stored_free("n1") == 1
+    api.call("POST", "/nodes/n1/gpus/2/uncordon")
+    assert stored_free("n1") == 2
+
+
+def test_a_problem_come_or_gone_in_a_heartbeat_moves_the_stored_figures():
+    from fleet.nodes.reports import node_fabric_record
+    from fleet.protocol import Fabric
+
+    register("n1", [joined(0), joined(1)])
+    assert stored_free("n1") == 2
+    sick = {"gpus": [joined(0), joined(1, ecc={"uncorrected_volatile": 1})]}
+
+    node_fabric_record(node_id="n1", fabric=Fabric.model_validate(sick), now=at(1))
+    assert stored_free("n1") == 1
+    well = {"gpus": [joined(0), joined(1)]}
+    node_fabric_record(node_id="n1", fabric=Fabric.model_validate(well), now=at(2))
+    assert stored_free("n1") == 2
+
+
 def test_a_replica_over_several_nodes_is_listed_on_each_tray_of_its_domain(api, no_settle):
     for node_id in ("n1", "n2"):
         register(node_id, [joined(0), joined(1)])
@@ -138,3 +168,60 @@ def test_a_replica_over_several_nodes_is_listed_on_each_tray_of_its_domain(api, 
         ("n1", [replica.id], 0),
         ("n2", [replica.id], 0),
     ]
+
+
+def test_a_node_whose_gpus_report_two_domains_is_a_tray_of_each_as_the_page_draws_it(api):
+    register("n1", [joined(0), joined(1, clique=2), {"index": 2}])
+
+    domains = api.call("GET", "/fabric").json()["domains"]
+
+    # Its GPU that reports no domain yet is counted with each, as the page draws it.
+    assert [(d["clique"], [(t["node"], t["gpus_total"]) for t in d["trays"]]) for d in domains] == [
+        (1, [("n1", 2)]),
+        (2, [("n1", 2)]),
+    ]
+
+
+def holding(replica_id: str, model: str, node_id: str, indices: list[int]) -> None:
+    """A ready replica of `model` holding these GPUs of one node."""
+    Replica.objects.create(
+        id=replica_id, model=model, profile="gpu", profile_fp="x", state="ready",
+        state_since=T0, created_at=T0, ready_at=T0,
+    )  # fmt: skip
+    Shard.objects.create(
+        id=f"{replica_id}-0", replica_id=replica_id, node_id=node_id, rank=0,
+        gpu_indices=indices, http_port=20000, state="ready",
+    )  # fmt: skip
+
+
+def fragmented() -> None:
+    """Two domains of four trays (c1-0.., c2-0..) with a replica of `small` on the first
+    tray of each, so neither has the four trays `big` needs."""
+    for clique in (1, 2):
+        for tray in range(4):
+            register(f"c{clique}-{tray}", [joined(i, clique=clique) for i in range(4)])
+    model_added(gpu_model("small", scaling={"min": 2}))
+    wide = {"name": "wide", "engine": "sim", "gpu_class": "h100-80g", "tp": 16, "nodes": 4}
+    model_added({"name": "big", "source": "hf://acme/big", "profiles": [wide]})
+    holding("small-1", "small", "c1-0", [0])
+    holding("small-2", "small", "c2-0", [0])
+
+
+def test_the_defrag_dry_run_names_the_moves_that_free_a_domain_and_changes_nothing(api):
+    fragmented()
+
+    answer = api.call("GET", "/models/big/defrag")
+
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["moves"] == [
+        {"replica": "small-1", "model": "small", "from": ["c1-0"], "to": ["c2-1"]}
+    ]
+    assert body["domain"] == f"domain {CLUSTER} clique 1"
+    assert body["done"] is False and body["blocked"] == []
+    assert body["summary"].startswith("moving small-1 of small from c1-0 to c2-1")
+    assert Replica.objects.count() == 2
+    assert api.call("GET", "/models/small/defrag").json()["summary"] == (
+        "small has no profile over several trays of an NVLink domain"
+    )
+    assert api.call("GET", "/models/nope/defrag").status_code == 404
