@@ -97,7 +97,7 @@ class Node(models.Model):
     ib_ports = models.JSONField(null=True, blank=True)
     # When its agent last said its fabric changed (a register, or a heartbeat): what the
     # metrics' cached fabric series are keyed by. spec_at moves only when what placement
-    # reads of it did (fleet/nodes/reports.py node_fabric_record): counters that tick.
+    # reads of it did (fleet/nodes/fabric.py node_fabric_record): counters that tick.
     fabric_at = models.DateTimeField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=STATES, default=READY, db_index=True)
     state_since = models.DateTimeField()

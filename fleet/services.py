@@ -1,6 +1,6 @@
 """Fleet writes: applying a reconciler plan, and what operators and the gateway ask.
 
-What agents report is written by fleet/nodes/reports.py.
+What agents report is written by fleet/nodes/ (registration.py, reports.py, heard.py, fabric.py).
 
 Each public service is one transaction; the commands it returns go to agents
 only after that transaction has committed.

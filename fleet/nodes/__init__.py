@@ -1,6 +1,6 @@
 """A node's side of the control plane: its websocket (`consumers`), who it is (`identity`,
-`connections`), what its heartbeats and reports say (`heard`, `live`, `reports`,
-`failures`), telling it what to do (`dispatch`), what it is asked for (`logs`, `upgrades`),
+`connections`), what it registers (`registration`), what its heartbeats and reports say (`heard`,
+`live`, `reports`, `failures`, `fabric`), telling it what to do (`dispatch`), what it is asked for (`logs`, `upgrades`),
 the weights it may drop (`reclaim`), and the figures the nodes page sorts by, written as
 they change (`figures`).
 

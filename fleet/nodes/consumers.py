@@ -25,6 +25,7 @@ from ..domain.types import parse_shard_id
 from ..reconciler.wake import wake
 from .connections import GATE, PENALTY, FrameBudget, refused
 from .dispatch import Command, node_group, send_commands
+from .fabric import node_fabric_record
 from .heard import (
     node_disconnected,
     node_engines_record,
@@ -34,12 +35,8 @@ from .heard import (
 )
 from .identity import AgentCredential, Refused, agents_authenticate, register_refusal
 from .live import LIVE, OutOfOrder
-from .reports import (
-    node_fabric_record,
-    node_weights_record,
-    registrations_write,
-    shard_status_record,
-)
+from .registration import registrations_write
+from .reports import node_weights_record, shard_status_record
 from .upgrades import upgrade_reported
 
 log = logging.getLogger("llmgw.agents")
@@ -150,7 +147,7 @@ async def _refusal(credential: AgentCredential, node_id: str) -> None:
         register_refusal(credential=credential, node_id=node_id, now=clock.now())
 
 
-# Registrations, gathered while the one batch before is written (reports.registrations_write).
+# Registrations, gathered while the one batch before is written (registration.registrations_write).
 # Each is stamped when written, not when its frame came: in a fleet's restart a register
 # waits seconds, and a node stamped with its frame's time looked silent for those seconds
 # (the reconciler marked it unreachable).

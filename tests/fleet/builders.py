@@ -10,7 +10,7 @@ from catalog.services import model_add
 from fleet.models import Node
 from fleet.nodes.dispatch import Command
 from fleet.nodes.identity import AgentCredential
-from fleet.nodes.reports import node_register
+from fleet.nodes.registration import node_register
 from fleet.protocol import Register
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}

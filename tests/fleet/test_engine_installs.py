@@ -13,7 +13,7 @@ import pytest
 from catalog.selectors.listings import model_explain
 from fleet.models import ModelState, Node, Replica, Shard
 from fleet.nodes.heard import node_engines_record
-from fleet.nodes.reports import node_register
+from fleet.nodes.registration import node_register
 from fleet.protocol import BadMessage, EngineInstallReport, Register, parse
 from fleet.reconciler import run as reconciler
 from fleet.reconciler.run import reconcile_once

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from fleet.models import ModelState, Replica
-from fleet.nodes.reports import node_register
+from fleet.nodes.registration import node_register
 from fleet.protocol import Register
 from fleet.reconciler import run as reconciler
 from fleet.reconciler.run import reconcile_once

@@ -24,7 +24,7 @@ def joined(index: int, clique: int = 1, **extra) -> dict:
 
 
 def register(node_id: str, gpus: list[dict], imex: str | None = "up") -> None:
-    from fleet.nodes.reports import node_register
+    from fleet.nodes.registration import node_register
     from fleet.protocol import Register
 
     frame = register_frame(node_id, gpus=(H100,) * len(gpus))
@@ -139,7 +139,7 @@ def test_the_cluster_pages_figures_count_free_what_placement_would_give_out(api)
 
 
 def test_a_problem_come_or_gone_in_a_heartbeat_moves_the_stored_figures():
-    from fleet.nodes.reports import node_fabric_record
+    from fleet.nodes.fabric import node_fabric_record
     from fleet.protocol import Fabric
 
     register("n1", [joined(0), joined(1)])

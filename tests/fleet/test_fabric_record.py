@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from fleet.models import Gpu, Node
-from fleet.nodes.reports import node_fabric_record
+from fleet.nodes.fabric import node_fabric_record
 from fleet.protocol import BadMessage, Fabric, parse
 from fleet.selectors.state import caches_clear, gpu_fabric_fields, node_fabric_fields, node_views
 
@@ -41,7 +41,7 @@ def register(node_id="nvl-1", *, fabric=FABRIC, gpus=(H100, H100), now=T0):
 
 
 def node_add_frame(frame, now):
-    from fleet.nodes.reports import node_register
+    from fleet.nodes.registration import node_register
 
     from .builders import agent_credential
 

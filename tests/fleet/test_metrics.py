@@ -25,9 +25,9 @@ from fleet.metrics.collector import FleetCollector, fleet_scrape, fleet_text
 from fleet.metrics.series import DESCS
 from fleet.models import Lease, ModelState, Node, PowerBudget, Replica
 from fleet.nodes.connections import REFUSED as AGENTS_REFUSED, REGISTRY as AGENTS_REGISTRY
+from fleet.nodes.fabric import node_fabric_record
 from fleet.nodes.heard import node_live_flush
 from fleet.nodes.live import NodeWrite
-from fleet.nodes.reports import node_fabric_record
 from fleet.protocol import Fabric, Load
 from fleet.reconciler.run import LEASE, advisory_take, reconcile_once
 from fleet.selectors import state as selectors

@@ -12,7 +12,8 @@ from fleet.nodes.figures import node_figures_refresh
 from fleet.nodes.heard import node_live_flush
 from fleet.nodes.identity import node_forget
 from fleet.nodes.live import NodeWrite
-from fleet.nodes.reports import node_register, shard_status_record
+from fleet.nodes.registration import node_register
+from fleet.nodes.reports import shard_status_record
 from fleet.protocol import Load, Register, ShardStatus
 from fleet.reconciler.run import reconcile_once
 

@@ -10,9 +10,9 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from fleet.models import Gpu, Node, Replica, Shard
-from fleet.nodes import reports
+from fleet.nodes import registration
 from fleet.nodes.identity import AgentCredential, Refused
-from fleet.nodes.reports import node_register, registrations_write
+from fleet.nodes.registration import node_register, registrations_write
 from fleet.protocol import Register
 
 from .builders import (
@@ -44,7 +44,7 @@ def fleet(monkeypatch):
         id="llama-r1-0", replica=replica, node_id="gpu-a", gpu_indices=[0], state="ready", http_port=20000,
         endpoint="http://10.0.0.7:20000",
     )  # fmt: skip
-    monkeypatch.setattr(reports.clock, "now", lambda: T1)
+    monkeypatch.setattr(registration.clock, "now", lambda: T1)
 
 
 def call(node_id: str, **frame) -> dict:
@@ -138,14 +138,14 @@ def test_a_refusal_in_a_batch_is_its_own(fleet):
 
 
 def test_a_failure_in_a_batch_undoes_only_its_own(fleet, monkeypatch):
-    reconcile_reported = reports._reconcile_reported_shards
+    reconcile_reported = registration._reconcile_reported_shards
 
     def fails_for_b(node, *args):
         if node.id == "gpu-b":
             raise RuntimeError("gpu-b's row could not be written")
         return reconcile_reported(node, *args)
 
-    monkeypatch.setattr(reports, "_reconcile_reported_shards", fails_for_b)
+    monkeypatch.setattr(registration, "_reconcile_reported_shards", fails_for_b)
     answers = registrations_write([call("gpu-a"), call("gpu-b"), call("gpu-c")])
 
     assert isinstance(answers[1], RuntimeError)

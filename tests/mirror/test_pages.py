@@ -14,7 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from catalog.models import Model
-from fleet.nodes.reports import node_register
+from fleet.nodes.registration import node_register
 from fleet.protocol import Register
 from llmgw.core import clock
 from mirror import services, store

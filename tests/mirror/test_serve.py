@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from catalog.models import Model
-from fleet.nodes.reports import node_register
+from fleet.nodes.registration import node_register
 from fleet.protocol import Register
 from llmgw.core import clock
 from mirror.worker import work_until_idle
