@@ -3,6 +3,7 @@ and prices."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from ninja import Router, Status
 
 from fleet.selectors.state import holdings_load
@@ -39,6 +40,7 @@ from .schemas import (
     QuotaOut,
     QuotaSetOut,
     RenameIn,
+    RequestLookupOut,
     TeamIn,
     TeamOut,
     UsageOut,
@@ -193,6 +195,18 @@ def usage_report(request, scope: str | None = None, since: str | None = None, by
     since a time (ISO 8601) or a span back (`15m`, `24h`, `7d`; a day by default)."""
     return selectors.usage_report(
         scope=scope or None, since=selectors.usage_since(since, now=clock.now()), by=by
+    )
+
+
+@router.get(
+    "/usage/requests/{request_id}", response=RequestLookupOut, auth=can("tenancy.view_usage")
+)
+def usage_request(request, request_id: str):
+    """One request found by the id its caller was told (x-request-id): its key, model,
+    endpoint, status, tokens, duration, replica and error; 404, saying how long records
+    are kept, when it is not (or no longer) kept."""
+    return selectors.request_records_find(
+        request_id=request_id, keep_hours=settings.LLMGW.requests_keep_hours, now=clock.now()
     )
 
 

@@ -187,6 +187,30 @@ class DailySpend(models.Model):
         return f"{self.day} {self.model}"
 
 
+class RequestRecord(models.Model):
+    """One gateway request as it was answered, found by the id its caller was told
+    (x-request-id): the Usage rows count it per minute, this names it. Written in the
+    usage's batches (llmgw/gateway/usage.py), kept LLMGW_REQUESTS_KEEP_HOURS. The key and
+    project are ids, not foreign keys: a record outlives a key deleted meanwhile, and a
+    batch never fails on one. An id is not unique: a caller may send the same one twice."""
+
+    request_id = models.CharField(max_length=128, db_index=True)
+    at = models.DateTimeField(db_index=True, help_text="when it arrived")
+    key_id = models.PositiveBigIntegerField()
+    project_id = models.PositiveBigIntegerField()
+    model = models.CharField(max_length=64, blank=True)
+    endpoint = models.CharField(max_length=100, help_text="the path asked, /v1/chat/completions")
+    status = models.PositiveSmallIntegerField(help_text="the HTTP status answered; 0: none")
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField(default=0)
+    replica = models.CharField(max_length=100, blank=True)
+    error = models.CharField(max_length=64, blank=True, help_text="why it failed; blank if not")
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.status}"
+
+
 class UsageJournal(models.Model):
     """How much of a gateway process's usage journal (llmgw/gateway/journal.py) the Usage
     rows hold: the number of the last batch added, written in that batch's own transaction;

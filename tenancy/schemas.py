@@ -192,6 +192,33 @@ class UsageOut(Schema):
     rows: list[UsageRowOut] = Field(description="the most requests first")
 
 
+class RequestRecordOut(Schema):
+    request_id: str
+    at: datetime = Field(description="when it arrived")
+    key_id: int
+    key: str | None = Field(description='"ci (llmgw_key_ab…)"; null for a key deleted since')
+    scope: str = Field(description="its key's project, project:ID")
+    name: str = Field(description="the project, Acme / ml / training")
+    model: str = Field(description="the catalog model that served it; blank if none was found")
+    endpoint: str = Field(description="the path asked, /v1/chat/completions")
+    status: int = Field(description="the HTTP status answered; 0 when none was sent")
+    prompt_tokens: int
+    completion_tokens: int
+    duration_ms: int = Field(description="from its arrival to the end of its answer")
+    replica: str = Field(description="the replica that answered; blank for none")
+    error: str = Field(
+        description="why it failed (limit, no_replica, upstream_status…); blank if not"
+    )
+
+
+class RequestLookupOut(Schema):
+    request_id: str
+    keep_hours: float = Field(description="how long records are kept (LLMGW_REQUESTS_KEEP_HOURS)")
+    records: list[RequestRecordOut] = Field(
+        description="the latest first; several when a caller sent the same id again"
+    )
+
+
 # A cost: a JSON number, or its text when every decimal place matters (`"0.1500"`).
 Cost = StrictInt | StrictFloat | StrictStr
 

@@ -11,7 +11,7 @@ from decimal import Decimal
 from django.db.models import Count, Max, Q, Sum
 
 from llmgw.core import clock
-from llmgw.core.errors import Invalid
+from llmgw.core.errors import Invalid, NotFound
 from llmgw.core.secrets import digest
 
 from .budgets import (
@@ -37,6 +37,7 @@ from .models import (
     Organization,
     PolicyRevision,
     Project,
+    RequestRecord,
     ScopeLimit,
     Team,
     Token,
@@ -329,6 +330,68 @@ def _usage_row(found: dict, tree: ScopeTree) -> dict:
         "completion_tokens": found["n_completion"] or 0,
         "estimated_tokens": found["n_estimated"] or 0,
         "avg_latency_ms": round(found["n_latency"] / requests, 1) if requests else None,
+    }
+
+
+REQUESTS_FOUND_MOST = 20  # records of one id shown, the latest first
+
+
+def request_records_find(*, request_id: str, keep_hours: float, now: datetime) -> dict:
+    """The gateway's records of the request a caller was told `request_id` (several when
+    it sent the same id again), the latest first, each naming its key and project. Raises
+    NotFound, saying how long records are kept (`keep_hours`), when none is: one past
+    that is not shown, though the hourly expiry may not have deleted it yet."""
+    kept = RequestRecord.objects.filter(
+        request_id=request_id, at__gt=now - timedelta(hours=keep_hours)
+    )
+    found = list(kept.order_by("-at", "-pk")[:REQUESTS_FOUND_MOST])
+    if not found:
+        raise NotFound(_not_kept(request_id, keep_hours))
+    tree = scope_tree()
+    keys = {
+        pk: f"{name} ({prefix}…)"
+        for pk, name, prefix in ApiKey.objects.filter(pk__in={r.key_id for r in found}).values_list(
+            "pk", "name", "prefix"
+        )
+    }
+    return {
+        "request_id": request_id,
+        "keep_hours": keep_hours,
+        "records": [_request_view(r, tree, keys) for r in found],
+    }
+
+
+def _not_kept(request_id: str, keep_hours: float) -> str:
+    if keep_hours <= 0:
+        return (
+            f"No request {request_id!r} is kept: the gateway keeps no request records "
+            "(LLMGW_REQUESTS_KEEP_HOURS is 0). Search the servers' access logs for it."
+        )
+    return (
+        f"No request {request_id!r} is kept. The gateway keeps each request's record for "
+        f"{keep_hours:g} hours (LLMGW_REQUESTS_KEEP_HOURS) and writes it a few seconds after "
+        "its answer; a request refused before its body was read (no key, a bad body) has "
+        "none: search the servers' access logs for it."
+    )
+
+
+def _request_view(r: RequestRecord, tree: ScopeTree, keys: dict[int, str]) -> dict:
+    project = f"project:{r.project_id}"
+    return {
+        "request_id": r.request_id,
+        "at": r.at,
+        "key_id": r.key_id,
+        "key": keys.get(r.key_id),  # None: deleted since
+        "scope": project,
+        "name": tree.display(project),
+        "model": r.model,
+        "endpoint": r.endpoint,
+        "status": r.status,
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "duration_ms": r.duration_ms,
+        "replica": r.replica,
+        "error": r.error,
     }
 
 

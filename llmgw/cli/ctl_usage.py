@@ -86,7 +86,39 @@ def render_usage(report: Mapping[str, Any]) -> str:
     return f"{render(NAME_HEADERS[by] + FIGURE_HEADERS, table)}\n\n{footer}"
 
 
+def render_request(found: Mapping[str, Any]) -> str:
+    """``ctl usage --request ID``: each record of the request in sentences, the latest
+    first."""
+    return "\n\n".join(_request_said(r) for r in found.get("records") or [])
+
+
+def _request_said(r: Mapping[str, Any]) -> str:
+    key = r.get("key") or f"{r.get('key_id')} (deleted since)"
+    model = f" for {r['model']}" if r.get("model") else ""
+    by = f" by replica {r['replica']}" if r.get("replica") else ""
+    lines = [
+        f"Request {r.get('request_id')}: {r.get('endpoint')}{model}, "
+        f"at {_to_the_second(r.get('at'))}.",
+        f"Key {key}, of {r.get('name')} ({r.get('scope')}).",
+        f"Answered {r.get('status') or 'nothing'} in {count(r.get('duration_ms'))} ms{by}; "
+        f"{count(r.get('prompt_tokens'))} prompt and "
+        f"{count(r.get('completion_tokens'))} completion tokens.",
+    ]
+    if r.get("error"):
+        lines.append(f"Failed: {r['error']}.")
+    return "\n".join(lines)
+
+
+def _to_the_second(value: Any) -> str:
+    """``2026-03-01 12:00:03 UTC``: a request is found to the second."""
+    parsed = parse_time(value)
+    return parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if parsed else str(value)
+
+
 def cmd_usage(api: Api, args: argparse.Namespace, out: Output) -> None:
+    if args.request:
+        out.show(api.get(f"/usage/requests/{segment(args.request)}"), render_request)
+        return
     out.show(api.get("/usage", scope=args.scope, since=args.since, by=args.by), render_usage)
 
 
@@ -150,6 +182,11 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
         "--by",
         choices=GROUPINGS,
         help="one row per project (default), key or model; each split by model",
+    )
+    usage.add_argument(
+        "--request",
+        metavar="ID",
+        help="one request, by the id its caller was told (x-request-id), in sentences",
     )
 
     limit = add(commands, "limit", "requests and tokens per minute a scope may use")

@@ -179,6 +179,9 @@ class Config:
     header_timeout: float = 20.0
     # How long what happened to models and nodes is kept (fleet/event_log.py), in days.
     events_keep_days: float = 14.0
+    # How long each gateway request's record (tenancy RequestRecord, found by its
+    # x-request-id) is kept, in hours; 0 keeps none.
+    requests_keep_hours: float = 24.0
     # Where the console's charts read history (None: the history `llmgw serve` keeps, one
     # slot every `history_step` seconds; llmgw/core/history.py).
     prometheus_url: str | None = None
@@ -313,6 +316,9 @@ def load(env: dict[str, str] | None = None) -> Config:
         shutdown_grace=_number(env, "LLMGW_SHUTDOWN_GRACE_SECONDS", 30.0, integer=False),
         header_timeout=_number(env, "LLMGW_HEADER_TIMEOUT_SECONDS", 20.0, integer=False),
         events_keep_days=_number(env, "LLMGW_EVENTS_KEEP_DAYS", 14.0, integer=False),
+        requests_keep_hours=_number(
+            env, "LLMGW_REQUESTS_KEEP_HOURS", 24.0, integer=False, kind="a number of hours"
+        ),
         prometheus_url=_url(env, "LLMGW_PROMETHEUS_URL", ("http", "https")),
         history_step=_history_step(env),
         mirror=_mirror(env, home),

@@ -48,8 +48,10 @@ def account(rt: State, req: Request | None, out: Outcome, span) -> None:
             metrics.series(req.model).failed(req.verdict)
         # A request let in, whatever became of it, has a row: an error unless its answer
         # passed whole and good.
-        _used(rt, req, error=req.verdict != "")
+        tokens = _used(rt, req, error=req.verdict != "")
     took = time.perf_counter() - out.started
+    if req is not None:
+        _note(rt, req, out, tokens, took)
     series.duration.observe(took)
     _access(req, out, took)
     if span is not None:
@@ -74,9 +76,29 @@ def _access(req: Request | None, out: Outcome, took: float) -> None:
     )
 
 
-def _used(rt: State, req: Request, *, error: bool) -> None:
+def _note(rt: State, req: Request, out: Outcome, tokens: tuple[int, int], took: float) -> None:
+    """Its record, found by its id (tenancy RequestRecord; the fields in the order
+    `request_records_add` reads them), for the book's next batch."""
+    rt.usage.note(
+        (
+            out.rid,
+            time.time() - took,  # when it arrived
+            req.key.id,
+            req.key.project_id,
+            req.model,
+            req.path,
+            out.status,
+            *tokens,
+            round(took * 1000),
+            req.replica,
+            out.failed or req.verdict or "",
+        )
+    )
+
+
+def _used(rt: State, req: Request, *, error: bool) -> tuple[int, int]:
     """Its usage and token counts (`tokens_used`) in the book and the metrics, and what it
-    held of the token limits settled."""
+    held of the token limits settled; answers its (prompt, completion) tokens."""
     prompt, completion, cached, estimated = tokens_used(req, req.usage)
     rt.usage.record(
         key_id=req.key.id,
@@ -100,6 +122,7 @@ def _used(rt: State, req: Request, *, error: bool) -> None:
             s.estimated(estimated)
     if req.held:
         rt.limiter.settle(req.held, prompt + completion, req.admitted)
+    return prompt, completion
 
 
 def tokens_used(req: Request, usage: dict | None) -> tuple[int, int, int, int]:

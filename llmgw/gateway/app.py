@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 
+from django.conf import settings
 from django.db import connection
 
 from llmgw.core.outage import Outage
@@ -70,6 +71,7 @@ class Runtime(State):
         self._missed: asyncio.Task | None = None  # the refresh the unknown keys wait for
         self._missed_at = float("-inf")
         self._writing = False  # a batch of usage is being written (`_flush`)
+        self.usage.keep_records = settings.LLMGW.requests_keep_hours > 0
 
     async def start(self) -> None:
         self.session = open_pool()
@@ -92,12 +94,20 @@ class Runtime(State):
             self.usage.close(written=False)
             return
         tallies, used = self.usage.take()
+        records = self.usage.records_take()
         batch, name, now = self.usage.batch, self.usage.journal_name, clock.now()
 
         def write() -> None:
             try:
-                if tallies or used:
-                    usage_write(tallies=tallies, used=used, now=now, journal=name, batch=batch)
+                if tallies or used or records:
+                    usage_write(
+                        tallies=tallies,
+                        used=used,
+                        now=now,
+                        journal=name,
+                        batch=batch,
+                        records=records,
+                    )
                 gone = self.usage.close(written=True)
                 if gone is not None:
                     usage_journal_forget(name=gone)
@@ -186,7 +196,8 @@ class Runtime(State):
 
     async def _flush(self) -> None:
         tallies, used = self.usage.take()
-        if not tallies and not used:
+        records = self.usage.records_take()
+        if not tallies and not used and not records:
             return
         from llmgw.core import clock
 
@@ -194,11 +205,16 @@ class Runtime(State):
         self._writing = True
         try:
             await in_a_thread(usage_write)(
-                tallies=tallies, used=used, now=clock.now(), journal=name, batch=batch
+                tallies=tallies,
+                used=used,
+                now=clock.now(),
+                journal=name,
+                batch=batch,
+                records=records,
             )
         except Exception:  # noqa: BLE001
             log.warning("could not write usage; keeping it for the next try", exc_info=True)
-            self.usage.give_back(tallies, used)
+            self.usage.give_back(tallies, used, records)
             return
         finally:
             self._writing = False

@@ -5,6 +5,10 @@ added to the `Usage` rows with one statement (an upsert that adds, so several
 gateway processes can write the same bucket), and the replicas used since are
 marked used. When the write fails the tallies are kept for the next try.
 
+Each request's own record (who asked what, how it was answered: tenancy
+`RequestRecord`, found by its x-request-id) is noted as a tuple and written with
+the tallies of the same batch, in their transaction.
+
 Where `llmgw serve` keeps a journal (`journal`), the book also writes there, as
 they happen, the requests it begins and ends and the events streams pass on, and
 the boundary of each batch it takes, so that what a killed process had in memory
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 
 from llmgw.gateway.journal import COMPACT_BYTES, FIGURES, Journal, Tallies, begun, ended
@@ -37,6 +42,10 @@ class UsageBook:
         self.open: dict[int, object] = {}
         self._told: dict[int, int] = {}  # the events last written, per stream
         self._ids = itertools.count(1)
+        # Each request's record (`note`), written with the tallies; none noted when the
+        # records are not kept (LLMGW_REQUESTS_KEEP_HOURS=0).
+        self.keep_records = True
+        self.records: list[tuple] = []
 
     def begin(self, req, now: float) -> None:
         """A request let in: it gets an id here, and its line in the journal."""
@@ -77,6 +86,12 @@ class UsageBook:
         if self.journal is not None:
             self.journal.write(ended(request, k, figures))
 
+    def note(self, record: tuple) -> None:
+        """A request's record (tenancy/services `request_records_add` reads its fields),
+        kept for the next batch."""
+        if self.keep_records:
+            self.records.append(record)
+
     def progress(self) -> None:
         """Write the events each stream in flight passed on, for those that passed more since
         the last time: one write, about once a second."""
@@ -100,8 +115,15 @@ class UsageBook:
             self.journal.write(f"b\t{self.batch}\n")
         return tallies, used
 
-    def give_back(self, tallies: Tallies, used: set[str]) -> None:
+    def records_take(self) -> list[tuple]:
+        """The requests' records to write with the tallies `take` answers."""
+        records, self.records = self.records, []
+        return records
+
+    def give_back(self, tallies: Tallies, used: set[str], records: Sequence[tuple] = ()) -> None:
         """A batch that could not be written, merged back under what came since."""
+        self.records[:0] = records[-MAX_KEPT:]
+        del self.records[:-MAX_KEPT]
         for k, v in tallies.items():
             t = self.tallies.setdefault(k, [0] * FIGURES)
             for i, x in enumerate(v):
@@ -156,10 +178,12 @@ def usage_write(
     now: datetime,
     journal: str | None = None,
     batch: int = 0,
+    records: Sequence[tuple] = (),
 ) -> None:
     """Mark the replicas used, then add the tallies to their rows in one transaction
     (tenancy/services.py `usage_add`, which drops rows of keys deleted meanwhile), with,
-    for a process keeping a journal, the number of the batch they are."""
+    for a process keeping a journal, the number of the batch they are, and the requests'
+    records; then the records past their keeping deleted (at most hourly)."""
     from fleet.services import replicas_used_mark
     from tenancy.services import usage_add
 
@@ -167,5 +191,19 @@ def usage_write(
     # on-demand replicas look idle.
     if used:
         replicas_used_mark(replica_ids=used, now=now)
-    if tallies:
-        usage_add(tallies=tallies, journal=journal, batch=batch)
+    if tallies or records:
+        usage_add(tallies=tallies, journal=journal, batch=batch, records=records)
+    _records_expire(now)
+
+
+def _records_expire(now: datetime) -> None:
+    """Records past LLMGW_REQUESTS_KEEP_HOURS deleted, at most hourly; the usage is written
+    by then, so a failure here is logged, never given back to be written twice."""
+    from django.conf import settings
+
+    from tenancy.services import request_records_expire
+
+    try:
+        request_records_expire(now=now, keep_hours=settings.LLMGW.requests_keep_hours)
+    except Exception:  # noqa: BLE001 - tried again within the hour
+        log.warning("could not delete the request records past their keeping", exc_info=True)

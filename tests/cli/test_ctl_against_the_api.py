@@ -316,3 +316,36 @@ def test_ctl_upgrade_refuses_what_it_cannot_roll_and_sends_nothing(
     code, _, err = ctl_run(capsys, server, "upgrade", "1.2.3", "--wait", "0")
     assert code == 2
     assert not Event.objects.filter(kind="upgrade").exists()
+
+
+def test_a_request_is_found_by_its_id_with_ctl_usage(capsys, server, monkeypatch):
+    from datetime import UTC, datetime
+
+    from llmgw.core import clock
+    from tenancy.services import (
+        api_key_create,
+        org_create,
+        project_create,
+        request_records_add,
+        team_create,
+    )
+
+    org = org_create(name="Acme", actor="t")
+    project_create(team=team_create(org=org.pk, name="ml", actor="t").pk, name="chat", actor="t")
+    key, _ = api_key_create(project="Acme/ml/chat", name="ci", actor="t")
+    at = 1_772_366_403.0  # 2026-03-01 12:00:03 UTC
+    monkeypatch.setattr(clock, "now", lambda: datetime(2026, 3, 1, 12, 5, tzinfo=UTC))
+    request_records_add([("req_ab12", at, key.pk, key.project_id, "llama",
+                          "/v1/chat/completions", 200, 12, 3, 812, "llama-1", "")])  # fmt: skip
+
+    code, out, err = ctl_run(capsys, server, "usage", "--request", "req_ab12")
+    assert (code, err) == (0, "")
+    assert out.startswith(
+        "Request req_ab12: /v1/chat/completions for llama, at 2026-03-01 12:00:03 UTC.\n"
+        f"Key ci ({key.prefix}…), of Acme / ml / chat (project:{key.project_id}).\n"
+    )
+
+    code, out, err = ctl_run(capsys, server, "usage", "--request", "req_gone")
+    assert (code, out) == (1, "")
+    assert err.startswith("error: No request 'req_gone' is kept.")
+    assert "24 hours (LLMGW_REQUESTS_KEEP_HOURS)" in err

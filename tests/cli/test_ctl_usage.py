@@ -268,3 +268,60 @@ def test_usage_says_how_many_of_its_tokens_are_estimates(capsys):
         "1,234 of the tokens are estimates: requests cut before their engine counted them "
         "(docs/gateway.md, Usage)."
     )
+
+
+# One request, by its id
+
+RECORD = {
+    "request_id": "req_ab12",
+    "at": "2026-03-01T12:00:03.250000Z",
+    "key_id": 5,
+    "key": "ci (llmgw_key_ci00…)",
+    "scope": "project:3",
+    "name": "Acme / ml / training",
+    "model": "llama",
+    "endpoint": "/v1/chat/completions",
+    "status": 502,
+    "prompt_tokens": 1200,
+    "completion_tokens": 0,
+    "duration_ms": 4312,
+    "replica": "llama-1",
+    "error": "upstream_status",
+}
+
+
+def test_usage_request_says_what_became_of_the_request(capsys):
+    found = {"request_id": "req_ab12", "keep_hours": 24.0, "records": [RECORD]}
+    server = FakeServer({("GET", "/api/v1/usage/requests/req_ab12"): (200, found)})
+
+    code, out, err = run(capsys, server, "usage", "--request", "req_ab12")
+
+    assert (code, err) == (0, "")
+    assert out == (
+        "Request req_ab12: /v1/chat/completions for llama, at 2026-03-01 12:00:03 UTC.\n"
+        "Key ci (llmgw_key_ci00…), of Acme / ml / training (project:3).\n"
+        "Answered 502 in 4,312 ms by replica llama-1; 1,200 prompt and 0 completion tokens.\n"
+        "Failed: upstream_status.\n"
+    )
+
+
+def test_usage_request_of_a_deleted_key_refused_before_a_replica_says_so(capsys):
+    record = {**RECORD, "key": None, "replica": "", "status": 0, "error": "client_gone"}
+    found = {"request_id": "req_ab12", "keep_hours": 24.0, "records": [record, RECORD]}
+    server = FakeServer({("GET", "/api/v1/usage/requests/req_ab12"): (200, found)})
+
+    _, out, _ = run(capsys, server, "usage", "--request", "req_ab12")
+
+    first, second = out.rstrip("\n").split("\n\n")
+    assert "Key 5 (deleted since), of Acme / ml / training" in first
+    assert "Answered nothing in 4,312 ms; " in first
+    assert second.startswith("Request req_ab12: ")
+
+
+def test_usage_request_not_kept_shows_the_servers_sentence(capsys):
+    said = "No request 'nope' is kept. The gateway keeps each request's record for 24 hours"
+    server = FakeServer({("GET", "/api/v1/usage/requests/nope"): (404, {"detail": said})})
+
+    code, out, err = run(capsys, server, "usage", "--request", "nope")
+
+    assert (code, out, err) == (1, "", f"error: {said}\n")

@@ -21,7 +21,7 @@ from llmgw.gateway import app as gateway_app
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.streaming import split_events
-from tenancy.models import Usage
+from tenancy.models import RequestRecord, Usage
 from tenancy.services import api_key_create
 from tests.fleet.builders import gpu_model, model_added
 from tests.gateway.world import _replica
@@ -488,6 +488,47 @@ async def test_usage_the_database_could_not_take_is_kept_for_the_next_write(
     monkeypatch.undo()
     await gateway.runtime._flush()
     assert await add(lambda: Usage.objects.get().requests) == 1
+    # The request's record was given back with its tallies, and written once with them.
+    assert await add(RequestRecord.objects.count) == 1
+
+
+async def test_each_request_is_recorded_by_its_id_in_the_usages_batch(world, gateway):
+    await add(model_added, gpu_model("llama"))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+    secret = await new_key(limits={"requests_per_minute": 1})
+    async with client(gateway, secret) as c:
+        ok = await c.post(
+            "/v1/chat/completions", json=chat("llama", max_tokens=3), headers={"x-request-id": "a1"}
+        )
+        refused = await c.post("/v1/chat/completions", json=chat("llama"))
+    assert (ok.status_code, refused.status_code) == (200, 429)
+    assert await add(RequestRecord.objects.count) == 0  # not one write per request
+    await gateway.runtime._flush()
+    records = {r.request_id: r for r in await add(lambda: list(RequestRecord.objects.all()))}
+    assert set(records) == {"a1", refused.headers["x-request-id"]}
+    a1, usage = records["a1"], ok.json()["usage"]
+    assert (a1.endpoint, a1.model, a1.status, a1.replica, a1.error) == (
+        "/v1/chat/completions", "llama", 200, "llama-1", ""
+    )  # fmt: skip
+    assert (a1.prompt_tokens, a1.completion_tokens) == (usage["prompt_tokens"], 3)
+    assert 0 <= a1.duration_ms < 10_000
+    row = await add(lambda: Usage.objects.get())
+    assert (a1.key_id, a1.project_id) == (row.api_key_id, row.project_id)
+    no = records[refused.headers["x-request-id"]]
+    assert (no.status, no.error, no.replica, no.completion_tokens) == (429, "limit", "", 0)
+
+
+async def test_no_request_is_recorded_when_none_are_kept(world, gateway, settings):
+    settings.LLMGW = replace(settings.LLMGW, requests_keep_hours=0.0)
+    await add(model_added, gpu_model("llama"))
+    await add(_replica, "llama-1", "llama", await world.engine("llama-1", "llama"))
+    secret = await new_key()
+    async with client(gateway, secret) as c:
+        r = await c.post("/v1/chat/completions", json=chat("llama", max_tokens=3))
+    assert r.status_code == 200
+    await gateway.runtime._flush()
+    assert await add(lambda: Usage.objects.get().requests) == 1
+    assert await add(RequestRecord.objects.count) == 0
 
 
 async def test_a_stream_is_passed_on_and_the_usage_asked_for_on_the_callers_behalf_is_left_out(
