@@ -165,7 +165,7 @@ class ModelPrice(models.Model):
 
 class DailySpend(models.Model):
     """The Usage rows' tokens summed per UTC day, key and model: added in the same statement's
-    transaction as the rows (services.usage_add), so a month's spend for a budget is a sum of
+    transaction as the rows (services.usage.usage_add), so a month's spend for a budget is a sum of
     at most 31 rows per key and model rather than of 44,640 minutes."""
 
     day = models.DateField()

@@ -88,7 +88,7 @@ class Runtime(State):
         import threading
 
         from llmgw.core import clock
-        from tenancy.services import usage_journal_forget
+        from tenancy.services.usage import usage_journal_forget
 
         if self._writing and self.usage.journal is not None:
             self.usage.close(written=False)

@@ -224,7 +224,7 @@ def _remove_if_dead(path: Path) -> None:
 
 def _settle(path: Path) -> bool:
     from tenancy.selectors import usage_journal_state
-    from tenancy.services import usage_journal_forget, usage_journal_settle
+    from tenancy.services.usage import usage_journal_forget, usage_journal_settle
 
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -185,7 +185,7 @@ def usage_write(
     for a process keeping a journal, the number of the batch they are, and the requests'
     records; then the records past their keeping deleted (at most hourly)."""
     from fleet.services import replicas_used_mark
-    from tenancy.services import usage_add
+    from tenancy.services.usage import usage_add
 
     # Replica use first and on its own: usage that cannot be written must not make busy
     # on-demand replicas look idle.
@@ -201,7 +201,7 @@ def _records_expire(now: datetime) -> None:
     by then, so a failure here is logged, never given back to be written twice."""
     from django.conf import settings
 
-    from tenancy.services import request_records_expire
+    from tenancy.services.usage import request_records_expire
 
     try:
         request_records_expire(now=now, keep_hours=settings.LLMGW.requests_keep_hours)

@@ -184,7 +184,8 @@ def ctl_run(capsys, server, *argv: str) -> tuple[int, str, str]:
 
 @pytest.mark.django_db
 def test_a_budget_and_a_price_are_set_listed_and_cleared_with_ctl(capsys, server):
-    from tenancy.services import api_key_create, org_create, project_create, team_create, usage_add
+    from tenancy.services import api_key_create, org_create, project_create, team_create
+    from tenancy.services.usage import usage_add
 
     org_create(name="Acme", actor="t")
     team = team_create(org="Acme", name="ml", actor="t")

@@ -13,9 +13,10 @@ from fleet.domain.readings import Reading
 from llmgw.gateway import bands
 from llmgw.gateway.bands import BANDS, model_work, refused, refused_bands
 from tenancy.models import ApiKey, AuditEvent
-from tenancy.services import api_key_create, usage_add
+from tenancy.services import api_key_create
 from tenancy.services.bands import band_set
 from tenancy.services.budgets import budget_set
+from tenancy.services.usage import usage_add
 from tests.fleet.builders import gpu_model, model_added
 from tests.gateway.test_app import add, chat, client, new_key, refreshed
 from tests.gateway.world import _replica

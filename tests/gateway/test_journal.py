@@ -299,7 +299,7 @@ def test_the_next_start_settles_only_the_journals_of_processes_that_died(tmp_pat
 @pytest.mark.django_db(transaction=True)
 def test_a_journal_settled_by_a_start_that_died_before_removing_it_is_not_counted_again(tmp_path):
     from tenancy.models import Usage
-    from tenancy.services import usage_journal_settle
+    from tenancy.services.usage import usage_journal_settle
 
     book = UsageBook(Journal.open(tmp_path))
     req = Req()

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from tenancy.services import api_key_create, org_create, project_create, team_create, usage_add
+from tenancy.services import api_key_create, org_create, project_create, team_create
 from tenancy.services.budgets import budget_set
+from tenancy.services.usage import usage_add
 
 pytestmark = pytest.mark.django_db
 

@@ -16,8 +16,9 @@ from django.test.utils import CaptureQueriesContext
 from llmgw.core.errors import Invalid, NotFound
 from tenancy.models import AuditEvent, Budget, ModelPrice
 from tenancy.selectors import budget_book, budget_verdict, budgets_list
-from tenancy.services import api_key_create, org_create, project_create, team_create, usage_add
+from tenancy.services import api_key_create, org_create, project_create, team_create
 from tenancy.services.budgets import budget_clear, budget_set, price_clear, price_set
+from tenancy.services.usage import usage_add
 from tests.helpers import detail
 
 pytestmark = pytest.mark.django_db
@@ -493,7 +494,7 @@ class TestAdmin:
 
 def test_the_days_sums_hold_what_the_usage_rows_hold_however_it_came(tree):
     from tenancy.models import DailySpend, Usage
-    from tenancy.services import usage_journal_settle
+    from tenancy.services.usage import usage_journal_settle
 
     late = NOW.replace(hour=23, minute=59)
     spend(tree["ci"], "llama", 10, 1)

@@ -13,9 +13,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from llmgw.core import clock
-from tenancy import services
 from tenancy.models import ApiKey, RequestRecord, Usage, UsageJournal
-from tenancy.services import org_create, project_create, request_records_expire, team_create
+from tenancy.services import org_create, project_create, team_create, usage as services
+from tenancy.services.usage import request_records_expire
 from tests.helpers import detail
 
 pytestmark = pytest.mark.django_db
