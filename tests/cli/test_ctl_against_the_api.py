@@ -322,13 +322,8 @@ def test_a_request_is_found_by_its_id_with_ctl_usage(capsys, server, monkeypatch
     from datetime import UTC, datetime
 
     from llmgw.core import clock
-    from tenancy.services import (
-        api_key_create,
-        org_create,
-        project_create,
-        request_records_add,
-        team_create,
-    )
+    from tenancy.services import api_key_create, org_create, project_create, team_create
+    from tenancy.services.usage import request_records_add
 
     org = org_create(name="Acme", actor="t")
     project_create(team=team_create(org=org.pk, name="ml", actor="t").pk, name="chat", actor="t")
