@@ -42,6 +42,23 @@ SMALL = {
     ],
 }
 
+# A model of one GPU on the sim engine, one replica kept: what the clients' tests talk to.
+TALK = {
+    "name": "talk",
+    "source": "org/talk",
+    "scaling": {"min": 1},
+    "profiles": [
+        {
+            "name": "one",
+            "engine": "sim",
+            "gpu_class": "h100-80g",
+            "tp": 1,
+            "args": ["--ttft-ms", "5", "--tokens-per-sec", "500"],
+            "startup_timeout": 60,
+        }
+    ],
+}
+
 # Tests of several servers or workers: they share PostgreSQL and Redis.
 needs_production = pytest.mark.skipif(
     not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")),

@@ -26,26 +26,12 @@ from pydantic import BaseModel
 
 from llmgw.simengine import SimConfig, chat_prompt, generate_words
 
-from .harness import Cluster, gateway_key, gateway_project, wait_for
+from .harness import TALK, Cluster, gateway_key, gateway_project, wait_for
 
 # LiteLLM fetches its price list from GitHub at import unless told to read its own copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-MODEL = {
-    "name": "talk",
-    "source": "org/talk",
-    "scaling": {"min": 1},
-    "profiles": [
-        {
-            "name": "one",
-            "engine": "sim",
-            "gpu_class": "h100-80g",
-            "tp": 1,
-            "args": ["--ttft-ms", "5", "--tokens-per-sec", "500"],
-            "startup_timeout": 60,
-        }
-    ],
-}
+MODEL = TALK
 QUESTION = "What is the capital of France?"
 ASK = [{"role": "user", "content": QUESTION}]
 REQUEST_ID = re.compile(r"req_[0-9a-f]{24}")

@@ -16,23 +16,9 @@ import pytest
 from llmgw.simengine import chat_prompt, generate_words
 
 from .conftest import MODES
-from .harness import Cluster, gateway_key, gateway_project, wait_for
+from .harness import TALK, Cluster, gateway_key, gateway_project, wait_for
 
-MODEL = {
-    "name": "talk",
-    "source": "org/talk",
-    "scaling": {"min": 1},
-    "profiles": [
-        {
-            "name": "one",
-            "engine": "sim",
-            "gpu_class": "h100-80g",
-            "tp": 1,
-            "args": ["--ttft-ms", "5", "--tokens-per-sec", "500"],
-            "startup_timeout": 60,
-        }
-    ],
-}
+MODEL = TALK
 QUESTION = "What is the capital of France?"
 SYSTEM = "Be brief."
 
