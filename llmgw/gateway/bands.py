@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from fleet.domain.readings import Reading
+from tenancy.bands import BANDS, DEFAULT
 
-BANDS = ("low", "normal", "high")  # lowest first
-DEFAULT = "normal"
 # Requests an engine may queue per unit of its replica's weight before its model counts
 # as overloaded; with no engine reading, requests in flight to the replica instead.
 WAITING_BOUND = 1

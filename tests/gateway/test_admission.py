@@ -11,7 +11,8 @@ from hypothesis import given, strategies as st
 
 from fleet.domain.readings import Reading
 from llmgw.gateway import bands
-from llmgw.gateway.bands import BANDS, model_work, refused, refused_bands
+from llmgw.gateway.bands import model_work, refused, refused_bands
+from tenancy.bands import BANDS, DEFAULT
 from tenancy.models import ApiKey, AuditEvent
 from tenancy.services import api_key_create
 from tenancy.services.bands import band_set
@@ -222,8 +223,14 @@ async def test_without_readings_the_bound_is_on_requests_in_flight(world, gatewa
     assert r.status_code == 429 and r.json()["error"]["code"] == "model_overloaded"
 
 
-def test_bands_are_the_models_choices():
-    assert tuple(b for b, _ in ApiKey._meta.get_field("band").choices) == BANDS
+def test_bands_are_named_once_and_the_models_choices_are_those():
+    from llmgw.cli import ctl_keys
+    from tenancy.models import Project
+
+    assert bands.BANDS is BANDS and ctl_keys.BANDS is BANDS
+    for model in (ApiKey, Project):
+        assert tuple(b for b, _ in model._meta.get_field("band").choices) == BANDS
+    assert Project._meta.get_field("band").default == DEFAULT
 
 
 @pytestmark_db
