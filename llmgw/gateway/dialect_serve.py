@@ -12,7 +12,10 @@ closing event (`response.completed`, `message_delta`) carries it to the caller.
 An engine that serves the caller's API itself (vLLM serves the Responses API) is sent the
 caller's own body instead, its model renamed (`native_body`), and its answer passes back
 as it is: the gateway's steps still saw the chat request it translates to, so the limits
-and the caps held it alike, and the usage is read from the Response (`chat_usage`)."""
+and the caps held it alike, and the usage is read from the Response (`chat_usage`). What
+only such an engine honours (`reasoning`, `truncation: "auto"`, `top_logprobs`…) reaches it
+as sent, and is refused with a 400 naming the field and the engine when the replica chosen
+would be sent the chat completion instead (`responses.not_translatable`)."""
 
 from __future__ import annotations
 
@@ -27,15 +30,19 @@ from llmgw.gateway.dialects.messages import (
     message_body,
     messages_request,
 )
-from llmgw.gateway.dialects.responses import ResponsesStream, response_body, responses_request
+from llmgw.gateway.dialects.responses import (
+    SERVE_RESPONSES,
+    ResponsesStream,
+    not_translatable,
+    response_body,
+    responses_request,
+)
 from llmgw.gateway.dialects.sse import ChatEvents, sse
 from llmgw.gateway.tables import Upstream
 
 CHAT_PATH = "/v1/chat/completions"
 PATHS = ("/v1/responses", "/v1/messages")
 JSON = b"application/json"
-# The engines (catalog.domain.ENGINES) that serve the Responses API themselves.
-SERVE_RESPONSES = frozenset({"vllm"})
 
 
 def dialect_for(path: str, send: Send) -> Dialect | None:
@@ -68,9 +75,14 @@ class Dialect:
         """The path and body to send `up` when its engine serves this API itself: the
         caller's body, its model renamed as chat's is and with the cap on its output the
         gateway set on `chat` (the translated body, as admitted); None for an engine it is
-        translated for. The answer then passes as it is."""
+        translated for. The answer then passes as it is. A 400 for a body that asks what
+        only such an engine gives (`not_translatable`), before anything is sent."""
         self.native = not self.anthropic and up.engine in SERVE_RESPONSES and bool(self.request)
         if not self.native:
+            if not self.anthropic and self.request:
+                refused = not_translatable(self.request, up.engine)
+                if refused is not None:
+                    raise refused
             return None
         body = dict(self.request, model=up.model)
         if body.get("max_output_tokens") is None and chat.get("max_tokens") is not None:

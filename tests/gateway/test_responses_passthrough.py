@@ -191,6 +191,28 @@ async def test_an_engine_that_does_not_serve_responses_gets_chat(world, gateway,
     assert vllm.paths == []
 
 
+async def test_what_only_vllm_honours_reaches_it_and_is_refused_for_chat(
+    world, gateway, vllm, secret
+):
+    client = openai_client(gateway, secret)
+    asked = {"input": QUESTION, "reasoning": {"effort": "high"}, "top_logprobs": 2}
+    answer = await client.responses.create(model="qwen", **asked)
+    assert answer.output_text == "".join(WORDS)
+    assert vllm.bodies[-1]["reasoning"] == {"effort": "high"}
+    assert vllm.bodies[-1]["top_logprobs"] == 2
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(model="llama", **asked)
+    assert "reasoning settings reach only an engine" in refused.value.message
+    assert "runs llamacpp" in refused.value.message
+    assert refused.value.body["param"] == "reasoning"
+    assert world.engines["llama-1"].requests_total == 0
+    # Asking nothing of them, the same fields go on to chat.
+    plain = await client.responses.create(
+        model="llama", input=QUESTION, reasoning={}, truncation="disabled", max_output_tokens=2
+    )
+    assert plain.output_text == sim_text(QUESTION, n=2)
+
+
 async def test_stored_responses_are_refused_before_reaching_vllm(world, gateway, vllm, secret):
     client = openai_client(gateway, secret)
     with pytest.raises(openai.BadRequestError) as refused:
