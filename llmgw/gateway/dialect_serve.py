@@ -23,6 +23,7 @@ import json
 import time
 import uuid
 
+from llmgw.core.ids import answer_tail
 from llmgw.gateway.answers import Refused, Send
 from llmgw.gateway.dialects.messages import (
     MessagesStream,
@@ -45,18 +46,21 @@ PATHS = ("/v1/responses", "/v1/messages")
 JSON = b"application/json"
 
 
-def dialect_for(path: str, send: Send) -> Dialect | None:
-    """The translation for a request to `path`; None for an API the engines speak."""
-    return Dialect(path == "/v1/messages", send) if path in PATHS else None
+def dialect_for(path: str, send: Send, request_id: str | None = None) -> Dialect | None:
+    """The translation for a request to `path`, its answer's ids made from `request_id`;
+    None for an API the engines speak."""
+    return Dialect(path == "/v1/messages", send, request_id) if path in PATHS else None
 
 
 class Dialect:
     """One request in the Responses (`anthropic` false) or the Messages API: `translated`
     turns its body into chat's, `send` turns chat's answer into this API's."""
 
-    def __init__(self, anthropic: bool, send: Send) -> None:
+    def __init__(self, anthropic: bool, send: Send, request_id: str | None = None) -> None:
         self.anthropic, self.downstream = anthropic, send
-        self.rid = uuid.uuid4().hex[:24]  # the ids of the answer's objects
+        # The ids of the answer's objects (resp_…, msg_…): the request's, so the id a client
+        # keeps finds the request (llmgw/core/ids.py); a new one where none was given.
+        self.rid = answer_tail(request_id) if request_id else uuid.uuid4().hex[:24]
         self.now = time.time()
         self.request: dict | None = None  # the caller's body, once translated
         self.start: dict | None = None  # the answer's start, held until its body is known
@@ -84,7 +88,8 @@ class Dialect:
                 if refused is not None:
                     raise refused
             return None
-        body = dict(self.request, model=up.model)
+        # vLLM names its Response by `request_id` (one of its extra fields): ours.
+        body = dict(self.request, model=up.model, request_id=f"resp_{self.rid}")
         if body.get("max_output_tokens") is None and chat.get("max_tokens") is not None:
             body["max_output_tokens"] = chat["max_tokens"]
         return "/v1/responses", json.dumps(body).encode()

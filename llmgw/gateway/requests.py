@@ -185,7 +185,7 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
     send = with_id(send, out.rid)
     tracing.said(span, **{"llmgw.request_id": out.rid})
     req: Request | None = None
-    dialect = dialect_for(scope["path"], send)
+    dialect = dialect_for(scope["path"], send, out.rid)
     if dialect is not None:
         send = dialect.send  # the answer, the gateway's own errors too, in the caller's API
     try:
