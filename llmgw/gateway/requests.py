@@ -327,15 +327,20 @@ def _displaced(rt: State, req: Request) -> None:
     ups = rt.tables.upstreams.get(req.model, ())
     present = rt.bands_present(req.model)
     if ups and present.keys() - {req.key.band}:
-        work, bound = model_work(
-            ((u.replica_id, u.weight) for u in ups), rt.inflight, rt.readings, rt.inflight_read
+        pressure = model_work(
+            ((u.replica_id, u.weight) for u in ups),
+            rt.inflight,
+            rt.readings,
+            rt.inflight_read,
+            rt.slots,
         )
-        if refused(req.key.band, present, work, bound):
+        if refused(req.key.band, present, pressure):
             metrics.DISPLACED.labels(req.model, req.key.band).inc()
             raise Refused(
                 429,
-                f"Model {req.model} is overloaded ({work} requests waiting, past {bound}): "
-                f"requests of band {req.key.band} wait until it keeps up; try again shortly.",
+                f"Model {req.model} is overloaded ({pressure.work} requests at or waiting "
+                f"for its replicas, past {pressure.bound}): requests of band "
+                f"{req.key.band} wait until it keeps up; try again shortly.",
                 "rate_limit_error",
                 "model_overloaded",
                 reason="overloaded",
