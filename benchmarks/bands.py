@@ -14,7 +14,10 @@ from its start to the first body bytes the app sends, so no HTTP client's buffer
 measured.
 
 The model's capacity is SLOTS over one request's time on the engine (its TTFT plus
-MAX_TOKENS at the engine's rate). Arrivals are Poisson, for SECONDS each phase:
+MAX_TOKENS at the engine's rate). After a warm-up, the engine is seen full once (a burst
+and a reading while it queues: `seen_full`), so the gateway knows its slots as one that
+has served a while does; BENCH_BANDS_SEEN_FULL=0 leaves that out. Arrivals are Poisson,
+for SECONDS each phase:
 
 - **unloaded**: the `high` key alone at HIGH_SHARE of capacity;
 - **bands**: the `high` key at HIGH_SHARE and a `low` key at 2 − HIGH_SHARE of
@@ -48,6 +51,7 @@ from benchmarks.common import django_ready, host_loop_ms  # noqa: E402
 SECONDS = float(os.environ.get("BENCH_BANDS_SECONDS", "20"))
 SLOTS = int(os.environ.get("BENCH_BANDS_SLOTS", "4"))
 READ_S = float(os.environ.get("BENCH_BANDS_READ_S", "2"))
+SEEN_FULL = os.environ.get("BENCH_BANDS_SEEN_FULL", "1") != "0"
 TTFT_MS = 40.0
 TOKENS_PER_SEC = 400.0
 MAX_TOKENS = 16
@@ -138,6 +142,24 @@ async def readings_pump(gateway, engine, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), READ_S)
 
 
+async def seen_full(gateway, engine, secret: str) -> None:
+    """The engine seen full once, as a gateway that has served a while has seen it: a burst
+    of 3 × SLOTS requests, and a reading handed over while they queue, from which the
+    gateway learns the engine's slots (`bands.slots_learnt`). Without it the slots are
+    learnt only when a reading happens to find a queue, which the bands keep short."""
+    from fleet.domain.readings import Reading
+
+    burst = [asyncio.create_task(one(gateway, secret)) for _ in range(3 * SLOTS)]
+    while engine.slots.waiting == 0:
+        await asyncio.sleep(0.005)
+    slots = engine.slots
+    gateway.runtime.readings_read(
+        {"llama-1": Reading(running=slots.running, waiting=slots.waiting)}
+    )
+    await asyncio.gather(*burst)
+    await asyncio.sleep(0.5)
+
+
 async def _nothing() -> None:
     return None
 
@@ -209,6 +231,8 @@ async def main() -> None:
     try:
         hi_rate, lo_rate = HIGH_SHARE * CAPACITY, (2 - HIGH_SHARE) * CAPACITY
         await phase(gateway, engine, "warm-up", {high: hi_rate})
+        if SEEN_FULL:
+            await seen_full(gateway, engine, high)
         results = [await phase(gateway, engine, "unloaded", {high: hi_rate})]
         results.append(await phase(gateway, engine, "bands", {high: hi_rate, low: lo_rate}))
         for key_id in (high_id, low_id):
@@ -228,6 +252,7 @@ async def main() -> None:
         "high_rps": round(hi_rate, 1),
         "low_rps": round(lo_rate, 1),
         "read_s": READ_S,
+        "seen_full": SEEN_FULL,
         "host_loop_ms": host_loop_ms(),
     }
     for r in results:

@@ -2,6 +2,8 @@
 
 from django.db import models
 
+from .bands import BANDS, DEFAULT as DEFAULT_BAND
+
 
 class Organization(models.Model):
     """The top of the tenancy tree: contains teams."""
@@ -33,7 +35,7 @@ class Team(models.Model):
         return f"{self.org.name}/{self.name}"
 
 
-BANDS = [("low", "low"), ("normal", "normal"), ("high", "high")]  # llmgw/gateway/bands.py
+BAND_CHOICES = [(b, b) for b in BANDS]  # tenancy/bands.py
 
 
 class Project(models.Model):
@@ -43,7 +45,9 @@ class Project(models.Model):
     name = models.CharField(max_length=100)
     # Its keys' priority under overload, unless a key has its own: set through
     # services.band_set (audited), not admin's forms.
-    band = models.CharField(max_length=10, choices=BANDS, default="normal", editable=False)
+    band = models.CharField(
+        max_length=10, choices=BAND_CHOICES, default=DEFAULT_BAND, editable=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -69,7 +73,9 @@ class ApiKey(models.Model):
     # The most completion tokens one request may ask for (`max_tokens`); null: no cap.
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
     # Its priority under overload; blank: its project's.
-    band = models.CharField(max_length=10, choices=BANDS, blank=True, default="", editable=False)
+    band = models.CharField(
+        max_length=10, choices=BAND_CHOICES, blank=True, default="", editable=False
+    )
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150, blank=True)

@@ -12,6 +12,7 @@ from django.db.models import Count, Max, Q, Sum
 
 from llmgw.core import clock
 from llmgw.core.errors import Invalid, NotFound
+from llmgw.core.ids import requests_named
 from llmgw.core.secrets import digest
 
 from .budgets import (
@@ -338,11 +339,13 @@ REQUESTS_FOUND_MOST = 20  # records of one id shown, the latest first
 
 def request_records_find(*, request_id: str, keep_hours: float, now: datetime) -> dict:
     """The gateway's records of the request a caller was told `request_id` (several when
-    it sent the same id again), the latest first, each naming its key and project. Raises
+    it sent the same id again), the latest first, each naming its key and project; the id
+    of an answer in the Responses or Messages API (resp_…, msg_…) finds its request too
+    (llmgw/core/ids.py). Raises
     NotFound, saying how long records are kept (`keep_hours`), when none is: one past
     that is not shown, though the hourly expiry may not have deleted it yet."""
     kept = RequestRecord.objects.filter(
-        request_id=request_id, at__gt=now - timedelta(hours=keep_hours)
+        request_id__in=requests_named(request_id), at__gt=now - timedelta(hours=keep_hours)
     )
     found = list(kept.order_by("-at", "-pk")[:REQUESTS_FOUND_MOST])
     if not found:

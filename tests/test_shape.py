@@ -22,7 +22,7 @@ KERNEL = "llmgw.core"
 # Where an app meets another (issue 38): the reads, the writes, the rows (for relations)
 # and the pure rules. A package of one (fleet.selectors.*) counts whole.
 DOORS = ("selectors", "services", "models", "domain")
-PURE_RULES = ("tenancy.quota", "tenancy.scopes")
+PURE_RULES = ("tenancy.quota", "tenancy.scopes", "tenancy.bands")
 # Doors of one module each, with why.
 NAMED_DOORS = {
     "tenancy.auth": "who may call an API: every app's API names tenancy's tokens and sessions",
@@ -34,6 +34,7 @@ NO_DJANGO = (
     "catalog.domain",
     "fleet.domain",
     "mirror.domain",
+    "tenancy.bands",
     "tenancy.budgets",
     "tenancy.quota",
     "tenancy.scopes",

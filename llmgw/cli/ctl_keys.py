@@ -9,8 +9,8 @@ from typing import Any
 
 from llmgw.cli.base import Api, Output, whole_number
 from llmgw.cli.tables import DASH, render
+from tenancy.bands import BANDS
 
-BANDS = ("low", "normal", "high")  # llmgw/gateway/bands.py
 KEY_HEADERS = ["ID", "NAME", "PREFIX", "PROJECT", "MODELS", "LIMITS", "BAND", "STATE"]
 
 

@@ -9,6 +9,8 @@ import re
 import secrets
 from collections.abc import Awaitable, Callable
 
+from llmgw.core.ids import GENERATED
+
 Scope = dict
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
@@ -60,7 +62,7 @@ def request_id(headers) -> str:
             if _SANE_ID.fullmatch(given):
                 return given
             break
-    return f"req_{secrets.token_hex(12)}"
+    return f"{GENERATED}{secrets.token_hex(12)}"
 
 
 def with_id(send: Send, rid: str) -> Send:

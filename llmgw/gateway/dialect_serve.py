@@ -12,7 +12,10 @@ closing event (`response.completed`, `message_delta`) carries it to the caller.
 An engine that serves the caller's API itself (vLLM serves the Responses API) is sent the
 caller's own body instead, its model renamed (`native_body`), and its answer passes back
 as it is: the gateway's steps still saw the chat request it translates to, so the limits
-and the caps held it alike, and the usage is read from the Response (`chat_usage`)."""
+and the caps held it alike, and the usage is read from the Response (`chat_usage`). What
+only such an engine honours (`reasoning`, `truncation: "auto"`, `top_logprobs`…) reaches it
+as sent, and is refused with a 400 naming the field and the engine when the replica chosen
+would be sent the chat completion instead (`responses.not_translatable`)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import json
 import time
 import uuid
 
+from llmgw.core.ids import answer_tail
 from llmgw.gateway.answers import Refused, Send
 from llmgw.gateway.dialects.messages import (
     MessagesStream,
@@ -27,29 +31,36 @@ from llmgw.gateway.dialects.messages import (
     message_body,
     messages_request,
 )
-from llmgw.gateway.dialects.responses import ResponsesStream, response_body, responses_request
+from llmgw.gateway.dialects.responses import (
+    SERVE_RESPONSES,
+    ResponsesStream,
+    not_translatable,
+    response_body,
+    responses_request,
+)
 from llmgw.gateway.dialects.sse import ChatEvents, sse
 from llmgw.gateway.tables import Upstream
 
 CHAT_PATH = "/v1/chat/completions"
 PATHS = ("/v1/responses", "/v1/messages")
 JSON = b"application/json"
-# The engines (catalog.domain.ENGINES) that serve the Responses API themselves.
-SERVE_RESPONSES = frozenset({"vllm"})
 
 
-def dialect_for(path: str, send: Send) -> Dialect | None:
-    """The translation for a request to `path`; None for an API the engines speak."""
-    return Dialect(path == "/v1/messages", send) if path in PATHS else None
+def dialect_for(path: str, send: Send, request_id: str | None = None) -> Dialect | None:
+    """The translation for a request to `path`, its answer's ids made from `request_id`;
+    None for an API the engines speak."""
+    return Dialect(path == "/v1/messages", send, request_id) if path in PATHS else None
 
 
 class Dialect:
     """One request in the Responses (`anthropic` false) or the Messages API: `translated`
     turns its body into chat's, `send` turns chat's answer into this API's."""
 
-    def __init__(self, anthropic: bool, send: Send) -> None:
+    def __init__(self, anthropic: bool, send: Send, request_id: str | None = None) -> None:
         self.anthropic, self.downstream = anthropic, send
-        self.rid = uuid.uuid4().hex[:24]  # the ids of the answer's objects
+        # The ids of the answer's objects (resp_…, msg_…): the request's, so the id a client
+        # keeps finds the request (llmgw/core/ids.py); a new one where none was given.
+        self.rid = answer_tail(request_id) if request_id else uuid.uuid4().hex[:24]
         self.now = time.time()
         self.request: dict | None = None  # the caller's body, once translated
         self.start: dict | None = None  # the answer's start, held until its body is known
@@ -68,11 +79,17 @@ class Dialect:
         """The path and body to send `up` when its engine serves this API itself: the
         caller's body, its model renamed as chat's is and with the cap on its output the
         gateway set on `chat` (the translated body, as admitted); None for an engine it is
-        translated for. The answer then passes as it is."""
+        translated for. The answer then passes as it is. A 400 for a body that asks what
+        only such an engine gives (`not_translatable`), before anything is sent."""
         self.native = not self.anthropic and up.engine in SERVE_RESPONSES and bool(self.request)
         if not self.native:
+            if not self.anthropic and self.request:
+                refused = not_translatable(self.request, up.engine)
+                if refused is not None:
+                    raise refused
             return None
-        body = dict(self.request, model=up.model)
+        # vLLM names its Response by `request_id` (one of its extra fields): ours.
+        body = dict(self.request, model=up.model, request_id=f"resp_{self.rid}")
         if body.get("max_output_tokens") is None and chat.get("max_tokens") is not None:
             body["max_output_tokens"] = chat["max_tokens"]
         return "/v1/responses", json.dumps(body).encode()

@@ -185,7 +185,7 @@ async def _serve(rt: State, scope: Scope, receive: Receive, send: Send, span) ->
     send = with_id(send, out.rid)
     tracing.said(span, **{"llmgw.request_id": out.rid})
     req: Request | None = None
-    dialect = dialect_for(scope["path"], send)
+    dialect = dialect_for(scope["path"], send, out.rid)
     if dialect is not None:
         send = dialect.send  # the answer, the gateway's own errors too, in the caller's API
     try:
@@ -327,15 +327,20 @@ def _displaced(rt: State, req: Request) -> None:
     ups = rt.tables.upstreams.get(req.model, ())
     present = rt.bands_present(req.model)
     if ups and present.keys() - {req.key.band}:
-        work, bound = model_work(
-            ((u.replica_id, u.weight) for u in ups), rt.inflight, rt.readings, rt.inflight_read
+        pressure = model_work(
+            ((u.replica_id, u.weight) for u in ups),
+            rt.inflight,
+            rt.readings,
+            rt.inflight_read,
+            rt.slots,
         )
-        if refused(req.key.band, present, work, bound):
+        if refused(req.key.band, present, pressure):
             metrics.DISPLACED.labels(req.model, req.key.band).inc()
             raise Refused(
                 429,
-                f"Model {req.model} is overloaded ({work} requests waiting, past {bound}): "
-                f"requests of band {req.key.band} wait until it keeps up; try again shortly.",
+                f"Model {req.model} is overloaded ({pressure.work} requests at or waiting "
+                f"for its replicas, past {pressure.bound}): requests of band "
+                f"{req.key.band} wait until it keeps up; try again shortly.",
                 "rate_limit_error",
                 "model_overloaded",
                 reason="overloaded",

@@ -17,7 +17,7 @@ import aiohttp
 from channels.db import database_sync_to_async
 
 from llmgw.gateway.answers import bad_key, no_key, unknown_model
-from llmgw.gateway.bands import PRESENT_S
+from llmgw.gateway.bands import PRESENT_S, slots_learnt
 from llmgw.gateway.journal import Journal
 from llmgw.gateway.limits import Held, Limiter, LocalCounters, RedisCounters
 from llmgw.gateway.prefixes import Prefix, choose, order, prefix_for
@@ -149,6 +149,7 @@ class State:
         # What each ready replica's engine last said (`scoring`), read every few seconds.
         self.readings: dict[str, Reading] = {}
         self.inflight_read: dict[str, int] = {}  # our in-flight counts when they were read
+        self.slots: dict[str, int] = {}  # replica -> its engine's slots, as seen (bands.py)
         self.suspect: dict[str, float] = {}
         self.turn = 0
         self.asked: dict[str, float] = {}  # on-demand model -> when the reconciler was last told
@@ -271,6 +272,7 @@ class State:
         which the engines' counts include (`scoring.replica_load` takes them out again)."""
         self.readings = readings
         self.inflight_read = {r: self.inflight.get(r, 0) for r in readings}
+        self.slots = slots_learnt(self.slots, readings)
 
     def chain(self, model: str) -> list[str]:
         """The model, then its fallbacks in order, then theirs: each once."""

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from catalog.domain import ModelSpec
 from llmgw.core.secrets import engine_key
+from tenancy.bands import DEFAULT as DEFAULT_BAND
 from tenancy.budgets import Book
 
 log = logging.getLogger("llmgw.gateway")
@@ -34,7 +35,7 @@ class Key:
     requests_per_minute: int | None
     tokens_per_minute: int | None
     max_tokens: int | None = None  # the most one request may ask for
-    band: str = "normal"  # its priority under overload (llmgw/gateway/bands.py)
+    band: str = DEFAULT_BAND  # its priority under overload (llmgw/gateway/bands.py)
 
     def chain(self) -> tuple[str, ...]:
         """Itself and its scopes up the tree, as budgets are kept: `key:3`, `project:12`…"""
@@ -84,7 +85,7 @@ class KeyRow:
     requests_per_minute: int | None
     tokens_per_minute: int | None
     max_tokens: int | None = None
-    band: str = "normal"  # its own, or else its project's
+    band: str = DEFAULT_BAND  # its own, or else its project's
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from catalog.selectors import catalog_load
 from llmgw.core.errors import Conflict, Invalid, NotFound
 from llmgw.core.secrets import digest, keyed_digest, new_secret
 
+from ..bands import BANDS
 from ..models import (
-    BANDS,
     ApiKey,
     AuditEvent,
     CapacityQuota,
@@ -555,13 +555,10 @@ def limit_clear(*, scope: str, actor: str) -> str:
     return key
 
 
-BAND_NAMES = tuple(b for b, _ in BANDS)
-
-
 def band_checked(band: object, *, blank: bool = False) -> str:
     """`band` as stored: one of BANDS, or empty (its project's) where `blank` allows."""
     text = band.strip().lower() if isinstance(band, str) else band
-    if (blank and text in ("", None)) or text in BAND_NAMES:
+    if (blank and text in ("", None)) or text in BANDS:
         return text or ""
-    allowed = ", ".join(BAND_NAMES) + (", or empty for its project's" if blank else "")
+    allowed = ", ".join(BANDS) + (", or empty for its project's" if blank else "")
     raise Invalid(f"a band is {allowed}; not {str(band)[:40]!r}.")

@@ -11,7 +11,8 @@ from hypothesis import given, strategies as st
 
 from fleet.domain.readings import Reading
 from llmgw.gateway import bands
-from llmgw.gateway.bands import BANDS, model_work, refused, refused_bands
+from llmgw.gateway.bands import Pressure, model_work, refused, refused_bands, slots_learnt
+from tenancy.bands import BANDS, DEFAULT
 from tenancy.models import ApiKey, AuditEvent
 from tenancy.services import api_key_create
 from tenancy.services.bands import band_set
@@ -42,17 +43,28 @@ def test_the_lowest_bands_present_are_refused_one_more_per_bound_passed(present,
 
 
 def test_a_request_counts_its_own_band_as_present():
-    assert refused("low", {"high"}, 4, 4)
-    assert not refused("high", {"low"}, 40, 4)
+    assert refused("low", {"high"}, Pressure(4, 4, 4))
+    assert not refused("high", {"low"}, Pressure(40, 4, 4))
+
+
+def test_past_the_bound_one_band_more_is_refused_each_step():
+    three = {"low", "normal", "high"}
+    assert refused_bands(three, 3, 3, 1) == {"low"}
+    assert refused_bands(three, 4, 3, 1) == {"low", "normal"}
+    assert refused_bands(three, 6, 4, 4) == {"low"}
 
 
 @given(
     present=st.sets(st.sampled_from(BANDS), min_size=1),
     work=st.integers(0, 200),
     bound=st.integers(0, 20),
+    data=st.data(),
 )
-def test_displacement_never_refuses_the_top_band_and_refuses_from_the_bottom(present, work, bound):
-    out = refused_bands(present, work, bound)
+def test_displacement_never_refuses_the_top_band_and_refuses_from_the_bottom(
+    present, work, bound, data
+):
+    step = data.draw(st.integers(0, 20))
+    out = refused_bands(present, work, bound, step)
     top = max(present, key=bands.rank)
     assert top not in out
     assert out <= present
@@ -60,17 +72,57 @@ def test_displacement_never_refuses_the_top_band_and_refuses_from_the_bottom(pre
     for band in out:
         assert all(b in out for b in present if bands.rank(b) < bands.rank(band))
     # More waiting work never lets a refused band in.
-    assert out <= refused_bands(present, work + max(bound, 1), bound)
+    assert out <= refused_bands(present, work + max(bound, 1), bound, step)
+    assert out <= refused_bands(present, work, bound, step + 1)
 
 
 def test_waiting_work_is_the_engines_queue_where_they_say_it_and_in_flight_otherwise():
     readings = {"a": Reading(running=4, waiting=3)}
     # a: queued 3 when read, and 2 more sent since (6 in flight, 4 then); b: 5 in flight.
-    work, bound = model_work([("a", 1), ("b", 2)], {"a": 6, "b": 5}, readings, {"a": 4})
+    work, bound, step = model_work([("a", 1), ("b", 2)], {"a": 6, "b": 5}, readings, {"a": 4})
     assert work == 3 + 2 + 5
-    assert bound == bands.WAITING_BOUND + bands.INFLIGHT_BOUND * 2
+    assert bound == step == bands.WAITING_BOUND + bands.INFLIGHT_BOUND * 2
     # Requests ended since the reading take from its queue, never below nothing.
-    assert model_work([("a", 1)], {"a": 0}, readings, {"a": 9})[0] == 0
+    assert model_work([("a", 1)], {"a": 0}, readings, {"a": 9}).work == 0
+
+
+def test_an_engines_slots_are_what_it_ran_while_requests_waited():
+    read = {"a": Reading(running=4, waiting=3), "b": Reading(running=2, waiting=0)}
+    assert slots_learnt({}, read) == {"a": 4}  # b never queued: its slots are not known
+    # Kept until more is seen; a replica no longer read is dropped.
+    later = {"a": Reading(running=3, waiting=1), "b": Reading(running=6, waiting=2)}
+    assert slots_learnt({"a": 4, "gone": 8}, later) == {"a": 4, "b": 6}
+    assert slots_learnt({}, {"a": Reading(waiting=5)}) == {}
+
+
+@pytest.mark.parametrize(("slots", "kept"), [(1, 0), (2, 1), (4, 1), (8, 2), (10, 3), (64, 16)])
+def test_a_quarter_of_the_slots_is_kept_for_the_higher_bands_never_all(slots, kept):
+    assert bands.reserve(slots) == kept
+
+
+def test_with_its_slots_known_a_replica_is_judged_by_what_it_holds():
+    # 8 slots, 2 kept: the lowest band refused from 6 held, the next from 8 (no slot free).
+    read = {"a": Reading(running=5, waiting=0)}
+    assert model_work([("a", 1)], {"a": 5}, read, {"a": 5}, {"a": 8}) == Pressure(5, 6, 2)
+    # One more sent since the reading: 6 held, at the bound.
+    assert model_work([("a", 1)], {"a": 6}, read, {"a": 5}, {"a": 8}).work == 6
+    # A queue counts whole: 8 running, 3 waiting.
+    full = {"a": Reading(running=8, waiting=3)}
+    assert model_work([("a", 1)], {"a": 11}, full, {"a": 11}, {"a": 8}).work == 11
+
+
+@given(
+    slots=st.integers(1, 256),
+    held=st.integers(0, 512),
+    present=st.sets(st.sampled_from(BANDS), min_size=2),
+)
+def test_the_lowest_band_leaves_a_slot_free_for_the_others(slots, held, present):
+    running, waiting = min(held, slots), max(held - slots, 0)
+    read = {"a": Reading(running=running, waiting=waiting)}
+    pressure = model_work([("a", 1)], {"a": held}, read, {"a": held}, {"a": slots})
+    lowest = min(present, key=bands.rank)
+    # Let in only while, with it, the reserve is still free for the bands above it.
+    assert refused(lowest, present, pressure) == (held >= slots - bands.reserve(slots))
 
 
 # Through the gateway.
@@ -222,8 +274,14 @@ async def test_without_readings_the_bound_is_on_requests_in_flight(world, gatewa
     assert r.status_code == 429 and r.json()["error"]["code"] == "model_overloaded"
 
 
-def test_bands_are_the_models_choices():
-    assert tuple(b for b, _ in ApiKey._meta.get_field("band").choices) == BANDS
+def test_bands_are_named_once_and_the_models_choices_are_those():
+    from llmgw.cli import ctl_keys
+    from tenancy.models import Project
+
+    assert bands.BANDS is BANDS and ctl_keys.BANDS is BANDS
+    for model in (ApiKey, Project):
+        assert tuple(b for b, _ in model._meta.get_field("band").choices) == BANDS
+    assert Project._meta.get_field("band").default == DEFAULT
 
 
 @pytestmark_db

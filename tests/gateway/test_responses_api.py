@@ -14,7 +14,13 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from llmgw.gateway.answers import Refused
-from llmgw.gateway.dialects.responses import ResponsesStream, response_body, responses_request
+from llmgw.gateway.dialects.responses import (
+    ResponsesStream,
+    engine_only,
+    not_translatable,
+    response_body,
+    responses_request,
+)
 from llmgw.gateway.dialects.sse import sse
 from tests.gateway.chat_answers import chunks, completion
 
@@ -193,8 +199,10 @@ def test_a_stream_asks_the_engine_for_its_usage_and_null_means_no_stream():
             {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
             "text.format.schema",
         ),
-        ({"input": "hi", "truncation": "auto"}, "truncation"),
-        ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
+        ({"input": "hi", "truncation": "sometimes"}, "truncation"),
+        ({"input": "hi", "reasoning": "high"}, "reasoning"),
+        ({"input": "hi", "top_logprobs": -1}, "top_logprobs"),
+        ({"input": "hi", "max_tool_calls": 0}, "max_tool_calls"),
         ({"input": "hi", "metadata": "x"}, "metadata"),
     ],
 )
@@ -210,6 +218,40 @@ def test_the_stateless_refusal_says_why_and_what_to_do_instead():
         translate(input="hi", previous_response_id="resp_1")
     assert "stateless" in refused.value.message and "'input'" in refused.value.message
     assert refused.value.code == "unsupported_parameter"
+
+
+@pytest.mark.parametrize(
+    ("extra", "asked"),
+    [
+        ({}, []),
+        ({"reasoning": {}, "truncation": "disabled", "top_logprobs": 0}, []),
+        ({"reasoning": {"effort": None, "summary": None}, "max_tool_calls": None}, []),
+        ({"include": ["reasoning.encrypted_content"]}, []),  # there is none to include
+        ({"reasoning": {"effort": "high"}}, ["reasoning"]),
+        ({"truncation": "auto", "top_logprobs": 3}, ["truncation", "top_logprobs"]),
+        ({"max_tool_calls": 2, "include": ["message.output_text.logprobs"]}, ["max_tool_calls", "include"]),
+    ],
+)  # fmt: skip
+def test_fields_only_an_engine_serving_responses_honours_are_told_apart(extra, asked):
+    body = {"model": "smol", "input": "hi", **extra}
+    responses_request(body)  # accepted: the engine is not known yet
+    assert engine_only(body) == asked
+    refused = not_translatable(body, "llamacpp")
+    assert (refused is None) == (not asked)
+
+
+def test_the_refusal_names_the_field_the_engine_and_what_to_do():
+    refused = not_translatable({"input": "hi", "reasoning": {"effort": "low"}}, "llamacpp")
+    assert (refused.status, refused.param, refused.code) == (
+        400,
+        "reasoning",
+        "unsupported_parameter",
+    )
+    assert refused.message == (
+        "'reasoning': reasoning settings reach only an engine that serves the Responses API "
+        "itself (vllm); this model's replica runs llamacpp, which is sent the chat completion "
+        "the request translates to. Leave it out, or ask a model served by vllm."
+    )
 
 
 REQUEST = {

@@ -8,6 +8,7 @@ to, as before (tests/gateway/test_dialect_serve.py)."""
 from __future__ import annotations
 
 import json
+from unittest.mock import ANY
 
 import openai
 import pytest
@@ -33,10 +34,10 @@ USAGE = {
 WORDS = ("Paris", " it", " is")
 
 
-def response(model: str, status: str = "completed") -> dict:
-    """A Response as vLLM writes one."""
+def response(model: str, status: str = "completed", rid: str = "resp_vllm1") -> dict:
+    """A Response as vLLM writes one, named by the request's `request_id` where it has one."""
     return {
-        "id": "resp_vllm1",
+        "id": rid,
         "object": "response",
         "created_at": 1,
         "status": status,
@@ -70,7 +71,7 @@ class FakeVllm:
         self.bodies.append(body)
         self.paths.append(request.path)
         if not body.get("stream"):
-            return web.json_response(response(body["model"]))
+            return web.json_response(response(body["model"], rid=body.get("request_id", "x")))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         events = [{"type": "response.created", "response": response(body["model"], "in_progress")}]
@@ -134,11 +135,15 @@ async def test_a_response_reaches_vllm_as_it_was_sent_and_its_usage_is_counted(
         max_output_tokens=8,
         metadata={"team": "ml"},
     )
-    assert answer.id == "resp_vllm1"  # vLLM's own Response, not one the gateway wrote
+    # vLLM's own Response, not one the gateway wrote, named as the gateway asked (vLLM's
+    # `request_id`): by the request's id, as a translated answer is (test_dialect_ids.py).
+    rid = answer.output[0].id  # FakeVllm's
+    assert answer.id == vllm.bodies[0]["request_id"] != "x" and rid == "msg_1"
     assert answer.output_text == "".join(WORDS)
     assert vllm.paths == ["/v1/responses"]
     assert vllm.bodies == [
         {
+            "request_id": answer.id,
             "model": "qwen",
             "input": [{"role": "user", "content": QUESTION}],
             "instructions": "Be brief.",
@@ -163,7 +168,8 @@ async def test_a_streamed_response_passes_as_vllm_sent_it_and_counts_its_usage(
         "response.completed",
     ]
     assert "".join(e.delta for e in events[1:-1]) == "".join(WORDS)
-    assert vllm.bodies == [{"model": "qwen", "input": QUESTION, "stream": True}]
+    (sent,) = vllm.bodies
+    assert sent == {"model": "qwen", "input": QUESTION, "stream": True, "request_id": ANY}
     row = await counted(gateway)
     assert (row.requests, row.errors) == (1, 0)  # ended by response.completed: not cut
     assert (row.prompt_tokens, row.completion_tokens, row.estimated_tokens) == (17, 3, 0)
@@ -189,6 +195,38 @@ async def test_an_engine_that_does_not_serve_responses_gets_chat(world, gateway,
     assert answer.output_text == sim_text(QUESTION, n=4)
     assert world.engines["llama-1"].requests_total == 1
     assert vllm.paths == []
+
+
+async def test_what_only_vllm_honours_reaches_it_and_is_refused_for_chat(
+    world, gateway, vllm, secret
+):
+    client = openai_client(gateway, secret)
+    asked = {"input": QUESTION, "reasoning": {"effort": "high"}, "top_logprobs": 2}
+    answer = await client.responses.create(model="qwen", **asked)
+    assert answer.output_text == "".join(WORDS)
+    assert vllm.bodies[-1]["reasoning"] == {"effort": "high"}
+    assert vllm.bodies[-1]["top_logprobs"] == 2
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(model="llama", **asked)
+    assert "reasoning settings reach only an engine" in refused.value.message
+    assert "runs llamacpp" in refused.value.message
+    assert refused.value.body["param"] == "reasoning"
+    assert world.engines["llama-1"].requests_total == 0
+    # Asking nothing of them, the same fields go on to chat.
+    plain = await client.responses.create(
+        model="llama", input=QUESTION, reasoning={}, truncation="disabled", max_output_tokens=2
+    )
+    assert plain.output_text == sim_text(QUESTION, n=2)
+
+
+async def test_vllm_names_its_response_by_the_requests_id(world, gateway, vllm, secret):
+    client = openai_client(gateway, secret)
+    raw = await client.responses.with_raw_response.create(
+        model="qwen", input=QUESTION, extra_headers={"x-request-id": "v.7"}
+    )
+    assert vllm.bodies[-1]["request_id"] == "resp_v.7" == raw.parse().id
+    raw = await client.responses.with_raw_response.create(model="qwen", input=QUESTION)
+    assert raw.parse().id == "resp_" + raw.headers["x-request-id"].removeprefix("req_")
 
 
 async def test_stored_responses_are_refused_before_reaching_vllm(world, gateway, vllm, secret):

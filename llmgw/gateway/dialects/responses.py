@@ -5,10 +5,16 @@ chunks into the Responses API's typed events.
 
 Stateless: a body that asks the gateway to keep or recall a response (`store: true`,
 `previous_response_id`, `conversation`, `background`, `prompt`) is refused with a sentence
-that says so; the client sends the whole conversation in `input` instead."""
+that says so; the client sends the whole conversation in `input` instead.
+
+Some fields have no place in a chat completion but an engine that serves the Responses API
+itself (vLLM) honours them (ENGINE_ONLY): their shape is checked here, and the request
+goes on; `not_translatable` refuses it, naming the field and the engine, once a replica
+that would be sent the chat completion is chosen (dialect_serve)."""
 
 from __future__ import annotations
 
+from llmgw.gateway.answers import Refused
 from llmgw.gateway.dialects import fields as f
 from llmgw.gateway.dialects.chat import (
     Answer,
@@ -29,7 +35,7 @@ KNOWN = frozenset(
         "max_output_tokens", "temperature", "top_p", "text", "stream", "stream_options",
         "user", "metadata", "store", "previous_response_id", "conversation", "background",
         "prompt", "include", "truncation", "reasoning", "safety_identifier",
-        "prompt_cache_key", "service_tier",
+        "prompt_cache_key", "service_tier", "top_logprobs", "max_tool_calls",
     }
 )  # fmt: skip
 # Fields that ask for state this gateway does not keep: refused unless null or false.
@@ -45,6 +51,7 @@ def responses_request(body: dict) -> dict:
     the translation cannot honour."""
     f.only_known(body, KNOWN)
     _stateless(body)
+    _engine_fields(body)
     chat: dict = {"model": f.text(body.get("model"), "model"), "messages": _messages(body)}
     f.sampling(body, chat, temperature_max=2.0)
     if body.get("max_output_tokens") is not None:
@@ -67,16 +74,71 @@ def responses_request(body: dict) -> dict:
 
 
 def _stateless(body: dict) -> None:
-    """Refuse what needs stored responses, or work a chat engine cannot do."""
+    """Refuse what needs stored responses."""
     for name in STATEFUL:
         if body.get(name) not in (None, False):
             raise f.refuse(name, STATELESS, "unsupported_parameter")
-    if body.get("truncation") not in (None, "disabled"):
-        raise f.refuse("truncation", "only 'disabled' is supported.", "unsupported_value")
-    if body.get("reasoning") not in (None, {}):
-        raise f.refuse(
-            "reasoning", "reasoning settings are not supported.", "unsupported_parameter"
-        )
+
+
+def _engine_fields(body: dict) -> None:
+    """Check the shape of the fields only an engine serving the API honours (ENGINE_ONLY);
+    whether they may go on is told once the engine is known (`not_translatable`)."""
+    if body.get("truncation") is not None:
+        f.one_of(body["truncation"], "truncation", ("auto", "disabled"))
+    if body.get("reasoning") is not None:
+        f.obj(body["reasoning"], "reasoning")
+    if body.get("top_logprobs") is not None:
+        f.whole(body["top_logprobs"], "top_logprobs")
+    if body.get("max_tool_calls") is not None:
+        f.whole(body["max_tool_calls"], "max_tool_calls", least=1)
+
+
+# The engines (catalog.domain.ENGINES) that serve the Responses API themselves.
+SERVE_RESPONSES = frozenset({"vllm"})
+# What each field asks for that a chat completion cannot give.
+ENGINE_ONLY = {
+    "reasoning": "reasoning settings",
+    "truncation": "truncation 'auto'",
+    "top_logprobs": "log probabilities",
+    "max_tool_calls": "a cap on tool calls",
+    "include": "log probabilities ('message.output_text.logprobs')",
+}
+LOGPROBS = "message.output_text.logprobs"
+
+
+def engine_only(body: dict) -> list[str]:
+    """The fields of `body` (as `responses_request` accepted it) that ask for something only
+    an engine serving the Responses API itself gives: null, empty, 0 or "disabled" ask
+    for nothing; `include` asks only by naming the output's log probabilities."""
+    asked = []
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and any(v is not None for v in reasoning.values()):
+        asked.append("reasoning")
+    if body.get("truncation") == "auto":
+        asked.append("truncation")
+    for name in ("top_logprobs", "max_tool_calls"):
+        if body.get(name):
+            asked.append(name)
+    if LOGPROBS in (body.get("include") or ()):
+        asked.append("include")
+    return asked
+
+
+def not_translatable(body: dict, engine: str) -> Refused | None:
+    """The 400 for a body sent as a chat completion to a replica running `engine` while it
+    asks for what only an engine serving the Responses API gives; None when nothing of it
+    would be lost."""
+    asked = engine_only(body)
+    if not asked:
+        return None
+    name, serving = asked[0], " or ".join(sorted(SERVE_RESPONSES))
+    return f.refuse(
+        name,
+        f"{ENGINE_ONLY[name]} reach only an engine that serves the Responses API itself "
+        f"({serving}); this model's replica runs {engine}, which is sent the chat completion "
+        f"the request translates to. Leave it out, or ask a model served by {serving}.",
+        "unsupported_parameter",
+    )
 
 
 def _hints(body: dict, chat: dict) -> None:
