@@ -23,7 +23,7 @@ source's label (`kind`, `name`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .power import RACK_LABEL, ZONE_LABEL, pdus_of
 
@@ -260,7 +260,7 @@ class Facility:
     scored down; placement says what it would have done. Holds are an operator's order and
     are always enforced."""
 
-    states: Mapping[Domain, State]
+    states: Mapping[Domain, State] = field(default_factory=dict)
     holds: tuple[Hold, ...] = ()
     enforce: bool = False
     now: float = 0.0
