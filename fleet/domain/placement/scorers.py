@@ -29,7 +29,8 @@ def coolest_domain_first(room: NodeRoom, ask: Ask) -> tuple:
 
 def cools(ask: Ask) -> bool:
     """Whether `coolest_domain_first` can order anything for this ask."""
-    return ask.enforce and bool(ask.standing) and any(s.level for s in ask.standing.values())
+    standing = ask.standing
+    return ask.enforce and standing is not None and any(s.level for s in standing.values())
 
 
 def fewest_of_the_model_nearby(room: NodeRoom, ask: Ask) -> tuple:
