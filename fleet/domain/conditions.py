@@ -323,3 +323,28 @@ def gpu_readings(gpus: Iterable[Mapping]) -> Readings:
         if has_temp:
             hottest = _most(hottest, float(temp))  # type: ignore[arg-type]
     return Readings(gpus=n, throttled=throttled, hottest_gpu_c=hottest)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One source's readings of one domain, taken at `at` (seconds), and how long they stay
+    fresh: past `stale_after` they are absent."""
+
+    domain: Domain
+    readings: Readings
+    at: float
+    stale_after: float
+
+
+def fresh(samples: Iterable[Sample], now: float) -> tuple[dict[Domain, Readings], dict[Domain, float]]:
+    """Per domain, its fresh readings merged (a stale sample is absent), and when its newest
+    sample was taken, fresh or not (for the readings' age)."""
+    readings: dict[Domain, Readings] = {}
+    newest: dict[Domain, float] = {}
+    for s in samples:
+        newest[s.domain] = max(newest.get(s.domain, s.at), s.at)
+        if now - s.at > s.stale_after or s.readings.empty:
+            continue
+        d = s.domain
+        readings[d] = readings[d].merged(s.readings) if d in readings else s.readings
+    return readings, newest

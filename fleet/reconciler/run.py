@@ -32,6 +32,7 @@ from ..domain.passes import restart_at, settles
 from ..domain.plan import Event
 from ..domain.quiet import QuietModels
 from ..domain.reconcile import decide
+from ..facility.observe import conditions_observe
 from ..models import Lease
 from ..nodes.dispatch import dispatch
 from ..nodes.reclaim import weights_reclaim
@@ -216,6 +217,7 @@ def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) ->
 def _pass(now: datetime, fresh_start: bool) -> dict:
     """The pass itself, under the lock."""
     settling, floor = _settle_window(now, fresh_start)
+    event_log.record(conditions_observe(now=now), now=now)
     snap = snapshot_load(
         settling=settling,
         silence_floor=floor,

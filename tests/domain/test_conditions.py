@@ -273,3 +273,19 @@ def test_no_condition_is_entered_sooner_than_its_hold_time(history):
         if state.level > before.level:
             i = state.level - 1
             assert state.above[i] is not None and at - state.above[i] >= T.enter_s
+
+
+def test_a_stale_sample_is_absent_but_its_age_is_kept():
+    from fleet.domain.conditions import Sample, fresh
+
+    r1, r2 = ("rack", "r1"), ("rack", "r2")
+    samples = [
+        Sample(r1, Readings(inlet_c=30), at=100, stale_after=120),
+        Sample(r1, Readings(gpus=4, throttled=1), at=50, stale_after=60),  # stale at 120
+        Sample(r2, Readings(inlet_c=22), at=0, stale_after=60),  # stale
+    ]
+
+    readings, newest = fresh(samples, now=120)
+
+    assert readings == {r1: Readings(inlet_c=30)}
+    assert newest == {r1: 100, r2: 0}
