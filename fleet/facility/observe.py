@@ -181,3 +181,10 @@ def _event(d: Domain, before: State, after: State) -> Event:
     if after.condition == "unknown":
         text += ": no fresh reading, treated as ok"
     return Event(text, "facility_condition", domain=f"{kind}:{name}", condition=after.condition)
+
+
+def caches_clear() -> None:
+    """Forget the sources file, the replay, the last answers and when sources were read."""
+    _loaded.clear()
+    _last.clear()
+    FAILED.clear()
