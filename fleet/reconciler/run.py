@@ -224,6 +224,7 @@ def _pass(now: datetime, fresh_start: bool) -> dict:
         policy=POLICY.get(),
         measurements=MEASUREMENTS.get(),
         with_weights=True,
+        now=now,
     )
     plan = decide(snap, now, settings.LLMGW.timings, quiet=QUIET)
     FREEZE.after(len(snap.nodes) + len(snap.replicas))

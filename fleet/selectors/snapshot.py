@@ -33,6 +33,7 @@ def snapshot_load(
     policy: Policy | None = None,
     measurements: dict[tuple[str, str], Measured] | None = None,
     with_weights: bool = False,
+    now: datetime | None = None,
 ) -> Snapshot:
     """Everything a pass decides on, read as one consistent picture.
 
@@ -65,7 +66,7 @@ def snapshot_load(
                 weights_waiting({n: m.source for n, m in models.items()}) if with_weights else {}
             ),
             power=power_load(nodes),
-            facility=facility_load(),
+            facility=facility_load(now),
         )
 
 

@@ -224,3 +224,26 @@ def test_a_viewer_may_read_conditions_but_not_hold(client, django_user_model):
     assert list(DomainHold.objects.values_list("kind", "name", "held_by")) == [
         ("pdu", "p1", "otto")
     ]
+
+
+def test_metrics_say_each_domains_condition_its_readings_age_and_its_hold(
+    settings, tmp_path, no_settle
+):
+    from fleet.metrics.collector import fleet_text
+    from fleet.services import domain_hold
+
+    facility(settings, tmp_path, enforce=True)
+    for t in range(0, 400, 20):
+        pass_at(t)
+    domain_hold(kind="pdu", name="p1", reason="", actor="ops", now=T0)
+
+    text = fleet_text()
+
+    assert 'llmgw_domain_condition{condition="hot",kind="rack",name="r1"} 1.0' in text
+    assert 'llmgw_domain_condition{condition="ok",kind="rack",name="r1"} 0.0' in text
+    assert 'llmgw_domain_condition{condition="ok",kind="rack",name="r2"} 1.0' in text
+    assert 'llmgw_domain_condition{condition="unknown",kind="pdu",name="p1"} 1.0' in text
+    assert 'llmgw_domain_held{kind="pdu",name="p1"} 1.0' in text
+    assert "llmgw_facility_conditions_enforced 1.0" in text
+    assert 'llmgw_domain_reading_age_seconds{kind="rack",name="r1"}' in text
+    assert 'llmgw_domain_reading_age_seconds{kind="pdu"' not in text  # never read: no age
