@@ -25,7 +25,7 @@ from tenancy.services import audit_record
 from .domain.conditions import KINDS as CONDITION_KINDS
 from .domain.power import KINDS, MOST_WATTS, name_refusal, watts as watts_said
 from .domain.reconcile import Plan
-from .models import DomainHold, ModelState, Node, PowerBudget, Replica, Shard
+from .models import DomainCondition, DomainHold, ModelState, Node, PowerBudget, Replica, Shard
 from .nodes.dispatch import Command, stop_command
 from .nodes.figures import node_figures_refresh
 from .selectors.installs import engine_build
@@ -481,6 +481,9 @@ def domain_hold(*, kind: str, name: str, reason: str, actor: str, now: datetime)
             name=name,
             defaults={"reason": reason, "held_by": actor[:150], "held_at": now},
         )
+        # A held domain has a condition row (unknown until read): the Racks table reads both
+        # in one query (selectors/conditions.rack_conditions).
+        DomainCondition.objects.get_or_create(kind=kind, name=name)
         audit_record(
             actor=actor,
             action="facility_hold.set",

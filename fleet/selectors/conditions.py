@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models import Exists, OuterRef, Subquery
 
 from llmgw.core import clock
 
@@ -84,3 +85,33 @@ def conditions_list(now: datetime | None = None) -> list[DomainSaid]:
                 d[0], d[1], "unknown", said(d, State(), at), None, None, None, h.by, h.reason, True
             )
     return [out[d] for d in sorted(out)]
+
+
+@dataclass(frozen=True)
+class RackCondition:
+    """A rack's or PDU's condition and hold, for a row of the cluster page's Racks table."""
+
+    condition: str
+    said: str
+    held: str = ""
+
+
+def rack_conditions(now: datetime | None = None) -> dict[tuple[str, str], RackCondition]:
+    """Each rack's and PDU's condition and hold, by (kind, name): one query (a hold makes its
+    domain's row, services.domain_hold)."""
+    at = (now or clock.now()).timestamp()
+    held = DomainHold.objects.filter(kind=OuterRef("kind"), name=OuterRef("name"))
+    rows = DomainCondition.objects.filter(kind__in=("rack", "pdu")).annotate(
+        held_by=Subquery(held.values("held_by")[:1]),
+        hold_reason=Subquery(held.values("reason")[:1]),
+        is_held=Exists(held),
+    )
+    out = {}
+    for row in rows:
+        d = (row.kind, row.name)
+        hold = ""
+        if row.is_held:
+            hold = f"held by {row.held_by or 'an operator'}"
+            hold += f": {row.hold_reason}" if row.hold_reason else ""
+        out[d] = RackCondition(row.condition, said(d, state_of(row), at), hold)
+    return out

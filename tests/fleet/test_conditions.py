@@ -247,3 +247,28 @@ def test_metrics_say_each_domains_condition_its_readings_age_and_its_hold(
     assert "llmgw_facility_conditions_enforced 1.0" in text
     assert 'llmgw_domain_reading_age_seconds{kind="rack",name="r1"}' in text
     assert 'llmgw_domain_reading_age_seconds{kind="pdu"' not in text  # never read: no age
+
+
+def test_the_racks_table_shows_each_racks_condition_and_hold(
+    settings, tmp_path, no_settle, client, django_user_model
+):
+    import re
+
+    from fleet.services import domain_hold
+
+    user = django_user_model.objects.create_user("root", password="x", is_staff=True)
+    user.is_superuser = True
+    user.save()
+    client.login(username="root", password="x")
+    facility(settings, tmp_path, enforce=True)
+    two_racks()
+    for t in range(0, 400, 20):
+        pass_at(t)
+    domain_hold(kind="rack", name="r2", reason="PDU swap", actor="fac-team", now=T0)
+
+    body = client.get("/").content.decode()
+
+    r1 = re.search(r'<tr data-rack="r1">(.*?)</tr>', body).group(1)
+    r2 = re.search(r'<tr data-rack="r2">(.*?)</tr>', body).group(1)
+    assert 'data-condition="hot"' in r1 and "rack r1 is hot (inlet 34 °C for" in r1
+    assert 'data-condition="ok"' in r2 and "held by fac-team: PDU swap" in r2
