@@ -143,3 +143,20 @@ def test_whatever_came_before_missing_data_places_as_if_there_were_no_facility(h
 
     assert placed_on(plan) == placed_on(run(bare))
     assert all("would have" not in s.reason for s in plan.starts)
+
+
+def test_headroom_says_the_hot_rack_that_stops_one_more():
+    from fleet.domain.capacity import headroom
+    from fleet.domain.placement import Inventory
+    from tenancy.quota import Policy
+
+    fleet = [racked("n1", "r1", gpus=2), racked("n2", "r2", gpus=1)]
+    fac = Facility({("rack", "r2"): HOT}, enforce=True, now=500)
+    inv = Inventory({n.id: n for n in fleet}, (), facility=fac)
+
+    room = headroom(model("chat", max=8), inv, 0, 8, Policy(), {}, {})
+
+    assert room.more == 2
+    assert any(b.startswith("node n2: rack r2 is hot (inlet 33 °C for") for b in room.blocked), (
+        room.blocked
+    )
