@@ -290,20 +290,6 @@ class Facility:
         return {n: s for n, ls in nodes.items() if (s := self.standing(ls)) is not None}
 
 
-def readings_of_nodes(
-    nodes: Iterable[tuple[Mapping[str, str], Readings]],
-) -> dict[Domain, Readings]:
-    """What nodes' own sensors say, per domain they are in: each node's readings merged into
-    every one of its domains."""
-    out: dict[Domain, Readings] = {}
-    for labels, r in nodes:
-        if r.empty:
-            continue
-        for d in domains_of(labels):
-            out[d] = out[d].merged(r) if d in out else r
-    return out
-
-
 def gpu_readings(gpus: Iterable[Mapping]) -> Readings:
     """A node's GPUs as readings: how many reported, how many are thermally throttled, the
     hottest. A GPU that said nothing of heat is not counted."""
@@ -336,7 +322,9 @@ class Sample:
     stale_after: float
 
 
-def fresh(samples: Iterable[Sample], now: float) -> tuple[dict[Domain, Readings], dict[Domain, float]]:
+def fresh(
+    samples: Iterable[Sample], now: float
+) -> tuple[dict[Domain, Readings], dict[Domain, float]]:
     """Per domain, its fresh readings merged (a stale sample is absent), and when its newest
     sample was taken, fresh or not (for the readings' age)."""
     readings: dict[Domain, Readings] = {}

@@ -1,16 +1,18 @@
 """The nodes' own sensors as facility readings: each node's inlet air and GPUs (heat and
-thermal throttling, docs/sensors.md), from its last heartbeat, counted in every domain its
-location labels put it in. A node's readings are as old as its last heartbeat."""
+thermal throttling, docs/sensors.md), from its last heartbeat, counted in its rack. A
+node's readings are as old as its last heartbeat.
+
+Only the rack: the air a node takes in is its rack's, and a row, room, zone or PDU is not
+made hot by one hot rack in it (it would take every rack there out). Their conditions come
+from sources that name them (a cooling unit's alarm per row, from Prometheus)."""
 
 from __future__ import annotations
 
 from django.db.models.fields.json import KeyTransform
 
-from ..domain.conditions import ROOM_LABEL, ROW_LABEL, Readings, Sample, domains_of, gpu_readings
-from ..domain.power import PDU_LABEL, RACK_LABEL, ZONE_LABEL
+from ..domain.conditions import Readings, Sample, gpu_readings
+from ..domain.power import RACK_LABEL
 from ..models import Node
-
-LOCATION = [RACK_LABEL, PDU_LABEL, ZONE_LABEL, ROW_LABEL, ROOM_LABEL]
 
 
 def _inlet(value: object) -> float | None:
@@ -21,10 +23,10 @@ def _inlet(value: object) -> float | None:
 
 
 def agents_samples(*, stale_after: float) -> list[Sample]:
-    """What every located node's sensors last said, one sample per domain it is in: one
-    query, over the nodes that carry a location label."""
+    """What every racked node's sensors last said, a sample of its rack each: one query,
+    over the nodes that carry a rack label."""
     rows = (
-        Node.objects.filter(labels__has_any_keys=LOCATION)
+        Node.objects.filter(labels__has_key=RACK_LABEL)
         .annotate(
             gpu_sensors=KeyTransform("gpus", "load"), inlet=KeyTransform("inlet_temp_c", "load")
         )
@@ -40,5 +42,6 @@ def agents_samples(*, stale_after: float) -> list[Sample]:
         if readings.empty:
             continue
         at = seen.timestamp()
-        out.extend(Sample(d, readings, at, stale_after) for d in domains_of(labels))
+        if rack := str(labels.get(RACK_LABEL) or "").strip():
+            out.append(Sample(("rack", rack), readings, at, stale_after))
     return out

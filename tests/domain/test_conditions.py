@@ -18,7 +18,6 @@ from fleet.domain.conditions import (
     Thresholds,
     domains_of,
     gpu_readings,
-    readings_of_nodes,
     said,
     signals,
     step,
@@ -193,15 +192,6 @@ def test_the_nodes_sensors_per_domain():
         ]
     )
     assert gpus == Readings(gpus=2, throttled=1, hottest_gpu_c=80)
-
-    per = readings_of_nodes(
-        [
-            ({"llmgw.io/rack": "r1"}, Readings(inlet_c=25)),
-            ({"llmgw.io/rack": "r1"}, Readings(inlet_c=29, gpus=2, throttled=1)),
-            ({}, Readings(inlet_c=40)),  # no location: no domain
-        ]
-    )
-    assert per == {("rack", "r1"): Readings(inlet_c=29, gpus=2, throttled=1)}
 
 
 def test_a_node_stands_by_its_worst_domain_and_any_hold():
