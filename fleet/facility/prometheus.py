@@ -18,12 +18,17 @@ import httpx
 from ..domain.conditions import Readings, Sample
 from .config import SIGNALS, Signal
 
-TIMEOUT_S = 3.0
+TIMEOUT_S = 2.0
 log = logging.getLogger("llmgw.facility")
 
 
 class Unanswered(Exception):
-    """Prometheus gave no usable answer; the text says why."""
+    """Prometheus gave no usable answer; the text says why. `unreachable`: it did not
+    answer at all (a timeout, no connection), rather than refusing one query."""
+
+    def __init__(self, text: str, unreachable: bool = False):
+        super().__init__(text)
+        self.unreachable = unreachable
 
 
 def instant(url: str, query: str) -> list[tuple[dict, float, float]]:
@@ -35,9 +40,11 @@ def instant(url: str, query: str) -> list[tuple[dict, float, float]]:
         )
         body = answer.json()
     except httpx.TimeoutException:
-        raise Unanswered(f"Prometheus at {url} did not answer within {TIMEOUT_S:g} s.") from None
+        raise Unanswered(
+            f"Prometheus at {url} did not answer within {TIMEOUT_S:g} s.", True
+        ) from None
     except httpx.HTTPError as exc:
-        raise Unanswered(f"Prometheus at {url} could not be reached: {exc}.") from None
+        raise Unanswered(f"Prometheus at {url} could not be reached: {exc}.", True) from None
     except ValueError:
         raise Unanswered(
             f"Prometheus at {url} answered {answer.status_code} with something other than JSON."
@@ -80,11 +87,19 @@ class PrometheusSource:
         self.failed: dict[str, str] = {}
 
     def samples(self) -> list[Sample]:
+        """Every signal's samples: this answer's, or the last one's where Prometheus gave
+        none. Once it cannot be reached, the other signals are not asked this time (a pass
+        waits on them)."""
         out: list[Sample] = []
+        gone: Unanswered | None = None
         for signal in self.signals:
             try:
+                if gone is not None:
+                    raise gone
                 answer = instant(self.url, signal.query)
             except Unanswered as exc:
+                if exc.unreachable:
+                    gone = exc
                 if self.failed.get(signal.name) != str(exc):
                     log.warning(
                         "facility signal %s: %s",

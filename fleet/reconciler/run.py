@@ -217,7 +217,7 @@ def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) ->
 def _pass(now: datetime, fresh_start: bool) -> dict:
     """The pass itself, under the lock."""
     settling, floor = _settle_window(now, fresh_start)
-    event_log.record(conditions_observe(now=now), now=now)
+    event_log.record(_conditions(now), now=now)
     snap = snapshot_load(
         settling=settling,
         silence_floor=floor,
@@ -263,6 +263,16 @@ def _pass(now: datetime, fresh_start: bool) -> dict:
         "drains": len(plan.drains),
         "forgets": len(plan.forgets),
     }
+
+
+def _conditions(now: datetime) -> list[Event]:
+    """The facility's step, which never stops a pass: what it cannot do is said, and the
+    conditions stay as they were (missing data never blocks placement)."""
+    try:
+        return conditions_observe(now=now)
+    except Exception as exc:  # any failure of the sources: said, and the pass goes on
+        log.exception("facility conditions not observed this pass: %s", exc)
+        return []
 
 
 def _happened(plan, snap) -> list[Event | str]:

@@ -272,3 +272,23 @@ def test_the_racks_table_shows_each_racks_condition_and_hold(
     r2 = re.search(r'<tr data-rack="r2">(.*?)</tr>', body).group(1)
     assert 'data-condition="hot"' in r1 and "rack r1 is hot (inlet 34 °C for" in r1
     assert 'data-condition="ok"' in r2 and "held by fac-team: PDU swap" in r2
+
+
+def test_a_source_that_breaks_does_not_stop_the_pass(
+    settings, tmp_path, no_settle, monkeypatch, caplog
+):
+    from fleet.facility import observe
+
+    def broken(config, now):
+        raise RuntimeError("the DCIM exporter sent nonsense")
+
+    monkeypatch.setattr(observe, "samples_read", broken)
+    node_add("gpu-a", now=T0, gpus=(H100,), labels={RACK: "r1"})
+    model_added(gpu_model("chat", scaling={"min": 1}))
+
+    reconcile_once(now=T0)
+
+    assert Replica.objects.count() == 1
+    assert (
+        "facility conditions not observed this pass: the DCIM exporter sent nonsense" in caplog.text
+    )

@@ -215,3 +215,21 @@ def test_a_signal_whose_prometheus_is_not_there_reads_nothing_and_says_why():
 
     assert source.samples() == []
     assert source.failed["inlet_temp_c"].startswith(f"Prometheus at {url} could not be reached")
+
+
+def test_a_prometheus_that_does_not_answer_is_asked_once_for_all_its_signals(monkeypatch):
+    from fleet.facility import prometheus
+
+    asked = []
+
+    def gone(url, query):
+        asked.append(query)
+        raise prometheus.Unanswered(f"Prometheus at {url} did not answer within 2 s.", True)
+
+    monkeypatch.setattr(prometheus, "instant", gone)
+    signals = tuple(Signal(n, f"q_{n}", "rack", "rack") for n in ("inlet_temp_c", "gpu_temp_c"))
+    source = PrometheusSource("http://p:9090", signals)
+
+    assert source.samples() == []
+    assert asked == ["q_inlet_temp_c"]
+    assert set(source.failed) == {"inlet_temp_c", "gpu_temp_c"}
