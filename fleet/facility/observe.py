@@ -28,7 +28,8 @@ log = logging.getLogger("llmgw.facility")
 
 _loaded: dict[str, tuple] = {}
 _last: list[float] = []
-# What is wrong with the sources now, in sentences (shown by `ctl facility`).
+# What is wrong with the sources now, in sentences, in the process that reads them (each is
+# said in the log when it goes wrong; the API, in another process, does not see it).
 FAILED: dict[str, str] = {}
 
 
