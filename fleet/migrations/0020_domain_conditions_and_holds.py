@@ -4,45 +4,58 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('fleet', '0019_gpu_fabric'),
+        ("fleet", "0019_gpu_fabric"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='DomainCondition',
+            name="DomainCondition",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(max_length=8)),
-                ('name', models.CharField(max_length=63)),
-                ('condition', models.CharField(default='unknown', max_length=8)),
-                ('since', models.DateTimeField(blank=True, null=True)),
-                ('why', models.CharField(blank=True, max_length=300)),
-                ('above_warm', models.DateTimeField(blank=True, null=True)),
-                ('above_hot', models.DateTimeField(blank=True, null=True)),
-                ('below_warm', models.DateTimeField(blank=True, null=True)),
-                ('below_hot', models.DateTimeField(blank=True, null=True)),
-                ('read_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("kind", models.CharField(max_length=8)),
+                ("name", models.CharField(max_length=63)),
+                ("condition", models.CharField(default="unknown", max_length=8)),
+                ("since", models.DateTimeField(blank=True, null=True)),
+                ("why", models.CharField(blank=True, max_length=300)),
+                ("above_warm", models.DateTimeField(blank=True, null=True)),
+                ("above_hot", models.DateTimeField(blank=True, null=True)),
+                ("below_warm", models.DateTimeField(blank=True, null=True)),
+                ("below_hot", models.DateTimeField(blank=True, null=True)),
+                ("read_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['kind', 'name'],
-                'constraints': [models.UniqueConstraint(fields=('kind', 'name'), name='domain_condition_unique')],
+                "ordering": ["kind", "name"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("kind", "name"), name="domain_condition_unique")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='DomainHold',
+            name="DomainHold",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(max_length=8)),
-                ('name', models.CharField(max_length=63)),
-                ('reason', models.CharField(blank=True, max_length=300)),
-                ('held_by', models.CharField(blank=True, max_length=150)),
-                ('held_at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("kind", models.CharField(max_length=8)),
+                ("name", models.CharField(max_length=63)),
+                ("reason", models.CharField(blank=True, max_length=300)),
+                ("held_by", models.CharField(blank=True, max_length=150)),
+                ("held_at", models.DateTimeField()),
             ],
             options={
-                'ordering': ['kind', 'name'],
-                'constraints': [models.UniqueConstraint(fields=('kind', 'name'), name='domain_hold_unique')],
+                "ordering": ["kind", "name"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("kind", "name"), name="domain_hold_unique")
+                ],
             },
         ),
     ]
