@@ -10,6 +10,8 @@ BENCHES = [
     "heartbeats.py",
     "reconcile_pass.py",
     "placement.py",
+    # The facility's pass step: the agents' sensors into 125 racks' conditions.
+    "conditions.py",
     "metrics.py",
     "pages.py",
     # The console's history at 5,000 nodes: memory, a step's record, the sampler.

@@ -9,7 +9,7 @@ from django.contrib import admin
 
 from llmgw.core.admin import ViewOnly
 
-from .models import Gpu, Node, PowerBudget, Replica, Shard
+from .models import DomainCondition, DomainHold, Gpu, Node, PowerBudget, Replica, Shard
 
 
 class GpuInline(ViewOnly, admin.TabularInline):
@@ -100,3 +100,20 @@ class PowerBudgetAdmin(ViewOnly, admin.ModelAdmin):
     list_display = ["kind", "name", "watts", "updated_by", "updated_at"]
     list_filter = ["kind"]
     search_fields = ["name"]
+
+
+@admin.register(DomainCondition)
+class DomainConditionAdmin(ViewOnly, admin.ModelAdmin):
+    """Shown, never changed here: the reconciler writes conditions."""
+
+    list_display = ("kind", "name", "condition", "since", "why", "read_at")
+    list_filter = ("kind", "condition")
+    search_fields = ("name",)
+
+
+@admin.register(DomainHold)
+class DomainHoldAdmin(ViewOnly, admin.ModelAdmin):
+    """Shown, never changed here: holds are set and released through the API (audited)."""
+
+    list_display = ("kind", "name", "held_by", "held_at", "reason")
+    search_fields = ("name",)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from django.conf import settings
 from ninja import Query, Router
 
 from catalog.domain import MAX_REPLICAS
@@ -20,6 +21,9 @@ from .schemas import (
     ApproveIn,
     DefragOut,
     DetailOut,
+    DomainConditionOut,
+    DomainHoldIn,
+    DomainHoldOut,
     EngineLogOut,
     EventsOut,
     FabricOut,
@@ -37,7 +41,17 @@ from .schemas import (
     TargetOut,
     UpgradeIn,
 )
-from .selectors import dry_runs, events, fabric, facility, listings, passes, state, status
+from .selectors import (
+    conditions,
+    dry_runs,
+    events,
+    fabric,
+    facility,
+    listings,
+    passes,
+    state,
+    status,
+)
 
 router = Router(tags=["fleet"])
 
@@ -260,3 +274,35 @@ def power_budget_set(request, payload: PowerBudgetIn):
 def power_budget_clear(request, kind: str, name: str):
     """Remove a rack's or PDU's power budget."""
     return services.power_budget_clear(kind=kind, name=name, actor=actor(request))
+
+
+@router.get(
+    "/facility/conditions",
+    response=list[DomainConditionOut],
+    auth=can("fleet.view_domaincondition"),
+)
+def facility_conditions(request):
+    """Every rack, PDU, row, room and zone with a condition or a hold: its condition in a
+    sentence, its readings' age, whether enforced, and who holds it."""
+    enforced = settings.LLMGW.facility_enforce
+    return [d.as_dict() | {"enforced": enforced} for d in conditions.conditions_list()]
+
+
+@router.put("/facility/holds", response=DomainHoldOut, auth=can("fleet.add_domainhold"))
+def facility_hold(request, payload: DomainHoldIn):
+    """Hold a domain: no new placements in it until released; nothing running is stopped."""
+    return services.domain_hold(
+        kind=payload.kind,
+        name=payload.name,
+        reason=payload.reason,
+        actor=actor(request),
+        now=clock.now(),
+    )
+
+
+@router.delete(
+    "/facility/holds/{kind}/{name}", response=DomainHoldOut, auth=can("fleet.delete_domainhold")
+)
+def facility_release(request, kind: str, name: str):
+    """Release a domain's hold: it takes new placements again from the next pass."""
+    return services.domain_release(kind=kind, name=name, actor=actor(request))

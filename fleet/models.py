@@ -347,3 +347,55 @@ class PowerBudget(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name}: {self.watts:g} W"
+
+
+class DomainCondition(models.Model):
+    """A facility domain's thermal condition as the last pass found it (docs/facility.md,
+    "Conditions"), and the timers its hold times run on: the state of
+    `fleet.domain.conditions.State`, kept between passes.
+
+    A domain is a rack, PDU, row, room or zone (`kind`), named as the nodes' location labels
+    or a source's label name it. `read_at` is when its newest reading was taken, fresh or
+    not (None: never read); a domain with no row has never been read and is `unknown`.
+    """
+
+    kind = models.CharField(max_length=8)
+    name = models.CharField(max_length=63)
+    condition = models.CharField(max_length=8, default="unknown")
+    since = models.DateTimeField(null=True, blank=True)
+    why = models.CharField(max_length=300, blank=True)
+    above_warm = models.DateTimeField(null=True, blank=True)
+    above_hot = models.DateTimeField(null=True, blank=True)
+    below_warm = models.DateTimeField(null=True, blank=True)
+    below_hot = models.DateTimeField(null=True, blank=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["kind", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "name"], name="domain_condition_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}: {self.condition}"
+
+
+class DomainHold(models.Model):
+    """An operator's hold on a facility domain: no new placements in it, whatever its
+    condition, until released (`llmgw ctl facility hold|release`). Nothing running there is
+    stopped."""
+
+    kind = models.CharField(max_length=8)
+    name = models.CharField(max_length=63)
+    reason = models.CharField(max_length=300, blank=True)
+    held_by = models.CharField(max_length=150, blank=True)
+    held_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["kind", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "name"], name="domain_hold_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} held by {self.held_by}"

@@ -293,3 +293,35 @@ class FabricOut(Schema):
     domains: list[FabricDomainOut]
     # Every GPU kept out of service on any node, in a domain or not.
     problems: list[str]
+
+
+class DomainHoldIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: StrictStr = Field(description="rack, pdu, row, room or zone")
+    name: StrictStr = Field(description="the value of the nodes' location label")
+    reason: StrictStr = Field("", description="why, for the people who read it (300 at most)")
+
+
+class DomainHoldOut(Schema):
+    kind: str
+    name: str
+    reason: str
+    held_by: str
+    held_at: datetime
+
+
+class DomainConditionOut(Schema):
+    kind: str
+    name: str
+    # ok, warm, hot or unknown (no fresh reading: placed as ok).
+    condition: str
+    said: str
+    since: datetime | None
+    # Seconds since its newest reading, fresh or not; null: never read.
+    reading_age_s: float | None
+    # Whether enforced: else observe-only (placement says what it would have done).
+    enforced: bool
+    held: bool
+    held_by: str
+    hold_reason: str

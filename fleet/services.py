@@ -22,9 +22,10 @@ from llmgw.core.secrets import engine_key
 from mirror.selectors import FolderRef, WeightsRef, weights_for_source
 from tenancy.services import audit_record
 
+from .domain.conditions import KINDS as CONDITION_KINDS
 from .domain.power import KINDS, MOST_WATTS, name_refusal, watts as watts_said
 from .domain.reconcile import Plan
-from .models import ModelState, Node, PowerBudget, Replica, Shard
+from .models import DomainCondition, DomainHold, ModelState, Node, PowerBudget, Replica, Shard
 from .nodes.dispatch import Command, stop_command
 from .nodes.figures import node_figures_refresh
 from .selectors.installs import engine_build
@@ -454,3 +455,74 @@ def power_budget_clear(*, kind: str, name: str, actor: str) -> dict:
         extra={"event": "power_budget", "kind": kind, "domain": name, "watts": None},
     )
     return {"kind": kind, "name": name, "watts": row.watts}
+
+
+def _domain_key(kind: object, name: object) -> tuple[str, str]:
+    """The (kind, name) of a facility domain, checked; Invalid with the sentence if not one."""
+    if kind not in CONDITION_KINDS:
+        kinds = f"{', '.join(CONDITION_KINDS[:-1])} or {CONDITION_KINDS[-1]}"
+        raise Invalid(f"a domain is a {kinds}, not {kind!r}.")
+    if why := name_refusal(str(kind), name):
+        raise Invalid(why)
+    return str(kind), str(name)
+
+
+def domain_hold(*, kind: str, name: str, reason: str, actor: str, now: datetime) -> dict:
+    """Hold a rack, PDU, row, room or zone: no new placements in it, whatever its condition,
+    from the next reconciler pass until released; nothing running there is stopped. Return
+    the hold ({kind, name, reason, held_by, held_at}). Holding again replaces the reason.
+    Invalid for another kind, a name no label could carry, or a reason over 300 characters."""
+    kind, name = _domain_key(kind, name)
+    if not isinstance(reason, str) or len(reason) > 300:
+        raise Invalid("a hold's reason is text of at most 300 characters.")
+    with transaction.atomic():
+        DomainHold.objects.update_or_create(
+            kind=kind,
+            name=name,
+            defaults={"reason": reason, "held_by": actor[:150], "held_at": now},
+        )
+        # A held domain has a condition row (unknown until read): the Racks table reads both
+        # in one query (selectors/conditions.rack_conditions).
+        DomainCondition.objects.get_or_create(kind=kind, name=name)
+        audit_record(
+            actor=actor,
+            action="facility_hold.set",
+            target=f"{kind}:{name}",
+            detail={"reason": reason},
+        )
+    log.warning(
+        "%s %s held by %s%s: no new placements there",
+        kind,
+        name,
+        actor,
+        f" ({reason})" if reason else "",
+        extra={"event": "facility_hold", "kind": kind, "domain": name, "held": True},
+    )
+    return {"kind": kind, "name": name, "reason": reason, "held_by": actor, "held_at": now}
+
+
+def domain_release(*, kind: str, name: str, actor: str) -> dict:
+    """Release a domain's hold: it takes new placements again from the next pass (as its
+    condition allows). Return what the hold was; NotFound when it has none."""
+    kind, name = _domain_key(kind, name)
+    with transaction.atomic():
+        row = DomainHold.objects.filter(kind=kind, name=name).first()
+        if row is None:
+            raise NotFound(f"{kind} {name} is not held.")
+        row.delete()
+        audit_record(actor=actor, action="facility_hold.release", target=f"{kind}:{name}")
+    log.info(
+        "%s %s released by %s (held by %s)",
+        kind,
+        name,
+        actor,
+        row.held_by,
+        extra={"event": "facility_hold", "kind": kind, "domain": name, "held": False},
+    )
+    return {
+        "kind": kind,
+        "name": name,
+        "reason": row.reason,
+        "held_by": row.held_by,
+        "held_at": row.held_at,
+    }

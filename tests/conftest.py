@@ -10,6 +10,7 @@ def _fresh_caches():
     """Each test starts with no cached views (they are keyed by ids and times tests reuse)
     and ends with no database connection kept."""
     from catalog import selectors as catalog_selectors
+    from fleet.facility import observe as facility_observe
     from fleet.reconciler.run import MEASUREMENTS, POLICY
     from fleet.selectors.state import caches_clear
     from llmgw.core.db import kept_connections_close
@@ -23,6 +24,7 @@ def _fresh_caches():
     catalog_selectors._cache["version"] = None
     POLICY.clear()
     MEASUREMENTS.clear()
+    facility_observe.caches_clear()
     yield
     # The agents' database thread keeps its connection: none outlives the test.
     kept_connections_close()

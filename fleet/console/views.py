@@ -33,6 +33,7 @@ from ..nodes import identity, logs
 from ..nodes.dispatch import dispatch, node_disconnect
 from ..protocol import LOG_LINES
 from ..selectors import events
+from ..selectors.conditions import rack_conditions
 from ..selectors.facility import facility_domains, held_gpus
 from ..selectors.listings import nodes_list, reading_out
 from ..selectors.passes import drains_stuck, reconciler_status
@@ -89,7 +90,11 @@ def cluster(request: HttpRequest) -> HttpResponse:
         if fragment is None and facility and request.user.has_perm("fleet.view_powerbudget"):
             # Only when a node says where it is or a budget exists (the nodes' query says):
             # one query more then, none otherwise.
-            context["racks"] = facility_domains(held_gpus(replicas))
+            # Each with its condition and hold (None: never read nor held), one query more.
+            conditions = rack_conditions()
+            context["racks"] = [
+                (d, conditions.get((d.kind, d.name))) for d in facility_domains(held_gpus(replicas))
+            ]
     if fragment in (None, "models-refresh"):
         catalog = catalog_load()
         models = ps.model_rows(catalog, replicas, clock.now())

@@ -147,7 +147,7 @@ def standing(snap: Snapshot, now: datetime, t: Timings) -> Standing:
         if r.state in ACTIVE and not r.retiring:
             live[r.model] = live.get(r.model, 0) + 1
     return Standing(
-        Inventory(snap.nodes, alive, reserved, snap.power),
+        Inventory(snap.nodes, alive, reserved, snap.power, snap.facility),
         context(snap.models, alive, snap.policy, now, t, reserved),
         live,
     )

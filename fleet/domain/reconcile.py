@@ -68,7 +68,7 @@ def decide(
         now=now,
         t=t,
         plan=plan,
-        inv=Inventory(nodes, alive, reserved, snap.power),
+        inv=Inventory(nodes, alive, reserved, snap.power, snap.facility),
         states=states,
         ctx=ctx,
         draining=frozenset(n.id for n in nodes.values() if n.draining),

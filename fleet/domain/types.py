@@ -11,6 +11,7 @@ from catalog.domain import ModelSpec
 from tenancy.quota import Amount, Policy
 
 from .causes import exit_said, summary
+from .conditions import Facility
 from .power import Power
 
 FABRIC_LABEL = "llmgw.io/fabric"
@@ -344,3 +345,5 @@ class Snapshot:
     weights_waiting: Mapping[str, str] = field(default_factory=dict)
     # Power budgets per rack and PDU, and the GPUs' power limits and draw under them.
     power: Power = field(default_factory=Power)
+    # The facility domains' conditions and holds (None: no domain has either).
+    facility: Facility | None = None

@@ -44,6 +44,7 @@ from ..selectors.facility import facility_domains
 from ..selectors.installs import install_rows
 from .by_model import model_series as _models, quota_series, reconciler_series
 from .by_node import held_read, node_caches_clear, node_caches_trim, node_series
+from .conditions import condition_series
 from .series import Scrape, series_cache_trim, series_caches_clear
 
 _lock = threading.Lock()
@@ -97,6 +98,7 @@ def _scrape(now: datetime) -> Scrape:
                 scrape.add("llmgw_domain_power_budget_watts", (d.kind, d.name), d.budget_w)
             if d.known:  # GPUs that report no power at all are no reading of 0 W
                 scrape.add("llmgw_domain_power_held_watts", (d.kind, d.name), d.estimated_w)
+        condition_series(scrape, now)
         for node_id, engine, version, state in install_rows():
             scrape.add("llmgw_node_engine_install", (engine, node_id, state, version), 1)
     series_cache_trim(scrape.series())

@@ -119,6 +119,13 @@ DESCS = (
          "(installing, installed, failed), as its agent last said.", ("engine", "node", "state", "version")),
     Desc("llmgw_domain_power_budget_watts", "The most a rack or PDU may draw, as an operator set it (llmgw ctl facility set).", ("kind", "name")),
     Desc("llmgw_domain_power_held_watts", "What the GPUs held by replicas in a rack or PDU draw as placement counts it: per GPU the larger of its power limit and its measured draw.", ("kind", "name")),
+    Desc("llmgw_domain_condition", "A rack's, PDU's, row's, room's or zone's thermal condition: 1 for the one it is in (ok, warm, hot, unknown: "
+         "no fresh reading), 0 for the others (llmgw ctl facility conditions).", ("condition", "kind", "name")),
+    Desc("llmgw_domain_reading_age_seconds", "Seconds since a domain's newest facility reading, fresh or not; past its source's "
+         "stale_after the domain is unknown.", ("kind", "name")),
+    Desc("llmgw_domain_held", "1 while an operator holds a domain: no new placements there (llmgw ctl facility hold).", ("kind", "name")),
+    Desc("llmgw_facility_conditions_enforced", "1 when hot domains are refused and warm ones placed last; 0 observe-only "
+         "(LLMGW_FACILITY_ENFORCE).", ()),
     Desc("llmgw_leader", "1 for the process holding the reconciler's lease; it is held only while a pass runs.", ("holder",)),
     Desc("llmgw_reconciler_last_pass_timestamp_seconds", "When the last reconciler pass began, whichever process ran it.", ()),
     Desc("llmgw_reconciler_settling", "1 while the reconciler waits after a start for agents to report before it places anything.", ()),

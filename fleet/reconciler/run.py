@@ -32,6 +32,7 @@ from ..domain.passes import restart_at, settles
 from ..domain.plan import Event
 from ..domain.quiet import QuietModels
 from ..domain.reconcile import decide
+from ..facility.observe import conditions_observe
 from ..models import Lease
 from ..nodes.dispatch import dispatch
 from ..nodes.reclaim import weights_reclaim
@@ -216,12 +217,14 @@ def reconcile_once(*, now: datetime | None = None, fresh_start: bool = False) ->
 def _pass(now: datetime, fresh_start: bool) -> dict:
     """The pass itself, under the lock."""
     settling, floor = _settle_window(now, fresh_start)
+    event_log.record(_conditions(now), now=now)
     snap = snapshot_load(
         settling=settling,
         silence_floor=floor,
         policy=POLICY.get(),
         measurements=MEASUREMENTS.get(),
         with_weights=True,
+        now=now,
     )
     plan = decide(snap, now, settings.LLMGW.timings, quiet=QUIET)
     FREEZE.after(len(snap.nodes) + len(snap.replicas))
@@ -260,6 +263,16 @@ def _pass(now: datetime, fresh_start: bool) -> dict:
         "drains": len(plan.drains),
         "forgets": len(plan.forgets),
     }
+
+
+def _conditions(now: datetime) -> list[Event]:
+    """The facility's step, which never stops a pass: what it cannot do is said, and the
+    conditions stay as they were (missing data never blocks placement)."""
+    try:
+        return conditions_observe(now=now)
+    except Exception as exc:  # any failure of the sources: said, and the pass goes on
+        log.exception("facility conditions not observed this pass: %s", exc)
+        return []
 
 
 def _happened(plan, snap) -> list[Event | str]:

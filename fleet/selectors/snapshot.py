@@ -20,6 +20,7 @@ from tenancy.quota import Policy
 
 from ..domain.measured import combined_load
 from ..domain.types import Load, Measured, ReplicaView, Snapshot
+from ..selectors.conditions import facility_load
 from ..selectors.facility import power_load
 from ..selectors.routing import replica_readings
 from ..selectors.state import failed_shards, model_states, nodes_heard, replica_views
@@ -32,6 +33,7 @@ def snapshot_load(
     policy: Policy | None = None,
     measurements: dict[tuple[str, str], Measured] | None = None,
     with_weights: bool = False,
+    now: datetime | None = None,
 ) -> Snapshot:
     """Everything a pass decides on, read as one consistent picture.
 
@@ -64,6 +66,7 @@ def snapshot_load(
                 weights_waiting({n: m.source for n, m in models.items()}) if with_weights else {}
             ),
             power=power_load(nodes),
+            facility=facility_load(now),
         )
 
 

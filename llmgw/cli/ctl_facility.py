@@ -1,4 +1,5 @@
-"""``llmgw ctl facility list|set|clear``: racks and PDUs, what they draw, and their budgets.
+"""``llmgw ctl facility list|set|clear|conditions|hold|release``: racks and PDUs, what they
+draw, their budgets, and every domain's condition and hold.
 
 A node is in the rack and PDUs its ``llmgw.io/rack`` and ``llmgw.io/pdu`` labels
 name (``llmgw agent --rack R --pdu P``). A budget is the most a rack or PDU may
@@ -61,8 +62,64 @@ def render_facility(domains: list[Mapping[str, Any]]) -> str:
     return f"{render(HEADERS, rows)}\n\n{LEGEND}"
 
 
+CONDITION_HEADERS = ["KIND", "NAME", "CONDITION", "READ", "HOLD"]
+NO_CONDITIONS = "No domain has been read or held: every rack, PDU, row, room and zone is unknown (placed as ok)."
+
+
+def _age(seconds: Any) -> str:
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+        return "never"
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    return f"{seconds / 60:.0f} min ago" if seconds < 7200 else f"{seconds / 3600:.1f} h ago"
+
+
+def render_conditions(domains: list[Mapping[str, Any]]) -> str:
+    """``ctl facility conditions``: each domain's condition, its readings' age, its hold."""
+    if not domains:
+        return NO_CONDITIONS
+    rows = []
+    for d in domains:
+        hold = DASH
+        if d.get("held"):
+            hold = f"held by {d.get('held_by') or 'an operator'}"
+            if d.get("hold_reason"):
+                hold += f": {d['hold_reason']}"
+        rows.append(
+            [d.get("kind"), d.get("name"), d.get("said"), _age(d.get("reading_age_s")), hold]
+        )
+    enforced = any(d.get("enforced") for d in domains)
+    mode = (
+        "Conditions are enforced: hot domains take no new replicas, warm ones come last."
+        if enforced
+        else "Observe-only (LLMGW_FACILITY_ENFORCE off): conditions are said, not enforced; "
+        "holds are."
+    )
+    return f"{render(CONDITION_HEADERS, rows)}\n\n{mode}"
+
+
 def cmd_facility_list(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(api.get("/facility"), render_facility)
+
+
+def cmd_facility_conditions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.show(api.get("/facility/conditions"), render_conditions)
+
+
+def cmd_facility_hold(api: Api, args: argparse.Namespace, out: Output) -> None:
+    body = {"kind": args.kind, "name": args.name, "reason": args.reason or ""}
+    out.show(
+        api.put("/facility/holds", body),
+        lambda a: (
+            f"{a['kind']} {a['name']} held: no new placements there from the next "
+            "reconciler pass; nothing running is stopped"
+        ),
+    )
+
+
+def cmd_facility_release(api: Api, args: argparse.Namespace, out: Output) -> None:
+    answer = api.delete(f"/facility/holds/{segment(args.kind)}/{segment(args.name)}")
+    out.show(answer, lambda a: f"{a['kind']} {a['name']} released (was held by {a['held_by']})")
 
 
 def cmd_facility_set(api: Api, args: argparse.Namespace, out: Output) -> None:
@@ -96,3 +153,16 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
     clearing = add(actions, "clear", "remove a rack's or PDU's budget", cmd_facility_clear)
     clearing.add_argument("kind", metavar="KIND", help="rack or pdu")
     clearing.add_argument("name", metavar="NAME")
+    add(
+        actions,
+        "conditions",
+        "every domain's condition (ok, warm, hot, unknown), its readings' age and hold",
+        cmd_facility_conditions,
+    )
+    holding = add(actions, "hold", "take no new placements in a domain", cmd_facility_hold)
+    holding.add_argument("kind", metavar="KIND", help="rack, pdu, row, room or zone")
+    holding.add_argument("name", metavar="NAME", help="the nodes' location label")
+    holding.add_argument("--reason", help="why, for whoever reads it")
+    releasing = add(actions, "release", "release a domain's hold", cmd_facility_release)
+    releasing.add_argument("kind", metavar="KIND", help="rack, pdu, row, room or zone")
+    releasing.add_argument("name", metavar="NAME")

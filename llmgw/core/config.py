@@ -193,6 +193,10 @@ class Config:
     routing: Routing = Routing()
     # The browser origins whose pages may call `/v1/` (CORS); none: no CORS headers at all.
     cors_origins: tuple[str, ...] = ()
+    # Where facility readings come from (a YAML file, fleet/facility/config.py; None: the
+    # agents' sensors only), and whether domains' conditions are enforced (else observed).
+    facility_sources: Path | None = None
+    facility_enforce: bool = False
 
     @property
     def embedded(self) -> bool:
@@ -328,7 +332,21 @@ def load(env: dict[str, str] | None = None) -> Config:
         login=_login(env),
         routing=_routing(env),
         cors_origins=_origins(env),
+        facility_sources=_facility_sources(env),
+        facility_enforce=flag(env, "LLMGW_FACILITY_ENFORCE", False, SettingError),
     )
+
+
+def _facility_sources(env: dict[str, str]) -> Path | None:
+    """LLMGW_FACILITY_SOURCES: the facility sources file, which must exist (its contents are
+    the fleet's to read: fleet/facility/config.py)."""
+    raw = env.get("LLMGW_FACILITY_SOURCES", "").strip()
+    if not raw:
+        return None
+    path = Path(raw).resolve()
+    if not path.is_file():
+        raise SettingError(f"LLMGW_FACILITY_SOURCES names {raw!r}, which is not a file.")
+    return path
 
 
 def _origins(env: dict[str, str]) -> tuple[str, ...]:

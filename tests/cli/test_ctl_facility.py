@@ -127,3 +127,69 @@ def test_facility_clear_of_a_rack_with_none_says_so(capsys):
     code, _, err = run(capsys, server, "facility", "clear", "rack", "r1")
     assert code == 1
     assert err.startswith("error: ")
+
+
+CONDITIONS = [
+    {
+        "kind": "rack",
+        "name": "r12-07",
+        "condition": "hot",
+        "said": "rack r12-07 is hot (inlet 31 °C for 6 min)",
+        "since": "2026-12-07T10:00:00Z",
+        "reading_age_s": 12.0,
+        "enforced": False,
+        "held": True,
+        "held_by": "fac-team",
+        "hold_reason": "PDU swap",
+    },
+    {
+        "kind": "row",
+        "name": "12",
+        "condition": "unknown",
+        "said": "row 12's condition is unknown (no fresh reading), treated as ok",
+        "since": None,
+        "reading_age_s": None,
+        "enforced": False,
+        "held": False,
+        "held_by": "",
+        "hold_reason": "",
+    },
+]
+
+
+def test_facility_conditions_lists_each_domains_condition_age_and_hold(capsys):
+    server = FakeServer({("GET", "/api/v1/facility/conditions"): (200, CONDITIONS)})
+
+    code, out, err = run(capsys, server, "facility", "conditions")
+
+    assert (code, err) == (0, "")
+    body, mode = out.rstrip("\n").split("\n\n")
+    rows = table(body)
+    assert rows[0] == ["KIND", "NAME", "CONDITION", "READ", "HOLD"]
+    assert row_for(rows, "rack") == [
+        "rack",
+        "r12-07",
+        "rack r12-07 is hot (inlet 31 °C for 6 min)",
+        "12 s ago",
+        "held by fac-team: PDU swap",
+    ]
+    assert row_for(rows, "row")[3:] == ["never", "-"]
+    assert mode.startswith("Observe-only (LLMGW_FACILITY_ENFORCE off)")
+
+
+def test_facility_hold_puts_the_hold_with_its_reason_and_release_deletes_it(capsys):
+    hold = {"kind": "rack", "name": "r1", "reason": "PDU swap", "held_by": "ops"}
+    server = FakeServer(
+        {
+            ("PUT", "/api/v1/facility/holds"): (200, {**hold, "held_at": "2026-12-07T10:00:00Z"}),
+            ("DELETE", "/api/v1/facility/holds/rack/r1"): (200, {**hold, "held_at": "x"}),
+        }
+    )
+
+    code, out, _ = run(capsys, server, "facility", "hold", "rack", "r1", "--reason", "PDU swap")
+
+    assert code == 0
+    assert server.body() == {"kind": "rack", "name": "r1", "reason": "PDU swap"}
+    assert out.startswith("rack r1 held: no new placements there from the next reconciler pass")
+    code, out, _ = run(capsys, server, "facility", "release", "rack", "r1")
+    assert (code, out) == (0, "rack r1 released (was held by ops)\n")

@@ -23,7 +23,7 @@ from catalog import selectors as catalog_selectors
 from fleet.metrics import collector as metrics
 from fleet.metrics.collector import FleetCollector, fleet_scrape, fleet_text
 from fleet.metrics.series import DESCS
-from fleet.models import Lease, ModelState, Node, PowerBudget, Replica
+from fleet.models import DomainCondition, DomainHold, Lease, ModelState, Node, PowerBudget, Replica
 from fleet.nodes.connections import REFUSED as AGENTS_REFUSED, REGISTRY as AGENTS_REGISTRY
 from fleet.nodes.fabric import node_fabric_record
 from fleet.nodes.heard import node_live_flush
@@ -226,6 +226,8 @@ def a_whole_cluster(no_settle) -> None:
     node_add("gpu-a", now=T0, gpus=(H100, H100), labels={"llmgw.io/rack": "r1"})
     node_add("gpu-b", now=T0, gpus=(L4,))
     PowerBudget.objects.create(kind="rack", name="r1", watts=16000)
+    DomainCondition.objects.create(kind="rack", name="r1", condition="ok", read_at=T0)
+    DomainHold.objects.create(kind="pdu", name="p1", held_at=T0)
     model_added(gpu_model("chat", owner=f"team:{ml.pk}"))
     model_added(gpu_model("huge", gpu_class="b200-192g"))
     reconcile_once(now=T0)

@@ -101,6 +101,26 @@ def cordoned(room: NodeRoom, ask: Ask) -> NodeRefusal | None:
     return _unavailable(room, ask, "is cordoned", ("is cordoned", "are cordoned"))
 
 
+def in_a_hot_or_held_domain(room: NodeRoom, ask: Ask) -> NodeRefusal | None:
+    """A node in a domain an operator holds takes nothing new; nor, as a cordon would, one in
+    a hot domain while conditions are enforced (observe-only says it would have refused:
+    `Inventory._placed`). Automatic and reversible: the domain cools, the node takes work."""
+    standing = ask.standing.get(room.node.id) if ask.standing else None
+    if standing is None:
+        return None
+    if standing.held:
+        words = ("is in a held domain", "are in a held domain")
+        return NodeRefusal(
+            f"node {room.node.id}: {standing.held}", room.node.id, UNAVAILABLE, words
+        )
+    if ask.enforce and standing.level >= 2:
+        words = ("is in a hot domain", "are in a hot domain")
+        return NodeRefusal(
+            f"node {room.node.id}: {standing.said}", room.node.id, UNAVAILABLE, words
+        )
+    return None
+
+
 def runs_the_model(room: NodeRoom, ask: Ask) -> NodeRefusal | None:
     """A node that already runs a replica of the model is avoided (`place_spread` gives
     that up when it is the only obstacle)."""
@@ -299,6 +319,7 @@ UNAVAILABLE_FILTERS: tuple[Filter, ...] = (
     Filter(address_not_approved),
     Filter(draining),
     Filter(cordoned),
+    Filter(in_a_hot_or_held_domain, lambda ask: bool(ask.standing)),
     Filter(runs_the_model, lambda ask: bool(ask.avoid)),
 )
 UNSUITED_FILTERS: tuple[Filter, ...] = (

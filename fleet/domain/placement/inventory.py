@@ -17,6 +17,7 @@ from itertools import chain
 
 from catalog.domain import Profile
 
+from ..conditions import Facility, Standing
 from ..power import Ledger, Power
 from ..spread import Spread, located
 from ..types import HOLDING, NodeView, ReplicaView, Reservation, ShardView
@@ -38,11 +39,17 @@ class Inventory:
         replicas: Iterable[ReplicaView],
         reserved: Mapping[str, Iterable[Reservation]] | None = None,
         power: Power | None = None,
+        facility: Facility | None = None,
     ):
         # Built on first use: a pass with nothing to place never needs it.
         self._nodes = nodes
         self._replicas = replicas
         self._power = power
+        self._facility = facility
+        # Per node in a warm, hot or held domain, its standing (None: no node is), and
+        # whether conditions are enforced (conditions.Facility).
+        self.standing: dict[str, Standing] | None = None
+        self.enforce = facility.enforce if facility is not None else False
         self._rooms: dict[str, NodeRoom] | None = None
         # Watts held under each rack's and PDU's budget (None: no budget applies), and each
         # model's replicas per rack and zone (None: no node says where it is).
@@ -75,6 +82,7 @@ class Inventory:
         # The whole budgets go with it: what the victims draw is freed in their rack too.
         trial.ledger = self.ledger.copy() if self.ledger is not None else None
         trial.spread = self.spread
+        trial.standing, trial.enforce = self.standing, self.enforce
         for replica in release:
             for shard in replica.shards:
                 trial._give_back(shard)
@@ -98,6 +106,8 @@ class Inventory:
         labels = {n.id: n.labels for n in self._nodes.values()}
         self.ledger = Ledger.of(self._power, labels)
         self.spread = Spread(labels) if located(labels.values()) else None
+        if self._facility is not None:
+            self.standing = self._facility.of(labels) or None
         for node in self._nodes.values():
             free: dict[str, list[int]] = defaultdict(list)
             for gpu in node.gpus:
@@ -265,7 +275,10 @@ class Inventory:
         spread = self.spread if self.spread is not None and self.spread.holds(model) else None
         if self._rooms is None:  # built first: the ledger is made with the rooms
             self._build()
-        return Ask(profile, avoid, source, self.ledger, model, spread, self.links)
+        return Ask(
+            profile, avoid, source, self.ledger, model, spread, self.links,
+            self.standing, self.enforce,
+        )  # fmt: skip
 
     @property
     def links(self) -> bool:
@@ -327,7 +340,12 @@ class Inventory:
         """Filter every node, order those that pass by the scorers, take the first (or the
         first fabric group); else every refusal, for the sentences."""
         profile = ask.profile
-        if profile.nodes == 1 and not profile.cpu_only and len(self.rooms) >= INDEX_FROM:
+        if (
+            profile.nodes == 1
+            and not profile.cpu_only
+            and len(self.rooms) >= INDEX_FROM
+            and not scorers.cools(ask)  # the index walks no conditions: judge every node
+        ):
             room = self._first_fit(ask)
             if room is not None:
                 return self._placed(profile, [room], ask.model, ask.spread is not None)
@@ -377,7 +395,22 @@ class Inventory:
             said.append(self.spread.said(model, rooms[0].node.id))
         if self.ledger is not None:
             said.extend(u for s in shards if (u := self.ledger.unknown(s.node_id, s.gpu_indices)))
+        said.extend(self._observed(rooms))
         return Placement(profile, shards, tuple(said))
+
+    def _observed(self, rooms: list[NodeRoom]) -> list[str]:
+        """Observe-only (conditions not enforced): what enforcing them would have done with
+        this placement, in a sentence each, so people can judge the thresholds first."""
+        if self.enforce or not self.standing:
+            return []
+        out = []
+        for room in rooms:
+            s = self.standing.get(room.node.id)
+            if s is None or not s.level:
+                continue
+            done = "refused" if s.level >= 2 else "put after cooler domains"
+            out.append(f"would have {done} node {room.node.id}: {s.said}")
+        return out
 
     def _shard(self, room: NodeRoom, profile: Profile, rank: int) -> ShardPlan:
         need = profile.gpus_on_each_node

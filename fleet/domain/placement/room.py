@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from catalog.domain import Profile
 
+from ..conditions import Standing
 from ..power import Ledger
 from ..spread import Spread
 from ..types import NodeView
@@ -104,6 +106,10 @@ class Ask:
     # Whether any node says which of its GPUs NVLink joins: only then can the NVLink
     # scorer order anything (scorers.joined_by_nvlink).
     links: bool = False
+    # Per node in a warm, hot or held facility domain, its standing (conditions.py; None:
+    # no node is), and whether conditions are enforced (else observe-only: said, not done).
+    standing: Mapping[str, Standing] | None = None
+    enforce: bool = False
     # GPUs of the profile's class a node must give one shard (made once, from the profile).
     need: int = field(init=False)
 

@@ -20,6 +20,19 @@ from dataclasses import dataclass
 from .room import Ask, NodeRoom
 
 
+def coolest_domain_first(room: NodeRoom, ask: Ask) -> tuple:
+    """While conditions are enforced, nodes in no warm domain first (conditions.py): a warm
+    rack still takes work, after the others."""
+    standing = ask.standing.get(room.node.id) if ask.standing else None
+    return (standing.level if standing is not None and ask.enforce else 0,)
+
+
+def cools(ask: Ask) -> bool:
+    """Whether `coolest_domain_first` can order anything for this ask."""
+    standing = ask.standing
+    return ask.enforce and standing is not None and any(s.level for s in standing.values())
+
+
 def fewest_of_the_model_nearby(room: NodeRoom, ask: Ask) -> tuple:
     """While the model's replicas are spread over racks and zones, the rack and then the
     zone holding fewest of them first (spread.py)."""
@@ -72,6 +85,7 @@ class Scorer:
 
 
 SCORERS: tuple[Scorer, ...] = (
+    Scorer(coolest_domain_first, cools),
     Scorer(fewest_of_the_model_nearby, lambda ask: ask.spread is not None),
     Scorer(holds_the_weights, lambda ask: bool(ask.source)),
     Scorer(joined_by_nvlink, joins),

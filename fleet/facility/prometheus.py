@@ -1,0 +1,122 @@
+"""Facility readings from Prometheus: each configured signal an instant query, each series
+of its answer a domain, named by the signal's label (config.Signal).
+
+Prometheus answers an instant query at the time it is asked, and leaves out a series it has
+not scraped within its lookback (5 min) or whose target is down: such a domain has no
+reading. When Prometheus cannot answer, the last answer is kept and ages: past its
+`stale_after` it is absent, and the domain is unknown (treated as ok). What went wrong is
+kept in a sentence (`PrometheusSource.failed`), for the log and `ctl facility`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import httpx
+
+from ..domain.conditions import Readings, Sample
+from .config import SIGNALS, Signal
+
+TIMEOUT_S = 2.0
+log = logging.getLogger("llmgw.facility")
+
+
+class Unanswered(Exception):
+    """Prometheus gave no usable answer; the text says why. `unreachable`: it did not
+    answer at all (a timeout, no connection), rather than refusing one query."""
+
+    def __init__(self, text: str, unreachable: bool = False):
+        super().__init__(text)
+        self.unreachable = unreachable
+
+
+def instant(url: str, query: str) -> list[tuple[dict, float, float]]:
+    """Prometheus' answer to an instant query: (labels, time, value) per series; a value
+    that is not a finite number is left out."""
+    try:
+        answer = httpx.get(
+            url.rstrip("/") + "/api/v1/query", params={"query": query}, timeout=TIMEOUT_S
+        )
+        body = answer.json()
+    except httpx.TimeoutException:
+        raise Unanswered(
+            f"Prometheus at {url} did not answer within {TIMEOUT_S:g} s.", True
+        ) from None
+    except httpx.HTTPError as exc:
+        raise Unanswered(f"Prometheus at {url} could not be reached: {exc}.", True) from None
+    except ValueError:
+        raise Unanswered(
+            f"Prometheus at {url} answered {answer.status_code} with something other than JSON."
+        ) from None
+    if not isinstance(body, dict) or body.get("status") != "success":
+        error = body.get("error") if isinstance(body, dict) else None
+        raise Unanswered(f"Prometheus at {url} refused {query!r} ({answer.status_code}): {error}.")
+    data = body.get("data") or {}
+    if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise Unanswered(f"Prometheus at {url} answered no instant vector for {query!r}.")
+    out = []
+    for series in data["result"]:
+        try:
+            at, text = series["value"]
+            value = float(text)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            out.append((series.get("metric") or {}, float(at), value))
+    return out
+
+
+def _readings(signal: Signal, value: float) -> Readings | None:
+    field = SIGNALS[signal.name]
+    if field == "inlet_c":
+        return Readings(inlet_c=value) if -50 < value < 100 else None
+    if field == "cooling_alarm":
+        return Readings(cooling_alarm=value > 0)
+    if field == "hottest_gpu_c":
+        return Readings(gpus=1, hottest_gpu_c=value) if 0 < value < 200 else None
+    return None
+
+
+class PrometheusSource:
+    """The configured signals, asked of Prometheus; the last good answer of each kept."""
+
+    def __init__(self, url: str, signals: tuple[Signal, ...]):
+        self.url, self.signals = url, signals
+        self.last: dict[str, list[Sample]] = {}
+        self.failed: dict[str, str] = {}
+
+    def samples(self) -> list[Sample]:
+        """Every signal's samples: this answer's, or the last one's where Prometheus gave
+        none. Once it cannot be reached, the other signals are not asked this time (a pass
+        waits on them)."""
+        out: list[Sample] = []
+        gone: Unanswered | None = None
+        for signal in self.signals:
+            try:
+                if gone is not None:
+                    raise gone
+                answer = instant(self.url, signal.query)
+            except Unanswered as exc:
+                if exc.unreachable:
+                    gone = exc
+                if self.failed.get(signal.name) != str(exc):
+                    log.warning(
+                        "facility signal %s: %s",
+                        signal.name,
+                        exc,
+                        extra={"event": "facility_source"},
+                    )
+                self.failed[signal.name] = str(exc)
+            else:
+                self.failed.pop(signal.name, None)
+                self.last[signal.name] = [
+                    Sample(
+                        (signal.kind, str(labels[signal.domain_label])), r, at, signal.stale_after
+                    )
+                    for labels, at, value in answer
+                    if labels.get(signal.domain_label)
+                    and (r := _readings(signal, value)) is not None
+                ]
+            out.extend(self.last.get(signal.name, ()))
+        return out

@@ -1,0 +1,294 @@
+"""Facility conditions and holds through the shell (docs/facility.md, "Conditions"): holds
+over REST, audited; a thermal event replayed by the simulated source through real passes,
+enforced and observed; the agents' own sensors."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from fleet.models import DomainCondition, DomainHold, ModelState, Node, Replica
+from fleet.reconciler.run import reconcile_once
+from llmgw.core.permissions import OPERATORS, VIEWERS
+from tenancy.models import AuditEvent
+from tests.helpers import detail
+
+from .builders import H100, T0, gpu_model, model_added, node_add
+
+pytestmark = pytest.mark.django_db
+
+RACK = "llmgw.io/rack"
+
+# Rack r1 warms (above 27 °C from 1 min), goes hot (above 32 °C from 4 min), cools at 10 min.
+EVENT = """\
+start: {start}
+readings:
+  - at: 0s
+    rack/r1: {{inlet_c: 24}}
+    rack/r2: {{inlet_c: 22}}
+  - at: 1m
+    rack/r1: {{inlet_c: 29}}
+  - at: 4m
+    rack/r1: {{inlet_c: 34}}
+  - at: 10m
+    rack/r1: {{inlet_c: 22}}
+"""
+
+
+def facility(settings, tmp_path, *, enforce: bool, event: str = EVENT):
+    (tmp_path / "event.yml").write_text(event.format(start=T0.isoformat()))
+    (tmp_path / "sources.yml").write_text("facility:\n  simulated: {file: event.yml}\n")
+    settings.LLMGW = replace(
+        settings.LLMGW, facility_sources=tmp_path / "sources.yml", facility_enforce=enforce
+    )
+
+
+def two_racks():
+    node_add("gpu-a", now=T0, gpus=(H100,) * 4, labels={RACK: "r1"})
+    node_add("gpu-b", now=T0, gpus=(H100,) * 4, labels={RACK: "r2"})
+
+
+def pass_at(seconds: float) -> None:
+    now = T0 + timedelta(seconds=seconds)
+    Node.objects.update(last_seen=now)  # the agents keep reporting
+    reconcile_once(now=now)
+
+
+def condition(kind: str, name: str) -> str:
+    return DomainCondition.objects.get(kind=kind, name=name).condition
+
+
+def on_rack(rack: str) -> int:
+    node = {"r1": "gpu-a", "r2": "gpu-b"}[rack]
+    return Replica.objects.filter(shards__node_id=node).count()
+
+
+def scale(model: str, n: int) -> None:
+    from catalog.selectors import catalog_load
+    from catalog.services import model_replace
+
+    if model not in catalog_load():
+        model_added(gpu_model(model, scaling={"min": n}))
+        return
+    model_replace(name=model, data=gpu_model(model, scaling={"min": n}), actor="test")
+
+
+def test_a_thermal_event_replayed_warms_then_heats_a_rack_and_placements_move_away(
+    settings, tmp_path, no_settle
+):
+    facility(settings, tmp_path, enforce=True)
+    two_racks()
+    for t in range(0, 60, 20):
+        pass_at(t)
+    assert condition("rack", "r1") == "ok"
+
+    for t in range(60, 200, 20):  # above warm from 60 s: warm at 180 s
+        pass_at(t)
+    assert condition("rack", "r1") == "warm"
+    scale("chat", 1)
+    pass_at(200)
+    assert (on_rack("r1"), on_rack("r2")) == (0, 1)  # warm: the other rack first
+
+    for t in range(220, 400, 20):  # above hot from 240 s: hot at 360 s
+        pass_at(t)
+    assert condition("rack", "r1") == "hot"
+    scale("chat", 5)  # r2 holds 4: the fifth has nowhere to go
+    pass_at(400)
+    assert (on_rack("r1"), on_rack("r2")) == (0, 4)
+    said = [r for e in ModelState.objects.get(pk="chat").explanation for r in e["reasons"]]
+    assert any(r.startswith("node gpu-a: rack r1 is hot (inlet 34 °C for") for r in said), said
+
+    for t in range(420, 920, 20):  # below warm from 600 s: ok at 900 s
+        pass_at(t)
+    assert condition("rack", "r1") == "ok"
+    assert on_rack("r1") == 1  # the rack came back
+    said = [e.message for e in _events()]
+    assert "rack r1 went from ok to warm (inlet 29 °C)" in said
+    assert "rack r1 went from warm to hot (inlet 34 °C)" in said
+    assert "rack r1 went from hot to ok" in said
+
+
+def _events():
+    from fleet.models import Event
+
+    return Event.objects.order_by("at")
+
+
+def test_observe_only_places_in_a_hot_rack_and_says_it_would_have_refused(
+    settings, tmp_path, no_settle
+):
+    facility(settings, tmp_path, enforce=False)
+    node_add("gpu-a", now=T0, gpus=(H100,) * 4, labels={RACK: "r1"})
+    for t in range(0, 400, 20):
+        pass_at(t)
+    assert condition("rack", "r1") == "hot"
+
+    scale("chat", 1)
+    pass_at(400)
+
+    (replica,) = Replica.objects.all()
+    assert "would have refused node gpu-a: rack r1 is hot (inlet 34 °C for" in replica.reason
+
+
+def test_a_rack_whose_readings_stop_is_unknown_and_placed_as_ok(settings, tmp_path, no_settle):
+    silent = EVENT.replace(
+        "  - at: 10m\n    rack/r1: {{inlet_c: 22}}\n", "  - at: 7m\n    rack/r1: null\n"
+    )
+    facility(settings, tmp_path, enforce=True, event=silent)
+    node_add("gpu-a", now=T0, gpus=(H100,) * 4, labels={RACK: "r1"})
+    for t in range(0, 440, 20):
+        pass_at(t)
+    assert condition("rack", "r1") == "unknown"
+
+    scale("chat", 1)
+    pass_at(440)
+
+    assert on_rack("r1") == 1
+
+
+def test_the_agents_throttled_gpus_warm_their_rack(settings, no_settle):
+    node_add("gpu-a", now=T0, gpus=(H100,) * 8, labels={RACK: "r1"})
+    gpus = [
+        {"index": i, "temp_c": 70, "throttle": ["sw_thermal"] if i == 0 else []} for i in range(8)
+    ]
+    Node.objects.update(load={"gpus": gpus, "inlet_temp_c": 24})
+    for t in range(0, 140, 20):
+        pass_at(t)
+
+    row = DomainCondition.objects.get(kind="rack", name="r1")
+    assert (row.condition, row.why) == ("warm", "1 of 8 GPUs thermally throttled")
+
+
+# Holds.
+
+
+def test_a_hold_is_set_listed_and_released_each_audited(api, no_settle):
+    node_add("gpu-a", now=T0, gpus=(H100,), labels={RACK: "r1"})
+    held = api.call("PUT", "/facility/holds", {"kind": "rack", "name": "r1", "reason": "PDU swap"})
+    assert held.status_code == 200, held.content
+    assert (held.json()["held_by"], held.json()["reason"]) == ("ops", "PDU swap")
+
+    model_added(gpu_model("chat", scaling={"min": 1}))
+    reconcile_once(now=T0)
+    assert Replica.objects.count() == 0
+    said = [r for e in ModelState.objects.get(pk="chat").explanation for r in e["reasons"]]
+    assert said == ["node gpu-a: rack r1 is held by ops: PDU swap"]
+    (listed,) = api.call("GET", "/facility/conditions").json()
+    assert (listed["held"], listed["condition"], listed["enforced"]) == (True, "unknown", False)
+
+    gone = api.call("DELETE", "/facility/holds/rack/r1")
+    assert gone.status_code == 200
+    reconcile_once(now=T0 + timedelta(seconds=30))
+    assert Replica.objects.count() == 1
+    actions = list(AuditEvent.objects.order_by("at").values_list("action", "target"))
+    assert ("facility_hold.set", "rack:r1") in actions
+    assert ("facility_hold.release", "rack:r1") in actions
+    again = api.call("DELETE", "/facility/holds/rack/r1")
+    assert (again.status_code, detail(again)) == (404, "rack r1 is not held.")
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"kind": "aisle", "name": "a1"}, "a domain is a rack, pdu, row, room or zone, not 'aisle'"),
+        ({"kind": "rack", "name": "r 1"}, "is not a rack's name"),
+        ({"kind": "rack", "name": "r1", "reason": "x" * 301}, "at most 300 characters"),
+        ({"kind": "rack", "name": "r1", "until": "never"}, "until"),
+        ({"kind": "rack"}, "name"),
+    ],
+)  # fmt: skip
+def test_a_bad_hold_is_refused_and_changes_nothing(api, body, said):
+    answer = api.call("PUT", "/facility/holds", body)
+
+    assert answer.status_code == 400
+    assert said in str(answer.json())
+    assert not DomainHold.objects.exists()
+
+
+def test_a_viewer_may_read_conditions_but_not_hold(client, django_user_model):
+    from django.contrib.auth.models import Group
+
+    for name, group in (("vera", VIEWERS), ("otto", OPERATORS)):
+        user = django_user_model.objects.create_user(name, password="x", is_staff=True)
+        user.groups.add(Group.objects.get(name=group))
+    body = {"kind": "pdu", "name": "p1"}
+    client.login(username="vera", password="x")
+    assert client.get("/api/v1/facility/conditions").status_code == 200
+    refused = client.put("/api/v1/facility/holds", body, content_type="application/json")
+    assert refused.status_code == 403
+    client.login(username="otto", password="x")
+    took = client.put("/api/v1/facility/holds", body, content_type="application/json")
+    assert took.status_code == 200
+    assert list(DomainHold.objects.values_list("kind", "name", "held_by")) == [
+        ("pdu", "p1", "otto")
+    ]
+
+
+def test_metrics_say_each_domains_condition_its_readings_age_and_its_hold(
+    settings, tmp_path, no_settle
+):
+    from fleet.metrics.collector import fleet_text
+    from fleet.services import domain_hold
+
+    facility(settings, tmp_path, enforce=True)
+    for t in range(0, 400, 20):
+        pass_at(t)
+    domain_hold(kind="pdu", name="p1", reason="", actor="ops", now=T0)
+
+    text = fleet_text()
+
+    assert 'llmgw_domain_condition{condition="hot",kind="rack",name="r1"} 1.0' in text
+    assert 'llmgw_domain_condition{condition="ok",kind="rack",name="r1"} 0.0' in text
+    assert 'llmgw_domain_condition{condition="ok",kind="rack",name="r2"} 1.0' in text
+    assert 'llmgw_domain_condition{condition="unknown",kind="pdu",name="p1"} 1.0' in text
+    assert 'llmgw_domain_held{kind="pdu",name="p1"} 1.0' in text
+    assert "llmgw_facility_conditions_enforced 1.0" in text
+    assert 'llmgw_domain_reading_age_seconds{kind="rack",name="r1"}' in text
+    assert 'llmgw_domain_reading_age_seconds{kind="pdu"' not in text  # never read: no age
+
+
+def test_the_racks_table_shows_each_racks_condition_and_hold(
+    settings, tmp_path, no_settle, client, django_user_model
+):
+    import re
+
+    from fleet.services import domain_hold
+
+    user = django_user_model.objects.create_user("root", password="x", is_staff=True)
+    user.is_superuser = True
+    user.save()
+    client.login(username="root", password="x")
+    facility(settings, tmp_path, enforce=True)
+    two_racks()
+    for t in range(0, 400, 20):
+        pass_at(t)
+    domain_hold(kind="rack", name="r2", reason="PDU swap", actor="fac-team", now=T0)
+
+    body = client.get("/").content.decode()
+
+    r1 = re.search(r'<tr data-rack="r1">(.*?)</tr>', body).group(1)
+    r2 = re.search(r'<tr data-rack="r2">(.*?)</tr>', body).group(1)
+    assert 'data-condition="hot"' in r1 and "rack r1 is hot (inlet 34 °C for" in r1
+    assert 'data-condition="ok"' in r2 and "held by fac-team: PDU swap" in r2
+
+
+def test_a_source_that_breaks_does_not_stop_the_pass(
+    settings, tmp_path, no_settle, monkeypatch, caplog
+):
+    from fleet.facility import observe
+
+    def broken(config, now):
+        raise RuntimeError("the DCIM exporter sent nonsense")
+
+    monkeypatch.setattr(observe, "samples_read", broken)
+    node_add("gpu-a", now=T0, gpus=(H100,), labels={RACK: "r1"})
+    model_added(gpu_model("chat", scaling={"min": 1}))
+
+    reconcile_once(now=T0)
+
+    assert Replica.objects.count() == 1
+    assert (
+        "facility conditions not observed this pass: the DCIM exporter sent nonsense" in caplog.text
+    )

@@ -1,0 +1,235 @@
+"""The facility's sources: the sources file as the design writes it, refused in sentences
+when it cannot be used; the Prometheus source against a real Prometheus scraping recorded
+series (Debian's prometheus, as the charts' tests use); the simulated replay."""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from fleet.domain.conditions import Readings, Sample, fresh
+from fleet.facility.config import ConfigError, Signal, config_load
+from fleet.facility.prometheus import PrometheusSource
+from fleet.facility.simulated import replay_load
+
+PROMETHEUS = shutil.which("prometheus")
+
+DESIGN = """\
+facility:
+  source: prometheus
+  prometheus: http://127.0.0.1:{port}
+  thresholds: {{warm_inlet_c: 26, enter_s: 1m}}
+  domains:
+    rack/r12-07: {{hot_inlet_c: 30}}
+  signals:
+    inlet_temp_c:
+      query: max by (rack) (dcim_rack_inlet_temperature_celsius)
+      domain_label: rack
+      stale_after: 2m
+    power_watts:
+      query: sum by (pdu) (pdu_outlet_power_watts)
+      domain_label: pdu
+    cooling_alarm:
+      query: max by (row) (crac_alarm)
+      domain_label: row
+"""
+
+RECORDED = """\
+# TYPE dcim_rack_inlet_temperature_celsius gauge
+dcim_rack_inlet_temperature_celsius{rack="r12-07",sensor="top"} 31.5
+dcim_rack_inlet_temperature_celsius{rack="r12-07",sensor="bottom"} 27
+dcim_rack_inlet_temperature_celsius{rack="r12-08",sensor="top"} 22
+# TYPE crac_alarm gauge
+crac_alarm{row="12",unit="crac-3"} 1
+crac_alarm{row="13",unit="crac-4"} 0
+# TYPE pdu_outlet_power_watts gauge
+pdu_outlet_power_watts{pdu="r12-07-a",outlet="1"} 700
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_designs_file_is_read_with_its_thresholds_and_signals(tmp_path):
+    path = tmp_path / "sources.yml"
+    path.write_text(DESIGN.format(port=9090))
+
+    config = config_load(path)
+
+    assert config.prometheus == "http://127.0.0.1:9090"
+    assert (config.thresholds.warm_inlet_c, config.thresholds.enter_s) == (26.0, 60.0)
+    assert config.thresholds_of(("rack", "r12-07")).hot_inlet_c == 30.0
+    assert config.thresholds_of(("rack", "r12-07")).warm_inlet_c == 26.0  # the defaults'
+    assert [(s.name, s.kind, s.stale_after) for s in config.signals] == [
+        ("inlet_temp_c", "rack", 120.0),
+        ("power_watts", "pdu", 120.0),
+        ("cooling_alarm", "row", 120.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("facility: 3", "has no facility: mapping"),
+        ("facility: {colour: red}", "colour is not a setting"),
+        ("facility: {thresholds: {warm_inlet_c: 35}}", "must be below the hot one"),
+        ("facility: {thresholds: {hot: 3}}", "hot is not a threshold"),
+        ("facility: {thresholds: {enter_s: soon}}", "must be a duration such as 90s"),
+        ("facility: {signals: {inlet_temp_c: {query: up, domain_label: rack}}}", "name it in facility.prometheus"),
+        ("facility: {prometheus: 'ftp://x', signals: {}}", "must be an http(s) URL"),
+        ("facility: {prometheus: 'http://p', signals: {humidity: {query: up, domain_label: rack}}}", "not a signal llmgw reads"),
+        ("facility: {prometheus: 'http://p', signals: {inlet_temp_c: {query: up, domain_label: dc}}}", "needs a domain_label naming a rack"),
+        ("facility: {domains: {'aisle/a1': {}}}", "is not a domain: KIND/NAME"),
+        ("facility: [", "is not YAML"),
+    ],
+)  # fmt: skip
+def test_a_sources_file_that_cannot_be_used_is_refused_in_a_sentence(tmp_path, text, said):
+    path = tmp_path / "sources.yml"
+    path.write_text(text)
+
+    with pytest.raises(ConfigError) as refused:
+        config_load(path)
+
+    assert said in str(refused.value)
+
+
+def test_the_replay_holds_each_entry_until_the_next_and_null_is_no_reading(tmp_path):
+    path = tmp_path / "event.yml"
+    path.write_text(
+        "start: 2026-12-07T10:00:00+00:00\nreadings:\n"
+        "  - {at: 0s, rack/r1: {inlet_c: 24}}\n"
+        "  - {at: 2m, rack/r1: {inlet_c: 29, gpus: 8, throttled: 1}}\n"
+        "  - {at: 5m, rack/r1: null}\n"
+    )
+    replay = replay_load(path)
+    start = replay.start
+
+    assert replay.samples(start - 1) == []
+    assert [s.readings for s in replay.samples(start + 60)] == [Readings(inlet_c=24)]
+    assert [s.readings for s in replay.samples(start + 200)] == [
+        Readings(inlet_c=29, gpus=8, throttled=1)
+    ]
+    assert replay.samples(start + 400) == []
+    bad = tmp_path / "bad.yml"
+    bad.write_text("readings:\n  - {at: 0s, rack/r1: {inlet: 24}}\n")
+    with pytest.raises(ConfigError, match="inlet is not a reading"):
+        replay_load(bad)
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    """A server answering the recorded series, as an exporter would."""
+    body = RECORDED.encode()
+
+    class Exporter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+@pytest.mark.skipif(
+    PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus)"
+)
+def test_the_prometheus_source_maps_each_series_to_its_domain_and_ages_when_prometheus_goes(
+    tmp_path, recorded
+):
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\n"
+        f"scrape_configs:\n  - job_name: dcim\n    static_configs: [{{targets: ['127.0.0.1:{recorded}']}}]\n"
+    )
+    prometheus = subprocess.Popen(
+        [
+            str(PROMETHEUS),
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("w"),
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        config_path = tmp_path / "sources.yml"
+        config_path.write_text(DESIGN.format(port=port))
+        config = config_load(config_path)
+        source = PrometheusSource(config.prometheus, config.signals)
+        deadline = time.monotonic() + 60
+        samples: list[Sample] = []
+        while time.monotonic() < deadline:
+            samples = source.samples()
+            if {s.domain for s in samples} >= {("rack", "r12-07"), ("row", "12")}:
+                break
+            time.sleep(0.5)
+        by = {s.domain: s for s in samples}
+
+        assert by[("rack", "r12-07")].readings == Readings(inlet_c=31.5)  # the hotter sensor
+        assert by[("rack", "r12-08")].readings == Readings(inlet_c=22)
+        assert by[("row", "12")].readings == Readings(cooling_alarm=True)
+        assert by[("row", "13")].readings == Readings(cooling_alarm=False)
+        assert ("pdu", "r12-07-a") not in by  # power is not a condition's signal
+        assert source.failed == {}
+        asked = by[("rack", "r12-07")].at
+        assert abs(asked - time.time()) < 30
+
+        prometheus.terminate()
+        prometheus.wait(timeout=30)
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url, timeout=1)
+        kept = source.samples()
+
+        assert {s.domain for s in kept} == set(by)  # the last answer, ageing
+        assert source.failed["inlet_temp_c"].startswith(f"Prometheus at {url} could not be reached")
+        readings, newest = fresh(kept, asked + 121)
+        assert readings == {}  # past stale_after: absent, so unknown
+        assert newest[("rack", "r12-07")] == asked
+    finally:
+        if prometheus.poll() is None:
+            prometheus.terminate()
+            prometheus.wait(timeout=30)
+
+
+def test_a_signal_whose_prometheus_is_not_there_reads_nothing_and_says_why():
+    url = f"http://127.0.0.1:{free_port()}"
+    source = PrometheusSource(url, (Signal("inlet_temp_c", "up", "rack", "rack"),))
+
+    assert source.samples() == []
+    assert source.failed["inlet_temp_c"].startswith(f"Prometheus at {url} could not be reached")
+
+
+def test_a_prometheus_that_does_not_answer_is_asked_once_for_all_its_signals(monkeypatch):
+    from fleet.facility import prometheus
+
+    asked = []
+
+    def gone(url, query):
+        asked.append(query)
+        raise prometheus.Unanswered(f"Prometheus at {url} did not answer within 2 s.", True)
+
+    monkeypatch.setattr(prometheus, "instant", gone)
+    signals = tuple(Signal(n, f"q_{n}", "rack", "rack") for n in ("inlet_temp_c", "gpu_temp_c"))
+    source = PrometheusSource("http://p:9090", signals)
+
+    assert source.samples() == []
+    assert asked == ["q_inlet_temp_c"]
+    assert set(source.failed) == {"inlet_temp_c", "gpu_temp_c"}
