@@ -1,5 +1,5 @@
-"""What the gateway adds to a request, against the same engine direct, through LiteLLM
-and through Portkey.
+"""What the gateway adds to a request, against the same engine direct, through LiteLLM,
+through Portkey and through the Rust routers vllm-router and sglang-router.
 
 Everything is a real process on 127.0.0.1, in a temporary LLMGW_HOME, and is stopped
 at the end:
@@ -21,7 +21,11 @@ at the end:
 
 So "direct", "llmgw", "litellm" and "portkey" all end at the identical engine process;
 direct and Portkey use the engine key the control plane derives for the replica
-(LLMGW_SECRET_KEY is set here). The peers are started in benchmarks/peers.py.
+(LLMGW_SECRET_KEY is set here). vLLM's `vllm-router` and SGLang's `sglang-router`
+(`smg launch`), each from PyPI in a venv of its own under ~/.cache/llmgw/peers/, are
+started on loopback with the engine as their one worker and their default
+`cache_aware` policy; they pass the caller's key on, so they are sent the engine's.
+The peers are started in benchmarks/peers.py.
 
 The load comes from this process: a bare asyncio HTTP/1.1 client on keep-alive
 connections, each request's bytes made once, the answer read with a minimal parser
@@ -53,6 +57,9 @@ pinned at 1.15.2: the newest the registry serves (its only other is 1.9.8), and 
 whose start script and custom-host checks (127.0.0.1 is a trusted host) were read; with
 @hono/node-server held at 1.14.1, as newer ones break its streaming (benchmarks/peers.py).
 Without node and npm, Portkey is left out with a line saying so.
+BENCH_VLLM_ROUTER=0 and BENCH_SGLANG_ROUTER=0 leave the routers out;
+BENCH_VLLM_ROUTER_VERSION (0.1.17) and BENCH_SGLANG_ROUTER_VERSION (0.3.2) pin what pip
+installs; one that cannot be installed is left out with a line saying why.
 """
 
 from __future__ import annotations
@@ -77,12 +84,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.peers import (  # noqa: E402
+    ROUTERS,
     Peer,
     Procs,
     cpu_seconds,
     free_port,
     start_litellm,
     start_portkey,
+    start_router,
     wait,
 )
 from llmgw.core.secrets import engine_key  # noqa: E402
@@ -549,6 +558,14 @@ def main() -> None:
             if peer is not None:
                 targets.append(Target.of(peer))
                 versions[peer.name] = peer.version
+        for router in ROUTERS:
+            peer, why = start_router(procs.spawn, home, router, [engine_url], ekey, MODEL)
+            if peer is None:
+                print(json.dumps({"bench": "gateway", "figure": router.name, "value": None,
+                                  "note": why}), flush=True)  # fmt: skip
+                continue
+            targets.append(Target.of(peer))
+            versions[peer.name] = peer.version
         scale = {
             "machine_cores": os.cpu_count(), "load1_at_start": _load1(),
             "sharing_the_cores": "load generator (this process, one asyncio loop, bare HTTP/1.1 client), "
@@ -556,9 +573,12 @@ def main() -> None:
                                     f"llmgw serve --workers {WORKERS} (PostgreSQL, Redis), Celery worker and beat, ")
                                  + "llmgw agent (idle), "
                                  "the sim engine, LiteLLM's proxy (idle while the others run), "
-                                 "Portkey's gateway on node (idle while the others run), other work",
+                                 "Portkey's gateway on node (idle while the others run), "
+                                 "vllm-router and sglang-router (idle while the others run), other work",
             "engine": "llmgw sim-engine " + " ".join(SIM_ARGS), "litellm": versions.get("litellm"),
-            "portkey": versions.get("portkey"), "mode": "production" if WORKERS else "embedded",
+            "portkey": versions.get("portkey"), "vllm-router": versions.get("vllm-router"),
+            "sglang-router": versions.get("sglang-router"), "routers_policy": "cache_aware",
+            "mode": "production" if WORKERS else "embedded",
             "workers": WORKERS or 1,
         }  # fmt: skip
         gc.collect()
