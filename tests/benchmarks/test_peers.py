@@ -1,0 +1,138 @@
+"""benchmarks/peers.py's Rust routers: where each is installed, how it is started, and when
+it is left out with a sentence rather than measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from benchmarks import peers
+from benchmarks.peers import (
+    ROUTERS,
+    SGLANG_ROUTER,
+    VLLM_ROUTER,
+    Procs,
+    free_port,
+    router_binary,
+    router_command,
+    router_venv,
+    start_router,
+    wait,
+)
+
+
+@pytest.fixture
+def peers_dir(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("BENCH_PEERS_DIR", str(tmp_path / "peers"))
+    for router in ROUTERS:
+        monkeypatch.delenv(router.switch, raising=False)
+    return tmp_path / "peers"
+
+
+def _no_process(*args, **kwargs):
+    raise AssertionError(f"nothing should be run: {args}")
+
+
+def test_each_router_has_a_venv_of_its_own_per_version(peers_dir):
+    assert router_venv(VLLM_ROUTER) == peers_dir / "vllm-router-0.1.17"
+    assert router_venv(SGLANG_ROUTER) == peers_dir / "sglang-router-0.3.2"
+
+
+def test_the_version_installed_is_pinned_and_can_be_moved(monkeypatch):
+    monkeypatch.setenv("BENCH_VLLM_ROUTER_VERSION", "0.1.18")
+    moved = peers._router("vllm-router", "0.1.17", ("vllm-router",), "warning")
+    assert (moved.version, moved.switch) == ("0.1.18", "BENCH_VLLM_ROUTER")
+
+
+def test_a_router_listens_on_loopback_only_and_is_given_the_engines_and_policy():
+    workers = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    binary = Path("/venv/bin/smg")
+    cmd = router_command(SGLANG_ROUTER, binary, 9000, 9001, workers, "cache_aware")
+    assert cmd[:2] == ["/venv/bin/smg", "launch"]
+    flags = {cmd[i]: cmd[i + 1] for i in range(2, len(cmd) - 1) if cmd[i].startswith("--")}
+    assert flags["--host"] == flags["--prometheus-host"] == "127.0.0.1"
+    assert (flags["--port"], flags["--prometheus-port"]) == ("9000", "9001")
+    assert flags["--policy"] == "cache_aware" and flags["--log-level"] == "warn"
+    start = cmd.index("--worker-urls") + 1
+    assert cmd[start : start + 2] == workers
+    vllm = router_command(
+        VLLM_ROUTER, Path("/v/bin/vllm-router"), 9000, 9001, workers, "round_robin"
+    )
+    assert vllm[0] == "/v/bin/vllm-router" and vllm[1] == "--host"
+    assert "warning" in vllm and "round_robin" in vllm
+
+
+def test_a_router_left_out_by_its_switch_installs_and_starts_nothing(
+    peers_dir, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("BENCH_SGLANG_ROUTER", "0")
+    monkeypatch.setattr(peers.subprocess, "run", _no_process)
+    peer, why = start_router(_no_process, tmp_path, SGLANG_ROUTER, ["http://x"], "k", "m")
+    assert peer is None
+    assert why == "BENCH_SGLANG_ROUTER=0 leaves sglang-router out"
+    assert not peers_dir.exists()
+
+
+def test_an_installed_router_is_reused_not_installed_again(peers_dir, monkeypatch):
+    binary = router_venv(VLLM_ROUTER) / "bin" / "vllm-router"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    monkeypatch.setattr(peers.subprocess, "run", _no_process)
+    assert router_binary(VLLM_ROUTER) == (binary, None)
+
+
+def test_a_router_that_cannot_be_installed_is_left_out_with_why(peers_dir, monkeypatch, tmp_path):
+    # An interpreter that cannot make a venv, as where PyPI or the wheel is missing pip fails.
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho no venv here >&2\nexit 3\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(peers, "_venv_python", lambda: str(broken))
+    spawned = []
+    peer, why = start_router(lambda *a: spawned.append(a), tmp_path, SGLANG_ROUTER, ["u"], "k", "m")
+    assert peer is None and spawned == []
+    log = peers_dir / "sglang-router-0.3.2.install.log"
+    assert why == f"sglang-router==0.3.2 could not be installed from PyPI (pip exited 3); see {log}"
+    assert "no venv here" in log.read_text()
+    assert not router_venv(SGLANG_ROUTER).exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("router", ROUTERS, ids=lambda r: r.name)
+def test_an_installed_router_passes_the_engines_answers_on(router, tmp_path):
+    """A real router (where a benchmark run installed it) before a real sim engine that
+    takes one key: its answer is the engine's, and the CPU counted is its own process's."""
+    if not (router_venv(router) / "bin" / router.command[0]).exists():
+        pytest.skip(f"{router.name} {router.version} is not installed in {router_venv(router)}")
+    procs = Procs(tmp_path)
+    try:
+        port, key = free_port(), "sk-one-key"
+        env = {**os.environ, "LLMGW_ENGINE_API_KEY": key}
+        engine = f"http://127.0.0.1:{port}"
+        procs.spawn("engine", [sys.executable, "-m", "llmgw", "sim-engine", "--port", str(port),
+                               "--model", "bench", "--ttft-ms", "0"], env)  # fmt: skip
+        wait("the engine", lambda: httpx.get(f"{engine}/health").status_code == 200)
+        peer, why = start_router(procs.spawn, tmp_path, router, [engine], key, "bench")
+        assert why is None and peer is not None and peer.version == router.version
+        chat = {
+            "model": "bench",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 4,
+        }
+        auth = {"Authorization": f"Bearer {key}"}
+        through = httpx.post(
+            f"http://127.0.0.1:{peer.port}/v1/chat/completions", json=chat, headers=auth
+        )
+        direct = httpx.post(f"{engine}/v1/chat/completions", json=chat, headers=auth)
+        said = [json.loads(r.text)["choices"][0]["message"]["content"] for r in (through, direct)]
+        assert said[0] == said[1]
+        wrong = httpx.post(f"http://127.0.0.1:{peer.port}/v1/chat/completions", json=chat,
+                           headers={"Authorization": "Bearer not-the-key"})  # fmt: skip
+        assert wrong.status_code == 401  # the engine's answer, passed on
+        assert peers.cpu_seconds(peer.pids()) > 0
+    finally:
+        procs.stop()
