@@ -87,15 +87,18 @@ from benchmarks.peers import (  # noqa: E402
     ROUTERS,
     Peer,
     Procs,
+    cores_by_role,
     cpu_seconds,
     free_port,
+    machine_cpu,
     start_litellm,
     start_portkey,
     start_router,
+    tree,
     wait,
 )
 from llmgw.core.secrets import engine_key  # noqa: E402
-from tests.e2e.harness import listener_pid  # noqa: E402
+from tests.e2e.harness import listener_pid, serving_pid  # noqa: E402
 
 SEQUENTIAL = int(os.environ.get("BENCH_SEQUENTIAL", 2000))
 BLOCK = 200  # sequential requests per turn of a target
@@ -286,10 +289,12 @@ async def _sequential(targets: list[Target], total: int, stream: bool) -> dict[s
     return out
 
 
-async def _closed_loop(target: Target, concurrency: int, seconds: float) -> dict:
+async def _closed_loop(target: Target, concurrency: int, seconds: float,
+                       roles: Callable[[], dict[str, list[int]]] | None = None) -> dict:  # fmt: skip
     """`concurrency` connections each sending the next request as soon as the last is
     answered, for `seconds` after a warm-up: latencies, errors, requests a second, and the
-    CPU seconds the target's processes used."""
+    CPU seconds the target's processes used; with `roles`, the cores each role's processes
+    used meanwhile, and which of the target's processes holds each connection."""
     conns = [await _connect(target.port) for _ in range(concurrency)]
     latencies: list[float] = []
     errors = 0
@@ -311,16 +316,64 @@ async def _closed_loop(target: Target, concurrency: int, seconds: float) -> dict
 
     stop_at = time.perf_counter() + WARMUP_SECONDS
     await asyncio.gather(*(worker(c) for c in conns))
+    machine_before = machine_cpu() if roles else None
     cpu_before, own_before = cpu_seconds(target.pids()), time.process_time()
     measuring, start = True, time.perf_counter()
     stop_at = start + seconds
     await asyncio.gather(*(worker(c) for c in conns))
     elapsed = time.perf_counter() - start
     cpu = cpu_seconds(target.pids()) - cpu_before
+    out = {"latencies": latencies, "errors": errors, "per_second": len(latencies) / elapsed,
+           "cpu_s": cpu, "load_cpu_s": time.process_time() - own_before, "seconds": elapsed}  # fmt: skip
+    if roles and machine_before:
+        now = roles()
+        out["cores"] = cores_by_role(machine_before, machine_cpu(), now, elapsed)
+        out["connections"] = _holders(target, conns, now)
     for c in conns:
         c.transport.close()
-    return {"latencies": latencies, "errors": errors, "per_second": len(latencies) / elapsed,
-            "cpu_s": cpu, "load_cpu_s": time.process_time() - own_before, "seconds": elapsed}  # fmt: skip
+    return out
+
+
+def _holders(target: Target, conns: list[_Conn], roles: dict[str, list[int]]) -> dict[str, int]:
+    """How many of `conns` each of the target's processes holds the server's end of, by
+    the role of the process."""
+    pids, role = target.pids(), {pid: name for name, ps in roles.items() for pid in ps}
+    held: dict[str, int] = {}
+    for c in conns:
+        pid = serving_pid(target.port, c.transport.get_extra_info("sockname")[1], pids)
+        name = role.get(pid, str(pid)) if pid is not None else "none found"
+        held[name] = held.get(name, 0) + 1
+    return held
+
+
+def _roles(procs: Procs, engine_pid: int | None) -> Callable[[], dict[str, list[int]]]:
+    """What each process this benchmark started is, for the split of the machine's cores;
+    a process in two counts in the first (the engine is the agent's child)."""
+
+    def roles() -> dict[str, list[int]]:
+        serve = procs.named["serve"].pid
+        workers = sorted(p for p in _children(serve) if b"--worker-fd" in _cmdline(p))
+        out = {"load generator": [os.getpid()]}
+        out.update({f"llmgw worker {i + 1}": tree(w) for i, w in enumerate(workers)})
+        out["llmgw serve's supervisor and renderer" if workers else "llmgw serve"] = tree(serve)
+        out["sim engine"] = [engine_pid] if engine_pid else []
+        out["llmgw agent"] = tree(procs.named["agent"].pid)
+        celery = [n for n in ("worker", "beat") if n in procs.named]
+        out["celery worker and beat"] = [p for n in celery for p in tree(procs.named[n].pid)]
+        rest = [n for n in procs.named if n not in ("serve", "agent", "worker", "beat")]
+        out["the peers (idle unless measured)"] = [
+            p for n in rest for p in tree(procs.named[n].pid)
+        ]
+        return out
+
+    return roles
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -453,7 +506,8 @@ def _load1() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-async def _measure(targets: list[Target], scale: dict) -> None:
+async def _measure(targets: list[Target], scale: dict,
+                   roles: Callable[[], dict[str, list[int]]] | None = None) -> None:  # fmt: skip
     names = [t.name for t in targets]
     through = [t for t in targets if t.name != "direct"]
     peers = [t.name for t in through if t.name != "llmgw"]  # each figure's ratio to llmgw
@@ -486,7 +540,10 @@ async def _measure(targets: list[Target], scale: dict) -> None:
     # Many at once.
     loops: dict[int, dict[str, dict]] = {}
     for concurrency, seconds in ((16, SECONDS), (64, THROUGHPUT_SECONDS)):
-        loops[concurrency] = {t.name: await _closed_loop(t, concurrency, seconds) for t in targets}
+        split = roles if concurrency == 64 else None
+        loops[concurrency] = {
+            t.name: await _closed_loop(t, concurrency, seconds, split) for t in targets
+        }
         s = {**scale, "concurrency": concurrency, "seconds": seconds, "warmup_seconds": WARMUP_SECONDS,
              "stream": False, "max_tokens": 1, "load1": _load1()}  # fmt: skip
         r = loops[concurrency]
@@ -523,6 +580,12 @@ async def _measure(targets: list[Target], scale: dict) -> None:
     for peer in peers:
         _emit(f"llmgw_over_{peer}_requests_per_second", ratio(r["llmgw"]["per_second"], r[peer]["per_second"]),
               "ratio", s)  # fmt: skip
+    # Where the machine's cores went while each was measured (issue 41: why --workers 2 did
+    # not beat one), and which of llmgw's processes held the 64 connections.
+    for n in names:
+        if "cores" in r[n]:
+            _emit(f"{n}_cores_by_process_at_64", r[n]["cores"], "cores", s,
+                  connections_held=r[n]["connections"] if n == "llmgw" else None)  # fmt: skip
 
     # Time to first token, streamed, one at a time.
     ttft = await _sequential(targets, STREAMED, stream=True)
@@ -583,7 +646,7 @@ def main() -> None:
         }  # fmt: skip
         gc.collect()
         gc.freeze()
-        asyncio.run(_measure(targets, scale))
+        asyncio.run(_measure(targets, scale, _roles(procs, direct.pids()[0])))
     finally:
         procs.stop()
         for name in _DATABASE:

@@ -92,6 +92,49 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def machine_cpu() -> dict:
+    """Every process's name and CPU seconds (user and system, all its threads), and the
+    machine's busy and stolen seconds over all its cores, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                head, tail = (p / "stat").read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            fields = tail.split()
+            pids[int(p.name)] = (head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / tick)
+    # cpu  user nice system idle iowait irq softirq steal ...
+    jiffies = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    busy = sum(jiffies[:3]) + jiffies[5] + jiffies[6]
+    return {"pids": pids, "busy": busy / tick, "steal": jiffies[7] / tick}
+
+
+def cores_by_role(before: dict, after: dict, roles: dict[str, list[int]], seconds: float) -> dict:
+    """The cores each role's processes used between two `machine_cpu` readings `seconds`
+    apart (a process in two roles counts in the first); PostgreSQL's and Redis' servers
+    by name; the rest of the machine's busy time as "everything else"; and "steal", the
+    time the host gave to other machines."""
+    was = before["pids"]
+    used = {
+        pid: cpu - was[pid][1] if pid in was else cpu for pid, (_, cpu) in after["pids"].items()
+    }
+    named = {
+        "postgres": [p for p, (comm, _) in after["pids"].items() if comm.startswith("postgres")],
+        "redis": [p for p, (comm, _) in after["pids"].items() if comm.startswith("redis-server")],
+    }
+    out: dict[str, float] = {}
+    counted: set[int] = set()
+    for role, pids in {**roles, **named}.items():
+        mine = {p for p in pids if p in used} - counted
+        counted |= mine
+        out[role] = sum(used[p] for p in mine)
+    out["everything else"] = after["busy"] - before["busy"] - sum(out.values())
+    out["steal"] = after["steal"] - before["steal"]
+    return {role: round(cpu / seconds, 3) for role, cpu in out.items()}
+
+
 def tree(pid: int) -> list[int]:
     """`pid` and its descendants, from /proc."""
     parents: dict[int, list[int]] = {}
@@ -132,6 +175,7 @@ class Procs:
 
     def __init__(self, home: Path) -> None:
         self.home, self.procs = home, []
+        self.named: dict[str, subprocess.Popen] = {}
 
     def spawn(self, name: str, cmd: list[str], env: dict) -> subprocess.Popen:
         """Start `cmd` with its output in `<home>/<name>.log`; stopped by `stop`."""
@@ -139,6 +183,7 @@ class Procs:
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         self.procs.append(proc)
+        self.named[name] = proc
         return proc
 
     def stop(self) -> None:

@@ -17,7 +17,9 @@ from benchmarks.peers import (
     SGLANG_ROUTER,
     VLLM_ROUTER,
     Procs,
+    cores_by_role,
     free_port,
+    machine_cpu,
     router_binary,
     router_command,
     router_venv,
@@ -136,3 +138,25 @@ def test_an_installed_router_passes_the_engines_answers_on(router, tmp_path):
         assert peers.cpu_seconds(peer.pids()) > 0
     finally:
         procs.stop()
+
+
+def test_the_cores_are_split_by_role_with_the_rest_of_the_machine_as_everything_else():
+    before = {"pids": {1: ("python", 10.0), 2: ("python", 5.0), 3: ("postgres", 1.0)},
+              "busy": 100.0, "steal": 2.0}  # fmt: skip
+    after = {"pids": {1: ("python", 14.0), 2: ("python", 6.0), 3: ("postgres", 1.5),
+                      4: ("redis-server", 0.5), 9: ("python", 1.0)},
+             "busy": 108.0, "steal": 3.0}  # fmt: skip
+    # 2 is in both roles and counts in the first; 9 started meanwhile and counts whole.
+    roles = {"load generator": [1, 2], "llmgw serve": [2, 9], "gone": [7]}
+    split = cores_by_role(before, after, roles, seconds=2.0)
+    assert split == {"load generator": 2.5, "llmgw serve": 0.5, "gone": 0.0, "postgres": 0.25,
+                     "redis": 0.25, "everything else": 0.5, "steal": 0.5}  # fmt: skip
+
+
+def test_the_machine_reading_has_this_process_and_the_machine_busy():
+    first = machine_cpu()
+    sum(i * i for i in range(300_000))
+    second = machine_cpu()
+    assert second["pids"][os.getpid()][0].startswith(("python", "pytest"))
+    assert second["pids"][os.getpid()][1] >= first["pids"][os.getpid()][1]
+    assert second["busy"] > first["busy"] > 0
