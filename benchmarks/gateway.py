@@ -337,7 +337,10 @@ async def _closed_loop(target: Target, concurrency: int, seconds: float,
 def _holders(target: Target, conns: list[_Conn], roles: dict[str, list[int]]) -> dict[str, int]:
     """How many of `conns` each of the target's processes holds the server's end of, by
     the role of the process."""
-    pids, role = target.pids(), {pid: name for name, ps in roles.items() for pid in ps}
+    pids, role = target.pids(), {}
+    for name, ps in roles.items():  # a process in two roles is the first's, as in the split
+        for pid in ps:
+            role.setdefault(pid, name)
     held: dict[str, int] = {}
     for c in conns:
         pid = serving_pid(target.port, c.transport.get_extra_info("sockname")[1], pids)
