@@ -47,7 +47,12 @@ llmgw over the peer for requests a second):
 - throughput: requests a second through each at 64 at once for THROUGHPUT_SECONDS
   (direct for reference), and the proxy's CPU time per request;
 - time to first token when streaming: the first byte of the body after the headers,
-  p50 (and p99) through − direct, one request at a time.
+  p50 (and p99) through − direct, one request at a time;
+- where the machine's cores went while each target took 64 at once
+  (`<target>_cores_by_process_at_64`): the load generator, `llmgw serve` or each of its
+  workers, the engine, the agent, Celery, PostgreSQL, Redis, the peers, and everything
+  else on the machine (other people's work), from /proc; with which of llmgw's
+  processes held each of the 64 connections.
 
 BENCH_SEQUENTIAL, BENCH_SECONDS (the 16 level), BENCH_THROUGHPUT_SECONDS,
 BENCH_STREAMED scale it; BENCH_LITELLM=0 leaves LiteLLM out; BENCH_LITELLM_SPEC is what
