@@ -404,17 +404,27 @@ def router_binary(router: Router) -> tuple[Path | None, str | None]:
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"installing {spec} into {venv} (log {log})", file=sys.stderr, flush=True)
     with open(log, "wb") as out:
-        made = subprocess.run([_venv_python(), "-m", "venv", str(venv)], stdout=out, stderr=out)
-        if made.returncode == 0:
-            made = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", spec],
-                                  stdout=out, stderr=out, timeout=900)  # fmt: skip
-    if made.returncode != 0 or not binary.exists():
+        failed = _pip_into(venv, spec, out)
+    if failed is None and not binary.exists():
+        failed = f"it has no {router.command[0]} command"
+    if failed is not None:
         shutil.rmtree(venv, ignore_errors=True)  # half a venv would pass for an install
-        return (
-            None,
-            f"{spec} could not be installed from PyPI (pip exited {made.returncode}); see {log}",
-        )
+        return None, f"{spec} could not be installed from PyPI ({failed}); see {log}"
     return binary, None
+
+
+def _pip_into(venv: Path, spec: str, out) -> str | None:
+    """None once `spec` is installed into a new venv at `venv`, else the step that failed."""
+    steps = (("python -m venv", [_venv_python(), "-m", "venv", str(venv)]),
+             ("pip install", [str(venv / "bin" / "pip"), "install", "-q", spec]))  # fmt: skip
+    for what, cmd in steps:
+        try:
+            done = subprocess.run(cmd, stdout=out, stderr=out, timeout=900)
+        except subprocess.TimeoutExpired:
+            return f"{what} ran past 900 s"
+        if done.returncode != 0:
+            return f"{what} exited {done.returncode}"
+    return None
 
 
 def router_command(router: Router, binary: Path, port: int, metrics_port: int,

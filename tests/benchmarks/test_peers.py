@@ -98,7 +98,10 @@ def test_a_router_that_cannot_be_installed_is_left_out_with_why(peers_dir, monke
     peer, why = start_router(lambda *a: spawned.append(a), tmp_path, SGLANG_ROUTER, ["u"], "k", "m")
     assert peer is None and spawned == []
     log = peers_dir / "sglang-router-0.3.2.install.log"
-    assert why == f"sglang-router==0.3.2 could not be installed from PyPI (pip exited 3); see {log}"
+    assert (
+        why
+        == f"sglang-router==0.3.2 could not be installed from PyPI (python -m venv exited 3); see {log}"
+    )
     assert "no venv here" in log.read_text()
     assert not router_venv(SGLANG_ROUTER).exists()
 
@@ -160,3 +163,28 @@ def test_the_machine_reading_has_this_process_and_the_machine_busy():
     assert second["pids"][os.getpid()][0].startswith(("python", "pytest"))
     assert second["pids"][os.getpid()][1] >= first["pids"][os.getpid()][1]
     assert second["busy"] > first["busy"] > 0
+
+
+@pytest.mark.parametrize(
+    ("pip_exit", "failed"),
+    [(1, "pip install exited 1"), (0, "it has no vllm-router command")],
+)
+def test_a_router_pip_cannot_install_leaves_no_venv_behind(peers_dir, monkeypatch, tmp_path,
+                                                          pip_exit, failed):  # fmt: skip
+    # A venv whose pip fails, as with no PyPI or no wheel for the machine; or "succeeds"
+    # and installs no command.
+    python = tmp_path / "python"
+    python.write_text(
+        '#!/bin/sh\nmkdir -p "$3/bin"\n'
+        f"printf '#!/bin/sh\\necho no matching distribution >&2\\nexit {pip_exit}\\n' > \"$3/bin/pip\"\n"
+        'chmod +x "$3/bin/pip"\n'
+    )
+    python.chmod(0o755)
+    monkeypatch.setattr(peers, "_venv_python", lambda: str(python))
+    binary, why = router_binary(VLLM_ROUTER)
+    log = peers_dir / "vllm-router-0.1.17.install.log"
+    assert binary is None
+    assert why == f"vllm-router==0.1.17 could not be installed from PyPI ({failed}); see {log}"
+    assert not router_venv(VLLM_ROUTER).exists()
+    if pip_exit:
+        assert "no matching distribution" in log.read_text()
