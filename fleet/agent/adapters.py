@@ -24,7 +24,10 @@ from typing import Any
 import httpx
 
 FORMATS = ("peft", "gguf")
-_NAME = re.compile(r"^[a-z0-9._-]{1,64}$")
+# The catalog's adapter names (fleet/protocol.py AdapterName).
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# The longest detail an adapter_status carries.
+DETAIL_CHARS = 2000
 # The adapter format each engine takes: vLLM (and the sim, which stands in for it) a PEFT
 # folder, llama-server a LoRA GGUF.
 ENGINE_FORMATS = {"vllm": "peft", "sim": "peft", "llamacpp": "gguf"}
@@ -58,7 +61,8 @@ class AdapterRef:
         name, path, fmt = raw.get("name"), raw.get("path"), raw.get("format")
         if not isinstance(name, str) or not _NAME.match(name):
             raise AdapterError(
-                f"The adapter name {name!r} is not 1 to 64 of a-z, 0-9, '.', '_' and '-'."
+                f"The adapter name {name!r} is not 1 to 64 of a-z, 0-9, '.', '_' and '-', "
+                "starting with a letter or digit."
             )
         if not isinstance(path, str) or not path:
             raise AdapterError(f"The adapter {name} has no path.")
@@ -90,7 +94,7 @@ def adapter_status(shard_id: str, name: str, state: str, detail: str = "") -> di
     msg: dict[str, Any] = {"type": "adapter_status", "shard_id": shard_id, "name": name}
     msg["state"] = state
     if detail:
-        msg["detail"] = detail
+        msg["detail"] = detail[:DETAIL_CHARS]
     return msg
 
 

@@ -341,7 +341,17 @@ def _sim(spec: ShardSpec, node: NodeContext) -> list[str]:
         argv += ["--weights", spec.source or ""]
     if not has_flag(args, "--threads"):
         argv += ["--threads", str(cpu_threads(spec, node.cpu_count))]
-    return argv + args
+    return argv + _sim_adapters(spec, args) + args
+
+
+def _sim_adapters(spec: ShardSpec, args: Sequence[str]) -> list[str]:
+    """The sim engine's adapter slots and start adapters (it answers vLLM's adapter API)."""
+    if spec.adapter_slots <= 0:
+        return []
+    argv = [] if has_flag(args, "--max-loras") else ["--max-loras", str(spec.adapter_slots)]
+    for ref in spec.adapters:
+        argv += ["--lora", f"{ref.name}={ref.path}"]
+    return argv
 
 
 _BUILDERS: dict[str, Callable[[ShardSpec, NodeContext], list[str]]] = {

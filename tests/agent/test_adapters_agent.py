@@ -65,6 +65,12 @@ def test_a_profiles_own_lora_flags_are_not_given_twice():
     assert "--lora-modules" not in cmd.argv
 
 
+def test_the_sim_engine_gets_its_slots_and_start_adapters():
+    cmd = command(spec("sim", slots=3, adapters=[SQL]))
+    tail = cmd.argv[cmd.argv.index("--max-loras") :]
+    assert tail[:4] == ["--max-loras", "3", "--lora", "sql=/cache/adapters/sql"]
+
+
 def test_a_profile_without_adapter_slots_gets_no_lora_flags():
     for engine in ("vllm", "llamacpp", "sim"):
         cmd = command(spec(engine, slots=0))
