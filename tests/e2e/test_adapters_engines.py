@@ -212,44 +212,62 @@ def test_the_agent_reads_and_loads_the_adapters_llama_server_started_with(llama_
 
 @pytest.fixture(scope="module")
 def vllm_site(tmp_path_factory):
-    """vLLM's CPU build serving SmolLM2 (a Hugging Face folder) with 2 adapter slots, and a
-    PEFT adapter for it: (spec, engine, adapter)."""
+    """vLLM's CPU build serving SmolLM2 (a Hugging Face folder) with 2 adapter slots, one
+    PEFT adapter held from its start (poems) and one to load while it runs (sql):
+    (spec, engine, sql)."""
     program, why = vllm_program()
     why = why or memory_short_of(VLLM_NEED_GB)
     if why:
         _skip_or_fail(why)
     folder = smollm2_hf_folder(program)
-    adapter = peft_adapter(
-        tmp_path_factory.mktemp("peft") / "sql", dims=hf_dims(folder), seed=1, base_name=MODEL
+    made = tmp_path_factory.mktemp("peft")
+    sql, poems = (
+        AdapterRef(name, str(peft_adapter(made / name, dims=hf_dims(folder), seed=seed)), "peft")
+        for name, seed in (("sql", 1), ("poems", 2))
     )
     # 5 GB reserved: a KV cache of 1 GiB (engines.vllm_cpu_kv_space_gib).
-    spec = shard("vllm", folder, slots=2, args=["--max-model-len", "1024"], memory_gb=VLLM_NEED_GB)
+    spec = shard(
+        "vllm",
+        folder,
+        adapters=[poems],
+        slots=2,
+        args=["--max-model-len", "1024"],
+        memory_gb=VLLM_NEED_GB,
+    )
     engine = Engine(spec, {"vllm": str(program)}, tmp_path_factory.mktemp("vllm") / "vllm.log")
     try:
         engine.wait_ready(VLLM_READY_S)
-        yield spec, engine, AdapterRef("sql", str(adapter), "peft")
+        yield spec, engine, sql
     finally:
         engine.stop()
 
 
 def test_a_peft_adapter_loaded_into_vllm_answers_otherwise_than_the_base(vllm_site):
+    """The adapter given at start (--lora-modules) is held and answers as itself; one loaded
+    while vLLM runs answers otherwise than the base and than the other, and is gone, asked
+    for by name, once unloaded."""
     spec, engine, sql = vllm_site
     base = engine.chat(MODEL)
+    poems = engine.chat("poems")
 
     async def load(client):
         adapters = engine.adapters(client, spec)
+        before = await adapters.held()
         started = time.monotonic()
         held = await adapters.load(sql)
-        return held, time.monotonic() - started, await adapters.held()
+        return before, held, time.monotonic() - started, await adapters.held()
 
-    held, load_s, listed = asyncio.run(_with_client(load))
+    before, held, load_s, listed = asyncio.run(_with_client(load))
+    assert before == [Held("poems", None)]
     assert held == Held("sql", None)
-    assert listed == [Held("sql", None)]
+    assert sorted(h.name for h in listed) == ["poems", "sql"]
     started = time.monotonic()
     answer = engine.chat("sql")
     first_s = time.monotonic() - started
     print(f"vLLM CPU: loading the adapter took {load_s:.2f} s, its first answer {first_s:.2f} s")
     assert answer and answer != base, answer
+    assert poems and poems != base, poems
+    assert answer != poems
     assert engine.chat(MODEL) == base  # the base is still itself
 
     async def unload(client):
@@ -257,7 +275,7 @@ def test_a_peft_adapter_loaded_into_vllm_answers_otherwise_than_the_base(vllm_si
         await adapters.unload("sql")
         return await adapters.held()
 
-    assert asyncio.run(_with_client(unload)) == []
+    assert asyncio.run(_with_client(unload)) == [Held("poems", None)]
     r = httpx.post(
         f"{engine.url}/v1/chat/completions",
         json={"model": "sql", "messages": ASK, "max_tokens": 4},
