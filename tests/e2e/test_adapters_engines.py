@@ -5,7 +5,8 @@
   temperature 0 each adapter's answer differs from the base's and from the other's, and the
   base's own answer on that server is the one a server without adapters gives (llama-server
   applies an adapter's start scale to every request that names none: the agent starts each
-  at 0);
+  at 0); started by a supervisor from a start_shard, its engine_load names both adapters
+  by index, and load_adapter is answered for each as llama-server can;
 - vLLM's CPU build with SmolLM2 as a Hugging Face folder and a PEFT adapter the tests write,
   loaded while it runs: it answers otherwise than the base, is listed with the base as its
   parent, and is gone once unloaded.
@@ -28,7 +29,14 @@ import httpx
 import pytest
 
 from fleet.agent.adapters import AdapterError, AdapterRef, EngineAdapters, Held
-from fleet.agent.engines import NodeContext, ShardSpec, build_command
+from fleet.agent.engines import (
+    DEFAULT_BINARIES,
+    NodeContext,
+    ShardSpec,
+    build_command,
+    use_binary,
+)
+from fleet.agent.supervisor import Supervisor
 from tests.agent.helpers import free_port
 from tests.lora_files import hf_dims, lora_gguf, peft_adapter
 
@@ -208,6 +216,55 @@ def test_the_agent_reads_and_loads_the_adapters_llama_server_started_with(llama_
     assert held == [Held("sql", 0), Held("poems", 1)]
     assert loaded == Held("poems", 1)
     assert "without legal" in refused
+
+
+async def test_an_agent_starts_llama_server_with_adapters_and_reports_them(
+    llama_binary, gguf_adapters, tmp_path
+):
+    """Through the supervisor, as a start_shard gives it: the engine holds both adapters by
+    index, engine_load says so, and load_adapter answers for each as llama-server can."""
+    sup = Supervisor(tmp_path, advertise_addr="127.0.0.1", port_range=(34100, 34199), cpu_count=2)
+    said: list[dict] = []
+    sup.on_change = said.append
+    use_binary("llamacpp", str(llama_binary))
+    start = {
+        "type": "start_shard",
+        "shard_id": "lora-1",
+        "model": MODEL,
+        "source": str(smollm2_gguf()),
+        "profile": {"name": "cpu-lora", "engine": "llamacpp", "args": ["--ctx-size", "512"]},
+        "api_key": KEY,
+        "threads": 1,
+        "adapter_slots": 2,
+        "adapters": [ref.to_message() for ref in gguf_adapters],
+        "startup_timeout_s": LLAMA_READY_S,
+    }
+    try:
+        await sup.start(start)
+        async with asyncio.timeout(LLAMA_READY_S):
+            while not any(m.get("state") in ("ready", "failed") for m in said):
+                await asyncio.sleep(0.2)
+        assert said[-1]["state"] == "ready", said[-1]
+        [load] = await sup.engine_loads()
+        assert load["adapters"] == [
+            {"name": "sql", "engine_id": 0},
+            {"name": "poems", "engine_id": 1},
+        ]
+        await sup.load_adapter(
+            {"type": "load_adapter", "shard_id": "lora-1", "adapter": gguf_adapters[1].to_message()}
+        )
+        legal = {"name": "legal", "path": "/nowhere/legal.gguf", "format": "gguf"}
+        await sup.load_adapter({"type": "load_adapter", "shard_id": "lora-1", "adapter": legal})
+        answers = [m for m in said if m["type"] == "adapter_status"]
+        assert [(m["name"], m["state"]) for m in answers] == [
+            ("poems", "loaded"),
+            ("legal", "failed"),
+        ]
+        assert "only when it starts" in answers[1]["detail"]
+    finally:
+        await sup.stop_all(grace_s=5)
+        await sup.close()
+        use_binary("llamacpp", DEFAULT_BINARIES["llamacpp"])
 
 
 @pytest.fixture(scope="module")
