@@ -11,10 +11,9 @@ import logging
 import re
 import time
 
-import aiohttp
-
 from llmgw.gateway import metrics
 from llmgw.gateway.answers import Send
+from llmgw.gateway.client import Connection, Cut, NotHTTP
 from llmgw.gateway.dialects.responses import chat_usage
 from llmgw.gateway.state import Request, State
 
@@ -116,14 +115,14 @@ SHUTDOWN_CUT = (
 )
 
 
-async def relay_stream(rt: State, req: Request, resp, send: Send) -> int:
+async def relay_stream(rt: State, req: Request, resp: Connection, send: Send) -> int:
     """Pass the events on as they arrive; a stream cut upstream ends with an error event."""
     headers = [*SSE_HEADERS, *req.replica_header()]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     drop = not req.wants_usage
     rest, first, cut, stopped = b"", True, False, False
     try:
-        async for chunk in resp.content.iter_any():
+        while chunk := await resp.read():
             if first:
                 metrics.series(req.model).first_token.observe(time.perf_counter() - req.started)
                 first = False
@@ -135,7 +134,7 @@ async def relay_stream(rt: State, req: Request, resp, send: Send) -> int:
                     req.done = True
                 req.events += out.count(b"data:")
                 await send({"type": "http.response.body", "body": out, "more_body": True})
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (Cut, NotHTTP) as exc:
         log.warning("stream from a replica of %s cut: %s", req.model, exc)
         cut = True
     except asyncio.CancelledError:
