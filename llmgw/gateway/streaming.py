@@ -94,14 +94,9 @@ def _response_usage(event: dict) -> dict | None:
 
 
 def _ends(out: bytes) -> bool:
-    """Whether `out` holds the event that ends a stream; a search for a few plain words
-    first, as nearly every chunk holds none of them."""
-    return (
-        b"[DONE]" in out
-        or b'"response.completed"' in out
-        or b'"response.incomplete"' in out
-        or b'"response.failed"' in out
-    ) and _ENDED.search(out) is not None
+    """Whether `out` holds the event that ends a stream; plain words looked for first, as
+    no chat chunk but the last holds them."""
+    return (b"[DONE]" in out or b'"response.' in out) and _ENDED.search(out) is not None
 
 
 STREAM_CUT = (
