@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 
 from llmgw.core import tracing
 from llmgw.gateway.answers import Refused, Send, send_answer, with_request
@@ -190,19 +191,23 @@ async def _whole(req: Request, resp: Connection, kind: str, send: Send) -> int:
     return status
 
 
+# A choice's message object opening, and whether it is empty: a key, as JSON escapes the
+# quotes of any such text inside a string.
+_MESSAGE = re.compile(rb'"message":\s*\{(\s*\})?')
+
+
 def with_refusal(data: bytes) -> bytes:
     """A chat answer with `message.refusal` in each choice, null where the engine left it
-    out (llama.cpp does): OpenAI's schema requires it. An answer that has it, or that is
-    not a chat completion, passes as it is, unparsed."""
-    if b'"refusal"' in data:
+    out (llama.cpp does): OpenAI's schema requires it. Added to the engine's bytes where
+    each message opens, not decoded and encoded again. An answer that has it, or that is
+    not a chat completion, passes as it is."""
+    if b'"refusal"' in data or b'"choices"' not in data:
         return data
-    try:
-        body = json.loads(data)
-        for choice in body["choices"]:
-            choice["message"].setdefault("refusal", None)
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
-        return data
-    return json.dumps(body).encode()
+    return _MESSAGE.sub(_refusal_added, data)
+
+
+def _refusal_added(found: re.Match) -> bytes:
+    return b'"message":{"refusal":null}' if found.group(1) else b'"message":{"refusal":null,'
 
 
 def engine_error(status: int, data: bytes, rid: str) -> tuple[int, bytes, list]:

@@ -9,6 +9,7 @@ import json
 from hypothesis import given, strategies as st
 
 from llmgw.gateway.streaming import split_events
+from llmgw.gateway.upstream import with_refusal
 
 ENDS = st.sampled_from(["\n\n", "\r\n\r\n", "\r\r"])
 TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=12)
@@ -77,3 +78,22 @@ def test_a_responses_api_stream_gives_its_completed_usage_as_chat_figures():
     out, rest, usage = split_events(event, drop_usage=True)
     assert (out, rest) == (event, b"")
     assert usage["prompt_tokens"] == 3 and usage["completion_tokens"] == 5
+
+
+MESSAGES = st.fixed_dictionaries(
+    {"role": st.just("assistant"), "content": st.one_of(st.none(), TEXT)},
+    optional={"tool_calls": st.just([{"id": "c", "function": {"arguments": '{"message": {}}'}}])},
+)
+
+
+@given(st.lists(st.one_of(MESSAGES, st.builds(dict)), min_size=1, max_size=4), st.booleans())
+def test_a_refusal_added_to_the_bytes_is_the_one_the_json_would_have(messages, spaced):
+    answer = {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [{"index": i, "message": m} for i, m in enumerate(messages)],
+    }
+    data = json.dumps(answer, separators=None if spaced else (",", ":")).encode()
+    for choice in answer["choices"]:
+        choice["message"].setdefault("refusal", None)
+    assert json.loads(with_refusal(data)) == answer
