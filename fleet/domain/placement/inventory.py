@@ -76,8 +76,9 @@ class Inventory:
         trial.ledger = self.ledger.copy() if self.ledger is not None else None
         trial.spread = self.spread
         for replica in release:
+            declared = self._declared(replica)
             for shard in replica.shards:
-                trial._give_back(shard)
+                trial._give_back(shard, declared)
         return trial
 
     @property
@@ -108,14 +109,23 @@ class Inventory:
         for replica in self._replicas:
             if replica.state in HOLDING:
                 self._holding[replica.id] = replica
+                declared = self._declared(replica)
                 for shard in replica.shards:
-                    self._take(shard)
+                    self._take(shard, declared)
                     self._model_nodes[replica.model].add(shard.node_id)
                 if self.spread is not None:
                     self.spread.add(replica.model, replica.nodes)
         for model, held in list(self.reserved.items()):
             self.reserved.pop(model)
             self.keep(model, held)
+
+    def _declared(self, replica: ReplicaView) -> float | None:
+        """What each shard of a holding replica is declared to draw: its profile's
+        `power_watts` shared over its shards; None when it declares none."""
+        if self._power is None or not replica.shards:
+            return None
+        declared = self._power.declared.get((replica.model, replica.profile))
+        return declared / len(replica.shards) if declared else None
 
     def keep(self, model: str, room: Iterable[Reservation]) -> None:
         """Keep room for a model: what of it is free now is taken from everyone else; what
@@ -187,7 +197,9 @@ class Inventory:
                 self._buckets[cls][was].remove(room.node.id)
                 bisect.insort(self._buckets[cls][len(free)], room.node.id)
 
-    def _take(self, shard: ShardView | ShardPlan | Reservation) -> None:
+    def _take(
+        self, shard: ShardView | ShardPlan | Reservation, declared_w: float | None = None
+    ) -> None:
         room = self.rooms.get(shard.node_id)
         if room is None:
             return
@@ -198,15 +210,15 @@ class Inventory:
             for cls, indices in room.free_gpus.items():
                 room.free_gpus[cls] = [i for i in indices if i not in taken]
             self._reindex(room, before)
-            if self.ledger is not None:
-                self.ledger.take(room.node.id, taken)
+        if self.ledger is not None:
+            self.ledger.take(room.node.id, taken, 1, shard.cpu_cores, declared_w)
         room.memory_reserved += shard.memory_gb or 0.0
         room.cores_reserved += shard.cpu_cores or 0
         if not isinstance(shard, Reservation):
             room.shards += 1
             room.ports.add(shard.http_port)
 
-    def _give_back(self, shard: ShardView | Reservation) -> None:
+    def _give_back(self, shard: ShardView | Reservation, declared_w: float | None = None) -> None:
         room = self.rooms.get(shard.node_id)
         if room is None:
             return
@@ -220,8 +232,8 @@ class Inventory:
                     free.append(gpu.index)
         if given:
             self._reindex(room, before)
-            if self.ledger is not None:
-                self.ledger.take(room.node.id, given, -1)
+        if self.ledger is not None:
+            self.ledger.take(room.node.id, given, -1, shard.cpu_cores, declared_w)
         room.memory_reserved -= shard.memory_gb or 0.0
         room.cores_reserved -= shard.cpu_cores or 0
         if not isinstance(shard, Reservation):
@@ -230,8 +242,9 @@ class Inventory:
 
     def reserve(self, model: str, placement: Placement) -> None:
         """Take a placement's room so the next placement in this pass sees it gone."""
+        declared = placement.profile.shard_power_w
         for shard in placement.shards:
-            self._take(shard)
+            self._take(shard, declared)
             self.model_nodes[model].add(shard.node_id)
         if self.spread is not None:
             self.spread.add(model, (s.node_id for s in placement.shards))
@@ -327,7 +340,12 @@ class Inventory:
         """Filter every node, order those that pass by the scorers, take the first (or the
         first fabric group); else every refusal, for the sentences."""
         profile = ask.profile
-        if profile.nodes == 1 and not profile.cpu_only and len(self.rooms) >= INDEX_FROM:
+        if (
+            profile.nodes == 1
+            and not profile.cpu_only
+            and len(self.rooms) >= INDEX_FROM
+            and not scorers.levels_power(ask)
+        ):
             room = self._first_fit(ask)
             if room is not None:
                 return self._placed(profile, [room], ask.model, ask.spread is not None)
@@ -363,7 +381,7 @@ class Inventory:
         if self.ledger is not None:
             # Each shard alone was judged by the filters; together they may pass a budget.
             each = [(r.node.id, self._shard(r, profile, 0).gpu_indices) for r in chosen]
-            if over := self.ledger.refusal_together(each):
+            if over := self.ledger.refusal_together(each, profile.shard_power_w):
                 return [*refusals, over]
         return self._placed(profile, chosen, ask.model, ask.spread is not None)
 
@@ -376,7 +394,15 @@ class Inventory:
         if spread and self.spread is not None:
             said.append(self.spread.said(model, rooms[0].node.id))
         if self.ledger is not None:
-            said.extend(u for s in shards if (u := self.ledger.unknown(s.node_id, s.gpu_indices)))
+            said.extend(
+                u
+                for s in shards
+                if (
+                    u := self.ledger.unknown(
+                        s.node_id, s.gpu_indices, s.cpu_cores, profile.shard_power_w
+                    )
+                )
+            )
         return Placement(profile, shards, tuple(said))
 
     def _shard(self, room: NodeRoom, profile: Profile, rank: int) -> ShardPlan:

@@ -9,7 +9,8 @@ To add a preference: write one function here and put it, as a `Scorer`, in `SCOR
 where it should weigh: before the ones it should overrule, after the ones that overrule it. The index
 `Inventory` searches on large fleets (`inventory._first_fit`) walks the nodes in this
 same order, and a property test holds it to that: a scorer that changes the order of
-one-node GPU placements must be followed there too.
+one-node GPU placements must be followed there too. `most_power_left` is not: under a
+power budget placement judges every node (`levels_power`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,26 @@ def fewest_of_the_model_nearby(room: NodeRoom, ask: Ask) -> tuple:
     if ask.spread is None:
         return (0, 0)
     return ask.spread.key(ask.model, room.node.id)
+
+
+def most_power_left(room: NodeRoom, ask: Ask) -> tuple:
+    """Under power budgets, the node whose fullest rack or PDU has the most watts left
+    after the replica first, so load levels across racks (power.py, `Ledger.left`). A node
+    under no budget has no limit to level against and comes first; a replica whose draw
+    is unknown is levelled by what the domains hold."""
+    ledger = ask.ledger
+    if ledger is None:
+        return (0.0,)
+    profile = ask.profile
+    indices = room.gpus_for(profile.gpu_class, ask.need) if ask.need else ()
+    need = ledger.need(room.node.id, indices, profile.reserved_cores, profile.shard_power_w)
+    left = ledger.left(room.node.id, need)
+    return (float("-inf") if left is None else -left,)
+
+
+def levels_power(ask: Ask) -> bool:
+    """Whether `most_power_left` can order anything for this ask: a budget applies."""
+    return ask.ledger is not None
 
 
 def holds_the_weights(room: NodeRoom, ask: Ask) -> tuple:
@@ -76,6 +97,9 @@ SCORERS: tuple[Scorer, ...] = (
     Scorer(holds_the_weights, lambda ask: bool(ask.source)),
     Scorer(joined_by_nvlink, joins),
     Scorer(packs_gpus_or_spreads_cpu),
+    # After the pack, not before: levelling first left every node part-used, and a replica
+    # needing a whole node found none (the property test of unreachable budgets found it).
+    Scorer(most_power_left, levels_power),
     Scorer(by_id),
 )
 
