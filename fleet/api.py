@@ -246,10 +246,9 @@ def facility_list(request):
 
 @router.put("/facility/budgets", response=PowerBudgetOut, auth=can("fleet.change_powerbudget"))
 def power_budget_set(request, payload: PowerBudgetIn):
-    """Set the most a rack or PDU may draw, in watts; the next reconciler pass places by it."""
-    return services.power_budget_set(
-        kind=payload.kind, name=payload.name, watts=payload.watts, actor=actor(request)
-    )
+    """Set the most a rack or PDU may draw, in watts or by its feeds, with a safety margin
+    and its other equipment; the next reconciler pass places by it."""
+    return services.power_budget_set(**payload.dict(), actor=actor(request))
 
 
 @router.delete(

@@ -22,6 +22,7 @@ a budget as it does for GPUs.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,42 @@ def name_refusal(what: str, name: object) -> str | None:
             f"{name!r} is not a {what}'s name: letters, digits, '.', '_' and '-', "
             "beginning and ending with a letter or digit."
         )
+    return None
+
+
+MOST_MARGIN = 0.5
+MOST_FEEDS = 4
+
+
+def _number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def budget_refusal(
+    watts: object, margin: object, feeds: object, derating: object, other_w: object
+) -> str | None:
+    """Why these figures cannot make a budget, in a sentence; None when they can. A budget
+    gives `watts` or its `feeds`' ratings, not both; a margin is a share from 0 to 0.5, a
+    derating above 0 and at most 1, and other equipment from 0 watts."""
+    most = f"{MOST_WATTS:,}"
+    if (watts is None) == (not feeds):
+        return "a budget gives its watts, or its feeds' ratings for a dual-fed domain, not both."
+    if watts is not None and (not _number(watts) or not 0 < watts <= MOST_WATTS):  # type: ignore[operator]
+        return f"watts must be a number above 0 and at most {most}, not {watts!r}."
+    if feeds:
+        if not isinstance(feeds, list | tuple) or not 0 < len(feeds) <= MOST_FEEDS:
+            return f"feeds are a list of one to {MOST_FEEDS} ratings in watts, not {feeds!r}."
+        for f in feeds:
+            if not _number(f) or not 0 < f <= MOST_WATTS:
+                return f"a feed's rating must be a number above 0 and at most {most}, not {f!r}."
+    if not _number(margin) or not 0 <= margin <= MOST_MARGIN:  # type: ignore[operator]
+        return (
+            f"margin must be a share from 0 to {MOST_MARGIN} (0.1 keeps 10 % back), not {margin!r}."
+        )
+    if not _number(derating) or not 0 < derating <= 1:  # type: ignore[operator]
+        return f"derating must be a share above 0 and at most 1 (0.8 is 80 %), not {derating!r}."
+    if not _number(other_w) or not 0 <= other_w <= MOST_WATTS:  # type: ignore[operator]
+        return f"other_watts must be a number from 0 to {most}, not {other_w!r}."
     return None
 
 

@@ -159,6 +159,16 @@ class Routing:
 
 
 @dataclass(frozen=True)
+class PowerFigures:
+    """What placement counts against a power budget for what reports no power of its own
+    (docs/facility.md): a CPU core's draw under load, for CPU replicas, and each node's
+    share for its CPUs, memory and fans. None: not counted."""
+
+    core_watts: float | None = None
+    node_watts: float | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     home: Path
     database_url: str | None
@@ -193,6 +203,7 @@ class Config:
     routing: Routing = Routing()
     # The browser origins whose pages may call `/v1/` (CORS); none: no CORS headers at all.
     cors_origins: tuple[str, ...] = ()
+    power: PowerFigures = PowerFigures()
 
     @property
     def embedded(self) -> bool:
@@ -328,7 +339,19 @@ def load(env: dict[str, str] | None = None) -> Config:
         login=_login(env),
         routing=_routing(env),
         cors_origins=_origins(env),
+        power=_power(env),
     )
+
+
+def _power(env: dict[str, str]) -> PowerFigures:
+    """LLMGW_POWER_CORE_WATTS and LLMGW_POWER_NODE_WATTS: watts, unset or 0 for none."""
+    figures = {}
+    for name in ("LLMGW_POWER_CORE_WATTS", "LLMGW_POWER_NODE_WATTS"):
+        value = _number(env, name, 0.0, integer=False, kind="a number of watts")
+        if value > 100_000:
+            raise SettingError(f"{name} must be at most 100,000 watts, not {value:g}.")
+        figures[name] = value or None
+    return PowerFigures(figures["LLMGW_POWER_CORE_WATTS"], figures["LLMGW_POWER_NODE_WATTS"])
 
 
 def _origins(env: dict[str, str]) -> tuple[str, ...]:
