@@ -95,8 +95,13 @@ def _scrape(now: datetime) -> Scrape:
         for d in facility_domains(held.gpus.items()):
             if d.budget_w is not None:
                 scrape.add("llmgw_domain_power_budget_watts", (d.kind, d.name), d.budget_w)
+            if d.limit_w is not None:
+                scrape.add("llmgw_domain_power_limit_watts", (d.kind, d.name), d.limit_w)
             if d.known:  # GPUs that report no power at all are no reading of 0 W
                 scrape.add("llmgw_domain_power_held_watts", (d.kind, d.name), d.estimated_w)
+                scrape.add("llmgw_domain_reserved_watts", (d.kind, d.name), d.reserved_w)
+            if d.measured_w is not None:
+                scrape.add("llmgw_domain_measured_watts", (d.kind, d.name), d.measured_w)
         for node_id, engine, version, state in install_rows():
             scrape.add("llmgw_node_engine_install", (engine, node_id, state, version), 1)
     series_cache_trim(scrape.series())
