@@ -45,7 +45,7 @@ class Inventory:
         self._power = power
         self._rooms: dict[str, NodeRoom] | None = None
         # Watts held under each rack's and PDU's budget (None: no budget applies), and each
-        # model's replicas per rack and zone (None: no node says where it is).
+        # model's replicas per rack, PDU and place of the tree (None: no node says where it is).
         self.ledger: Ledger | None = None
         self.spread: Spread | None = None
         self._model_nodes: dict[str, set[str]] = defaultdict(set)
@@ -260,7 +260,7 @@ class Inventory:
     ) -> Placement | Refusal:
         """The first profile, in the order given, that fits; else why each did not (with
         `judge=False`, an indexed search that finds nothing does not judge every node).
-        With `model`, its replicas are spread over racks and zones (spread.py)."""
+        With `model`, its replicas are spread over racks, PDUs and the tree (spread.py)."""
         reasons, judged = [], []
         for profile in profiles:
             ask = self._ask(profile, avoid, weights_source, model)
@@ -302,7 +302,7 @@ class Inventory:
     def _first_fit(self, ask: Ask) -> NodeRoom | None:
         """The node a one-node GPU profile goes to, found through the index rather than by
         judging every node, in the scorers' order: while the model's replicas are spread
-        over racks, the rack and zone holding fewest of them first (`Spread.first`); then
+        over racks, the places holding fewest of them first (`Spread.first`); then
         holders of the weights; then, where NVLink is said, nodes that can give a joined
         set; then the fewest free (pack)."""
         profile, source, model = ask.profile, ask.source, ask.model

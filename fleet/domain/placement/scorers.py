@@ -18,14 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..spread import LEVELS
 from .room import Ask, NodeRoom
 
 
 def fewest_of_the_model_nearby(room: NodeRoom, ask: Ask) -> tuple:
-    """While the model's replicas are spread over racks and zones, the rack and then the
-    zone holding fewest of them first (spread.py)."""
+    """While the model's replicas are spread, the rack, then the PDU, row, room, zone and
+    site holding fewest of them first (spread.py)."""
     if ask.spread is None:
-        return (0, 0)
+        return (0,) * len(LEVELS)
     return ask.spread.key(ask.model, room.node.id)
 
 
@@ -106,8 +107,8 @@ SCORERS: tuple[Scorer, ...] = (
 
 def order(ask: Ask) -> Callable[[NodeRoom], tuple]:
     """The key nodes are ordered by for this ask, smallest first: the part of every scorer
-    that applies, in `SCORERS` order. While the model is spread, its first two are the
-    spread's (`Spread.first` reads them)."""
+    that applies, in `SCORERS` order. While the model is spread, its first parts are the
+    spread's, one per level (`Spread.first` reads them)."""
     asked = tuple(s.score for s in SCORERS if s.applies(ask))
 
     def key(room: NodeRoom) -> tuple:
