@@ -345,13 +345,14 @@ class Ledger:
             ledger.take(node_id, indices, declared_w=declared_w)
         return None
 
-    def left(self, node_id: str, need: float | None) -> float | None:
-        """The watts left, after a shard needing `need`, in the fullest budgeted domain the
-        node is in; None for a node under no budget."""
-        domains = self.node_domains.get(node_id)
-        if not domains:
-            return None
-        return min(self.budgets[d].limit_w - self.held[d] - (need or 0.0) for d in domains)
+    def left(self, node_id: str) -> float | None:
+        """The watts left in the fullest budgeted domain the node is in; None for a node
+        under no budget."""
+        return self.left_in(self.node_domains.get(node_id, ()))
+
+    def left_in(self, domains: Iterable[Domain]) -> float | None:
+        """The watts left in the fullest of these budgeted domains; None for none."""
+        return min((self.budgets[d].limit_w - self.held[d] for d in domains), default=None)
 
     def unknown(
         self,

@@ -11,6 +11,7 @@ finds what that would, judging only the nodes it walks.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
@@ -56,6 +57,9 @@ class Inventory:
         # Built on the first one-node GPU placement of a large inventory: per GPU class, the
         # nodes by how many of those GPUs they have free (ids sorted), and who holds weights.
         self._buckets: dict[str, dict[int, list[str]]] | None = None
+        # Under power budgets, the same split by the budgeted racks and PDUs a node is in,
+        # so the walk can take the domains with most watts left first (`_walk_by_power`).
+        self._by_domains: dict[str, dict[int, dict[tuple, list[str]]]] = {}
         self._weights: dict[str, list[str]] = {}
         self._holding: dict[str, ReplicaView] = {}
         # Whether any node says which of its GPUs NVLink joins (None: not looked yet).
@@ -182,20 +186,46 @@ class Inventory:
                 room = self.rooms[node_id]
                 for cls, free in room.free_gpus.items():
                     buckets[cls][len(free)].append(node_id)
+                    if self.ledger is not None:
+                        self._domain_bucket(cls, len(free), node_id).append(node_id)
                 for source in room.node.weights:
                     weights[source].append(node_id)
             self._buckets, self._weights = buckets, weights
         return self._buckets
 
+    def _domain_bucket(self, cls: str, free: int, node_id: str) -> list[str]:
+        assert self.ledger is not None  # only kept under budgets
+        domains = self.ledger.node_domains.get(node_id, ())
+        by_free = self._by_domains.setdefault(cls, {})
+        return by_free.setdefault(free, {}).setdefault(domains, [])
+
     def _reindex(self, room: NodeRoom, before: dict[str, int]) -> None:
         """Move a node between free-count buckets after its free GPUs changed."""
         if self._buckets is None:
             return
+        node_id = room.node.id
         for cls, free in room.free_gpus.items():
             was = before.get(cls, 0)
             if was != len(free):
-                self._buckets[cls][was].remove(room.node.id)
-                bisect.insort(self._buckets[cls][len(free)], room.node.id)
+                self._buckets[cls][was].remove(node_id)
+                bisect.insort(self._buckets[cls][len(free)], node_id)
+                if self.ledger is not None:
+                    self._domain_bucket(cls, was, node_id).remove(node_id)
+                    bisect.insort(self._domain_bucket(cls, len(free), node_id), node_id)
+
+    def _walk_by_power(self, cls: str, free: int) -> Iterable[str]:
+        """The nodes with `free` GPUs of a class free in the scorers' order under power
+        budgets: those whose fullest budgeted domain has most watts left first (a node
+        under none first of all), then by id (scorers.most_power_left)."""
+        ledger = self.ledger
+        assert ledger is not None
+        groups = self._by_domains.get(cls, {}).get(free, {})
+        runs: dict[float, list[list[str]]] = defaultdict(list)
+        for domains, ids in groups.items():
+            if ids:
+                runs[_room_left(ledger, domains)].append(ids)
+        for left in sorted(runs):
+            yield from heapq.merge(*runs[left])
 
     def _take(
         self, shard: ShardView | ShardPlan | Reservation, declared_w: float | None = None
@@ -318,9 +348,12 @@ class Inventory:
 
         held = [n for n in self._weights.get(source, ()) if fits(n)] if source else []
 
-        def walk() -> Iterable[str]:  # the fewest free first, then by id
+        by_power = scorers.levels_power(ask)
+
+        def walk() -> Iterable[str]:  # the fewest free first, then most watts left, then id
             for free in sorted(f for f, ids in buckets.items() if f >= need and ids):
-                yield from (n for n in buckets[free] if n not in ask.avoid)
+                ids = self._walk_by_power(profile.gpu_class, free) if by_power else buckets[free]
+                yield from (n for n in ids if n not in ask.avoid)
 
         ordered: Iterable[str] = walk()
         if scorers.joins(ask):
@@ -340,12 +373,7 @@ class Inventory:
         """Filter every node, order those that pass by the scorers, take the first (or the
         first fabric group); else every refusal, for the sentences."""
         profile = ask.profile
-        if (
-            profile.nodes == 1
-            and not profile.cpu_only
-            and len(self.rooms) >= INDEX_FROM
-            and not scorers.levels_power(ask)
-        ):
+        if profile.nodes == 1 and not profile.cpu_only and len(self.rooms) >= INDEX_FROM:
             room = self._first_fit(ask)
             if room is not None:
                 return self._placed(profile, [room], ask.model, ask.spread is not None)
@@ -416,3 +444,9 @@ class Inventory:
             cpu_cores=profile.reserved_cores,
             http_port=room.next_port(),
         )
+
+
+def _room_left(ledger: Ledger, domains: tuple) -> float:
+    """`scorers.most_power_left`'s part for a node in these budgeted domains."""
+    left = ledger.left_in(domains)
+    return float("-inf") if left is None else -left

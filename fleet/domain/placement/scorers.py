@@ -9,8 +9,8 @@ To add a preference: write one function here and put it, as a `Scorer`, in `SCOR
 where it should weigh: before the ones it should overrule, after the ones that overrule it. The index
 `Inventory` searches on large fleets (`inventory._first_fit`) walks the nodes in this
 same order, and a property test holds it to that: a scorer that changes the order of
-one-node GPU placements must be followed there too. `most_power_left` is not: under a
-power budget placement judges every node (`levels_power`).
+one-node GPU placements must be followed there too (`most_power_left` is, by
+`Inventory._walk_by_power`).
 """
 
 from __future__ import annotations
@@ -32,16 +32,13 @@ def fewest_of_the_model_nearby(room: NodeRoom, ask: Ask) -> tuple:
 
 def most_power_left(room: NodeRoom, ask: Ask) -> tuple:
     """Under power budgets, the node whose fullest rack or PDU has the most watts left
-    after the replica first, so load levels across racks (power.py, `Ledger.left`). A node
-    under no budget has no limit to level against and comes first; a replica whose draw
-    is unknown is levelled by what the domains hold."""
-    ledger = ask.ledger
-    if ledger is None:
+    first, so load levels across racks (power.py, `Ledger.left`). What is left before the
+    replica, not after: its need is the same wherever its GPUs' limits are alike, and the
+    index walks whole domains in this order (`Inventory._walk_by_power`). A node under no
+    budget has no limit to level against and comes first."""
+    if ask.ledger is None:
         return (0.0,)
-    profile = ask.profile
-    indices = room.gpus_for(profile.gpu_class, ask.need) if ask.need else ()
-    need = ledger.need(room.node.id, indices, profile.reserved_cores, profile.shard_power_w)
-    left = ledger.left(room.node.id, need)
+    left = ask.ledger.left(room.node.id)
     return (float("-inf") if left is None else -left,)
 
 
