@@ -240,7 +240,7 @@ def fabric_get(request):
 def facility_list(request):
     """Every rack and PDU the nodes' labels or a budget name: its nodes, GPUs, what the GPUs
     held there draw, and its budget."""
-    held = facility.held_gpus(state.replica_views())
+    held = facility.held_shards(state.replica_views())
     return [d.as_dict() for d in facility.facility_domains(held)]
 
 

@@ -26,6 +26,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 ZONE_LABEL = "llmgw.io/zone"
 RACK_LABEL = "llmgw.io/rack"
@@ -252,16 +253,9 @@ class Ledger:
         cores: int | None = None,
         declared_w: float | None = None,
     ) -> float:
-        """What a shard holding room counts: its declared figure, else its GPUs' (each the
-        larger of its limit and its draw), else its cores at the per-core figure; never
-        less than its GPUs' measured draw; 0 when nothing is known."""
+        """What a shard holding room counts (`shard_w`)."""
         gpus = [self._gpu(node_id, i) for i in indices]
-        measured = sum(g.draw_w or 0.0 for g in gpus)
-        if declared_w is not None:
-            return max(declared_w, measured)
-        if gpus:
-            return sum(g.held_w for g in gpus)
-        return (cores or 0) * (self.figures.per_core_w or 0.0)
+        return shard_w(gpus, cores, declared_w, self.figures)
 
     def take(
         self,
@@ -376,6 +370,24 @@ class Ledger:
         return f"its draw is unknown ({why}), so it is not counted against {where}"
 
 
+def shard_w(
+    gpus: Iterable[GpuPower],
+    cores: int | None = None,
+    declared_w: float | None = None,
+    figures: Figures = Figures(),
+) -> float:
+    """What a shard holding room counts against a budget: its declared figure, else its
+    GPUs' (each the larger of its limit and its draw), else its cores at the per-core
+    figure; never less than its GPUs' measured draw; 0 when nothing is known."""
+    gpus = list(gpus)
+    measured = sum(g.draw_w or 0.0 for g in gpus)
+    if declared_w is not None:
+        return max(declared_w, measured)
+    if gpus:
+        return sum(g.held_w for g in gpus)
+    return (cores or 0) * (figures.per_core_w or 0.0)
+
+
 def bases(
     budgets: Iterable[Budget],
     node_domains: Iterable[tuple[Domain, ...]],
@@ -393,35 +405,52 @@ def bases(
 
 @dataclass(frozen=True)
 class Draw:
-    """What a rack or PDU draws as placement counts it: the estimate (per held GPU the
-    larger of its limit and its measured draw), the measured part alone, and how many
-    held GPUs said nothing at all."""
+    """What a rack or PDU draws as placement counts it: the estimate of the replicas held
+    there (`shard_w`), the GPUs' measured draw alone, and how many held GPUs said nothing
+    at all (of replicas that declare no draw)."""
 
     estimated_w: float = 0.0
     measured_w: float | None = None
     unknown_gpus: int = 0
 
 
+class Held(NamedTuple):
+    """A shard holding room, as what it draws is counted: its node, its GPUs, its reserved
+    cores, and its share of its profile's declared `power_watts` (None: none declared)."""
+
+    node_id: str
+    indices: Iterable[int]
+    cores: int | None = None
+    declared_w: float | None = None
+
+
 def draws(
     labels: Mapping[str, Mapping[str, str]],
-    held: Iterable[tuple[str, Iterable[int]]],
+    held: Iterable[tuple],
     gpus: Mapping[str, Mapping[int, GpuPower]],
+    figures: Figures = Figures(),
 ) -> dict[tuple[str, str], Draw]:
-    """Per rack and PDU the nodes' labels name, what the GPUs held there draw. `held` is
-    (node, GPU indices) per shard holding room; `labels` is keyed by node."""
+    """Per rack and PDU the nodes' labels name, what the replicas held there draw, as the
+    ledger counts them (`shard_w`). `held` is a `Held` (or a (node, GPU indices) pair) per
+    shard holding room; `labels` is keyed by node."""
     est: dict[tuple[str, str], float] = {}
     measured: dict[tuple[str, str], float] = {}
     unknown: dict[tuple[str, str], int] = {}
     domains = {n: domains_of(ls) for n, ls in labels.items()}
     for domain in {d for ds in domains.values() for d in ds}:
         est[domain], unknown[domain] = 0.0, 0
-    for node_id, indices in held:
-        for i in indices:
-            gpu = gpus.get(node_id, {}).get(i) or GpuPower()
-            for d in domains.get(node_id, ()):
-                est[d] += gpu.held_w
-                if gpu.draw_w:
-                    measured[d] = measured.get(d, 0.0) + gpu.draw_w
-                if not gpu.held_w:
-                    unknown[d] += 1
+    for item in held:
+        shard = Held(*item)
+        where = domains.get(shard.node_id, ())
+        if not where:
+            continue
+        mine = [gpus.get(shard.node_id, {}).get(i) or GpuPower() for i in shard.indices]
+        drawn = shard_w(mine, shard.cores, shard.declared_w, figures)
+        seen = sum(g.draw_w or 0.0 for g in mine)
+        silent = sum(1 for g in mine if not g.held_w) if shard.declared_w is None else 0
+        for d in where:
+            est[d] += drawn
+            if seen:
+                measured[d] = measured.get(d, 0.0) + seen
+            unknown[d] += silent
     return {d: Draw(est[d], measured.get(d), unknown[d]) for d in est}

@@ -13,6 +13,7 @@ from django.db.models import FloatField, IntegerField, JSONField, Q, Value
 from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import ModelSpec
+from catalog.selectors import catalog_load
 
 from ..domain.power import (
     DERATING,
@@ -22,6 +23,7 @@ from ..domain.power import (
     Budget,
     Figures,
     GpuPower,
+    Held,
     Power,
     bases,
     domains_of,
@@ -242,18 +244,51 @@ def held_gpus(replicas: Iterable[ReplicaView]) -> list[tuple[str, tuple[int, ...
     return [(s.node_id, s.gpu_indices) for r in replicas if r.state in HOLDING for s in r.shards]
 
 
-def facility_domains(held: Iterable[tuple[str, Iterable[int]]]) -> list[Domain]:
+def held_shards(
+    replicas: Iterable[ReplicaView], models: Mapping[str, ModelSpec] | None = None
+) -> list[Held]:
+    """Every shard of a replica holding room, as what it draws is counted: its GPUs, its
+    cores and its share of its profile's declared draw (the catalog's, unless given)."""
+    declared = declared_load(catalog_load() if models is None else models)
+    out = []
+    for r in replicas:
+        if r.state not in HOLDING or not r.shards:
+            continue
+        figure = declared.get((r.model, r.profile))
+        share = figure / len(r.shards) if figure else None
+        out.extend(Held(s.node_id, s.gpu_indices, s.cpu_cores, share) for s in r.shards)
+    return out
+
+
+def held_of_rows(rows: Iterable[tuple], models: Mapping[str, ModelSpec]) -> list[Held]:
+    """`held_shards` from shard rows (node, GPU indices, cores, model, profile, replica),
+    as /metrics reads them."""
+    rows = list(rows)
+    declared = declared_load(models)
+    shards_of: dict[str, int] = {}
+    for *_, replica_id in rows:
+        shards_of[replica_id] = shards_of.get(replica_id, 0) + 1
+    out = []
+    for node_id, indices, cores, model, profile, replica_id in rows:
+        figure = declared.get((model, profile))
+        share = figure / shards_of[replica_id] if figure else None
+        out.append(Held(node_id, tuple(indices or ()), cores, share))
+    return out
+
+
+def facility_domains(held: Iterable[tuple]) -> list[Domain]:
     """Every rack and PDU the nodes' labels name or a budget names, with its nodes, GPUs and
-    what the GPUs held by replicas there draw (per GPU the larger of its power limit and
-    its measured draw), racks first, by name. `held` is (node, GPU indices) per shard
-    holding room (`held_gpus`). Empty when no node says where it is and there is no
+    what the replicas held there draw as placement counts it (power.draws), racks first,
+    by name. `held` is a power.Held per shard holding room (`held_shards`; a (node, GPU
+    indices) pair counts its GPUs alone). Empty when no node says where it is and there is no
     budget. One query."""
     located, budgeted = _located_and_budgets()
     if not located and not budgeted:
         return []
     labels = {node_id: ls for node_id, ls, _, _ in located}
     power = {node_id: gpus_power(g) for node_id, _, g, _ in located}
-    drawn = draws(labels, [(n, i) for n, i in held if n in labels], power)
+    figures = figures_load()
+    drawn = draws(labels, [h for h in held if h[0] in labels], power, figures)
     nodes: dict[tuple[str, str], int] = {}
     gpus: dict[tuple[str, str], int] = {}
     silent: dict[tuple[str, str], int] = {}
@@ -264,7 +299,7 @@ def facility_domains(held: Iterable[tuple[str, Iterable[int]]]) -> list[Domain]:
             silent[d] = silent.get(d, 0) + max((gpu_total or 0) - len(power[node_id]), 0)
     budgets = {(b.kind, b.name): b for b in budgeted}
     node_domains = [tuple(d for d in domains_of(ls) if d in budgets) for _, ls, _, _ in located]
-    base = bases(budgets.values(), node_domains, figures_load())
+    base = bases(budgets.values(), node_domains, figures)
     out = []
     for key in sorted(drawn.keys() | budgets.keys(), key=lambda k: (k[0] != "rack", k[1])):
         d = drawn.get(key)

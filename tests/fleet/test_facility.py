@@ -201,6 +201,12 @@ def test_the_reconciler_counts_a_declared_draw_and_cpu_cores_at_the_settings_fig
     assert held == ["chat", "chat", "tiny"]
     said = [r for e in ModelState.objects.get(pk="tiny").explanation for r in e["reasons"]]
     assert any("2,000 of 2,000 W held, this replica needs ~200 W" in r for r in said), said
+    # The listing counts what placement counts: the declared draws and the cores.
+    (rack,) = api.call("GET", "/facility").json()
+    assert (rack["reserved_w"], rack["said"]) == (2000.0, "2 of 2 kW")
+    from fleet.metrics.collector import fleet_text
+
+    assert 'llmgw_domain_reserved_watts{kind="rack",name="r1"} 2000.0' in fleet_text()
 
 
 def test_without_readings_a_budget_blocks_nothing(api, no_settle):
