@@ -26,7 +26,9 @@ SITE_LABEL = "llmgw.io/site"
 # The places spreading counts, smallest first: the order of its key.
 LEVELS = ("rack", "pdu", "row", "room", "zone", "site")
 TREE = (("row", ROW_LABEL), ("room", ROOM_LABEL), ("zone", ZONE_LABEL), ("site", SITE_LABEL))
-LOCATION_LABELS = (RACK_LABEL, PDU_LABEL, ROW_LABEL, ROOM_LABEL, ZONE_LABEL, SITE_LABEL)
+# The label of each of `LEVELS`.
+LEVEL_LABELS = (RACK_LABEL, PDU_LABEL, ROW_LABEL, ROOM_LABEL, ZONE_LABEL, SITE_LABEL)
+LOCATION_LABELS = LEVEL_LABELS
 MOST_SAID = 6
 
 
@@ -61,25 +63,37 @@ def located(labels: Iterable[Mapping[str, str]]) -> bool:
 
 
 class Spread:
-    """Per model, how many of its replicas each rack, PDU and place of the tree holds."""
+    """Per model, how many of its replicas each rack, PDU and place of the tree holds.
+
+    Only the levels some node has a label for are counted (the rack always): a level no
+    node names repeats the one below it, which orders nothing, and each level counted
+    costs every node judged."""
 
     def __init__(self, labels: Mapping[str, Mapping[str, str]]):
-        self.places = {n: places_of(n, ls) for n, ls in labels.items()}
+        self.levels = tuple(
+            i
+            for i, label in enumerate(LEVEL_LABELS)
+            if i == 0 or any(ls.get(label) for ls in labels.values())
+        )
+        self.places = {
+            n: tuple(places_of(n, ls)[i] for i in self.levels) for n, ls in labels.items()
+        }
         self.racks = {n: p[0][0] for n, p in self.places.items()}
         self.names = [
             frozenset(name for p in self.places.values() for name in p[level])
-            for level in range(len(LEVELS))
+            for level in range(len(self.levels))
         ]
-        # Per model, per level, the replicas at each place.
+        self.zero = (0,) * len(self.levels)
+        # Per model, per level counted, the replicas at each place.
         self.counts: dict[str, list[dict[str, int]]] = defaultdict(
-            lambda: [defaultdict(int) for _ in LEVELS]
+            lambda: [defaultdict(int) for _ in self.levels]
         )
 
     def add(self, model: str, nodes: Iterable[str]) -> None:
         """One more replica of `model`, on these nodes."""
         nodes = [n for n in nodes if n in self.places]
         counts = self.counts[model]
-        for level in range(len(LEVELS)):
+        for level in range(len(self.levels)):
             for place in {name for n in nodes for name in self.places[n][level]}:
                 counts[level][place] += 1
 
@@ -89,26 +103,27 @@ class Spread:
 
     def key(self, model: str, node_id: str) -> tuple[int, ...]:
         """The replicas of `model` at this node's rack, PDU (the fuller of two), row,
-        room, zone and site: fewest first."""
+        room, zone and site (those counted): fewest first."""
         counts, places = self.counts.get(model), self.places.get(node_id)
         if not model or counts is None or places is None:
-            return (0,) * len(LEVELS)
-        return tuple(
-            max(counts[level].get(name, 0) for name in places[level])
-            for level in range(len(LEVELS))
-        )
+            return self.zero
+        out = []
+        for at, names in zip(counts, places, strict=True):
+            if len(names) == 1:
+                out.append(at.get(names[0], 0))
+            else:
+                out.append(max(at.get(name, 0) for name in names))
+        return tuple(out)
 
     def floor(self, model: str) -> tuple[int, ...]:
         """No node's key is below this at any level: the fewest replicas of `model` any
         place of each level holds (0 where some place holds none)."""
         counts = self.counts.get(model)
         if counts is None:
-            return (0,) * len(LEVELS)
+            return self.zero
         return tuple(
-            0
-            if len(counts[level]) < len(self.names[level])
-            else min(counts[level].values(), default=0)
-            for level in range(len(LEVELS))
+            0 if len(at) < len(names) else min(at.values(), default=0)
+            for at, names in zip(counts, self.names, strict=True)
         )
 
     def first(

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..spread import LEVELS
 from .room import Ask, NodeRoom
 
 
@@ -26,7 +25,7 @@ def fewest_of_the_model_nearby(room: NodeRoom, ask: Ask) -> tuple:
     """While the model's replicas are spread, the rack, then the PDU, row, room, zone and
     site holding fewest of them first (spread.py)."""
     if ask.spread is None:
-        return (0,) * len(LEVELS)
+        return ()
     return ask.spread.key(ask.model, room.node.id)
 
 
