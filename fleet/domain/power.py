@@ -363,7 +363,7 @@ class Ledger:
         if indices:
             why = f"node {node_id} does not report its GPUs' power limits"
         elif cores:
-            why = "no per-core figure is set (LLMGW_POWER_CORE_WATTS)"
+            why = "LLMGW_POWER_CORE_WATTS, a core's draw, is not set"
         else:
             why = "its profile reserves no cores and declares no power_watts"
         where = ", ".join(f"{k} {n}" for k, n in domains)

@@ -252,3 +252,14 @@ def test_what_is_reserved_never_passes_the_cap_less_its_margin(case):
             held += (profile.cpu_cores or 0) * (figures.per_core_w or 0.0)
         # A domain over its limit from the start takes nothing; else nothing passes it.
         assert held <= limit + 1e-6, f"{held} W held of {limit} W"
+
+
+def test_a_cpu_replica_of_unknown_draw_is_placed_and_its_reason_says_why():
+    nodes = {"c1": cpu_node("c1", cpus=64, labels={RACK_LABEL: "r1"})}
+    inv = Inventory(nodes, (), power=Power((Budget("rack", "r1", 10),)))
+    placed = inv.place([cpu_profile("cpu", cores=8)], model="m")
+    assert isinstance(placed, Placement)
+    assert placed.said == (
+        "its draw is unknown (LLMGW_POWER_CORE_WATTS, a core's draw, is not set), "
+        "so it is not counted against rack r1",
+    )
