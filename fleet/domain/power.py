@@ -61,8 +61,11 @@ MOST_MARGIN = 0.5
 MOST_FEEDS = 4
 
 
-def _number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+def _within(value: object, low: float, high: float, *, above: bool = False) -> bool:
+    """Whether `value` is a finite number from `low` (above it, with `above`) to `high`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    return (value > low if above else value >= low) and value <= high
 
 
 def budget_refusal(
@@ -72,23 +75,25 @@ def budget_refusal(
     gives `watts` or its `feeds`' ratings, not both; a margin is a share from 0 to 0.5, a
     derating above 0 and at most 1, and other equipment from 0 watts."""
     most = f"{MOST_WATTS:,}"
-    if (watts is None) == (not feeds):
-        return "a budget gives its watts, or its feeds' ratings for a dual-fed domain, not both."
-    if watts is not None and (not _number(watts) or not 0 < watts <= MOST_WATTS):  # type: ignore[operator]
+    if watts is None and not feeds:
+        return "a budget needs its watts, or its feeds' ratings for a dual-fed domain."
+    if watts is not None and feeds:
+        return "a budget gives its watts or its feeds' ratings, not both."
+    if watts is not None and not _within(watts, 0, MOST_WATTS, above=True):
         return f"watts must be a number above 0 and at most {most}, not {watts!r}."
     if feeds:
-        if not isinstance(feeds, list | tuple) or not 0 < len(feeds) <= MOST_FEEDS:
+        if not isinstance(feeds, list | tuple) or len(feeds) > MOST_FEEDS:
             return f"feeds are a list of one to {MOST_FEEDS} ratings in watts, not {feeds!r}."
         for f in feeds:
-            if not _number(f) or not 0 < f <= MOST_WATTS:
+            if not _within(f, 0, MOST_WATTS, above=True):
                 return f"a feed's rating must be a number above 0 and at most {most}, not {f!r}."
-    if not _number(margin) or not 0 <= margin <= MOST_MARGIN:  # type: ignore[operator]
+    if not _within(margin, 0, MOST_MARGIN):
         return (
             f"margin must be a share from 0 to {MOST_MARGIN} (0.1 keeps 10 % back), not {margin!r}."
         )
-    if not _number(derating) or not 0 < derating <= 1:  # type: ignore[operator]
+    if not _within(derating, 0, 1, above=True):
         return f"derating must be a share above 0 and at most 1 (0.8 is 80 %), not {derating!r}."
-    if not _number(other_w) or not 0 <= other_w <= MOST_WATTS:  # type: ignore[operator]
+    if not _within(other_w, 0, MOST_WATTS):
         return f"other_watts must be a number from 0 to {most}, not {other_w!r}."
     return None
 

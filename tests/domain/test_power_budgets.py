@@ -19,6 +19,7 @@ from fleet.domain.power import (
     GpuPower,
     Ledger,
     Power,
+    budget_refusal,
     feed_cap,
 )
 
@@ -263,3 +264,27 @@ def test_a_cpu_replica_of_unknown_draw_is_placed_and_its_reason_says_why():
         "its draw is unknown (LLMGW_POWER_CORE_WATTS, a core's draw, is not set), "
         "so it is not counted against rack r1",
     )
+
+
+@pytest.mark.parametrize(
+    ("figures", "says"),
+    [
+        ((16000, 0.0, None, 0.8, 0.0), None),
+        ((None, 0.1, [7400, 7400], 0.8, 1200.0), None),
+        ((None, 0.0, None, 0.8, 0.0), "needs its watts"),
+        ((16000, 0.0, [7400], 0.8, 0.0), "not both"),
+        ((0, 0.0, None, 0.8, 0.0), "watts must be a number above 0"),
+        ((float("nan"), 0.0, None, 0.8, 0.0), "watts must be a number above 0"),
+        ((None, 0.0, "7400", 0.8, 0.0), "feeds are a list"),
+        ((None, 0.0, [7400, 0], 0.8, 0.0), "a feed's rating"),
+        ((None, 0.0, [7400, True], 0.8, 0.0), "a feed's rating"),
+        ((16000, 0.6, None, 0.8, 0.0), "margin must be a share from 0 to 0.5"),
+        ((16000, -0.1, None, 0.8, 0.0), "margin"),
+        ((16000, 0.0, None, 0, 0.0), "derating"),
+        ((16000, 0.0, None, 1.5, 0.0), "derating"),
+        ((16000, 0.0, None, 0.8, -1), "other_watts"),
+    ],
+)
+def test_figures_that_make_no_budget_are_refused_in_a_sentence(figures, says):
+    said = budget_refusal(*figures)
+    assert said is None if says is None else says in said

@@ -88,6 +88,7 @@ def test_a_budget_is_set_listed_replaced_and_cleared(api):
         ({"kind": "rack", "name": 7, "watts": 100}, 400, "name"),
         ({"kind": "rack", "name": "r1", "watts": 100, "margin": 0.6}, 400, "from 0 to 0.5"),
         ({"kind": "rack", "name": "r1", "watts": 100, "feeds": [7400]}, 400, "not both"),
+        ({"kind": "rack", "name": "r1", "feeds": []}, 400, "needs its watts"),
         ({"kind": "rack", "name": "r1", "feeds": [7400, -1]}, 400, "a feed's rating"),
         ({"kind": "rack", "name": "r1", "feeds": [1, 2, 3, 4, 5]}, 400, "one to 4 ratings"),
         ({"kind": "rack", "name": "r1", "feeds": [7400], "derating": 0}, 400, "derating"),
