@@ -18,9 +18,10 @@ from tenancy.selectors import scope_find
 from tenancy.services import audit_record
 
 from . import domain
-from .domain import CLASSES, CatalogError, ModelSpec
-from .models import Measurement, Model, Profile as ProfileRow, Revision
-from .selectors import catalog_load
+from .adapter_files import adapter_facts, weights_architecture
+from .domain import CLASSES, AdapterSpec, CatalogError, ModelSpec
+from .models import Adapter, Measurement, Model, Profile as ProfileRow, Revision
+from .selectors import adapters_load, catalog_load
 
 log = logging.getLogger("llmgw.catalog")
 
@@ -74,6 +75,7 @@ def _write(spec: ModelSpec, *, actor: str, row: Model | None = None) -> Model:
             priority=p.priority,
             startup_timeout_s=p.startup_timeout_s,
             routing=p.routing,
+            adapter_slots=p.adapter_slots,
         )
         for i, p in enumerate(spec.profiles)
     )
@@ -148,6 +150,7 @@ def _validated(catalog: dict[str, ModelSpec], spec: ModelSpec) -> None:
     _storable(spec)
     try:
         domain.validate_catalog({**catalog, spec.name: spec}.values())
+        domain.validate_adapters({**catalog, spec.name: spec}, adapters_load().values())
     except CatalogError as exc:
         raise Invalid(str(exc)) from None
 
@@ -444,7 +447,14 @@ def model_remove(*, name: str, actor: str) -> None:
 
 
 def _delete(name: str) -> None:
-    """Forget a model and the controller's memory of it, so one added again starts afresh."""
+    """Forget a model and the controller's memory of it, so one added again starts afresh.
+    Conflict while adapters are served on it: they would be left with no base."""
+    adapters = sorted(a.name for a in adapters_load().values() if a.base == name)
+    if adapters:
+        raise Conflict(
+            f"model {name} is the base of adapter{'s' if len(adapters) > 1 else ''} "
+            f"{', '.join(adapters)}; remove {'them' if len(adapters) > 1 else 'it'} first."
+        )
     _, deleted = Model.objects.filter(name=name).delete()
     model_forget(name=name)
     _bump()
@@ -497,3 +507,69 @@ def declared_sync(*, specs: list[ModelSpec]) -> list[str]:
     for line in changes:
         log.info(line)
     return changes
+
+
+def adapter_add(*, data: Mapping, actor: str) -> AdapterSpec:
+    """Add a LoRA adapter on a model of the catalog (docs/adapters.md); its owner by scope name
+    or ID, stored as the scope's ID. Invalid with the reason (a base unknown or whose engines
+    cannot serve it, a rank above its bound, an architecture its files say differs), Conflict
+    when the name is taken; nothing stored then."""
+    _no_nul(data, where="the adapter")
+    owner = data.get("owner") if isinstance(data, Mapping) else None
+    if isinstance(owner, str) and owner.strip():
+        try:
+            data = {**data, "owner": scope_find(owner)}
+        except Invalid as exc:
+            raise Invalid(f"owner: {exc}") from None
+    try:
+        spec = domain.parse_adapter(data)
+    except CatalogError as exc:
+        raise Invalid(str(exc)) from None
+    for name, value, longest in (("source", spec.source, 500), ("owner", spec.owner, 40)):
+        if len(value) > longest:
+            raise Invalid(f"adapter {spec.name}: {name} is longer than {longest} characters.")
+    with transaction.atomic():
+        catalog, adapters = catalog_load(), adapters_load()
+        if spec.name in adapters:
+            raise Conflict(f"An adapter named {spec.name} already exists.")
+        base = catalog.get(spec.base)
+        why = domain.adapter_refusal(
+            spec,
+            base,
+            facts=adapter_facts(spec.source, spec.format),
+            base_architecture=weights_architecture(base.source) if base else None,
+        )
+        if why:
+            raise Invalid(why)
+        try:
+            domain.validate_adapters(catalog, [*adapters.values(), spec])
+        except CatalogError as exc:
+            raise Invalid(str(exc)) from None
+        Adapter.objects.create(
+            name=spec.name,
+            base=Model.objects.get(name=spec.base),
+            aliases=list(spec.aliases),
+            description=spec.description,
+            source=spec.source,
+            format=spec.format,
+            rank=spec.rank,
+            owner=spec.owner,
+            updated_by=actor[:150],
+        )
+        _bump()
+        audit_record(actor=actor, action="adapter.add", target=spec.name, detail=dict(data))
+    log.info("adapter %s added on %s for %s by %s", spec.name, spec.base, spec.owner, actor)
+    return spec
+
+
+def adapter_remove(*, name: str, actor: str) -> AdapterSpec:
+    """Remove an adapter; the replicas holding it unload it when they need the slot.
+    NotFound when there is none by that name."""
+    with transaction.atomic():
+        spec = adapters_load().get(name)
+        if spec is None:
+            raise NotFound(f"There is no adapter {name!r}.")
+        Adapter.objects.filter(name=name).delete()
+        _bump()
+        audit_record(actor=actor, action="adapter.remove", target=name)
+    return spec

@@ -9,8 +9,8 @@ from django.db import connection
 
 from llmgw.core import reads
 
-from ..domain import ModelSpec, Profile, Slo
-from ..models import Measurement, Model, Profile as ProfileRow, Revision
+from ..domain import AdapterSpec, ModelSpec, Profile, Slo
+from ..models import Adapter, Measurement, Model, Profile as ProfileRow, Revision
 
 
 def profile_from_row(row: ProfileRow) -> Profile:
@@ -32,6 +32,7 @@ def profile_from_row(row: ProfileRow) -> Profile:
         priority=row.priority,
         startup_timeout_s=row.startup_timeout_s,
         routing=row.routing,
+        adapter_slots=row.adapter_slots,
     )
 
 
@@ -91,6 +92,46 @@ def _catalog_read() -> dict[str, ModelSpec]:
         _cache["catalog"] = {row.name: spec_from_row(row) for row in rows}
         _cache["version"] = key
     return dict(_cache["catalog"])
+
+
+def adapter_from_row(row: Adapter) -> AdapterSpec:
+    return AdapterSpec(
+        name=row.name,
+        base=row.base.name,
+        source=row.source,
+        format=row.format,
+        rank=row.rank,
+        owner=row.owner,
+        aliases=tuple(row.aliases or ()),
+        description=row.description,
+    )
+
+
+_adapters: dict = {"version": None, "adapters": {}}
+
+
+def adapters_load() -> dict[str, AdapterSpec]:
+    """Every adapter by name, read again only when the catalog's revision moved (each
+    adapter's write bumps it): one small query when unchanged."""
+    return dict(reads.once("adapters", _adapters_read))
+
+
+def _adapters_read() -> dict[str, AdapterSpec]:
+    key = _catalog_version()
+    if _adapters["version"] != key:
+        rows = Adapter.objects.select_related("base").order_by("name")
+        _adapters["adapters"] = {row.name: adapter_from_row(row) for row in rows}
+        _adapters["version"] = key
+    return dict(_adapters["adapters"])
+
+
+def adapter_called(name: str) -> str | None:
+    """The name of the adapter called `name`, by its name or an alias; None when none is."""
+    adapters = adapters_load()
+    if name in adapters:
+        return name
+    owners = [a.name for a in adapters.values() if name in a.aliases]
+    return owners[0] if len(owners) == 1 else None
 
 
 def model_called(name: str) -> str | None:
