@@ -64,7 +64,7 @@ def spec_from_row(row: Model) -> ModelSpec:
 
 # The catalog changes rarely and is read by every reconciler pass: kept per process and
 # read again when the database says it changed (a model written, added or removed).
-_cache: dict = {"version": None, "catalog": {}}  # version None: never read yet
+_cache: dict = {"version": None, "catalog": {}, "adapters": {}}  # version None: never read yet
 
 
 def _catalog_version() -> tuple[int, int]:
@@ -80,18 +80,32 @@ def _catalog_version() -> tuple[int, int]:
 
 
 def catalog_load() -> dict[str, ModelSpec]:
-    """Every model with its profiles: one small query when unchanged, three when changed
+    """Every model with its profiles: one small query when unchanged, four when changed
     (none more inside llmgw.core.reads.once_each, once read)."""
-    return dict(reads.once("catalog", _catalog_read))
+    return dict(reads.once("catalog", _catalog_read)[0])
 
 
-def _catalog_read() -> dict[str, ModelSpec]:
+def adapters_load() -> dict[str, AdapterSpec]:
+    """Every LoRA adapter by name, kept with the models (each adapter's write bumps the
+    catalog's revision): one small query when unchanged."""
+    return dict(reads.once("catalog", _catalog_read)[1])
+
+
+def catalog_and_adapters() -> tuple[dict[str, ModelSpec], dict[str, AdapterSpec]]:
+    """The models and the adapters, from one look at the revision."""
+    models, adapters = reads.once("catalog", _catalog_read)
+    return dict(models), dict(adapters)
+
+
+def _catalog_read() -> tuple[dict[str, ModelSpec], dict[str, AdapterSpec]]:
     key = _catalog_version()
     if _cache["version"] != key:
         rows = Model.objects.prefetch_related("profiles").order_by("name")
         _cache["catalog"] = {row.name: spec_from_row(row) for row in rows}
+        adapters = Adapter.objects.select_related("base").order_by("name")
+        _cache["adapters"] = {row.name: adapter_from_row(row) for row in adapters}
         _cache["version"] = key
-    return dict(_cache["catalog"])
+    return _cache["catalog"], _cache["adapters"]
 
 
 def adapter_from_row(row: Adapter) -> AdapterSpec:
@@ -105,24 +119,6 @@ def adapter_from_row(row: Adapter) -> AdapterSpec:
         aliases=tuple(row.aliases or ()),
         description=row.description,
     )
-
-
-_adapters: dict = {"version": None, "adapters": {}}
-
-
-def adapters_load() -> dict[str, AdapterSpec]:
-    """Every adapter by name, read again only when the catalog's revision moved (each
-    adapter's write bumps it): one small query when unchanged."""
-    return dict(reads.once("adapters", _adapters_read))
-
-
-def _adapters_read() -> dict[str, AdapterSpec]:
-    key = _catalog_version()
-    if _adapters["version"] != key:
-        rows = Adapter.objects.select_related("base").order_by("name")
-        _adapters["adapters"] = {row.name: adapter_from_row(row) for row in rows}
-        _adapters["version"] = key
-    return dict(_adapters["adapters"])
 
 
 def adapter_called(name: str) -> str | None:

@@ -13,8 +13,9 @@ from django.db.models import Count, Max
 from ..domain.readings import Reading, replica_reading
 from ..domain.refusals import one_line
 from ..domain.types import ACTIVE, ReplicaView
-from ..models import ModelState, Node, Replica, Shard
+from ..models import Event, ModelState, Node, Replica, Shard
 from .rows import chunks
+from .state import replica_views
 
 
 def replica_readings(replicas: Iterable[ReplicaView] | None = None) -> dict[str, Reading]:
@@ -101,3 +102,26 @@ def on_demand_trouble(model: str) -> str | None:
         first = one_line(row["explanation"] or [])
         return f"no room: {first or 'no node can take it now'}"
     return None
+
+
+def adapters_held(*, model: str | None = None) -> dict[str, tuple[str, ...]]:
+    """The adapters each ready replica (of `model`, or every one) holds, by replica id, as
+    its engine last said (`Reading.adapters`); a replica whose engine said nothing of them
+    is left out: unknown, not none."""
+    replicas = None if model is None else replica_views(model=model)
+    return {
+        replica_id: tuple(name for name, _ in reading.adapters)
+        for replica_id, reading in replica_readings(replicas).items()
+        if reading.adapters is not None
+    }
+
+
+def adapter_trouble(*, adapter: str, since: datetime) -> str | None:
+    """The engine's words when `adapter` failed to load since `since` (its agent's
+    adapter_status, kept as an event naming it); None when it did not."""
+    return (
+        Event.objects.filter(model=adapter, kind="adapter_failed", last_at__gte=since)
+        .order_by("-last_at")
+        .values_list("message", flat=True)
+        .first()
+    )
