@@ -63,8 +63,37 @@ def start_command(shard: Shard, replica: Replica, spec: ModelSpec | None) -> Com
             },
             **_weights(spec.source),
             **engine_build(node_id=shard.node_id, engine=profile.engine),
+            # LoRA adapters (docs/adapters.md): loaded when first asked for, none at start.
+            "adapter_slots": profile.adapter_slots,
+            "adapters": [],
         },
     )
+
+
+def adapter_load_commands(
+    *, replica_id: str, name: str, source: str, format: str, unload: str | None = None
+) -> list[Command]:
+    """The load_adapter message for a replica's first shard (whose engine serves HTTP), after
+    the unload_adapter that makes room when `unload` names one; [] when the replica has no
+    shard now. The adapter's `path` is its source; `weights` too when the mirror holds it,
+    for the agent to fetch as it fetches a model's (fleet/agent/adapters.py)."""
+    shard = Shard.objects.filter(replica_id=replica_id, rank=0).values_list("id", "node_id").first()
+    if shard is None:
+        return []
+    shard_id, node_id = shard
+    commands = []
+    if unload:
+        commands.append(
+            Command(node_id, {"type": "unload_adapter", "shard_id": shard_id, "name": unload})
+        )
+    ref = {"name": name, "path": source, "format": format}
+    commands.append(
+        Command(
+            node_id,
+            {"type": "load_adapter", "shard_id": shard_id, "adapter": ref, **_weights(source)},
+        )
+    )
+    return commands
 
 
 def _weights(source: str) -> dict:
