@@ -48,3 +48,33 @@ def test_an_adapter_is_added_listed_shown_and_removed_with_ctl(capsys, server, a
     code, out, _ = ctl_run(capsys, server, "adapter", "rm", "support")
     assert code == 0 and "adapter support removed" in out
     assert not Adapter.objects.exists()
+
+
+def test_ctl_replicas_says_which_adapters_each_engine_holds(capsys, server, acme):  # noqa: F811
+    from fleet.models import Node
+    from llmgw.core import clock
+    from tests.catalog.test_pages import ready_replica
+    from tests.fleet.builders import node_add
+
+    model_add(data=gpu_model("llama"), actor="t")
+    _, out, _ = ctl_run(capsys, server, "replicas")
+    assert "ADAPTERS" not in out  # none holds any: the table as before
+    node_add("n1", now=clock.now())
+    ready_replica("llama-1", "llama", node="n1", gpus=[0])
+    ready_replica("llama-2", "llama", node="n1", gpus=[1])
+    Node.objects.filter(pk="n1").update(
+        state=Node.READY,
+        load={
+            "engines": {
+                "llama-1-0": {"running": 1, "adapters": [{"name": "a"}, {"name": "b"}]},
+                "llama-2-0": {"running": 0},
+            }
+        },
+    )
+
+    code, out, _ = ctl_run(capsys, server, "replicas")
+    assert code == 0
+    rows = table(out)
+    assert rows[0][-1] == "ADAPTERS"
+    assert rows[1][0] == "llama-1" and out.splitlines()[1].endswith("a, b")
+    assert rows[2][-1] == "-"

@@ -217,3 +217,49 @@ def test_the_load_goes_to_the_replicas_first_shard(db):
         ),
     ]
     assert adapter_load_commands(replica_id="gone", name="a", source="/a", format="peft") == []
+
+
+def test_a_llama_server_starts_with_its_bases_gguf_adapters_as_many_as_its_slots(db):
+    from catalog.domain import parse_model
+    from fleet.services import start_adapters
+    from tenancy.services import org_create
+
+    org_create(name="Acme", actor="t")
+    team_create(org="Acme", name="ml", actor="t")
+    model_added(
+        {
+            "name": "small",
+            "source": "/srv/small.gguf",
+            "profiles": [
+                {"name": "cpu", "engine": "llamacpp", "min_memory_gb": 2, "adapter_slots": 2}
+            ],
+        }
+    )
+    for name in ("c", "a", "b"):
+        adapter_add(
+            data={
+                "name": name,
+                "base": "small",
+                "source": f"/srv/{name}.gguf",
+                "format": "gguf",
+                "rank": 8,
+                "owner": "team:Acme/ml",
+            },
+            actor="t",
+        )
+    spec = parse_model(
+        {"name": "small", "profiles": [{"name": "cpu", "engine": "llamacpp", "adapter_slots": 2}]}
+    )
+    assert start_adapters("small", spec.profiles[0]) == [
+        {"name": "a", "path": "/srv/a.gguf", "format": "gguf"},
+        {"name": "b", "path": "/srv/b.gguf", "format": "gguf"},
+    ]
+    vllm = parse_model(
+        {
+            "name": "x",
+            "profiles": [
+                {"name": "g", "engine": "vllm", "gpu_class": "h100-80g", "adapter_slots": 2}
+            ],
+        }
+    )
+    assert start_adapters("small", vllm.profiles[0]) == []
