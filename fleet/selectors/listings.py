@@ -90,7 +90,9 @@ def reading_out(reading: Reading | None) -> dict | None:
     if reading is None:
         return None
     out = asdict(reading)
-    if reading.adapters is not None:
+    if reading.adapters is None:
+        del out["adapters"]  # said nothing of them: as before adapters were read
+    else:
         out["adapters"] = [name for name, _ in reading.adapters]
     return out
 

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from catalog.domain import AdapterSpec
 from fleet.domain.readings import Reading
 from llmgw.gateway.answers import Refused, unplaceable
+from llmgw.gateway.load import BOARD
 from llmgw.gateway.state import Request, State, in_a_thread
 from llmgw.gateway.tables import Upstream
 
@@ -114,7 +115,20 @@ async def wait_for_adapter(rt: State, req: Request, adapter: AdapterSpec) -> Non
             f"{adapter.format} adapters."
         )
     asked_at = await _ask(rt, adapter, ups)
-    bound = rt.cfg.on_demand_wait
+    # Counted as waiting, as for an on-demand model: its base's autoscaler's demand.
+    BOARD.waiting[name] = BOARD.waiting.get(name, 0) + 1
+    try:
+        await _held(rt, req, adapter, ups, asked_at)
+    finally:
+        BOARD.waiting[name] -= 1
+
+
+async def _held(
+    rt: State, req: Request, adapter: AdapterSpec, ups: Sequence[Upstream], asked_at: datetime
+) -> None:
+    """Return once an engine says it holds `adapter`; Refused when its load failed or the
+    on-demand bound passed first."""
+    name, bound = adapter.name, rt.cfg.on_demand_wait
     deadline = req.started + bound
     looked = time.monotonic()
     while True:

@@ -263,3 +263,13 @@ def test_a_llama_server_starts_with_its_bases_gguf_adapters_as_many_as_its_slots
         }
     )
     assert start_adapters("small", vllm.profiles[0]) == []
+
+
+def test_an_adapters_demand_at_the_gateway_is_its_bases():
+    from fleet.selectors.snapshot import on_bases
+
+    counts = {"llama": (2, 1), "ml-tone": (3, 0), "ops-tone": (0, 4), "qwen": (1, 1)}
+    assert on_bases(counts, {"ml-tone": "llama", "ops-tone": "llama"}) == {
+        "llama": (5, 5),
+        "qwen": (1, 1),
+    }
