@@ -213,8 +213,8 @@ _ADAPTER_SAID = {
 
 def adapter_status_record(*, node_id: str, msg: AdapterStatus, now: datetime) -> None:
     """Record what an agent says of an adapter it was asked to load or unload, as an event
-    naming the adapter (the gateway waiting for it reads a failure there: fleet.selectors.
-    routing.adapter_trouble). Only of a shard placed on that node; else nothing changes.
+    naming the adapter (the gateway waiting for it reads how it went there: fleet.selectors.
+    routing.adapter_said). Only of a shard placed on that node; else nothing changes.
     Which adapters each engine holds is what its engine_load says, not this."""
     shard = Shard.objects.select_related("replica").filter(pk=msg.shard_id, node_id=node_id).first()
     if shard is None:

@@ -116,12 +116,16 @@ def adapters_held(*, model: str | None = None) -> dict[str, tuple[str, ...]]:
     }
 
 
-def adapter_trouble(*, adapter: str, since: datetime) -> str | None:
-    """The engine's words when `adapter` failed to load since `since` (its agent's
-    adapter_status, kept as an event naming it); None when it did not."""
-    return (
-        Event.objects.filter(model=adapter, kind="adapter_failed", last_at__gte=since)
-        .order_by("-last_at")
-        .values_list("message", flat=True)
+def adapter_said(*, adapter: str, since: datetime) -> tuple[str, str, str] | None:
+    """What agents last said of loading `adapter` since `since` (their adapter_status, kept
+    as events naming it): ("loaded" or "failed", the replica, the sentence with the
+    engine's words); None when nothing yet."""
+    row = (
+        Event.objects.filter(
+            model=adapter, kind__in=("adapter_loaded", "adapter_failed"), last_at__gte=since
+        )
+        .order_by("-last_at", "-id")
+        .values_list("kind", "replica", "message")
         .first()
     )
+    return (row[0].removeprefix("adapter_"), row[1], row[2]) if row else None

@@ -28,9 +28,14 @@ log = logging.getLogger("llmgw.gateway")
 
 ASK_EVERY_S = 10.0  # an adapter is asked for at most this often while it is on its way
 POLL_S = 0.25  # how often a waiting request looks at the engines' readings
-TROUBLE_EVERY_S = 2.0  # how often it looks for the agent's word that the load failed
+SAID_EVERY_S = 0.5  # how often it looks for the agent's word on the load (one query)
+# The agent's word that a replica loaded an adapter is taken until the engines' readings,
+# every few seconds, say the same; this long at most.
+LOADED_FOR_S = 15.0
 # (replica, adapter) -> when this gateway last sent it a request for the adapter.
 USED: dict[tuple[str, str], float] = {}
+# (replica, adapter) -> when its agent said it loaded it (adapter_status), by this clock.
+LOADED: dict[tuple[str, str], float] = {}
 # adapter -> (when asked, the replica asked)
 _asked: dict[str, tuple[float, str]] = {}
 
@@ -41,11 +46,12 @@ def not_holding(rt: State, model: str, tried: set[str]) -> set[str]:
     prompt's prefix too, which keeps a conversation on a replica holding both)."""
     if model not in rt.tables.adapters:
         return tried
-    readings = rt.readings
+    readings, now = rt.readings, time.monotonic()
     return tried | {
         u.replica_id
         for u in rt.tables.upstreams.get(model, ())
-        if not (reading := readings.get(u.replica_id)) or not reading.holds(model)
+        if not ((reading := readings.get(u.replica_id)) and reading.holds(model))
+        and now - LOADED.get((u.replica_id, model), -LOADED_FOR_S) >= LOADED_FOR_S
     }
 
 
@@ -130,16 +136,20 @@ async def _held(
     on-demand bound passed first."""
     name, bound = adapter.name, rt.cfg.on_demand_wait
     deadline = req.started + bound
-    looked = time.monotonic()
+    looked = float("-inf")
     while True:
         if not_holding(rt, name, set()) != {u.replica_id for u in ups}:
             return  # one holds it now
-        if time.monotonic() - looked >= TROUBLE_EVERY_S:
+        if time.monotonic() - looked >= SAID_EVERY_S:
             looked = time.monotonic()
-            trouble = await _trouble(name, asked_at)
-            if trouble is not None:
+            said = await _said(name, asked_at)
+            if said is not None and said[0] == "loaded":
+                # Its agent said so: routed to at once, before the readings say it too.
+                LOADED[(said[1], name)] = time.monotonic()
+                continue
+            if said is not None:
                 _asked.pop(name, None)  # asked again by the next request
-                raise unplaceable(f"Adapter {name} could not be loaded: {trouble}.")
+                raise unplaceable(f"Adapter {name} could not be loaded: {said[2]}.")
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             raise Refused(
@@ -195,10 +205,10 @@ async def _send(replica: str, adapter: AdapterSpec, evict: str | None) -> None:
     await send_commands(commands)
 
 
-async def _trouble(adapter: str, since: datetime) -> str | None:
-    from fleet.selectors.routing import adapter_trouble
+async def _said(adapter: str, since: datetime) -> tuple[str, str, str] | None:
+    from fleet.selectors.routing import adapter_said
 
     try:
-        return await asyncio.wait_for(in_a_thread(adapter_trouble)(adapter=adapter, since=since), 2)
+        return await asyncio.wait_for(in_a_thread(adapter_said)(adapter=adapter, since=since), 2)
     except Exception:  # noqa: BLE001 - the database being away is not a reason to refuse
         return None

@@ -154,6 +154,31 @@ async def test_a_load_that_fails_is_a_503_with_the_engines_words(served, gateway
     assert "needs --max-lora-rank" in error["message"]
 
 
+async def test_the_agents_word_that_it_loaded_routes_before_the_readings_say_it(
+    served, gateway, monkeypatch, world
+):
+    from django.utils import timezone
+
+    from fleet.nodes.reports import adapter_status_record
+    from fleet.protocol import AdapterStatus
+
+    async def agent(replica, adapter, evict):
+        world.engines["llama-1"].adapters[adapter.name] = adapter.source
+        msg = AdapterStatus(
+            type="adapter_status", shard_id="llama-1-0", name=adapter.name, state="loaded"
+        )
+        await add(adapter_status_record, node_id="gpu-a", msg=msg, now=timezone.now())
+
+    monkeypatch.setattr(gateway_adapters, "_send", agent)
+    monkeypatch.setattr(gateway_adapters, "LOADED", {})
+    ml, _ = await keys()
+    async with client(gateway, ml) as c:
+        r = await asyncio.wait_for(answer(c, "ml-tone"), 10)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "ml-tone"
+    assert list(gateway_adapters.LOADED) == [("llama-1", "ml-tone")]
+
+
 async def test_a_load_not_done_in_time_is_the_on_demand_503(served, gateway, monkeypatch, settings):
     async def silent(replica, adapter, evict):
         pass
