@@ -11,6 +11,7 @@ from dataclasses import replace
 import httpx
 import pytest
 from asgiref.sync import sync_to_async
+from hypothesis import given, strategies as st
 
 from catalog.services import adapter_add
 from fleet.domain.readings import Reading
@@ -298,3 +299,70 @@ def test_an_adapters_demand_at_the_gateway_is_its_bases():
         "llama": (5, 5),
         "qwen": (1, 1),
     }
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 9)), min_size=1, max_size=5
+    ),
+    st.data(),
+)
+def test_a_load_goes_where_there_is_room_and_unloads_only_what_that_replica_holds(specs, data):
+    ups, readings = [], {}
+    for i, (slots, held, running) in enumerate(specs):
+        rid = f"r{i}"
+        ups.append(up(rid, slots=slots))
+        names = tuple((f"a{j}", None) for j in range(min(held, slots)))
+        readings[rid] = Reading(running=running, adapters=names)
+    used = {(r, n): data.draw(st.floats(0, 100)) for r in readings for n in ("a0", "a1", "a2")}
+
+    choice = load_choice(ups, readings, {}, used)
+
+    slotted = [u for u in ups if u.adapter_slots > 0]
+    if not slotted:
+        assert choice is None
+        return
+    replica, evict = choice
+    assert replica in {u.replica_id for u in slotted}
+    room = [u for u in slotted if len(readings[u.replica_id].adapters) < u.adapter_slots]
+    assert (evict is None) == bool(room)
+    if evict is not None:
+        assert evict in {n for n, _ in readings[replica].adapters}
+    else:  # the least loaded of those with room
+        least = min(readings[u.replica_id].running for u in room)
+        assert readings[replica].running == least
+
+
+async def test_requests_for_an_adapter_go_only_to_replicas_holding_it(world, gateway):
+    data = gpu_model("llama")
+    data["profiles"][0].update(adapter_slots=2, routing="prefix")
+    await add(model_added, data)
+    for rid in ("llama-1", "llama-2", "llama-3"):
+        await add(_replica, rid, "llama", await world.engine(rid, "llama", max_loras=2))
+    await add(_teams)
+    world.engines["llama-2"].adapters["ml-tone"] = "/x"
+
+    def said() -> None:
+        Node.objects.filter(pk="gpu-a").update(
+            load={
+                "engines": {
+                    "llama-1-0": {"adapters": []},
+                    "llama-2-0": {"adapters": [{"name": "ml-tone"}]},
+                    "llama-3-0": {"adapters": []},
+                }
+            }
+        )
+
+    await add(said)
+    ml, _ = await keys()
+    async with client(gateway, ml) as c:
+        await answer(c, "llama")  # the runtime starts
+        await gateway.runtime._read_readings()
+        served = set()
+        for i in range(8):
+            body = ask("ml-tone")
+            body["messages"][0]["content"] = f"question {i} " * 20
+            r = await c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            served.add(r.headers["x-llmgw-replica"])
+    assert served == {"llama-2"}
