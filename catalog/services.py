@@ -502,7 +502,10 @@ def declared_sync(*, specs: list[ModelSpec]) -> list[str]:
         wanted = {s.name for s in specs}
         for name, spec in catalog.items():
             if spec.declared and name not in wanted:
-                _delete(name)
+                try:
+                    _delete(name)
+                except Conflict as exc:  # adapters on it: said as the file's fault
+                    raise Invalid(f"The catalog file cannot be loaded: {exc}") from None
                 changes.append(f"model {name} removed: it is no longer in the catalog file")
     for line in changes:
         log.info(line)

@@ -192,3 +192,20 @@ def test_the_base_models_page_lists_its_adapters(admin_client, api, teams):
 
     page = admin_client.get("/models/llama").content.decode()
     assert 'data-adapter="acme-support"' in page and "(support)" in page
+
+
+def test_a_declared_base_left_out_of_the_catalog_file_is_kept_while_it_has_adapters(teams):
+    from catalog.domain import parse_model
+    from catalog.services import adapter_add, declared_sync
+    from llmgw.core.errors import Invalid
+
+    declared_sync(specs=[parse_model(slotted(), declared=True)])
+    adapter_add(data=an_adapter(), actor="t")
+
+    with pytest.raises(Invalid) as refused:
+        declared_sync(specs=[])
+    assert str(refused.value) == (
+        "The catalog file cannot be loaded: model llama is the base of adapter acme-support; "
+        "remove it first."
+    )
+    assert Adapter.objects.count() == 1
