@@ -70,6 +70,60 @@ def sent(rt: State, req: Request, up: Upstream) -> None:
             req.body_changed = True
 
 
+def spread_choice(
+    adapter: str,
+    ups: Sequence[Upstream],
+    readings: Mapping[str, Reading],
+    inflight: Mapping[str, int],
+    used: Mapping[tuple[str, str], float],
+) -> tuple[str, str | None] | None:
+    """One more replica to load `adapter` on when its demand is high on every replica that
+    holds it: each holder's engine queues requests (a waiting count above 0, as it last
+    said). The replica and what it unloads, as `load_choice` picks among those that do not
+    hold it; None when a holder has room, an engine said nothing, or every replica holds it."""
+    holders, others = [], []
+    for u in ups:
+        reading = readings.get(u.replica_id)
+        (holders if reading is not None and reading.holds(adapter) else others).append(u)
+    if not holders or not others:
+        return None
+    for u in holders:
+        waiting = readings[u.replica_id].waiting
+        if waiting is None or waiting <= 0:
+            return None
+    return load_choice(others, readings, inflight, used)
+
+
+def spread(rt: State, adapter: str) -> None:
+    """After a request for `adapter` is sent: when every replica holding it queues, ask one
+    more to load it (at most every ASK_EVERY_S), without waiting for it."""
+    spec = rt.tables.adapters.get(adapter)
+    if spec is None:
+        return
+    asked = _asked.get(adapter)
+    if asked is not None and time.monotonic() - asked[0] < ASK_EVERY_S:
+        return
+    ups = rt.tables.upstreams.get(adapter, ())
+    choice = spread_choice(adapter, ups, rt.readings, rt.inflight, USED)
+    if choice is None:
+        return
+    _asked[adapter] = (time.monotonic(), choice[0])
+    log.info("adapter %s queues on every replica holding it: loading it on %s", adapter, choice[0])
+    task = asyncio.get_running_loop().create_task(_send_logged(choice[0], spec, choice[1]))
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+_tasks: set[asyncio.Task] = set()
+
+
+async def _send_logged(replica: str, adapter: AdapterSpec, evict: str | None) -> None:
+    try:
+        await _send(replica, adapter, evict)
+    except Exception:  # noqa: BLE001 - the database or channel layer away: asked again later
+        log.warning("could not ask for adapter %s to be loaded", adapter.name, exc_info=True)
+
+
 def load_choice(
     ups: Sequence[Upstream],
     readings: Mapping[str, Reading],

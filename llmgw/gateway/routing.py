@@ -72,6 +72,7 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                 continue
             req.model = up.model
             adapters.sent(rt, req, up)
+            adapters.spread(rt, up.model)
             metrics.series(up.model).routed(picked.how)
             try:
                 status = await proxy(rt, req, up, send)

@@ -366,3 +366,65 @@ async def test_requests_for_an_adapter_go_only_to_replicas_holding_it(world, gat
             assert r.status_code == 200, r.text
             served.add(r.headers["x-llmgw-replica"])
     assert served == {"llama-2"}
+
+
+def test_an_adapter_queuing_on_every_holder_is_loaded_on_one_more():
+    from llmgw.gateway.adapters import spread_choice
+
+    ups = [up("r1"), up("r2"), up("r3")]
+    busy = {
+        "r1": Reading(running=4, waiting=2, adapters=(("a", None),)),
+        "r2": Reading(running=1, waiting=0, adapters=()),
+        "r3": Reading(running=3, waiting=0, adapters=(("x", None), ("y", None))),
+    }
+    assert spread_choice("a", ups, busy, {}, {}) == ("r2", None)
+    # A holder with nothing queued: no more needed.
+    calm = {**busy, "r1": Reading(running=4, waiting=0, adapters=(("a", None),))}
+    assert spread_choice("a", ups, calm, {}, {}) is None
+    # An engine that did not say what it queues is not taken as busy.
+    unknown = {**busy, "r1": Reading(running=4, adapters=(("a", None),))}
+    assert spread_choice("a", ups, unknown, {}, {}) is None
+    # Every replica holds it already; or none does (the first load is the wait's).
+    every = {r: Reading(running=1, waiting=1, adapters=(("a", None),)) for r in busy}
+    assert spread_choice("a", ups, every, {}, {}) is None
+    assert spread_choice("b", ups, busy, {}, {}) is None
+
+
+async def test_a_request_to_an_adapter_queuing_everywhere_it_is_loads_it_on_one_more(
+    world, gateway, monkeypatch
+):
+    data = gpu_model("llama")
+    data["profiles"][0]["adapter_slots"] = 2
+    await add(model_added, data)
+    for rid in ("llama-1", "llama-2"):
+        await add(_replica, rid, "llama", await world.engine(rid, "llama", max_loras=2))
+    await add(_teams)
+    world.engines["llama-1"].adapters["ml-tone"] = "/x"
+
+    def said() -> None:
+        Node.objects.filter(pk="gpu-a").update(
+            load={
+                "engines": {
+                    "llama-1-0": {"running": 4, "waiting": 3, "adapters": [{"name": "ml-tone"}]},
+                    "llama-2-0": {"running": 0, "waiting": 0, "adapters": []},
+                }
+            }
+        )
+
+    await add(said)
+    asked = []
+
+    async def agent(replica, adapter, evict):
+        asked.append((replica, adapter.name, evict))
+
+    monkeypatch.setattr(gateway_adapters, "_send", agent)
+    gateway_adapters._asked.clear()
+    ml, _ = await keys()
+    async with client(gateway, ml) as c:
+        await answer(c, "llama")
+        await gateway.runtime._read_readings()
+        r = await answer(c, "ml-tone")
+        await asyncio.sleep(0.05)  # the ask goes on beside the answer
+        await answer(c, "ml-tone")  # asked once, not again within ASK_EVERY_S
+    assert r.headers["x-llmgw-replica"] == "llama-1"
+    assert asked == [("llama-2", "ml-tone", None)]
