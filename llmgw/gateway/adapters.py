@@ -51,7 +51,10 @@ def not_holding(rt: State, model: str, tried: set[str]) -> set[str]:
         u.replica_id
         for u in rt.tables.upstreams.get(model, ())
         if not ((reading := readings.get(u.replica_id)) and reading.holds(model))
-        and now - LOADED.get((u.replica_id, model), -LOADED_FOR_S) >= LOADED_FOR_S
+        # llama-server is asked for an adapter by its index, which only its reading says.
+        and (
+            u.engine == "llamacpp" or now - LOADED.get((u.replica_id, model), -1e9) >= LOADED_FOR_S
+        )
     }
 
 

@@ -6,6 +6,7 @@ differs from the base's, and usage names the adapter (docs/adapters.md)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 import httpx
@@ -428,3 +429,24 @@ async def test_a_request_to_an_adapter_queuing_everywhere_it_is_loads_it_on_one_
         await answer(c, "ml-tone")  # asked once, not again within ASK_EVERY_S
     assert r.headers["x-llmgw-replica"] == "llama-1"
     assert asked == [("llama-2", "ml-tone", None)]
+
+
+def test_a_llama_server_is_told_which_adapter_to_apply_by_its_index():
+    from types import SimpleNamespace
+
+    from catalog.domain import AdapterSpec
+    from llmgw.gateway.adapters import not_holding, sent
+
+    spec = AdapterSpec("a", "base", "/a.gguf", "gguf", 8, "team:1")
+    cpp = Upstream("r1", "a", "http://x", "Bearer k", 1, engine="llamacpp", adapter_slots=2)
+    rt = SimpleNamespace(
+        tables=SimpleNamespace(adapters={"a": spec}, upstreams={"a": (cpp,)}),
+        readings={"r1": Reading(adapters=(("z", 0), ("a", 1)))},
+    )
+    req = SimpleNamespace(body={"model": "a"}, body_changed=False)
+    sent(rt, req, cpp)
+    assert req.body["lora"] == [{"id": 1, "scale": 1.0}] and req.body_changed
+    # Its agent's word that it loaded one is not enough there: only the reading has the index.
+    rt.readings = {}
+    gateway_adapters.LOADED[("r1", "a")] = time.monotonic()
+    assert not_holding(rt, "a", set()) == {"r1"}
