@@ -572,6 +572,7 @@ class AdapterSpec:
     owner: str
     aliases: tuple[str, ...] = ()
     description: str = ""
+    declared: bool = False  # from the catalog file, which alone changes it
 
 
 @dataclass(frozen=True)
@@ -587,7 +588,7 @@ _ADAPTER_FIELDS = {"name", "base", "source", "format", "rank", "owner", "aliases
 OWNER_KINDS = ("team:", "project:")
 
 
-def parse_adapter(data: Mapping) -> AdapterSpec:
+def parse_adapter(data: Mapping, *, declared: bool = False) -> AdapterSpec:
     """Check an adapter's own fields (not yet against its base: `adapter_refusal`); raise
     CatalogError naming the field."""
     if not isinstance(data, Mapping):
@@ -643,6 +644,7 @@ def parse_adapter(data: Mapping) -> AdapterSpec:
         owner=owner,
         aliases=aliases,
         description=description,
+        declared=declared,
     )
 
 

@@ -89,6 +89,7 @@ class Adapter(models.Model):
     format = models.CharField(max_length=8)
     rank = models.PositiveIntegerField()
     owner = models.CharField(max_length=40, help_text="team:ID or project:ID")
+    declared = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_by = models.CharField(max_length=150, blank=True)
 

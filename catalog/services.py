@@ -535,34 +535,99 @@ def adapter_add(*, data: Mapping, actor: str) -> AdapterSpec:
         catalog, adapters = catalog_load(), adapters_load()
         if spec.name in adapters:
             raise Conflict(f"An adapter named {spec.name} already exists.")
-        base = catalog.get(spec.base)
-        why = domain.adapter_refusal(
-            spec,
-            base,
-            facts=adapter_facts(spec.source, spec.format),
-            base_architecture=weights_architecture(base.source) if base else None,
-        )
-        if why:
-            raise Invalid(why)
-        try:
-            domain.validate_adapters(catalog, [*adapters.values(), spec])
-        except CatalogError as exc:
-            raise Invalid(str(exc)) from None
-        Adapter.objects.create(
-            name=spec.name,
-            base=Model.objects.get(name=spec.base),
-            aliases=list(spec.aliases),
-            description=spec.description,
-            source=spec.source,
-            format=spec.format,
-            rank=spec.rank,
-            owner=spec.owner,
-            updated_by=actor[:150],
-        )
+        _adapter_checked(spec, catalog, [*adapters.values(), spec])
+        _adapter_write(spec, actor=actor)
         _bump()
         audit_record(actor=actor, action="adapter.add", target=spec.name, detail=dict(data))
     log.info("adapter %s added on %s for %s by %s", spec.name, spec.base, spec.owner, actor)
     return spec
+
+
+def _adapter_checked(
+    spec: AdapterSpec, catalog: dict[str, ModelSpec], every: list[AdapterSpec]
+) -> None:
+    """Invalid with the reason when `spec` cannot be served on its base, or its names clash
+    among the catalog's models and `every` adapter."""
+    base = catalog.get(spec.base)
+    why = domain.adapter_refusal(
+        spec,
+        base,
+        facts=adapter_facts(spec.source, spec.format),
+        base_architecture=weights_architecture(base.source) if base else None,
+    )
+    if why:
+        raise Invalid(why)
+    try:
+        domain.validate_adapters(catalog, every)
+    except CatalogError as exc:
+        raise Invalid(str(exc)) from None
+
+
+def _adapter_write(spec: AdapterSpec, *, actor: str) -> None:
+    Adapter.objects.update_or_create(
+        name=spec.name,
+        defaults={
+            "base": Model.objects.get(name=spec.base),
+            "aliases": list(spec.aliases),
+            "description": spec.description,
+            "source": spec.source,
+            "format": spec.format,
+            "rank": spec.rank,
+            "owner": spec.owner,
+            "declared": spec.declared,
+            "updated_by": actor[:150],
+        },
+    )
+
+
+def declared_adapters_prune(*, keep: set[str]) -> list[str]:
+    """Remove the declared adapters the catalog file no longer lists, before its models are
+    synced (a model left out may be the base of one); return what changed."""
+    with transaction.atomic():
+        gone = [a.name for a in adapters_load().values() if a.declared and a.name not in keep]
+        if gone:
+            Adapter.objects.filter(name__in=gone).delete()
+            _bump()
+    changes = [f"adapter {n} removed: it is no longer in the catalog file" for n in gone]
+    for line in changes:
+        log.info(line)
+    return changes
+
+
+def declared_adapters_sync(*, specs: list[AdapterSpec]) -> list[str]:
+    """Make the declared adapters exactly those of the catalog file (after its models);
+    return what changed. Invalid, nothing changed, for one its base cannot serve."""
+    changes = []
+    with transaction.atomic():
+        catalog, adapters = catalog_load(), adapters_load()
+        wanted = {s.name for s in specs}
+        kept = [a for a in adapters.values() if a.name not in wanted]
+        for spec in specs:
+            if spec.name in adapters and not adapters[spec.name].declared:
+                raise Invalid(
+                    f"The catalog file cannot be loaded: adapter {spec.name} was added through "
+                    "the API; remove it there first."
+                )
+            try:
+                _adapter_checked(spec, catalog, [*kept, *specs])
+            except Invalid as exc:
+                raise Invalid(f"The catalog file cannot be loaded: {exc}") from None
+        for spec in specs:
+            if adapters.get(spec.name) != spec:
+                _adapter_write(spec, actor="catalog file")
+                changes.append(
+                    f"adapter {spec.name} {'updated' if spec.name in adapters else 'added'} "
+                    "from the catalog file"
+                )
+        for a in kept:
+            if a.declared:
+                Adapter.objects.filter(name=a.name).delete()
+                changes.append(f"adapter {a.name} removed: it is no longer in the catalog file")
+        if changes:
+            _bump()
+    for line in changes:
+        log.info(line)
+    return changes
 
 
 def adapter_remove(*, name: str, actor: str) -> AdapterSpec:
@@ -572,6 +637,11 @@ def adapter_remove(*, name: str, actor: str) -> AdapterSpec:
         spec = adapters_load().get(name)
         if spec is None:
             raise NotFound(f"There is no adapter {name!r}.")
+        if spec.declared:
+            raise Invalid(
+                f"adapter {name} is declared in the catalog file; edit that file and restart "
+                "llmgw serve"
+            )
         Adapter.objects.filter(name=name).delete()
         _bump()
         audit_record(actor=actor, action="adapter.remove", target=name)

@@ -118,6 +118,7 @@ def adapter_from_row(row: Adapter) -> AdapterSpec:
         owner=row.owner,
         aliases=tuple(row.aliases or ()),
         description=row.description,
+        declared=row.declared,
     )
 
 

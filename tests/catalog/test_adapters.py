@@ -209,3 +209,45 @@ def test_a_declared_base_left_out_of_the_catalog_file_is_kept_while_it_has_adapt
         "remove it first."
     )
     assert Adapter.objects.count() == 1
+
+
+def test_adapters_declared_in_the_catalog_file_follow_it(teams, tmp_path):
+    from catalog.declared import read_catalog_adapters, read_catalog_file
+    from catalog.services import (
+        adapter_remove,
+        declared_adapters_prune,
+        declared_adapters_sync,
+        declared_sync,
+    )
+    from llmgw.core.errors import Invalid
+
+    ml = teams[0].pk
+
+    def load(text: str) -> None:
+        path = tmp_path / "catalog.yaml"
+        path.write_text(text)
+        adapters = read_catalog_adapters(path)
+        declared_adapters_prune(keep={a.name for a in adapters})
+        declared_sync(specs=read_catalog_file(path))
+        declared_adapters_sync(specs=adapters)
+
+    model = json.dumps(slotted())
+    load(
+        f"models: [{model}]\n"
+        f"adapters: [{{name: tone, base: llama, source: /srv/tone, format: peft, rank: 8, "
+        f"owner: 'team:{ml}'}}]\n"
+    )
+    row = Adapter.objects.get()
+    assert (row.name, row.declared, row.owner) == ("tone", True, f"team:{ml}")
+    with pytest.raises(Invalid, match="declared in the catalog file"):
+        adapter_remove(name="tone", actor="t")
+    with pytest.raises(Invalid, match="rank 64 is above base llama's max LoRA rank 16"):
+        load(
+            f"models: [{model}]\n"
+            f"adapters: [{{name: tone, base: llama, source: /srv/tone, format: peft, rank: 64, "
+            f"owner: 'team:{ml}'}}]\n"
+        )
+    assert Adapter.objects.get().rank == 8
+    # Left out of the file with its base: both go, the adapter first.
+    load("models: []\n")
+    assert not Adapter.objects.exists()
