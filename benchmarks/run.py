@@ -32,6 +32,9 @@ BENCHES = [
     "mirror.py",
     # How fast the cluster heals with the default timings: an engine crash, a worker's death.
     "recovery.py",
+    # LoRA adapters on the sim engine: the first request's wait, N adapters on one replica
+    # against N replicas. About a minute; a line saying so without the agent's half.
+    "adapters.py",
     # 5,000 real agents over websockets (BENCH_FLEET_AGENTS): held, heartbeats, a restart,
     # silence to unreachable, a pass. About 10 minutes.
     "fleet.py",

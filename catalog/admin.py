@@ -10,7 +10,7 @@ from django.contrib import admin
 from llmgw.core.admin import ViewOnly
 from tenancy.selectors import scope_tree
 
-from .models import Measurement, Model, Profile
+from .models import Adapter, Measurement, Model, Profile
 from .selectors import spec_from_row
 
 
@@ -128,3 +128,15 @@ class MeasurementAdmin(ViewOnly, admin.ModelAdmin):
     list_select_related = ["model"]
     list_filter = ["measured_by", "measured_at"]
     search_fields = ["model__name", "profile"]
+
+
+@admin.register(Adapter)
+class AdapterAdmin(ViewOnly, admin.ModelAdmin):
+    description = (
+        "View only: add and remove adapters with llmgw ctl adapter or the REST API "
+        "(/api/v1/adapters), which check them against their base model."
+    )
+    list_display = ["name", "base", "format", "rank", "owner", "created_at", "updated_by"]
+    list_select_related = ["base"]
+    list_filter = ["format"]
+    search_fields = ["name", "base__name", "source", "owner"]

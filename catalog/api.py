@@ -14,6 +14,8 @@ from tenancy.auth import can
 
 from . import selectors, services
 from .schemas import (
+    AdapterIn,
+    AdapterOut,
     CapacityIn,
     ClassIn,
     ClassOut,
@@ -184,3 +186,47 @@ def model_retry(request, name: str):
 @router.get("/models/{name}/explain", response=ExplainOut, auth=can("catalog.view_model"))
 def model_explain(request, name: str):
     return listings.model_explain(name=name)
+
+
+@router.get(
+    "/adapters", response=list[AdapterOut], tags=["adapters"], auth=can("catalog.view_adapter")
+)
+def adapters_list(request, base: str | None = None):
+    """Every LoRA adapter, or those served on `base`, with the replicas holding each."""
+    return listings.adapter_views(base=base)
+
+
+@router.get(
+    "/adapters/{name}", response=AdapterOut, tags=["adapters"], auth=can("catalog.view_adapter")
+)
+def adapter_get(request, name: str):
+    return listings.adapter_views(name=name)[0]
+
+
+@router.post(
+    "/adapters",
+    response={201: AdapterOut},
+    tags=["adapters"],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": inline_schema(AdapterIn)}},
+        }
+    },
+    auth=can("catalog.add_adapter"),
+)
+def adapter_add(request):
+    """Add a LoRA adapter on a base model (docs/adapters.md); 400 with the reason, 409 when
+    the name is taken."""
+    spec = services.adapter_add(data=json_body(request), actor=actor(request))
+    return Status(201, listings.adapter_views(name=spec.name)[0])
+
+
+@router.delete(
+    "/adapters/{name}", response={200: dict}, tags=["adapters"], auth=can("catalog.delete_adapter")
+)
+def adapter_remove(request, name: str):
+    services.adapter_remove(name=name, actor=actor(request))
+    return {
+        "detail": f"adapter {name} removed: replicas holding it unload it when the slot is needed"
+    }

@@ -10,7 +10,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar
 
 from llmgw.core.text import surrogate_refusal
@@ -33,6 +33,19 @@ LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,126}$")
 # here rather than by placement trying to find room for it.
 MAX_REPLICAS = 10_000
 MAX_IDLE_TIMEOUT_S = 30 * 86400
+# The adapter format each engine loads (docs/adapters.md): vLLM a PEFT folder, llama.cpp a
+# LoRA GGUF; the simulated engine either.
+ADAPTER_FORMATS: Mapping[str, tuple[str, ...]] = {
+    "vllm": ("peft",),
+    "llamacpp": ("gguf",),
+    "sim": ("peft", "gguf"),
+}
+FORMATS = ("peft", "gguf")
+# vLLM's own default for --max-lora-rank, taken where a profile does not say.
+DEFAULT_MAX_LORA_RANK = 16
+# vLLM refuses a rank above 512; far more slots than any GPU holds is a typo.
+MAX_LORA_RANK = 512
+MAX_ADAPTER_SLOTS = 256
 
 
 class CatalogError(ValueError):
@@ -63,6 +76,8 @@ class Profile:
     # What a replica draws, in watts, as the operator declares it: wins over the estimate
     # placement makes against a rack's or PDU's power budget (docs/facility.md).
     power_watts: float | None = None
+    # LoRA adapters one replica holds at once (0: it serves none; docs/adapters.md).
+    adapter_slots: int = 0
 
     @property
     def routes_by(self) -> str:
@@ -110,6 +125,9 @@ class Profile:
         del fields["routing"]
         # What a replica is declared to draw is placement's figure, not the engine's.
         del fields["power_watts"]
+        # Left out at 0, so replicas started before adapters existed are not outdated.
+        if not fields["adapter_slots"]:
+            del fields["adapter_slots"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
@@ -306,7 +324,19 @@ def parse_profile(data: Mapping, *, model: str) -> Profile:
         startup_timeout_s=_int(data, timeout_key, 600, where=where, minimum=1),
         routing=routing,
         power_watts=_float(data, "power_watts", where=where),
+        adapter_slots=_adapter_slots(data, engine, where=where),
     )
+
+
+def _adapter_slots(data: Mapping, engine: str, *, where: str) -> int:
+    slots = _int(data, "adapter_slots", 0, where=where)
+    if slots > MAX_ADAPTER_SLOTS:
+        raise CatalogError(
+            f"{where}: adapter_slots must be at most {MAX_ADAPTER_SLOTS}, not {slots}."
+        )
+    if slots and not ADAPTER_FORMATS.get(engine):
+        raise CatalogError(f"{where}: engine {engine} serves no LoRA adapters; adapter_slots 0.")
+    return slots
 
 
 def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
@@ -535,3 +565,205 @@ def _check_no_cycle(name: str, by_name: Mapping[str, ModelSpec], path: Sequence[
         raise CatalogError(f"fallbacks go round in a circle: {cycle}.")
     for f in by_name[name].fallbacks:
         _check_no_cycle(f, by_name, (*path, name))
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """A LoRA adapter: a team's fine-tune served on its base model's replicas (docs/adapters.md).
+
+    `source` is fetched through the mirror as a model's weights are (`hf://org/repo` holding
+    adapter_config.json and adapter_model.safetensors for `peft`; a LoRA .gguf for `gguf`);
+    `owner` is the team or project whose keys reach it and whose quotas it counts against.
+    """
+
+    name: str
+    base: str
+    source: str
+    format: str
+    rank: int
+    owner: str
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    declared: bool = False  # from the catalog file, which alone changes it
+
+
+@dataclass(frozen=True)
+class AdapterFacts:
+    """What an adapter's own files say of it, when they can be read: its rank and the
+    architecture it was trained for; None where they do not say."""
+
+    rank: int | None = None
+    architecture: str | None = None
+
+
+_ADAPTER_FIELDS = {"name", "base", "source", "format", "rank", "owner", "aliases", "description"}
+OWNER_KINDS = ("team:", "project:")
+
+
+def parse_adapter(data: Mapping, *, declared: bool = False) -> AdapterSpec:
+    """Check an adapter's own fields (not yet against its base: `adapter_refusal`); raise
+    CatalogError naming the field."""
+    if not isinstance(data, Mapping):
+        raise CatalogError("An adapter must be an object.")
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise CatalogError(
+            "An adapter's name must be lowercase letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit, at most 64 long, not {name!r}."
+        )
+    where = f"adapter {name}"
+    unknown = sorted(set(data) - _ADAPTER_FIELDS, key=str)
+    if unknown:
+        raise CatalogError(f"{where}: unknown field {unknown[0]!r}.")
+    refused = surrogate_refusal(dict(data), where=where)
+    if refused:
+        raise CatalogError(refused)
+    base = data.get("base")
+    if not isinstance(base, str) or not base:
+        raise CatalogError(f"{where}: base must name the model it adapts.")
+    source = data.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise CatalogError(
+            f"{where}: source must say where its weights are (hf://org/repo, or a path)."
+        )
+    fmt = data.get("format")
+    if fmt not in FORMATS:
+        raise CatalogError(
+            f"{where}: format must be peft (a folder with adapter_config.json and "
+            f"adapter_model.safetensors) or gguf (a LoRA GGUF file), not {fmt!r}."
+        )
+    rank = _int(data, "rank", None, where=where, minimum=1)
+    if rank is None:
+        raise CatalogError(f"{where}: rank is needed (the LoRA's r, as trained).")
+    if rank > MAX_LORA_RANK:
+        raise CatalogError(f"{where}: rank must be at most {MAX_LORA_RANK}, not {rank}.")
+    owner = data.get("owner")
+    if not isinstance(owner, str) or not KEY_RE.match(owner) or not owner.startswith(OWNER_KINDS):
+        raise CatalogError(f"{where}: owner must be a team or a project (team:ID, project:ID).")
+    aliases = _strings(data, "aliases", where=where)
+    for a in aliases:
+        if not NAME_RE.match(a):
+            raise CatalogError(f"{where}: alias {a!r} is not a valid model name.")
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        raise CatalogError(f"{where}: description must be a string.")
+    return AdapterSpec(
+        name=name,
+        base=base,
+        source=source.strip(),
+        format=fmt,
+        rank=rank,
+        owner=owner,
+        aliases=aliases,
+        description=description,
+        declared=declared,
+    )
+
+
+def max_lora_rank(profile: Profile) -> int:
+    """The highest rank a profile's replicas load: its `--max-lora-rank`, else vLLM's 16."""
+    args = list(profile.args)
+    for i, arg in enumerate(args):
+        value = None
+        if arg == "--max-lora-rank" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--max-lora-rank="):
+            value = arg.partition("=")[2]
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    return DEFAULT_MAX_LORA_RANK
+
+
+def serving_profiles(adapter: AdapterSpec, base: ModelSpec) -> tuple[Profile, ...]:
+    """The base's profiles whose replicas can hold the adapter: an engine that loads its
+    format, adapter slots, and a max LoRA rank (llama.cpp has none) at or above its rank."""
+    return tuple(
+        p
+        for p in base.profiles
+        if adapter.format in ADAPTER_FORMATS.get(p.engine, ())
+        and p.adapter_slots > 0
+        and (p.engine == "llamacpp" or adapter.rank <= max_lora_rank(p))
+    )
+
+
+def adapter_refusal(
+    adapter: AdapterSpec,
+    base: ModelSpec | None,
+    *,
+    facts: AdapterFacts | None = None,
+    base_architecture: str | None = None,
+) -> str | None:
+    """Why `adapter` cannot be served on `base`, in a sentence with the figures; None when
+    it can. `facts` are what its own files say (when they could be read), `base_architecture`
+    what the base's weights say theirs is."""
+    where = f"adapter {adapter.name}"
+    if base is None:
+        return f"{where}: base model {adapter.base} is not in the catalog."
+    engines = sorted({p.engine for p in base.profiles})
+    able = [p for p in base.profiles if adapter.format in ADAPTER_FORMATS.get(p.engine, ())]
+    if not able:
+        wanted = " or ".join(e for e, f in ADAPTER_FORMATS.items() if adapter.format in f)
+        return (
+            f"{where}: base {base.name} runs on {', '.join(engines)}, which cannot serve a "
+            f"{adapter.format} adapter (that needs {wanted})."
+        )
+    slotted = [p for p in able if p.adapter_slots > 0]
+    if not slotted:
+        names = ", ".join(p.name for p in able)
+        return (
+            f"{where}: base {base.name}'s profile {names} holds no adapters: give it "
+            "adapter_slots (how many one replica holds at once)."
+        )
+    if facts is not None and facts.rank is not None and facts.rank != adapter.rank:
+        return f"{where}: rank is given as {adapter.rank} but its adapter files say {facts.rank}."
+    ranked = [p for p in slotted if p.engine == "llamacpp" or adapter.rank <= max_lora_rank(p)]
+    if not ranked:
+        top = max(max_lora_rank(p) for p in slotted)
+        return (
+            f"{where}: rank {adapter.rank} is above base {base.name}'s max LoRA rank {top} "
+            "(its profile's --max-lora-rank)."
+        )
+    arch = facts.architecture if facts is not None else None
+    if arch and base_architecture and _arch(arch) != _arch(base_architecture):
+        return f"{where}: it was trained for {arch}, but base {base.name} is {base_architecture}."
+    return None
+
+
+def _arch(name: str) -> str:
+    """An architecture's family, as GGUF (`llama`) and Transformers (`LlamaForCausalLM`,
+    model_type `llama`) name it."""
+    name = name.lower()
+    for tail in ("forcausallm", "forconditionalgeneration", "model"):
+        if name.endswith(tail) and len(name) > len(tail):
+            return name[: -len(tail)]
+    return name
+
+
+def validate_adapters(models: Mapping[str, ModelSpec], adapters: Iterable[AdapterSpec]) -> None:
+    """Names and aliases unique across models and adapters; every base a model."""
+    names: dict[str, str] = {}
+    for m in models.values():
+        for n in (m.name, *m.aliases):
+            names[n] = f"model {m.name}"
+    for a in adapters:
+        if a.base not in models:
+            raise CatalogError(f"adapter {a.name}: base model {a.base} is not in the catalog.")
+        for n in (a.name, *a.aliases):
+            if n in names:
+                raise CatalogError(f"adapter {a.name}: {n} is already a name of {names[n]}.")
+            names[n] = f"adapter {a.name}"
+
+
+def adapter_as_model(adapter: AdapterSpec, base: ModelSpec) -> ModelSpec:
+    """The adapter as the gateway routes and counts it: its base's spec under its own name,
+    aliases and owner, with no fallbacks, on the profiles that can hold it."""
+    return replace(
+        base,
+        name=adapter.name,
+        aliases=adapter.aliases,
+        owner=adapter.owner,
+        fallbacks=(),
+        description=adapter.description or base.description,
+        profiles=serving_profiles(adapter, base) or base.profiles,
+        declared=False,
+    )

@@ -66,6 +66,8 @@ class Profile(models.Model):
     routing = models.CharField(max_length=16, blank=True, default="")
     # What a replica draws, in watts, as declared; null: placement estimates it.
     power_watts = models.FloatField(null=True, blank=True)
+    # LoRA adapters one replica holds at once; 0: it serves none.
+    adapter_slots = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["model", "position"]
@@ -75,6 +77,29 @@ class Profile(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model.name}/{self.name}"
+
+
+class Adapter(models.Model):
+    """A LoRA adapter served on its base model's replicas (catalog.domain.AdapterSpec):
+    a team's fine-tune, reached by its owner's keys under its own name."""
+
+    name = models.CharField(max_length=64, unique=True)
+    base = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="adapters")
+    aliases = models.JSONField(default=list, blank=True)
+    description = models.TextField(blank=True)
+    source = models.CharField(max_length=500)
+    format = models.CharField(max_length=8)
+    rank = models.PositiveIntegerField()
+    owner = models.CharField(max_length=40, help_text="team:ID or project:ID")
+    declared = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (on {self.base.name})"
 
 
 class Measurement(models.Model):

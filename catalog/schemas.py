@@ -70,6 +70,33 @@ class ModelOut(Schema):
     slo: SloOut = Field(default_factory=SloOut)
     context_length: int | None = None
     max_output: int | None = None
+    # The LoRA adapters served on it, by name (GET /adapters?base= shows each).
+    adapters: list[str] = []
+
+
+class AdapterIn(BaseModel):
+    """Documents POST /adapters; catalog.domain.parse_adapter judges the body."""
+
+    name: str
+    base: str = Field(description="the model it adapts")
+    source: str = Field(description="hf://org/repo (PEFT), a LoRA .gguf, or a local path")
+    format: str = Field(json_schema_extra={"enum": ["peft", "gguf"]})
+    rank: int = Field(description="the LoRA's r; at most the base profile's --max-lora-rank")
+    owner: str = Field(description="team:Acme/ml or project:… (by name or ID): whose keys reach it")
+    aliases: list[str] = []
+    description: str = ""
+
+
+class AdapterOut(Schema):
+    name: str
+    base: str
+    aliases: list[str]
+    description: str
+    source: str
+    format: str
+    rank: int
+    owner: str
+    held_by: list[str] = Field(description="ready replicas whose engines hold it now")
 
 
 class ScaleIn(Schema):

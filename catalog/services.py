@@ -18,9 +18,10 @@ from tenancy.selectors import scope_find
 from tenancy.services import audit_record
 
 from . import domain
-from .domain import CLASSES, CatalogError, ModelSpec
-from .models import Measurement, Model, Profile as ProfileRow, Revision
-from .selectors import catalog_load
+from .adapter_files import adapter_facts, weights_architecture
+from .domain import CLASSES, AdapterSpec, CatalogError, ModelSpec
+from .models import Adapter, Measurement, Model, Profile as ProfileRow, Revision
+from .selectors import adapters_load, catalog_load
 
 log = logging.getLogger("llmgw.catalog")
 
@@ -75,6 +76,7 @@ def _write(spec: ModelSpec, *, actor: str, row: Model | None = None) -> Model:
             startup_timeout_s=p.startup_timeout_s,
             routing=p.routing,
             power_watts=p.power_watts,
+            adapter_slots=p.adapter_slots,
         )
         for i, p in enumerate(spec.profiles)
     )
@@ -150,6 +152,7 @@ def _validated(catalog: dict[str, ModelSpec], spec: ModelSpec) -> None:
     _storable(spec)
     try:
         domain.validate_catalog({**catalog, spec.name: spec}.values())
+        domain.validate_adapters({**catalog, spec.name: spec}, adapters_load().values())
     except CatalogError as exc:
         raise Invalid(str(exc)) from None
 
@@ -446,7 +449,14 @@ def model_remove(*, name: str, actor: str) -> None:
 
 
 def _delete(name: str) -> None:
-    """Forget a model and the controller's memory of it, so one added again starts afresh."""
+    """Forget a model and the controller's memory of it, so one added again starts afresh.
+    Conflict while adapters are served on it: they would be left with no base."""
+    adapters = sorted(a.name for a in adapters_load().values() if a.base == name)
+    if adapters:
+        raise Conflict(
+            f"model {name} is the base of adapter{'s' if len(adapters) > 1 else ''} "
+            f"{', '.join(adapters)}; remove {'them' if len(adapters) > 1 else 'it'} first."
+        )
     _, deleted = Model.objects.filter(name=name).delete()
     model_forget(name=name)
     _bump()
@@ -494,8 +504,147 @@ def declared_sync(*, specs: list[ModelSpec]) -> list[str]:
         wanted = {s.name for s in specs}
         for name, spec in catalog.items():
             if spec.declared and name not in wanted:
-                _delete(name)
+                try:
+                    _delete(name)
+                except Conflict as exc:  # adapters on it: said as the file's fault
+                    raise Invalid(f"The catalog file cannot be loaded: {exc}") from None
                 changes.append(f"model {name} removed: it is no longer in the catalog file")
     for line in changes:
         log.info(line)
     return changes
+
+
+def adapter_add(*, data: Mapping, actor: str) -> AdapterSpec:
+    """Add a LoRA adapter on a model of the catalog (docs/adapters.md); its owner by scope name
+    or ID, stored as the scope's ID. Invalid with the reason (a base unknown or whose engines
+    cannot serve it, a rank above its bound, an architecture its files say differs), Conflict
+    when the name is taken; nothing stored then."""
+    _no_nul(data, where="the adapter")
+    owner = data.get("owner") if isinstance(data, Mapping) else None
+    if isinstance(owner, str) and owner.strip():
+        try:
+            data = {**data, "owner": scope_find(owner)}
+        except Invalid as exc:
+            raise Invalid(f"owner: {exc}") from None
+    try:
+        spec = domain.parse_adapter(data)
+    except CatalogError as exc:
+        raise Invalid(str(exc)) from None
+    for name, value, longest in (("source", spec.source, 500), ("owner", spec.owner, 40)):
+        if len(value) > longest:
+            raise Invalid(f"adapter {spec.name}: {name} is longer than {longest} characters.")
+    with transaction.atomic():
+        catalog, adapters = catalog_load(), adapters_load()
+        if spec.name in adapters:
+            raise Conflict(f"An adapter named {spec.name} already exists.")
+        _adapter_checked(spec, catalog, [*adapters.values(), spec])
+        _adapter_write(spec, actor=actor)
+        _bump()
+        audit_record(actor=actor, action="adapter.add", target=spec.name, detail=dict(data))
+    log.info("adapter %s added on %s for %s by %s", spec.name, spec.base, spec.owner, actor)
+    return spec
+
+
+def _adapter_checked(
+    spec: AdapterSpec, catalog: dict[str, ModelSpec], every: list[AdapterSpec]
+) -> None:
+    """Invalid with the reason when `spec` cannot be served on its base, or its names clash
+    among the catalog's models and `every` adapter."""
+    base = catalog.get(spec.base)
+    why = domain.adapter_refusal(
+        spec,
+        base,
+        facts=adapter_facts(spec.source, spec.format),
+        base_architecture=weights_architecture(base.source) if base else None,
+    )
+    if why:
+        raise Invalid(why)
+    try:
+        domain.validate_adapters(catalog, every)
+    except CatalogError as exc:
+        raise Invalid(str(exc)) from None
+
+
+def _adapter_write(spec: AdapterSpec, *, actor: str) -> None:
+    Adapter.objects.update_or_create(
+        name=spec.name,
+        defaults={
+            "base": Model.objects.get(name=spec.base),
+            "aliases": list(spec.aliases),
+            "description": spec.description,
+            "source": spec.source,
+            "format": spec.format,
+            "rank": spec.rank,
+            "owner": spec.owner,
+            "declared": spec.declared,
+            "updated_by": actor[:150],
+        },
+    )
+
+
+def declared_adapters_prune(*, keep: set[str]) -> list[str]:
+    """Remove the declared adapters the catalog file no longer lists, before its models are
+    synced (a model left out may be the base of one); return what changed."""
+    with transaction.atomic():
+        gone = [a.name for a in adapters_load().values() if a.declared and a.name not in keep]
+        if gone:
+            Adapter.objects.filter(name__in=gone).delete()
+            _bump()
+    changes = [f"adapter {n} removed: it is no longer in the catalog file" for n in gone]
+    for line in changes:
+        log.info(line)
+    return changes
+
+
+def declared_adapters_sync(*, specs: list[AdapterSpec]) -> list[str]:
+    """Make the declared adapters exactly those of the catalog file (after its models);
+    return what changed. Invalid, nothing changed, for one its base cannot serve."""
+    changes = []
+    with transaction.atomic():
+        catalog, adapters = catalog_load(), adapters_load()
+        wanted = {s.name for s in specs}
+        kept = [a for a in adapters.values() if a.name not in wanted]
+        for spec in specs:
+            if spec.name in adapters and not adapters[spec.name].declared:
+                raise Invalid(
+                    f"The catalog file cannot be loaded: adapter {spec.name} was added through "
+                    "the API; remove it there first."
+                )
+            try:
+                _adapter_checked(spec, catalog, [*kept, *specs])
+            except Invalid as exc:
+                raise Invalid(f"The catalog file cannot be loaded: {exc}") from None
+        for spec in specs:
+            if adapters.get(spec.name) != spec:
+                _adapter_write(spec, actor="catalog file")
+                changes.append(
+                    f"adapter {spec.name} {'updated' if spec.name in adapters else 'added'} "
+                    "from the catalog file"
+                )
+        for a in kept:
+            if a.declared:
+                Adapter.objects.filter(name=a.name).delete()
+                changes.append(f"adapter {a.name} removed: it is no longer in the catalog file")
+        if changes:
+            _bump()
+    for line in changes:
+        log.info(line)
+    return changes
+
+
+def adapter_remove(*, name: str, actor: str) -> AdapterSpec:
+    """Remove an adapter; the replicas holding it unload it when they need the slot.
+    NotFound when there is none by that name."""
+    with transaction.atomic():
+        spec = adapters_load().get(name)
+        if spec is None:
+            raise NotFound(f"There is no adapter {name!r}.")
+        if spec.declared:
+            raise Invalid(
+                f"adapter {name} is declared in the catalog file; edit that file and restart "
+                "llmgw serve"
+            )
+        Adapter.objects.filter(name=name).delete()
+        _bump()
+        audit_record(actor=actor, action="adapter.remove", target=name)
+    return spec

@@ -292,6 +292,11 @@ class ModelDetail:
         return listings.model_explain(name=self.name, view=self.view)
 
     @cached_property
+    def adapters(self) -> list[dict]:
+        """The LoRA adapters served on it, with the replicas holding each."""
+        return listings.adapter_views(base=self.name)
+
+    @cached_property
     def headroom(self) -> dict:
         return fleet_dry_runs.model_headroom(name=self.name, limit=HEADROOM_LIMIT)
 

@@ -33,6 +33,8 @@ Count = Annotated[int, Field(ge=0, le=1_000_000)]
 Positive = Annotated[int, Field(gt=0, le=1 << 50)]
 Reading = Annotated[float, Field(ge=-300, le=1_000_000)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
+# A catalog adapter's name (catalog.domain.NAME_RE).
+AdapterName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")]
 ShardState = Literal["pending", "fetching", "starting", "ready", "failed", "stopped"]
 
 
@@ -282,6 +284,14 @@ class ShardStatus(_Message):
     stopped_for: Literal["memory"] | None = None
 
 
+class AdapterHeld(_Message):
+    """A LoRA adapter an engine holds now: its catalog name, and llama-server's index of it
+    (what a request names it by there; None for vLLM, which is asked by name)."""
+
+    name: AdapterName
+    engine_id: Annotated[int, Field(ge=0, le=10_000)] | None = None
+
+
 class EngineShardLoad(_Message):
     shard_id: ShardId
     running: Count | None = None
@@ -289,6 +299,19 @@ class EngineShardLoad(_Message):
     kv_cache: Fraction | None = None
     # Prompt tokens found in the prefix cache over those looked up, over the last minute.
     prefix_hit_rate: Fraction | None = None
+    # The adapters its engine holds now; absent is not reported (unknown), [] is none.
+    adapters: Annotated[list[AdapterHeld], Field(max_length=1000)] | None = None
+
+
+class AdapterStatus(_Message):
+    """How a `load_adapter` or `unload_adapter` the control plane asked for went: the
+    adapter loaded, unloaded, or failed with the engine's words."""
+
+    type: Literal["adapter_status"]
+    shard_id: ShardId
+    name: AdapterName
+    state: Literal["loaded", "unloaded", "failed"]
+    detail: Annotated[str, StringConstraints(max_length=2000, pattern=_TEXT)] = ""
 
 
 class EngineLoad(_Message):
@@ -320,7 +343,9 @@ class UpgradeStatus(_Message):
     detail: Annotated[str, StringConstraints(max_length=2000, pattern=_TEXT)] = ""
 
 
-Message = Register | Heartbeat | ShardStatus | EngineLoad | EngineLogLines | UpgradeStatus
+Message = (
+    Register | Heartbeat | ShardStatus | EngineLoad | EngineLogLines | UpgradeStatus | AdapterStatus
+)
 AgentMessage = Annotated[Message, Field(discriminator="type")]
 _adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
 
@@ -351,7 +376,7 @@ def _first_error(exc: ValidationError) -> str:
         "model_type",
     ):
         return (
-            "expected an object with type register, heartbeat, shard_status, engine_load "
-            "or engine_log_lines"
+            "expected an object with type register, heartbeat, shard_status, engine_load, "
+            "engine_log_lines, upgrade_status or adapter_status"
         )
     return f"{where}: {err['msg']}" if where else err["msg"]

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
-from catalog.domain import ModelSpec
-from catalog.selectors import catalog_load
+from catalog.domain import ModelSpec, Profile
+from catalog.selectors import adapters_load, catalog_load
 from llmgw.core.errors import Invalid, NotFound
 from llmgw.core.secrets import engine_key
 from mirror.selectors import FolderRef, WeightsRef, weights_for_source
@@ -70,8 +70,52 @@ def start_command(shard: Shard, replica: Replica, spec: ModelSpec | None) -> Com
             },
             **_weights(spec.source),
             **engine_build(node_id=shard.node_id, engine=profile.engine),
+            # LoRA adapters (docs/adapters.md): loaded when first asked for, except on
+            # llama-server, which takes them only at its start.
+            "adapter_slots": profile.adapter_slots,
+            "adapters": start_adapters(spec.name, profile),
         },
     )
+
+
+def start_adapters(model: str, profile: Profile) -> list[dict]:
+    """The adapters a replica of `model` on `profile` starts holding: none where its engine
+    loads them while it runs (vLLM, the sim engine); on llama-server, which cannot, the
+    model's LoRA GGUFs by name, as many as its adapter slots (one added later is held from
+    the replica's next start: `llmgw ctl restart`)."""
+    if profile.engine != "llamacpp" or profile.adapter_slots <= 0:
+        return []
+    held = sorted(
+        (a for a in adapters_load().values() if a.base == model and a.format == "gguf"),
+        key=lambda a: a.name,
+    )[: profile.adapter_slots]
+    return [{"name": a.name, "path": a.source, "format": a.format} for a in held]
+
+
+def adapter_load_commands(
+    *, replica_id: str, name: str, source: str, format: str, unload: str | None = None
+) -> list[Command]:
+    """The load_adapter message for a replica's first shard (whose engine serves HTTP), after
+    the unload_adapter that makes room when `unload` names one; [] when the replica has no
+    shard now. The adapter's `path` is its source; `weights` too when the mirror holds it,
+    for the agent to fetch as it fetches a model's (fleet/agent/adapters.py)."""
+    shard = Shard.objects.filter(replica_id=replica_id, rank=0).values_list("id", "node_id").first()
+    if shard is None:
+        return []
+    shard_id, node_id = shard
+    commands = []
+    if unload:
+        commands.append(
+            Command(node_id, {"type": "unload_adapter", "shard_id": shard_id, "name": unload})
+        )
+    ref = {"name": name, "path": source, "format": format}
+    commands.append(
+        Command(
+            node_id,
+            {"type": "load_adapter", "shard_id": shard_id, "adapter": ref, **_weights(source)},
+        )
+    )
+    return commands
 
 
 def _weights(source: str) -> dict:

@@ -6,6 +6,12 @@ order, waits `ttft_ms` (plus, with `prefill_tokens_per_sec`, the prefill of
 the prompt's words its prefix cache lacks), then produces a token every
 `1 / tokens_per_sec` seconds. The words come from a small vocabulary seeded
 by the prompt, so the same prompt always gets the same answer.
+
+With `--max-loras N` it holds up to N LoRA adapters, as vLLM does: given at start
+(`--lora NAME=PATH`) or loaded and unloaded at run time (`POST /v1/load_lora_adapter`,
+`/v1/unload_lora_adapter`), listed in `/v1/models` with their `parent`; a request that
+names one is answered with words seeded by the adapter's name too, so each adapter
+answers differently from the base and from the others (docs/adapters.md).
 """
 
 from __future__ import annotations
@@ -59,10 +65,16 @@ class SimConfig:
     prefix_block_tokens: int = 16  # vLLM's block size
     kv_cache_tokens: int = 0  # tokens the KV cache holds; 0: its use is the share of slots taken
     weights: str | None = None  # the file or folder it was given as its model, as vLLM's root
+    max_loras: int = 0  # LoRA adapters held at once (vLLM's --max-loras); 0: none
+    loras: tuple[tuple[str, str], ...] = ()  # (name, path) held from the start
 
 
 class BadRequest(Exception):
     """A request the OpenAI API would refuse with 400."""
+
+
+class ModelNotFound(Exception):
+    """A request for a model or adapter the engine does not hold: vLLM's 404."""
 
 
 class Slots:
@@ -126,6 +138,18 @@ class Engine:
         self.prefix_cache_hits_total = 0
         self.kv_tokens = 0  # prompt and answer tokens of the requests holding a slot
         self.created = int(time.time())
+        # The adapters held, by name, with the path each came from, in the order loaded.
+        self.adapters: dict[str, str] = dict(config.loras)
+
+    def seed(self, model: object) -> str:
+        """What the answer's words are seeded by besides the prompt: the adapter's name when
+        the request names a held one (the base's words otherwise). BadRequest naming a model
+        it does not serve, once it serves adapters (vLLM answers 404)."""
+        if not self.config.max_loras or model in (None, self.config.model):
+            return ""
+        if isinstance(model, str) and model in self.adapters:
+            return f"lora:{model}\n"
+        raise ModelNotFound(f"The model `{model}` does not exist.")
 
     def prefill(self, tokens: list[str], prompt_tokens: int) -> int:
         """Look the prompt up in the prefix cache and count it; returns the cached tokens.
@@ -258,6 +282,8 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
         return await handler(request)
     except BadRequest as exc:
         return error_response(400, str(exc))
+    except ModelNotFound as exc:
+        return error_response(404, str(exc), "NotFoundError")
     except web.HTTPRequestEntityTooLarge:
         return error_response(413, f"the body is over {MAX_BODY_BYTES} bytes")
 
@@ -338,7 +364,48 @@ async def models(request: web.Request) -> web.Response:
     model = {"id": engine.config.model, "object": "model", "created": engine.created}
     if engine.config.weights:
         model["root"] = engine.config.weights  # what vLLM says here: the path it loaded
-    return web.json_response({"object": "list", "data": [model | {"owned_by": "llmgw-sim"}]})
+    data = [model | {"owned_by": "llmgw-sim"}]
+    # As vLLM lists its LoRA adapters: each with the path it came from and its base.
+    data += [
+        {"id": name, "object": "model", "created": engine.created, "owned_by": "llmgw-sim"}
+        | {"root": path, "parent": engine.config.model}
+        for name, path in engine.adapters.items()
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    """POST /v1/load_lora_adapter {"lora_name", "lora_path"}, as vLLM takes it: 400 when it
+    serves no adapters, holds that one already or has no slot free; 404 for a path that
+    is not there."""
+    engine = request.app[ENGINE]
+    body = await read_body(request)
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+        raise BadRequest("'lora_name' and 'lora_path' are required")
+    if not engine.config.max_loras:
+        raise BadRequest("LoRA is not enabled: start the engine with --max-loras")
+    if name in engine.adapters:
+        raise BadRequest(f"The lora adapter '{name}' has already been loaded.")
+    if len(engine.adapters) >= engine.config.max_loras:
+        raise BadRequest(
+            f"No free LoRA slot: {len(engine.adapters)} of {engine.config.max_loras} held."
+        )
+    if path.startswith("/") and not os.path.exists(path):
+        raise ModelNotFound(f"No adapter found at {path}.")
+    engine.adapters[name] = path
+    return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    """POST /v1/unload_lora_adapter {"lora_name"}: 404 for one it does not hold."""
+    engine = request.app[ENGINE]
+    body = await read_body(request)
+    name = body.get("lora_name")
+    if name not in engine.adapters:
+        raise ModelNotFound(f"The lora adapter '{name}' cannot be found.")
+    del engine.adapters[name]
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 async def _sleep_until(deadline: float) -> None:
@@ -366,6 +433,8 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
         prompt, prompt_tokens = completion_prompt(body)
         keys = ("max_tokens",)
     count, limited = requested_tokens(body, keys, engine.config.max_tokens)
+    # An adapter's answer is its own: the words are seeded by its name too.
+    seeded = engine.seed(body.get("model")) + prompt
     n = body.get("n")
     if n is not None and (not _is_int(n) or n != 1):
         raise BadRequest("only n=1 is supported")
@@ -373,7 +442,7 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
     options = body.get("stream_options")
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
     engine.requests_total += 1
-    words = itertools.islice(generate_words(prompt), count)
+    words = itertools.islice(generate_words(seeded), count)
     tokens = (w if i == 0 else " " + w for i, w in enumerate(words))
     # A limit the client chose was reached; under the default the "model" chose to stop.
     finish = "length" if limited else "stop"
@@ -398,7 +467,7 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
 
     def remember() -> None:
         # The cache reads only what it can hold, so even a huge answer costs little.
-        answer_words = itertools.islice(generate_words(prompt), count)
+        answer_words = itertools.islice(generate_words(seeded), count)
         engine.cache.insert(itertools.chain(prompt_words, answer_words))
 
     async with engine.slots.hold(), _holding_kv(engine, prompt_tokens + count):
@@ -499,6 +568,8 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", functools.partial(complete, chat=True))
     app.router.add_post("/v1/completions", functools.partial(complete, chat=False))
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
+    app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
     return app
 
 
@@ -569,7 +640,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     add("--api-key", help=f"for manual use; the agent passes the key in ${API_KEY_ENV}")
     add("--weights", help="the file or folder of the model's weights; it must exist")
+    add("--max-loras", type=_at_least(0), default=0, help="LoRA adapters held at once (0: none)")
+    add(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a LoRA adapter held from the start (repeat for several)",
+    )
     args = vars(parser.parse_args(argv))
+    loras = []
+    for item in args.pop("lora"):
+        name, _, path = item.partition("=")
+        if not name or not path:
+            parser.error(f"--lora takes NAME=PATH, not {item!r}")
+        loras.append((name, path))
+    if len(loras) > args["max_loras"]:
+        parser.error(f"{len(loras)} --lora given, more than --max-loras {args['max_loras']}")
+    args["loras"] = tuple(loras)
     if args["weights"] and not os.path.exists(args["weights"]):
         # As a real engine does: a model it cannot find is a failed start, said.
         print(f"llmgw sim-engine: no such file or folder: {args['weights']}", file=sys.stderr)

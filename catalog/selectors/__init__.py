@@ -9,8 +9,8 @@ from django.db import connection
 
 from llmgw.core import reads
 
-from ..domain import ModelSpec, Profile, Slo
-from ..models import Measurement, Model, Profile as ProfileRow, Revision
+from ..domain import AdapterSpec, ModelSpec, Profile, Slo
+from ..models import Adapter, Measurement, Model, Profile as ProfileRow, Revision
 
 
 def profile_from_row(row: ProfileRow) -> Profile:
@@ -33,6 +33,7 @@ def profile_from_row(row: ProfileRow) -> Profile:
         startup_timeout_s=row.startup_timeout_s,
         routing=row.routing,
         power_watts=row.power_watts,
+        adapter_slots=row.adapter_slots,
     )
 
 
@@ -64,7 +65,7 @@ def spec_from_row(row: Model) -> ModelSpec:
 
 # The catalog changes rarely and is read by every reconciler pass: kept per process and
 # read again when the database says it changed (a model written, added or removed).
-_cache: dict = {"version": None, "catalog": {}}  # version None: never read yet
+_cache: dict = {"version": None, "catalog": {}, "adapters": {}}  # version None: never read yet
 
 
 def _catalog_version() -> tuple[int, int]:
@@ -80,18 +81,55 @@ def _catalog_version() -> tuple[int, int]:
 
 
 def catalog_load() -> dict[str, ModelSpec]:
-    """Every model with its profiles: one small query when unchanged, three when changed
+    """Every model with its profiles: one small query when unchanged, four when changed
     (none more inside llmgw.core.reads.once_each, once read)."""
-    return dict(reads.once("catalog", _catalog_read))
+    return dict(reads.once("catalog", _catalog_read)[0])
 
 
-def _catalog_read() -> dict[str, ModelSpec]:
+def adapters_load() -> dict[str, AdapterSpec]:
+    """Every LoRA adapter by name, kept with the models (each adapter's write bumps the
+    catalog's revision): one small query when unchanged."""
+    return dict(reads.once("catalog", _catalog_read)[1])
+
+
+def catalog_and_adapters() -> tuple[dict[str, ModelSpec], dict[str, AdapterSpec]]:
+    """The models and the adapters, from one look at the revision."""
+    models, adapters = reads.once("catalog", _catalog_read)
+    return dict(models), dict(adapters)
+
+
+def _catalog_read() -> tuple[dict[str, ModelSpec], dict[str, AdapterSpec]]:
     key = _catalog_version()
     if _cache["version"] != key:
         rows = Model.objects.prefetch_related("profiles").order_by("name")
         _cache["catalog"] = {row.name: spec_from_row(row) for row in rows}
+        adapters = Adapter.objects.select_related("base").order_by("name")
+        _cache["adapters"] = {row.name: adapter_from_row(row) for row in adapters}
         _cache["version"] = key
-    return dict(_cache["catalog"])
+    return _cache["catalog"], _cache["adapters"]
+
+
+def adapter_from_row(row: Adapter) -> AdapterSpec:
+    return AdapterSpec(
+        name=row.name,
+        base=row.base.name,
+        source=row.source,
+        format=row.format,
+        rank=row.rank,
+        owner=row.owner,
+        aliases=tuple(row.aliases or ()),
+        description=row.description,
+        declared=row.declared,
+    )
+
+
+def adapter_called(name: str) -> str | None:
+    """The name of the adapter called `name`, by its name or an alias; None when none is."""
+    adapters = adapters_load()
+    if name in adapters:
+        return name
+    owners = [a.name for a in adapters.values() if name in a.aliases]
+    return owners[0] if len(owners) == 1 else None
 
 
 def model_called(name: str) -> str | None:

@@ -19,17 +19,19 @@ from fleet.selectors.listings import (
     ready_node_sizes,
     replica_states,
 )
+from fleet.selectors.routing import adapters_held
 from fleet.selectors.state import model_states, replica_views
 from llmgw.core import clock
 from llmgw.core.errors import NotFound
 
 from ..domain import reservation_warnings, suggested_cores
-from . import catalog_load
+from . import adapters_load, catalog_and_adapters, catalog_load
 
 
 def model_views(*, name: str | None = None) -> list[dict]:
     """Models as the API shows them, with what runs of each (a fixed number of queries)."""
-    catalog = catalog_load()
+    catalog, every_adapter = catalog_and_adapters()
+    adapters = every_adapter.values()
     if name is not None:
         if name not in catalog:
             raise NotFound(f"There is no model {name!r}.")
@@ -107,9 +109,40 @@ def model_views(*, name: str | None = None) -> list[dict]:
                 "slo": spec.slo.to_dict(),
                 "context_length": spec.context_length,
                 "max_output": spec.max_output,
+                "adapters": sorted(a.name for a in adapters if a.base == spec.name),
             }
         )
     return out
+
+
+def adapter_views(*, name: str | None = None, base: str | None = None) -> list[dict]:
+    """Adapters as the API, ctl and the model page show them (every one, `name`, or those of
+    `base`), each with the ready replicas holding it now as their engines said."""
+    every = adapters_load()
+    if name is not None:
+        if name not in every:
+            raise NotFound(f"There is no adapter {name!r}.")
+        chosen = [every[name]]
+    else:
+        chosen = [a for a in every.values() if base is None or a.base == base]
+    if not chosen:
+        return []
+    bases = {a.base for a in chosen}
+    held = adapters_held(model=next(iter(bases)) if len(bases) == 1 else None)
+    return [
+        {
+            "name": a.name,
+            "base": a.base,
+            "aliases": list(a.aliases),
+            "description": a.description,
+            "source": a.source,
+            "format": a.format,
+            "rank": a.rank,
+            "owner": a.owner,
+            "held_by": sorted(r for r, names in held.items() if a.name in names),
+        }
+        for a in chosen
+    ]
 
 
 def model_explain(*, name: str, view: dict | None = None) -> dict:

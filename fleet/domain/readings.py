@@ -22,6 +22,16 @@ class Reading:
     waiting: int | None = None
     kv_cache: float | None = None
     prefix_hit_rate: float | None = None
+    # The LoRA adapters its engine holds, by name, with llama-server's index of each (None
+    # for vLLM); None when it did not say, () when it holds none.
+    adapters: tuple[tuple[str, int | None], ...] | None = None
+
+    def holds(self, adapter: str) -> bool:
+        return self.adapters is not None and any(n == adapter for n, _ in self.adapters)
+
+    def engine_id(self, adapter: str) -> int | None:
+        """llama-server's index of `adapter`; None when it has none or does not hold it."""
+        return next((i for n, i in self.adapters or () if n == adapter), None)
 
     @property
     def queued(self) -> int:
@@ -35,6 +45,7 @@ def replica_reading(shards: Iterable[Mapping]) -> Reading | None:
     summed over the shards that said, the KV use is the fullest, the hit rate the first
     said (only the shard serving HTTP has one). None when no shard said anything."""
     running = waiting = kv = rate = None
+    adapters: tuple[tuple[str, int | None], ...] | None = None
     said = False
     for figures in shards:
         if not isinstance(figures, Mapping):
@@ -48,9 +59,26 @@ def replica_reading(shards: Iterable[Mapping]) -> Reading | None:
             kv = k if kv is None else max(kv, k)
         if rate is None:
             rate = _share(figures.get("prefix_hit_rate"))
+        if adapters is None:
+            adapters = _adapters(figures.get("adapters"))
     if not said:
         return None
-    return Reading(running=running, waiting=waiting, kv_cache=kv, prefix_hit_rate=rate)
+    return Reading(
+        running=running, waiting=waiting, kv_cache=kv, prefix_hit_rate=rate, adapters=adapters
+    )
+
+
+def _adapters(value: object) -> tuple[tuple[str, int | None], ...] | None:
+    """The adapters a shard said its engine holds (`[{"name", "engine_id"}]`); None when it
+    said nothing of them."""
+    if not isinstance(value, list):
+        return None
+    out = []
+    for a in value:
+        if isinstance(a, Mapping) and isinstance(name := a.get("name"), str):
+            i = a.get("engine_id")
+            out.append((name, i if isinstance(i, int) and not isinstance(i, bool) else None))
+    return tuple(out)
 
 
 def _count(value: object) -> int | None:

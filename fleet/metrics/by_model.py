@@ -85,6 +85,8 @@ def replica_series(scrape: Scrape) -> None:
         ):
             if value is not None:
                 scrape.add(name, labels, value)
+        for adapter, _ in reading.adapters or ():
+            scrape.add("llmgw_adapter_loaded", (adapter, *labels), 1)
 
 
 def quota_series(scrape: Scrape, catalog: dict[str, ModelSpec], held: dict[str, Amount]) -> None:

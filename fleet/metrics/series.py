@@ -111,6 +111,8 @@ DESCS = (
          "(a recent llama-server).", ("model", "replica")),
     Desc("llmgw_replica_prefix_cache_hit_ratio", "Prompt tokens a ready replica's engine found in its prefix cache over those it looked up, "
          "over the last minute; absent while it looked up none.", ("model", "replica")),
+    Desc("llmgw_adapter_loaded", "1 for each LoRA adapter a ready replica's engine holds, as its agent last said; none for an "
+         "engine that said nothing of adapters.", ("adapter", "model", "replica")),
     Desc("llmgw_capacity_holds", "What a part of the tenancy tree holds of a resource, its own models' replicas and those beneath it.",
          ("resource", "scope")),
     Desc("llmgw_capacity_guarantee", "What a part of the tenancy tree is guaranteed of a resource.", ("resource", "scope")),

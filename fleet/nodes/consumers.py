@@ -36,7 +36,7 @@ from .heard import (
 from .identity import AgentCredential, Refused, agents_authenticate, register_refusal
 from .live import LIVE, OutOfOrder
 from .registration import registrations_write
-from .reports import node_weights_record, shard_status_record
+from .reports import adapter_status_record, node_weights_record, shard_status_record
 from .upgrades import upgrade_reported
 
 log = logging.getLogger("llmgw.agents")
@@ -431,6 +431,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             node_id=self.node_id, msg=msg, now=clock.now()
         )
         await self._send_commands(commands)
+
+    async def on_adapter_status(self, msg: protocol.AdapterStatus) -> None:
+        await database_call(adapter_status_record)(node_id=self.node_id, msg=msg, now=clock.now())
 
     async def on_upgrade_status(self, msg: protocol.UpgradeStatus) -> None:
         await database_call(upgrade_reported)(node_id=self.node_id, msg=msg, now=clock.now())

@@ -18,6 +18,7 @@ from ..domain.endpoints import endpoint_refusal
 from ..domain.plan import Event
 from ..models import Node, Replica, Shard
 from ..protocol import (
+    AdapterStatus,
     BadMessage,
     Disk,
     ShardStatus,
@@ -200,3 +201,48 @@ def _shard_ended(shard: Shard, replica: Replica, msg: ShardStatus, now: datetime
     )
     # The event log says it once, from the reconciler's pass that replaces it.
     log.info(reason, extra={"replica": replica.id, "model": replica.model})
+
+
+# What an adapter_status says, as its event says it.
+_ADAPTER_SAID = {
+    "loaded": "adapter {name} is loaded on replica {replica} of {model} (node {node})",
+    "unloaded": "adapter {name} is unloaded from replica {replica} of {model} (node {node})",
+    "failed": "adapter {name} failed to load on replica {replica} of {model} (node {node}){why}",
+}
+
+
+def adapter_status_record(*, node_id: str, msg: AdapterStatus, now: datetime) -> None:
+    """Record what an agent says of an adapter it was asked to load or unload, as an event
+    naming the adapter (the gateway waiting for it reads how it went there: fleet.selectors.
+    routing.adapter_said). Only of a shard placed on that node; else nothing changes.
+    Which adapters each engine holds is what its engine_load says, not this."""
+    shard = Shard.objects.select_related("replica").filter(pk=msg.shard_id, node_id=node_id).first()
+    if shard is None:
+        refused(
+            "adapter_status_not_placed",
+            f"node {node_id} sent adapter_status for shard {msg.shard_id}, which is not placed "
+            "on it; nothing changed",
+        )
+        return
+    replica = shard.replica
+    said = failure_summary(msg.detail) if msg.detail else ""
+    message = _ADAPTER_SAID[msg.state].format(
+        name=msg.name,
+        replica=replica.id,
+        model=replica.model,
+        node=node_id,
+        why=f": {said}" if said else "",
+    )
+    event_log.record(
+        [
+            Event(
+                message[:2000],
+                f"adapter_{msg.state}",
+                model=msg.name,
+                node=node_id,
+                replica=replica.id,
+                base=replica.model,
+            )
+        ],
+        now=now,
+    )

@@ -85,8 +85,16 @@ def replicas_list(*, model: str | None = None) -> list[dict]:
 
 
 def reading_out(reading: Reading | None) -> dict | None:
-    """A replica's engine reading as the API and the pages show it; None when none said."""
-    return asdict(reading) if reading is not None else None
+    """A replica's engine reading as the API and the pages show it, its adapters by name;
+    None when none said."""
+    if reading is None:
+        return None
+    out = asdict(reading)
+    if reading.adapters is None:
+        del out["adapters"]  # said nothing of them: as before adapters were read
+    else:
+        out["adapters"] = [name for name, _ in reading.adapters]
+    return out
 
 
 def replicas_fetching() -> dict[str, dict]:

@@ -13,8 +13,9 @@ from django.db.models import Count, Max
 from ..domain.readings import Reading, replica_reading
 from ..domain.refusals import one_line
 from ..domain.types import ACTIVE, ReplicaView
-from ..models import ModelState, Node, Replica, Shard
+from ..models import Event, ModelState, Node, Replica, Shard
 from .rows import chunks
+from .state import replica_views
 
 
 def replica_readings(replicas: Iterable[ReplicaView] | None = None) -> dict[str, Reading]:
@@ -101,3 +102,30 @@ def on_demand_trouble(model: str) -> str | None:
         first = one_line(row["explanation"] or [])
         return f"no room: {first or 'no node can take it now'}"
     return None
+
+
+def adapters_held(*, model: str | None = None) -> dict[str, tuple[str, ...]]:
+    """The adapters each ready replica (of `model`, or every one) holds, by replica id, as
+    its engine last said (`Reading.adapters`); a replica whose engine said nothing of them
+    is left out: unknown, not none."""
+    replicas = None if model is None else replica_views(model=model)
+    return {
+        replica_id: tuple(name for name, _ in reading.adapters)
+        for replica_id, reading in replica_readings(replicas).items()
+        if reading.adapters is not None
+    }
+
+
+def adapter_said(*, adapter: str, since: datetime) -> tuple[str, str, str] | None:
+    """What agents last said of loading `adapter` since `since` (their adapter_status, kept
+    as events naming it): ("loaded" or "failed", the replica, the sentence with the
+    engine's words); None when nothing yet."""
+    row = (
+        Event.objects.filter(
+            model=adapter, kind__in=("adapter_loaded", "adapter_failed"), last_at__gte=since
+        )
+        .order_by("-last_at", "-id")
+        .values_list("kind", "replica", "message")
+        .first()
+    )
+    return (row[0].removeprefix("adapter_"), row[1], row[2]) if row else None

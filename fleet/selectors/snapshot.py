@@ -13,7 +13,7 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from catalog.domain import ModelSpec
-from catalog.selectors import catalog_load
+from catalog.selectors import adapters_load, catalog_load
 from llmgw.core import sources
 from mirror.selectors import weights_waiting
 from tenancy.quota import Policy
@@ -82,9 +82,12 @@ def model_loads(replicas: tuple[ReplicaView, ...], models: dict[str, ModelSpec])
     if not scalable:
         return {}
     engines = _engine_loads(replicas, scalable)
+    counted = sources.read(sources.GATEWAY_LOAD) or {}
     at_gateway = {
         m: Load(running=r, waiting=w)
-        for m, (r, w) in (sources.read(sources.GATEWAY_LOAD) or {}).items()
+        for m, (r, w) in on_bases(
+            counted, {a.name: a.base for a in adapters_load().values()}
+        ).items()
         if m in scalable
     }
     out = {}
@@ -92,6 +95,20 @@ def model_loads(replicas: tuple[ReplicaView, ...], models: dict[str, ModelSpec])
         load = combined_load(engines.get(m), at_gateway.get(m))
         if load is not None:
             out[m] = load
+    return out
+
+
+def on_bases(
+    counts: dict[str, tuple[int, int]], base_of: dict[str, str]
+) -> dict[str, tuple[int, int]]:
+    """The gateway's (running, waiting) per model with each LoRA adapter's added to its
+    base's: its requests run on the base's replicas, so they are the base's demand (the
+    engines' own counts have them already)."""
+    out: dict[str, tuple[int, int]] = {}
+    for m, (r, w) in counts.items():
+        m = base_of.get(m, m)
+        was = out.get(m, (0, 0))
+        out[m] = (was[0] + r, was[1] + w)
     return out
 
 

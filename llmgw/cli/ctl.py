@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from llmgw.cli import (
+    ctl_adapters,
     ctl_bench,
     ctl_budget,
     ctl_capacity,
@@ -67,6 +68,7 @@ COMMANDS = [
     ctl_engines,
     ctl_replicas,
     ctl_upgrade,
+    ctl_adapters,
 ]
 
 

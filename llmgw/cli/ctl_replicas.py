@@ -98,6 +98,12 @@ def render_replicas(replicas: list[dict[str, Any]]) -> str:
         )
     headers = ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES", "GPUS"]
     headers += ["RUN", "WAIT", "KV", "HITS", "ENDPOINT", "AGE"]
+    held = [(r.get("engine") or {}).get("adapters") for r in replicas]
+    if any(held):
+        # The LoRA adapters each engine holds, when any does (docs/adapters.md).
+        headers.append("ADAPTERS")
+        for row, names in zip(rows, held, strict=True):
+            row.append(joined(names) if names else "-")
     return render(headers, rows)
 
 

@@ -32,13 +32,20 @@ def _prepare(embedded: bool) -> None:
         if executor.migration_plan(executor.loader.graph.leaf_nodes()):
             raise SystemExit("llmgw: the database needs migrating first: run llmgw migrate")
     if settings.LLMGW.catalog is not None:
-        from catalog.declared import read_catalog_file
+        from catalog.declared import read_catalog_adapters, read_catalog_file
         from catalog.domain import CatalogError
-        from catalog.services import declared_sync
+        from catalog.services import (
+            declared_adapters_prune,
+            declared_adapters_sync,
+            declared_sync,
+        )
         from llmgw.core.errors import Invalid
 
         try:
+            adapters = read_catalog_adapters(settings.LLMGW.catalog)
+            declared_adapters_prune(keep={a.name for a in adapters})
             declared_sync(specs=read_catalog_file(settings.LLMGW.catalog))
+            declared_adapters_sync(specs=adapters)
         except (CatalogError, Invalid) as exc:
             raise SystemExit(f"llmgw: LLMGW_CATALOG: {exc}") from None
 

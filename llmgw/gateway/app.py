@@ -10,7 +10,8 @@ background task refreshes the tables and writes the batches.
 
 The request path, top down: `requests.serve`, `routing`, `upstream`, `streaming`;
 `state` holds what they read of the process and of one request, `answers` the errors
-and headers they answer with.
+and headers they answer with; `adapters` routes a LoRA adapter to its base's replicas
+holding it, asking one to load it when none does (docs/adapters.md).
 """
 
 from __future__ import annotations

@@ -266,7 +266,7 @@ async def _request(
         raw, path = orjson.dumps(dialect.translated(_json(raw))), CHAT_PATH
     body = _parse(raw, endpoint)
     spec = rt.tables.resolve(body["model"])
-    if spec is None or (key.models is not None and spec.name not in key.models):
+    if spec is None or not rt.tables.allows(key, spec.name):
         raise unknown_model(body["model"])
     options = body.get("stream_options")
     req = Request(

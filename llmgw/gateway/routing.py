@@ -10,7 +10,7 @@ import logging
 import time
 
 from llmgw.core import tracing
-from llmgw.gateway import metrics
+from llmgw.gateway import adapters, metrics
 from llmgw.gateway.answers import ClientGone, Receive, Refused, Send, unplaceable
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.scoring import reading_words
@@ -26,8 +26,7 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
     """Find a replica (waiting for an on-demand one), send the request, pass the answer
     back; a replica that cannot be reached is tried once more elsewhere. The HTTP status
     answered."""
-    key_models = req.key.models
-    chain = [m for m in rt.chain(req.model) if key_models is None or m in key_models]
+    chain = [m for m in rt.chain(req.model) if rt.tables.allows(req.key, m)]
     main = asyncio.current_task()
     gone = False  # the caller hung up (no Event: nothing waits on it)
 
@@ -44,7 +43,8 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
             with tracing.span("llmgw.routing") as span:
                 picked = up = None
                 for i, model in enumerate(chain):
-                    picked = rt.pick(model, req.tried, req)
+                    # An adapter's: among its base's replicas holding it.
+                    picked = rt.pick(model, adapters.not_holding(rt, model, req.tried), req)
                     if picked is not None:
                         up = picked.up
                         # Served by a fallback for now; an on-demand model before it is started.
@@ -65,9 +65,15 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                         reason="upstream",
                         retry_after=5,
                     )
-                await _wait_for_replica(rt, req, chain)
+                adapter = rt.tables.adapters.get(req.model)
+                if adapter is not None:
+                    await adapters.wait_for_adapter(rt, req, adapter)
+                else:
+                    await _wait_for_replica(rt, req, chain)
                 continue
             req.model = up.model
+            adapters.sent(rt, req, up)
+            adapters.spread(rt, up.model)
             metrics.series(up.model).routed(picked.how)
             try:
                 status = await proxy(rt, req, up, send)

@@ -320,36 +320,39 @@ class State:
 
     def models_json(self, key: Key) -> bytes:
         """The `/v1/models` answer for `key`: the models it may use, kept until keys change."""
-        cached = self._models_json.get(key.models)
+        cached = self._models_json.get((key.models, key.adapters))
         if cached is None:
-            names = sorted(self.tables.models if key.models is None else key.models)
-            specs = (self.tables.models.get(n) for n in names)
-            created = self.tables.created
-            data = [_model_entry(spec, created) for spec in specs if spec is not None]
+            tables = self.tables
+            names = sorted(n for n in tables.models if tables.allows(key, n))
+            specs = (tables.models.get(n) for n in names)
+            data = [_model_entry(spec, tables) for spec in specs if spec is not None]
             cached = json.dumps({"object": "list", "data": data}).encode()
-            self._models_json[key.models] = cached
+            self._models_json[(key.models, key.adapters)] = cached
         return cached
 
     def model_json(self, key: Key, name: str) -> bytes:
         """The `/v1/models/{name}` answer for `key`: the model `name` names (by its name or
         an alias); Refused (404) for one that does not exist or the key may not use."""
         spec = self.tables.resolve(name)
-        if spec is None or (key.models is not None and spec.name not in key.models):
+        if spec is None or not self.tables.allows(key, spec.name):
             raise unknown_model(name)
-        return json.dumps(_model_entry(spec, self.tables.created)).encode()
+        return json.dumps(_model_entry(spec, self.tables)).encode()
 
 
-def _model_entry(spec, created) -> dict:
+def _model_entry(spec, tables) -> dict:
     """A model as OpenAI's schema has it (`created`: when it joined the catalog), with its
-    aliases beside."""
+    aliases beside; an adapter with its base as `parent`, as vLLM lists its adapters."""
     entry = {
         "id": spec.name,
         "object": "model",
-        "created": created.get(spec.name, 0),
+        "created": tables.created.get(spec.name, 0),
         "owned_by": "llmgw",
     }
     if spec.aliases:
         entry["aliases"] = list(spec.aliases)
+    adapter = tables.adapters.get(spec.name)
+    if adapter is not None:
+        entry["parent"] = adapter.base
     return entry
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
-from catalog.domain import ModelSpec
+from catalog.domain import ADAPTER_FORMATS, AdapterSpec, ModelSpec, adapter_as_model
 from llmgw.core.secrets import engine_key
 from tenancy.bands import DEFAULT as DEFAULT_BAND
 from tenancy.budgets import Book
@@ -36,6 +36,8 @@ class Key:
     tokens_per_minute: int | None
     max_tokens: int | None = None  # the most one request may ask for
     band: str = DEFAULT_BAND  # its priority under overload (llmgw/gateway/bands.py)
+    # The LoRA adapters it may use: its scopes' own, of those its models allow.
+    adapters: frozenset[str] = frozenset()
 
     def chain(self) -> tuple[str, ...]:
         """Itself and its scopes up the tree, as budgets are kept: `key:3`, `project:12`…"""
@@ -53,6 +55,7 @@ class Upstream:
     weight: int
     routing: str = "least_loaded"  # its profile's (catalog.domain.Profile.routes_by)
     engine: str = ""  # its profile's: which APIs it serves itself (dialect_serve)
+    adapter_slots: int = 0  # its profile's: LoRA adapters it holds at once
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,19 @@ class Tables:
     # Every budget with what its scope spent, read every BOOK_EVERY seconds; a new read
     # alone is no change the runtime is told of beyond the tables themselves.
     budgets: Book = field(default_factory=Book, compare=False)
+    # LoRA adapters by name; each is in `models` too, as its base under its own name.
+    adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
 
     def resolve(self, name: str) -> ModelSpec | None:
         canonical = self.names.get(name)
         return self.models.get(canonical) if canonical else None
+
+    def allows(self, key: Key, name: str) -> bool:
+        """Whether `key` may use the model or adapter called `name` (canonical): an adapter
+        only by its owner's keys, a model by any key its list does not leave it out of."""
+        if name in self.adapters:
+            return name in key.adapters
+        return key.models is None or name in key.models
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +115,13 @@ ACTIVE = ("pending", "starting", "ready")
 
 
 def _created() -> dict[str, int]:
-    """When each model was added to the catalog, in Unix seconds (`/v1/models`' `created`)."""
-    from catalog.models import Model
+    """When each model and adapter was added to the catalog, in Unix seconds (`/v1/models`'
+    `created`)."""
+    from catalog.models import Adapter, Model
 
-    return {
-        name: int(at.timestamp()) for name, at in Model.objects.values_list("name", "created_at")
-    }
+    rows = [*Model.objects.values_list("name", "created_at")]
+    rows += Adapter.objects.values_list("name", "created_at")
+    return {name: int(at.timestamp()) for name, at in rows}
 
 
 def names_of(catalog: Mapping[str, ModelSpec]) -> dict[str, str]:
@@ -124,17 +137,26 @@ def build_keys(
     rows: Iterable[KeyRow],
     chains: Mapping[int, tuple[str, ...]],
     names: Mapping[str, str],
+    adapters: Mapping[str, AdapterSpec] | None = None,
 ) -> dict[str, Key]:
-    """Unrevoked keys by digest; a key limited to models that are all gone may use none."""
+    """Unrevoked keys by digest; a key limited to models that are all gone may use none.
+    An adapter is usable by the keys of its owner's scope (and below), when their list of
+    models, if any, names it."""
     out = {}
+    owned: dict[str, set[str]] = defaultdict(set)
+    for a in (adapters or {}).values():
+        owned[a.owner].add(a.name)
     for r in rows:
         allowed = frozenset(names[m] for m in r.models if m in names) if r.models else None
+        scopes = chains.get(r.project_id, (f"project:{r.project_id}",))
+        usable = frozenset(n for s in scopes for n in owned.get(s, ()))
         out[r.digest] = Key(
             id=r.id,
             name=r.name,
             prefix=r.prefix,
             project_id=r.project_id,
-            scopes=chains.get(r.project_id, (f"project:{r.project_id}",)),
+            scopes=scopes,
+            adapters=usable if allowed is None else usable & allowed,
             models=allowed,
             requests_per_minute=r.requests_per_minute,
             tokens_per_minute=r.tokens_per_minute,
@@ -160,6 +182,7 @@ def build_routes(
             weight = profile.weight if profile is not None else 1
             routing = profile.routes_by if profile is not None else "least_loaded"
             engine = profile.engine if profile is not None else ""
+            slots = profile.adapter_slots if profile is not None else 0
             if weight > 0:  # a profile weighted 0 takes no traffic
                 ready.append(
                     Upstream(
@@ -170,9 +193,38 @@ def build_routes(
                         weight=weight,
                         routing=routing,
                         engine=engine,
+                        adapter_slots=slots,
                     )
                 )
     return tuple(sorted(ready, key=lambda u: u.replica_id)), starting
+
+
+def with_adapters(
+    models: Mapping[str, ModelSpec],
+    adapters: Mapping[str, AdapterSpec],
+    upstreams: Mapping[str, tuple[Upstream, ...]],
+    starting: Mapping[str, int],
+) -> tuple[dict, dict, dict, dict]:
+    """Models, names, upstreams and starting counts with each adapter routed as a model of
+    its own: its base's spec under its name, its base's ready replicas that can hold it
+    (an engine that loads its format, adapter slots) under its name, which of them hold it
+    now being the engines' word at request time (`llmgw.gateway.adapters`)."""
+    models, ups, coming = dict(models), dict(upstreams), dict(starting)
+    for a in adapters.values():
+        base = models.get(a.base)
+        if base is None:
+            continue
+        models[a.name] = adapter_as_model(a, base)
+        able = tuple(
+            replace(u, model=a.name)
+            for u in upstreams.get(a.base, ())
+            if u.adapter_slots > 0 and a.format in ADAPTER_FORMATS.get(u.engine, ())
+        )
+        if able:
+            ups[a.name] = able
+        if starting.get(a.base):
+            coming[a.name] = starting[a.base]
+    return models, names_of(models), ups, coming
 
 
 # The shell: reading the rows when they changed.
@@ -203,6 +255,10 @@ class Loader:
         self._prints: dict[str, object] = {}
         self._count = 0
         self._catalog: dict[str, ModelSpec] = {}
+        self._adapters: dict[str, AdapterSpec] = {}
+        # The models' own routes, before the adapters are routed on them.
+        self._upstreams: dict[str, tuple[Upstream, ...]] = {}
+        self._starting: dict[str, int] = {}
         self._rows: dict[str, ReplicaRow] = {}
         self._by_model: dict[str, set[str]] = defaultdict(set)
         self._read_at = None  # when replicas were last read, by this machine's clock
@@ -212,29 +268,32 @@ class Loader:
         self._warned: set[tuple] = set()  # budgets told of at WARN_AT, in their window
 
     def refresh(self) -> Tables | None:
-        from catalog.selectors import catalog_load
+        from catalog.selectors import catalog_and_adapters
         from tenancy.selectors import keys_print
 
         self._count += 1
-        catalog = catalog_load()
-        catalog_changed = catalog != self._catalog
-        self._catalog = catalog
+        catalog, adapters = catalog_and_adapters()
+        catalog_changed = catalog != self._catalog or adapters != self._adapters
+        self._catalog, self._adapters = catalog, adapters
         tables = self.tables
-        names = names_of(catalog) if catalog_changed else tables.names
+        if catalog_changed:
+            models, names, _, _ = with_adapters(catalog, adapters, {}, {})
+        else:
+            models, names = tables.models, tables.names
         keys_seen = keys_print()
         if (
             catalog_changed
             or self._count % self.KEYS_EVERY == 0
             or keys_seen != self._prints.get("keys")
         ):
-            keys, limits, scope_names = self._keys(names)
+            keys, limits, scope_names = self._keys(names, adapters)
             tables = replace(tables, keys=keys, limits=limits, scope_names=scope_names)
             self._prints["keys"] = keys_seen
         changed = self._replica_changes()
         if catalog_changed:
-            changed = set(self._by_model) | set(tables.upstreams) | set(tables.starting)
+            changed = set(self._by_model) | set(self._upstreams) | set(self._starting)
         if changed:
-            upstreams, starting = dict(tables.upstreams), dict(tables.starting)
+            upstreams, starting = dict(self._upstreams), dict(self._starting)
             for m in changed:
                 rows = (self._rows[r] for r in self._by_model.get(m, ()))
                 ups, coming = build_routes(rows, catalog.get(m), self._engine_key)
@@ -244,8 +303,14 @@ class Loader:
                     upstreams[m] = ups
                 if coming:
                     starting[m] = coming
+            self._upstreams, self._starting = upstreams, starting
+        if changed or catalog_changed:
+            # Each adapter routed on its base's replicas, under its own name.
+            _, _, upstreams, starting = with_adapters(
+                catalog, adapters, self._upstreams, self._starting
+            )
             tables = replace(tables, upstreams=upstreams, starting=starting)
-        tables = replace(tables, names=names, models=catalog)
+        tables = replace(tables, names=names, models=models, adapters=adapters)
         if catalog_changed:
             tables = replace(tables, created=_created())
         book = self._book()
@@ -343,7 +408,9 @@ class Loader:
                 del self._by_model[r.model]
 
     @staticmethod
-    def _keys(names: Mapping[str, str]) -> tuple[dict[str, Key], dict, dict[str, str]]:
+    def _keys(
+        names: Mapping[str, str], adapters: Mapping[str, AdapterSpec]
+    ) -> tuple[dict[str, Key], dict, dict[str, str]]:
         from tenancy.selectors import key_rows, scope_limits, scope_tree
 
         tree = scope_tree()
@@ -353,7 +420,7 @@ class Loader:
             if s.startswith("project:")
         }
         rows = [KeyRow(*row) for row in key_rows()]
-        return build_keys(rows, chains, names), scope_limits(), dict(tree.names)
+        return build_keys(rows, chains, names, adapters), scope_limits(), dict(tree.names)
 
     @staticmethod
     def _replica_rows(*, since) -> list[ReplicaRow]:

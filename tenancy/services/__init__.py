@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from catalog.selectors import catalog_load
+from catalog.selectors import adapters_load, catalog_load
 from llmgw.core.errors import Conflict, Invalid, NotFound
 from llmgw.core.secrets import digest, keyed_digest, new_secret
 
@@ -374,6 +374,8 @@ def api_key_models(models: object) -> list[str]:
         )
     known = catalog_load()
     names = {n for spec in known.values() for n in (spec.name, *spec.aliases)}
+    # A key may be limited to adapters too (docs/adapters.md).
+    names |= {n for a in adapters_load().values() for n in (a.name, *a.aliases)}
     unknown = sorted(set(models) - names)
     if unknown:
         raise Invalid(f"there is no model {unknown[0]!r}; a key may be limited to existing models.")

@@ -33,3 +33,17 @@ def test_queued_counts_what_was_said():
     assert Reading(running=2, waiting=3).queued == 5
     assert Reading(waiting=1).queued == 1
     assert Reading().queued == 0
+
+
+def test_the_adapters_an_engine_holds_are_read_absent_apart_from_none():
+    held = replica_reading([{"adapters": [{"name": "a", "engine_id": 0}, {"name": "b"}]}])
+    assert held.adapters == (("a", 0), ("b", None))
+    assert held.holds("a") and held.holds("b") and not held.holds("c")
+    assert held.engine_id("a") == 0 and held.engine_id("b") is None
+    assert replica_reading([{"adapters": []}]).adapters == ()
+    unknown = replica_reading([{"running": 1}])
+    assert unknown.adapters is None and not unknown.holds("a")
+    # What is not an adapter is not read as one.
+    assert replica_reading(
+        [{"adapters": [{"name": 3}, "x", {"name": "a", "engine_id": True}]}]
+    ).adapters == (("a", None),)

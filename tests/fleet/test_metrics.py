@@ -242,6 +242,7 @@ def a_whole_cluster(no_settle) -> None:
     shard = Replica.objects.get(model="chat").shards.get()
     gpu_a = Node.objects.get(pk="gpu-a")
     said = {"running": 3, "waiting": 1, "kv_cache": 0.42, "prefix_hit_rate": 0.8}
+    said["adapters"] = [{"name": "acme-tone", "engine_id": None}]  # a LoRA adapter it holds
     Node.objects.filter(pk="gpu-a").update(load={**gpu_a.load, "engines": {shard.id: said}})
     # Its agent could not install llama.cpp from the mirror.
     Node.objects.filter(pk="gpu-b").update(
@@ -386,6 +387,7 @@ def test_the_fleet_as_it_stands(no_settle):
         f"llmgw_replica_waiting model=chat replica={placed.replica_id} -> 1",
         f"llmgw_replica_kv_cache_usage_ratio model=chat replica={placed.replica_id} -> 0.42",
         f"llmgw_replica_prefix_cache_hit_ratio model=chat replica={placed.replica_id} -> 0.8",
+        f"llmgw_adapter_loaded adapter=acme-tone model=chat replica={placed.replica_id} -> 1",
         "llmgw_capacity_holds resource=gpus scope=org:Acme -> 1",
         "llmgw_capacity_guarantee resource=gpus scope=org:Acme -> 1",
         "llmgw_capacity_limit resource=gpus scope=org:Acme -> 2",

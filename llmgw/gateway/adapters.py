@@ -1,0 +1,271 @@
+"""LoRA adapters on the gateway's path (docs/adapters.md): a request for an adapter goes to a
+ready replica of its base whose engine holds it; when none does, one replica (the least
+loaded with a slot free, else the least loaded, unloading its least recently used adapter)
+is asked to load it, and the request waits for it as for an on-demand model, with the same
+503 and Retry-After when it cannot.
+
+Which replicas hold which adapters is the engines' word (`Reading.adapters`, read every few
+seconds); when each was last used is this gateway's (`USED`). Pure where it can be:
+`load_choice` picks the replica and what it unloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+
+from catalog.domain import AdapterSpec
+from fleet.domain.readings import Reading
+from llmgw.gateway.answers import Refused, unplaceable
+from llmgw.gateway.load import BOARD
+from llmgw.gateway.state import Request, State, in_a_thread
+from llmgw.gateway.tables import Upstream
+
+log = logging.getLogger("llmgw.gateway")
+
+ASK_EVERY_S = 10.0  # an adapter is asked for at most this often while it is on its way
+POLL_S = 0.25  # how often a waiting request looks at the engines' readings
+SAID_EVERY_S = 0.5  # how often it looks for the agent's word on the load (one query)
+# The agent's word that a replica loaded an adapter is taken until the engines' readings,
+# every few seconds, say the same; this long at most.
+LOADED_FOR_S = 15.0
+# (replica, adapter) -> when this gateway last sent it a request for the adapter.
+USED: dict[tuple[str, str], float] = {}
+# (replica, adapter) -> when its agent said it loaded it (adapter_status), by this clock.
+LOADED: dict[tuple[str, str], float] = {}
+# adapter -> (when asked, the replica asked)
+_asked: dict[str, tuple[float, str]] = {}
+
+
+def not_holding(rt: State, model: str, tried: set[str]) -> set[str]:
+    """`tried`, and, when `model` is an adapter, its base's replicas that do not hold it
+    now: passed to `State.pick` as tried, so it chooses among the holders only (by the
+    prompt's prefix too, which keeps a conversation on a replica holding both)."""
+    if model not in rt.tables.adapters:
+        return tried
+    readings, now = rt.readings, time.monotonic()
+    return tried | {
+        u.replica_id
+        for u in rt.tables.upstreams.get(model, ())
+        if not ((reading := readings.get(u.replica_id)) and reading.holds(model))
+        # llama-server is asked for an adapter by its index, which only its reading says.
+        and (
+            u.engine == "llamacpp" or now - LOADED.get((u.replica_id, model), -1e9) >= LOADED_FOR_S
+        )
+    }
+
+
+def sent(rt: State, req: Request, up: Upstream) -> None:
+    """Note that `up` serves its adapter now (its use, for the LRU), and tell a llama-server
+    which of its adapters to apply: its `lora` list, the others at scale 0 by leaving them
+    out (llama-server applies only those listed in a request's `lora`)."""
+    if up.model not in rt.tables.adapters:
+        return
+    USED[(up.replica_id, up.model)] = time.monotonic()
+    if up.engine == "llamacpp":
+        reading = rt.readings.get(up.replica_id)
+        engine_id = reading.engine_id(up.model) if reading is not None else None
+        if engine_id is not None:
+            req.body["lora"] = [{"id": engine_id, "scale": 1.0}]
+            req.body_changed = True
+
+
+def spread_choice(
+    adapter: str,
+    ups: Sequence[Upstream],
+    readings: Mapping[str, Reading],
+    inflight: Mapping[str, int],
+    used: Mapping[tuple[str, str], float],
+) -> tuple[str, str | None] | None:
+    """One more replica to load `adapter` on when its demand is high on every replica that
+    holds it: each holder's engine queues requests (a waiting count above 0, as it last
+    said). The replica and what it unloads, as `load_choice` picks among those that do not
+    hold it; None when a holder has room, an engine said nothing, or every replica holds it."""
+    holders, others = [], []
+    for u in ups:
+        reading = readings.get(u.replica_id)
+        (holders if reading is not None and reading.holds(adapter) else others).append(u)
+    if not holders or not others:
+        return None
+    for u in holders:
+        waiting = readings[u.replica_id].waiting
+        if waiting is None or waiting <= 0:
+            return None
+    return load_choice(others, readings, inflight, used)
+
+
+def spread(rt: State, adapter: str) -> None:
+    """After a request for `adapter` is sent: when every replica holding it queues, ask one
+    more to load it (at most every ASK_EVERY_S), without waiting for it."""
+    spec = rt.tables.adapters.get(adapter)
+    if spec is None:
+        return
+    asked = _asked.get(adapter)
+    if asked is not None and time.monotonic() - asked[0] < ASK_EVERY_S:
+        return
+    ups = rt.tables.upstreams.get(adapter, ())
+    choice = spread_choice(adapter, ups, rt.readings, rt.inflight, USED)
+    if choice is None:
+        return
+    _asked[adapter] = (time.monotonic(), choice[0])
+    log.info("adapter %s queues on every replica holding it: loading it on %s", adapter, choice[0])
+    task = asyncio.get_running_loop().create_task(_send_logged(choice[0], spec, choice[1]))
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+_tasks: set[asyncio.Task] = set()
+
+
+async def _send_logged(replica: str, adapter: AdapterSpec, evict: str | None) -> None:
+    try:
+        await _send(replica, adapter, evict)
+    except Exception:  # noqa: BLE001 - the database or channel layer away: asked again later
+        log.warning("could not ask for adapter %s to be loaded", adapter.name, exc_info=True)
+
+
+def load_choice(
+    ups: Sequence[Upstream],
+    readings: Mapping[str, Reading],
+    inflight: Mapping[str, int],
+    used: Mapping[tuple[str, str], float],
+) -> tuple[str, str | None] | None:
+    """The replica to load an adapter on and the adapter it unloads first (None: a slot is
+    free): the least loaded (this gateway's requests in flight, and what its engine said
+    it runs and queues) with a slot free, else the least loaded, unloading the adapter it
+    holds that was used longest ago. None when there is no replica with slots."""
+    free, full = [], []
+    for u in ups:
+        if u.adapter_slots <= 0:
+            continue
+        reading = readings.get(u.replica_id)
+        held = [n for n, _ in reading.adapters or ()] if reading is not None else []
+        load = inflight.get(u.replica_id, 0) + (reading.queued if reading is not None else 0)
+        (free if len(held) < u.adapter_slots else full).append((load, u.replica_id, held))
+    if free:
+        return min(free)[1], None
+    if not full:
+        return None
+    _, replica, held = min(full, key=lambda f: (f[0], f[1]))
+    return replica, min(held, key=lambda n: (used.get((replica, n), 0.0), n))
+
+
+async def wait_for_adapter(rt: State, req: Request, adapter: AdapterSpec) -> None:
+    """No ready replica holds `adapter`: ask one to load it (at most every ASK_EVERY_S) and
+    wait until an engine says it holds it, up to the on-demand bound. A 503 that says why
+    when its base has no replica that can hold it, when the load failed (the engine's
+    words), or, past the bound, `model_loading` with a Retry-After."""
+    name = adapter.name
+    ups = rt.tables.upstreams.get(name, ())
+    if not ups:
+        coming = rt.tables.starting.get(adapter.base, 0)
+        if coming:
+            raise Refused(
+                503,
+                f"Adapter {name} waits for its base {adapter.base}, which is loading "
+                f"({coming} replica{'s' if coming != 1 else ''} starting).",
+                "server_error",
+                "model_not_ready",
+                reason="no_replica",
+                retry_after=10,
+            )
+        raise unplaceable(
+            f"Adapter {name} has no replica of its base {adapter.base} that can hold it ready: "
+            "none runs a profile with adapter slots on an engine that loads "
+            f"{adapter.format} adapters."
+        )
+    asked_at = await _ask(rt, adapter, ups)
+    # Counted as waiting, as for an on-demand model: its base's autoscaler's demand.
+    BOARD.waiting[name] = BOARD.waiting.get(name, 0) + 1
+    try:
+        await _held(rt, req, adapter, ups, asked_at)
+    finally:
+        BOARD.waiting[name] -= 1
+
+
+async def _held(
+    rt: State, req: Request, adapter: AdapterSpec, ups: Sequence[Upstream], asked_at: datetime
+) -> None:
+    """Return once an engine says it holds `adapter`; Refused when its load failed or the
+    on-demand bound passed first."""
+    name, bound = adapter.name, rt.cfg.on_demand_wait
+    deadline = req.started + bound
+    looked = float("-inf")
+    while True:
+        if not_holding(rt, name, set()) != {u.replica_id for u in ups}:
+            return  # one holds it now
+        if time.monotonic() - looked >= SAID_EVERY_S:
+            looked = time.monotonic()
+            said = await _said(name, asked_at)
+            if said is not None and said[0] == "loaded":
+                # Its agent said so: routed to at once, before the readings say it too.
+                LOADED[(said[1], name)] = time.monotonic()
+                continue
+            if said is not None:
+                _asked.pop(name, None)  # asked again by the next request
+                raise unplaceable(f"Adapter {name} could not be loaded: {said[2]}.")
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            raise Refused(
+                503,
+                f"Adapter {name} is loading: no replica held it within {bound:g} s. "
+                "Try again shortly.",
+                "server_error",
+                "model_loading",
+                reason="loading",
+                retry_after=10,
+            )
+        await asyncio.sleep(min(POLL_S, remaining))
+        ups = rt.tables.upstreams.get(name, ()) or ups
+
+
+async def _ask(rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]) -> datetime:
+    """Send the load (and the unload it makes room with) to the chosen replica's agent,
+    unless this adapter was asked for lately; when it was asked for."""
+    now = time.monotonic()
+    asked = _asked.get(adapter.name)
+    if asked is not None and now - asked[0] < ASK_EVERY_S:
+        return datetime.now(UTC) - timedelta(seconds=now - asked[0])
+    choice = load_choice(ups, rt.readings, rt.inflight, USED)
+    if choice is None:
+        raise unplaceable(f"Adapter {adapter.name}: no replica of {adapter.base} has slots.")
+    replica, evict = choice
+    _asked[adapter.name] = (now, replica)
+    asked_at = datetime.now(UTC)  # before: its agent may answer before the send returns
+    log.info(
+        "asking replica %s to load adapter %s%s",
+        replica,
+        adapter.name,
+        f", unloading {evict} (used longest ago)" if evict else "",
+    )
+    try:
+        await _send(replica, adapter, evict)
+    except Exception:  # noqa: BLE001 - the database or channel layer away: said, and waited on
+        log.warning("could not ask for adapter %s to be loaded", adapter.name, exc_info=True)
+    return asked_at
+
+
+async def _send(replica: str, adapter: AdapterSpec, evict: str | None) -> None:
+    from fleet.nodes.dispatch import send_commands
+    from fleet.services import adapter_load_commands
+
+    commands = await in_a_thread(adapter_load_commands)(
+        replica_id=replica,
+        name=adapter.name,
+        source=adapter.source,
+        format=adapter.format,
+        unload=evict,
+    )
+    await send_commands(commands)
+
+
+async def _said(adapter: str, since: datetime) -> tuple[str, str, str] | None:
+    from fleet.selectors.routing import adapter_said
+
+    try:
+        return await asyncio.wait_for(in_a_thread(adapter_said)(adapter=adapter, since=since), 2)
+    except Exception:  # noqa: BLE001 - the database being away is not a reason to refuse
+        return None
