@@ -34,11 +34,12 @@ LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,126}$")
 MAX_REPLICAS = 10_000
 MAX_IDLE_TIMEOUT_S = 30 * 86400
 # The adapter format each engine loads (docs/adapters.md): vLLM a PEFT folder, llama.cpp a
-# LoRA GGUF; the simulated engine either.
+# LoRA GGUF; the simulated engine as vLLM (it serves vLLM's adapter API, and the agent
+# starts it so: fleet/agent/engines.py).
 ADAPTER_FORMATS: Mapping[str, tuple[str, ...]] = {
     "vllm": ("peft",),
     "llamacpp": ("gguf",),
-    "sim": ("peft", "gguf"),
+    "sim": ("peft",),
 }
 FORMATS = ("peft", "gguf")
 # vLLM's own default for --max-lora-rank, taken where a profile does not say.
