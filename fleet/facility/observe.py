@@ -200,6 +200,19 @@ def _event(d: Domain, before: State, after: State) -> Event:
     return Event(text, "facility_condition", domain=f"{kind}:{name}", condition=after.condition)
 
 
+def sheds_record(events: list, now: datetime) -> None:
+    """When a replica was shed off a domain (or would have been, observe-only): each domain
+    it left waits the shed interval before its next (fleet/domain/shedding.py)."""
+    left = {
+        tuple(d.split(":", 1))
+        for e in events
+        if isinstance(e, Event) and e.kind == "facility_shed"
+        for d in e.fields.get("domains", ())
+    }
+    for kind, name in sorted(left):
+        DomainCondition.objects.filter(kind=kind, name=name).update(shed_at=now)
+
+
 def caches_clear() -> None:
     """Forget the sources file, the replay, the last answers and when sources were read."""
     _loaded.clear()

@@ -32,7 +32,7 @@ from ..domain.passes import restart_at, settles
 from ..domain.plan import Event
 from ..domain.quiet import QuietModels
 from ..domain.reconcile import decide
-from ..facility.observe import conditions_observe
+from ..facility.observe import conditions_observe, sheds_record
 from ..models import Lease
 from ..nodes.dispatch import dispatch
 from ..nodes.reclaim import weights_reclaim
@@ -237,6 +237,7 @@ def _pass(now: datetime, fresh_start: bool) -> dict:
             )
             transaction.on_commit(lambda: dispatch(commands))
     dispatch(weights_reclaim(now=now))
+    sheds_record(plan.events, now)
     # Decisions say so in decide, with their figures; stops and drains carry their reason.
     said = set(plan.events)
     events = list(

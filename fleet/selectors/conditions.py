@@ -33,7 +33,10 @@ def facility_load(now: datetime | None = None) -> Facility | None:
     if not states and not holds:
         return None
     at = (now or clock.now()).timestamp()
-    return Facility(states, holds, settings.LLMGW.facility_enforce, at)
+    shed_at = {(r.kind, r.name): r.shed_at.timestamp() for r in rows if r.shed_at is not None}
+    return Facility(
+        states, holds, settings.LLMGW.facility_enforce, at, settings.LLMGW.facility_shed, shed_at
+    )
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pytest
 
 from fleet.models import DomainCondition, DomainHold, ModelState, Node, Replica
 from fleet.reconciler.run import reconcile_once
+from llmgw.core.config import Shedding
 from llmgw.core.permissions import OPERATORS, VIEWERS
 from tenancy.models import AuditEvent
 from tests.helpers import detail
@@ -292,3 +293,85 @@ def test_a_source_that_breaks_does_not_stop_the_pass(
     assert (
         "facility conditions not observed this pass: the DCIM exporter sent nonsense" in caplog.text
     )
+
+
+def agents_act(now) -> None:
+    """What the agents would do: a starting replica comes up, a stopping one goes."""
+    Replica.objects.filter(state__in=("pending", "starting")).update(
+        state="ready", ready_at=now, state_since=now
+    )
+    Replica.objects.filter(state="stopping").delete()
+
+
+# Rack r1 goes hot (above 32 °C from 4 min: hot at 6 min) and stays so until 13 min.
+LONG_EVENT = EVENT.replace("at: 10m", "at: 13m")
+
+
+def test_a_rack_hot_past_its_shed_delay_sheds_one_replica_at_a_time_and_comes_back(
+    settings, tmp_path, no_settle
+):
+    facility(settings, tmp_path, enforce=True, event=LONG_EVENT)
+    settings.LLMGW = replace(settings.LLMGW, facility_shed=Shedding(True, delay=60, interval=120))
+    node_add("gpu-a", now=T0, gpus=(H100,) * 4, labels={RACK: "r1"})
+    model_added(gpu_model("guard", scaling={"min": 1}, **{"class": "critical"}))
+    model_added(gpu_model("batch", scaling={"min": 1}, **{"class": "opportunistic"}))
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    pass_at(0)
+    agents_act(T0)
+    assert on_rack("r1") == 4
+    node_add("gpu-b", now=T0, gpus=(H100,) * 4, labels={RACK: "r2"})
+
+    sheds: list[tuple[int, str]] = []
+    for t in range(20, 1080, 20):  # hot at 360 s, cooler from 780 s, ok at 1080 s
+        now = T0 + timedelta(seconds=t)
+        Node.objects.update(last_seen=now)
+        done = reconcile_once(now=now)
+        sheds += [(t, e) for e in done["events"] if e.startswith("shed ")]
+        if t == 540:  # the move is in the model's explanation (`ctl model explain`)
+            said = [r for e in ModelState.objects.get(pk="chat").explanation for r in e["reasons"]]
+            assert said == [sheds[-1][1]], said
+        agents_act(now)
+    assert condition("rack", "r1") == "hot"
+
+    # Hot from 360 s, shed from 420 s: the opportunistic model first, then the standard one's
+    # two replicas, one an interval apart; the critical model's minimum never.
+    assert [t for t, _ in sheds] == [420, 540, 660], sheds
+    assert [e.split()[3] for _, e in sheds] == ["batch", "chat", "chat"]
+    assert all(" off rack r1 to gpu-b: hot for " in e and "(inlet" in e for _, e in sheds)
+    assert sheds[0][1].endswith("hot for 60 s (inlet 34 °C)")
+    models_on_a = set(
+        Replica.objects.filter(shards__node_id="gpu-a").values_list("model", flat=True)
+    )
+    assert models_on_a == {"guard"}
+    assert Replica.objects.filter(shards__node_id="gpu-b").count() == 3
+
+    for t in range(1080, 1100, 20):
+        pass_at(t)
+    assert condition("rack", "r1") == "ok"
+    scale("late", 2)  # the rack came back: it takes work again
+    pass_at(1100)
+    assert Replica.objects.filter(model="late", shards__node_id="gpu-a").count() == 1
+
+
+def test_observe_only_says_it_would_have_shed_and_moves_nothing(settings, tmp_path, no_settle):
+    facility(settings, tmp_path, enforce=False)
+    settings.LLMGW = replace(
+        settings.LLMGW, facility_shed=Shedding(False, frozenset({("rack", "r1")}), 60, 120)
+    )
+    node_add("gpu-a", now=T0, gpus=(H100,) * 4, labels={RACK: "r1"})
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    pass_at(0)
+    agents_act(T0)
+    node_add("gpu-b", now=T0, gpus=(H100,) * 4, labels={RACK: "r2"})
+
+    said = []
+    for t in range(20, 600, 20):
+        now = T0 + timedelta(seconds=t)
+        Node.objects.update(last_seen=now)
+        said += [(t, e) for e in reconcile_once(now=now)["events"] if "shed " in e]
+
+    assert [t for t, _ in said] == [420, 540], said
+    assert said[0][1].startswith("would have shed chat-")
+    assert said[0][1].endswith("(LLMGW_FACILITY_ENFORCE is off)")
+    assert Replica.objects.filter(shards__node_id="gpu-a").count() == 2
+    assert not Replica.objects.filter(retiring=True).exists()
