@@ -32,7 +32,7 @@ from ..domain.passes import restart_at, settles
 from ..domain.plan import Event
 from ..domain.quiet import QuietModels
 from ..domain.reconcile import decide
-from ..facility.observe import conditions_observe, sheds_record
+from ..facility.observe import conditions_observe, failures_publish, sheds_record
 from ..models import Lease
 from ..nodes.dispatch import dispatch
 from ..nodes.reclaim import weights_reclaim
@@ -273,6 +273,7 @@ def _conditions(now: datetime) -> list[Event]:
         return conditions_observe(now=now)
     except Exception as exc:  # any failure of the sources: said, and the pass goes on
         log.exception("facility conditions not observed this pass: %s", exc)
+        failures_publish(now.timestamp(), broke=str(exc))
         return []
 
 

@@ -375,3 +375,44 @@ def test_observe_only_says_it_would_have_shed_and_moves_nothing(settings, tmp_pa
     assert said[0][1].endswith("(LLMGW_FACILITY_ENFORCE is off)")
     assert Replica.objects.filter(shards__node_id="gpu-a").count() == 2
     assert not Replica.objects.filter(retiring=True).exists()
+
+
+def test_a_failing_source_is_said_by_the_api_with_why_and_since_when(
+    settings, tmp_path, api, no_settle
+):
+    (tmp_path / "sources.yml").write_text(
+        "facility:\n"
+        "  prometheus: http://127.0.0.1:9\n"
+        "  signals:\n"
+        "    inlet_temp_c: {query: max by (rack) (inlet), domain_label: rack}\n"
+    )
+    settings.LLMGW = replace(settings.LLMGW, facility_sources=tmp_path / "sources.yml")
+    assert api.call("GET", "/facility/sources").json() == {"checked_at": None, "failed": []}
+
+    reconcile_once(now=T0)
+
+    said = api.call("GET", "/facility/sources").json()
+    (failed,) = said["failed"]
+    assert failed["source"] == "prometheus (signal inlet_temp_c)"
+    assert failed["why"].startswith("Prometheus at http://127.0.0.1:9 could not be reached")
+    assert failed["since"].startswith(T0.strftime("%Y-%m-%dT%H:%M:%S"))
+
+    (tmp_path / "sources.yml").write_text("facility: {}\n")  # Prometheus no longer asked
+    reconcile_once(now=T0 + timedelta(seconds=30))
+    assert api.call("GET", "/facility/sources").json()["failed"] == []
+
+
+def test_a_facility_step_that_breaks_is_said_by_the_api(settings, monkeypatch, api, no_settle):
+    from fleet.facility import observe
+
+    def broken(config, now):
+        raise RuntimeError("the DCIM exporter sent nonsense")
+
+    monkeypatch.setattr(observe, "samples_read", broken)
+    reconcile_once(now=T0)
+
+    (failed,) = api.call("GET", "/facility/sources").json()["failed"]
+    assert (failed["source"], failed["why"]) == (
+        "pass",
+        "the facility step failed: the DCIM exporter sent nonsense",
+    )
