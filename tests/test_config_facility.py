@@ -59,3 +59,11 @@ def test_shedding_is_off_by_default_on_for_every_domain_or_for_those_named(env):
 def test_a_shedding_setting_that_names_no_domain_stops_the_start_in_a_sentence(env, value):
     with pytest.raises(SettingError, match="LLMGW_FACILITY_SHED: .* is not off, on or a domain"):
         load({**env, "LLMGW_FACILITY_SHED": value})
+
+
+def test_power_capping_is_off_by_default_or_a_share_of_the_default_limit(env):
+    assert load(env).facility_power_cap is None
+    assert load({**env, "LLMGW_FACILITY_POWER_CAP": "0.8"}).facility_power_cap == 0.8
+    for bad in ("80%", "0.05", "1.5", "on"):
+        with pytest.raises(SettingError, match="LLMGW_FACILITY_POWER_CAP must be off or a share"):
+            load({**env, "LLMGW_FACILITY_POWER_CAP": bad})

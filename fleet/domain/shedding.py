@@ -11,6 +11,10 @@ replacement nothing moves: shedding moves work, it never drops it.
 
 Under observe-only (LLMGW_FACILITY_ENFORCE off) every move is said ("would have shed …")
 and nothing is done. `plan_shed` is the pure choice; `shed` does it in a pass.
+
+Power capping is the gentler alternative (LLMGW_FACILITY_POWER_CAP): a node in a warm or
+hot domain has its GPUs held to a share of their default power limit, and let go once none
+of its domains is; `power_caps` decides which nodes change.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, replace
 from catalog.domain import ModelSpec
 from tenancy.quota import ZERO, Amount
 
-from .conditions import HOT, Domain, Facility, _duration, domains_of
+from .conditions import HOT, WARM, Domain, Facility, _duration, domains_of
 from .holdings import placement_amount
 from .measured import ordered_profiles
 from .placement import Inventory, Placement
@@ -223,3 +227,25 @@ def _do(move: Shed, p: Pass, enforce: bool) -> None:
     p.plan.retires.append(Retire(c.replica.id, move.said))
     p.ctx.taken.add(c.replica.id)
     p.live[name] = p.live.get(name, 0) - 1
+
+
+def power_caps(
+    before: Mapping[Domain, str],
+    after: Mapping[Domain, str],
+    node_domains: Mapping[str, tuple[Domain, ...]],
+    share: float,
+) -> dict[str, float | None]:
+    """Per node whose cap changes with the conditions, its GPUs' share of their default
+    power limit now: `share` while any of its domains is warm or hot, None (the default)
+    once none is. A node whose domains' conditions changed within warm-or-hot, or within
+    ok-or-unknown, is left as it is."""
+
+    def capped(conditions: Mapping[Domain, str], ds: tuple[Domain, ...]) -> bool:
+        return any(conditions.get(d) in (WARM, HOT) for d in ds)
+
+    out: dict[str, float | None] = {}
+    for node, ds in sorted(node_domains.items()):
+        was, now = capped(before, ds), capped(after, ds)
+        if was != now:
+            out[node] = share if now else None
+    return out

@@ -229,7 +229,13 @@ def _event(d: Domain, before: State, after: State) -> Event:
     text = f"{kind} {name} went from {before.condition} to {after.condition}{why}"
     if after.condition == "unknown":
         text += ": no fresh reading, treated as ok"
-    return Event(text, "facility_condition", domain=f"{kind}:{name}", condition=after.condition)
+    return Event(
+        text,
+        "facility_condition",
+        domain=f"{kind}:{name}",
+        condition=after.condition,
+        was=before.condition,
+    )
 
 
 def sheds_record(events: list, now: datetime) -> None:

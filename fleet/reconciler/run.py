@@ -32,6 +32,7 @@ from ..domain.passes import restart_at, settles
 from ..domain.plan import Event
 from ..domain.quiet import QuietModels
 from ..domain.reconcile import decide
+from ..facility.caps import caps_decide
 from ..facility.observe import conditions_observe, failures_publish, sheds_record
 from ..models import Lease
 from ..nodes.dispatch import dispatch
@@ -270,7 +271,10 @@ def _conditions(now: datetime) -> list[Event]:
     """The facility's step, which never stops a pass: what it cannot do is said, and the
     conditions stay as they were (missing data never blocks placement)."""
     try:
-        return conditions_observe(now=now)
+        events = conditions_observe(now=now)
+        commands, capped = caps_decide(events)
+        dispatch(commands)
+        return [*events, *capped]
     except Exception as exc:  # any failure of the sources: said, and the pass goes on
         log.exception("facility conditions not observed this pass: %s", exc)
         failures_publish(now.timestamp(), broke=str(exc))

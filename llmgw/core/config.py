@@ -213,6 +213,9 @@ class Config:
     facility_enforce: bool = False
     # Shedding load off a domain hot for long (fleet/domain/shedding.py): off by default.
     facility_shed: Shedding = Shedding()
+    # The share of their default power limit a warm or hot domain's GPUs are held to (None:
+    # not capped), LLMGW_FACILITY_POWER_CAP.
+    facility_power_cap: float | None = None
 
     @property
     def embedded(self) -> bool:
@@ -351,7 +354,26 @@ def load(env: dict[str, str] | None = None) -> Config:
         facility_sources=_facility_sources(env),
         facility_enforce=flag(env, "LLMGW_FACILITY_ENFORCE", False, SettingError),
         facility_shed=_shedding(env),
+        facility_power_cap=_power_cap(env),
     )
+
+
+def _power_cap(env: dict[str, str]) -> float | None:
+    """LLMGW_FACILITY_POWER_CAP: `off` (the default) or a share from 0.1 to 1 (0.8: a warm
+    domain's GPUs are held to 80 % of their default power limit)."""
+    raw = env.get("LLMGW_FACILITY_POWER_CAP", "").strip()
+    if raw.lower() in ("", "off"):
+        return None
+    try:
+        share = float(raw)
+    except ValueError:
+        share = -1.0
+    if not 0.1 <= share <= 1:
+        raise SettingError(
+            f"LLMGW_FACILITY_POWER_CAP must be off or a share from 0.1 to 1 (0.8: 80 % of the "
+            f"GPUs' default power limit), not {raw!r}."
+        )
+    return share
 
 
 _DOMAIN_KINDS = ("rack", "pdu", "row", "room", "zone")

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from fleet.domain.conditions import Facility, State
 from fleet.domain.power import RACK_LABEL
-from fleet.domain.shedding import REASON, candidates, due, in_flight, plan_shed
+from fleet.domain.shedding import REASON, candidates, due, in_flight, plan_shed, power_caps
 from llmgw.core.config import Shedding
 
 from .builders import NOW, gpu_node, model, replica, run, snapshot
@@ -209,3 +209,21 @@ def test_observe_only_says_it_would_have_shed_and_does_nothing():
         "would have shed chat-a of chat off rack r1 to b1: hot for 12 min (inlet 34 °C)"
         " (LLMGW_FACILITY_ENFORCE is off)"
     )
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        ({}, {R1: "warm"}, {"a1": 0.8}),  # warm: capped
+        ({R1: "warm"}, {R1: "hot"}, {}),  # still capped: hot is shedding's, the cap stays
+        ({}, {R1: "hot"}, {"a1": 0.8}),  # straight to hot: capped too
+        ({R1: "hot"}, {R1: "ok"}, {"a1": None}),  # cooled: let go
+        ({R1: "warm"}, {R1: "unknown"}, {"a1": None}),  # no data: as ok, let go
+        ({R1: "warm", ("pdu", "p1"): "warm"}, {("pdu", "p1"): "warm"}, {}),  # its PDU still is
+        ({}, {R2: "warm"}, {"b1": 0.8}),  # only the warm rack's nodes
+        ({R1: "ok"}, {R1: "unknown"}, {}),
+    ],
+)
+def test_a_node_is_capped_while_any_of_its_domains_is_warm_or_hot(before, after, expected):
+    nodes = {"a1": (R1, ("pdu", "p1")), "b1": (R2,)}
+    assert power_caps(before, after, nodes, 0.8) == expected

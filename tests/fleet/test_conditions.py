@@ -416,3 +416,40 @@ def test_a_facility_step_that_breaks_is_said_by_the_api(settings, monkeypatch, a
         "pass",
         "the facility step failed: the DCIM exporter sent nonsense",
     )
+
+
+@pytest.mark.parametrize("enforce", [True, False])
+def test_a_warm_racks_gpus_are_power_capped_and_let_go_once_it_cools(
+    settings, tmp_path, no_settle, monkeypatch, enforce
+):
+    from fleet.reconciler import run
+
+    sent = []
+    monkeypatch.setattr(run, "dispatch", lambda commands: sent.extend(commands))
+    facility(settings, tmp_path, enforce=enforce)
+    settings.LLMGW = replace(settings.LLMGW, facility_power_cap=0.8)
+    two_racks()
+
+    for t in range(0, 920, 20):  # warm at 180 s, hot at 360 s, ok at 900 s
+        pass_at(t)
+
+    said = [
+        (int((e.at - T0).total_seconds()), e.message)
+        for e in _events()
+        if "power limit" in e.message
+    ]
+
+    cap = (
+        "held node gpu-a's GPUs to 80% of their default power limit: it is in a warm or hot domain"
+    )
+    back = "let node gpu-a's GPUs back to their default power limit: none of its domains is warm or hot"
+    if enforce:
+        assert said == [(180, cap), (900, back)]
+        assert [(c.node_id, c.payload) for c in sent if c.payload["type"] == "power_cap"] == [
+            ("gpu-a", {"type": "power_cap", "share": 0.8}),
+            ("gpu-a", {"type": "power_cap", "share": None}),
+        ]
+    else:
+        off = " (LLMGW_FACILITY_ENFORCE is off)"
+        assert said == [(180, f"would have {cap}{off}"), (900, f"would have {back}{off}")]
+        assert not [c for c in sent if c.payload["type"] == "power_cap"]
