@@ -35,6 +35,7 @@ from .starting import _start
 from .types import HOLDING, ReplicaView
 
 SHED = "shed"  # the explanation entry's profile, as defrag's
+BLOCKED = "facility_shed_blocked"  # the event of a domain due to shed that moved nothing
 REASON = "shed "  # how a shed replica's retire reason (its move's sentence) begins
 
 
@@ -112,7 +113,7 @@ def plan_shed(
     standing: Mapping[str, Iterable[tuple[ReplicaView, ModelSpec, bool]]],
     busy: set[Domain],
     place: Callable[[Candidate, frozenset[str]], Placement | None],
-) -> tuple[list[Shed], list[str]]:
+) -> tuple[list[Shed], list[tuple[Domain, str]]]:
     """Per domain due to shed, at most one move: its first candidate whose replacement
     `place` finds room for outside every hot domain; and why a due domain moved nothing.
     `busy` are the domains with a move in flight; a replica moved counts for every domain it
@@ -120,7 +121,7 @@ def plan_shed(
     hot = {d for d, s in fac.states.items() if s.condition == HOT}
     hot_nodes = frozenset(n for n, ds in node_domains.items() if hot.intersection(ds))
     moved: list[Shed] = []
-    why: list[str] = []
+    why: list[tuple[Domain, str]] = []
     done: set[Domain] = set(busy)
     taken: set[str] = set()
     for d in sorted(fac.states):
@@ -134,7 +135,7 @@ def plan_shed(
                     seen.setdefault(r.id, (r, m, above))
         found = candidates(seen.values())
         if not found:
-            why.append(f"{d[0]} {d[1]} is hot and has nothing that may be shed")
+            why.append((d, f"{d[0]} {d[1]} is hot and has nothing that may be shed"))
             continue
         for c in found:
             if any(x in done for n in c.replica.nodes for x in node_domains.get(n, ())):
@@ -147,7 +148,7 @@ def plan_shed(
                 done.update(left)
                 break
         else:
-            why.append(f"{d[0]} {d[1]} is hot and no replica on it has room elsewhere")
+            why.append((d, f"{d[0]} {d[1]} is hot and no replica on it has room elsewhere"))
     return moved, why
 
 
@@ -198,9 +199,13 @@ def shed(p: Pass) -> None:
         return
     node_domains = {n: domains_of(room.node.labels) for n, room in p.inv.rooms.items()}
     busy = in_flight(p.ctx.alive, node_domains)
-    moves, _ = plan_shed(fac, node_domains, _standing(p.ctx), busy, _placer(p))
+    moves, why = plan_shed(fac, node_domains, _standing(p.ctx), busy, _placer(p))
     for move in moves:
         _do(move, p, fac.enforce)
+    for (kind, name), said in why:
+        # Said once per interval, as a move would be (the shell keeps when: shed_at).
+        where = f"{kind}:{name}"
+        p.plan.events.append(Event(said, BLOCKED, domain=where, domains=[where]))
 
 
 def _do(move: Shed, p: Pass, enforce: bool) -> None:

@@ -239,12 +239,13 @@ def _event(d: Domain, before: State, after: State) -> Event:
 
 
 def sheds_record(events: list, now: datetime) -> None:
-    """When a replica was shed off a domain (or would have been, observe-only): each domain
-    it left waits the shed interval before its next (fleet/domain/shedding.py)."""
+    """When a replica was shed off a domain (or would have been, observe-only), or the domain
+    was said to have nothing it could shed: each waits the shed interval before its next
+    (fleet/domain/shedding.py)."""
     left = {
         tuple(d.split(":", 1))
         for e in events
-        if isinstance(e, Event) and e.kind == "facility_shed"
+        if isinstance(e, Event) and e.kind in ("facility_shed", "facility_shed_blocked")
         for d in e.fields.get("domains", ())
     }
     for kind, name in sorted(left):

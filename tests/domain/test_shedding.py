@@ -88,7 +88,7 @@ def test_no_room_elsewhere_moves_nothing_and_says_so():
     standing = {"a1": [entry("chat-1", "standard", True)]}
     moves, why = plan_shed(fac({R1: hot(0)}), {"a1": (R1,)}, standing, set(), lambda c, a: None)
     assert moves == []
-    assert why == ["rack r1 is hot and no replica on it has room elsewhere"]
+    assert why == [(R1, "rack r1 is hot and no replica on it has room elsewhere")]
 
 
 def test_a_move_says_what_where_and_why():
