@@ -31,10 +31,10 @@ from .measured import ordered_profiles
 from .placement import Inventory, Placement
 from .plan import Event, Pass, Retire
 from .preemption import Context
+from .refusals import SHED
 from .starting import _start
 from .types import HOLDING, ReplicaView
 
-SHED = "shed"  # the explanation entry's profile, as defrag's
 BLOCKED = "facility_shed_blocked"  # the event of a domain due to shed that moved nothing
 REASON = "shed "  # how a shed replica's retire reason (its move's sentence) begins
 

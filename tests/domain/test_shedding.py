@@ -227,3 +227,42 @@ def test_observe_only_says_it_would_have_shed_and_does_nothing():
 def test_a_node_is_capped_while_any_of_its_domains_is_warm_or_hot(before, after, expected):
     nodes = {"a1": (R1, ("pdu", "p1")), "b1": (R2,)}
     assert power_caps(before, after, nodes, 0.8) == expected
+
+
+def test_a_move_in_the_explanation_is_not_taken_for_why_the_model_is_refused():
+    from fleet.domain.refusals import SHED, one_line, settled
+
+    moved = {"profile": SHED, "reasons": ["shed chat-a of chat off rack r1 to b1: hot for 7 min"]}
+    assert (one_line([moved]), settled([moved])) == ("", ())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.lists(st.floats(min_value=1, max_value=400), min_size=1, max_size=30),
+    interval=st.floats(min_value=0, max_value=600),
+    size=st.integers(min_value=1, max_value=6),
+)
+def test_over_passes_a_domain_never_sheds_twice_within_an_interval(steps, interval, size):
+    """Passes at any times, each move kept as the shell keeps it (shed_at): a domain's moves
+    are at least an interval apart, whatever is left to move."""
+    nodes = {"a1": (R1,), "a2": (R1, R2), "b1": (R2,)}
+    shed = Shedding(True, delay=0, interval=interval)
+    left = {
+        n: [(replica(f"{n}-{i}", "chat", on=n), model("chat", min=0), True) for i in range(size)]
+        for n in ("a1", "a2", "b1")
+    }
+    shed_at: dict = {}
+    moves: dict = {}
+    now = 0.0
+    for step in steps:
+        now += step
+        f = fac({R1: hot(-1), R2: hot(-1)}, now=now, shed=shed, shed_at=dict(shed_at))
+        done, _ = plan_shed(f, nodes, left, set(), lambda c, a: to("z9"))
+        for m in done:
+            for d in m.domains:
+                moves.setdefault(d, []).append(now)
+                shed_at[d] = now
+            node = next(iter(m.candidate.replica.nodes))
+            left[node] = [e for e in left[node] if e[0].id != m.candidate.replica.id]
+    for times in moves.values():
+        assert all(b - a >= interval for a, b in zip(times, times[1:], strict=False)), times
