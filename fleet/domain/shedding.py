@@ -197,7 +197,9 @@ def shed(p: Pass) -> None:
     fac = p.snap.facility
     if fac is None or not (fac.shed.every_domain or fac.shed.domains):
         return
-    node_domains = {n: domains_of(room.node.labels) for n, room in p.inv.rooms.items()}
+    if not any(due(fac, d) for d in fac.states):
+        return  # the usual pass, hot or not: nothing read, the inventory not built
+    node_domains = {n: domains_of(node.labels) for n, node in p.snap.nodes.items()}
     busy = in_flight(p.ctx.alive, node_domains)
     moves, why = plan_shed(fac, node_domains, _standing(p.ctx), busy, _placer(p))
     for move in moves:
