@@ -1,5 +1,5 @@
-"""What the gateway adds to a request, against the same engine direct, through LiteLLM
-and through Portkey.
+"""What the gateway adds to a request, against the same engine direct, through LiteLLM,
+through Portkey and through the Rust routers vllm-router and sglang-router.
 
 Everything is a real process on 127.0.0.1, in a temporary LLMGW_HOME, and is stopped
 at the end:
@@ -21,7 +21,11 @@ at the end:
 
 So "direct", "llmgw", "litellm" and "portkey" all end at the identical engine process;
 direct and Portkey use the engine key the control plane derives for the replica
-(LLMGW_SECRET_KEY is set here). The peers are started in benchmarks/peers.py.
+(LLMGW_SECRET_KEY is set here). vLLM's `vllm-router` and SGLang's `sglang-router`
+(`smg launch`), each from PyPI in a venv of its own under ~/.cache/llmgw/peers/, are
+started on loopback with the engine as their one worker and their default
+`cache_aware` policy; they pass the caller's key on, so they are sent the engine's.
+The peers are started in benchmarks/peers.py.
 
 The load comes from this process: a bare asyncio HTTP/1.1 client on keep-alive
 connections, each request's bytes made once, the answer read with a minimal parser
@@ -43,7 +47,12 @@ llmgw over the peer for requests a second):
 - throughput: requests a second through each at 64 at once for THROUGHPUT_SECONDS
   (direct for reference), and the proxy's CPU time per request;
 - time to first token when streaming: the first byte of the body after the headers,
-  p50 (and p99) through − direct, one request at a time.
+  p50 (and p99) through − direct, one request at a time;
+- where the machine's cores went while each target took 64 at once
+  (`<target>_cores_by_process_at_64`): the load generator, `llmgw serve` or each of its
+  workers, the engine, the agent, Celery, PostgreSQL, Redis, the peers, and everything
+  else on the machine (other people's work), from /proc; with which of llmgw's
+  processes held each of the 64 connections.
 
 BENCH_SEQUENTIAL, BENCH_SECONDS (the 16 level), BENCH_THROUGHPUT_SECONDS,
 BENCH_STREAMED scale it; BENCH_LITELLM=0 leaves LiteLLM out; BENCH_LITELLM_SPEC is what
@@ -53,6 +62,9 @@ pinned at 1.15.2: the newest the registry serves (its only other is 1.9.8), and 
 whose start script and custom-host checks (127.0.0.1 is a trusted host) were read; with
 @hono/node-server held at 1.14.1, as newer ones break its streaming (benchmarks/peers.py).
 Without node and npm, Portkey is left out with a line saying so.
+BENCH_VLLM_ROUTER=0 and BENCH_SGLANG_ROUTER=0 leave the routers out;
+BENCH_VLLM_ROUTER_VERSION (0.1.17) and BENCH_SGLANG_ROUTER_VERSION (0.3.2) pin what pip
+installs; one that cannot be installed is left out with a line saying why.
 """
 
 from __future__ import annotations
@@ -77,16 +89,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.peers import (  # noqa: E402
+    ROUTERS,
     Peer,
     Procs,
+    cores_by_role,
     cpu_seconds,
     free_port,
+    machine_cpu,
     start_litellm,
     start_portkey,
+    start_router,
+    tree,
     wait,
 )
 from llmgw.core.secrets import engine_key  # noqa: E402
-from tests.e2e.harness import listener_pid  # noqa: E402
+from tests.e2e.harness import listener_pid, serving_pid  # noqa: E402
 
 SEQUENTIAL = int(os.environ.get("BENCH_SEQUENTIAL", 2000))
 BLOCK = 200  # sequential requests per turn of a target
@@ -277,10 +294,12 @@ async def _sequential(targets: list[Target], total: int, stream: bool) -> dict[s
     return out
 
 
-async def _closed_loop(target: Target, concurrency: int, seconds: float) -> dict:
+async def _closed_loop(target: Target, concurrency: int, seconds: float,
+                       roles: Callable[[], dict[str, list[int]]] | None = None) -> dict:  # fmt: skip
     """`concurrency` connections each sending the next request as soon as the last is
     answered, for `seconds` after a warm-up: latencies, errors, requests a second, and the
-    CPU seconds the target's processes used."""
+    CPU seconds the target's processes used; with `roles`, the cores each role's processes
+    used meanwhile, and which of the target's processes holds each connection."""
     conns = [await _connect(target.port) for _ in range(concurrency)]
     latencies: list[float] = []
     errors = 0
@@ -302,16 +321,67 @@ async def _closed_loop(target: Target, concurrency: int, seconds: float) -> dict
 
     stop_at = time.perf_counter() + WARMUP_SECONDS
     await asyncio.gather(*(worker(c) for c in conns))
+    machine_before = machine_cpu() if roles else None
     cpu_before, own_before = cpu_seconds(target.pids()), time.process_time()
     measuring, start = True, time.perf_counter()
     stop_at = start + seconds
     await asyncio.gather(*(worker(c) for c in conns))
     elapsed = time.perf_counter() - start
     cpu = cpu_seconds(target.pids()) - cpu_before
+    out = {"latencies": latencies, "errors": errors, "per_second": len(latencies) / elapsed,
+           "cpu_s": cpu, "load_cpu_s": time.process_time() - own_before, "seconds": elapsed}  # fmt: skip
+    if roles and machine_before:
+        now = roles()
+        out["cores"] = cores_by_role(machine_before, machine_cpu(), now, elapsed)
+        out["connections"] = _holders(target, conns, now)
     for c in conns:
         c.transport.close()
-    return {"latencies": latencies, "errors": errors, "per_second": len(latencies) / elapsed,
-            "cpu_s": cpu, "load_cpu_s": time.process_time() - own_before, "seconds": elapsed}  # fmt: skip
+    return out
+
+
+def _holders(target: Target, conns: list[_Conn], roles: dict[str, list[int]]) -> dict[str, int]:
+    """How many of `conns` each of the target's processes holds the server's end of, by
+    the role of the process."""
+    pids, role = target.pids(), {}
+    for name, ps in roles.items():  # a process in two roles is the first's, as in the split
+        for pid in ps:
+            role.setdefault(pid, name)
+    held: dict[str, int] = {}
+    for c in conns:
+        pid = serving_pid(target.port, c.transport.get_extra_info("sockname")[1], pids)
+        name = role.get(pid, str(pid)) if pid is not None else "none found"
+        held[name] = held.get(name, 0) + 1
+    return held
+
+
+def _roles(procs: Procs, engine_pid: int | None) -> Callable[[], dict[str, list[int]]]:
+    """What each process this benchmark started is, for the split of the machine's cores;
+    a process in two counts in the first (the engine is the agent's child)."""
+
+    def roles() -> dict[str, list[int]]:
+        serve = procs.named["serve"].pid
+        workers = sorted(p for p in _children(serve) if b"--worker-fd" in _cmdline(p))
+        out = {"load generator": [os.getpid()]}
+        out.update({f"llmgw worker {i + 1}": tree(w) for i, w in enumerate(workers)})
+        out["llmgw serve's supervisor and renderer" if workers else "llmgw serve"] = tree(serve)
+        out["sim engine"] = [engine_pid] if engine_pid else []
+        out["llmgw agent"] = tree(procs.named["agent"].pid)
+        celery = [n for n in ("worker", "beat") if n in procs.named]
+        out["celery worker and beat"] = [p for n in celery for p in tree(procs.named[n].pid)]
+        rest = [n for n in procs.named if n not in ("serve", "agent", "worker", "beat")]
+        out["the peers (idle unless measured)"] = [
+            p for n in rest for p in tree(procs.named[n].pid)
+        ]
+        return out
+
+    return roles
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -444,7 +514,8 @@ def _load1() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-async def _measure(targets: list[Target], scale: dict) -> None:
+async def _measure(targets: list[Target], scale: dict,
+                   roles: Callable[[], dict[str, list[int]]] | None = None) -> None:  # fmt: skip
     names = [t.name for t in targets]
     through = [t for t in targets if t.name != "direct"]
     peers = [t.name for t in through if t.name != "llmgw"]  # each figure's ratio to llmgw
@@ -477,7 +548,10 @@ async def _measure(targets: list[Target], scale: dict) -> None:
     # Many at once.
     loops: dict[int, dict[str, dict]] = {}
     for concurrency, seconds in ((16, SECONDS), (64, THROUGHPUT_SECONDS)):
-        loops[concurrency] = {t.name: await _closed_loop(t, concurrency, seconds) for t in targets}
+        split = roles if concurrency == 64 else None
+        loops[concurrency] = {
+            t.name: await _closed_loop(t, concurrency, seconds, split) for t in targets
+        }
         s = {**scale, "concurrency": concurrency, "seconds": seconds, "warmup_seconds": WARMUP_SECONDS,
              "stream": False, "max_tokens": 1, "load1": _load1()}  # fmt: skip
         r = loops[concurrency]
@@ -514,6 +588,12 @@ async def _measure(targets: list[Target], scale: dict) -> None:
     for peer in peers:
         _emit(f"llmgw_over_{peer}_requests_per_second", ratio(r["llmgw"]["per_second"], r[peer]["per_second"]),
               "ratio", s)  # fmt: skip
+    # Where the machine's cores went while each was measured (issue 41: why --workers 2 did
+    # not beat one), and which of llmgw's processes held the 64 connections.
+    for n in names:
+        if "cores" in r[n]:
+            _emit(f"{n}_cores_by_process_at_64", r[n]["cores"], "cores", s,
+                  connections_held=r[n]["connections"] if n == "llmgw" else None)  # fmt: skip
 
     # Time to first token, streamed, one at a time.
     ttft = await _sequential(targets, STREAMED, stream=True)
@@ -549,6 +629,14 @@ def main() -> None:
             if peer is not None:
                 targets.append(Target.of(peer))
                 versions[peer.name] = peer.version
+        for router in ROUTERS:
+            peer, why = start_router(procs.spawn, home, router, [engine_url], ekey, MODEL)
+            if peer is None:
+                print(json.dumps({"bench": "gateway", "figure": router.name, "value": None,
+                                  "note": why}), flush=True)  # fmt: skip
+                continue
+            targets.append(Target.of(peer))
+            versions[peer.name] = peer.version
         scale = {
             "machine_cores": os.cpu_count(), "load1_at_start": _load1(),
             "sharing_the_cores": "load generator (this process, one asyncio loop, bare HTTP/1.1 client), "
@@ -556,14 +644,17 @@ def main() -> None:
                                     f"llmgw serve --workers {WORKERS} (PostgreSQL, Redis), Celery worker and beat, ")
                                  + "llmgw agent (idle), "
                                  "the sim engine, LiteLLM's proxy (idle while the others run), "
-                                 "Portkey's gateway on node (idle while the others run), other work",
+                                 "Portkey's gateway on node (idle while the others run), "
+                                 "vllm-router and sglang-router (idle while the others run), other work",
             "engine": "llmgw sim-engine " + " ".join(SIM_ARGS), "litellm": versions.get("litellm"),
-            "portkey": versions.get("portkey"), "mode": "production" if WORKERS else "embedded",
+            "portkey": versions.get("portkey"), "vllm-router": versions.get("vllm-router"),
+            "sglang-router": versions.get("sglang-router"), "routers_policy": "cache_aware",
+            "mode": "production" if WORKERS else "embedded",
             "workers": WORKERS or 1,
         }  # fmt: skip
         gc.collect()
         gc.freeze()
-        asyncio.run(_measure(targets, scale))
+        asyncio.run(_measure(targets, scale, _roles(procs, direct.pids()[0])))
     finally:
         procs.stop()
         for name in _DATABASE:

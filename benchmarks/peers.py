@@ -9,7 +9,14 @@ front of the same engine the "direct" target calls, with the engine's key:
   node headless (no log console); each request names the provider (openai) and the
   engine as its custom host in headers, as Portkey's clients do without a config.
   Its stream reader waits 25 ms (a setTimeout) before passing on the first event, which
-  its time to first token shows.
+  its time to first token shows;
+- the Rust routers, each from PyPI in a venv of its own under ~/.cache/llmgw/peers/
+  <name>-<version> (made on the first run, then reused): vLLM's `vllm-router` and
+  SGLang's `sglang-router` (started as `smg launch`), on loopback with their Prometheus
+  listener on a free loopback port too, given the engines as `--worker-urls` and a
+  policy (`cache_aware`, the default of both, unless said). Neither holds keys of its
+  own: each passes the caller's Authorization header on, so the engines they front must
+  accept the one key the caller sends.
 """
 
 from __future__ import annotations
@@ -85,6 +92,49 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def machine_cpu() -> dict:
+    """Every process's name and CPU seconds (user and system, all its threads), and the
+    machine's busy and stolen seconds over all its cores, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                head, tail = (p / "stat").read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            fields = tail.split()
+            pids[int(p.name)] = (head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / tick)
+    # cpu  user nice system idle iowait irq softirq steal ...
+    jiffies = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    busy = sum(jiffies[:3]) + jiffies[5] + jiffies[6]
+    return {"pids": pids, "busy": busy / tick, "steal": jiffies[7] / tick}
+
+
+def cores_by_role(before: dict, after: dict, roles: dict[str, list[int]], seconds: float) -> dict:
+    """The cores each role's processes used between two `machine_cpu` readings `seconds`
+    apart (a process in two roles counts in the first); PostgreSQL's and Redis' servers
+    by name; the rest of the machine's busy time as "everything else"; and "steal", the
+    time the host gave to other machines."""
+    was = before["pids"]
+    used = {
+        pid: cpu - was[pid][1] if pid in was else cpu for pid, (_, cpu) in after["pids"].items()
+    }
+    named = {
+        "postgres": [p for p, (comm, _) in after["pids"].items() if comm.startswith("postgres")],
+        "redis": [p for p, (comm, _) in after["pids"].items() if comm.startswith("redis-server")],
+    }
+    out: dict[str, float] = {}
+    counted: set[int] = set()
+    for role, pids in {**roles, **named}.items():
+        mine = {p for p in pids if p in used} - counted
+        counted |= mine
+        out[role] = sum(used[p] for p in mine)
+    out["everything else"] = after["busy"] - before["busy"] - sum(out.values())
+    out["steal"] = after["steal"] - before["steal"]
+    return {role: round(cpu / seconds, 3) for role, cpu in out.items()}
+
+
 def tree(pid: int) -> list[int]:
     """`pid` and its descendants, from /proc."""
     parents: dict[int, list[int]] = {}
@@ -125,6 +175,7 @@ class Procs:
 
     def __init__(self, home: Path) -> None:
         self.home, self.procs = home, []
+        self.named: dict[str, subprocess.Popen] = {}
 
     def spawn(self, name: str, cmd: list[str], env: dict) -> subprocess.Popen:
         """Start `cmd` with its output in `<home>/<name>.log`; stopped by `stop`."""
@@ -132,6 +183,7 @@ class Procs:
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         self.procs.append(proc)
+        self.named[name] = proc
         return proc
 
     def stop(self) -> None:
@@ -294,3 +346,125 @@ def start_portkey(procs: Procs, home: Path, engine_url: str, key: str, model: st
     ).stdout.strip()
     version = f"{PORTKEY_VERSION} (node {node_version}, @hono/node-server {HONO_NODE_SERVER})"
     return Peer("portkey", port, key, lambda: tree(proc.pid), headers, version)
+
+
+# The Rust routers
+
+
+@dataclass(frozen=True)
+class Router:
+    """A Rust router from PyPI: its package, the version pinned, the command in its venv
+    that starts it in front of given workers, what its --log-level calls quiet, and the
+    environment variable that leaves it out ("0") or pins another version."""
+
+    name: str
+    version: str
+    command: tuple[str, ...]
+    quiet: str
+    switch: str
+
+
+def _router(name: str, version: str, command: tuple[str, ...], quiet: str) -> Router:
+    switch = "BENCH_" + name.upper().replace("-", "_")
+    return Router(name, os.environ.get(f"{switch}_VERSION", version), command, quiet, switch)
+
+
+VLLM_ROUTER = _router("vllm-router", "0.1.17", ("vllm-router",), "warning")
+SGLANG_ROUTER = _router("sglang-router", "0.3.2", ("smg", "launch"), "warn")
+ROUTERS = (VLLM_ROUTER, SGLANG_ROUTER)
+
+
+def peers_dir() -> Path:
+    """Where the routers' venvs are made: BENCH_PEERS_DIR, else ~/.cache/llmgw/peers."""
+    default = Path.home() / ".cache" / "llmgw" / "peers"
+    return Path(os.environ.get("BENCH_PEERS_DIR") or default)
+
+
+def router_venv(router: Router) -> Path:
+    """The venv of `router` at its pinned version: one per version, made once."""
+    return peers_dir() / f"{router.name}-{router.version}"
+
+
+def _venv_python() -> str:
+    """The interpreter the peers' venvs are made with: 3.11, where both routers ship wheels."""
+    return shutil.which("python3.11") or sys.executable
+
+
+def router_binary(router: Router) -> tuple[Path | None, str | None]:
+    """The router's command in its venv, installed with pip on the first run; or None and
+    the sentence saying why not (left out by its switch, or pip could not install it)."""
+    if os.environ.get(router.switch, "1") == "0":
+        return None, f"{router.switch}=0 leaves {router.name} out"
+    venv = router_venv(router)
+    binary = venv / "bin" / router.command[0]
+    if binary.exists():
+        return binary, None
+    spec = f"{router.name}=={router.version}"
+    log = venv.parent / f"{venv.name}.install.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"installing {spec} into {venv} (log {log})", file=sys.stderr, flush=True)
+    with open(log, "wb") as out:
+        failed = _pip_into(venv, spec, out)
+    if failed is None and not binary.exists():
+        failed = f"it has no {router.command[0]} command"
+    if failed is not None:
+        shutil.rmtree(venv, ignore_errors=True)  # half a venv would pass for an install
+        return None, f"{spec} could not be installed from PyPI ({failed}); see {log}"
+    return binary, None
+
+
+def _pip_into(venv: Path, spec: str, out) -> str | None:
+    """None once `spec` is installed into a new venv at `venv`, else the step that failed."""
+    steps = (("python -m venv", [_venv_python(), "-m", "venv", str(venv)]),
+             ("pip install", [str(venv / "bin" / "pip"), "install", "-q", spec]))  # fmt: skip
+    for what, cmd in steps:
+        try:
+            done = subprocess.run(cmd, stdout=out, stderr=out, timeout=900)
+        except subprocess.TimeoutExpired:
+            return f"{what} ran past 900 s"
+        if done.returncode != 0:
+            return f"{what} exited {done.returncode}"
+    return None
+
+
+def router_command(router: Router, binary: Path, port: int, metrics_port: int,
+                   workers: list[str], policy: str) -> list[str]:  # fmt: skip
+    """The command line that starts `router` on 127.0.0.1:`port` in front of `workers`
+    with `policy`, its metrics on loopback too (both default to port 29000 on every
+    interface, so two would collide), logging only warnings."""
+    return [
+        str(binary), *router.command[1:], "--host", "127.0.0.1", "--port", str(port),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        "--worker-urls", *workers, "--policy", policy, "--log-level", router.quiet,
+    ]  # fmt: skip
+
+
+def start_router(spawn: Callable[[str, list[str], dict], subprocess.Popen], home: Path,
+                 router: Router, workers: list[str], key: str, model: str,
+                 policy: str = "cache_aware") -> tuple[Peer | None, str | None]:  # fmt: skip
+    """`router` in front of `workers` (engine URLs that all accept `key`), once a chat
+    request through it is answered and a streamed one ends with [DONE]: the peer, or None
+    and the sentence saying why it is left out. Raises RuntimeError when it answers wrong."""
+    binary, why = router_binary(router)
+    if binary is None:
+        return None, why
+    port = free_port()
+    cmd = router_command(router, binary, port, free_port(), workers, policy)
+    proc = spawn(router.name, cmd, _peer_env(home))
+    url = f"http://127.0.0.1:{port}"
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+    def ask(body: dict) -> httpx.Response:
+        return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10,
+                          headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+
+    # Each registers its workers (health, model info) before it routes: until then it
+    # answers 503 or not at all.
+    wait(f"{router.name} to pass a chat on", lambda: ask(chat).status_code == 200, proc=proc)
+    answer = ask(chat)
+    if '"choices"' not in answer.text:
+        raise RuntimeError(f"{router.name} answered {answer.status_code}: {answer.text[:300]}")
+    streamed = ask({**chat, "stream": True})
+    if streamed.status_code != 200 or "[DONE]" not in streamed.text:
+        raise RuntimeError(f"{router.name} streamed {streamed.status_code}: {streamed.text[:300]}")
+    return Peer(router.name, port, key, lambda: tree(proc.pid), version=router.version), None

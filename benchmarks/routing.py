@@ -31,9 +31,18 @@ Figures per setup and routing: time to first token p50 and p95 (the client's, to
 first content chunk), the share of prompt tokens the engines found cached (their
 `usage.prompt_tokens_details.cached_tokens`), requests per replica (the
 `X-Llmgw-Replica` header) as the busiest over the mean; and prefix's TTFT p50 as a share
-lower than least_loaded's and round_robin's. Aim (issue 16): ≥ 30 % lower than
+lower than least_loaded's, round_robin's and each router's. Aim (issue 16): ≥ 30 % lower than
 least_loaded, no replica above 1.5 × the mean; through two gateways (issue 39) the same,
 and the share cached within 5 % of one gateway's.
+
+The Rust routers (issue 41): on the sim setup, the same trace through vLLM's `vllm-router`
+and SGLang's `sglang-router` (`smg launch`) with their `cache_aware` policy, each from
+PyPI in a venv of its own (benchmarks/peers.py), started on loopback in front of 4 sim
+engines with the same arguments as llmgw's replicas. Those engines are started here, not
+by the agent, because a router passes the caller's one key on to every engine and each of
+llmgw's replicas takes a key of its own. Requests per engine come from the engines' own
+counters. A router that cannot be installed, or is left out (BENCH_VLLM_ROUTER=0,
+BENCH_SGLANG_ROUTER=0), is a line saying so.
 
 BENCH_ROUTING_SESSIONS, BENCH_ROUTING_TURNS, BENCH_ROUTING_CONCURRENCY scale the sim
 trace; BENCH_ROUTING_SIM=0 leaves the sim engines out, BENCH_ROUTING_LLAMACPP=0 the real
@@ -50,6 +59,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -57,7 +67,15 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.harness import Cluster, free_port, gateway_key, gateway_project, wait_for  # noqa: E402
+from benchmarks.peers import ROUTERS, Procs, start_router  # noqa: E402
+from tests.e2e.harness import (  # noqa: E402
+    Cluster,
+    engine_gauge,
+    free_port,
+    gateway_key,
+    gateway_project,
+    wait_for,
+)
 from tests.e2e.real_engines import gemma_gguf, llama_server  # noqa: E402
 
 ROUTINGS = ("prefix", "least_loaded", "round_robin")
@@ -220,7 +238,10 @@ def _routing_set(cluster: Cluster, model: dict, routing: str) -> None:
     time.sleep(3)  # the gateway reads its tables every second; a catalog change rebuilds them
 
 
-def _figures(setup: str, results: dict[str, list[dict]], scale: dict) -> None:
+def _figures(setup: str, results: dict[str, list[dict]], scale: dict,
+             served_by: dict[str, dict[str, int]] | None = None) -> None:  # fmt: skip
+    """Each routing's figures, and prefix's TTFT p50 against every other's; `served_by`
+    gives the requests per replica where the answers do not name it (the routers')."""
     p50 = {}
     for routing, rs in results.items():
         ttft = sorted(r["ttft"] * 1000 for r in rs)
@@ -230,6 +251,7 @@ def _figures(setup: str, results: dict[str, list[dict]], scale: dict) -> None:
         served: dict[str, int] = {}
         for r in rs:
             served[r["replica"]] = served.get(r["replica"], 0) + 1
+        served = (served_by or {}).get(routing, served)
         mean = len(rs) / scale["replicas"]
         of = {"routing": routing, "requests": len(rs)}
         _emit(setup, "ttft_p50", round(p50[routing], 1), "ms", scale, **of)
@@ -239,7 +261,7 @@ def _figures(setup: str, results: dict[str, list[dict]], scale: dict) -> None:
               "share", scale, **of)  # fmt: skip
         _emit(setup, "busiest_replica_over_mean", round(max(served.values()) / mean, 2),
               "ratio", scale, **of, served=dict(sorted(served.items())))  # fmt: skip
-    for other in ("least_loaded", "round_robin"):
+    for other in (r for r in results if r not in ("prefix", "prefix_one_gateway")):
         _emit(setup, f"prefix_ttft_p50_lower_than_{other}",
               round(1 - p50["prefix"] / p50[other], 3), "share", scale)  # fmt: skip
     if "prefix_one_gateway" in results:
@@ -250,7 +272,13 @@ def _figures(setup: str, results: dict[str, list[dict]], scale: dict) -> None:
 
 
 def _run(
-    cluster: Cluster, urls: list[str], setup: str, model: dict, shape: dict, extra_scale: dict
+    cluster: Cluster,
+    urls: list[str],
+    setup: str,
+    model: dict,
+    shape: dict,
+    extra_scale: dict,
+    routers: Callable[[dict], tuple[dict, dict]] | None = None,
 ) -> None:
     cluster.post("/models", model)
     wait_for(
@@ -283,8 +311,12 @@ def _run(
     for i, (name, routing, through) in enumerate(runs):
         _routing_set(cluster, model, routing)
         results[name] = asyncio.run(_trace(through, secret, model["name"], shape, i))
+    served_by: dict[str, dict[str, int]] = {}
+    if routers is not None:
+        theirs, served_by = routers(shape)
+        results.update(theirs)
     scale["load1_after"] = _load1()
-    _figures(setup, results, scale)
+    _figures(setup, results, scale, served_by)
 
 
 def _sim(cluster: Cluster, urls: list[str]) -> None:
@@ -293,8 +325,66 @@ def _sim(cluster: Cluster, urls: list[str]) -> None:
         "profiles": [{"name": "cpu", "engine": "sim", "cpu_cores": 1, "min_memory_gb": 1,
                       "args": SIM_ARGS}],
     }  # fmt: skip
-    _run(cluster, urls, "sim", sim, SIM, {"sim_args": " ".join(SIM_ARGS)})
+
+    def routers(shape: dict) -> tuple[dict, dict]:
+        return _routers(cluster.home, sim["name"], shape)
+
+    theirs = ", ".join(f"{r.name} {r.version}" for r in ROUTERS)
+    extra = {"sim_args": " ".join(SIM_ARGS),
+             "routers": f"{theirs}: cache_aware, each before {SIM['replicas']} sim engines of its own"}  # fmt: skip
+    _run(cluster, urls, "sim", sim, SIM, extra, routers)
     cluster.client.delete("/models/routing-sim")
+
+
+def _routers(home: Path, model: str, shape: dict) -> tuple[dict, dict]:
+    """The trace through each Rust router's `cache_aware` policy in front of replicas of
+    its own: as many sim engines as llmgw's, with the same arguments, started here with
+    one key (the routers pass the caller's key on, and each of llmgw's replicas takes a key
+    of its own). Each router's warm-up and prompts are its own, as each routing's are. The
+    results by router, and the requests each engine served, from the engines' counters."""
+    procs = Procs(home)
+    key = "sk-routers-" + os.urandom(12).hex()
+    results: dict[str, list[dict]] = {}
+    served_by: dict[str, dict[str, int]] = {}
+    try:
+        engines = _engines(procs, model, key, shape["replicas"])
+        for i, router in enumerate(ROUTERS):
+            name = f"{router.name}_cache_aware"
+            peer, why = start_router(procs.spawn, home, router, engines, key, model)
+            if peer is None:
+                print(json.dumps({"bench": "routing", "setup": "sim", "routing": name,
+                                  "skipped": why}), flush=True)  # fmt: skip
+                continue
+            url = f"http://127.0.0.1:{peer.port}"
+            warm = {**shape, "sessions": shape["concurrency"], "turns": 1}
+            asyncio.run(_trace([url], key, model, warm, 199 + i))
+            before = [engine_gauge(e, "requests_total") for e in engines]
+            results[name] = asyncio.run(_trace([url], key, model, shape, 10 + i))
+            after = [engine_gauge(e, "requests_total") for e in engines]
+            served_by[name] = {
+                e: int(a - b) for e, a, b in zip(engines, after, before, strict=True)
+            }
+    finally:
+        procs.stop()
+    return results, served_by
+
+
+def _engines(procs: Procs, model: str, key: str, count: int) -> list[str]:
+    """`count` sim engines serving `model` with SIM_ARGS and `key`, once each answers."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env["LLMGW_ENGINE_API_KEY"] = key
+    urls = []
+    for n in range(count):
+        port = free_port()
+        cmd = [sys.executable, "-m", "llmgw", "sim-engine", "--port", str(port), "--model", model,
+               "--threads", "1", *SIM_ARGS]  # fmt: skip
+        procs.spawn(f"router-engine-{n}", cmd, env)
+        urls.append(f"http://127.0.0.1:{port}")
+    for url in urls:
+        wait_for(
+            f"the sim engine at {url}", lambda u=url: httpx.get(f"{u}/health").status_code == 200
+        )
+    return urls
 
 
 def _second_gateway(cluster: Cluster) -> str:

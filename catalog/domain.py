@@ -60,6 +60,9 @@ class Profile:
     priority: int = 0
     startup_timeout_s: int = 600
     routing: str = ""  # empty: the engine's default (`routes_by`)
+    # What a replica draws, in watts, as the operator declares it: wins over the estimate
+    # placement makes against a rack's or PDU's power budget (docs/facility.md).
+    power_watts: float | None = None
 
     @property
     def routes_by(self) -> str:
@@ -83,6 +86,11 @@ class Profile:
         return max(1, (self.tp * self.pp) // self.nodes)
 
     @property
+    def shard_power_w(self) -> float | None:
+        """The declared draw of one shard: `power_watts` shared over the nodes; None if none."""
+        return self.power_watts / self.nodes if self.power_watts else None
+
+    @property
     def reserved_cores(self) -> int | None:
         """Cores reserved per shard: only CPU-only profiles reserve cores."""
         return self.cpu_cores if self.cpu_only else None
@@ -96,9 +104,12 @@ class Profile:
 
     def fingerprint(self) -> str:
         """A hash of the profile's canonical JSON: a replica started with another is outdated.
-        Routing is the gateway's, not the engine's: changing it restarts nothing."""
+        Routing is the gateway's, not the engine's, and `power_watts` placement's: changing
+        either restarts nothing."""
         fields = self.to_dict()
         del fields["routing"]
+        # What a replica is declared to draw is placement's figure, not the engine's.
+        del fields["power_watts"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
@@ -294,6 +305,7 @@ def parse_profile(data: Mapping, *, model: str) -> Profile:
         priority=_int(data, "priority", 0, where=where, minimum=-1000),
         startup_timeout_s=_int(data, timeout_key, 600, where=where, minimum=1),
         routing=routing,
+        power_watts=_float(data, "power_watts", where=where),
     )
 
 

@@ -64,6 +64,8 @@ class Profile(models.Model):
     startup_timeout_s = models.PositiveIntegerField(default=600)
     # How the gateway chooses among its replicas; empty: the engine's default.
     routing = models.CharField(max_length=16, blank=True, default="")
+    # What a replica draws, in watts, as declared; null: placement estimates it.
+    power_watts = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["model", "position"]

@@ -184,6 +184,12 @@ class ProfileIn(_Documented):
     weight: int = Field(1, ge=0, description="share of traffic")
     priority: int = Field(0, ge=-1000, description="placement tries higher first")
     startup_timeout: int = Field(600, ge=1, description="seconds (startup_timeout_s also read)")
+    power_watts: float | None = Field(
+        None,
+        gt=0,
+        description="what a replica draws, in watts; wins over placement's estimate against "
+        "a power budget",
+    )
     routing: str = Field(
         "",
         description="how the gateway picks a replica; empty: prefix for llamacpp and vllm, "

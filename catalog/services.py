@@ -74,6 +74,7 @@ def _write(spec: ModelSpec, *, actor: str, row: Model | None = None) -> Model:
             priority=p.priority,
             startup_timeout_s=p.startup_timeout_s,
             routing=p.routing,
+            power_watts=p.power_watts,
         )
         for i, p in enumerate(spec.profiles)
     )
@@ -110,6 +111,7 @@ def _storable(spec: ModelSpec) -> None:
             "startup_timeout_s",
             "min_memory_gb",
             "min_disk_gb",
+            "power_watts",
         ):
             figures.append((f"{where}, profile {p.name}", field, getattr(p, field)))
     for place, name, value in figures:

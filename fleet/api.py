@@ -255,16 +255,15 @@ def fabric_get(request):
 def facility_list(request):
     """Every rack and PDU the nodes' labels or a budget name: its nodes, GPUs, what the GPUs
     held there draw, and its budget."""
-    held = facility.held_gpus(state.replica_views())
+    held = facility.held_shards(state.replica_views())
     return [d.as_dict() for d in facility.facility_domains(held)]
 
 
 @router.put("/facility/budgets", response=PowerBudgetOut, auth=can("fleet.change_powerbudget"))
 def power_budget_set(request, payload: PowerBudgetIn):
-    """Set the most a rack or PDU may draw, in watts; the next reconciler pass places by it."""
-    return services.power_budget_set(
-        kind=payload.kind, name=payload.name, watts=payload.watts, actor=actor(request)
-    )
+    """Set the most a rack or PDU may draw, in watts or by its feeds, with a safety margin
+    and its other equipment; the next reconciler pass places by it."""
+    return services.power_budget_set(**payload.dict(), actor=actor(request))
 
 
 @router.delete(

@@ -327,8 +327,10 @@ class PowerBudget(models.Model):
     """The most a rack or a PDU may draw, in watts, as an operator set it (docs/facility.md).
 
     `name` is the value of the nodes' `llmgw.io/rack` or `llmgw.io/pdu` label. Placement
-    refuses a replica whose estimated draw would take the rack or PDU past it; a rack or
-    PDU with no row has no budget.
+    refuses a replica whose estimated draw would take the rack or PDU past `watts` less
+    `margin`; a rack or PDU with no row has no budget. For a dual-fed domain `feeds` are
+    the feeds' ratings and `watts` is the smaller's at `derating` (power.feed_cap).
+    `other_watts` is what else stands in it that reports nothing (switches, storage).
     """
 
     KINDS = [("rack", "rack"), ("pdu", "PDU")]
@@ -336,6 +338,10 @@ class PowerBudget(models.Model):
     kind = models.CharField(max_length=8, choices=KINDS)
     name = models.CharField(max_length=63)
     watts = models.FloatField()
+    margin = models.FloatField(default=0.0)
+    feeds = models.JSONField(default=list, blank=True)
+    derating = models.FloatField(default=0.8)
+    other_watts = models.FloatField(default=0.0)
     updated_by = models.CharField(max_length=150, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 

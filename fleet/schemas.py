@@ -239,13 +239,34 @@ class PowerBudgetIn(Schema):
     name: StrictStr = Field(
         description="the value of the nodes' llmgw.io/rack or llmgw.io/pdu label"
     )
-    watts: StrictFloat | StrictInt = Field(description="the most it may draw, in watts")
+    watts: StrictFloat | StrictInt | None = Field(
+        None, description="the most it may draw, in watts; left out when feeds are given"
+    )
+    margin: StrictFloat | StrictInt = Field(
+        0.0, description="the share of the cap kept back, from 0 to 0.5 (0.1: 10 %)"
+    )
+    feeds: list[StrictFloat | StrictInt] | None = Field(
+        None,
+        description="a dual-fed domain's feeds' ratings, in watts: the cap is then the "
+        "smaller's at its derating",
+    )
+    derating: StrictFloat | StrictInt = Field(
+        0.8, description="the share of a feed's rating it may carry (0.8: 80 %)"
+    )
+    other_watts: StrictFloat | StrictInt = Field(
+        0.0, description="what else stands in it that reports nothing: switches, storage"
+    )
 
 
 class PowerBudgetOut(Schema):
     kind: str
     name: str
+    # The cap: as given, or the smaller feed's rating at its derating.
     watts: float
+    margin: float = 0.0
+    feeds: list[float] = []
+    derating: float = 0.8
+    other_watts: float = 0.0
 
 
 class FacilityDomainOut(Schema):
@@ -256,10 +277,15 @@ class FacilityDomainOut(Schema):
     # Per GPU held by a replica, the larger of its power limit and its measured draw; null
     # when every GPU held there reports neither (unknown, not 0 W).
     estimated_w: float | None
+    # What placement counts as held: the GPUs' estimate, its nodes' own share and its other
+    # equipment; null as estimated_w is.
+    reserved_w: float | None = None
     measured_w: float | None
     # GPUs held by replicas whose agent reports neither figure: not counted.
     unknown_gpus: int
     budget_w: float | None
+    # What placement loads it to: the budget less its margin.
+    limit_w: float | None = None
     over: bool
     said: str
 

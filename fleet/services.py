@@ -9,7 +9,6 @@ only after that transaction has committed.
 from __future__ import annotations
 
 import logging
-import math
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -23,7 +22,14 @@ from mirror.selectors import FolderRef, WeightsRef, weights_for_source
 from tenancy.services import audit_record
 
 from .domain.conditions import KINDS as CONDITION_KINDS
-from .domain.power import KINDS, MOST_WATTS, name_refusal, watts as watts_said
+from .domain.power import (
+    DERATING,
+    KINDS,
+    budget_refusal,
+    feed_cap,
+    name_refusal,
+    watts as watts_said,
+)
 from .domain.reconcile import Plan
 from .models import DomainCondition, DomainHold, ModelState, Node, PowerBudget, Replica, Shard
 from .nodes.dispatch import Command, stop_command
@@ -402,38 +408,54 @@ def _budget_key(kind: object, name: object) -> tuple[str, str]:
     return str(kind), str(name)
 
 
-def power_budget_set(*, kind: str, name: str, watts: float, actor: str) -> dict:
-    """Set the most a rack or PDU may draw, in watts, replacing what it had; return the
-    budget ({kind, name, watts}). Raises Invalid for an unknown kind, a name that no node
-    label could carry, or watts that are not a positive number of at most 10 MW. The next
-    reconciler pass places against it."""
+def power_budget_set(
+    *,
+    kind: str,
+    name: str,
+    watts: float | None = None,
+    actor: str,
+    margin: float = 0.0,
+    feeds: list[float] | None = None,
+    derating: float = DERATING,
+    other_watts: float = 0.0,
+) -> dict:
+    """Set the most a rack or PDU may draw, replacing what it had: `watts`, or for a
+    dual-fed domain its `feeds`' ratings (the cap is then the smaller's at `derating`),
+    loaded to the cap less `margin`, with `other_watts` of equipment that reports nothing
+    held from the start. Returns the budget as `power_budget_view` gives it. Raises
+    Invalid for an unknown kind, a name that no node label could carry, or figures that
+    make no budget (power.budget_refusal). The next reconciler pass places against it."""
     kind, name = _budget_key(kind, name)
-    if (
-        isinstance(watts, bool)
-        or not isinstance(watts, int | float)
-        or not math.isfinite(watts)
-        or not 0 < watts <= MOST_WATTS
-    ):
-        raise Invalid(f"watts must be a number above 0 and at most {MOST_WATTS:,}, not {watts!r}.")
+    if why := budget_refusal(watts, margin, feeds, derating, other_watts):
+        raise Invalid(why)
+    ratings = [float(f) for f in feeds or ()]
+    cap = feed_cap(ratings, derating) if ratings else float(watts or 0)
+    figures = {
+        "watts": cap,
+        "margin": float(margin),
+        "feeds": ratings,
+        "derating": float(derating),
+        "other_watts": float(other_watts),
+    }
     with transaction.atomic():
         old = PowerBudget.objects.filter(kind=kind, name=name).values_list("watts", flat=True)
         before = old.first()
         PowerBudget.objects.update_or_create(
-            kind=kind, name=name, defaults={"watts": float(watts), "updated_by": actor[:150]}
+            kind=kind, name=name, defaults={**figures, "updated_by": actor[:150]}
         )
         audit_record(
-            actor=actor, action="power_budget.set", target=f"{kind}:{name}", detail={"watts": watts}
+            actor=actor, action="power_budget.set", target=f"{kind}:{name}", detail=figures
         )
     log.info(
         "power budget of %s %s set by %s: %s W (was %s)",
         kind,
         name,
         actor,
-        watts_said(watts),
+        watts_said(cap),
         f"{watts_said(before)} W" if before is not None else "none",
-        extra={"event": "power_budget", "kind": kind, "domain": name, "watts": watts},
+        extra={"event": "power_budget", "kind": kind, "domain": name, "watts": cap},
     )
-    return {"kind": kind, "name": name, "watts": float(watts)}
+    return {"kind": kind, "name": name, **figures}
 
 
 def power_budget_clear(*, kind: str, name: str, actor: str) -> dict:
@@ -454,7 +476,15 @@ def power_budget_clear(*, kind: str, name: str, actor: str) -> dict:
         actor,
         extra={"event": "power_budget", "kind": kind, "domain": name, "watts": None},
     )
-    return {"kind": kind, "name": name, "watts": row.watts}
+    return {
+        "kind": kind,
+        "name": name,
+        "watts": row.watts,
+        "margin": row.margin,
+        "feeds": row.feeds or [],
+        "derating": row.derating,
+        "other_watts": row.other_watts,
+    }
 
 
 def _domain_key(kind: object, name: object) -> tuple[str, str]:

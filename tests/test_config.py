@@ -94,6 +94,9 @@ BAD = {
     "a KV cache fuller than full": ("LLMGW_ROUTING_KV_FULL", "1.5"),
     "a KV cache share of nothing": ("LLMGW_ROUTING_KV_FULL", "0"),
     "a KV cache share that is a word": ("LLMGW_ROUTING_KV_FULL", "most"),
+    "a core drawing a word": ("LLMGW_POWER_CORE_WATTS", "some"),
+    "a node drawing less than nothing": ("LLMGW_POWER_NODE_WATTS", "-5"),
+    "a node drawing a substation": ("LLMGW_POWER_NODE_WATTS", "1000000"),
 }
 
 
@@ -215,6 +218,13 @@ def test_routing_is_read_from_its_variables(env):
     assert load(env).routing.imbalance == 2.0
     assert load(env | {"LLMGW_ROUTING_KV_FULL": "0.95"}).routing.kv_full == 0.95
     assert load(env).routing.kv_full == 0.9
+
+
+def test_the_power_figures_are_read_from_their_variables_and_none_unless_set(env):
+    assert (load(env).power.core_watts, load(env).power.node_watts) == (None, None)
+    power = load(env | {"LLMGW_POWER_CORE_WATTS": "12.5", "LLMGW_POWER_NODE_WATTS": "350"}).power
+    assert (power.core_watts, power.node_watts) == (12.5, 350.0)
+    assert load(env | {"LLMGW_POWER_CORE_WATTS": "0"}).power.core_watts is None
 
 
 def test_how_far_an_engine_may_outgrow_its_reservation_is_read_from_its_variables(env):

@@ -32,6 +32,7 @@ def profile_from_row(row: ProfileRow) -> Profile:
         priority=row.priority,
         startup_timeout_s=row.startup_timeout_s,
         routing=row.routing,
+        power_watts=row.power_watts,
     )
 
 

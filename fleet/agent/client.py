@@ -2,8 +2,9 @@
 
 One connection at a time: ``register``, wait for ``registered``, then
 heartbeats and engine load on a timer, shard status as it changes, and the
-control plane's ``start_shard`` / ``stop_shard`` as they come, and
-``engine_log`` answered with the engine's last log lines. Any
+control plane's ``start_shard`` / ``stop_shard`` as they come,
+``engine_log`` answered with the engine's last log lines, and ``load_adapter`` /
+``unload_adapter`` answered with an ``adapter_status``. Any
 disconnect is followed by a reconnect with backoff; engines keep running
 meanwhile and are listed in the next ``register``.
 """
@@ -385,6 +386,11 @@ class Agent:
             grace = _float(msg.get("grace_s"), default=10.0)
             # A stop waits out its grace; the session must keep reading.
             self._spawn(self.supervisor.stop(shard_id, grace), f"stop-{shard_id}")
+        elif kind == "load_adapter":
+            # Loading reads the adapter's weights: seconds the session keeps serving through.
+            self._spawn(self.supervisor.load_adapter(msg), "load-adapter")
+        elif kind == "unload_adapter":
+            self._spawn(self.supervisor.unload_adapter(msg), "unload-adapter")
         elif kind == "delete_weights":
             self._delete_weights(msg)
         elif kind == "engine_log":
@@ -503,11 +509,17 @@ class Agent:
         while we were away is reported by its final status alone.
         """
         last: dict[str, dict[str, Any]] = {}
+        answers: list[dict[str, Any]] = []
         for msg in self._outbox:
-            if msg["shard_id"] not in listed:
+            if msg.get("type") == "adapter_status":
+                # The answer to a command, which the register does not carry; moot for a
+                # shard that ended.
+                if msg["shard_id"] in listed:
+                    answers.append(msg)
+            elif msg["shard_id"] not in listed:
                 last.pop(msg["shard_id"], None)
                 last[msg["shard_id"]] = msg
-        self._outbox = deque(last.values())
+        self._outbox = deque([*last.values(), *answers])
 
     async def _send_statuses(self) -> None:
         while True:

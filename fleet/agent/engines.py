@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.agent.adapters import AdapterError, AdapterRef, format_refusal
+
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 SIM_COMMAND: tuple[str, ...] = (sys.executable, "-m", "llmgw", "sim-engine")
 
@@ -51,6 +53,10 @@ class ShardSpec:
     memory_gb: float | None = None
     memory_margin: float = 0.25
     memory_grace_s: float = 5.0
+    # The LoRA adapters its engine holds from the start, and how many it may hold at once
+    # (0: its profile serves none; fleet/agent/adapters.py loads and unloads the rest).
+    adapters: tuple[AdapterRef, ...] = ()
+    adapter_slots: int = 0
 
     @property
     def engine(self) -> str:
@@ -88,6 +94,10 @@ class ShardSpec:
                 watch = {}
             margin = float(watch.get("margin", 0.25))
             grace = float(watch.get("grace_s", 5.0))
+            slots = int(msg.get("adapter_slots") or 0)
+            adapters = tuple(AdapterRef.from_message(a) for a in msg.get("adapters") or ())
+        except AdapterError as exc:
+            raise EngineError(f"start_shard for {shard_id}: {exc}") from exc
         except (TypeError, ValueError) as exc:
             raise EngineError(f"start_shard for {shard_id} has a malformed field: {exc}.") from exc
         return cls(
@@ -106,6 +116,8 @@ class ShardSpec:
             memory_gb=memory_gb,
             memory_margin=margin,
             memory_grace_s=grace,
+            adapters=adapters,
+            adapter_slots=slots,
         )
 
 
@@ -164,8 +176,31 @@ def build_command(spec: ShardSpec, node: NodeContext) -> EngineCommand:
             f"The engine {spec.engine or '(none)'!r} of profile "
             f"{spec.profile_name or '(unnamed)'} is not one this agent runs ({known})."
         )
+    _check_adapters(spec)
     argv = builder(spec, node)
     return EngineCommand(argv=argv, env=_engine_env(spec))
+
+
+def _check_adapters(spec: ShardSpec) -> None:
+    """Raise EngineError when the shard's adapters do not fit its slots or its engine."""
+    count, slots = len(spec.adapters), spec.adapter_slots
+    if slots < 0:
+        raise EngineError(f"Shard {spec.shard_id} asks for {slots} adapter slots.")
+    if count > slots:
+        raise EngineError(
+            f"Shard {spec.shard_id} is to start with {count} adapters and its profile "
+            f"{spec.profile_name or '(unnamed)'} has {slots} adapter slots."
+        )
+    for ref in spec.adapters:
+        refusal = format_refusal(spec.engine, ref)
+        if refusal:
+            raise EngineError(refusal)
+        if spec.engine == "llamacpp" and ("," in ref.path or ":" in ref.path):
+            # llama-server splits --lora-scaled at commas and colons.
+            raise EngineError(
+                f"llama-server cannot be given the adapter {ref.name}'s path {ref.path}: "
+                "it holds a comma or a colon."
+            )
 
 
 def _profile_args(spec: ShardSpec) -> list[str]:
@@ -206,7 +241,22 @@ def _llamacpp(spec: ShardSpec, node: NodeContext) -> list[str]:
         argv += ["--n-gpu-layers", "999"]
     elif not has_flag(args, "--threads", "-t"):
         argv += ["--threads", str(cpu_threads(spec, node.cpu_count))]
-    return argv + args
+    return argv + _llamacpp_adapters(spec) + args
+
+
+def _llamacpp_adapters(spec: ShardSpec) -> list[str]:
+    """llama-server's adapters, in the spec's order (a request names each by its index).
+
+    Each at scale 0: llama-server applies its adapters' start scales to every request that
+    names none (even with --lora-init-without-apply, which only spares the first), so at
+    `--lora PATH`'s 1.0 the base's own answers would carry them all.
+    """
+    if not spec.adapters:
+        return []
+    argv = ["--lora-init-without-apply"]
+    for ref in spec.adapters:
+        argv += ["--lora-scaled", f"{ref.path}:0"]
+    return argv
 
 
 def _vllm(spec: ShardSpec, node: NodeContext) -> list[str]:
@@ -223,7 +273,27 @@ def _vllm(spec: ShardSpec, node: NodeContext) -> list[str]:
         # Compiling the model takes 3-4 minutes on a CPU, and its cache did not survive a
         # restart in vLLM 0.32; eager mode is ready in about 30 s, at some speed.
         argv.append("--enforce-eager")
-    return argv + args
+    return argv + _vllm_adapters(spec, args) + args
+
+
+# vLLM's own default for --max-lora-rank, which the adapters' catalog checks ranks against
+# when a profile sets none.
+DEFAULT_MAX_LORA_RANK = 16
+
+
+def _vllm_adapters(spec: ShardSpec, args: Sequence[str]) -> list[str]:
+    """vLLM's LoRA flags: enabled with the profile's slots, and the adapters held from the
+    start; the rest are loaded while it runs (VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
+    if spec.adapter_slots <= 0:
+        return []
+    argv = [] if has_flag(args, "--enable-lora") else ["--enable-lora"]
+    if not has_flag(args, "--max-loras"):
+        argv += ["--max-loras", str(spec.adapter_slots)]
+    if not has_flag(args, "--max-lora-rank"):
+        argv += ["--max-lora-rank", str(DEFAULT_MAX_LORA_RANK)]
+    if spec.adapters:
+        argv += ["--lora-modules", *(f"{ref.name}={ref.path}" for ref in spec.adapters)]
+    return argv
 
 
 # What vLLM's CPU build takes for itself beside the weights and its KV cache: the API
@@ -247,6 +317,9 @@ def vllm_cpu_kv_space_gib(memory_gb: float | None) -> int | None:
 def _vllm_env(spec: ShardSpec) -> dict[str, str]:
     """What vLLM runs with before the profile's own env (which may change any of it)."""
     env: dict[str, str] = {}
+    if spec.adapter_slots > 0:
+        # Else /v1/load_lora_adapter and /v1/unload_lora_adapter answer 404.
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if (spec.source or "").startswith("/"):
         # Weights from the mirror's copy on this node: nothing is to be asked of the hub,
         # which a node may not reach (vLLM otherwise waits on it for each file's metadata).
@@ -268,7 +341,17 @@ def _sim(spec: ShardSpec, node: NodeContext) -> list[str]:
         argv += ["--weights", spec.source or ""]
     if not has_flag(args, "--threads"):
         argv += ["--threads", str(cpu_threads(spec, node.cpu_count))]
-    return argv + args
+    return argv + _sim_adapters(spec, args) + args
+
+
+def _sim_adapters(spec: ShardSpec, args: Sequence[str]) -> list[str]:
+    """The sim engine's adapter slots and start adapters (it answers vLLM's adapter API)."""
+    if spec.adapter_slots <= 0:
+        return []
+    argv = [] if has_flag(args, "--max-loras") else ["--max-loras", str(spec.adapter_slots)]
+    for ref in spec.adapters:
+        argv += ["--lora", f"{ref.name}={ref.path}"]
+    return argv
 
 
 _BUILDERS: dict[str, Callable[[ShardSpec, NodeContext], list[str]]] = {

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from fleet.agent.adapters import AdapterRef
 from fleet.agent.engines import ShardSpec
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class Entry:
         names = {f.name for f in fields(ShardSpec)}
         spec = {k: v for k, v in body["spec"].items() if k in names}
         spec["gpu_indices"] = tuple(int(i) for i in spec.get("gpu_indices") or ())
+        spec["adapters"] = tuple(AdapterRef.from_message(a) for a in spec.get("adapters") or ())
         digests = tuple(str(d) for d in body.get("weights_digests") or ())
         entry = cls(**{**body, "spec": ShardSpec(**spec), "weights_digests": digests})
         for name, kind in (("pid", int), ("start_time", int), ("port", int), ("boot", str)):

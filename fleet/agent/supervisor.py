@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from fleet.agent.adapters import AdapterError, AdapterRef, EngineAdapters, adapter_status
 from fleet.agent.cache import CacheError, WeightCache
 from fleet.agent.contain import (
     OUTGROWN_GRACE_S,
@@ -718,14 +719,26 @@ class Supervisor:
         return [entry for entry in loads if entry is not None]
 
     async def _engine_load(self, shard: Shard) -> dict[str, Any] | None:
+        figures: dict[str, Any] = await self._load_figures(shard)
+        if shard.spec.adapter_slots > 0:
+            # Absent when it cannot be read: unknown, where [] says it holds none.
+            try:
+                held = await self.adapters_of(shard).held()
+            except AdapterError as exc:
+                log.debug("shard %s: adapters unreadable: %s", shard.spec.shard_id, exc)
+            else:
+                figures["adapters"] = [h.to_message() for h in held]
+        return {"shard_id": shard.spec.shard_id, **figures} if figures else None
+
+    async def _load_figures(self, shard: Shard) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {shard.spec.api_key}"} if shard.spec.api_key else {}
         try:
             r = await self._client().get(f"http://127.0.0.1:{shard.port}/metrics", headers=headers)
         except httpx.HTTPError as exc:
             log.debug("shard %s: metrics unreadable: %s", shard.spec.shard_id, exc)
-            return None
+            return {}
         if r.status_code != 200:
-            return None
+            return {}
         figures = engine_load(shard.spec.engine, r.text)
         hits, queries = figures.pop("cache_hits", None), figures.pop("cache_queries", None)
         if hits is not None and queries is not None:
@@ -733,7 +746,65 @@ class Supervisor:
             rate = window.add(time.monotonic(), hits, queries)
             if rate is not None:
                 figures["prefix_hit_rate"] = round(rate, 4)
-        return {"shard_id": shard.spec.shard_id, **figures} if figures else None
+        return figures
+
+    def adapters_of(self, shard: Shard) -> EngineAdapters:
+        """The adapters of the shard's engine, through its API on this node."""
+        return EngineAdapters(
+            self._client(),
+            engine=shard.spec.engine,
+            base_url=f"http://127.0.0.1:{shard.port}",
+            api_key=shard.spec.api_key,
+            started_with=shard.spec.adapters,
+        )
+
+    async def load_adapter(self, msg: dict[str, Any]) -> None:
+        """Load the adapter a ``load_adapter`` command names on its shard's engine, and say
+        how it went in an ``adapter_status``: loaded, or failed with the engine's words."""
+        adapter = msg.get("adapter")
+        shard_id, name = _command_ids(
+            msg, adapter.get("name") if isinstance(adapter, dict) else None
+        )
+        if shard_id is None:
+            return
+        try:
+            ref = AdapterRef.from_message(msg.get("adapter"))
+            await self.adapters_of(self._ready(shard_id)).load(ref)
+        except AdapterError as exc:
+            log.warning("shard %s: adapter %s not loaded: %s", shard_id, name, exc)
+            self.on_change(adapter_status(shard_id, name, FAILED, str(exc)))
+            return
+        log.info("shard %s: adapter %s loaded", shard_id, name)
+        self.on_change(adapter_status(shard_id, name, "loaded"))
+
+    async def unload_adapter(self, msg: dict[str, Any]) -> None:
+        """Unload the adapter an ``unload_adapter`` command names from its shard's engine, and
+        say how it went in an ``adapter_status``: unloaded, or failed with the engine's words."""
+        shard_id, name = _command_ids(msg, msg.get("name"))
+        if shard_id is None:
+            return
+        try:
+            await self.adapters_of(self._ready(shard_id)).unload(name)
+        except AdapterError as exc:
+            log.warning("shard %s: adapter %s not unloaded: %s", shard_id, name, exc)
+            self.on_change(adapter_status(shard_id, name, FAILED, str(exc)))
+            return
+        log.info("shard %s: adapter %s unloaded", shard_id, name)
+        self.on_change(adapter_status(shard_id, name, "unloaded"))
+
+    def _ready(self, shard_id: str) -> Shard:
+        """The shard, ready; raises AdapterError saying why it is not."""
+        shard = self._shards.get(shard_id)
+        if shard is None:
+            raise AdapterError(f"Shard {shard_id} does not run on this node.")
+        if shard.state != READY or shard.port is None:
+            raise AdapterError(f"Shard {shard_id} is {shard.state}, not ready.")
+        if shard.spec.adapter_slots <= 0:
+            raise AdapterError(
+                f"Shard {shard_id}'s profile {shard.spec.profile_name or '(unnamed)'} serves "
+                "no adapters (0 adapter slots)."
+            )
+        return shard
 
     async def close(self) -> None:
         """Stop watching the engines' memory; release the HTTP client."""
@@ -743,6 +814,16 @@ class Supervisor:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+
+
+def _command_ids(msg: dict[str, Any], name: Any) -> tuple[str | None, str]:
+    """An adapter command's shard and adapter name; no shard id when it lacks either (an
+    answer could name neither, so it is logged instead)."""
+    shard_id = msg.get("shard_id")
+    if not (isinstance(shard_id, str) and shard_id and isinstance(name, str) and name):
+        log.warning("%s without a shard_id or an adapter name: %r", msg.get("type"), msg)
+        return None, ""
+    return shard_id, name
 
 
 def _spawn_failure(spec: ShardSpec, exc: Exception) -> str:

@@ -34,7 +34,7 @@ from ..nodes.dispatch import dispatch, node_disconnect
 from ..protocol import LOG_LINES
 from ..selectors import events
 from ..selectors.conditions import rack_conditions
-from ..selectors.facility import facility_domains, held_gpus
+from ..selectors.facility import facility_domains, held_shards
 from ..selectors.listings import nodes_list, reading_out
 from ..selectors.passes import drains_stuck, reconciler_status
 from ..selectors.state import node_views, replica_views
@@ -82,6 +82,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
             return page(request, "fleet/node_list.html", context, fragment=fragment)
     replicas = replica_views()
     down = None
+    catalog = None
     if fragment in (None, "nodes-refresh"):
         context |= _nodes_context(request, replicas)
         down = context.pop("down")
@@ -90,13 +91,16 @@ def cluster(request: HttpRequest) -> HttpResponse:
         if fragment is None and facility and request.user.has_perm("fleet.view_powerbudget"):
             # Only when a node says where it is or a budget exists (the nodes' query says):
             # one query more then, none otherwise.
-            # Each with its condition and hold (None: never read nor held), one query more.
+            # Each with its condition and hold (None: never read nor held), one query more;
+            # the catalog read once, for the profiles' declared draws and the models below.
             conditions = rack_conditions()
+            catalog = catalog_load()
             context["racks"] = [
-                (d, conditions.get((d.kind, d.name))) for d in facility_domains(held_gpus(replicas))
+                (d, conditions.get((d.kind, d.name)))
+                for d in facility_domains(held_shards(replicas, catalog))
             ]
     if fragment in (None, "models-refresh"):
-        catalog = catalog_load()
+        catalog = catalog if catalog is not None else catalog_load()
         models = ps.model_rows(catalog, replicas, clock.now())
         # Paged like the nodes: a page of 500 models is most of a refresh's cost.
         shown = Paginator(models, PER_PAGE).get_page(request.GET.get("models_page"))

@@ -27,15 +27,31 @@ def per_unit(profile: Profile, measured: Measured) -> float:
     return measured.tok_per_sec / units
 
 
+def per_watt(profile: Profile, measured: Measured) -> float | None:
+    """Tokens per second per watt: over what the replica was measured to draw, else its
+    profile's declared `power_watts`; None when neither is known."""
+    watts = measured.watts or profile.power_watts
+    return measured.tok_per_sec / watts if watts else None
+
+
 def ordered_profiles(
     model: ModelSpec, measurements: Mapping[tuple[str, str], Measured]
 ) -> list[Profile]:
-    """By priority; among equal priorities the one measured to serve the most per GPU (or
-    core) first; unmeasured ones keep catalog order behind measured ones."""
+    """By priority; among equal priorities the one measured to serve the most per watt
+    first when every measured profile's draw is known (a rack's power is what runs out
+    first), else the most per GPU (or core); unmeasured ones keep catalog order behind
+    measured ones."""
+    measured = {p.name: m for p in model.profiles if (m := measurements.get((model.name, p.name)))}
+    by_watt = bool(measured) and all(
+        per_watt(p, measured[p.name]) is not None for p in model.profiles if p.name in measured
+    )
+
+    def served(p: Profile, m: Measured) -> float:
+        return (per_watt(p, m) or 0.0) if by_watt else per_unit(p, m)
 
     def key(p: Profile) -> tuple:
-        m = measurements.get((model.name, p.name))
-        return (-p.priority, 0 if m else 1, -per_unit(p, m) if m else 0.0)
+        m = measured.get(p.name)
+        return (-p.priority, 0 if m else 1, -served(p, m) if m else 0.0)
 
     return sorted(model.profiles, key=key)
 

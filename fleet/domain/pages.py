@@ -8,9 +8,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from .power import PDU_LABEL, RACK_LABEL, ZONE_LABEL
+from .spread import ROOM_LABEL, ROW_LABEL, SITE_LABEL
 
-# The labels the page shows as its location badges (zone, rack, PDU) instead.
-_LOCATION_LABELS = {ZONE_LABEL: "zone", RACK_LABEL: "rack", PDU_LABEL: "pdu"}
+# The labels the page shows as its location badges (site, room, row, zone, rack, PDU).
+_LOCATION_LABELS = {
+    SITE_LABEL: "site",
+    ROOM_LABEL: "room",
+    ROW_LABEL: "row",
+    ZONE_LABEL: "zone",
+    RACK_LABEL: "rack",
+    PDU_LABEL: "pdu",
+}
 # What a GPU may report, any of which its charts draw.
 GPU_READINGS = ("utilization", "memory_used_mb", "temp_c", "power_w")
 

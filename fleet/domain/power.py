@@ -1,13 +1,18 @@
 """Power budgets per rack and PDU (docs/facility.md): what placement counts against them.
 
 Pure. A budget is an operator's cap in watts for a rack or a PDU, named by the
-nodes' `llmgw.io/rack` and `llmgw.io/pdu` labels. A GPU held by a replica counts
-the larger of its enforced power limit and its measured draw, as its agent last
-reported them; a new replica needs the sum of the limits of the GPUs placement
-would give it. Missing data is safe: a GPU whose limit is unknown gives a need
-that cannot be estimated, and such a replica is placed as if there were no
-budget (the placement says so). Only GPUs are counted: a CPU-only replica's draw
-is not estimated.
+nodes' `llmgw.io/rack` and `llmgw.io/pdu` labels, or for a dual-fed domain the
+smaller feed's rating times its derating (80 % unless said); placement loads it
+to the cap less its safety margin (`Budget.limit_w`). What a domain holds starts
+from its base: a per-node share for the CPUs, memory and fans of every node in it
+(a setting) and a declared figure for what else stands there (switches,
+storage). A replica then counts, per shard, its profile's declared `power_watts`
+where it has one, else the sum of its GPUs' enforced power limits, else for a
+CPU replica its reserved cores times a per-core figure (a setting); and never
+less than what its GPUs are measured to draw. Missing data is safe: a need that
+cannot be estimated (a GPU whose limit is unknown, a CPU replica without a
+per-core figure) is placed as if there were no budget (the placement says so),
+except in a domain already over its limit, which takes nothing new.
 
 `Ledger` is the watts held per budgeted domain as one pass places replicas; the
 inventory (placement/inventory.py) takes and gives back watts with the GPUs, so a trial
@@ -17,9 +22,11 @@ a budget as it does for GPUs.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 ZONE_LABEL = "llmgw.io/zone"
 RACK_LABEL = "llmgw.io/rack"
@@ -29,6 +36,11 @@ KINDS = ("rack", "pdu")
 # agent's --rack, --pdu and --zone accept, so that the two always name the same thing.
 NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?\Z")
 MOST_WATTS = 10_000_000
+# What one feed of a dual-fed domain may be loaded to, of its rating, unless a budget says:
+# the usual continuous-load derating of a breaker.
+DERATING = 0.8
+# Within a watt: float sums of many GPUs' figures must not refuse what is exactly at a limit.
+EPSILON = 1e-6
 
 
 def name_refusal(what: str, name: object) -> str | None:
@@ -45,13 +57,103 @@ def name_refusal(what: str, name: object) -> str | None:
     return None
 
 
+MOST_MARGIN = 0.5
+MOST_FEEDS = 4
+
+
+def _within(value: object, low: float, high: float, *, above: bool = False) -> bool:
+    """Whether `value` is a finite number from `low` (above it, with `above`) to `high`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    return (value > low if above else value >= low) and value <= high
+
+
+def budget_refusal(
+    watts: object, margin: object, feeds: object, derating: object, other_w: object
+) -> str | None:
+    """Why these figures cannot make a budget, in a sentence; None when they can. A budget
+    gives `watts` or its `feeds`' ratings, not both; a margin is a share from 0 to 0.5, a
+    derating above 0 and at most 1, and other equipment from 0 watts."""
+    most = f"{MOST_WATTS:,}"
+    if watts is None and not feeds:
+        return "a budget needs its watts, or its feeds' ratings for a dual-fed domain."
+    if watts is not None and feeds:
+        return "a budget gives its watts or its feeds' ratings, not both."
+    if watts is not None and not _within(watts, 0, MOST_WATTS, above=True):
+        return f"watts must be a number above 0 and at most {most}, not {watts!r}."
+    if feeds:
+        if not isinstance(feeds, list | tuple) or len(feeds) > MOST_FEEDS:
+            return f"feeds are a list of one to {MOST_FEEDS} ratings in watts, not {feeds!r}."
+        for f in feeds:
+            if not _within(f, 0, MOST_WATTS, above=True):
+                return f"a feed's rating must be a number above 0 and at most {most}, not {f!r}."
+    if not _within(margin, 0, MOST_MARGIN):
+        return (
+            f"margin must be a share from 0 to {MOST_MARGIN} (0.1 keeps 10 % back), not {margin!r}."
+        )
+    if not _within(derating, 0, 1, above=True):
+        return f"derating must be a share above 0 and at most 1 (0.8 is 80 %), not {derating!r}."
+    if not _within(other_w, 0, MOST_WATTS):
+        return f"other_watts must be a number from 0 to {most}, not {other_w!r}."
+    return None
+
+
+def feed_cap(feeds: Iterable[float], derating: float = DERATING) -> float:
+    """What a domain fed by several feeds may draw: the smaller feed's rating times its
+    derating, since the domain must survive the loss of the other (not their sum)."""
+    return min(feeds) * derating
+
+
 @dataclass(frozen=True)
 class Budget:
-    """The most a rack or PDU may draw, in watts, as an operator set it."""
+    """The most a rack or PDU may draw, in watts, as an operator set it: `watts`, or for a
+    dual-fed domain its `feeds`' ratings (then the cap is `feed_cap`); loaded to the cap
+    less `margin` (a share: 0.1 keeps 10 % back). `other_w` is what else stands in it that
+    reports nothing here (switches, storage), held from the start."""
 
     kind: str
     name: str
     watts: float
+    margin: float = 0.0
+    feeds: tuple[float, ...] = ()
+    derating: float = DERATING
+    other_w: float = 0.0
+
+    @property
+    def cap_w(self) -> float:
+        return feed_cap(self.feeds, self.derating) if self.feeds else float(self.watts)
+
+    @property
+    def limit_w(self) -> float:
+        """What placement loads the domain to: `cap × (1 − margin)`."""
+        return self.cap_w * (1 - self.margin)
+
+    @property
+    def said(self) -> str:
+        """How the limit was found, in words; "" for a plain cap with no margin:
+        "the smaller feed's 7,400 W at 80 %, less a 10 % margin"."""
+        parts = []
+        if self.feeds:
+            parts.append(f"the smaller feed's {watts(min(self.feeds))} W at {share(self.derating)}")
+        if self.margin:
+            what = "" if self.feeds else f"{watts(self.cap_w)} W "
+            parts.append(f"{what}less a {share(self.margin)} margin")
+        return ", ".join(parts)
+
+
+def share(value: float) -> str:
+    """0.1 → "10 %"."""
+    return f"{value * 100:g} %"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What is not reported, as the settings figure it: a CPU core's draw under load
+    (LLMGW_POWER_CORE_WATTS), and a node's own share for its CPUs, memory and fans
+    (LLMGW_POWER_NODE_WATTS). None: not counted."""
+
+    per_core_w: float | None = None
+    node_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +176,9 @@ class Power:
 
     budgets: tuple[Budget, ...] = ()
     gpus: Mapping[str, Mapping[int, GpuPower]] = field(default_factory=dict)
+    # A profile's declared `power_watts`, per replica, by (model, profile).
+    declared: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    figures: Figures = Figures()
 
 
 def pdus_of(labels: Mapping[str, str]) -> tuple[str, ...]:
@@ -102,28 +207,34 @@ def kilowatts(value: float) -> str:
     return f"{kw:,.0f}" if abs(kw - round(kw)) < 0.05 else f"{kw:,.1f}"
 
 
+Domain = tuple[str, str]
+
+
 class Ledger:
-    """Watts held per budgeted domain, taken and given back with the GPUs that draw them."""
+    """Watts held per budgeted domain, taken and given back with the shards that draw them."""
 
     def __init__(
         self,
-        budgets: Mapping[tuple[str, str], float],
-        node_domains: Mapping[str, tuple[tuple[str, str], ...]],
+        budgets: Mapping[Domain, Budget],
+        node_domains: Mapping[str, tuple[Domain, ...]],
         gpus: Mapping[str, Mapping[int, GpuPower]],
-        held: Mapping[tuple[str, str], float] | None = None,
+        held: Mapping[Domain, float],
+        figures: Figures = Figures(),
     ):
         self.budgets = budgets
         self.node_domains = node_domains
         self.gpus = gpus
-        self.held: dict[tuple[str, str], float] = dict(held or dict.fromkeys(budgets, 0.0))
+        self.figures = figures
+        self.held: dict[Domain, float] = dict(held)
 
     @classmethod
     def of(cls, power: Power | None, labels: Mapping[str, Mapping[str, str]]) -> Ledger | None:
         """The ledger for these nodes' labels (keyed by node), None when no budget applies
-        to any of them: placement is then exactly what it is without budgets."""
+        to any of them: placement is then exactly what it is without budgets. Each domain
+        starts holding its base (`bases`)."""
         if power is None or not power.budgets:
             return None
-        budgets = {(b.kind, b.name): float(b.watts) for b in power.budgets}
+        budgets = {(b.kind, b.name): b for b in power.budgets}
         node_domains = {}
         for node_id, node_labels in labels.items():
             mine = tuple(d for d in domains_of(node_labels) if d in budgets)
@@ -131,105 +242,220 @@ class Ledger:
                 node_domains[node_id] = mine
         if not node_domains:
             return None
-        return cls(budgets, node_domains, power.gpus)
+        held = bases(budgets.values(), node_domains.values(), power.figures)
+        return cls(budgets, node_domains, power.gpus, held, power.figures)
 
     def copy(self) -> Ledger:
-        return Ledger(self.budgets, self.node_domains, self.gpus, self.held)
+        return Ledger(self.budgets, self.node_domains, self.gpus, self.held, self.figures)
 
     def _gpu(self, node_id: str, index: int) -> GpuPower:
         return self.gpus.get(node_id, {}).get(index) or GpuPower()
 
-    def take(self, node_id: str, indices: Iterable[int], sign: int = 1) -> None:
-        """Count (sign -1: stop counting) what these GPUs of a node draw while held."""
+    def held_w(
+        self,
+        node_id: str,
+        indices: Iterable[int],
+        cores: int | None = None,
+        declared_w: float | None = None,
+    ) -> float:
+        """What a shard holding room counts (`shard_w`)."""
+        gpus = [self._gpu(node_id, i) for i in indices]
+        return shard_w(gpus, cores, declared_w, self.figures)
+
+    def take(
+        self,
+        node_id: str,
+        indices: Iterable[int],
+        sign: int = 1,
+        cores: int | None = None,
+        declared_w: float | None = None,
+    ) -> None:
+        """Count (sign -1: stop counting) what a shard on these GPUs or cores draws."""
         domains = self.node_domains.get(node_id)
         if not domains:
             return
-        drawn = sum(self._gpu(node_id, i).held_w for i in indices)
+        drawn = self.held_w(node_id, indices, cores, declared_w)
         if not drawn:
             return
         for d in domains:
             self.held[d] += sign * drawn
 
-    def need(self, node_id: str, indices: Iterable[int]) -> float | None:
-        """What a replica given these GPUs is estimated to draw: what each counts once held
-        (its limit, or its draw where that is higher) summed; None when any limit is
-        unknown (nothing can be estimated)."""
+    def need(
+        self,
+        node_id: str,
+        indices: Iterable[int],
+        cores: int | None = None,
+        declared_w: float | None = None,
+    ) -> float | None:
+        """What a new shard is estimated to draw: the profile's declared figure; else for
+        GPUs what each counts once held (its limit, or its draw where higher) summed, None
+        when any limit is unknown; else its cores times the per-core figure, None without
+        both."""
+        if declared_w is not None:
+            return declared_w
         gpus = [self._gpu(node_id, i) for i in indices]
-        if not all(g.limit_w for g in gpus):
-            return None
-        return sum(g.held_w for g in gpus)
-
-    def refusal(self, node_id: str, indices: tuple[int, ...]) -> str | None:
-        """Why these GPUs of this node would take a budget past its cap, in a sentence with
-        the figures; None when they would not, or when their draw is unknown."""
-        domains = self.node_domains.get(node_id)
-        if not domains or not indices:
-            return None
-        need = self.need(node_id, indices)
-        if need is None:
-            return None
-        for kind, name in domains:
-            cap, held = self.budgets[(kind, name)], self.held[(kind, name)]
-            if held + need > cap + 1e-6:
-                return (
-                    f"node {node_id} is in {kind} {name}: {watts(max(held, 0))} of "
-                    f"{watts(cap)} W held, this replica needs ~{watts(need)} W"
-                )
+        if gpus:
+            return sum(g.held_w for g in gpus) if all(g.limit_w for g in gpus) else None
+        if cores and self.figures.per_core_w:
+            return cores * self.figures.per_core_w
         return None
 
-    def refusal_together(self, shards: Iterable[tuple[str, tuple[int, ...]]]) -> str | None:
-        """Why shards on several nodes (node, GPU indices) would together pass a budget."""
+    def over(self, domain: Domain) -> bool:
+        """Whether a domain holds more than its limit already (its GPUs drew more than
+        their estimate, or the budget was lowered): it takes no new replica at all."""
+        return self.held[domain] > self.budgets[domain].limit_w + EPSILON
+
+    def refusal(
+        self,
+        node_id: str,
+        indices: tuple[int, ...],
+        cores: int | None = None,
+        declared_w: float | None = None,
+    ) -> str | None:
+        """Why this shard would take a budget past its limit, or lands in a domain already
+        over it, in a sentence with the figures; None when it would not, or when its draw
+        is unknown (and no domain of the node is over)."""
+        domains = self.node_domains.get(node_id)
+        if not domains:
+            return None
+        need = self.need(node_id, indices, cores, declared_w)
+        for domain in domains:
+            budget, held = self.budgets[domain], self.held[domain]
+            limit = budget.limit_w
+            how = f" ({budget.said})" if budget.said else ""
+            start = f"node {node_id} is in {domain[0]} {domain[1]}: {watts(max(held, 0))} of"
+            if self.over(domain):
+                return (
+                    f"{start} {watts(limit)} W held{how}, over its budget: it takes no new replicas"
+                )
+            if need is not None and held + need > limit + EPSILON:
+                return f"{start} {watts(limit)} W held{how}, this replica needs ~{watts(need)} W"
+        return None
+
+    def refusal_together(
+        self, shards: Iterable[tuple[str, tuple[int, ...]]], declared_w: float | None = None
+    ) -> str | None:
+        """Why shards on several nodes (node, GPU indices) would together pass a budget;
+        `declared_w` is each shard's declared figure, if its profile has one."""
         ledger = self.copy()
         for node_id, indices in shards:
-            if why := ledger.refusal(node_id, indices):
+            if why := ledger.refusal(node_id, indices, declared_w=declared_w):
                 return why
-            ledger.take(node_id, indices)
+            ledger.take(node_id, indices, declared_w=declared_w)
         return None
 
-    def unknown(self, node_id: str, indices: tuple[int, ...]) -> str:
-        """A sentence when these GPUs are under a budget but their draw cannot be
-        estimated (so they are not counted against it); "" otherwise."""
+    def left(self, node_id: str) -> float | None:
+        """The watts left in the fullest budgeted domain the node is in; None for a node
+        under no budget."""
+        return self.left_in(self.node_domains.get(node_id, ()))
+
+    def left_in(self, domains: Iterable[Domain]) -> float | None:
+        """The watts left in the fullest of these budgeted domains; None for none."""
+        return min((self.budgets[d].limit_w - self.held[d] for d in domains), default=None)
+
+    def unknown(
+        self,
+        node_id: str,
+        indices: tuple[int, ...],
+        cores: int | None = None,
+        declared_w: float | None = None,
+    ) -> str:
+        """A sentence when a shard is under a budget but its draw cannot be estimated (so it
+        is not counted against it); "" otherwise."""
         domains = self.node_domains.get(node_id)
-        if not domains or not indices or self.need(node_id, indices) is not None:
+        if not domains or self.need(node_id, indices, cores, declared_w) is not None:
             return ""
+        if indices:
+            why = f"node {node_id} does not report its GPUs' power limits"
+        elif cores:
+            why = "LLMGW_POWER_CORE_WATTS, a core's draw, is not set"
+        else:
+            why = "its profile reserves no cores and declares no power_watts"
         where = ", ".join(f"{k} {n}" for k, n in domains)
-        return (
-            f"its draw is unknown (node {node_id} does not report its GPUs' power limits), "
-            f"so it is not counted against {where}"
-        )
+        return f"its draw is unknown ({why}), so it is not counted against {where}"
+
+
+def shard_w(
+    gpus: Iterable[GpuPower],
+    cores: int | None = None,
+    declared_w: float | None = None,
+    figures: Figures = Figures(),
+) -> float:
+    """What a shard holding room counts against a budget: its declared figure, else its
+    GPUs' (each the larger of its limit and its draw), else its cores at the per-core
+    figure; never less than its GPUs' measured draw; 0 when nothing is known."""
+    gpus = list(gpus)
+    measured = sum(g.draw_w or 0.0 for g in gpus)
+    if declared_w is not None:
+        return max(declared_w, measured)
+    if gpus:
+        return sum(g.held_w for g in gpus)
+    return (cores or 0) * (figures.per_core_w or 0.0)
+
+
+def bases(
+    budgets: Iterable[Budget],
+    node_domains: Iterable[tuple[Domain, ...]],
+    figures: Figures,
+) -> dict[Domain, float]:
+    """What each budgeted domain holds before any replica: its declared other equipment,
+    and the per-node share of every node in it (an idle node still draws it)."""
+    held = {(b.kind, b.name): b.other_w for b in budgets}
+    for domains in node_domains:
+        for d in domains:
+            if d in held:
+                held[d] += figures.node_w or 0.0
+    return held
 
 
 @dataclass(frozen=True)
 class Draw:
-    """What a rack or PDU draws as placement counts it: the estimate (per held GPU the
-    larger of its limit and its measured draw), the measured part alone, and how many
-    held GPUs said nothing at all."""
+    """What a rack or PDU draws as placement counts it: the estimate of the replicas held
+    there (`shard_w`), the GPUs' measured draw alone, and how many held GPUs said nothing
+    at all (of replicas that declare no draw)."""
 
     estimated_w: float = 0.0
     measured_w: float | None = None
     unknown_gpus: int = 0
 
 
+class Held(NamedTuple):
+    """A shard holding room, as what it draws is counted: its node, its GPUs, its reserved
+    cores, and its share of its profile's declared `power_watts` (None: none declared)."""
+
+    node_id: str
+    indices: Iterable[int]
+    cores: int | None = None
+    declared_w: float | None = None
+
+
 def draws(
     labels: Mapping[str, Mapping[str, str]],
-    held: Iterable[tuple[str, Iterable[int]]],
+    held: Iterable[tuple],
     gpus: Mapping[str, Mapping[int, GpuPower]],
+    figures: Figures = Figures(),
 ) -> dict[tuple[str, str], Draw]:
-    """Per rack and PDU the nodes' labels name, what the GPUs held there draw. `held` is
-    (node, GPU indices) per shard holding room; `labels` is keyed by node."""
+    """Per rack and PDU the nodes' labels name, what the replicas held there draw, as the
+    ledger counts them (`shard_w`). `held` is a `Held` (or a (node, GPU indices) pair) per
+    shard holding room; `labels` is keyed by node."""
     est: dict[tuple[str, str], float] = {}
     measured: dict[tuple[str, str], float] = {}
     unknown: dict[tuple[str, str], int] = {}
     domains = {n: domains_of(ls) for n, ls in labels.items()}
     for domain in {d for ds in domains.values() for d in ds}:
         est[domain], unknown[domain] = 0.0, 0
-    for node_id, indices in held:
-        for i in indices:
-            gpu = gpus.get(node_id, {}).get(i) or GpuPower()
-            for d in domains.get(node_id, ()):
-                est[d] += gpu.held_w
-                if gpu.draw_w:
-                    measured[d] = measured.get(d, 0.0) + gpu.draw_w
-                if not gpu.held_w:
-                    unknown[d] += 1
+    for item in held:
+        shard = Held(*item)
+        where = domains.get(shard.node_id, ())
+        if not where:
+            continue
+        mine = [gpus.get(shard.node_id, {}).get(i) or GpuPower() for i in shard.indices]
+        drawn = shard_w(mine, shard.cores, shard.declared_w, figures)
+        seen = sum(g.draw_w or 0.0 for g in mine)
+        silent = sum(1 for g in mine if not g.held_w) if shard.declared_w is None else 0
+        for d in where:
+            est[d] += drawn
+            if seen:
+                measured[d] = measured.get(d, 0.0) + seen
+            unknown[d] += silent
     return {d: Draw(est[d], measured.get(d), unknown[d]) for d in est}

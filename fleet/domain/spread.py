@@ -1,13 +1,16 @@
-"""Spreading a model's replicas over racks and zones (docs/facility.md): a preference only.
+"""Spreading a model's replicas over racks, PDUs and the location tree (docs/facility.md):
+a preference only.
 
-Pure. A node's rack and zone are its `llmgw.io/rack` and `llmgw.io/zone`
-labels; a node without a rack label is a rack of its own, and one without a zone
-label is a zone of its own rack. `Spread` counts, per model, the replicas
-holding room in each rack and zone (a replica counts once in each it touches).
-Among nodes that fit, placement prefers the rack holding the fewest of the
-model's replicas, then the zone holding the fewest, before its usual order.
-When no node carries a rack or zone label, every count is 0 and placement is
-what it was without them.
+Pure. A node's place is in its labels: `llmgw.io/rack`, `llmgw.io/pdu` (two for a
+dual-fed rack), and the design's location tree above the rack, `llmgw.io/row`,
+`llmgw.io/room`, `llmgw.io/zone` and `llmgw.io/site`. A node without a rack label is a
+rack of its own; one without a PDU label draws from a PDU of its own rack's; one
+without a row, room, zone or site label is one of its own, as large as the level below.
+`Spread` counts, per model, the replicas holding room at each place (a replica counts
+once in each it touches). Among nodes that fit, placement prefers the rack holding the
+fewest of the model's replicas, then the PDU (the fuller of a dual-fed node's two), then
+the row, room, zone and site, before its usual order. When no node carries a location
+label, every count is 0 and placement is what it was without them.
 """
 
 from __future__ import annotations
@@ -15,8 +18,17 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
-from .power import PDU_LABEL, RACK_LABEL, ZONE_LABEL
+from .power import PDU_LABEL, RACK_LABEL, ZONE_LABEL, pdus_of
 
+ROW_LABEL = "llmgw.io/row"
+ROOM_LABEL = "llmgw.io/room"
+SITE_LABEL = "llmgw.io/site"
+# The places spreading counts, smallest first: the order of its key.
+LEVELS = ("rack", "pdu", "row", "room", "zone", "site")
+TREE = (("row", ROW_LABEL), ("room", ROOM_LABEL), ("zone", ZONE_LABEL), ("site", SITE_LABEL))
+# The label of each of `LEVELS`.
+LEVEL_LABELS = (RACK_LABEL, PDU_LABEL, ROW_LABEL, ROOM_LABEL, ZONE_LABEL, SITE_LABEL)
+LOCATION_LABELS = LEVEL_LABELS
 MOST_SAID = 6
 
 
@@ -30,50 +42,88 @@ def zone_of(node_id: str, labels: Mapping[str, str]) -> str:
     return (labels.get(ZONE_LABEL) or "").strip() or rack_of(node_id, labels)
 
 
+def places_of(node_id: str, labels: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:
+    """The node's places at each of `LEVELS`: its rack; its PDUs (its rack's own when it
+    names none); then each level of the tree, or the level below's when it has no label.
+    Names are prefixed by their level, so a row and a rack of one name are not one place."""
+    rack = rack_of(node_id, labels)
+    pdus = tuple(f"pdu {p}" for p in pdus_of(labels)) or (f"pdu of {rack}",)
+    out: list[tuple[str, ...]] = [(rack,), pdus]
+    below = rack
+    for level, label in TREE:
+        if value := (labels.get(label) or "").strip():
+            below = f"{level} {value}"
+        out.append((below,))
+    return tuple(out)
+
+
 def located(labels: Iterable[Mapping[str, str]]) -> bool:
     """Whether any node says where it is: only then does spreading change anything."""
-    return any(ls.get(RACK_LABEL) or ls.get(ZONE_LABEL) for ls in labels)
+    return any(any(ls.get(label) for label in LOCATION_LABELS) for ls in labels)
 
 
 class Spread:
-    """Per model, how many of its replicas each rack and zone holds."""
+    """Per model, how many of its replicas each rack, PDU and place of the tree holds.
+
+    Only the levels some node has a label for are counted (the rack always): a level no
+    node names repeats the one below it, which orders nothing, and each level counted
+    costs every node judged."""
 
     def __init__(self, labels: Mapping[str, Mapping[str, str]]):
-        self.racks = {n: rack_of(n, ls) for n, ls in labels.items()}
-        self.zones = {n: zone_of(n, ls) for n, ls in labels.items()}
-        self.rack_names = frozenset(self.racks.values())
-        self.zone_names = frozenset(self.zones.values())
-        self.by_rack: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        self.by_zone: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.levels = tuple(
+            i
+            for i, label in enumerate(LEVEL_LABELS)
+            if i == 0 or any(ls.get(label) for ls in labels.values())
+        )
+        self.places = {
+            n: tuple(places_of(n, ls)[i] for i in self.levels) for n, ls in labels.items()
+        }
+        self.racks = {n: p[0][0] for n, p in self.places.items()}
+        self.names = [
+            frozenset(name for p in self.places.values() for name in p[level])
+            for level in range(len(self.levels))
+        ]
+        self.zero = (0,) * len(self.levels)
+        # Per model, per level counted, the replicas at each place.
+        self.counts: dict[str, list[dict[str, int]]] = defaultdict(
+            lambda: [defaultdict(int) for _ in self.levels]
+        )
 
     def add(self, model: str, nodes: Iterable[str]) -> None:
         """One more replica of `model`, on these nodes."""
-        nodes = [n for n in nodes if n in self.racks]
-        for rack in {self.racks[n] for n in nodes}:
-            self.by_rack[model][rack] += 1
-        for zone in {self.zones[n] for n in nodes}:
-            self.by_zone[model][zone] += 1
+        nodes = [n for n in nodes if n in self.places]
+        counts = self.counts[model]
+        for level in range(len(self.levels)):
+            for place in {name for n in nodes for name in self.places[n][level]}:
+                counts[level][place] += 1
 
     def holds(self, model: str) -> bool:
         """Whether any replica of `model` is counted: else every rack holds 0 of it."""
-        return bool(model) and any(self.by_rack.get(model, {}).values())
+        return bool(model) and model in self.counts and any(self.counts[model][0].values())
 
-    def key(self, model: str, node_id: str) -> tuple[int, int]:
-        """The replicas of `model` in this node's rack, then in its zone: fewest first."""
-        if not model:
-            return (0, 0)
-        racks, zones = self.by_rack.get(model, {}), self.by_zone.get(model, {})
-        return (
-            racks.get(self.racks.get(node_id, ""), 0),
-            zones.get(self.zones.get(node_id, ""), 0),
-        )
+    def key(self, model: str, node_id: str) -> tuple[int, ...]:
+        """The replicas of `model` at this node's rack, PDU (the fuller of two), row,
+        room, zone and site (those counted): fewest first."""
+        counts, places = self.counts.get(model), self.places.get(node_id)
+        if not model or counts is None or places is None:
+            return self.zero
+        out = []
+        for at, names in zip(counts, places, strict=True):
+            if len(names) == 1:
+                out.append(at.get(names[0], 0))
+            else:
+                out.append(max(at.get(name, 0) for name in names))
+        return tuple(out)
 
-    def floor(self, model: str) -> tuple[int, int]:
-        """The fewest replicas of `model` any rack holds, and any zone: no node does better."""
-        racks, zones = self.by_rack.get(model, {}), self.by_zone.get(model, {})
-        return (
-            0 if len(racks) < len(self.rack_names) else min(racks.values(), default=0),
-            0 if len(zones) < len(self.zone_names) else min(zones.values(), default=0),
+    def floor(self, model: str) -> tuple[int, ...]:
+        """No node's key is below this at any level: the fewest replicas of `model` any
+        place of each level holds (0 where some place holds none)."""
+        counts = self.counts.get(model)
+        if counts is None:
+            return self.zero
+        return tuple(
+            0 if len(at) < len(names) else min(at.values(), default=0)
+            for at, names in zip(counts, self.names, strict=True)
         )
 
     def first(
@@ -88,11 +138,12 @@ class Spread:
         found without judging every node: `holders` (of the weights, already judged fit)
         are all weighed; the rest come in `ordered`, the index's order (placement's own
         after the spread: joined by NVLink where that orders anything, fewest free, then
-        id), and the search stops at the first in a rack and zone as empty as any."""
+        id), and the search stops at the first at places as empty as any."""
         floor = self.floor(model)
+        parts = len(floor)
         weighed = set(holders)
         best = min(((key(n), n) for n in weighed), default=None)
-        if best is not None and best[0][:2] == floor:
+        if best is not None and best[0][:parts] == floor:
             return best[1]
         for node_id in ordered:
             if node_id in weighed or not fits(node_id):
@@ -100,14 +151,15 @@ class Spread:
             k = key(node_id)
             if best is None or k < best[0]:
                 best = (k, node_id)
-            if k[:2] == floor:
+            if k[:parts] == floor:
                 break
         return best[1] if best is not None else None
 
     def said(self, model: str, chosen: str) -> str:
         """The spread a placement chose by, in a sentence: "spread over racks: r2 holds 0,
         r1 holds 1" (the chosen rack, then the racks holding some of the model's replicas)."""
-        racks = self.by_rack.get(model, {})
+        counts = self.counts.get(model)
+        racks = counts[0] if counts is not None else {}
         mine = self.racks.get(chosen, "")
         others = sorted((r for r in racks if r != mine), key=lambda r: (racks[r], r))
         shown = [mine, *others][:MOST_SAID]
@@ -118,9 +170,18 @@ class Spread:
 
 
 def location_of(labels: Mapping[str, str]) -> dict[str, str]:
-    """Where the node's labels say it is: zone, rack and PDU, those it carries."""
+    """Where the node's labels say it is: site, room, row, zone, rack and PDU, those it
+    carries."""
     out = {}
-    for key, label in (("zone", ZONE_LABEL), ("rack", RACK_LABEL), ("pdu", PDU_LABEL)):
+    named = (
+        ("site", SITE_LABEL),
+        ("room", ROOM_LABEL),
+        ("row", ROW_LABEL),
+        ("zone", ZONE_LABEL),
+        ("rack", RACK_LABEL),
+        ("pdu", PDU_LABEL),
+    )
+    for key, label in named:
         if value := (labels.get(label) or "").strip():
             out[key] = value
     return out

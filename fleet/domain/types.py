@@ -242,6 +242,9 @@ class Measured:
 
     max_concurrency: int
     tok_per_sec: float
+    # What one replica drew while it was measured, in watts; None: not measured (`ctl
+    # bench` does not record power yet).
+    watts: float | None = None
 
 
 @dataclass(frozen=True)

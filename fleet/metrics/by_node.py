@@ -107,6 +107,8 @@ class Held(NamedTuple):
     gpus: dict[str, set[int]]
     models: dict[str, Amount]
     spanning: dict[str, int]
+    # Per shard (node, GPU indices, cores, model, profile, replica), for the power budgets.
+    shards: list[tuple]
 
 
 def held_read() -> Held:
@@ -120,10 +122,19 @@ def held_read() -> Held:
     shards = Shard.objects.filter(replica__state__in=HOLDING).order_by()
     rows = raw_values(
         shards,
-        ("node_id", "gpu_indices", "cpu_cores", "memory_gb", "replica__model", "replica_id"),
+        (
+            "node_id",
+            "gpu_indices",
+            "cpu_cores",
+            "memory_gb",
+            "replica__model",
+            "replica_id",
+            "replica__profile",
+        ),
     )
     nodes_of: dict[str, set[str]] = defaultdict(set)
-    for i, (node_id, indices, cores, memory_gb, model, replica_id) in enumerate(rows):
+    shards = []
+    for i, (node_id, indices, cores, memory_gb, model, replica_id, profile) in enumerate(rows):
         if i % (YIELD_EVERY * 128) == 0:
             yield_now()
         if isinstance(indices, str):
@@ -132,6 +143,7 @@ def held_read() -> Held:
                 parsed = _indices[indices] = tuple(json.loads(indices) or ())
             indices = parsed
         nodes_of[replica_id].add(node_id)
+        shards.append((node_id, indices, cores, model, profile, replica_id))
         held = per_model[model]
         if indices:
             gpus[node_id].update(indices)
@@ -144,7 +156,7 @@ def held_read() -> Held:
             for node_id in nodes:
                 spanning[node_id] += 1
     models = {m: Amount(g, c, mem) for m, (g, c, mem) in per_model.items()}
-    return Held(gpus, models, spanning)
+    return Held(gpus, models, spanning, shards)
 
 
 def _prefixes_of(node_id: str) -> tuple[str, ...]:

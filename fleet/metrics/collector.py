@@ -40,7 +40,7 @@ from catalog.selectors import catalog_load
 from llmgw.core import clock
 from llmgw.core.outage import Outage
 
-from ..selectors.facility import facility_domains
+from ..selectors.facility import facility_domains, held_of_rows
 from ..selectors.installs import install_rows
 from .by_model import model_series as _models, quota_series, reconciler_series
 from .by_node import held_read, node_caches_clear, node_caches_trim, node_series
@@ -93,11 +93,16 @@ def _scrape(now: datetime) -> Scrape:
         _models(scrape, now, catalog)
         quota_series(scrape, catalog, held.models)
         reconciler_series(scrape, now)
-        for d in facility_domains(held.gpus.items()):
+        for d in facility_domains(held_of_rows(held.shards, catalog)):
             if d.budget_w is not None:
                 scrape.add("llmgw_domain_power_budget_watts", (d.kind, d.name), d.budget_w)
+            if d.limit_w is not None:
+                scrape.add("llmgw_domain_power_limit_watts", (d.kind, d.name), d.limit_w)
             if d.known:  # GPUs that report no power at all are no reading of 0 W
                 scrape.add("llmgw_domain_power_held_watts", (d.kind, d.name), d.estimated_w)
+                scrape.add("llmgw_domain_reserved_watts", (d.kind, d.name), d.reserved_w)
+            if d.measured_w is not None:
+                scrape.add("llmgw_domain_measured_watts", (d.kind, d.name), d.measured_w)
         condition_series(scrape, now)
         for node_id, engine, version, state in install_rows():
             scrape.add("llmgw_node_engine_install", (engine, node_id, state, version), 1)

@@ -4,18 +4,28 @@ for the cluster page, `GET /facility` and `llmgw ctl facility list`."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db.models import FloatField, IntegerField, JSONField, Q, Value
 from django.db.models.fields.json import KeyTransform
 
+from catalog.domain import ModelSpec
+from catalog.selectors import catalog_load
+
 from ..domain.power import (
+    DERATING,
+    EPSILON,
     PDU_LABEL,
     RACK_LABEL,
     Budget,
+    Figures,
     GpuPower,
+    Held,
     Power,
+    bases,
     domains_of,
     draws,
     kilowatts,
@@ -27,12 +37,37 @@ from ..models import Node, PowerBudget
 _CHUNK = 500
 
 
+_BUDGET_FIELDS = ("kind", "name", "watts", "margin", "feeds", "derating", "other_watts")
+
+
+def _budget(kind, name, watts, margin, feeds, derating, other_watts) -> Budget:
+    if isinstance(feeds, str):  # a JSON column through a union, on some databases
+        feeds = json.loads(feeds)
+    ratings = tuple(float(f) for f in feeds) if isinstance(feeds, list) else ()
+    return Budget(
+        kind, name, watts, margin or 0.0, ratings, derating or DERATING, other_watts or 0.0
+    )
+
+
 def budgets_load() -> tuple[Budget, ...]:
     """Every power budget, by kind and name: one query."""
-    return tuple(
-        Budget(kind, name, watts)
-        for kind, name, watts in PowerBudget.objects.values_list("kind", "name", "watts")
-    )
+    return tuple(_budget(*row) for row in PowerBudget.objects.values_list(*_BUDGET_FIELDS))
+
+
+def figures_load() -> Figures:
+    """The settings' figures for CPU cores and each node's own share (None: not counted)."""
+    power = settings.LLMGW.power
+    return Figures(per_core_w=power.core_watts, node_w=power.node_watts)
+
+
+def declared_load(models: Mapping[str, ModelSpec]) -> dict[tuple[str, str], float]:
+    """Each profile's declared `power_watts`, by (model, profile)."""
+    return {
+        (m.name, p.name): p.power_watts
+        for m in models.values()
+        for p in m.profiles
+        if p.power_watts
+    }
 
 
 def _reading(value) -> float | None:
@@ -54,17 +89,21 @@ def gpus_power(reported) -> dict[int, GpuPower]:
     return out
 
 
-def power_load(nodes: Mapping[str, NodeView]) -> Power:
+def power_load(
+    nodes: Mapping[str, NodeView], models: Mapping[str, ModelSpec] | None = None
+) -> Power:
     """The budgets and, for the nodes in a budgeted rack or PDU, their GPUs' power as their
-    agents last reported it: one query, and one more when there is a budget a node is
-    under. No budget: Power(), and placement is what it is without one."""
+    agents last reported it, with the profiles' declared draws and the settings' figures:
+    one query, and one more when there is a budget a node is under. No budget: Power(),
+    and placement is what it is without one."""
     budgets = budgets_load()
     if not budgets:
         return Power()
+    extra = {"declared": declared_load(models or {}), "figures": figures_load()}
     budgeted = {(b.kind, b.name) for b in budgets}
     under = {n for n, v in nodes.items() if budgeted & set(domains_of(v.labels))}
     if not under:
-        return Power(budgets)
+        return Power(budgets, **extra)
     rows = Node.objects.annotate(gpu_load=KeyTransform("gpus", "load")).order_by()
     # A few nodes are named in the query; many are read all at once, one query however many.
     if len(under) <= _CHUNK:
@@ -73,7 +112,7 @@ def power_load(nodes: Mapping[str, NodeView]) -> Power:
     for node_id, reported in rows.values_list("id", "gpu_load"):
         if node_id in under and (found := gpus_power(reported)):
             gpus[node_id] = found
-    return Power(budgets, gpus)
+    return Power(budgets, gpus, **extra)
 
 
 @dataclass(frozen=True)
@@ -90,10 +129,22 @@ class Domain:
     budget_w: float | None = None
     # Of all its GPUs, held or not, those whose agents report neither power nor its limit.
     silent_gpus: int = 0
+    # What placement loads it to (the budget less its margin), and what it holds before
+    # any replica: its nodes' own share and its other equipment (power.bases).
+    limit_w: float | None = None
+    base_w: float = 0.0
+
+    @property
+    def reserved_w(self) -> float:
+        """What placement counts as held there: the GPUs' estimate and the base."""
+        return self.estimated_w + self.base_w
 
     @property
     def over(self) -> bool:
-        return self.budget_w is not None and self.estimated_w > self.budget_w
+        """Past its limit, by what is reserved or what is measured: it takes nothing new."""
+        if self.limit_w is None:
+            return False
+        return max(self.reserved_w, self.measured_w or 0.0) > self.limit_w + EPSILON
 
     @property
     def known(self) -> bool:
@@ -105,7 +156,7 @@ class Domain:
     def said(self) -> str:
         """ "9.6 of 16 kW" against a budget, "9.6 kW" without one; "unknown" for the draw
         of GPUs none of which reports its power."""
-        drawn = f"{kilowatts(self.estimated_w)}" if self.known else "unknown"
+        drawn = f"{kilowatts(self.reserved_w)}" if self.known else "unknown"
         if self.budget_w is None:
             return f"{drawn} kW" if self.known else drawn
         return f"{drawn} of {kilowatts(self.budget_w)} kW"
@@ -122,6 +173,8 @@ class Domain:
             "nodes": self.nodes,
             "gpus": self.gpus,
             "estimated_w": round(self.estimated_w, 1) if self.known else None,
+            "reserved_w": round(self.reserved_w, 1) if self.known else None,
+            "limit_w": round(self.limit_w, 1) if self.limit_w is not None else None,
             "measured_w": round(self.measured_w, 1) if self.measured_w is not None else None,
             "unknown_gpus": self.unknown_gpus,
             "budget_w": self.budget_w,
@@ -130,34 +183,59 @@ class Domain:
         }
 
 
-def _located_and_budgets() -> tuple[list[tuple], list[tuple]]:
+def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
     """The nodes with a rack or PDU label (id, labels, load.gpus, GPU count) and the
-    budgets (kind, name, watts), in one query: the cluster page adds no more than that."""
+    budgets, in one query: the cluster page adds no more than that. A budget's feeds ride
+    in the labels' column."""
+    none = Value(None, output_field=FloatField())
     nodes = (
         Node.objects.filter(Q(labels__has_key=RACK_LABEL) | Q(labels__has_key=PDU_LABEL))
         .annotate(
             tag=Value("node"),
             gpu_load=KeyTransform("gpus", "load"),
-            budget=Value(None, output_field=FloatField()),
+            budget=none,
+            no_margin=none,
+            no_derating=none,
+            no_other=none,
         )
-        .values_list("tag", "id", "labels", "gpu_load", "gpu_total", "budget")
+        .values_list(
+            "tag",
+            "id",
+            "labels",
+            "gpu_load",
+            "gpu_total",
+            "budget",
+            "no_margin",
+            "no_derating",
+            "no_other",
+        )
         .order_by()
     )
     budgets = (
         PowerBudget.objects.annotate(
-            no_labels=Value(None, output_field=JSONField()),
             no_load=Value(None, output_field=JSONField()),
             no_gpus=Value(None, output_field=IntegerField()),
         )
-        .values_list("kind", "name", "no_labels", "no_load", "no_gpus", "watts")
+        .values_list(
+            "kind",
+            "name",
+            "feeds",
+            "no_load",
+            "no_gpus",
+            "watts",
+            "margin",
+            "derating",
+            "other_watts",
+        )
         .order_by()
     )
     located, budgeted = [], []
-    for tag, key, labels, gpu_load, gpu_total, cap in nodes.union(budgets, all=True):
+    rows = nodes.union(budgets, all=True)
+    for tag, key, labels, gpu_load, gpu_total, cap, margin, derating, other in rows:
         if tag == "node":
             located.append((key, labels if isinstance(labels, dict) else {}, gpu_load, gpu_total))
         else:
-            budgeted.append((tag, key, cap))
+            budgeted.append(_budget(tag, key, cap, margin, labels, derating, other))
     return located, budgeted
 
 
@@ -166,18 +244,51 @@ def held_gpus(replicas: Iterable[ReplicaView]) -> list[tuple[str, tuple[int, ...
     return [(s.node_id, s.gpu_indices) for r in replicas if r.state in HOLDING for s in r.shards]
 
 
-def facility_domains(held: Iterable[tuple[str, Iterable[int]]]) -> list[Domain]:
+def held_shards(
+    replicas: Iterable[ReplicaView], models: Mapping[str, ModelSpec] | None = None
+) -> list[Held]:
+    """Every shard of a replica holding room, as what it draws is counted: its GPUs, its
+    cores and its share of its profile's declared draw (the catalog's, unless given)."""
+    declared = declared_load(catalog_load() if models is None else models)
+    out = []
+    for r in replicas:
+        if r.state not in HOLDING or not r.shards:
+            continue
+        figure = declared.get((r.model, r.profile))
+        share = figure / len(r.shards) if figure else None
+        out.extend(Held(s.node_id, s.gpu_indices, s.cpu_cores, share) for s in r.shards)
+    return out
+
+
+def held_of_rows(rows: Iterable[tuple], models: Mapping[str, ModelSpec]) -> list[Held]:
+    """`held_shards` from shard rows (node, GPU indices, cores, model, profile, replica),
+    as /metrics reads them."""
+    rows = list(rows)
+    declared = declared_load(models)
+    shards_of: dict[str, int] = {}
+    for *_, replica_id in rows:
+        shards_of[replica_id] = shards_of.get(replica_id, 0) + 1
+    out = []
+    for node_id, indices, cores, model, profile, replica_id in rows:
+        figure = declared.get((model, profile))
+        share = figure / shards_of[replica_id] if figure else None
+        out.append(Held(node_id, tuple(indices or ()), cores, share))
+    return out
+
+
+def facility_domains(held: Iterable[tuple]) -> list[Domain]:
     """Every rack and PDU the nodes' labels name or a budget names, with its nodes, GPUs and
-    what the GPUs held by replicas there draw (per GPU the larger of its power limit and
-    its measured draw), racks first, by name. `held` is (node, GPU indices) per shard
-    holding room (`held_gpus`). Empty when no node says where it is and there is no
+    what the replicas held there draw as placement counts it (power.draws), racks first,
+    by name. `held` is a power.Held per shard holding room (`held_shards`; a (node, GPU
+    indices) pair counts its GPUs alone). Empty when no node says where it is and there is no
     budget. One query."""
     located, budgeted = _located_and_budgets()
     if not located and not budgeted:
         return []
     labels = {node_id: ls for node_id, ls, _, _ in located}
     power = {node_id: gpus_power(g) for node_id, _, g, _ in located}
-    drawn = draws(labels, [(n, i) for n, i in held if n in labels], power)
+    figures = figures_load()
+    drawn = draws(labels, [h for h in held if h[0] in labels], power, figures)
     nodes: dict[tuple[str, str], int] = {}
     gpus: dict[tuple[str, str], int] = {}
     silent: dict[tuple[str, str], int] = {}
@@ -186,7 +297,9 @@ def facility_domains(held: Iterable[tuple[str, Iterable[int]]]) -> list[Domain]:
             nodes[d] = nodes.get(d, 0) + 1
             gpus[d] = gpus.get(d, 0) + (gpu_total or 0)
             silent[d] = silent.get(d, 0) + max((gpu_total or 0) - len(power[node_id]), 0)
-    budgets = {(kind, name): watts for kind, name, watts in budgeted}
+    budgets = {(b.kind, b.name): b for b in budgeted}
+    node_domains = [tuple(d for d in domains_of(ls) if d in budgets) for _, ls, _, _ in located]
+    base = bases(budgets.values(), node_domains, figures)
     out = []
     for key in sorted(drawn.keys() | budgets.keys(), key=lambda k: (k[0] != "rack", k[1])):
         d = drawn.get(key)
@@ -199,8 +312,10 @@ def facility_domains(held: Iterable[tuple[str, Iterable[int]]]) -> list[Domain]:
                 estimated_w=d.estimated_w if d else 0.0,
                 measured_w=d.measured_w if d else None,
                 unknown_gpus=d.unknown_gpus if d else 0,
-                budget_w=budgets.get(key),
+                budget_w=budgets[key].cap_w if key in budgets else None,
                 silent_gpus=silent.get(key, 0),
+                limit_w=budgets[key].limit_w if key in budgets else None,
+                base_w=base.get(key, 0.0),
             )
         )
     return out

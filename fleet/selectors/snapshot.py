@@ -65,7 +65,7 @@ def snapshot_load(
             weights_waiting=(
                 weights_waiting({n: m.source for n, m in models.items()}) if with_weights else {}
             ),
-            power=power_load(nodes),
+            power=power_load(nodes, models),
             facility=facility_load(now),
         )
 

@@ -15,20 +15,24 @@ from typing import Any
 from llmgw.cli.base import Api, CtlError, Output, positive_number, segment
 from llmgw.cli.tables import DASH, render
 
-HEADERS = ["KIND", "NAME", "NODES", "GPUS", "HELD W", "MEASURED W", "BUDGET W"]
+HEADERS = ["KIND", "NAME", "NODES", "GPUS", "RESERVED W", "MEASURED W", "BUDGET W"]
 LEGEND = (
-    "HELD W: per GPU held by a replica, the larger of its power limit and its measured "
-    "draw; MEASURED W: the part its agents measured."
+    "RESERVED W: per GPU held by a replica, the larger of its power limit and its measured "
+    "draw, with each node's own share and the other equipment declared; MEASURED W: what "
+    "its agents measured the GPUs draw; BUDGET W: the cap, and what placement loads it to "
+    "after its margin."
 )
 NOTHING = (
     "No node has a llmgw.io/rack or llmgw.io/pdu label and no budget is set: "
     "placement does not look at power."
 )
 FACILITY_HELP = """\
-A replica's draw is estimated from the enforced power limits of the GPUs it
-would be given, as their agents report them; a GPU that reports no limit is
-not counted, and such a replica is placed as if there were no budget.
-Changes take effect at the next reconciler pass."""
+A replica's draw is its profile's declared power_watts, else estimated from
+the enforced power limits of the GPUs it would be given, as their agents
+report them, else for a CPU replica from its cores (LLMGW_POWER_CORE_WATTS);
+one whose draw is unknown is placed as if there were no budget. A budget is
+loaded to its cap less --margin; a dual-fed rack's cap is --feeds' smaller
+rating at --derating (80 %). Changes take effect at the next reconciler pass."""
 
 
 def _watts(value: Any) -> str:
@@ -37,13 +41,22 @@ def _watts(value: Any) -> str:
     return f"{float(value):,.0f}"
 
 
+def _budget(d: Mapping[str, Any]) -> str:
+    """ "16,000", or "16,000 (14,400 after margin)" where a margin keeps some back."""
+    cap, limit = d.get("budget_w"), d.get("limit_w")
+    if cap is None or limit is None or abs(float(cap) - float(limit)) < 0.5:
+        return _watts(cap)
+    return f"{_watts(cap)} ({_watts(limit)} after margin)"
+
+
 def render_facility(domains: list[Mapping[str, Any]]) -> str:
     """``ctl facility list``: a row per rack and PDU, and how to read the figures."""
     if not domains:
         return NOTHING
     rows = []
     for d in domains:
-        held = _watts(d.get("estimated_w")) if d.get("estimated_w") is not None else "unknown"
+        reserved = d.get("reserved_w", d.get("estimated_w"))
+        held = _watts(reserved) if reserved is not None else "unknown"
         if d.get("over"):
             held += " (over)"
         if d.get("unknown_gpus"):
@@ -56,7 +69,7 @@ def render_facility(domains: list[Mapping[str, Any]]) -> str:
                 d.get("gpus"),
                 held,
                 _watts(d.get("measured_w")),
-                _watts(d.get("budget_w")),
+                _budget(d),
             ]
         )
     return f"{render(HEADERS, rows)}\n\n{LEGEND}"
@@ -142,15 +155,33 @@ def cmd_facility_release(api: Api, args: argparse.Namespace, out: Output) -> Non
 
 
 def cmd_facility_set(api: Api, args: argparse.Namespace, out: Output) -> None:
-    body = {"kind": args.kind, "name": args.name, "watts": args.watts}
+    body: dict[str, Any] = {"kind": args.kind, "name": args.name}
+    if args.watts is not None:
+        body["watts"] = args.watts
+    for key in ("margin", "feeds", "derating", "other_watts"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
     answer = api.put("/facility/budgets", body)
-    out.show(
-        answer,
-        lambda a: (
-            f"{a['kind']} {a['name']}: budget {_watts(a['watts'])} W; it takes effect at the "
-            "next reconciler pass"
-        ),
-    )
+    out.show(answer, _set_said)
+
+
+def _set_said(a: Mapping[str, Any]) -> str:
+    """ "rack r1: budget 5,920 W (the smaller of 7,400 and 9,000 W at 80 %), less a 10 %
+    margin; it takes effect at the next reconciler pass"."""
+    said = f"{a['kind']} {a['name']}: budget {_watts(a['watts'])} W"
+    if feeds := a.get("feeds"):
+        ratings = " and ".join(_watts(f) for f in feeds)
+        said += f" (the smaller of {ratings} W at {a.get('derating', 0.8) * 100:g} %)"
+    if margin := a.get("margin"):
+        said += f", less a {margin * 100:g} % margin"
+    if other := a.get("other_watts"):
+        said += f", {_watts(other)} W of other equipment held"
+    return f"{said}; it takes effect at the next reconciler pass"
+
+
+def _feeds(text: str) -> list[float]:
+    """argparse type: feeds' ratings, comma separated: 7400,7400."""
+    return [positive_number(t) for t in text.split(",")]
 
 
 def cmd_facility_clear(api: Api, args: argparse.Namespace, out: Output) -> None:
@@ -168,7 +199,17 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
     setting = add(actions, "set", "set the most a rack or PDU may draw, in watts", cmd_facility_set)
     setting.add_argument("kind", metavar="KIND", help="rack or pdu")
     setting.add_argument("name", metavar="NAME", help="the nodes' llmgw.io/rack or pdu label")
-    setting.add_argument("watts", metavar="WATTS", type=positive_number, help="e.g. 16000")
+    setting.add_argument(
+        "watts", metavar="WATTS", type=positive_number, nargs="?", help="e.g. 16000"
+    )
+    setting.add_argument(
+        "--feeds", type=_feeds, help="a dual-fed rack's feeds' ratings instead: 7400,7400"
+    )
+    setting.add_argument("--derating", type=float, help="of a feed's rating, 0.8 unless said")
+    setting.add_argument("--margin", type=float, help="the share kept back: 0.1 is 10 %%")
+    setting.add_argument(
+        "--other-watts", dest="other_watts", type=float, help="switches, storage: e.g. 1200"
+    )
     clearing = add(actions, "clear", "remove a rack's or PDU's budget", cmd_facility_clear)
     clearing.add_argument("kind", metavar="KIND", help="rack or pdu")
     clearing.add_argument("name", metavar="NAME")

@@ -173,6 +173,16 @@ class Routing:
 
 
 @dataclass(frozen=True)
+class PowerFigures:
+    """What placement counts against a power budget for what reports no power of its own
+    (docs/facility.md): a CPU core's draw under load, for CPU replicas, and each node's
+    share for its CPUs, memory and fans. None: not counted."""
+
+    core_watts: float | None = None
+    node_watts: float | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     home: Path
     database_url: str | None
@@ -211,6 +221,7 @@ class Config:
     # agents' sensors only), and whether domains' conditions are enforced (else observed).
     facility_sources: Path | None = None
     facility_enforce: bool = False
+    power: PowerFigures = PowerFigures()
     # Shedding load off a domain hot for long (fleet/domain/shedding.py): off by default.
     facility_shed: Shedding = Shedding()
     # The share of their default power limit a warm or hot domain's GPUs are held to (None:
@@ -353,6 +364,7 @@ def load(env: dict[str, str] | None = None) -> Config:
         cors_origins=_origins(env),
         facility_sources=_facility_sources(env),
         facility_enforce=flag(env, "LLMGW_FACILITY_ENFORCE", False, SettingError),
+        power=_power(env),
         facility_shed=_shedding(env),
         facility_power_cap=_power_cap(env),
     )
@@ -416,6 +428,17 @@ def _facility_sources(env: dict[str, str]) -> Path | None:
     if not path.is_file():
         raise SettingError(f"LLMGW_FACILITY_SOURCES names {raw!r}, which is not a file.")
     return path
+
+
+def _power(env: dict[str, str]) -> PowerFigures:
+    """LLMGW_POWER_CORE_WATTS and LLMGW_POWER_NODE_WATTS: watts, unset or 0 for none."""
+    figures = {}
+    for name in ("LLMGW_POWER_CORE_WATTS", "LLMGW_POWER_NODE_WATTS"):
+        value = _number(env, name, 0.0, integer=False, kind="a number of watts")
+        if value > 100_000:
+            raise SettingError(f"{name} must be at most 100,000 watts, not {value:g}.")
+        figures[name] = value or None
+    return PowerFigures(figures["LLMGW_POWER_CORE_WATTS"], figures["LLMGW_POWER_NODE_WATTS"])
 
 
 def _origins(env: dict[str, str]) -> tuple[str, ...]:

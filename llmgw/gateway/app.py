@@ -252,6 +252,7 @@ class Runtime(State):
                     await self._flush()
                 now = time.monotonic()
                 self.suspect = {r: t for r, t in self.suspect.items() if t > now}
+                self.session.sweep()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001

@@ -29,12 +29,13 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
     key_models = req.key.models
     chain = [m for m in rt.chain(req.model) if key_models is None or m in key_models]
     main = asyncio.current_task()
-    gone = asyncio.Event()
+    gone = False  # the caller hung up (no Event: nothing waits on it)
 
     async def watch() -> None:
+        nonlocal gone
         while (await receive())["type"] != "http.disconnect":
             pass
-        gone.set()
+        gone = True
         main.cancel()
 
     watcher = asyncio.get_running_loop().create_task(watch())
@@ -83,7 +84,7 @@ async def route(rt: State, req: Request, receive: Receive, send: Send) -> int:
                 continue
             return status
     except asyncio.CancelledError:
-        if gone.is_set():
+        if gone:
             main.uncancel()  # ours, not the server's: nothing else should see it
             raise ClientGone from None
         raise

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import aiohttp
 from channels.db import database_sync_to_async
 
 from llmgw.gateway.answers import bad_key, no_key, unknown_model
 from llmgw.gateway.bands import PRESENT_S, slots_learnt
+from llmgw.gateway.client import Pool
 from llmgw.gateway.journal import Journal
 from llmgw.gateway.limits import Held, Limiter, LocalCounters, RedisCounters
 from llmgw.gateway.prefixes import Prefix, choose, order, prefix_for
@@ -153,7 +153,7 @@ class State:
         self.suspect: dict[str, float] = {}
         self.turn = 0
         self.asked: dict[str, float] = {}  # on-demand model -> when the reconciler was last told
-        self.session: aiohttp.ClientSession | None = None
+        self.session: Pool | None = None  # the connections to the engines (client.py)
         self._digests: dict[str, str] = {}
         self._models_json: dict[object, bytes] = {}
         self._tasks: set[asyncio.Task] = set()

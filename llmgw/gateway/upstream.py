@@ -1,4 +1,4 @@
-"""Sending a request on to a replica's engine: the aiohttp pool, one attempt against one
+"""Sending a request on to a replica's engine: the pool (`client`), one attempt against one
 replica (`Unreachable` when it cannot be reached, so that another is tried), and a whole
 (not streamed) answer passed back, its usage and verdict noted on the request for the
 accounting (`accounting.account`); a stream goes on to `streaming`."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-
-import aiohttp
+import re
 
 from llmgw.core import tracing
 from llmgw.gateway.answers import Refused, Send, send_answer, with_request
+from llmgw.gateway.client import Connection, Cut, NotHTTP, Pool
 from llmgw.gateway.dialects.responses import chat_usage
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.state import Request, State
@@ -24,14 +24,9 @@ log = logging.getLogger("llmgw.gateway")
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a whole (not streamed) answer from an engine
 
 
-def open_pool() -> aiohttp.ClientSession:
+def open_pool() -> Pool:
     """The connection pool to every engine, for one process's requests."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=600),
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept-Encoding"),
-    )
+    return Pool()
 
 
 class Unreachable(Exception):
@@ -46,10 +41,9 @@ class Unreachable(Exception):
 async def proxy(rt: State, req: Request, up: Upstream, send: Send) -> int:
     native = req.native(up, req.body) if req.native is not None else None
     path, body = native if native is not None else (req.path, _body(req, up))
-    headers = {"Authorization": up.authorization, "Content-Type": "application/json"}
     if tracing.TRACER is not None:
-        return await _traced(rt, req, up, send, path, body, headers)
-    return await _proxy(rt, req, up, send, path, body, headers)
+        return await _traced(rt, req, up, send, path, body)
+    return await _proxy(rt, req, up, send, path, body, None)
 
 
 def _body(req: Request, up: Upstream) -> bytes:
@@ -66,9 +60,7 @@ def _body(req: Request, up: Upstream) -> bytes:
     return req.raw
 
 
-async def _traced(
-    rt: State, req: Request, up: Upstream, send: Send, path: str, body, headers
-) -> int:
+async def _traced(rt: State, req: Request, up: Upstream, send: Send, path: str, body) -> int:
     """One attempt inside a span of its own, its W3C traceparent passed on to the engine."""
     attributes = {
         "llmgw.replica": up.replica_id,
@@ -76,6 +68,7 @@ async def _traced(
         "url.full": up.url + path,
     }
     with tracing.span("llmgw.upstream", "CLIENT", **attributes) as span:
+        headers: dict[str, str] = {}
         tracing.inject(headers)
         try:
             status = await _proxy(rt, req, up, send, path, body, headers)
@@ -87,7 +80,7 @@ async def _traced(
 
 
 async def _proxy(
-    rt: State, req: Request, up: Upstream, send: Send, path: str, body, headers
+    rt: State, req: Request, up: Upstream, send: Send, path: str, body, headers: dict | None
 ) -> int:
     rid, model = up.replica_id, up.model
     rt.inflight[rid] = rt.inflight.get(rid, 0) + 1
@@ -96,27 +89,18 @@ async def _proxy(
     req.replica = rid
     try:
         try:
-            resp = await rt.session.post(up.url + path, data=body, headers=headers)
-        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-            raise Unreachable(
-                str(exc) or type(exc).__name__, broken=not isinstance(exc, TimeoutError)
-            ) from None
-        except (aiohttp.ClientError, ValueError) as exc:
-            log.error("replica %s of %s answered what is not HTTP: %s", rid, model, exc)
-            raise Refused(
-                502,
-                f"The replica serving {model} gave an answer that is not HTTP.",
-                "api_error",
-                "upstream_invalid",
-                reason="upstream",
-            ) from None
+            resp = await rt.session.post(up.url, path, up.authorization, body, headers)
+        except Cut as exc:
+            raise Unreachable(str(exc), broken=not exc.timeout) from None
+        except NotHTTP as exc:
+            raise _not_http(model, exc) from None
         try:
-            kind = resp.headers.get("Content-Type", "")
+            kind = resp.content_type
             if req.stream and resp.status == 200 and kind.startswith("text/event-stream"):
                 return await relay_stream(rt, req, resp, send)
             return await _whole(req, resp, kind, send)
         finally:
-            resp.close()
+            resp.release()
     except asyncio.CancelledError:
         # The caller hung up, or the server stopped waiting, while the engine worked on it
         # (before its answer was in): no usage will come, so what it may have used is
@@ -127,6 +111,17 @@ async def _proxy(
     finally:
         rt.inflight[rid] -= 1
         BOARD.running[model] -= 1
+
+
+def _not_http(model: str, exc: NotHTTP) -> Refused:
+    log.error("a replica of %s answered what is not HTTP: %s", model, exc)
+    return Refused(
+        502,
+        f"The replica serving {model} gave an answer that is not HTTP.",
+        "api_error",
+        "upstream_invalid",
+        reason="upstream",
+    )
 
 
 _DECODER = json.JSONDecoder()
@@ -148,10 +143,10 @@ def _usage_in(data: bytes) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-async def _whole(req: Request, resp, kind: str, send: Send) -> int:
+async def _whole(req: Request, resp: Connection, kind: str, send: Send) -> int:
     chunks, size = [], 0
     try:
-        async for chunk in resp.content.iter_any():
+        while chunk := await resp.read():
             size += len(chunk)
             if size > MAX_ANSWER_BYTES:
                 raise Refused(
@@ -163,13 +158,12 @@ async def _whole(req: Request, resp, kind: str, send: Send) -> int:
                     reason="upstream",
                 )
             chunks.append(chunk)
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except Cut as exc:
         # Nothing has reached the caller yet: another replica can still answer.
-        raise Unreachable(
-            f"cut before answering in full: {exc or type(exc).__name__}",
-            broken=not isinstance(exc, TimeoutError),
-        ) from None
-    data = b"".join(chunks)
+        raise Unreachable(f"cut before answering in full: {exc}", broken=not exc.timeout) from None
+    except NotHTTP as exc:
+        raise _not_http(req.model, exc) from None
+    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     status = resp.status
     if status in (401, 403):
         # The engine refused the gateway's own key: ours to fix, not the caller's.
@@ -197,19 +191,23 @@ async def _whole(req: Request, resp, kind: str, send: Send) -> int:
     return status
 
 
+# A choice's message object opening, and whether it is empty: a key, as JSON escapes the
+# quotes of any such text inside a string.
+_MESSAGE = re.compile(rb'"message":\s*\{(\s*\})?')
+
+
 def with_refusal(data: bytes) -> bytes:
     """A chat answer with `message.refusal` in each choice, null where the engine left it
-    out (llama.cpp does): OpenAI's schema requires it. An answer that has it, or that is
-    not a chat completion, passes as it is, unparsed."""
-    if b'"refusal"' in data:
+    out (llama.cpp does): OpenAI's schema requires it. Added to the engine's bytes where
+    each message opens, not decoded and encoded again. An answer that has it, or that is
+    not a chat completion, passes as it is."""
+    if b'"refusal"' in data or b'"choices"' not in data:
         return data
-    try:
-        body = json.loads(data)
-        for choice in body["choices"]:
-            choice["message"].setdefault("refusal", None)
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
-        return data
-    return json.dumps(body).encode()
+    return _MESSAGE.sub(_refusal_added, data)
+
+
+def _refusal_added(found: re.Match) -> bytes:
+    return b'"message":{"refusal":null}' if found.group(1) else b'"message":{"refusal":null,'
 
 
 def engine_error(status: int, data: bytes, rid: str) -> tuple[int, bytes, list]:

@@ -109,6 +109,17 @@ def test_a_body_that_is_not_json_is_400(api, body):
     assert Model.objects.count() == 0
 
 
+def test_a_declared_power_watts_is_stored_read_back_and_shown(api):
+    body = gpu_model("llama")
+    body["profiles"][0]["power_watts"] = 1100
+
+    assert api.call("POST", "/models", body).status_code == 201
+
+    assert catalog_load()["llama"].profiles[0].power_watts == 1100.0
+    view = api.call("GET", "/models/llama").json()
+    assert view["profiles"][0]["power_watts"] == 1100.0
+
+
 def test_slo_context_length_and_max_output_are_stored_and_read_back(api):
     body = gpu_model(
         "llama", slo={"ttft_p95_ms": 800, "tpot_p95_ms": 45.5}, context_length=8192, max_output=2048

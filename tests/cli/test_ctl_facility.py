@@ -55,7 +55,7 @@ def test_facility_list_shows_each_rack_and_pdu_with_its_draw_and_budget(capsys):
     assert (code, err) == (0, "")
     body, legend = out.rstrip("\n").split("\n\n")
     rows = table(body)
-    assert rows[0] == ["KIND", "NAME", "NODES", "GPUS", "HELD W", "MEASURED W", "BUDGET W"]
+    assert rows[0] == ["KIND", "NAME", "NODES", "GPUS", "RESERVED W", "MEASURED W", "BUDGET W"]
     assert row_for(rows, "rack") == ["rack", "r12-07", "4", "32", "14,200", "9,100", "16,000"]
     assert row_for(rows, "pdu") == [
         "pdu",
@@ -66,7 +66,58 @@ def test_facility_list_shows_each_rack_and_pdu_with_its_draw_and_budget(capsys):
         "-",
         "-",
     ]
-    assert legend.startswith("HELD W: per GPU held by a replica")
+    assert legend.startswith("RESERVED W: per GPU held by a replica")
+
+
+def test_facility_list_shows_what_is_reserved_and_the_limit_after_a_margin(capsys):
+    rack = {**DOMAINS[0], "reserved_w": 15400.0, "limit_w": 14400.0, "over": True}
+    server = FakeServer({("GET", "/api/v1/facility"): (200, [rack])})
+
+    _, out, _ = run(capsys, server, "facility", "list")
+
+    rows = table(out.rstrip("\n").split("\n\n")[0])
+    assert row_for(rows, "rack")[4:] == ["15,400 (over)", "9,100", "16,000 (14,400 after margin)"]
+
+
+def test_facility_set_sends_feeds_a_margin_and_other_equipment(capsys):
+    answer = {
+        "kind": "rack",
+        "name": "r1",
+        "watts": 5920.0,
+        "margin": 0.1,
+        "feeds": [7400.0, 9000.0],
+        "derating": 0.8,
+        "other_watts": 1200.0,
+    }
+    server = FakeServer({("PUT", "/api/v1/facility/budgets"): (200, answer)})
+
+    code, out, _ = run(
+        capsys,
+        server,
+        "facility",
+        "set",
+        "rack",
+        "r1",
+        "--feeds",
+        "7400,9000",
+        "--margin",
+        "0.1",
+        "--other-watts",
+        "1200",
+    )
+
+    assert code == 0
+    assert server.body() == {
+        "kind": "rack",
+        "name": "r1",
+        "feeds": [7400.0, 9000.0],
+        "margin": 0.1,
+        "other_watts": 1200.0,
+    }
+    assert out == (
+        "rack r1: budget 5,920 W (the smaller of 7,400 and 9,000 W at 80 %), less a 10 % "
+        "margin, 1,200 W of other equipment held; it takes effect at the next reconciler pass\n"
+    )
 
 
 def test_facility_list_with_nothing_says_power_is_not_looked_at(capsys):

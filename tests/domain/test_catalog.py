@@ -498,3 +498,20 @@ def test_changing_routing_restarts_nothing():
         parse_profile(gpu(routing="round_robin"), model="m").fingerprint()
         == parse_profile(gpu(), model="m").fingerprint()
     )
+
+
+def test_a_declared_power_watts_is_read_and_restarts_nothing():
+    declared = parse_profile(gpu(power_watts=1100), model="m")
+    assert declared.power_watts == 1100.0
+    assert declared.shard_power_w == 1100.0
+    # Placement's figure, not the engine's: a replica started before is not outdated.
+    assert declared.fingerprint() == parse_profile(gpu(), model="m").fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [(0, "power_watts must be more than 0"), ("700", "power_watts must be a number")],
+)
+def test_a_power_watts_that_is_no_draw_is_refused(value, says):
+    with pytest.raises(CatalogError, match=says):
+        parse_profile(gpu(power_watts=value), model="m")

@@ -200,3 +200,27 @@ def test_busy_because_names_each_reason_with_its_figures(
         model("llama", TP4, min=1, max=2), target_waiting=target_waiting, kv_ceiling=kv_ceiling
     )
     assert busy_because(spec, load, 1, measured) == why
+
+
+def test_with_every_measured_profiles_draw_known_the_most_tokens_per_watt_goes_first():
+    llama = model("llama", gpu_profile("tp4", tp=4), gpu_profile("tp2", tp=2))
+    # Per GPU tp2 serves more (150 against 100); per watt tp4 does (400/2000 > 300/1600).
+    measured = {
+        ("llama", "tp4"): Measured(8, 400, watts=2000),
+        ("llama", "tp2"): Measured(6, 300, watts=1600),
+    }
+    assert [p.name for p in ordered_profiles(llama, measured)] == ["tp4", "tp2"]
+    # One draw unknown: tokens per GPU, as before.
+    measured[("llama", "tp2")] = Measured(6, 300)
+    assert [p.name for p in ordered_profiles(llama, measured)] == ["tp2", "tp4"]
+
+
+def test_a_declared_power_watts_stands_in_for_an_unmeasured_draw_and_priority_still_wins():
+    llama = model(
+        "llama",
+        gpu_profile("tp4", tp=4, power_watts=2000),
+        gpu_profile("tp2", tp=2, power_watts=1600),
+        gpu_profile("tp8", tp=8, priority=10),
+    )
+    measured = {("llama", "tp4"): Measured(8, 400), ("llama", "tp2"): Measured(6, 300)}
+    assert [p.name for p in ordered_profiles(llama, measured)] == ["tp8", "tp4", "tp2"]

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from catalog.domain import Profile
 from fleet.domain.placement import Inventory, Placement, inventory as placement
-from fleet.domain.power import RACK_LABEL, ZONE_LABEL, Budget, GpuPower, Power
+from fleet.domain.power import PDU_LABEL, RACK_LABEL, ZONE_LABEL, Budget, GpuPower, Power
 
 from .builders import gpu_node
 from .test_placement_properties import ENGINES, GPU_CLASSES, SOURCES, nodes
@@ -80,6 +80,8 @@ def racked(draw):
             labels[RACK_LABEL] = rack
         if zone := draw(st.sampled_from(["z1", "z2", None])):
             labels[ZONE_LABEL] = zone
+        if pdu := draw(st.sampled_from(["pa", "pb", "pa,pb", None])):
+            labels[PDU_LABEL] = pdu
         count = draw(st.integers(1, 8))
         out.append(
             gpu_node(
@@ -92,7 +94,15 @@ def racked(draw):
         if draw(st.booleans()):
             gpus[f"n{i}"] = {g: GpuPower(700.0) for g in range(count)}
     budgets = tuple(
-        Budget("rack", r, draw(st.integers(0, 20_000))) for r in ("r1", "r2") if draw(st.booleans())
+        Budget(
+            kind,
+            name,
+            draw(st.integers(0, 20_000)),
+            margin=draw(st.sampled_from([0.0, 0.1])),
+            other_w=draw(st.sampled_from([0.0, 500.0])),
+        )
+        for kind, name in (("rack", "r1"), ("rack", "r2"), ("pdu", "pa"), ("pdu", "pb"))
+        if draw(st.booleans())
     )
     return out, Power(budgets, gpus)
 

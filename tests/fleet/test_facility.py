@@ -14,7 +14,7 @@ from fleet.reconciler.run import reconcile_once
 from llmgw.core.permissions import OPERATORS
 from tests.helpers import detail
 
-from .builders import H100, T0, gpu_model, model_added, node_add
+from .builders import H100, T0, cpu_model, gpu_model, model_added, node_add
 from .test_pages import CLUSTER_QUERIES
 
 pytestmark = pytest.mark.django_db
@@ -43,7 +43,15 @@ def test_a_budget_is_set_listed_replaced_and_cleared(api):
         "PUT", "/facility/budgets", {"kind": "rack", "name": "r12-07", "watts": 16000}
     )
     assert answer.status_code == 200, answer.content
-    assert answer.json() == {"kind": "rack", "name": "r12-07", "watts": 16000.0}
+    assert answer.json() == {
+        "kind": "rack",
+        "name": "r12-07",
+        "watts": 16000.0,
+        "margin": 0.0,
+        "feeds": [],
+        "derating": 0.8,
+        "other_watts": 0.0,
+    }
     api.call("PUT", "/facility/budgets", {"kind": "pdu", "name": "r12-07-a", "watts": 7400.5})
     api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r12-07", "watts": 15000})
     assert budgets() == [("pdu", "r12-07-a", 7400.5), ("rack", "r12-07", 15000.0)]
@@ -78,6 +86,13 @@ def test_a_budget_is_set_listed_replaced_and_cleared(api):
         ({"kind": "rack", "name": "r1"}, 400, "watts"),
         ({"kind": "rack", "name": "r1", "watts": 100, "margin": 5}, 400, "margin"),
         ({"kind": "rack", "name": 7, "watts": 100}, 400, "name"),
+        ({"kind": "rack", "name": "r1", "watts": 100, "margin": 0.6}, 400, "from 0 to 0.5"),
+        ({"kind": "rack", "name": "r1", "watts": 100, "feeds": [7400]}, 400, "not both"),
+        ({"kind": "rack", "name": "r1", "feeds": []}, 400, "needs its watts"),
+        ({"kind": "rack", "name": "r1", "feeds": [7400, -1]}, 400, "a feed's rating"),
+        ({"kind": "rack", "name": "r1", "feeds": [1, 2, 3, 4, 5]}, 400, "one to 4 ratings"),
+        ({"kind": "rack", "name": "r1", "feeds": [7400], "derating": 0}, 400, "derating"),
+        ({"kind": "rack", "name": "r1", "watts": 100, "other_watts": -1}, 400, "other_watts"),
     ],
 )
 def test_bad_input_is_refused_and_changes_nothing(api, body, status, said):
@@ -86,6 +101,32 @@ def test_bad_input_is_refused_and_changes_nothing(api, body, status, said):
     assert answer.status_code == status, answer.content
     assert said in detail(answer)
     assert budgets() == [("rack", "r1", 9000.0)]
+
+
+def test_a_dual_fed_budget_with_a_margin_and_other_equipment_is_listed_with_its_figures(
+    api, settings
+):
+    from dataclasses import replace
+
+    settings.LLMGW = replace(settings.LLMGW, power=replace(settings.LLMGW.power, node_watts=300))
+    node_add("gpu-a", labels={RACK: "r1"}, now=T0)
+    body = {
+        "kind": "rack",
+        "name": "r1",
+        "feeds": [7400, 9000],
+        "margin": 0.1,
+        "other_watts": 1200,
+    }
+    answer = api.call("PUT", "/facility/budgets", body)
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["watts"] == pytest.approx(5920.0)  # the smaller feed at 80 %
+    assert budgets() == [("rack", "r1", pytest.approx(5920.0))]
+
+    (rack,) = api.call("GET", "/facility").json()
+    assert rack["budget_w"] == pytest.approx(5920.0)
+    assert rack["limit_w"] == pytest.approx(5328.0)  # less 10 %
+    assert rack["reserved_w"] == 1500.0  # the node's 300 W and 1,200 W of other equipment
+    assert rack["said"] == "1.5 of 5.9 kW"
 
 
 def test_clearing_a_budget_by_a_bad_kind_or_name_is_refused(api):
@@ -137,6 +178,36 @@ def test_the_reconciler_places_within_a_racks_budget_and_says_why_not(api, no_se
         1400.0,
         "1.4 of 2 kW",
     )
+
+
+def test_the_reconciler_counts_a_declared_draw_and_cpu_cores_at_the_settings_figure(
+    api, no_settle, settings
+):
+    from dataclasses import replace
+
+    settings.LLMGW = replace(settings.LLMGW, power=replace(settings.LLMGW.power, core_watts=100))
+    node_add("gpu-a", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    node_add("cpu-a", now=T0, gpus=(), labels={RACK: "r1"})
+    powered("gpu-a")
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 2000})
+    declared = gpu_model("chat", scaling={"min": 2})
+    declared["profiles"][0]["power_watts"] = 900  # not the GPU's 700 W limit
+    model_added(declared)
+    model_added(cpu_model("tiny", cores=2, scaling={"min": 2}))  # 200 W each
+
+    reconcile_once(now=T0)
+
+    held = sorted(Replica.objects.values_list("model", flat=True))
+    # 900 + 900 leaves 200 W: one CPU replica, not two.
+    assert held == ["chat", "chat", "tiny"]
+    said = [r for e in ModelState.objects.get(pk="tiny").explanation for r in e["reasons"]]
+    assert any("2,000 of 2,000 W held, this replica needs ~200 W" in r for r in said), said
+    # The listing counts what placement counts: the declared draws and the cores.
+    (rack,) = api.call("GET", "/facility").json()
+    assert (rack["reserved_w"], rack["said"]) == (2000.0, "2 of 2 kW")
+    from fleet.metrics.collector import fleet_text
+
+    assert 'llmgw_domain_reserved_watts{kind="rack",name="r1"} 2000.0' in fleet_text()
 
 
 def test_without_readings_a_budget_blocks_nothing(api, no_settle):

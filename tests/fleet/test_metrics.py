@@ -398,6 +398,9 @@ def test_the_fleet_as_it_stands(no_settle):
         # chat holds gpu-a's GPU 0, drawing 698 W of a 700 W limit.
         "llmgw_domain_power_budget_watts kind=rack name=r1 -> 16000",
         "llmgw_domain_power_held_watts kind=rack name=r1 -> 700",
+        "llmgw_domain_power_limit_watts kind=rack name=r1 -> 16000",
+        "llmgw_domain_reserved_watts kind=rack name=r1 -> 700",
+        "llmgw_domain_measured_watts kind=rack name=r1 -> 698",
     ):
         assert want in out, want
     assert placed.node_id == "gpu-a"

@@ -852,6 +852,15 @@ def test_a_node_page_says_its_location_once_and_its_other_labels(staff, now):
     assert re.findall(r"<span[^>]*>([^<]+)</span>", labels) == ["kind=gpu"]
 
 
+def test_a_node_page_shows_the_location_tree_as_badges(staff, now):
+    tree = {"llmgw.io/site": "sto1", "llmgw.io/room": "hall-b", "llmgw.io/row": "12"}
+    node_add("gpu-a", now=now, labels={**tree, "llmgw.io/rack": "r12-07"})
+    body = staff.get("/nodes/gpu-a").content.decode()
+    for badge in ("site sto1", "room hall-b", "row 12", "rack r12-07"):
+        assert f'<span class="badge">{badge}</span>' in body
+    assert 'id="node-labels"' not in body  # each said once, as a badge
+
+
 def test_idle_gpus_on_a_draining_node_are_not_counted_free_and_the_page_says_so(staff, now):
     node_add("gpu-a", now=now)
     node_add("gpu-b", now=now)

@@ -288,11 +288,13 @@ def short_of_disk(room: NodeRoom, ask: Ask) -> NodeRefusal | None:
 
 
 def over_power_budget(room: NodeRoom, ask: Ask) -> NodeRefusal | None:
-    """A shard that would take its rack or PDU past a power budget (power.py)."""
-    if ask.ledger is None or not ask.need:
+    """A shard that would take its rack or PDU past a power budget's limit, or lands in
+    one already over it (power.py)."""
+    if ask.ledger is None:
         return None
-    indices = room.gpus_for(ask.profile.gpu_class, ask.need)
-    over = ask.ledger.refusal(room.node.id, indices)
+    profile = ask.profile
+    indices = room.gpus_for(profile.gpu_class, ask.need) if ask.need else ()
+    over = ask.ledger.refusal(room.node.id, indices, profile.reserved_cores, profile.shard_power_w)
     if over is None:
         return None
     node_id = room.node.id
@@ -333,7 +335,7 @@ SHORT_FILTERS: tuple[Filter, ...] = (
     Filter(short_of_memory, lambda ask: ask.profile.min_memory_gb is not None),
     Filter(short_of_cores, lambda ask: bool(ask.profile.reserved_cores)),
     Filter(short_of_disk, lambda ask: ask.profile.min_disk_gb is not None),
-    Filter(over_power_budget, lambda ask: ask.ledger is not None and bool(ask.need)),
+    Filter(over_power_budget, lambda ask: ask.ledger is not None),
 )
 FILTERS: tuple[Filter, ...] = (*UNAVAILABLE_FILTERS, *UNSUITED_FILTERS, *SHORT_FILTERS)
 

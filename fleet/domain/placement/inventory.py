@@ -11,6 +11,7 @@ finds what that would, judging only the nodes it walks.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
@@ -52,7 +53,7 @@ class Inventory:
         self.enforce = facility.enforce if facility is not None else False
         self._rooms: dict[str, NodeRoom] | None = None
         # Watts held under each rack's and PDU's budget (None: no budget applies), and each
-        # model's replicas per rack and zone (None: no node says where it is).
+        # model's replicas per rack, PDU and place of the tree (None: no node says where it is).
         self.ledger: Ledger | None = None
         self.spread: Spread | None = None
         self._model_nodes: dict[str, set[str]] = defaultdict(set)
@@ -63,6 +64,9 @@ class Inventory:
         # Built on the first one-node GPU placement of a large inventory: per GPU class, the
         # nodes by how many of those GPUs they have free (ids sorted), and who holds weights.
         self._buckets: dict[str, dict[int, list[str]]] | None = None
+        # Under power budgets, the same split by the budgeted racks and PDUs a node is in,
+        # so the walk can take the domains with most watts left first (`_walk_by_power`).
+        self._by_domains: dict[str, dict[int, dict[tuple, list[str]]]] = {}
         self._weights: dict[str, list[str]] = {}
         self._holding: dict[str, ReplicaView] = {}
         # Whether any node says which of its GPUs NVLink joins (None: not looked yet).
@@ -84,8 +88,9 @@ class Inventory:
         trial.spread = self.spread
         trial.standing, trial.enforce = self.standing, self.enforce
         for replica in release:
+            declared = self._declared(replica)
             for shard in replica.shards:
-                trial._give_back(shard)
+                trial._give_back(shard, declared)
         return trial
 
     @property
@@ -118,14 +123,23 @@ class Inventory:
         for replica in self._replicas:
             if replica.state in HOLDING:
                 self._holding[replica.id] = replica
+                declared = self._declared(replica)
                 for shard in replica.shards:
-                    self._take(shard)
+                    self._take(shard, declared)
                     self._model_nodes[replica.model].add(shard.node_id)
                 if self.spread is not None:
                     self.spread.add(replica.model, replica.nodes)
         for model, held in list(self.reserved.items()):
             self.reserved.pop(model)
             self.keep(model, held)
+
+    def _declared(self, replica: ReplicaView) -> float | None:
+        """What each shard of a holding replica is declared to draw: its profile's
+        `power_watts` shared over its shards; None when it declares none."""
+        if self._power is None or not replica.shards:
+            return None
+        declared = self._power.declared.get((replica.model, replica.profile))
+        return declared / len(replica.shards) if declared else None
 
     def keep(self, model: str, room: Iterable[Reservation]) -> None:
         """Keep room for a model: what of it is free now is taken from everyone else; what
@@ -182,22 +196,50 @@ class Inventory:
                 room = self.rooms[node_id]
                 for cls, free in room.free_gpus.items():
                     buckets[cls][len(free)].append(node_id)
+                    if self.ledger is not None:
+                        self._domain_bucket(cls, len(free), node_id).append(node_id)
                 for source in room.node.weights:
                     weights[source].append(node_id)
             self._buckets, self._weights = buckets, weights
         return self._buckets
 
+    def _domain_bucket(self, cls: str, free: int, node_id: str) -> list[str]:
+        assert self.ledger is not None  # only kept under budgets
+        domains = self.ledger.node_domains.get(node_id, ())
+        by_free = self._by_domains.setdefault(cls, {})
+        return by_free.setdefault(free, {}).setdefault(domains, [])
+
     def _reindex(self, room: NodeRoom, before: dict[str, int]) -> None:
         """Move a node between free-count buckets after its free GPUs changed."""
         if self._buckets is None:
             return
+        node_id = room.node.id
         for cls, free in room.free_gpus.items():
             was = before.get(cls, 0)
             if was != len(free):
-                self._buckets[cls][was].remove(room.node.id)
-                bisect.insort(self._buckets[cls][len(free)], room.node.id)
+                self._buckets[cls][was].remove(node_id)
+                bisect.insort(self._buckets[cls][len(free)], node_id)
+                if self.ledger is not None:
+                    self._domain_bucket(cls, was, node_id).remove(node_id)
+                    bisect.insort(self._domain_bucket(cls, len(free), node_id), node_id)
 
-    def _take(self, shard: ShardView | ShardPlan | Reservation) -> None:
+    def _walk_by_power(self, cls: str, free: int) -> Iterable[str]:
+        """The nodes with `free` GPUs of a class free in the scorers' order under power
+        budgets: those whose fullest budgeted domain has most watts left first (a node
+        under none first of all), then by id (scorers.most_power_left)."""
+        ledger = self.ledger
+        assert ledger is not None
+        groups = self._by_domains.get(cls, {}).get(free, {})
+        runs: dict[float, list[list[str]]] = defaultdict(list)
+        for domains, ids in groups.items():
+            if ids:
+                runs[_room_left(ledger, domains)].append(ids)
+        for left in sorted(runs):
+            yield from heapq.merge(*runs[left])
+
+    def _take(
+        self, shard: ShardView | ShardPlan | Reservation, declared_w: float | None = None
+    ) -> None:
         room = self.rooms.get(shard.node_id)
         if room is None:
             return
@@ -208,15 +250,15 @@ class Inventory:
             for cls, indices in room.free_gpus.items():
                 room.free_gpus[cls] = [i for i in indices if i not in taken]
             self._reindex(room, before)
-            if self.ledger is not None:
-                self.ledger.take(room.node.id, taken)
+        if self.ledger is not None:
+            self.ledger.take(room.node.id, taken, 1, shard.cpu_cores, declared_w)
         room.memory_reserved += shard.memory_gb or 0.0
         room.cores_reserved += shard.cpu_cores or 0
         if not isinstance(shard, Reservation):
             room.shards += 1
             room.ports.add(shard.http_port)
 
-    def _give_back(self, shard: ShardView | Reservation) -> None:
+    def _give_back(self, shard: ShardView | Reservation, declared_w: float | None = None) -> None:
         room = self.rooms.get(shard.node_id)
         if room is None:
             return
@@ -230,8 +272,8 @@ class Inventory:
                     free.append(gpu.index)
         if given:
             self._reindex(room, before)
-            if self.ledger is not None:
-                self.ledger.take(room.node.id, given, -1)
+        if self.ledger is not None:
+            self.ledger.take(room.node.id, given, -1, shard.cpu_cores, declared_w)
         room.memory_reserved -= shard.memory_gb or 0.0
         room.cores_reserved -= shard.cpu_cores or 0
         if not isinstance(shard, Reservation):
@@ -240,8 +282,9 @@ class Inventory:
 
     def reserve(self, model: str, placement: Placement) -> None:
         """Take a placement's room so the next placement in this pass sees it gone."""
+        declared = placement.profile.shard_power_w
         for shard in placement.shards:
-            self._take(shard)
+            self._take(shard, declared)
             self.model_nodes[model].add(shard.node_id)
         if self.spread is not None:
             self.spread.add(model, (s.node_id for s in placement.shards))
@@ -257,7 +300,7 @@ class Inventory:
     ) -> Placement | Refusal:
         """The first profile, in the order given, that fits; else why each did not (with
         `judge=False`, an indexed search that finds nothing does not judge every node).
-        With `model`, its replicas are spread over racks and zones (spread.py)."""
+        With `model`, its replicas are spread over racks, PDUs and the tree (spread.py)."""
         reasons, judged = [], []
         for profile in profiles:
             ask = self._ask(profile, avoid, weights_source, model)
@@ -302,7 +345,7 @@ class Inventory:
     def _first_fit(self, ask: Ask) -> NodeRoom | None:
         """The node a one-node GPU profile goes to, found through the index rather than by
         judging every node, in the scorers' order: while the model's replicas are spread
-        over racks, the rack and zone holding fewest of them first (`Spread.first`); then
+        over racks, the places holding fewest of them first (`Spread.first`); then
         holders of the weights; then, where NVLink is said, nodes that can give a joined
         set; then the fewest free (pack)."""
         profile, source, model = ask.profile, ask.source, ask.model
@@ -318,9 +361,12 @@ class Inventory:
 
         held = [n for n in self._weights.get(source, ()) if fits(n)] if source else []
 
-        def walk() -> Iterable[str]:  # the fewest free first, then by id
+        by_power = scorers.levels_power(ask)
+
+        def walk() -> Iterable[str]:  # the fewest free first, then most watts left, then id
             for free in sorted(f for f, ids in buckets.items() if f >= need and ids):
-                yield from (n for n in buckets[free] if n not in ask.avoid)
+                ids = self._walk_by_power(profile.gpu_class, free) if by_power else buckets[free]
+                yield from (n for n in ids if n not in ask.avoid)
 
         ordered: Iterable[str] = walk()
         if scorers.joins(ask):
@@ -381,7 +427,7 @@ class Inventory:
         if self.ledger is not None:
             # Each shard alone was judged by the filters; together they may pass a budget.
             each = [(r.node.id, self._shard(r, profile, 0).gpu_indices) for r in chosen]
-            if over := self.ledger.refusal_together(each):
+            if over := self.ledger.refusal_together(each, profile.shard_power_w):
                 return [*refusals, over]
         return self._placed(profile, chosen, ask.model, ask.spread is not None)
 
@@ -394,7 +440,15 @@ class Inventory:
         if spread and self.spread is not None:
             said.append(self.spread.said(model, rooms[0].node.id))
         if self.ledger is not None:
-            said.extend(u for s in shards if (u := self.ledger.unknown(s.node_id, s.gpu_indices)))
+            said.extend(
+                u
+                for s in shards
+                if (
+                    u := self.ledger.unknown(
+                        s.node_id, s.gpu_indices, s.cpu_cores, profile.shard_power_w
+                    )
+                )
+            )
         said.extend(self._observed(rooms))
         return Placement(profile, shards, tuple(said))
 
@@ -423,3 +477,9 @@ class Inventory:
             cpu_cores=profile.reserved_cores,
             http_port=room.next_port(),
         )
+
+
+def _room_left(ledger: Ledger, domains: tuple) -> float:
+    """`scorers.most_power_left`'s part for a node in these budgeted domains."""
+    left = ledger.left_in(domains)
+    return float("-inf") if left is None else -left

@@ -9,7 +9,8 @@ To add a preference: write one function here and put it, as a `Scorer`, in `SCOR
 where it should weigh: before the ones it should overrule, after the ones that overrule it. The index
 `Inventory` searches on large fleets (`inventory._first_fit`) walks the nodes in this
 same order, and a property test holds it to that: a scorer that changes the order of
-one-node GPU placements must be followed there too.
+one-node GPU placements must be followed there too (`most_power_left` is, by
+`Inventory._walk_by_power`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,28 @@ def cools(ask: Ask) -> bool:
 
 
 def fewest_of_the_model_nearby(room: NodeRoom, ask: Ask) -> tuple:
-    """While the model's replicas are spread over racks and zones, the rack and then the
-    zone holding fewest of them first (spread.py)."""
+    """While the model's replicas are spread, the rack, then the PDU, row, room, zone and
+    site holding fewest of them first (spread.py)."""
     if ask.spread is None:
-        return (0, 0)
+        return ()
     return ask.spread.key(ask.model, room.node.id)
+
+
+def most_power_left(room: NodeRoom, ask: Ask) -> tuple:
+    """Under power budgets, the node whose fullest rack or PDU has the most watts left
+    first, so load levels across racks (power.py, `Ledger.left`). What is left before the
+    replica, not after: its need is the same wherever its GPUs' limits are alike, and the
+    index walks whole domains in this order (`Inventory._walk_by_power`). A node under no
+    budget has no limit to level against and comes first."""
+    if ask.ledger is None:
+        return (0.0,)
+    left = ask.ledger.left(room.node.id)
+    return (float("-inf") if left is None else -left,)
+
+
+def levels_power(ask: Ask) -> bool:
+    """Whether `most_power_left` can order anything for this ask: a budget applies."""
+    return ask.ledger is not None
 
 
 def holds_the_weights(room: NodeRoom, ask: Ask) -> tuple:
@@ -90,14 +108,17 @@ SCORERS: tuple[Scorer, ...] = (
     Scorer(holds_the_weights, lambda ask: bool(ask.source)),
     Scorer(joined_by_nvlink, joins),
     Scorer(packs_gpus_or_spreads_cpu),
+    # After the pack, not before: levelling first left every node part-used, and a replica
+    # needing a whole node found none (the property test of unreachable budgets found it).
+    Scorer(most_power_left, levels_power),
     Scorer(by_id),
 )
 
 
 def order(ask: Ask) -> Callable[[NodeRoom], tuple]:
     """The key nodes are ordered by for this ask, smallest first: the part of every scorer
-    that applies, in `SCORERS` order. While the model is spread, its first two are the
-    spread's (`Spread.first` reads them)."""
+    that applies, in `SCORERS` order. While the model is spread, its first parts are the
+    spread's, one per level (`Spread.first` reads them)."""
     asked = tuple(s.score for s in SCORERS if s.applies(ask))
 
     def key(room: NodeRoom) -> tuple:

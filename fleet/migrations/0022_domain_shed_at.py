@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("fleet", "0020_domain_conditions_and_holds"),
+        ("fleet", "0021_power_budget_margin_feeds"),
     ]
 
     operations = [
