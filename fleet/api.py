@@ -28,6 +28,7 @@ from .schemas import (
     EventsOut,
     FabricOut,
     FacilityDomainOut,
+    FacilitySourcesOut,
     HeadroomOut,
     NodeOut,
     PowerBudgetIn,
@@ -285,6 +286,16 @@ def facility_conditions(request):
     sentence, its readings' age, whether enforced, and who holds it."""
     enforced = settings.LLMGW.facility_enforce
     return [d.as_dict() | {"enforced": enforced} for d in conditions.conditions_list()]
+
+
+@router.get(
+    "/facility/sources",
+    response=FacilitySourcesOut,
+    auth=can("fleet.view_domaincondition"),
+)
+def facility_sources(request):
+    """Which facility sources failed at the reconciler's last read, why, and since when."""
+    return conditions.sources_failed()
 
 
 @router.put("/facility/holds", response=DomainHoldOut, auth=can("fleet.add_domainhold"))

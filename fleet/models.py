@@ -375,6 +375,8 @@ class DomainCondition(models.Model):
     below_warm = models.DateTimeField(null=True, blank=True)
     below_hot = models.DateTimeField(null=True, blank=True)
     read_at = models.DateTimeField(null=True, blank=True)
+    # When a replica was last shed off it, or would have been under observe-only (shedding).
+    shed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["kind", "name"]

@@ -339,6 +339,19 @@ class DomainHoldOut(Schema):
     held_at: datetime
 
 
+class SourceFailedOut(Schema):
+    # The source ("prometheus (signal inlet_temp_c)", "sources file", "simulated").
+    source: str
+    why: str
+    since: datetime
+
+
+class FacilitySourcesOut(Schema):
+    # When the reconciler last read the sources; null: not since this server started.
+    checked_at: datetime | None
+    failed: list[SourceFailedOut]
+
+
 class DomainConditionOut(Schema):
     kind: str
     name: str

@@ -34,3 +34,36 @@ def test_a_sources_file_that_is_not_there_stops_the_start_in_a_sentence(env, tmp
         load({**env, "LLMGW_FACILITY_SOURCES": str(tmp_path / "nowhere.yml")})
     with pytest.raises(SettingError, match="LLMGW_FACILITY_ENFORCE"):
         load({**env, "LLMGW_FACILITY_ENFORCE": "perhaps"})
+
+
+def test_shedding_is_off_by_default_on_for_every_domain_or_for_those_named(env):
+    from llmgw.core.config import Shedding
+
+    assert load(env).facility_shed == Shedding()
+    assert not load(env).facility_shed.applies(("rack", "r1"))
+    every = load({**env, "LLMGW_FACILITY_SHED": "on"}).facility_shed
+    assert every.applies(("rack", "r1")) and every.applies(("row", "b"))
+    named = load(
+        {
+            **env,
+            "LLMGW_FACILITY_SHED": "rack/r12-07, row/b",
+            "LLMGW_FACILITY_SHED_DELAY_SECONDS": "120",
+            "LLMGW_FACILITY_SHED_INTERVAL_SECONDS": "60",
+        }
+    ).facility_shed
+    assert named == Shedding(False, frozenset({("rack", "r12-07"), ("row", "b")}), 120, 60)
+    assert not named.applies(("rack", "r1"))
+
+
+@pytest.mark.parametrize("value", ["perhaps", "rack/", "shelf/r1", "rack/r1,"])
+def test_a_shedding_setting_that_names_no_domain_stops_the_start_in_a_sentence(env, value):
+    with pytest.raises(SettingError, match="LLMGW_FACILITY_SHED: .* is not off, on or a domain"):
+        load({**env, "LLMGW_FACILITY_SHED": value})
+
+
+def test_power_capping_is_off_by_default_or_a_share_of_the_default_limit(env):
+    assert load(env).facility_power_cap is None
+    assert load({**env, "LLMGW_FACILITY_POWER_CAP": "0.8"}).facility_power_cap == 0.8
+    for bad in ("80%", "0.05", "1.5", "on"):
+        with pytest.raises(SettingError, match="LLMGW_FACILITY_POWER_CAP must be off or a share"):
+            load({**env, "LLMGW_FACILITY_POWER_CAP": bad})

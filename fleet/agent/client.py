@@ -397,12 +397,29 @@ class Agent:
             self._spawn(self._answer_engine_log(msg), "engine-log")
         elif kind == "upgrade":
             self._spawn(self._upgrade(msg), "upgrade")
+        elif kind == "power_cap":
+            self._spawn(self._power_cap(msg), "power-cap")
         elif kind == "error":
             log.warning("control plane error: %s", msg.get("detail"))
         elif kind == "registered":
             pass
         else:
             log.debug("ignoring a %r message", kind)
+
+    async def _power_cap(self, msg: dict[str, Any]) -> None:
+        """Hold the GPUs to a share of their default power limit (`share` null: back to the
+        default), each GPU's outcome said in the log (docs/facility.md, "Power capping")."""
+        share = msg.get("share")
+        valid = isinstance(share, int | float) and not isinstance(share, bool)
+        if share is not None and not (valid and 0.1 <= share <= 1):
+            log.warning("power_cap with a share that is not from 0.1 to 1: %r", share)
+            return
+        sensors = getattr(self.load_sampler, "sensors", None)
+        if sensors is None:
+            log.warning("power_cap: this agent does not read its GPUs")
+            return
+        for line in await asyncio.to_thread(sensors.power_cap, share):
+            log.info("power cap: %s", line)
 
     async def _upgrade(self, msg: dict[str, Any]) -> None:
         """Install the release the control plane names and re-execute into it, engines left

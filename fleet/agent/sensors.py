@@ -179,6 +179,23 @@ class SensorSampler:
             self._last, self._last_at = out, now
             return out
 
+    def power_cap(self, share: float | None) -> list[str]:
+        """Hold each GPU to `share` of its default power limit (None: back to its default),
+        within the limits the card allows, through NVML's nvmlDeviceSetPowerManagementLimit
+        (root, or the driver's persistence of settings, is needed). Per GPU, a sentence of
+        what was done or why not; nothing when the GPUs are simulated."""
+        with self._lock:
+            if not self.read_gpus:
+                return []
+            nvml = self._load_nvml()
+            if nvml is None:
+                return ["no GPU's power limit was set: NVML could not be loaded"]
+            try:
+                count = nvml.nvmlDeviceGetCount()
+            except Exception as exc:  # noqa: BLE001 - an NVML error: said
+                return [f"no GPU's power limit was set: NVML could not count the GPUs: {exc}"]
+            return [_power_cap_one(nvml, i, share) for i in range(count)]
+
     def close(self) -> None:
         """Release NVML, if it was loaded."""
         with self._lock:
@@ -416,3 +433,26 @@ def _read(path: Path) -> str:
         return path.read_text().strip()
     except (OSError, UnicodeDecodeError):
         return ""
+
+
+def _power_cap_one(nvml: Any, index: int, share: float | None) -> str:
+    """One GPU held to `share` of its default power limit, clamped to what it allows."""
+    try:
+        h = nvml.nvmlDeviceGetHandleByIndex(index)
+        default_mw = nvml.nvmlDeviceGetPowerManagementDefaultLimit(h)
+        low_mw, high_mw = nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
+    except Exception as exc:  # noqa: BLE001 - an NVML error (not supported): said
+        return f"GPU {index}: its power limit cannot be read: {exc}"
+    want = default_mw if share is None else round(default_mw * share)
+    limit_mw = int(min(max(want, low_mw), high_mw))
+    try:
+        nvml.nvmlDeviceSetPowerManagementLimit(h, limit_mw)
+    except Exception as exc:  # noqa: BLE001 - no permission, not supported: said
+        return f"GPU {index}: its power limit was not set to {limit_mw / 1000:g} W: {exc}"
+    if share is None:
+        return f"GPU {index}: power limit back to its default, {limit_mw / 1000:g} W"
+    clamp = f" (the card's least is {low_mw / 1000:g} W)" if want < low_mw else ""
+    return (
+        f"GPU {index}: power limit set to {limit_mw / 1000:g} W, {share:.0%} of its default "
+        f"{default_mw / 1000:g} W{clamp}"
+    )

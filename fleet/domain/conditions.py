@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from llmgw.core.config import Shedding
+
 from .power import RACK_LABEL, ZONE_LABEL, pdus_of
 
 OK, WARM, HOT, UNKNOWN = "ok", "warm", "hot", "unknown"
@@ -264,6 +266,9 @@ class Facility:
     holds: tuple[Hold, ...] = ()
     enforce: bool = False
     now: float = 0.0
+    # Shedding (shedding.py): which hot domains have load moved off, and when each last had.
+    shed: Shedding = Shedding()
+    shed_at: Mapping[Domain, float] = field(default_factory=dict)
 
     def standing(self, labels: Mapping[str, str]) -> Standing | None:
         """A node's standing from its labels; None when it is in no warm, hot or held domain."""

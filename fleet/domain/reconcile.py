@@ -32,6 +32,7 @@ from .placement import Inventory
 from .plan import Event, Pass, Plan, Stop, seconds_since
 from .preemption import context, live_reservations
 from .quiet import OWN, WORLD, Quiet, QuietModels, World, shared_key, world_of
+from .shedding import shed
 from .starting import end_holds, scale_up
 from .stopping import retire, scale_down, stop_first, stop_retired
 from .types import ACTIVE, Measured, ModelState, NodeView, ReplicaView, Snapshot
@@ -77,6 +78,7 @@ def decide(
     )
     _steps(p, by_model, quiet, lambda usage: world_of(p, nodes, alive, reserved, usage))
     defragment(p)
+    shed(p)
     end_holds(p)
     _say_parked(snap, states, plan)
     plan.states = states

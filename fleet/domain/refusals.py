@@ -25,12 +25,16 @@ MAX_NAMED = 3
 # The explanation's entry where defragmentation says its plan (defrag.py): beside what
 # binds, like preemption's, never the one line, nor a change in why a model is refused.
 DEFRAG = "defragmentation"
+# The entry where shedding says a move off a hot domain (shedding.py), the same way.
+SHED = "shedding"
 
 
 def settled(explanation: Sequence[Mapping]) -> tuple:
     """An explanation without defragmentation's entry: what placement itself said."""
     return tuple(
-        e for e in explanation if not (isinstance(e, Mapping) and e.get("profile") == DEFRAG)
+        e
+        for e in explanation
+        if not (isinstance(e, Mapping) and e.get("profile") in (DEFRAG, SHED))
     )
 
 
@@ -125,7 +129,7 @@ def one_line(explanation: Sequence[Mapping]) -> str:
     entries = [
         e
         for e in explanation
-        if isinstance(e, Mapping) and e.get("profile") not in ("preemption", DEFRAG)
+        if isinstance(e, Mapping) and e.get("profile") not in ("preemption", DEFRAG, SHED)
     ]
     lines = []
     for e in entries:

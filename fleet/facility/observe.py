@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
+from django.core.cache import cache
 
 from ..domain.conditions import Domain, Sample, State, fresh, step
 from ..domain.plan import Event
@@ -29,8 +30,14 @@ log = logging.getLogger("llmgw.facility")
 _loaded: dict[str, tuple] = {}
 _last: list[float] = []
 # What is wrong with the sources now, in sentences, in the process that reads them (each is
-# said in the log when it goes wrong; the API, in another process, does not see it).
+# said in the log when it goes wrong, and published for the API: `failures_publish`).
 FAILED: dict[str, str] = {}
+# Since when each has been so (seconds), for people.
+_FAILED_SINCE: dict[str, float] = {}
+# Where the API reads the sources' failures: the cache, Redis when there is one (so a
+# reconciler in another process is heard), else the serving process's own memory, where
+# the embedded reconciler runs.
+FAILURES_KEY = "llmgw-facility-sources-failed"
 
 
 def _stamp(path: Path) -> tuple:
@@ -89,11 +96,11 @@ def samples_read(config: Config, now: float) -> list[Sample]:
     out: list[Sample] = []
     if config.agents:
         out.extend(agents_samples(stale_after=config.agents_stale_after))
+    for name in [k for k in FAILED if k.startswith("prometheus ")]:
+        FAILED.pop(name)  # said again below while it still fails; gone with its signal
     if config.signals and (hit := _loaded.get("config")) is not None and hit[2] is not None:
         prom: PrometheusSource = hit[2]
         out.extend(prom.samples())
-        for name in [k for k in FAILED if k.startswith("prometheus ")]:
-            FAILED.pop(name)
         FAILED.update({f"prometheus {n}": why for n, why in prom.failed.items()})
     if config.simulated is not None and (replay := _replay(config.simulated)) is not None:
         out.extend(replay.samples(now))
@@ -188,7 +195,32 @@ def conditions_observe(*, now: datetime, force: bool = False) -> list[Event]:
         DomainCondition.objects.filter(pk__in=ids).update(read_at=_when(read_at))
     for e in events:
         log.info(e, extra={"event": e.kind, **e.fields})
+    failures_publish(at)
     return events
+
+
+def _source(key: str) -> str:
+    """A failure's key as people name the source."""
+    if key == "config":
+        return "sources file"
+    if key.startswith("prometheus "):
+        return f"prometheus (signal {key.split(' ', 1)[1]})"
+    return key
+
+
+def failures_publish(now: float, broke: str | None = None) -> None:
+    """Publish what is wrong with the sources now (`broke`: the whole step failed, why),
+    for `ctl facility conditions` and its REST, with since when each has been so."""
+    wrong = dict(FAILED)
+    if broke is not None:
+        wrong["pass"] = f"the facility step failed: {broke}"
+    for key in [k for k in _FAILED_SINCE if k not in wrong]:
+        _FAILED_SINCE.pop(key)
+    out = []
+    for key, why in sorted(wrong.items()):
+        since = _FAILED_SINCE.setdefault(key, now)
+        out.append({"source": _source(key), "why": why, "since": since})
+    cache.set(FAILURES_KEY, {"at": now, "failed": out}, timeout=None)
 
 
 def _event(d: Domain, before: State, after: State) -> Event:
@@ -197,7 +229,27 @@ def _event(d: Domain, before: State, after: State) -> Event:
     text = f"{kind} {name} went from {before.condition} to {after.condition}{why}"
     if after.condition == "unknown":
         text += ": no fresh reading, treated as ok"
-    return Event(text, "facility_condition", domain=f"{kind}:{name}", condition=after.condition)
+    return Event(
+        text,
+        "facility_condition",
+        domain=f"{kind}:{name}",
+        condition=after.condition,
+        was=before.condition,
+    )
+
+
+def sheds_record(events: list, now: datetime) -> None:
+    """When a replica was shed off a domain (or would have been, observe-only), or the domain
+    was said to have nothing it could shed: each waits the shed interval before its next
+    (fleet/domain/shedding.py)."""
+    left = {
+        tuple(d.split(":", 1))
+        for e in events
+        if isinstance(e, Event) and e.kind in ("facility_shed", "facility_shed_blocked")
+        for d in e.fields.get("domains", ())
+    }
+    for kind, name in sorted(left):
+        DomainCondition.objects.filter(kind=kind, name=name).update(shed_at=now)
 
 
 def caches_clear() -> None:
@@ -205,3 +257,5 @@ def caches_clear() -> None:
     _loaded.clear()
     _last.clear()
     FAILED.clear()
+    _FAILED_SINCE.clear()
+    cache.delete(FAILURES_KEY)

@@ -32,7 +32,8 @@ from ..domain.passes import restart_at, settles
 from ..domain.plan import Event
 from ..domain.quiet import QuietModels
 from ..domain.reconcile import decide
-from ..facility.observe import conditions_observe
+from ..facility.caps import caps_decide
+from ..facility.observe import conditions_observe, failures_publish, sheds_record
 from ..models import Lease
 from ..nodes.dispatch import dispatch
 from ..nodes.reclaim import weights_reclaim
@@ -237,6 +238,7 @@ def _pass(now: datetime, fresh_start: bool) -> dict:
             )
             transaction.on_commit(lambda: dispatch(commands))
     dispatch(weights_reclaim(now=now))
+    sheds_record(plan.events, now)
     # Decisions say so in decide, with their figures; stops and drains carry their reason.
     said = set(plan.events)
     events = list(
@@ -269,9 +271,13 @@ def _conditions(now: datetime) -> list[Event]:
     """The facility's step, which never stops a pass: what it cannot do is said, and the
     conditions stay as they were (missing data never blocks placement)."""
     try:
-        return conditions_observe(now=now)
+        events = conditions_observe(now=now)
+        commands, capped = caps_decide(events)
+        dispatch(commands)
+        return [*events, *capped]
     except Exception as exc:  # any failure of the sources: said, and the pass goes on
         log.exception("facility conditions not observed this pass: %s", exc)
+        failures_publish(now.timestamp(), broke=str(exc))
         return []
 
 

@@ -5,15 +5,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Exists, OuterRef, Subquery
 
 from llmgw.core import clock
 
 from ..domain.conditions import Facility, Hold, State, said
-from ..facility.observe import state_of
+from ..facility.observe import FAILURES_KEY, state_of
 from ..models import DomainCondition, DomainHold
 
 
@@ -33,7 +34,10 @@ def facility_load(now: datetime | None = None) -> Facility | None:
     if not states and not holds:
         return None
     at = (now or clock.now()).timestamp()
-    return Facility(states, holds, settings.LLMGW.facility_enforce, at)
+    shed_at = {(r.kind, r.name): r.shed_at.timestamp() for r in rows if r.shed_at is not None}
+    return Facility(
+        states, holds, settings.LLMGW.facility_enforce, at, settings.LLMGW.facility_shed, shed_at
+    )
 
 
 @dataclass(frozen=True)
@@ -115,3 +119,16 @@ def rack_conditions(now: datetime | None = None) -> dict[tuple[str, str], RackCo
             hold += f": {row.hold_reason}" if row.hold_reason else ""
         out[d] = RackCondition(row.condition, said(d, state_of(row), at), hold)
     return out
+
+
+def sources_failed() -> dict:
+    """What the last facility step found wrong with the sources: per source, why in a
+    sentence and since when; `checked_at` None when no step has said (none ran here yet)."""
+    found = cache.get(FAILURES_KEY)
+    if not isinstance(found, dict):
+        return {"checked_at": None, "failed": []}
+    when = lambda at: datetime.fromtimestamp(at, UTC)  # noqa: E731
+    return {
+        "checked_at": when(found["at"]),
+        "failed": [f | {"since": when(f["since"])} for f in found.get("failed", ())],
+    }

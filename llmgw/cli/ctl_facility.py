@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmgw.cli.base import Api, Output, positive_number, segment
+from llmgw.cli.base import Api, CtlError, Output, positive_number, segment
 from llmgw.cli.tables import DASH, render
 
 HEADERS = ["KIND", "NAME", "NODES", "GPUS", "RESERVED W", "MEASURED W", "BUDGET W"]
@@ -115,8 +115,27 @@ def cmd_facility_list(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.show(api.get("/facility"), render_facility)
 
 
+def render_sources(sources: Mapping[str, Any] | None) -> str:
+    """The facility sources that failed at the reconciler's last read, each with why."""
+    failed = (sources or {}).get("failed") or []
+    if not failed:
+        return ""
+    lines = [
+        f"Source {f.get('source')} failing since {f.get('since')}: {f.get('why')}" for f in failed
+    ]
+    return "\n".join(lines) + "\n(domains it reads are unknown, treated as ok)"
+
+
 def cmd_facility_conditions(api: Api, args: argparse.Namespace, out: Output) -> None:
-    out.show(api.get("/facility/conditions"), render_conditions)
+    try:
+        sources = api.get("/facility/sources")
+    except CtlError:
+        sources = None  # a server from before sources were said: the conditions alone
+    failing = render_sources(sources)
+    out.show(
+        api.get("/facility/conditions"),
+        lambda d: render_conditions(d) + (f"\n\n{failing}" if failing else ""),
+    )
 
 
 def cmd_facility_hold(api: Api, args: argparse.Namespace, out: Output) -> None:

@@ -19,6 +19,20 @@ from urllib.parse import urlparse
 from llmgw.core.web import Web, flag, private, web_load
 
 
+@dataclass(frozen=True)
+class Shedding:
+    """LLMGW_FACILITY_SHED: which hot domains have load moved off them (none, every one with
+    `on`, or those named), after how long hot, and at most one replica per domain how often."""
+
+    every_domain: bool = False
+    domains: frozenset[tuple[str, str]] = frozenset()
+    delay: float = 600.0
+    interval: float = 300.0
+
+    def applies(self, domain: tuple[str, str]) -> bool:
+        return self.every_domain or domain in self.domains
+
+
 class SettingError(Exception):
     """A setting in the environment cannot be used; the message says which and why."""
 
@@ -208,6 +222,11 @@ class Config:
     facility_sources: Path | None = None
     facility_enforce: bool = False
     power: PowerFigures = PowerFigures()
+    # Shedding load off a domain hot for long (fleet/domain/shedding.py): off by default.
+    facility_shed: Shedding = Shedding()
+    # The share of their default power limit a warm or hot domain's GPUs are held to (None:
+    # not capped), LLMGW_FACILITY_POWER_CAP.
+    facility_power_cap: float | None = None
 
     @property
     def embedded(self) -> bool:
@@ -346,7 +365,57 @@ def load(env: dict[str, str] | None = None) -> Config:
         facility_sources=_facility_sources(env),
         facility_enforce=flag(env, "LLMGW_FACILITY_ENFORCE", False, SettingError),
         power=_power(env),
+        facility_shed=_shedding(env),
+        facility_power_cap=_power_cap(env),
     )
+
+
+def _power_cap(env: dict[str, str]) -> float | None:
+    """LLMGW_FACILITY_POWER_CAP: `off` (the default) or a share from 0.1 to 1 (0.8: a warm
+    domain's GPUs are held to 80 % of their default power limit)."""
+    raw = env.get("LLMGW_FACILITY_POWER_CAP", "").strip()
+    if raw.lower() in ("", "off"):
+        return None
+    try:
+        share = float(raw)
+    except ValueError:
+        share = -1.0
+    if not 0.1 <= share <= 1:
+        raise SettingError(
+            f"LLMGW_FACILITY_POWER_CAP must be off or a share from 0.1 to 1 (0.8: 80 % of the "
+            f"GPUs' default power limit), not {raw!r}."
+        )
+    return share
+
+
+_DOMAIN_KINDS = ("rack", "pdu", "row", "room", "zone")
+
+
+def _shedding(env: dict[str, str]) -> Shedding:
+    """LLMGW_FACILITY_SHED: `off` (the default), `on` (every domain), or a comma list of
+    domains (`rack/r12-07,row/b`); LLMGW_FACILITY_SHED_DELAY_SECONDS (600) and
+    LLMGW_FACILITY_SHED_INTERVAL_SECONDS (300)."""
+    raw = env.get("LLMGW_FACILITY_SHED", "").strip()
+    delay = _number(env, "LLMGW_FACILITY_SHED_DELAY_SECONDS", Shedding.delay, integer=False)
+    interval = _number(
+        env, "LLMGW_FACILITY_SHED_INTERVAL_SECONDS", Shedding.interval, integer=False
+    )
+    if raw.lower() in ("", "off", "0", "false", "no"):
+        return Shedding(delay=delay, interval=interval)
+    if raw.lower() in ("on", "1", "true", "yes"):
+        return Shedding(True, delay=delay, interval=interval)
+    domains = set()
+    for item in (i.strip() for i in raw.split(",")):
+        kind, _, name = item.partition("/")
+        if kind not in _DOMAIN_KINDS or not re.fullmatch(
+            r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", name
+        ):
+            raise SettingError(
+                f"LLMGW_FACILITY_SHED: {item!r} is not off, on or a domain such as rack/r12-07 "
+                f"(a kind of {', '.join(_DOMAIN_KINDS)}, a slash, a name)."
+            )
+        domains.add((kind, name))
+    return Shedding(False, frozenset(domains), delay, interval)
 
 
 def _facility_sources(env: dict[str, str]) -> Path | None:

@@ -51,6 +51,11 @@ class FakeGpu:
     retired_pending: bool | None = None  # Hopper and Blackwell remap rows instead
     remapped: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failure
     xid_events: bool = True
+    # Power management, in milliwatts as NVML says it; None: the card does not support it.
+    power_default_mw: int | None = 700_000
+    power_limits_mw: tuple[int, int] = (200_000, 700_000)  # the least and most it allows
+    power_limit_mw: int = 700_000
+    may_set_power: bool = True  # False: not root (NVML_ERROR_NO_PERMISSION)
 
 
 class FakeNvml:
@@ -106,6 +111,29 @@ class FakeNvml:
     def _gpu(self, handle: int) -> FakeGpu:
         self.calls += 1
         return self.gpus[handle]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: int) -> int:
+        gpu = self._gpu(handle)
+        if gpu.power_default_mw is None:
+            raise _error(NOT_SUPPORTED)
+        return gpu.power_default_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: int) -> list[int]:
+        gpu = self._gpu(handle)
+        if gpu.power_default_mw is None:
+            raise _error(NOT_SUPPORTED)
+        return list(gpu.power_limits_mw)  # pynvml answers [min, max]
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle: int, limit: int) -> None:
+        gpu = self._gpu(handle)
+        if gpu.power_default_mw is None:
+            raise _error(NOT_SUPPORTED)
+        if not gpu.may_set_power:
+            raise _error(pynvml.NVML_ERROR_NO_PERMISSION)
+        low, high = gpu.power_limits_mw
+        if not low <= limit <= high:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.power_limit_mw = limit  # pynvml answers None
 
     def nvmlDeviceGetPciInfo(self, handle: int) -> pynvml.nvmlPciInfo_t:
         info = pynvml.nvmlPciInfo_t()

@@ -244,3 +244,31 @@ def test_facility_hold_puts_the_hold_with_its_reason_and_release_deletes_it(caps
     assert out.startswith("rack r1 held: no new placements there from the next reconciler pass")
     code, out, _ = run(capsys, server, "facility", "release", "rack", "r1")
     assert (code, out) == (0, "rack r1 released (was held by ops)\n")
+
+
+def test_facility_conditions_says_which_source_fails_and_why(capsys):
+    failing = {
+        "checked_at": "2026-12-07T10:05:00Z",
+        "failed": [
+            {
+                "source": "prometheus (signal inlet_temp_c)",
+                "why": "Prometheus at http://monitoring:9090 could not be reached: refused.",
+                "since": "2026-12-07T10:00:00Z",
+            }
+        ],
+    }
+    server = FakeServer(
+        {
+            ("GET", "/api/v1/facility/conditions"): (200, CONDITIONS),
+            ("GET", "/api/v1/facility/sources"): (200, failing),
+        }
+    )
+
+    code, out, err = run(capsys, server, "facility", "conditions")
+
+    assert (code, err) == (0, "")
+    assert out.rstrip("\n").split("\n\n")[-1] == (
+        "Source prometheus (signal inlet_temp_c) failing since 2026-12-07T10:00:00Z: "
+        "Prometheus at http://monitoring:9090 could not be reached: refused.\n"
+        "(domains it reads are unknown, treated as ok)"
+    )

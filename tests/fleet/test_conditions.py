@@ -11,6 +11,7 @@ import pytest
 
 from fleet.models import DomainCondition, DomainHold, ModelState, Node, Replica
 from fleet.reconciler.run import reconcile_once
+from llmgw.core.config import Shedding
 from llmgw.core.permissions import OPERATORS, VIEWERS
 from tenancy.models import AuditEvent
 from tests.helpers import detail
@@ -292,3 +293,166 @@ def test_a_source_that_breaks_does_not_stop_the_pass(
     assert (
         "facility conditions not observed this pass: the DCIM exporter sent nonsense" in caplog.text
     )
+
+
+def agents_act(now) -> None:
+    """What the agents would do: a starting replica comes up, a stopping one goes."""
+    Replica.objects.filter(state__in=("pending", "starting")).update(
+        state="ready", ready_at=now, state_since=now
+    )
+    Replica.objects.filter(state="stopping").delete()
+
+
+# Rack r1 goes hot (above 32 °C from 4 min: hot at 6 min) and stays so until 15 min.
+LONG_EVENT = EVENT.replace("at: 10m", "at: 15m")
+
+
+def test_a_rack_hot_past_its_shed_delay_sheds_one_replica_at_a_time_and_comes_back(
+    settings, tmp_path, no_settle
+):
+    facility(settings, tmp_path, enforce=True, event=LONG_EVENT)
+    settings.LLMGW = replace(settings.LLMGW, facility_shed=Shedding(True, delay=60, interval=120))
+    node_add("gpu-a", now=T0, gpus=(H100,) * 4, labels={RACK: "r1"})
+    model_added(gpu_model("guard", scaling={"min": 1}, **{"class": "critical"}))
+    model_added(gpu_model("batch", scaling={"min": 1}, **{"class": "opportunistic"}))
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    pass_at(0)
+    agents_act(T0)
+    assert on_rack("r1") == 4
+    node_add("gpu-b", now=T0, gpus=(H100,) * 4, labels={RACK: "r2"})
+
+    sheds: list[tuple[int, str]] = []
+    for t in range(20, 1200, 20):  # hot at 360 s, cooler from 900 s, ok at 1200 s
+        now = T0 + timedelta(seconds=t)
+        Node.objects.update(last_seen=now)
+        done = reconcile_once(now=now)
+        sheds += [(t, e) for e in done["events"] if e.startswith("shed ")]
+        if t == 540:  # the move is in the model's explanation (`ctl model explain`)
+            said = [r for e in ModelState.objects.get(pk="chat").explanation for r in e["reasons"]]
+            assert said == [sheds[-1][1]], said
+        agents_act(now)
+    assert condition("rack", "r1") == "hot"
+
+    # Hot from 360 s, shed from 420 s: the opportunistic model first, then the standard one's
+    # two replicas, one an interval apart; the critical model's minimum never.
+    assert [t for t, _ in sheds] == [420, 540, 660], sheds
+    assert [e.split()[3] for _, e in sheds] == ["batch", "chat", "chat"]
+    assert all(" off rack r1 to gpu-b: hot for " in e and "(inlet" in e for _, e in sheds)
+    assert sheds[0][1].endswith("hot for 60 s (inlet 34 °C)")
+    # Then only the critical minimum is left: said once per interval, nothing moves.
+    blocked = [e.message for e in _events() if "nothing that may be shed" in e.message]
+    assert blocked == ["rack r1 is hot and has nothing that may be shed"]
+    assert _events().get(message=blocked[0]).count == 1  # at 780 s; at 900 s it cools
+    models_on_a = set(
+        Replica.objects.filter(shards__node_id="gpu-a").values_list("model", flat=True)
+    )
+    assert models_on_a == {"guard"}
+    assert Replica.objects.filter(shards__node_id="gpu-b").count() == 3
+
+    pass_at(1200)
+    assert condition("rack", "r1") == "ok"
+    scale("late", 2)  # the rack came back: it takes work again
+    pass_at(1220)
+    assert Replica.objects.filter(model="late", shards__node_id="gpu-a").count() == 1
+
+
+def test_observe_only_says_it_would_have_shed_and_moves_nothing(settings, tmp_path, no_settle):
+    facility(settings, tmp_path, enforce=False)
+    settings.LLMGW = replace(
+        settings.LLMGW, facility_shed=Shedding(False, frozenset({("rack", "r1")}), 60, 120)
+    )
+    node_add("gpu-a", now=T0, gpus=(H100,) * 4, labels={RACK: "r1"})
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    pass_at(0)
+    agents_act(T0)
+    node_add("gpu-b", now=T0, gpus=(H100,) * 4, labels={RACK: "r2"})
+
+    said = []
+    for t in range(20, 600, 20):
+        now = T0 + timedelta(seconds=t)
+        Node.objects.update(last_seen=now)
+        said += [(t, e) for e in reconcile_once(now=now)["events"] if "shed " in e]
+
+    assert [t for t, _ in said] == [420, 540], said
+    assert said[0][1].startswith("would have shed chat-")
+    assert said[0][1].endswith("(LLMGW_FACILITY_ENFORCE is off)")
+    assert Replica.objects.filter(shards__node_id="gpu-a").count() == 2
+    assert not Replica.objects.filter(retiring=True).exists()
+
+
+def test_a_failing_source_is_said_by_the_api_with_why_and_since_when(
+    settings, tmp_path, api, no_settle
+):
+    (tmp_path / "sources.yml").write_text(
+        "facility:\n"
+        "  prometheus: http://127.0.0.1:9\n"
+        "  signals:\n"
+        "    inlet_temp_c: {query: max by (rack) (inlet), domain_label: rack}\n"
+    )
+    settings.LLMGW = replace(settings.LLMGW, facility_sources=tmp_path / "sources.yml")
+    assert api.call("GET", "/facility/sources").json() == {"checked_at": None, "failed": []}
+
+    reconcile_once(now=T0)
+
+    said = api.call("GET", "/facility/sources").json()
+    (failed,) = said["failed"]
+    assert failed["source"] == "prometheus (signal inlet_temp_c)"
+    assert failed["why"].startswith("Prometheus at http://127.0.0.1:9 could not be reached")
+    assert failed["since"].startswith(T0.strftime("%Y-%m-%dT%H:%M:%S"))
+
+    (tmp_path / "sources.yml").write_text("facility: {}\n")  # Prometheus no longer asked
+    reconcile_once(now=T0 + timedelta(seconds=30))
+    assert api.call("GET", "/facility/sources").json()["failed"] == []
+
+
+def test_a_facility_step_that_breaks_is_said_by_the_api(settings, monkeypatch, api, no_settle):
+    from fleet.facility import observe
+
+    def broken(config, now):
+        raise RuntimeError("the DCIM exporter sent nonsense")
+
+    monkeypatch.setattr(observe, "samples_read", broken)
+    reconcile_once(now=T0)
+
+    (failed,) = api.call("GET", "/facility/sources").json()["failed"]
+    assert (failed["source"], failed["why"]) == (
+        "pass",
+        "the facility step failed: the DCIM exporter sent nonsense",
+    )
+
+
+@pytest.mark.parametrize("enforce", [True, False])
+def test_a_warm_racks_gpus_are_power_capped_and_let_go_once_it_cools(
+    settings, tmp_path, no_settle, monkeypatch, enforce
+):
+    from fleet.reconciler import run
+
+    sent = []
+    monkeypatch.setattr(run, "dispatch", lambda commands: sent.extend(commands))
+    facility(settings, tmp_path, enforce=enforce)
+    settings.LLMGW = replace(settings.LLMGW, facility_power_cap=0.8)
+    two_racks()
+
+    for t in range(0, 920, 20):  # warm at 180 s, hot at 360 s, ok at 900 s
+        pass_at(t)
+
+    said = [
+        (int((e.at - T0).total_seconds()), e.message)
+        for e in _events()
+        if "power limit" in e.message
+    ]
+
+    cap = (
+        "held node gpu-a's GPUs to 80% of their default power limit: it is in a warm or hot domain"
+    )
+    back = "let node gpu-a's GPUs back to their default power limit: none of its domains is warm or hot"
+    if enforce:
+        assert said == [(180, cap), (900, back)]
+        assert [(c.node_id, c.payload) for c in sent if c.payload["type"] == "power_cap"] == [
+            ("gpu-a", {"type": "power_cap", "share": 0.8}),
+            ("gpu-a", {"type": "power_cap", "share": None}),
+        ]
+    else:
+        off = " (LLMGW_FACILITY_ENFORCE is off)"
+        assert said == [(180, f"would have {cap}{off}"), (900, f"would have {back}{off}")]
+        assert not [c for c in sent if c.payload["type"] == "power_cap"]
