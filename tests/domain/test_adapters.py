@@ -162,7 +162,11 @@ def test_adapter_slots_need_an_engine_that_loads_adapters():
 def test_a_profile_without_slots_keeps_its_fingerprint():
     """Replicas started before adapters existed are not restarted by the new field."""
     plain = parse_profile({"name": "p", "engine": "vllm", "gpu_class": "h100-80g"}, model="m")
-    before = {k: v for k, v in plain.to_dict().items() if k not in ("routing", "power_watts", "adapter_slots")}
+    before = {
+        k: v
+        for k, v in plain.to_dict().items()
+        if k not in ("routing", "power_watts", "adapter_slots")
+    }
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":"))
     assert plain.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()[:12]
     slotted = parse_profile({**vllm(), "name": "p"}, model="m")
