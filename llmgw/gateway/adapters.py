@@ -60,17 +60,28 @@ def not_holding(rt: State, model: str, tried: set[str]) -> set[str]:
 
 def sent(rt: State, req: Request, up: Upstream) -> None:
     """Note that `up` serves its adapter now (its use, for the LRU), and tell a llama-server
-    which of its adapters to apply: its `lora` list, the others at scale 0 by leaving them
-    out (llama-server applies only those listed in a request's `lora`)."""
-    if up.model not in rt.tables.adapters:
-        return
-    USED[(up.replica_id, up.model)] = time.monotonic()
+    holding adapters which to apply (`_lora_named`)."""
     if up.engine == "llamacpp":
-        reading = rt.readings.get(up.replica_id)
-        engine_id = reading.engine_id(up.model) if reading is not None else None
-        if engine_id is not None:
-            req.body["lora"] = [{"id": engine_id, "scale": 1.0}]
-            req.body_changed = True
+        _lora_named(rt, req, up)
+    if up.model in rt.tables.adapters:
+        USED[(up.replica_id, up.model)] = time.monotonic()
+
+
+def _lora_named(rt: State, req: Request, up: Upstream) -> None:
+    """A llama-server holding adapters applies those a request's `lora` lists, the others at
+    0: an adapter's request names its index at 1; its base's names one at 0, said outright,
+    because a request naming none reuses the prompt cache an adapter's request left and
+    answers in that adapter's words (docs/engines.md, "LoRA adapters")."""
+    reading = rt.readings.get(up.replica_id)
+    if reading is None or not reading.adapters:
+        return
+    if up.model in rt.tables.adapters:
+        lora = [{"id": reading.engine_id(up.model), "scale": 1.0}]
+    else:
+        lora = [{"id": reading.adapters[0][1], "scale": 0.0}]
+    if lora[0]["id"] is not None:
+        req.body["lora"] = lora
+        req.body_changed = True
 
 
 def spread_choice(

@@ -446,6 +446,18 @@ def test_a_llama_server_is_told_which_adapter_to_apply_by_its_index():
     req = SimpleNamespace(body={"model": "a"}, body_changed=False)
     sent(rt, req, cpp)
     assert req.body["lora"] == [{"id": 1, "scale": 1.0}] and req.body_changed
+    # Its base's request names one at 0, said outright: with none named, llama-server reuses
+    # the prompt cache an adapter's request left and answers in its words.
+    base = Upstream("r1", "base", "http://x", "Bearer k", 1, engine="llamacpp", adapter_slots=2)
+    req = SimpleNamespace(body={"model": "base"}, body_changed=False)
+    sent(rt, req, base)
+    assert req.body["lora"] == [{"id": 0, "scale": 0.0}] and req.body_changed
+    # A replica holding none, or not read, is left as asked.
+    for readings in ({"r1": Reading(adapters=())}, {}):
+        rt.readings = readings
+        req = SimpleNamespace(body={"model": "base"}, body_changed=False)
+        sent(rt, req, base)
+        assert "lora" not in req.body and not req.body_changed
     # Its agent's word that it loaded one is not enough there: only the reading has the index.
     rt.readings = {}
     gateway_adapters.LOADED[("r1", "a")] = time.monotonic()
