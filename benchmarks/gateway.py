@@ -5,9 +5,9 @@ Everything is a real process on 127.0.0.1, in a temporary LLMGW_HOME, and is sto
 at the end:
 
 - an embedded `llmgw serve` and one `llmgw agent` with a simulated CPU node; a model
-  `bench` is added over REST with a "sim" profile that answers as fast as it can
-  (no time to first token, a million tokens a second, 1,024 slots, 1 token unless
-  asked), and the agent starts its `llmgw sim-engine`;
+  `bench` is added over REST with a "sim" profile that answers at once (no time to
+  first token, a token a millisecond per stream, 1,024 slots, 1 token unless asked),
+  and the agent starts its `llmgw sim-engine`;
 - a project and a gateway key made over REST;
 - LiteLLM's proxy (`litellm[proxy]` from PyPI, in a venv of its own made on the first
   run under var/bench/) with one model pointing at the same engine, no database,
@@ -50,12 +50,18 @@ llmgw over the peer for requests a second):
   p50 (and p99) through − direct, one request at a time;
 - CPU per streamed answer of STREAM_TOKENS (100) tokens
   (`<target>_cpu_ms_per_streamed_100_tokens`, issue 41's "≤ 8 ms"): closed loops of
-  STREAM_CONCURRENCY (16) connections, each asking for a streamed chat of exactly 100
-  tokens (`max_tokens` 100; the engine sends each token as an event of its own) for
-  BENCH_STREAM_SECONDS after a warm-up; the CPU seconds the target's own processes used
-  (from /proc, as for the requests at 64) over the answers completed; the engine's
-  for direct. Before it is measured, one answer through each target must carry the 100
-  words and end with [DONE];
+  STREAM_CONCURRENCY (4) connections, each asking for a streamed chat of exactly 100
+  tokens (`max_tokens` 100) for STREAM_SECONDS (10) after a warm-up; the CPU seconds the
+  target's own processes used (from /proc, as for the requests at 64) over the answers
+  completed; the engine's for direct. Before it is measured, one answer through each
+  target must carry the 100 words and end with [DONE]. The engine paces its tokens, a
+  millisecond apart (BENCH_TOKENS_PER_SEC, 1000), as a real one does, and 4 streams
+  offer at most 4,000 events a second, so the events reach each proxy about one a read:
+  an engine that sends a whole answer at once, or more streams than a proxy keeps pace
+  with, hand it many events a read, and the figure falls to less than half (measured;
+  docs/benchmarks.md). `answers_per_second` beside it, against the paced most (40),
+  says whether the proxy kept pace. The pace leaves every other figure as it was (they
+  ask for 1 token, or time a stream's first byte, which is sent at once);
 - where the machine's cores went while each target took 64 at once
   (`<target>_cores_by_process_at_64`): the load generator, `llmgw serve` or each of its
   workers, the engine, the agent, Celery, PostgreSQL, Redis, the peers, and everything
@@ -63,7 +69,7 @@ llmgw over the peer for requests a second):
   processes held each of the 64 connections.
 
 BENCH_SEQUENTIAL, BENCH_SECONDS (the 16 level), BENCH_THROUGHPUT_SECONDS,
-BENCH_STREAMED, BENCH_STREAM_SECONDS scale it; BENCH_LITELLM=0 leaves LiteLLM out;
+BENCH_STREAMED, BENCH_STREAM_SECONDS, BENCH_STREAM_CONCURRENCY scale it; BENCH_LITELLM=0 leaves LiteLLM out;
 BENCH_LITELLM_SPEC is what pip installs (pinned: the newest [proxy] extra whose dependencies the registry serves).
 BENCH_PORTKEY=0 leaves Portkey out; BENCH_PORTKEY_VERSION is the version npm installs,
 pinned at 1.15.2: the newest the registry serves (its only other is 1.9.8), and the one
@@ -117,8 +123,8 @@ SEQUENTIAL = int(os.environ.get("BENCH_SEQUENTIAL", 2000))
 BLOCK = 200  # sequential requests per turn of a target
 STREAMED = int(os.environ.get("BENCH_STREAMED", 1000))
 STREAM_TOKENS = 100  # the answer issue 41's aim is set for; the figure's name says it
-STREAM_CONCURRENCY = 16
-STREAM_SECONDS = float(os.environ.get("BENCH_STREAM_SECONDS", 5))
+STREAM_CONCURRENCY = int(os.environ.get("BENCH_STREAM_CONCURRENCY", 4))
+STREAM_SECONDS = float(os.environ.get("BENCH_STREAM_SECONDS", 10))
 SECONDS = float(os.environ.get("BENCH_SECONDS", 5))
 THROUGHPUT_SECONDS = float(os.environ.get("BENCH_THROUGHPUT_SECONDS", 10))
 # 0: embedded, one process. N: production (DATABASE_URL's server, a database of its own,
@@ -126,7 +132,20 @@ THROUGHPUT_SECONDS = float(os.environ.get("BENCH_THROUGHPUT_SECONDS", 10))
 WORKERS = int(os.environ.get("BENCH_GATEWAY_WORKERS", 0))
 WARMUP_SECONDS = 2.0
 MODEL = "bench"
-SIM_ARGS = ["--ttft-ms", "0", "--tokens-per-sec", "1000000", "--slots", "1024", "--max-tokens", "1"]
+# Per stream. Paced, so a streamed answer's events reach a proxy one at a time, as from a
+# real engine; a non-streamed answer of 1 token and the first byte of a stream wait for
+# nothing.
+TOKENS_PER_SEC = os.environ.get("BENCH_TOKENS_PER_SEC", "1000")
+SIM_ARGS = [
+    "--ttft-ms",
+    "0",
+    "--tokens-per-sec",
+    TOKENS_PER_SEC,
+    "--slots",
+    "1024",
+    "--max-tokens",
+    "1",
+]
 
 
 def _emit(figure: str, value, unit: str, scale: dict, **extra) -> None:
@@ -682,6 +701,8 @@ async def _measure(targets: list[Target], scale: dict,
     loops_streamed = await _streamed_cpu(targets)
     s = {**scale, "concurrency": STREAM_CONCURRENCY, "seconds": STREAM_SECONDS,
          "warmup_seconds": WARMUP_SECONDS, "stream": True, "max_tokens": STREAM_TOKENS,
+         "engine_tokens_per_second_per_stream": float(TOKENS_PER_SEC),
+         "answers_per_second_paced_most": round(STREAM_CONCURRENCY * float(TOKENS_PER_SEC) / STREAM_TOKENS, 1),
          "load1": _load1()}  # fmt: skip
     per_answer, over = streamed_cpu_figures(loops_streamed)
     for n, ms in per_answer.items():
