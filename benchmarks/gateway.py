@@ -5,9 +5,9 @@ Everything is a real process on 127.0.0.1, in a temporary LLMGW_HOME, and is sto
 at the end:
 
 - an embedded `llmgw serve` and one `llmgw agent` with a simulated CPU node; a model
-  `bench` is added over REST with a "sim" profile that answers as fast as it can
-  (no time to first token, a million tokens a second, 1,024 slots, 1 token unless
-  asked), and the agent starts its `llmgw sim-engine`;
+  `bench` is added over REST with a "sim" profile that answers at once (no time to
+  first token, a token a millisecond per stream, 1,024 slots, 1 token unless asked),
+  and the agent starts its `llmgw sim-engine`;
 - a project and a gateway key made over REST;
 - LiteLLM's proxy (`litellm[proxy]` from PyPI, in a venv of its own made on the first
   run under var/bench/) with one model pointing at the same engine, no database,
@@ -48,6 +48,22 @@ llmgw over the peer for requests a second):
   (direct for reference), and the proxy's CPU time per request;
 - time to first token when streaming: the first byte of the body after the headers,
   p50 (and p99) through − direct, one request at a time;
+- CPU per streamed answer of STREAM_TOKENS (100) tokens
+  (`<target>_cpu_ms_per_streamed_100_tokens`, issue 41's "≤ 8 ms"): closed loops of
+  STREAM_CONCURRENCY (4) connections, each asking for a streamed chat of exactly 100
+  tokens (`max_tokens` 100) for STREAM_SECONDS (10) after a warm-up; the CPU seconds the
+  target's own processes used (from /proc, as for the requests at 64) over the answers
+  completed; the engine's for direct. Before it is measured, one answer through each
+  target must carry the 100 words and end with [DONE]. The engine paces its tokens, a
+  millisecond apart (BENCH_TOKENS_PER_SEC, 1000), as a real one does, and 4 streams
+  offer at most 4,000 events a second, so the events reach each proxy about one a read:
+  an engine that sends a whole answer at once, or more streams than a proxy keeps pace
+  with, hand it many events a read, and the figure falls to less than half (measured;
+  docs/benchmarks.md). `answers_per_second` beside it, against the paced most (40),
+  says whether the proxy kept pace. The non-streamed figures ask for 1 token, which the
+  pace does not delay; the time to first token (4 tokens asked) read higher with the
+  paced engine in short runs on a busy machine (docs/benchmarks.md), so compare it only
+  between runs at the same BENCH_TOKENS_PER_SEC (1000000 is the earlier engine's);
 - where the machine's cores went while each target took 64 at once
   (`<target>_cores_by_process_at_64`): the load generator, `llmgw serve` or each of its
   workers, the engine, the agent, Celery, PostgreSQL, Redis, the peers, and everything
@@ -55,8 +71,8 @@ llmgw over the peer for requests a second):
   processes held each of the 64 connections.
 
 BENCH_SEQUENTIAL, BENCH_SECONDS (the 16 level), BENCH_THROUGHPUT_SECONDS,
-BENCH_STREAMED scale it; BENCH_LITELLM=0 leaves LiteLLM out; BENCH_LITELLM_SPEC is what
-pip installs (pinned: the newest [proxy] extra whose dependencies the registry serves).
+BENCH_STREAMED, BENCH_STREAM_SECONDS, BENCH_STREAM_CONCURRENCY scale it; BENCH_LITELLM=0 leaves LiteLLM out;
+BENCH_LITELLM_SPEC is what pip installs (pinned: the newest [proxy] extra whose dependencies the registry serves).
 BENCH_PORTKEY=0 leaves Portkey out; BENCH_PORTKEY_VERSION is the version npm installs,
 pinned at 1.15.2: the newest the registry serves (its only other is 1.9.8), and the one
 whose start script and custom-host checks (127.0.0.1 is a trusted host) were read; with
@@ -108,6 +124,9 @@ from tests.e2e.harness import listener_pid, serving_pid  # noqa: E402
 SEQUENTIAL = int(os.environ.get("BENCH_SEQUENTIAL", 2000))
 BLOCK = 200  # sequential requests per turn of a target
 STREAMED = int(os.environ.get("BENCH_STREAMED", 1000))
+STREAM_TOKENS = 100  # the answer issue 41's aim is set for; the figure's name says it
+STREAM_CONCURRENCY = int(os.environ.get("BENCH_STREAM_CONCURRENCY", 4))
+STREAM_SECONDS = float(os.environ.get("BENCH_STREAM_SECONDS", 10))
 SECONDS = float(os.environ.get("BENCH_SECONDS", 5))
 THROUGHPUT_SECONDS = float(os.environ.get("BENCH_THROUGHPUT_SECONDS", 10))
 # 0: embedded, one process. N: production (DATABASE_URL's server, a database of its own,
@@ -115,7 +134,19 @@ THROUGHPUT_SECONDS = float(os.environ.get("BENCH_THROUGHPUT_SECONDS", 10))
 WORKERS = int(os.environ.get("BENCH_GATEWAY_WORKERS", 0))
 WARMUP_SECONDS = 2.0
 MODEL = "bench"
-SIM_ARGS = ["--ttft-ms", "0", "--tokens-per-sec", "1000000", "--slots", "1024", "--max-tokens", "1"]
+# Per stream. Paced, so a streamed answer's events reach a proxy one at a time, as from a
+# real engine; a non-streamed answer of 1 token waits for nothing.
+TOKENS_PER_SEC = os.environ.get("BENCH_TOKENS_PER_SEC", "1000")
+SIM_ARGS = [
+    "--ttft-ms",
+    "0",
+    "--tokens-per-sec",
+    TOKENS_PER_SEC,
+    "--slots",
+    "1024",
+    "--max-tokens",
+    "1",
+]
 
 
 def _emit(figure: str, value, unit: str, scale: dict, **extra) -> None:
@@ -228,10 +259,10 @@ async def _connect(port: int) -> _Conn:
     return conn
 
 
-def _request(port: int, key: str, *, stream: bool, headers: tuple = ()) -> bytes:
+def _request(port: int, key: str, *, stream: bool, headers: tuple = (), tokens: int = 4) -> bytes:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "say hi"}], "max_tokens": 1}
     if stream:
-        body.update(stream=True, max_tokens=4)
+        body.update(stream=True, max_tokens=tokens)
     raw = json.dumps(body).encode()
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -252,11 +283,23 @@ class Target:
         self.name, self.port, self.key, self.pids = name, port, key, pids
         self.plain = _request(port, key, stream=False, headers=headers)
         self.streamed = _request(port, key, stream=True, headers=headers)
+        self.streamed_long = _request(port, key, stream=True, headers=headers, tokens=STREAM_TOKENS)
 
     @classmethod
     def of(cls, peer: Peer) -> Target:
         """The target that sends the benchmark's requests to `peer`."""
         return cls(peer.name, peer.port, peer.key, peer.pids, peer.headers)
+
+
+def streamed_words(body: bytes) -> int:
+    """How many words the content of a streamed chat answer carries, whichever way a proxy
+    cut it into events (the sim engine's tokens are words)."""
+    text = []
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: {"):
+            for choice in json.loads(line[6:]).get("choices") or ():
+                text.append((choice.get("delta") or {}).get("content") or "")
+    return len("".join(text).split())
 
 
 def _check(status: int, body: bytes, target: Target, *, stream: bool) -> None:
@@ -295,11 +338,13 @@ async def _sequential(targets: list[Target], total: int, stream: bool) -> dict[s
 
 
 async def _closed_loop(target: Target, concurrency: int, seconds: float,
-                       roles: Callable[[], dict[str, list[int]]] | None = None) -> dict:  # fmt: skip
-    """`concurrency` connections each sending the next request as soon as the last is
-    answered, for `seconds` after a warm-up: latencies, errors, requests a second, and the
-    CPU seconds the target's processes used; with `roles`, the cores each role's processes
-    used meanwhile, and which of the target's processes holds each connection."""
+                       roles: Callable[[], dict[str, list[int]]] | None = None,
+                       request: bytes | None = None) -> dict:  # fmt: skip
+    """`concurrency` connections each sending the next request (`request`, else the
+    target's plain one) as soon as the last is answered, for `seconds` after a warm-up:
+    latencies, errors, requests a second, and the CPU seconds the target's processes used;
+    with `roles`, the cores each role's processes used meanwhile, and which of the
+    target's processes holds each connection."""
     conns = [await _connect(target.port) for _ in range(concurrency)]
     latencies: list[float] = []
     errors = 0
@@ -308,7 +353,7 @@ async def _closed_loop(target: Target, concurrency: int, seconds: float,
 
     async def worker(conn: _Conn) -> None:
         nonlocal errors
-        req = target.plain
+        req = request or target.plain
         while True:
             status, _, whole, body = await conn.ask(req)
             if time.perf_counter() >= stop_at:
@@ -382,6 +427,43 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+async def _streamed_cpu(targets: list[Target]) -> dict[str, dict]:
+    """Each target's closed loop of streamed answers of STREAM_TOKENS tokens, after one
+    answer through it is checked to carry them all."""
+    out = {}
+    for t in targets:
+        conn = await _connect(t.port)
+        status, _, _, body = await conn.ask(t.streamed_long)
+        conn.transport.close()
+        _check(status, body, t, stream=True)
+        if (words := streamed_words(body)) != STREAM_TOKENS:
+            raise RuntimeError(
+                f"{t.name} streamed {words} words, not {STREAM_TOKENS}: {body[:300]!r}"
+            )
+        out[t.name] = await _closed_loop(
+            t, STREAM_CONCURRENCY, STREAM_SECONDS, request=t.streamed_long
+        )
+    return out
+
+
+def streamed_cpu_figures(
+    loops: dict[str, dict],
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """From each target's loop of streamed answers (its `cpu_s`, and `latencies`, one per
+    answer completed): the CPU milliseconds per answer of each target, and each peer's
+    (not direct's) over llmgw's. No answers, or no CPU read (below /proc's tick), is
+    unknown: None, never a zero; and so is a ratio to an unknown."""
+    per: dict[str, float | None] = {}
+    for name, loop in loops.items():
+        answers, cpu = len(loop["latencies"]), loop["cpu_s"]
+        per[name] = round(cpu / answers * 1000, 3) if answers and cpu > 0 else None
+    ours, over = per.get("llmgw"), {}
+    for name, ms in per.items():
+        if name not in ("direct", "llmgw"):
+            over[name] = round(ms / ours, 2) if ms is not None and ours is not None else None
+    return per, over
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -615,6 +697,23 @@ async def _measure(targets: list[Target], scale: dict,
               aim={"p50": 2} if t.name == "llmgw" else None)  # fmt: skip
     for peer in peers:
         _emit(f"{peer}_over_llmgw_ttft_added_p50", ratio(added[peer], added["llmgw"]), "ratio", s)
+
+    # CPU per streamed answer of 100 tokens, at STREAM_CONCURRENCY at once.
+    loops_streamed = await _streamed_cpu(targets)
+    s = {**scale, "concurrency": STREAM_CONCURRENCY, "seconds": STREAM_SECONDS,
+         "warmup_seconds": WARMUP_SECONDS, "stream": True, "max_tokens": STREAM_TOKENS,
+         "engine_tokens_per_second_per_stream": float(TOKENS_PER_SEC),
+         "answers_per_second_paced_most": round(STREAM_CONCURRENCY * float(TOKENS_PER_SEC) / STREAM_TOKENS, 1),
+         "load1": _load1()}  # fmt: skip
+    per_answer, over = streamed_cpu_figures(loops_streamed)
+    for n, ms in per_answer.items():
+        loop = loops_streamed[n]
+        _emit(f"{n}_cpu_ms_per_streamed_{STREAM_TOKENS}_tokens", ms, "ms", s,
+              aim=8 if n == "llmgw" else None, answers=len(loop["latencies"]), errors=loop["errors"],
+              answers_per_second=round(loop["per_second"], 1), process_cpu_s=round(loop["cpu_s"], 2),
+              process=("the engine" if n == "direct" else f"{n}'s proxy, not the engine"))  # fmt: skip
+    for peer, value in over.items():
+        _emit(f"{peer}_over_llmgw_cpu_per_streamed_{STREAM_TOKENS}_tokens", value, "ratio", s)
 
 
 def main() -> None:
