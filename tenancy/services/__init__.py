@@ -4,7 +4,8 @@ prices, usage and the audit trail; the console playground's key is in `playgroun
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -18,6 +19,7 @@ from ..bands import BANDS
 from ..models import (
     ApiKey,
     AuditEvent,
+    Budget,
     CapacityQuota,
     Organization,
     PolicyRevision,
@@ -330,22 +332,53 @@ def quota_clear(*, scope: str, actor: str) -> str:
 
     A quota whose scope was since deleted can still be removed by its key (`org:9`).
     """
+    return _scoped_clear(
+        CapacityQuota,
+        find=lambda tree: _stored_scope(scope, tree, CapacityQuota),
+        actor=actor,
+        event="quota",
+        lacks="capacity quota",
+        noun="quota",
+        was=lambda old: _described(_row_resources(old, "guarantee"), _row_resources(old, "limit")),
+        extra={"guarantee": {}, "limit": {}},
+        policy=True,
+    )
+
+
+def _scoped_clear(
+    rows: type[CapacityQuota] | type[ScopeLimit] | type[Budget],
+    *,
+    find: Callable[[ScopeTree], str],
+    actor: str,
+    event: str,
+    lacks: str,
+    noun: str,
+    was: Callable[[Any], str] | None = None,
+    extra: Mapping[str, object] | None = None,
+    policy: bool = False,
+) -> str:
+    """Delete the row of `rows` at the scope `find` names in the tree, audited as
+    `<event>.clear` by `actor` in one transaction (and the policy revision bumped where
+    `policy`), then logged as "<noun> of <scope> removed by <actor>", with what it `was`.
+    Returns the scope's key; NotFound ("... has no <lacks>.") when it has no such row."""
     with transaction.atomic():
         tree = scope_tree()
-        key = _stored_scope(scope, tree, CapacityQuota)
-        old = CapacityQuota.objects.filter(scope=key).first()
+        key = find(tree)
+        old = rows.objects.filter(scope=key).first()
         if old is None:
-            raise NotFound(f"{_written(tree, key)} has no capacity quota.")
+            raise NotFound(f"{_written(tree, key)} has no {lacks}.")
         old.delete()
-        audit_record(actor=actor, action="quota.clear", target=key)
-        policy_revision_bump()
+        audit_record(actor=actor, action=f"{event}.clear", target=key)
+        if policy:
+            policy_revision_bump()
+    said = f"{noun} of %s (%s) removed by %s" + (" (was %s)" if was else "")
     log.info(
-        "quota of %s (%s) removed by %s (was %s)",
+        said,
         _written(tree, key),
         key,
         actor,
-        _described(_row_resources(old, "guarantee"), _row_resources(old, "limit")),
-        extra={"event": "quota", "scope": key, "guarantee": {}, "limit": {}, "actor": actor},
+        *([was(old)] if was else []),
+        extra={"event": event, "scope": key, **(extra or {}), "actor": actor},
     )
     return key
 
@@ -538,23 +571,15 @@ def limit_clear(*, scope: str, actor: str) -> str:
 
     A limit whose scope was since deleted can still be removed by its key (`org:9`).
     """
-    with transaction.atomic():
-        tree = scope_tree()
-        key = _stored_scope(scope, tree, ScopeLimit)
-        old = ScopeLimit.objects.filter(scope=key).first()
-        if old is None:
-            raise NotFound(f"{_written(tree, key)} has no request limits.")
-        old.delete()
-        audit_record(actor=actor, action="limit.clear", target=key)
-    log.info(
-        "limits of %s (%s) removed by %s (was %s)",
-        _written(tree, key),
-        key,
-        actor,
-        _limits_described(_limit_row_figures(old)),
-        extra={"event": "limit", "scope": key, "actor": actor},
+    return _scoped_clear(
+        ScopeLimit,
+        find=lambda tree: _stored_scope(scope, tree, ScopeLimit),
+        actor=actor,
+        event="limit",
+        lacks="request limits",
+        noun="limits",
+        was=lambda old: _limits_described(_limit_row_figures(old)),
     )
-    return key
 
 
 def band_checked(band: object, *, blank: bool = False) -> str:

@@ -15,7 +15,7 @@ from llmgw.core.errors import Invalid, NotFound
 
 from ..models import ApiKey, AuditEvent, Budget, ModelPrice
 from ..selectors import ScopeTree, scope_find, scope_tree
-from . import _stored_scope, _written, audit_record
+from . import _scoped_clear, _stored_scope, _written, audit_record
 
 log = logging.getLogger("llmgw.tenancy")
 
@@ -125,22 +125,14 @@ def budget_set(*, scope: str, actor: str, **figures: object) -> str:
 def budget_clear(*, scope: str, actor: str) -> str:
     """Remove a key's or scope's budgets; return its key. NotFound when it has none. A
     budget whose key or scope was since deleted can still be removed by its key."""
-    with transaction.atomic():
-        tree = scope_tree()
-        key = budget_scope(scope, tree, stored=True)
-        old = Budget.objects.filter(scope=key).first()
-        if old is None:
-            raise NotFound(f"{_written(tree, key)} has no budget.")
-        old.delete()
-        audit_record(actor=actor, action="budget.clear", target=key)
-    log.info(
-        "budgets of %s (%s) removed by %s",
-        _written(tree, key),
-        key,
-        actor,
-        extra={"event": "budget", "scope": key, "actor": actor},
+    return _scoped_clear(
+        Budget,
+        find=lambda tree: budget_scope(scope, tree, stored=True),
+        actor=actor,
+        event="budget",
+        lacks="budget",
+        noun="budgets",
     )
-    return key
 
 
 def _price_model(model: object) -> str:

@@ -11,18 +11,16 @@ from django.contrib.messages import get_messages
 
 from llmgw.core.secrets import digest, keyed_digest
 from tenancy.models import ApiKey, AuditEvent, CapacityQuota, Organization, Project, Team, Token
-from tenancy.services import org_create, project_create, quota_set, team_create
+from tenancy.services import org_create, project_create, quota_set
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def tree(db) -> dict:
+def tree(scopes) -> dict:
     """Acme with team ml and its project training."""
-    org = org_create(name="Acme", actor="test")
-    team = team_create(org=org.pk, name="ml", actor="test")
-    project = project_create(team=team.pk, name="training", actor="test")
-    return {"org": org, "team": team, "project": project}
+    made = scopes("Acme/ml/training")
+    return {"org": made["Acme"], "team": made["Acme/ml"], "project": made["Acme/ml/training"]}
 
 
 def _cells(response) -> str:

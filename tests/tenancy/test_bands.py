@@ -8,7 +8,7 @@ import pytest
 from llmgw.core.errors import Invalid
 from tenancy.models import ApiKey, AuditEvent
 from tenancy.selectors import key_rows
-from tenancy.services import api_key_create, org_create, project_create, team_create
+from tenancy.services import api_key_create
 from tenancy.services.bands import band_set
 from tests.cli.conftest import server  # noqa: F401 - the ctl test's fixture
 
@@ -16,10 +16,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def project(db):
-    org_create(name="Acme", actor="t")
-    team_create(org="Acme", name="ml", actor="t")
-    return project_create(team="Acme/ml", name="chat", actor="t")
+def project(scopes):
+    return scopes("Acme/ml/chat", actor="t")["Acme/ml/chat"]
 
 
 def bands_of_rows() -> dict[str, str]:

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from tenancy.services import api_key_create, org_create, project_create, team_create
 from tenancy.services.budgets import budget_set
 from tenancy.services.usage import usage_add
 
@@ -15,11 +14,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def key(db):
-    org_create(name="Acme", actor="t")
-    team_create(org="Acme", name="ml", actor="t")
-    project_create(team="Acme/ml", name="chat", actor="t")
-    return api_key_create(project="Acme/ml/chat", name="k", actor="t")[0]
+def key(scopes):
+    return scopes("Acme/ml/chat/k", actor="t")["Acme/ml/chat/k"]
 
 
 def budgets_part(staff) -> str:

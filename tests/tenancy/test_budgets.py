@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from llmgw.core.errors import Invalid, NotFound
 from tenancy.models import AuditEvent, Budget, ModelPrice
 from tenancy.selectors import budget_book, budget_verdict, budgets_list
-from tenancy.services import api_key_create, org_create, project_create, team_create
+from tenancy.services import team_create
 from tenancy.services.budgets import budget_clear, budget_set, price_clear, price_set
 from tenancy.services.usage import usage_add
 from tests.helpers import detail
@@ -27,26 +27,28 @@ NOW = datetime(2026, 12, 7, 15, 30, tzinfo=UTC)
 
 
 @pytest.fixture
-def tree(db) -> dict:
+def tree(scopes) -> dict:
     """Acme/ml/training with keys ci and web, Acme/web/site with key site, and Scania/ml."""
-    acme = org_create(name="Acme", actor="test")
-    scania = org_create(name="Scania", actor="test")
-    ml = team_create(org=acme.pk, name="ml", actor="test")
-    web = team_create(org=acme.pk, name="web", actor="test")
-    team_create(org=scania.pk, name="ml", actor="test")
-    training = project_create(team=ml.pk, name="training", actor="test")
-    site = project_create(team=web.pk, name="site", actor="test")
-    ci = api_key_create(project=training.pk, name="ci", actor="test")[0]
-    other = api_key_create(project=training.pk, name="other", actor="test")[0]
-    site_key = api_key_create(project=site.pk, name="site", actor="test")[0]
+    made = scopes(
+        "Acme",
+        "Scania",
+        "Acme/ml",
+        "Acme/web",
+        "Scania/ml",
+        "Acme/ml/training",
+        "Acme/web/site",
+        "Acme/ml/training/ci",
+        "Acme/ml/training/other",
+        "Acme/web/site/site",
+    )
     return {
-        "acme": f"org:{acme.pk}",
-        "ml": f"team:{ml.pk}",
-        "web": f"team:{web.pk}",
-        "training": f"project:{training.pk}",
-        "ci": ci,
-        "other": other,
-        "site": site_key,
+        "acme": f"org:{made['Acme'].pk}",
+        "ml": f"team:{made['Acme/ml'].pk}",
+        "web": f"team:{made['Acme/web'].pk}",
+        "training": f"project:{made['Acme/ml/training'].pk}",
+        "ci": made["Acme/ml/training/ci"],
+        "other": made["Acme/ml/training/other"],
+        "site": made["Acme/web/site/site"],
     }
 
 

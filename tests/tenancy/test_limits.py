@@ -21,21 +21,16 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def tree(db) -> dict:
+def tree(scopes) -> dict:
     """Acme with teams ml and web, Scania with another ml, and Acme/ml/training."""
-    acme = org_create(name="Acme", actor="test")
-    scania = org_create(name="Scania", actor="test")
-    ml = team_create(org=acme.pk, name="ml", actor="test")
-    web = team_create(org=acme.pk, name="web", actor="test")
-    scania_ml = team_create(org=scania.pk, name="ml", actor="test")
-    training = project_create(team=ml.pk, name="training", actor="test")
+    made = scopes("Acme", "Scania", "Acme/ml", "Acme/web", "Scania/ml", "Acme/ml/training")
     return {
-        "acme": f"org:{acme.pk}",
-        "scania": f"org:{scania.pk}",
-        "ml": f"team:{ml.pk}",
-        "web": f"team:{web.pk}",
-        "scania_ml": f"team:{scania_ml.pk}",
-        "training": f"project:{training.pk}",
+        "acme": f"org:{made['Acme'].pk}",
+        "scania": f"org:{made['Scania'].pk}",
+        "ml": f"team:{made['Acme/ml'].pk}",
+        "web": f"team:{made['Acme/web'].pk}",
+        "scania_ml": f"team:{made['Scania/ml'].pk}",
+        "training": f"project:{made['Acme/ml/training'].pk}",
     }
 
 

@@ -25,17 +25,14 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
 @pytest.fixture
-def tree(db) -> dict[str, str]:
+def tree(scopes) -> dict[str, str]:
     """Acme with teams ml (and its project training) and web; scope keys by path."""
-    acme = org_create(name="Acme", actor="t")
-    ml = team_create(org="Acme", name="ml", actor="t")
-    web = team_create(org="Acme", name="web", actor="t")
-    training = project_create(team="Acme/ml", name="training", actor="t")
+    made = scopes("Acme", "Acme/ml", "Acme/web", "Acme/ml/training", actor="t")
     return {
-        "org:Acme": f"org:{acme.pk}",
-        "team:Acme/ml": f"team:{ml.pk}",
-        "team:Acme/web": f"team:{web.pk}",
-        "project:Acme/ml/training": f"project:{training.pk}",
+        "org:Acme": f"org:{made['Acme'].pk}",
+        "team:Acme/ml": f"team:{made['Acme/ml'].pk}",
+        "team:Acme/web": f"team:{made['Acme/web'].pk}",
+        "project:Acme/ml/training": f"project:{made['Acme/ml/training'].pk}",
     }
 
 

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from llmgw.core import clock
 from tenancy.models import ApiKey, RequestRecord, Usage, UsageJournal
-from tenancy.services import org_create, project_create, team_create, usage as services
+from tenancy.services import usage as services
 from tenancy.services.usage import request_records_expire
 from tests.helpers import detail
 
@@ -30,12 +30,12 @@ def five_minutes_on(monkeypatch):
 
 
 @pytest.fixture
-def ci(db) -> ApiKey:
-    acme = org_create(name="Acme", actor="test")
-    ml = team_create(org=acme.pk, name="ml", actor="test")
-    training = project_create(team=ml.pk, name="training", actor="test")
+def ci(scopes) -> ApiKey:
     return ApiKey.objects.create(
-        project=training, name="ci", prefix="llmgw_key_ci00", secret_hash="x"
+        project=scopes("Acme/ml/training")["Acme/ml/training"],
+        name="ci",
+        prefix="llmgw_key_ci00",
+        secret_hash="x",
     )
 
 

@@ -14,7 +14,7 @@ from llmgw.core import clock
 from llmgw.core.errors import Invalid
 from tenancy.models import ApiKey, Project, Usage
 from tenancy.selectors import usage_report, usage_since
-from tenancy.services import org_create, project_create, team_create
+from tenancy.services import project_create
 from tests.helpers import detail
 
 pytestmark = pytest.mark.django_db
@@ -23,19 +23,23 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def tree(db) -> dict:
+def tree(scopes) -> dict:
     """Acme/ml/training and Acme/web/site, Scania/ml/eval; a key in each, two in training."""
-    acme = org_create(name="Acme", actor="test")
-    scania = org_create(name="Scania", actor="test")
-    ml = team_create(org=acme.pk, name="ml", actor="test")
-    web = team_create(org=acme.pk, name="web", actor="test")
-    scania_ml = team_create(org=scania.pk, name="ml", actor="test")
-    training = project_create(team=ml.pk, name="training", actor="test")
-    site = project_create(team=web.pk, name="site", actor="test")
-    scania_eval = project_create(team=scania_ml.pk, name="eval", actor="test")
+    made = scopes(
+        "Acme",
+        "Scania",
+        "Acme/ml",
+        "Acme/web",
+        "Scania/ml",
+        "Acme/ml/training",
+        "Acme/web/site",
+        "Scania/ml/eval",
+    )
+    training, site = made["Acme/ml/training"], made["Acme/web/site"]
+    scania_eval = made["Scania/ml/eval"]
     return {
-        "acme": acme,
-        "ml": ml,
+        "acme": made["Acme"],
+        "ml": made["Acme/ml"],
         "training": training,
         "site": site,
         "eval": scania_eval,
