@@ -1,7 +1,9 @@
 """`llmgw serve --workers N`: N processes serving one port, each a whole server.
 
-The first process binds the port and hands the listening socket to N workers it starts
-(a pre-fork, as gunicorn does: the kernel gives each new connection to one of them). Each
+The first process binds the port N times, one listening socket a worker with SO_REUSEPORT,
+and hands each worker its own (the kernel hashes each new connection onto one of the
+sockets, so the workers get even shares; one shared socket let whichever worker woke first
+take them: 43 of 64 to one of two, docs/benchmarks.md). Each
 worker has its own gateway tables and agent connections and works with the others through
 the database and the channel layer, exactly as separate servers behind a balancer do
 (docs/architecture.md); so more than one needs Redis: embedded, commands to agents and the
@@ -65,11 +67,11 @@ class Supervisor:
         from django.conf import settings
 
         grace = settings.LLMGW.shutdown_grace
-        listener = self._listen()
+        listeners = self.listen()
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         for i in range(self.count):
-            self._start(i, listener)
+            self._start(i, listeners[i])
         mode = "production: PostgreSQL and Redis; run Celery worker and beat for the reconciler "
         sys.stderr.write(
             f"llmgw serving on http://{self.host}:{self.port}/ ({self.count} workers; {mode}"
@@ -83,22 +85,36 @@ class Supervisor:
             self.renderer.keep_alive()
             for i, proc in enumerate(self.procs):
                 if proc is not None and proc.poll() is not None and not self.stopping:
-                    self._died(i, proc, listener)
+                    listeners[i] = self._died(i, proc, listeners[i])
         # Once the workers have stopped listening, the port refuses, as one server's does.
-        listener.close()
+        for listener in listeners:
+            listener.close()
         try:
             return self._wait(grace + STOP_MARGIN_S)
         finally:
             worker_series.removed(self.series)
 
-    def _listen(self) -> socket.socket:
+    def listen(self) -> list[socket.socket]:
+        """One listening socket a worker, all on the port with SO_REUSEPORT. The port is
+        first bound alone, so a port another server holds (or another `llmgw serve
+        --workers`, whose sockets would otherwise take a share of its connections) is
+        refused (SystemExit with the reason)."""
+        self._bound(reuse_port=False).close()
+        return [self._bound(reuse_port=True) for _ in range(self.count)]
+
+    def _bound(self, *, reuse_port: bool) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             listener.bind((self.host, self.port))
         except OSError as exc:
+            listener.close()
             raise SystemExit(f"llmgw: cannot listen on {self.host}:{self.port}: {exc}") from None
+        if self.port == 0:  # asked for any free port: the workers' sockets share the one given
+            self.port = listener.getsockname()[1]
         listener.listen(1024)
         listener.set_inheritable(True)
         return listener
@@ -122,7 +138,10 @@ class Supervisor:
         self.procs[i] = subprocess.Popen(argv, pass_fds=(fd,), start_new_session=True, env=env)
         self.started[i] = time.monotonic()
 
-    def _died(self, i: int, proc: subprocess.Popen, listener: socket.socket) -> None:
+    def _died(self, i: int, proc: subprocess.Popen, listener: socket.socket) -> socket.socket:
+        """Start worker `i` again, on a socket of its own again: the dead worker's is closed
+        at once, so the kernel hashes new connections over the living workers' sockets
+        while this one starts (those the dead one had not accepted are reset)."""
         young = time.monotonic() - self.started[i] < RESTART_BACKOFF_S
         log.warning(
             "worker %d (pid %d) exited with code %s; starting another%s",
@@ -133,10 +152,13 @@ class Supervisor:
         )
         self.procs[i] = None
         worker_series.worker_gone(self.series, proc.pid)
+        listener.close()
         if young:
             time.sleep(RESTART_BACKOFF_S)
+        listener = self._bound(reuse_port=True)
         if not self.stopping:
             self._start(i, listener)
+        return listener
 
     def _stop(self, signum: int, _frame) -> None:
         if self.stopping:  # asked again: at once, as a single server does

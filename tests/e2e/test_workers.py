@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -55,12 +56,25 @@ def _connection_to(cluster: Cluster, worker: int, workers: list[int]) -> http.cl
     raise AssertionError(f"no connection reached worker {worker}")
 
 
+def _holders(cluster: Cluster, opened: list[socket.socket], workers: list[int]) -> list[int] | None:
+    """Which worker holds each of the `opened` connections, once every one is accepted."""
+    held = [serving_pid(cluster.port, c.getsockname()[1], workers) for c in opened]
+    return None if None in held else held
+
+
 def test_two_workers_serve_one_cluster_and_stop_gracefully(tmp_path):
     cluster = Cluster(tmp_path, production=True)
     try:
         cluster.start_server("--workers", "2")
         parent = cluster.procs["serve"].pid
         workers = wait_for("two workers", lambda: w if len(w := _workers(parent)) == 2 else None)
+        # Each worker listens on a socket of its own: the kernel spreads connections over
+        # both (one shared socket gave one of two workers 43 of 64).
+        opened = [socket.create_connection(("127.0.0.1", cluster.port)) for _ in range(32)]
+        held = wait_for("the 32 connections accepted", lambda: _holders(cluster, opened, workers))
+        for conn in opened:
+            conn.close()
+        assert {held.count(w) > 0 for w in workers} == {True}, held
         cluster.start_agent("cpu-a", "--memory-gb", "8", "--cpus", "4", port_range="32100-32199")
         agent = cluster.procs["agent-cpu-a"].pid
         wait_for("the node", lambda: cluster.client.get("/nodes/cpu-a").status_code == 200)
