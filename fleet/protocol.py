@@ -299,6 +299,8 @@ class EngineShardLoad(_Message):
     kv_cache: Fraction | None = None
     # Prompt tokens found in the prefix cache over those looked up, over the last minute.
     prefix_hit_rate: Fraction | None = None
+    # How many requests its engine runs at once, as its command sets it; absent: unknown.
+    slots: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     # The adapters its engine holds now; absent is not reported (unknown), [] is none.
     adapters: Annotated[list[AdapterHeld], Field(max_length=1000)] | None = None
 

@@ -219,6 +219,29 @@ def has_flag(args: Sequence[str], *names: str) -> bool:
     return False
 
 
+# Per engine, the flags that set how many requests it runs at once (its slots).
+SLOT_FLAGS: dict[str, tuple[str, ...]] = {
+    "llamacpp": ("--parallel", "-np"),
+    "vllm": ("--max-num-seqs",),
+    "sim": ("--slots",),
+}
+
+
+def engine_slots(engine: str, argv: Sequence[str]) -> int | None:
+    """How many requests the engine runs at once, as its command line sets it; None where
+    the command leaves it to the engine's default (unknown here: it changes by version and
+    device), or says it in a form not read here."""
+    flags = SLOT_FLAGS.get(engine, ())
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name not in flags:
+            continue
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        return int(value) if value.isdigit() and int(value) > 0 else None
+    return None
+
+
 def cpu_threads(spec: ShardSpec, cpu_count: int | None) -> int:
     """Threads for a CPU engine: what placement reserved, else half the CPUs.
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from fleet.agent.cache import CacheError
 from fleet.agent.contain import join_cgroup
-from fleet.agent.engines import EngineError, NodeContext, ShardSpec, build_command
+from fleet.agent.engines import EngineError, NodeContext, ShardSpec, build_command, engine_slots
 from fleet.agent.install import InstallError, engine_ref, missing
 from fleet.agent.ledger import kill_group, terminate
 from fleet.agent.ports import choose_port
@@ -178,6 +178,7 @@ class ShardProcesses(ShardWatch):
             sim_command=self.sim_command,
         )
         command = build_command(spec, node)
+        shard.slots = engine_slots(spec.engine, command.argv)
         shard.port = port
         shard.endpoint = self._endpoint(port)
         logs = self.state_dir / "logs"

@@ -56,6 +56,8 @@ class ShardReports(AdapterCommands):
                 log.debug("shard %s: adapters unreadable: %s", shard.spec.shard_id, exc)
             else:
                 figures["adapters"] = [h.to_message() for h in held]
+        if figures and shard.slots is not None:
+            figures["slots"] = shard.slots
         return {"shard_id": shard.spec.shard_id, **figures} if figures else None
 
     async def _load_figures(self, shard: Shard) -> dict[str, Any]:

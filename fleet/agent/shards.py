@@ -75,6 +75,8 @@ class Shard:
     over_since: float | None = None
     # The cgroup its engine runs in where the kernel holds it to its room (contain.py).
     cgroup: Path | None = None
+    # How many requests its engine runs at once, as its command sets it (None: unknown).
+    slots: int | None = None
 
     @property
     def pid(self) -> int | None:

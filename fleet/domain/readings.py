@@ -25,6 +25,9 @@ class Reading:
     # The LoRA adapters its engine holds, by name, with llama-server's index of each (None
     # for vLLM); None when it did not say, () when it holds none.
     adapters: tuple[tuple[str, int | None], ...] | None = None
+    # How many requests its engine runs at once, as the agent read it from the engine's
+    # command; None where the command left it to the engine's default.
+    slots: int | None = None
 
     def holds(self, adapter: str) -> bool:
         return self.adapters is not None and any(n == adapter for n, _ in self.adapters)
@@ -44,7 +47,7 @@ def replica_reading(shards: Iterable[Mapping]) -> Reading | None:
     agent sends them: `running`, `waiting`, `kv_cache`, `prefix_hit_rate`). Requests are
     summed over the shards that said, the KV use is the fullest, the hit rate the first
     said (only the shard serving HTTP has one). None when no shard said anything."""
-    running = waiting = kv = rate = None
+    running = waiting = kv = rate = slots = None
     adapters: tuple[tuple[str, int | None], ...] | None = None
     said = False
     for figures in shards:
@@ -61,10 +64,17 @@ def replica_reading(shards: Iterable[Mapping]) -> Reading | None:
             rate = _share(figures.get("prefix_hit_rate"))
         if adapters is None:
             adapters = _adapters(figures.get("adapters"))
+        if slots is None and (n := _count(figures.get("slots"))):
+            slots = n  # the shard serving HTTP: one engine's slots, not a sum
     if not said:
         return None
     return Reading(
-        running=running, waiting=waiting, kv_cache=kv, prefix_hit_rate=rate, adapters=adapters
+        running=running,
+        waiting=waiting,
+        kv_cache=kv,
+        prefix_hit_rate=rate,
+        adapters=adapters,
+        slots=slots,
     )
 
 

@@ -7,17 +7,17 @@ Retry-After) before they reach an engine, so the queue the higher bands wait in 
 short; past twice the bound the next band up too, and so on, but never the highest band
 present: what is left of the overload it waits out, as every request did before.
 
-A model's load is judged per replica and summed. Where its engine has been seen queueing,
-its slots are known (what it ran while requests waited: `slots_learnt`), and its load is
-the requests it holds, running or waiting (as it last said, corrected by what this
-gateway sent or saw end since); the lowest band present is refused once they fill all
-but RESERVE_SHARE of its slots, so a request of a higher band finds one free, and one
-band more for each further reserve. Where the engine says its queue but was not seen
-full, its load is that queue, against WAITING_BOUND; with no reading, this gateway's
-requests in flight to it, against INFLIGHT_BOUND (both times the replica's weight, one
-band more at each multiple). "Present" is a band this gateway let in for the model
-within the last PRESENT_S seconds: a band that stopped asking displaces nobody. Pure: no
-clock, no I/O; `requests._displaced` calls it.
+A model's load is judged per replica and summed. Where its engine's slots are known (as
+its agent read them from the engine's command, or else what it ran while requests
+waited: `slots_learnt`), its load is the requests it holds, running or waiting (as it
+last said, corrected by what this gateway sent or saw end since); the lowest band
+present is refused once they fill all but RESERVE_SHARE of its slots, so a request of a
+higher band finds one free, and one band more for each further reserve. Where the engine
+says its queue but its slots are not known, its load is that queue, against
+WAITING_BOUND; with no reading, this gateway's requests in flight to it, against
+INFLIGHT_BOUND (both times the replica's weight, one band more at each multiple).
+"Present" is a band this gateway let in for the model within the last PRESENT_S seconds:
+a band that stopped asking displaces nobody. Pure: no clock, no I/O; `requests._displaced` calls it.
 """
 
 from __future__ import annotations
@@ -72,10 +72,14 @@ def refused(band: str, present: Iterable[str], pressure: Pressure) -> bool:
 
 
 def slots_learnt(known: Mapping[str, int], readings: Mapping[str, Reading]) -> dict[str, int]:
-    """Each read replica's slots: the most it ran while requests waited (then it runs all it
-    can), kept from `known` until a greater figure comes; a replica not read is dropped."""
+    """Each read replica's slots: what its agent read from the engine's command where it
+    says them; else the most it ran while requests waited (then it runs all it can), kept
+    from `known` until a greater figure comes. A replica not read is dropped."""
     out = {}
     for replica, reading in readings.items():
+        if reading.slots:
+            out[replica] = reading.slots
+            continue
         slots = known.get(replica, 0)
         if reading.waiting and reading.running:
             slots = max(slots, reading.running)

@@ -351,3 +351,13 @@ def test_an_adapters_answer_outlives_a_reconnect_only_for_a_shard_that_runs(tmp_
         ("adapter_status", "s1", "loaded"),
     ]
     agent.load_sampler.close()
+
+
+async def test_engine_load_says_the_slots_the_engines_command_set_and_nothing_when_unknown(
+    vllm_node,
+):
+    [load] = await vllm_node.sup.engine_loads()
+    assert "slots" not in load  # left to the engine's default: unknown, not 0
+    vllm_node.sup._shards["s1"].slots = 8  # as the launch read it from --max-num-seqs 8
+    [load] = await vllm_node.sup.engine_loads()
+    assert load["slots"] == 8

@@ -12,6 +12,7 @@ from fleet.agent.engines import (
     ShardSpec,
     build_command,
     engine_load,
+    engine_slots,
     hit_rate,
     parse_prometheus,
     use_binary,
@@ -363,3 +364,28 @@ def test_the_profile_may_compile_vllm_on_a_cpu_and_set_its_own_kv_cache():
 )
 def test_the_cpu_kv_cache_is_half_what_vllms_runtime_leaves_at_least_one_gib(memory_gb, space):
     assert engines.vllm_cpu_kv_space_gib(memory_gb) == space
+
+
+@pytest.mark.parametrize(
+    ("engine", "args", "slots"),
+    [
+        ("llamacpp", ["--parallel", "4"], 4),
+        ("llamacpp", ["-np", "2"], 2),
+        ("llamacpp", ["--parallel=6"], 6),
+        ("vllm", ["--max-num-seqs", "64"], 64),
+        ("sim", ["--slots", "3"], 3),
+        # Left to the engine's default, which changes by version and device: unknown.
+        ("llamacpp", [], None),
+        ("vllm", ["--parallel", "4"], None),
+        # Nonsense is no figure.
+        ("llamacpp", ["--parallel", "0"], None),
+        ("llamacpp", ["--parallel"], None),
+        ("vllm", ["--max-num-seqs=x"], None),
+    ],
+)
+def test_an_engines_slots_are_read_from_its_command(engine, args, slots):
+    assert engine_slots(engine, args) == slots
+    # And from the command the agent builds for the profile's args.
+    if slots is not None:
+        argv = build_command(spec(engine, args=args), NodeContext(port=8001, cpu_count=4)).argv
+        assert engine_slots(engine, argv) == slots

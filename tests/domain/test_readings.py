@@ -23,6 +23,10 @@ from fleet.domain.readings import Reading, replica_reading
         # Figures out of range are not readings.
         ([{"running": -1, "kv_cache": 1.5, "prefix_hit_rate": True}], Reading()),
         (["not an object"], None),
+        # An engine's slots: the first shard that says them (one engine's, not a sum); 0 or
+        # nonsense is no reading.
+        ([{"slots": 8}, {"slots": 4}], Reading(slots=8)),
+        ([{"slots": 0}, {"slots": "8"}], Reading()),
     ],
 )  # fmt: skip
 def test_a_replicas_reading_from_its_shards(shards, reading):

@@ -97,6 +97,12 @@ def test_an_engines_slots_are_what_it_ran_while_requests_waited():
     assert slots_learnt({}, {"a": Reading(waiting=5)}) == {}
 
 
+def test_slots_an_agent_read_from_the_engines_command_win_at_once():
+    # Said before the engine ever queued, and over what was seen: the command says it.
+    read = {"a": Reading(running=0, waiting=0, slots=8), "b": Reading(running=2, waiting=0)}
+    assert slots_learnt({"a": 3}, read) == {"a": 8}
+
+
 @pytest.mark.parametrize(("slots", "kept"), [(1, 0), (2, 1), (4, 1), (8, 2), (10, 3), (64, 16)])
 def test_a_quarter_of_the_slots_is_kept_for_the_higher_bands_never_all(slots, kept):
     assert bands.reserve(slots) == kept
