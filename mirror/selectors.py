@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 
@@ -19,7 +20,7 @@ from .domain.platforms import BINARY_ENGINES, RELEASE, RELEASE_PLATFORM
 from .domain.progress import READY, FileProgress, progress
 from .domain.refs import FolderRef, WeightsRef
 from .domain.sizing import profile_refusal
-from .gguf import GgufError, read_gguf
+from .gguf import GgufError, gguf_architecture, read_gguf
 from .models import EngineBuild, WeightFile, Weights
 
 
@@ -319,3 +320,10 @@ def model_sizing_refusal(spec: ModelSpec) -> str | None:
         ):
             return why
     return None
+
+
+def weights_gguf_architecture(path: Path) -> str | None:
+    """The architecture a GGUF file on this machine says it is (general.architecture), read
+    from its header alone; None when it is not a readable GGUF (the catalog's adapter
+    checks, catalog.adapter_files)."""
+    return gguf_architecture(path)
