@@ -71,12 +71,14 @@ def _lora_named(rt: State, req: Request, up: Upstream) -> None:
     """A llama-server holding adapters applies those a request's `lora` lists, the others at
     0: an adapter's request names its index at 1; its base's names one at 0, said outright,
     because a request naming none reuses the prompt cache an adapter's request left and
-    answers in that adapter's words (docs/engines.md, "LoRA adapters")."""
+    answers in that adapter's words (docs/engines.md, "LoRA adapters"). An adapter's answer
+    names the adapter, where llama-server names its base (`upstream.model_named`)."""
     reading = rt.readings.get(up.replica_id)
     if reading is None or not reading.adapters:
         return
     if up.model in rt.tables.adapters:
         lora = [{"id": reading.engine_id(up.model), "scale": 1.0}]
+        req.answer_model = up.model  # llama-server names its base in the answer
     else:
         lora = [{"id": reading.adapters[0][1], "scale": 0.0}]
     if lora[0]["id"] is not None:

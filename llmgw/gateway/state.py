@@ -65,6 +65,9 @@ class Request:
     reserved: int = 0  # the tokens it may use (prompt estimate and completion asked for)
     abandoned: bool = False  # cut while an engine worked on it (caller gone, server stopping)
     body_changed: bool = False  # the gateway added to it (a cap on max_tokens): sent re-encoded
+    # The model its answer names where the engine names another (an adapter on llama-server
+    # answers with its base's name: adapters._lora_named); None: as the engine says.
+    answer_model: str | None = None
     held: Held = field(default_factory=list)  # what it holds of each token limit meanwhile
     admitted: float = 0.0  # when (time.time()) it was let in, and its reservation counted
     rid: int = 0  # its id in the process's usage book and journal, once let in

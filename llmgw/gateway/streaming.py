@@ -39,6 +39,17 @@ _WHOLE = (b"\n\n", b"\r\n\r\n", b"\r\r")
 _USAGE = re.compile(rb'"usage":\s*\{')
 
 
+# An answer's `model` member: a key, as JSON escapes the quotes of any such text inside a
+# string (an answer's content cannot hold it).
+_MODEL = re.compile(rb'"model":\s*"(?:[^"\\]|\\.)*"')
+
+
+def model_named(data: bytes, name: str, count: int = 0) -> bytes:
+    """`data` (an answer, or whole server-sent events) with its `model` member(s) naming
+    `name`: the first `count`, or every one at 0."""
+    return _MODEL.sub(b'"model":' + json.dumps(name).encode(), data, count=count)
+
+
 def split_events(data: bytes, drop_usage: bool) -> tuple[bytes, bytes, dict | None]:
     """Complete server-sent events in `data`: the bytes to pass on, the incomplete rest, and
     the engine's usage figures if an event carried them. The usage-only event the gateway
@@ -125,6 +136,8 @@ async def relay_stream(rt: State, req: Request, resp: Connection, send: Send) ->
             if found is not None:
                 req.usage = found
             if out:
+                if req.answer_model is not None:
+                    out = model_named(out, req.answer_model)
                 if not req.done and _ends(out):
                     req.done = True
                 req.events += out.count(b"data:")

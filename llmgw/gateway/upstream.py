@@ -16,7 +16,7 @@ from llmgw.gateway.client import Connection, Cut, NotHTTP, Pool
 from llmgw.gateway.dialects.responses import chat_usage
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.state import Request, State
-from llmgw.gateway.streaming import relay_stream
+from llmgw.gateway.streaming import model_named, relay_stream
 from llmgw.gateway.tables import Upstream
 
 log = logging.getLogger("llmgw.gateway")
@@ -180,6 +180,8 @@ async def _whole(req: Request, resp: Connection, kind: str, send: Send) -> int:
         req.usage = chat_usage(usage) if usage is not None else None
         if req.endpoint == "chat":
             data = with_refusal(data)
+        if req.answer_model is not None:
+            data = model_named(data, req.answer_model, count=1)
     req.verdict = "upstream_status" if status >= 400 else ""
     headers = req.replica_header()
     if status >= 400:

@@ -170,6 +170,8 @@ def test_two_teams_adapters_on_one_llama_server_through_the_gateway(site):
     assert base_again.choices[0].message.content == said["base"], (base_again, said)
     assert base_after_blue.choices[0].message.content == said["base"], (base_after_blue, said)
     assert red_again.choices[0].message.content == said["red"], (red_again, said)
+    # Each answer names what was asked, though llama-server names its base for an adapter.
+    assert (base.model, red_answer.model, blue_answer.model) == (BASE, "red-tone", "blue-tone")
 
     # Each team's key reaches only its own adapter.
     with pytest.raises(openai.NotFoundError):
@@ -203,6 +205,14 @@ def test_two_teams_adapters_on_one_llama_server_through_the_gateway(site):
     shown = cluster.ctl("usage", "--by", "model")
     assert shown.returncode == 0, shown.stderr
     assert "red-tone" in shown.stdout and "blue-tone" in shown.stdout, shown.stdout
+
+    # Streamed too, each event names the adapter (counted after the figures above).
+    with red.chat.completions.create(
+        model="red-tone", messages=ASK, max_tokens=TOKENS, temperature=0, stream=True
+    ) as stream:
+        chunks = list(stream)
+    assert {c.model for c in chunks} == {"red-tone"}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == said["red"]
 
 
 def _tokens(*answers) -> tuple[int, int, int]:

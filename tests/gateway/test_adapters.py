@@ -446,6 +446,7 @@ def test_a_llama_server_is_told_which_adapter_to_apply_by_its_index():
     req = SimpleNamespace(body={"model": "a"}, body_changed=False)
     sent(rt, req, cpp)
     assert req.body["lora"] == [{"id": 1, "scale": 1.0}] and req.body_changed
+    assert req.answer_model == "a"  # llama-server names its base in the answer
     # Its base's request names one at 0, said outright: with none named, llama-server reuses
     # the prompt cache an adapter's request left and answers in its words.
     base = Upstream("r1", "base", "http://x", "Bearer k", 1, engine="llamacpp", adapter_slots=2)

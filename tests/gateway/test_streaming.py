@@ -8,7 +8,7 @@ import json
 
 from hypothesis import given, strategies as st
 
-from llmgw.gateway.streaming import split_events
+from llmgw.gateway.streaming import model_named, split_events
 from llmgw.gateway.upstream import with_refusal
 
 ENDS = st.sampled_from(["\n\n", "\r\n\r\n", "\r\r"])
@@ -97,3 +97,25 @@ def test_a_refusal_added_to_the_bytes_is_the_one_the_json_would_have(messages, s
     for choice in answer["choices"]:
         choice["message"].setdefault("refusal", None)
     assert json.loads(with_refusal(data)) == answer
+
+
+@given(
+    name=st.from_regex(r"[a-z0-9][a-z0-9._-]{0,20}", fullmatch=True),
+    said=st.text(max_size=40),
+    spaced=st.booleans(),
+)
+def test_an_answer_renamed_in_its_bytes_is_the_one_the_json_would_have(name, said, spaced):
+    # The engine's own name, and content that talks of "model" in its text: only the member
+    # is renamed.
+    answer = {
+        "id": "c1",
+        "model": "smollm2-135m",
+        "choices": [{"message": {"content": f'"model":"{said}" {said}'}}],
+    }
+    raw = json.dumps(answer, separators=None if spaced else (",", ":")).encode()
+    assert json.loads(model_named(raw, name, count=1)) == {**answer, "model": name}
+    events = b"".join(b"data: " + raw + b"\n\n" for _ in range(3)) + b"data: [DONE]\n\n"
+    renamed = model_named(events, name)
+    assert renamed.count(json.dumps(name).encode()) >= 3
+    for line in renamed.split(b"\n\n")[:3]:
+        assert json.loads(line[len(b"data: ") :])["model"] == name
