@@ -179,6 +179,37 @@ class Power:
     # A profile's declared `power_watts`, per replica, by (model, profile).
     declared: Mapping[tuple[str, str], float] = field(default_factory=dict)
     figures: Figures = Figures()
+    # What the facility's meter (a Prometheus `power_watts` signal) reads a domain drawing
+    # now, fresh readings only (`metered_fresh`).
+    metered: Mapping[tuple[str, str], float] = field(default_factory=dict)
+
+
+class Metered(NamedTuple):
+    """A facility meter's reading of a domain's draw in watts, taken at `at` (seconds);
+    past `stale_after` seconds it is absent."""
+
+    domain: tuple[str, str]
+    watts: float
+    at: float
+    stale_after: float
+
+
+def metered_fresh(readings: Iterable[Metered], now: float) -> dict[tuple[str, str], float]:
+    """Per domain, its newest fresh meter reading: a stale one is absent, and zero or less
+    is no reading (zero is unknown, never a draw)."""
+    newest: dict[tuple[str, str], Metered] = {}
+    for m in readings:
+        fresh = m.watts > 0 and now - m.at <= m.stale_after
+        if fresh and (m.domain not in newest or m.at > newest[m.domain].at):
+            newest[m.domain] = m
+    return {d: m.watts for d, m in newest.items()}
+
+
+def measured(agents_w: float | None, meter_w: float | None) -> float | None:
+    """What a domain is measured to draw: the facility's meter where it reads one, since it
+    sees everything on the circuit (the nodes' own share, switches, storage, losses) where the
+    agents see only their GPUs; else the agents' GPUs; None when neither says."""
+    return meter_w if meter_w else agents_w
 
 
 def pdus_of(labels: Mapping[str, str]) -> tuple[str, ...]:
@@ -226,6 +257,9 @@ class Ledger:
         self.gpus = gpus
         self.figures = figures
         self.held: dict[Domain, float] = dict(held)
+        # What a domain's meter reads above what is counted for it (`meter`), kept as the
+        # replicas counted there come and go: a victim freed still frees its estimate.
+        self.excess: dict[Domain, float] = {}
 
     @classmethod
     def of(cls, power: Power | None, labels: Mapping[str, Mapping[str, str]]) -> Ledger | None:
@@ -246,7 +280,23 @@ class Ledger:
         return cls(budgets, node_domains, power.gpus, held, power.figures)
 
     def copy(self) -> Ledger:
-        return Ledger(self.budgets, self.node_domains, self.gpus, self.held, self.figures)
+        out = Ledger(self.budgets, self.node_domains, self.gpus, self.held, self.figures)
+        out.excess = dict(self.excess)
+        return out
+
+    def meter(self, metered: Mapping[Domain, float]) -> None:
+        """Fold the facility meter's readings in, once the replicas holding room are counted:
+        a budgeted domain whose meter reads more than is counted for it holds the meter's
+        figure (the larger of reserved and measured), and what is placed or freed after moves
+        it from there."""
+        self.excess = {
+            d: w - self.held[d] for d, w in metered.items() if d in self.held and w > self.held[d]
+        }
+
+    def level(self, domain: Domain) -> float:
+        """What a domain holds as placement counts it: what is counted, or its meter's
+        reading where that is more."""
+        return self.held[domain] + self.excess.get(domain, 0.0)
 
     def _gpu(self, node_id: str, index: int) -> GpuPower:
         return self.gpus.get(node_id, {}).get(index) or GpuPower()
@@ -303,7 +353,7 @@ class Ledger:
     def over(self, domain: Domain) -> bool:
         """Whether a domain holds more than its limit already (its GPUs drew more than
         their estimate, or the budget was lowered): it takes no new replica at all."""
-        return self.held[domain] > self.budgets[domain].limit_w + EPSILON
+        return self.level(domain) > self.budgets[domain].limit_w + EPSILON
 
     def refusal(
         self,
@@ -320,9 +370,12 @@ class Ledger:
             return None
         need = self.need(node_id, indices, cores, declared_w)
         for domain in domains:
-            budget, held = self.budgets[domain], self.held[domain]
+            budget, held = self.budgets[domain], self.level(domain)
             limit = budget.limit_w
-            how = f" ({budget.said})" if budget.said else ""
+            said = [budget.said] if budget.said else []
+            if self.excess.get(domain):
+                said.append("as its meter reads")
+            how = f" ({', '.join(said)})" if said else ""
             start = f"node {node_id} is in {domain[0]} {domain[1]}: {watts(max(held, 0))} of"
             if self.over(domain):
                 return (
@@ -351,7 +404,7 @@ class Ledger:
 
     def left_in(self, domains: Iterable[Domain]) -> float | None:
         """The watts left in the fullest of these budgeted domains; None for none."""
-        return min((self.budgets[d].limit_w - self.held[d] for d in domains), default=None)
+        return min((self.budgets[d].limit_w - self.level(d) for d in domains), default=None)
 
     def unknown(
         self,

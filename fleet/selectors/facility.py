@@ -5,6 +5,7 @@ for the cluster page, `GET /facility` and `llmgw ctl facility list`."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -29,9 +30,11 @@ from ..domain.power import (
     domains_of,
     draws,
     kilowatts,
+    measured,
     watts,
 )
 from ..domain.types import HOLDING, NodeView, ReplicaView
+from ..facility.observe import metered_now
 from ..models import Node, PowerBudget
 
 _CHUNK = 500
@@ -99,7 +102,11 @@ def power_load(
     budgets = budgets_load()
     if not budgets:
         return Power()
-    extra = {"declared": declared_load(models or {}), "figures": figures_load()}
+    extra = {
+        "declared": declared_load(models or {}),
+        "figures": figures_load(),
+        "metered": metered_now(time.time()),
+    }
     budgeted = {(b.kind, b.name) for b in budgets}
     under = {n for n, v in nodes.items() if budgeted & set(domains_of(v.labels))}
     if not under:
@@ -300,6 +307,7 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
     budgets = {(b.kind, b.name): b for b in budgeted}
     node_domains = [tuple(d for d in domains_of(ls) if d in budgets) for _, ls, _, _ in located]
     base = bases(budgets.values(), node_domains, figures)
+    metered = metered_now(time.time())
     out = []
     for key in sorted(drawn.keys() | budgets.keys(), key=lambda k: (k[0] != "rack", k[1])):
         d = drawn.get(key)
@@ -310,7 +318,7 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
                 nodes=nodes.get(key, 0),
                 gpus=gpus.get(key, 0),
                 estimated_w=d.estimated_w if d else 0.0,
-                measured_w=d.measured_w if d else None,
+                measured_w=measured(d.measured_w if d else None, metered.get(key)),
                 unknown_gpus=d.unknown_gpus if d else 0,
                 budget_w=budgets[key].cap_w if key in budgets else None,
                 silent_gpus=silent.get(key, 0),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -360,3 +361,44 @@ def test_the_snapshot_reads_power_only_for_nodes_under_a_budget(api, monkeypatch
     power = facility.power_load(node_views())
     assert [b.name for b in power.budgets] == ["r1"]
     assert power.gpus == {"gpu-a": {0: GpuPower(700, 90), 1: GpuPower(700, 90)}}
+
+
+def test_a_racks_metered_draw_is_listed_and_counted_by_placement(
+    api, no_settle, settings, tmp_path, monkeypatch
+):
+    import time
+    from dataclasses import replace
+
+    from fleet.facility import prometheus
+    from fleet.metrics.collector import fleet_text
+
+    (tmp_path / "sources.yml").write_text(
+        "facility:\n"
+        "  prometheus: http://monitoring:9090\n"
+        "  signals:\n"
+        "    power_watts: {query: sum by (rack) (pdu_outlet_power_watts), domain_label: rack}\n"
+    )
+    settings.LLMGW = replace(settings.LLMGW, facility_sources=tmp_path / "sources.yml")
+    draw = {"w": 1900.0}
+    monkeypatch.setattr(
+        prometheus, "instant", lambda url, query: [({"rack": "r1"}, time.time(), draw["w"])]
+    )
+    for node_id in ("gpu-a", "gpu-b"):
+        node_add(node_id, now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+        powered(node_id, draw=300)  # the agents see 300 W a GPU; the meter sees the rack
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 2000})
+    model_added(gpu_model("chat", scaling={"min": 1}))
+
+    reconcile_once(now=T0)
+
+    # 1,900 W metered of 2,000: a 700 W replica does not fit, though none is counted yet.
+    assert Replica.objects.count() == 0
+    said = [r for e in ModelState.objects.get(pk="chat").explanation for r in e["reasons"]]
+    assert any("1,900 of 2,000 W held (as its meter reads), this replica" in r for r in said), said
+    (rack,) = api.call("GET", "/facility").json()
+    assert (rack["measured_w"], rack["over"]) == (1900.0, False)
+    assert 'llmgw_domain_measured_watts{kind="rack",name="r1"} 1900.0' in fleet_text()
+
+    draw["w"] = 800.0  # the meter reads less: placement counts what it reserves
+    reconcile_once(now=T0 + timedelta(seconds=30))
+    assert Replica.objects.count() == 1
