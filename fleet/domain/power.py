@@ -1,7 +1,9 @@
-"""Power budgets per rack and PDU (docs/facility.md): what placement counts against them.
+"""Power budgets per rack, PDU, row, room and site (docs/facility.md): what placement
+counts against them.
 
-Pure. A budget is an operator's cap in watts for a rack or a PDU, named by the
-nodes' `llmgw.io/rack` and `llmgw.io/pdu` labels, or for a dual-fed domain the
+Pure. A budget is an operator's cap in watts for a rack, a PDU, a row, a room or a site,
+named by the nodes' `llmgw.io/rack`, `llmgw.io/pdu`, `llmgw.io/row`, `llmgw.io/room` and
+`llmgw.io/site` labels, or for a dual-fed domain the
 smaller feed's rating times its derating (80 % unless said); placement loads it
 to the cap less its safety margin (`Budget.limit_w`). What a domain holds starts
 from its base: a per-node share for the CPUs, memory and fans of every node in it
@@ -31,7 +33,15 @@ from typing import NamedTuple
 ZONE_LABEL = "llmgw.io/zone"
 RACK_LABEL = "llmgw.io/rack"
 PDU_LABEL = "llmgw.io/pdu"
-KINDS = ("rack", "pdu")
+ROW_LABEL = "llmgw.io/row"
+ROOM_LABEL = "llmgw.io/room"
+SITE_LABEL = "llmgw.io/site"
+# What a budget may be for: a rack and a PDU, and the rows, rooms and sites of the
+# location tree above them (each named by its label).
+KINDS = ("rack", "pdu", "row", "room", "site")
+_TREE = (("row", ROW_LABEL), ("room", ROOM_LABEL), ("site", SITE_LABEL))
+# The labels naming them: a node with none is under no budget.
+BUDGET_LABELS = (RACK_LABEL, PDU_LABEL, ROW_LABEL, ROOM_LABEL, SITE_LABEL)
 # A rack's or PDU's name, as a Kubernetes label value is written: what a budget and the
 # agent's --rack, --pdu and --zone accept, so that the two always name the same thing.
 NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?\Z")
@@ -220,10 +230,12 @@ def pdus_of(labels: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def domains_of(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The (kind, name) of every rack and PDU a node's labels put it in."""
+    """The (kind, name) of every rack, PDU, row, room and site a node's labels put it in
+    (a node without a row label is in no row's budget)."""
     rack = (labels.get(RACK_LABEL) or "").strip()
     out = [("rack", rack)] if rack else []
     out.extend(("pdu", p) for p in pdus_of(labels))
+    out.extend((kind, v) for kind, label in _TREE if (v := (labels.get(label) or "").strip()))
     return tuple(out)
 
 

@@ -10,17 +10,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import FloatField, IntegerField, JSONField, Q, Value
+from django.db.models import FloatField, IntegerField, JSONField, Value
 from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
 
 from ..domain.power import (
+    BUDGET_LABELS,
     DERATING,
     EPSILON,
-    PDU_LABEL,
-    RACK_LABEL,
+    KINDS,
     Budget,
     Figures,
     GpuPower,
@@ -196,7 +196,7 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
     in the labels' column."""
     none = Value(None, output_field=FloatField())
     nodes = (
-        Node.objects.filter(Q(labels__has_key=RACK_LABEL) | Q(labels__has_key=PDU_LABEL))
+        Node.objects.filter(labels__has_any_keys=list(BUDGET_LABELS))
         .annotate(
             tag=Value("node"),
             gpu_load=KeyTransform("gpus", "load"),
@@ -309,7 +309,9 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
     base = bases(budgets.values(), node_domains, figures)
     metered = metered_now(time.time())
     out = []
-    for key in sorted(drawn.keys() | budgets.keys(), key=lambda k: (k[0] != "rack", k[1])):
+    # Every rack and PDU; a row, room or site only when it has a budget.
+    shown = {k for k in drawn if k[0] in ("rack", "pdu")} | budgets.keys()
+    for key in sorted(shown, key=lambda k: (KINDS.index(k[0]), k[1])):
         d = drawn.get(key)
         out.append(
             Domain(
