@@ -19,8 +19,8 @@ HEADERS = ["KIND", "NAME", "NODES", "GPUS", "RESERVED W", "MEASURED W", "BUDGET 
 LEGEND = (
     "RESERVED W: per GPU held by a replica, the larger of its power limit and its measured "
     "draw, with each node's own share and the other equipment declared; MEASURED W: what "
-    "its agents measured the GPUs draw; BUDGET W: the cap, and what placement loads it to "
-    "after its margin."
+    "the facility's meter reads (a power_watts signal), else what its agents measured the "
+    "GPUs draw; BUDGET W: the cap, and what placement loads it to after its margin."
 )
 NOTHING = (
     "No node has a llmgw.io/rack or llmgw.io/pdu label and no budget is set: "
