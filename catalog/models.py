@@ -111,6 +111,8 @@ class Measurement(models.Model):
     tok_per_sec = models.FloatField()
     ttft_p95_ms = models.FloatField(null=True, blank=True)
     tpot_p95_ms = models.FloatField(null=True, blank=True)
+    # What one replica drew while it was measured, in watts; null: not measured.
+    watts = models.FloatField(null=True, blank=True)
     measured_at = models.DateTimeField()
     measured_by = models.CharField(max_length=150, blank=True)
 

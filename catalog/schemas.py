@@ -166,6 +166,9 @@ class CapacityIn(Schema):
     tok_per_sec: StrictInt | StrictFloat = Field(description="above 0")
     ttft_p95_ms: StrictInt | StrictFloat | None = None
     tpot_p95_ms: StrictInt | StrictFloat | None = None
+    watts: StrictInt | StrictFloat | None = Field(
+        None, description="what one replica drew while measured, in watts; above 0"
+    )
 
 
 class MeasurementOut(Schema):
@@ -175,6 +178,7 @@ class MeasurementOut(Schema):
     tok_per_sec: float
     ttft_p95_ms: float | None
     tpot_p95_ms: float | None
+    watts: float | None
     measured_at: datetime
     measured_by: str
 

@@ -375,6 +375,7 @@ def measurement_save(
     tok_per_sec: float,
     ttft_p95_ms: float | None = None,
     tpot_p95_ms: float | None = None,
+    watts: float | None = None,
     actor: str,
     now: datetime,
 ) -> Measurement:
@@ -392,6 +393,7 @@ def measurement_save(
         ("tok_per_sec", tok_per_sec),
         ("ttft_p95_ms", ttft_p95_ms),
         ("tpot_p95_ms", tpot_p95_ms),
+        ("watts", watts),
     ):
         if value is None and key != "tok_per_sec":
             continue
@@ -413,6 +415,7 @@ def measurement_save(
                 "tok_per_sec": float(tok_per_sec),
                 "ttft_p95_ms": ttft_p95_ms,
                 "tpot_p95_ms": tpot_p95_ms,
+                "watts": watts,
                 "measured_at": now,
                 "measured_by": actor[:150],
             },
@@ -421,7 +424,11 @@ def measurement_save(
             actor=actor,
             action="model.measure",
             target=f"{model}/{profile}",
-            detail={"max_concurrency": max_concurrency, "tok_per_sec": float(tok_per_sec)},
+            detail={
+                "max_concurrency": max_concurrency,
+                "tok_per_sec": float(tok_per_sec),
+                **({"watts": float(watts)} if watts is not None else {}),
+            },
         )
         measurements_revision_bump()
     log.info(

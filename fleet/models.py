@@ -333,7 +333,7 @@ class PowerBudget(models.Model):
     `other_watts` is what else stands in it that reports nothing (switches, storage).
     """
 
-    KINDS = [("rack", "rack"), ("pdu", "PDU")]
+    KINDS = [("rack", "rack"), ("pdu", "PDU"), ("row", "row"), ("room", "room"), ("site", "site")]
 
     kind = models.CharField(max_length=8, choices=KINDS)
     name = models.CharField(max_length=63)

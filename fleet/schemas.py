@@ -237,7 +237,7 @@ class UpgradeIn(Schema):
 class PowerBudgetIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    kind: StrictStr = Field(description="rack or pdu")
+    kind: StrictStr = Field(description="rack, pdu, row, room or site")
     name: StrictStr = Field(
         description="the value of the nodes' llmgw.io/rack or llmgw.io/pdu label"
     )

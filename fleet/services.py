@@ -446,7 +446,9 @@ def replicas_used_mark(*, replica_ids: set[str], now: datetime) -> None:
 def _budget_key(kind: object, name: object) -> tuple[str, str]:
     """The (kind, name) of a budget, checked; Invalid with the sentence when it is not one."""
     if kind not in KINDS:
-        raise Invalid(f"a power budget is for a rack or a pdu, not {kind!r}.")
+        raise Invalid(
+            f"a power budget is for a rack, a pdu, a row, a room or a site, not {kind!r}."
+        )
     if why := name_refusal(str(kind), name):
         raise Invalid(why)
     return str(kind), str(name)

@@ -157,12 +157,13 @@ def measurements_revision() -> int:
     return Revision.objects.filter(pk=1).values_list("measurements", flat=True).first() or 0
 
 
-def measurements_load() -> dict[tuple[str, str], tuple[int, float]]:
-    """(model, profile) → (max_concurrency, tok_per_sec) of every measurement: one query."""
+def measurements_load() -> dict[tuple[str, str], tuple[int, float, float | None]]:
+    """(model, profile) → (max_concurrency, tok_per_sec, watts or None) of every
+    measurement: one query."""
     rows = Measurement.objects.values_list(
-        "model__name", "profile", "max_concurrency", "tok_per_sec"
+        "model__name", "profile", "max_concurrency", "tok_per_sec", "watts"
     )
-    return {(m, p): (c, t) for m, p, c, t in rows}
+    return {(m, p): (c, t, w) for m, p, c, t, w in rows}
 
 
 def measurements_list() -> list[dict]:
@@ -181,6 +182,7 @@ def measurement_view(row: Measurement) -> dict:
         "tok_per_sec": row.tok_per_sec,
         "ttft_p95_ms": row.ttft_p95_ms,
         "tpot_p95_ms": row.tpot_p95_ms,
+        "watts": row.watts,
         "measured_at": row.measured_at,
         "measured_by": row.measured_by,
     }

@@ -28,7 +28,15 @@ from fleet.agent.fabric import FabricReader, SimulatedFabric, parse_fabric_spec
 from fleet.agent.install import Installer
 from fleet.agent.supervisor import Supervisor
 from fleet.agent.upgrade import Upgrader
-from fleet.domain.power import PDU_LABEL, RACK_LABEL, ZONE_LABEL, name_refusal
+from fleet.domain.power import (
+    PDU_LABEL,
+    RACK_LABEL,
+    ROOM_LABEL,
+    ROW_LABEL,
+    SITE_LABEL,
+    ZONE_LABEL,
+    name_refusal,
+)
 
 log = logging.getLogger("fleet.agent")
 
@@ -68,12 +76,27 @@ def _key_value(item: str, refusal: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def location_labels(*, zone: str | None, rack: str | None, pdu: str | None) -> dict[str, str]:
-    """The well-known labels for ``--zone``, ``--rack`` and ``--pdu`` (several PDUs comma
-    separated, for a dual-fed rack); ValueError, with a sentence, for a name a budget could
-    not name (docs/facility.md)."""
+def location_labels(
+    *,
+    zone: str | None,
+    rack: str | None,
+    pdu: str | None,
+    row: str | None = None,
+    room: str | None = None,
+    site: str | None = None,
+) -> dict[str, str]:
+    """The well-known labels for ``--zone``, ``--rack``, ``--pdu`` (several PDUs comma
+    separated, for a dual-fed rack), ``--row``, ``--room`` and ``--site``; ValueError, with
+    a sentence, for a name a budget could not name (docs/facility.md)."""
     out: dict[str, str] = {}
-    for what, label, value in (("zone", ZONE_LABEL, zone), ("rack", RACK_LABEL, rack)):
+    named = (
+        ("zone", ZONE_LABEL, zone),
+        ("rack", RACK_LABEL, rack),
+        ("row", ROW_LABEL, row),
+        ("room", ROOM_LABEL, room),
+        ("site", SITE_LABEL, site),
+    )
+    for what, label, value in named:
         if value is not None:
             if why := name_refusal(what, value.strip()):
                 raise ValueError(f"--{what}: {why.rstrip('.')}")
@@ -212,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--zone", help="the zone the node is in (the label llmgw.io/zone)")
     p.add_argument("--rack", help="the rack the node is in (the label llmgw.io/rack)")
+    p.add_argument("--row", help="the row of racks the node is in (the label llmgw.io/row)")
+    p.add_argument("--room", help="the room or hall the node is in (the label llmgw.io/room)")
+    p.add_argument("--site", help="the site the node is in (the label llmgw.io/site)")
     p.add_argument(
         "--pdu",
         metavar="PDU[,PDU]",
@@ -307,7 +333,14 @@ def main(argv: list[str] | None = None) -> int:
         url = ws_url(args.server)
         labels = labels_file(args.labels_file) if args.labels_file else {}
         labels |= parse_labels(args.labels)
-        labels |= location_labels(zone=args.zone, rack=args.rack, pdu=args.pdu)
+        labels |= location_labels(
+            zone=args.zone,
+            rack=args.rack,
+            pdu=args.pdu,
+            row=args.row,
+            room=args.room,
+            site=args.site,
+        )
     except ValueError as exc:
         print(f"llmgw agent: {exc}.", file=sys.stderr)
         return 2

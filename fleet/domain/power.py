@@ -1,7 +1,9 @@
-"""Power budgets per rack and PDU (docs/facility.md): what placement counts against them.
+"""Power budgets per rack, PDU, row, room and site (docs/facility.md): what placement
+counts against them.
 
-Pure. A budget is an operator's cap in watts for a rack or a PDU, named by the
-nodes' `llmgw.io/rack` and `llmgw.io/pdu` labels, or for a dual-fed domain the
+Pure. A budget is an operator's cap in watts for a rack, a PDU, a row, a room or a site,
+named by the nodes' `llmgw.io/rack`, `llmgw.io/pdu`, `llmgw.io/row`, `llmgw.io/room` and
+`llmgw.io/site` labels, or for a dual-fed domain the
 smaller feed's rating times its derating (80 % unless said); placement loads it
 to the cap less its safety margin (`Budget.limit_w`). What a domain holds starts
 from its base: a per-node share for the CPUs, memory and fans of every node in it
@@ -31,7 +33,15 @@ from typing import NamedTuple
 ZONE_LABEL = "llmgw.io/zone"
 RACK_LABEL = "llmgw.io/rack"
 PDU_LABEL = "llmgw.io/pdu"
-KINDS = ("rack", "pdu")
+ROW_LABEL = "llmgw.io/row"
+ROOM_LABEL = "llmgw.io/room"
+SITE_LABEL = "llmgw.io/site"
+# What a budget may be for: a rack and a PDU, and the rows, rooms and sites of the
+# location tree above them (each named by its label).
+KINDS = ("rack", "pdu", "row", "room", "site")
+_TREE = (("row", ROW_LABEL), ("room", ROOM_LABEL), ("site", SITE_LABEL))
+# The labels naming them: a node with none is under no budget.
+BUDGET_LABELS = (RACK_LABEL, PDU_LABEL, ROW_LABEL, ROOM_LABEL, SITE_LABEL)
 # A rack's or PDU's name, as a Kubernetes label value is written: what a budget and the
 # agent's --rack, --pdu and --zone accept, so that the two always name the same thing.
 NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?\Z")
@@ -179,6 +189,37 @@ class Power:
     # A profile's declared `power_watts`, per replica, by (model, profile).
     declared: Mapping[tuple[str, str], float] = field(default_factory=dict)
     figures: Figures = Figures()
+    # What the facility's meter (a Prometheus `power_watts` signal) reads a domain drawing
+    # now, fresh readings only (`metered_fresh`).
+    metered: Mapping[tuple[str, str], float] = field(default_factory=dict)
+
+
+class Metered(NamedTuple):
+    """A facility meter's reading of a domain's draw in watts, taken at `at` (seconds);
+    past `stale_after` seconds it is absent."""
+
+    domain: tuple[str, str]
+    watts: float
+    at: float
+    stale_after: float
+
+
+def metered_fresh(readings: Iterable[Metered], now: float) -> dict[tuple[str, str], float]:
+    """Per domain, its newest fresh meter reading: a stale one is absent, and zero or less
+    is no reading (zero is unknown, never a draw)."""
+    newest: dict[tuple[str, str], Metered] = {}
+    for m in readings:
+        fresh = m.watts > 0 and now - m.at <= m.stale_after
+        if fresh and (m.domain not in newest or m.at > newest[m.domain].at):
+            newest[m.domain] = m
+    return {d: m.watts for d, m in newest.items()}
+
+
+def measured(agents_w: float | None, meter_w: float | None) -> float | None:
+    """What a domain is measured to draw: the facility's meter where it reads one, since it
+    sees everything on the circuit (the nodes' own share, switches, storage, losses) where the
+    agents see only their GPUs; else the agents' GPUs; None when neither says."""
+    return meter_w if meter_w else agents_w
 
 
 def pdus_of(labels: Mapping[str, str]) -> tuple[str, ...]:
@@ -189,10 +230,12 @@ def pdus_of(labels: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def domains_of(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The (kind, name) of every rack and PDU a node's labels put it in."""
+    """The (kind, name) of every rack, PDU, row, room and site a node's labels put it in
+    (a node without a row label is in no row's budget)."""
     rack = (labels.get(RACK_LABEL) or "").strip()
     out = [("rack", rack)] if rack else []
     out.extend(("pdu", p) for p in pdus_of(labels))
+    out.extend((kind, v) for kind, label in _TREE if (v := (labels.get(label) or "").strip()))
     return tuple(out)
 
 
@@ -226,6 +269,9 @@ class Ledger:
         self.gpus = gpus
         self.figures = figures
         self.held: dict[Domain, float] = dict(held)
+        # What a domain's meter reads above what is counted for it (`meter`), kept as the
+        # replicas counted there come and go: a victim freed still frees its estimate.
+        self.excess: dict[Domain, float] = {}
 
     @classmethod
     def of(cls, power: Power | None, labels: Mapping[str, Mapping[str, str]]) -> Ledger | None:
@@ -246,7 +292,23 @@ class Ledger:
         return cls(budgets, node_domains, power.gpus, held, power.figures)
 
     def copy(self) -> Ledger:
-        return Ledger(self.budgets, self.node_domains, self.gpus, self.held, self.figures)
+        out = Ledger(self.budgets, self.node_domains, self.gpus, self.held, self.figures)
+        out.excess = dict(self.excess)
+        return out
+
+    def meter(self, metered: Mapping[Domain, float]) -> None:
+        """Fold the facility meter's readings in, once the replicas holding room are counted:
+        a budgeted domain whose meter reads more than is counted for it holds the meter's
+        figure (the larger of reserved and measured), and what is placed or freed after moves
+        it from there."""
+        self.excess = {
+            d: w - self.held[d] for d, w in metered.items() if d in self.held and w > self.held[d]
+        }
+
+    def level(self, domain: Domain) -> float:
+        """What a domain holds as placement counts it: what is counted, or its meter's
+        reading where that is more."""
+        return self.held[domain] + self.excess.get(domain, 0.0)
 
     def _gpu(self, node_id: str, index: int) -> GpuPower:
         return self.gpus.get(node_id, {}).get(index) or GpuPower()
@@ -303,7 +365,7 @@ class Ledger:
     def over(self, domain: Domain) -> bool:
         """Whether a domain holds more than its limit already (its GPUs drew more than
         their estimate, or the budget was lowered): it takes no new replica at all."""
-        return self.held[domain] > self.budgets[domain].limit_w + EPSILON
+        return self.level(domain) > self.budgets[domain].limit_w + EPSILON
 
     def refusal(
         self,
@@ -320,9 +382,12 @@ class Ledger:
             return None
         need = self.need(node_id, indices, cores, declared_w)
         for domain in domains:
-            budget, held = self.budgets[domain], self.held[domain]
+            budget, held = self.budgets[domain], self.level(domain)
             limit = budget.limit_w
-            how = f" ({budget.said})" if budget.said else ""
+            said = [budget.said] if budget.said else []
+            if self.excess.get(domain):
+                said.append("as its meter reads")
+            how = f" ({', '.join(said)})" if said else ""
             start = f"node {node_id} is in {domain[0]} {domain[1]}: {watts(max(held, 0))} of"
             if self.over(domain):
                 return (
@@ -351,7 +416,7 @@ class Ledger:
 
     def left_in(self, domains: Iterable[Domain]) -> float | None:
         """The watts left in the fullest of these budgeted domains; None for none."""
-        return min((self.budgets[d].limit_w - self.held[d] for d in domains), default=None)
+        return min((self.budgets[d].limit_w - self.level(d) for d in domains), default=None)
 
     def unknown(
         self,

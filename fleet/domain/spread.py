@@ -18,11 +18,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
-from .power import PDU_LABEL, RACK_LABEL, ZONE_LABEL, pdus_of
+from .power import (
+    PDU_LABEL,
+    RACK_LABEL,
+    ROOM_LABEL,
+    ROW_LABEL,
+    SITE_LABEL,
+    ZONE_LABEL,
+    pdus_of,
+)
 
-ROW_LABEL = "llmgw.io/row"
-ROOM_LABEL = "llmgw.io/room"
-SITE_LABEL = "llmgw.io/site"
 # The places spreading counts, smallest first: the order of its key.
 LEVELS = ("rack", "pdu", "row", "room", "zone", "site")
 TREE = (("row", ROW_LABEL), ("room", ROOM_LABEL), ("zone", ZONE_LABEL), ("site", SITE_LABEL))

@@ -242,8 +242,8 @@ class Measured:
 
     max_concurrency: int
     tok_per_sec: float
-    # What one replica drew while it was measured, in watts; None: not measured (`ctl
-    # bench` does not record power yet).
+    # What one replica drew while it was measured, in watts (`PUT /models/NAME/capacity`'s
+    # `watts`); None: not measured.
     watts: float | None = None
 
 

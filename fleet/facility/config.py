@@ -31,13 +31,13 @@ import yaml
 
 from ..domain.conditions import KINDS, Domain, Thresholds
 
-# What each Prometheus signal is read as (conditions.Readings); power_watts is accepted and
-# not read by conditions (a domain's draw is the agents', docs/facility.md).
+# What each Prometheus signal is read as (conditions.Readings); power_watts is a domain's
+# draw as the facility meters it, read by budgets (power.Metered), not by conditions.
 SIGNALS = {
     "inlet_temp_c": "inlet_c",
     "cooling_alarm": "cooling_alarm",
     "gpu_temp_c": "hottest_gpu_c",
-    "power_watts": "",
+    "power_watts": "power_w",
 }
 DEFAULT_STALE_S = 120.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\Z")

@@ -18,6 +18,7 @@ from django.core.cache import cache
 
 from ..domain.conditions import Domain, Sample, State, fresh, step
 from ..domain.plan import Event
+from ..domain.power import Metered, metered_fresh
 from ..models import DomainCondition
 from .agents import agents_samples
 from .config import Config, ConfigError, config_load
@@ -38,6 +39,9 @@ _FAILED_SINCE: dict[str, float] = {}
 # reconciler in another process is heard), else the serving process's own memory, where
 # the embedded reconciler runs.
 FAILURES_KEY = "llmgw-facility-sources-failed"
+# Where the facility meter's last readings (a Prometheus `power_watts` signal) are kept for
+# placement and `ctl facility list`, the same way; each reader keeps the fresh ones.
+METERED_KEY = "llmgw-facility-metered"
 
 
 def _stamp(path: Path) -> tuple:
@@ -96,15 +100,25 @@ def samples_read(config: Config, now: float) -> list[Sample]:
     out: list[Sample] = []
     if config.agents:
         out.extend(agents_samples(stale_after=config.agents_stale_after))
+    prom: PrometheusSource | None = None
     for name in [k for k in FAILED if k.startswith("prometheus ")]:
         FAILED.pop(name)  # said again below while it still fails; gone with its signal
     if config.signals and (hit := _loaded.get("config")) is not None and hit[2] is not None:
-        prom: PrometheusSource = hit[2]
+        prom = hit[2]
         out.extend(prom.samples())
         FAILED.update({f"prometheus {n}": why for n, why in prom.failed.items()})
+    # The meter's draws go to budgets, not conditions: kept for placement and the listing.
+    cache.set(METERED_KEY, [tuple(m) for m in prom.power] if prom else [], timeout=None)
     if config.simulated is not None and (replay := _replay(config.simulated)) is not None:
         out.extend(replay.samples(now))
     return out
+
+
+def metered_now(now: float) -> dict[Domain, float]:
+    """Each domain's draw as the facility's meter last read it, fresh readings only
+    (power.metered_fresh); empty with no `power_watts` signal."""
+    found = cache.get(METERED_KEY) or []
+    return metered_fresh([Metered((d[0], d[1]), w, at, stale) for d, w, at, stale in found], now)
 
 
 def _seconds(at: datetime | None) -> float | None:
@@ -259,3 +273,4 @@ def caches_clear() -> None:
     FAILED.clear()
     _FAILED_SINCE.clear()
     cache.delete(FAILURES_KEY)
+    cache.delete(METERED_KEY)

@@ -1,5 +1,7 @@
 """Facility readings from Prometheus: each configured signal an instant query, each series
-of its answer a domain, named by the signal's label (config.Signal).
+of its answer a domain, named by the signal's label (config.Signal). `power_watts` is each
+domain's draw as the facility meters it (`PrometheusSource.power`), for budgets, not
+conditions.
 
 Prometheus answers an instant query at the time it is asked, and leaves out a series it has
 not scraped within its lookback (5 min) or whose target is down: such a domain has no
@@ -16,6 +18,7 @@ import math
 import httpx
 
 from ..domain.conditions import Readings, Sample
+from ..domain.power import Metered
 from .config import SIGNALS, Signal
 
 TIMEOUT_S = 2.0
@@ -85,6 +88,8 @@ class PrometheusSource:
         self.url, self.signals = url, signals
         self.last: dict[str, list[Sample]] = {}
         self.failed: dict[str, str] = {}
+        # The `power_watts` signal's last good answer: each domain's draw as metered.
+        self.power: list[Metered] = []
 
     def samples(self) -> list[Sample]:
         """Every signal's samples: this answer's, or the last one's where Prometheus gave
@@ -110,6 +115,18 @@ class PrometheusSource:
                 self.failed[signal.name] = str(exc)
             else:
                 self.failed.pop(signal.name, None)
+                if SIGNALS[signal.name] == "power_w":
+                    self.power = [
+                        Metered(
+                            (signal.kind, str(labels[signal.domain_label])),
+                            value,
+                            at,
+                            signal.stale_after,
+                        )
+                        for labels, at, value in answer
+                        if labels.get(signal.domain_label) and value > 0
+                    ]
+                    continue
                 self.last[signal.name] = [
                     Sample(
                         (signal.kind, str(labels[signal.domain_label])), r, at, signal.stale_after

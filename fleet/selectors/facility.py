@@ -5,21 +5,22 @@ for the cluster page, `GET /facility` and `llmgw ctl facility list`."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import FloatField, IntegerField, JSONField, Q, Value
+from django.db.models import FloatField, IntegerField, JSONField, Value
 from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load
 
 from ..domain.power import (
+    BUDGET_LABELS,
     DERATING,
     EPSILON,
-    PDU_LABEL,
-    RACK_LABEL,
+    KINDS,
     Budget,
     Figures,
     GpuPower,
@@ -29,9 +30,11 @@ from ..domain.power import (
     domains_of,
     draws,
     kilowatts,
+    measured,
     watts,
 )
 from ..domain.types import HOLDING, NodeView, ReplicaView
+from ..facility.observe import metered_now
 from ..models import Node, PowerBudget
 
 _CHUNK = 500
@@ -99,7 +102,11 @@ def power_load(
     budgets = budgets_load()
     if not budgets:
         return Power()
-    extra = {"declared": declared_load(models or {}), "figures": figures_load()}
+    extra = {
+        "declared": declared_load(models or {}),
+        "figures": figures_load(),
+        "metered": metered_now(time.time()),
+    }
     budgeted = {(b.kind, b.name) for b in budgets}
     under = {n for n, v in nodes.items() if budgeted & set(domains_of(v.labels))}
     if not under:
@@ -189,7 +196,7 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
     in the labels' column."""
     none = Value(None, output_field=FloatField())
     nodes = (
-        Node.objects.filter(Q(labels__has_key=RACK_LABEL) | Q(labels__has_key=PDU_LABEL))
+        Node.objects.filter(labels__has_any_keys=list(BUDGET_LABELS))
         .annotate(
             tag=Value("node"),
             gpu_load=KeyTransform("gpus", "load"),
@@ -300,8 +307,11 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
     budgets = {(b.kind, b.name): b for b in budgeted}
     node_domains = [tuple(d for d in domains_of(ls) if d in budgets) for _, ls, _, _ in located]
     base = bases(budgets.values(), node_domains, figures)
+    metered = metered_now(time.time())
     out = []
-    for key in sorted(drawn.keys() | budgets.keys(), key=lambda k: (k[0] != "rack", k[1])):
+    # Every rack and PDU; a row, room or site only when it has a budget.
+    shown = {k for k in drawn if k[0] in ("rack", "pdu")} | budgets.keys()
+    for key in sorted(shown, key=lambda k: (KINDS.index(k[0]), k[1])):
         d = drawn.get(key)
         out.append(
             Domain(
@@ -310,7 +320,7 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
                 nodes=nodes.get(key, 0),
                 gpus=gpus.get(key, 0),
                 estimated_w=d.estimated_w if d else 0.0,
-                measured_w=d.measured_w if d else None,
+                measured_w=measured(d.measured_w if d else None, metered.get(key)),
                 unknown_gpus=d.unknown_gpus if d else 0,
                 budget_w=budgets[key].cap_w if key in budgets else None,
                 silent_gpus=silent.get(key, 0),

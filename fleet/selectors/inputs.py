@@ -57,7 +57,11 @@ class Revised:
 
 def measured_load() -> dict[tuple[str, str], Measured]:
     """Every usable benchmark result, keyed (model, profile)."""
-    return {k: Measured(c, t) for k, (c, t) in measurements_load().items() if c > 0 and t > 0}
+    return {
+        k: Measured(c, t, w or None)
+        for k, (c, t, w) in measurements_load().items()
+        if c > 0 and t > 0
+    }
 
 
 POLICY = Revised("capacity quotas", quota_policy_revision, quota_policy_load, Policy())

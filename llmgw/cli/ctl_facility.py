@@ -19,8 +19,8 @@ HEADERS = ["KIND", "NAME", "NODES", "GPUS", "RESERVED W", "MEASURED W", "BUDGET 
 LEGEND = (
     "RESERVED W: per GPU held by a replica, the larger of its power limit and its measured "
     "draw, with each node's own share and the other equipment declared; MEASURED W: what "
-    "its agents measured the GPUs draw; BUDGET W: the cap, and what placement loads it to "
-    "after its margin."
+    "the facility's meter reads (a power_watts signal), else what its agents measured the "
+    "GPUs draw; BUDGET W: the cap, and what placement loads it to after its margin."
 )
 NOTHING = (
     "No node has a llmgw.io/rack or llmgw.io/pdu label and no budget is set: "
@@ -197,8 +197,10 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
     actions = facility.add_subparsers(dest="action", required=True, metavar="ACTION")
     add(actions, "list", "every rack and PDU, with what it draws and its budget", cmd_facility_list)
     setting = add(actions, "set", "set the most a rack or PDU may draw, in watts", cmd_facility_set)
-    setting.add_argument("kind", metavar="KIND", help="rack or pdu")
-    setting.add_argument("name", metavar="NAME", help="the nodes' llmgw.io/rack or pdu label")
+    setting.add_argument("kind", metavar="KIND", help="rack, pdu, row, room or site")
+    setting.add_argument(
+        "name", metavar="NAME", help="the nodes' llmgw.io/rack, pdu, row, room or site label"
+    )
     setting.add_argument(
         "watts", metavar="WATTS", type=positive_number, nargs="?", help="e.g. 16000"
     )
@@ -211,7 +213,7 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
         "--other-watts", dest="other_watts", type=float, help="switches, storage: e.g. 1200"
     )
     clearing = add(actions, "clear", "remove a rack's or PDU's budget", cmd_facility_clear)
-    clearing.add_argument("kind", metavar="KIND", help="rack or pdu")
+    clearing.add_argument("kind", metavar="KIND", help="rack, pdu, row, room or site")
     clearing.add_argument("name", metavar="NAME")
     add(
         actions,

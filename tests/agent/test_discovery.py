@@ -252,6 +252,20 @@ def test_zone_rack_and_pdu_flags_set_the_well_known_labels():
         location_labels(zone=None, rack=None, pdu="p-a,")
 
 
+def test_row_room_and_site_flags_set_the_location_trees_labels():
+    args = build_parser().parse_args(["--row", " 12 ", "--room", "hall-b", "--site", "sto1"])
+    said = dict(row=args.row, room=args.room, site=args.site)
+    assert location_labels(zone=None, rack=None, pdu=None, **said) == {
+        "llmgw.io/row": "12",
+        "llmgw.io/room": "hall-b",
+        "llmgw.io/site": "sto1",
+    }
+    with pytest.raises(ValueError, match="--room: 'hall b' is not a room's name"):
+        location_labels(zone=None, rack=None, pdu=None, room="hall b")
+    with pytest.raises(ValueError, match="--site: a site's name is at most 63 characters"):
+        location_labels(zone=None, rack=None, pdu=None, site="s" * 64)
+
+
 def test_labels_come_from_a_file_one_key_value_a_line(tmp_path):
     path = tmp_path / "labels"
     path.write_text("# where it is\nllmgw.io/rack = r12-07\n\nteam=ml\n")

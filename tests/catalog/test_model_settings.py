@@ -285,7 +285,7 @@ def test_a_measurement_is_stored_with_when_and_by_whom_and_listed(api):
     assert saved["measured_at"]
     listed = api.call("GET", "/capacity").json()
     assert listed == [saved]
-    assert measurements_load() == {("mixed", "gpu"): (16, 500.0)}
+    assert measurements_load() == {("mixed", "gpu"): (16, 500.0, None)}
 
 
 def test_a_new_measurement_replaces_the_one_before_for_that_profile(api):
@@ -307,11 +307,38 @@ def test_a_new_measurement_replaces_the_one_before_for_that_profile(api):
         {"profile": "gpu", "max_concurrency": 8, "tok_per_sec": 300},
     )
 
-    assert measurements_load() == {("mixed", "gpu"): (8, 300.0), ("mixed", "cpu"): (2, 9.5)}
+    assert measurements_load() == {
+        ("mixed", "gpu"): (8, 300.0, None),
+        ("mixed", "cpu"): (2, 9.5, None),
+    }
     assert [(m["profile"], m["max_concurrency"]) for m in api.call("GET", "/capacity").json()] == [
         ("cpu", 2),
         ("gpu", 8),
     ]
+
+
+def test_a_measurement_may_say_what_one_replica_drew_and_placement_reads_it(api):
+    from fleet.domain.types import Measured
+    from fleet.selectors.inputs import measured_load
+
+    api.call("POST", "/models", two_profiles())
+    body = {"profile": "gpu", "max_concurrency": 8, "tok_per_sec": 300, "watts": 1400}
+
+    saved = api.call("PUT", "/models/mixed/capacity", body).json()
+
+    assert saved["watts"] == 1400.0
+    assert api.call("GET", "/capacity").json()[0]["watts"] == 1400.0
+    # what orders profiles by tokens per watt (fleet/domain/measured.py)
+    assert measured_load()[("mixed", "gpu")] == Measured(8, 300.0, 1400.0)
+    for bad in (0, -5, math.inf, "1400", True):
+        refused = api.call("PUT", "/models/mixed/capacity", body | {"watts": bad})
+        assert refused.status_code in (400, 422), bad
+    assert Measurement.objects.get().watts == 1400.0
+    unsaid = api.call(
+        "PUT", "/models/mixed/capacity", {k: v for k, v in body.items() if k != "watts"}
+    )
+    assert unsaid.json()["watts"] is None  # a new measurement without power: not measured
+    assert measured_load()[("mixed", "gpu")] == Measured(8, 300.0, None)
 
 
 def test_a_declared_model_may_be_measured(api):
@@ -442,7 +469,7 @@ def test_the_measurements_load_in_one_query(api, django_assert_num_queries):
         listed = catalog_selectors.measurements_list()
 
     assert len(loaded) == len(listed) == 3
-    assert all(math.isclose(t, 10.0) for _, t in loaded.values())
+    assert all(math.isclose(t, 10.0) for _, t, _ in loaded.values())
 
 
 def test_a_model_added_with_an_owner_by_name_is_stored_by_id(api):

@@ -20,6 +20,7 @@ from fleet.domain.power import (
     Ledger,
     Power,
     budget_refusal,
+    domains_of,
     feed_cap,
 )
 
@@ -288,3 +289,31 @@ def test_a_cpu_replica_of_unknown_draw_is_placed_and_its_reason_says_why():
 def test_figures_that_make_no_budget_are_refused_in_a_sentence(figures, says):
     said = budget_refusal(*figures)
     assert said is None if says is None else says in said
+
+
+@pytest.mark.parametrize(
+    ("labels", "domains"),
+    [
+        ({}, ()),
+        ({RACK_LABEL: "r1"}, (("rack", "r1"),)),
+        (
+            {RACK_LABEL: "r1", PDU_LABEL: "a,b", "llmgw.io/row": "12", "llmgw.io/room": "hall-b",
+             "llmgw.io/site": "sto1", "llmgw.io/zone": "z"},
+            (("rack", "r1"), ("pdu", "a"), ("pdu", "b"), ("row", "12"), ("room", "hall-b"),
+             ("site", "sto1")),
+        ),
+        ({"llmgw.io/row": " 12 ", "llmgw.io/site": ""}, (("row", "12"),)),
+    ],
+)  # fmt: skip
+def test_a_node_is_under_the_budgets_of_its_rack_pdus_row_room_and_site(labels, domains):
+    assert domains_of(labels) == domains
+
+
+def test_a_row_budget_binds_the_racks_in_it_together():
+    labels = {n: {RACK_LABEL: f"r{n}", "llmgw.io/row": "b"} for n in ("1", "2")}
+    book = ledger(Budget("row", "b", 2100), nodes=labels, gpus=limits("1", "2"))
+    book.take("1", (0, 1))
+    assert book.refusal("2", (0,)) is None
+    assert book.refusal("2", (0, 1)) == (
+        "node 2 is in row b: 1,400 of 2,100 W held, this replica needs ~1,400 W"
+    )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -76,7 +77,8 @@ def test_a_budget_is_set_listed_replaced_and_cleared(api):
         ({"kind": "rack", "name": "r1", "watts": -5}, 400, "watts must be a number above 0"),
         ({"kind": "rack", "name": "r1", "watts": 0}, 400, "watts must be a number above 0"),
         ({"kind": "rack", "name": "r1", "watts": 1e12}, 400, "at most 10,000,000"),
-        ({"kind": "row", "name": "r1", "watts": 100}, 400, "for a rack or a pdu, not 'row'"),
+        ({"kind": "zone", "name": "z", "watts": 100}, 400, "a room or a site, not 'zone'"),
+        ({"kind": "row", "name": "b 12", "watts": 100}, 400, "is not a row's name"),
         ({"kind": "rack", "name": "r 1/2", "watts": 100}, 400, "is not a rack's name"),
         ({"kind": "rack", "name": "-r1", "watts": 100}, 400, "is not a rack's name"),
         ({"kind": "rack", "name": "r" * 64, "watts": 100}, 400, "at most 63 characters, not 64"),
@@ -130,7 +132,7 @@ def test_a_dual_fed_budget_with_a_margin_and_other_equipment_is_listed_with_its_
 
 
 def test_clearing_a_budget_by_a_bad_kind_or_name_is_refused(api):
-    assert api.call("DELETE", "/facility/budgets/row/r1").status_code == 400
+    assert api.call("DELETE", "/facility/budgets/zone/r1").status_code == 400
     assert api.call("DELETE", "/facility/budgets/rack/-x").status_code == 400
 
 
@@ -360,3 +362,78 @@ def test_the_snapshot_reads_power_only_for_nodes_under_a_budget(api, monkeypatch
     power = facility.power_load(node_views())
     assert [b.name for b in power.budgets] == ["r1"]
     assert power.gpus == {"gpu-a": {0: GpuPower(700, 90), 1: GpuPower(700, 90)}}
+
+
+def test_a_racks_metered_draw_is_listed_and_counted_by_placement(
+    api, no_settle, settings, tmp_path, monkeypatch
+):
+    import time
+    from dataclasses import replace
+
+    from fleet.facility import prometheus
+    from fleet.metrics.collector import fleet_text
+
+    (tmp_path / "sources.yml").write_text(
+        "facility:\n"
+        "  prometheus: http://monitoring:9090\n"
+        "  signals:\n"
+        "    power_watts: {query: sum by (rack) (pdu_outlet_power_watts), domain_label: rack}\n"
+    )
+    settings.LLMGW = replace(settings.LLMGW, facility_sources=tmp_path / "sources.yml")
+    draw = {"w": 1900.0}
+    monkeypatch.setattr(
+        prometheus, "instant", lambda url, query: [({"rack": "r1"}, time.time(), draw["w"])]
+    )
+    for node_id in ("gpu-a", "gpu-b"):
+        node_add(node_id, now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+        powered(node_id, draw=300)  # the agents see 300 W a GPU; the meter sees the rack
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 2000})
+    model_added(gpu_model("chat", scaling={"min": 1}))
+
+    reconcile_once(now=T0)
+
+    # 1,900 W metered of 2,000: a 700 W replica does not fit, though none is counted yet.
+    assert Replica.objects.count() == 0
+    said = [r for e in ModelState.objects.get(pk="chat").explanation for r in e["reasons"]]
+    assert any("1,900 of 2,000 W held (as its meter reads), this replica" in r for r in said), said
+    (rack,) = api.call("GET", "/facility").json()
+    assert (rack["measured_w"], rack["over"]) == (1900.0, False)
+    assert 'llmgw_domain_measured_watts{kind="rack",name="r1"} 1900.0' in fleet_text()
+
+    draw["w"] = 800.0  # the meter reads less: placement counts what it reserves
+    reconcile_once(now=T0 + timedelta(seconds=30))
+    assert Replica.objects.count() == 1
+
+
+def test_a_row_room_or_site_budget_is_set_listed_and_binds_placement_over_its_racks(api, no_settle):
+    for node_id, rack in (("gpu-a", "r1"), ("gpu-b", "r2")):
+        node_add(
+            node_id,
+            now=T0,
+            gpus=(H100, H100),
+            labels={RACK: rack, "llmgw.io/row": "b", "llmgw.io/site": "sto1"},
+        )
+        powered(node_id)
+    for kind, name, w in (("row", "b", 2000), ("room", "hall-b", 9000), ("site", "sto1", 10**6)):
+        answer = api.call("PUT", "/facility/budgets", {"kind": kind, "name": name, "watts": w})
+        assert answer.status_code == 200, answer.content
+    model_added(gpu_model("chat", scaling={"min": 4}))
+
+    reconcile_once(now=T0)
+
+    # Each rack alone has room for two; the row they share, 2,000 W, for two in all.
+    assert Replica.objects.count() == 2
+    said = [r for e in ModelState.objects.get(pk="chat").explanation for r in e["reasons"]]
+    assert any("is in row b: 1,400 of 2,000 W held, this replica needs ~700 W" in r for r in said)
+    listed = api.call("GET", "/facility").json()
+    # Racks, then the row, room and site budgeted; a room no node is in holds nothing.
+    assert [(d["kind"], d["name"], d["nodes"], d["estimated_w"]) for d in listed] == [
+        ("rack", "r1", 1, 700.0),  # spread over the racks: one each
+        ("rack", "r2", 1, 700.0),
+        ("row", "b", 2, 1400.0),
+        ("room", "hall-b", 0, 0.0),
+        ("site", "sto1", 2, 1400.0),
+    ]
+    assert api.call("DELETE", "/facility/budgets/row/b").status_code == 200
+    reconcile_once(now=T0 + timedelta(seconds=30))
+    assert Replica.objects.count() == 4

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from fleet.domain.conditions import Readings, Sample, fresh
+from fleet.domain.power import metered_fresh
 from fleet.facility.config import ConfigError, Signal, config_load
 from fleet.facility.prometheus import PrometheusSource
 from fleet.facility.simulated import replay_load
@@ -51,6 +52,7 @@ crac_alarm{row="12",unit="crac-3"} 1
 crac_alarm{row="13",unit="crac-4"} 0
 # TYPE pdu_outlet_power_watts gauge
 pdu_outlet_power_watts{pdu="r12-07-a",outlet="1"} 700
+pdu_outlet_power_watts{pdu="r12-07-a",outlet="2"} 1500
 """
 
 
@@ -178,7 +180,7 @@ def test_the_prometheus_source_maps_each_series_to_its_domain_and_ages_when_prom
         samples: list[Sample] = []
         while time.monotonic() < deadline:
             samples = source.samples()
-            if {s.domain for s in samples} >= {("rack", "r12-07"), ("row", "12")}:
+            if {s.domain for s in samples} >= {("rack", "r12-07"), ("row", "12")} and source.power:
                 break
             time.sleep(0.5)
         by = {s.domain: s for s in samples}
@@ -188,6 +190,8 @@ def test_the_prometheus_source_maps_each_series_to_its_domain_and_ages_when_prom
         assert by[("row", "12")].readings == Readings(cooling_alarm=True)
         assert by[("row", "13")].readings == Readings(cooling_alarm=False)
         assert ("pdu", "r12-07-a") not in by  # power is not a condition's signal
+        # but the PDU's metered draw, its outlets summed by the query, for budgets
+        assert metered_fresh(source.power, time.time()) == {("pdu", "r12-07-a"): 2200.0}
         assert source.failed == {}
         asked = by[("rack", "r12-07")].at
         assert abs(asked - time.time()) < 30
@@ -203,6 +207,8 @@ def test_the_prometheus_source_maps_each_series_to_its_domain_and_ages_when_prom
         readings, newest = fresh(kept, asked + 121)
         assert readings == {}  # past stale_after: absent, so unknown
         assert newest[("rack", "r12-07")] == asked
+        assert metered_fresh(source.power, time.time()) == {("pdu", "r12-07-a"): 2200.0}
+        assert metered_fresh(source.power, asked + 121) == {}  # past stale_after: no draw
     finally:
         if prometheus.poll() is None:
             prometheus.terminate()

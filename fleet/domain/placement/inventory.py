@@ -129,6 +129,8 @@ class Inventory:
                     self._model_nodes[replica.model].add(shard.node_id)
                 if self.spread is not None:
                     self.spread.add(replica.model, replica.nodes)
+        if self.ledger is not None and self._power is not None:
+            self.ledger.meter(self._power.metered)
         for model, held in list(self.reserved.items()):
             self.reserved.pop(model)
             self.keep(model, held)
