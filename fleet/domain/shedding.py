@@ -165,10 +165,11 @@ def _standing(ctx: Context) -> dict[str, list[tuple[ReplicaView, ModelSpec, bool
     }
 
 
-def _placer(p: Pass) -> Callable[[Candidate, frozenset[str]], Placement | None]:
+def _placer(p: Pass, reserve: bool) -> Callable[[Candidate, frozenset[str]], Placement | None]:
     """Where a shed replica's replacement goes, avoiding the nodes given: as its model's own
     step places (starting.py), on a node not running the model yet if there is one, within
-    its owner's limits; None when nowhere."""
+    its owner's limits; None when nowhere. With `reserve` (enforced), its room is taken at
+    once, so the next domain's move in this pass cannot choose it too."""
     inv: Inventory = p.inv
     ctx: Context = p.ctx
     usage: dict[str, Amount] = dict(ctx.usage)
@@ -185,6 +186,8 @@ def _placer(p: Pass) -> Callable[[Candidate, frozenset[str]], Placement | None]:
                     return None
                 for scope in ctx.policy.chain(m.owner):
                     usage[scope] = usage.get(scope, ZERO) + need
+                if reserve:
+                    inv.reserve(m.name, placed)
                 return placed
         return None
 
@@ -201,7 +204,7 @@ def shed(p: Pass) -> None:
         return  # the usual pass, hot or not: nothing read, the inventory not built
     node_domains = {n: domains_of(node.labels) for n, node in p.snap.nodes.items()}
     busy = in_flight(p.ctx.alive, node_domains)
-    moves, why = plan_shed(fac, node_domains, _standing(p.ctx), busy, _placer(p))
+    moves, why = plan_shed(fac, node_domains, _standing(p.ctx), busy, _placer(p, fac.enforce))
     for move in moves:
         _do(move, p, fac.enforce)
     for (kind, name), said in why:
@@ -230,7 +233,7 @@ def _do(move: Shed, p: Pass, enforce: bool) -> None:
         p.states[name] = replace(state, explanation=(*kept, {"profile": SHED, "reasons": [said]}))
     if not enforce:
         return
-    _start(c.model, move.to, p)
+    _start(c.model, move.to, p, reserved=True)  # taken as the move was chosen (_placer)
     p.plan.retires.append(Retire(c.replica.id, move.said))
     p.ctx.taken.add(c.replica.id)
     p.live[name] = p.live.get(name, 0) - 1

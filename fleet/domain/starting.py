@@ -173,10 +173,13 @@ def _avoid(model: ModelSpec, inv: Inventory) -> frozenset[str]:
     return frozenset(inv.model_nodes.get(model.name, ()))
 
 
-def _start(model: ModelSpec, placed: Placement, p: Pass) -> None:
+def _start(model: ModelSpec, placed: Placement, p: Pass, reserved: bool = False) -> None:
+    """Start a replica on `placed`, its room taken from the inventory unless `reserved`
+    already (shedding takes it as it chooses, so two moves of a pass never share it)."""
     replica_id = p.new_id(model.name)
     shards = tuple((shard_id(replica_id, s.rank), s) for s in placed.shards)
-    p.inv.reserve(model.name, placed)
+    if not reserved:
+        p.inv.reserve(model.name, placed)
     where = ", ".join(s.node_id for s in placed.shards)
     # What the choice went by beyond the usual order: the spread over racks, a draw that
     # could not be counted against a budget.

@@ -193,6 +193,27 @@ def test_a_pass_starts_the_replacement_elsewhere_and_retires_the_shed_replica():
     assert "shed batch-a of batch off rack r1 to b1: hot for 12 min (inlet 34 °C)" in plan.events
 
 
+def test_two_domains_shedding_in_one_pass_never_take_the_same_room():
+    # r1 and r2 hot; the one free GPU outside them (c1's) takes one replacement, not two.
+    batch = model("batch", min=2, capacity_class="opportunistic")
+    snap = snapshot(
+        [racked("a1", "r1"), racked("b1", "r2"), gpu_node("c1", gpus=1, labels={RACK_LABEL: "r3"})],
+        [batch],
+        [
+            replica("batch-a", "batch", on="a1", gpus=(0,)),
+            replica("batch-b", "batch", on="b1", gpus=(0,)),
+        ],
+    )
+    at = NOW.timestamp()
+    snap = replace(snap, facility=fac({R1: hot(at - 700), R2: hot(at - 700)}, now=at))
+
+    plan = run(snap)
+
+    assert [[sh.node_id for _, sh in s.shards] for s in plan.starts] == [["c1"]]
+    assert len(plan.retires) == 1
+    assert "rack r2 is hot and no replica on it has room elsewhere" in plan.events
+
+
 def test_observe_only_says_it_would_have_shed_and_does_nothing():
     chat = model("chat", min=1)
     snap = snapshot(
