@@ -55,18 +55,25 @@ def instant(url: str, query: str) -> list[tuple[dict, float, float]]:
     if not isinstance(body, dict) or body.get("status") != "success":
         error = body.get("error") if isinstance(body, dict) else None
         raise Unanswered(f"Prometheus at {url} refused {query!r} ({answer.status_code}): {error}.")
-    data = body.get("data") or {}
-    if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+    data = body.get("data")
+    if (
+        not isinstance(data, dict)
+        or data.get("resultType") != "vector"
+        or not isinstance(data.get("result"), list)
+    ):
         raise Unanswered(f"Prometheus at {url} answered no instant vector for {query!r}.")
     out = []
     for series in data["result"]:
+        pair = series.get("value") if isinstance(series, dict) else None
+        labels = series.get("metric") or {} if isinstance(series, dict) else None
+        if not isinstance(pair, list) or len(pair) != 2 or not isinstance(labels, dict):
+            continue  # not a sample: skipped, the others kept
         try:
-            at, text = series["value"]
-            value = float(text)
-        except (KeyError, TypeError, ValueError):
+            at, value = float(pair[0]), float(pair[1])
+        except (TypeError, ValueError):
             continue
         if math.isfinite(value):
-            out.append((series.get("metric") or {}, float(at), value))
+            out.append((labels, at, value))
     return out
 
 

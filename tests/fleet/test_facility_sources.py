@@ -239,3 +239,38 @@ def test_a_prometheus_that_does_not_answer_is_asked_once_for_all_its_signals(mon
     assert source.samples() == []
     assert asked == ["q_inlet_temp_c"]
     assert set(source.failed) == {"inlet_temp_c", "gpu_temp_c"}
+
+
+@pytest.mark.parametrize(
+    ("body", "kept"),
+    [
+        ({"status": "success", "data": ["not", "an", "object"]}, None),
+        ({"status": "success", "data": None}, None),
+        # A series whose labels are not an object, or whose value is not a pair, is skipped;
+        # the others are kept.
+        (
+            {
+                "status": "success",
+                "data": {
+                    "resultType": "vector",
+                    "result": [
+                        {"metric": ["rack", "r1"], "value": [1, "30"]},
+                        {"metric": {"rack": "r2"}, "value": "31"},
+                        {"metric": {"rack": "r3"}, "value": [1, "32"]},
+                    ],
+                },
+            },
+            [({"rack": "r3"}, 1.0, 32.0)],
+        ),
+    ],
+)
+def test_an_odd_answer_from_prometheus_is_refused_or_skipped_never_raised(monkeypatch, body, kept):
+    from fleet.facility import prometheus
+
+    answer = httpx.Response(200, json=body)
+    monkeypatch.setattr(prometheus.httpx, "get", lambda *a, **k: answer)
+    if kept is None:
+        with pytest.raises(prometheus.Unanswered, match="no instant vector"):
+            prometheus.instant("http://p:9090", "q")
+    else:
+        assert prometheus.instant("http://p:9090", "q") == kept
