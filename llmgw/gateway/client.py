@@ -362,9 +362,11 @@ class Pool:
         return conn
 
     def _head(self, url: str, path: str, authorization: str) -> bytes:
-        host = urlsplit(url).netloc
+        parts = urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]  # no userinfo in Host
+        target = parts.path.rstrip("/") + path  # under the endpoint's own path, if it has one
         start = (
-            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {authorization}\r\n"
+            f"POST {target} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {authorization}\r\n"
             "Content-Type: application/json\r\n"
         ).encode("latin-1")
         if len(self._heads) > 10_000:

@@ -119,6 +119,20 @@ async def test_a_connection_the_engine_closed_while_idle_is_replaced_unseen():
     assert engine.connections == 2
 
 
+async def test_an_endpoint_with_a_path_is_asked_under_it_and_its_userinfo_is_not_the_host():
+    ok = [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]
+    engine = Engine([ok, ok])
+    async with engine as url:
+        pool = Pool()
+        assert await ask(pool, url + "/serve/") == (200, "", b"ok")
+        hostport = url.removeprefix("http://")
+        assert await ask(pool, f"http://user:pw@{hostport}") == (200, "", b"ok")
+        await pool.close()
+    first, second = (r.split(b"\r\n")[:2] for r in engine.requests)
+    assert first == [b"POST /serve/v1/chat/completions HTTP/1.1", b"Host: " + hostport.encode()]
+    assert second == [b"POST /v1/chat/completions HTTP/1.1", b"Host: " + hostport.encode()]
+
+
 async def test_an_answer_to_the_close_ends_there_and_is_not_kept():
     async with Engine([[b"HTTP/1.1 200 OK\r\n\r\nall of it"]]) as url:
         pool = Pool()
