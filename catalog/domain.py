@@ -633,6 +633,12 @@ def parse_adapter(data: Mapping, *, declared: bool = False) -> AdapterSpec:
             f"{where}: format must be peft (a folder with adapter_config.json and "
             f"adapter_model.safetensors) or gguf (a LoRA GGUF file), not {fmt!r}."
         )
+    if fmt == "gguf" and not _llama_path(source.strip()):
+        raise CatalogError(
+            f"{where}: a gguf adapter's source must be an absolute path on the nodes without "
+            f"':' or ',' (llama-server takes it at its start; the mirror does not fetch "
+            f"adapters yet), not {source.strip()!r}."
+        )
     rank = _int(data, "rank", None, where=where, minimum=1)
     if rank is None:
         raise CatalogError(f"{where}: rank is needed (the LoRA's r, as trained).")
@@ -659,6 +665,11 @@ def parse_adapter(data: Mapping, *, declared: bool = False) -> AdapterSpec:
         description=description,
         declared=declared,
     )
+
+
+def _llama_path(source: str) -> bool:
+    """Whether llama-server's `--lora-scaled PATH:SCALE` can carry `source` as its path."""
+    return source.startswith("/") and not any(c in source for c in ":,")
 
 
 def max_lora_rank(profile: Profile) -> int:

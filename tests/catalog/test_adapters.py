@@ -68,7 +68,7 @@ def test_an_adapter_is_added_on_its_base_and_listed_on_its_page(api, teams):
 REFUSED = {
     "a base not in the catalog": (an_adapter(base="nope"), "base model nope is not in the catalog"),
     "a format its engine cannot serve": (
-        an_adapter(format="gguf"),
+        an_adapter(format="gguf", source="/lora/support.gguf"),
         "base llama runs on vllm, which cannot serve a gguf adapter",
     ),
     "a rank above --max-lora-rank": (

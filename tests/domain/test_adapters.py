@@ -83,7 +83,7 @@ def test_a_base_that_is_not_in_the_catalog_is_refused():
 
 
 def test_an_engine_that_cannot_serve_the_format_is_refused():
-    why = adapter_refusal(adapter(format="gguf"), base(vllm()))
+    why = adapter_refusal(adapter(format="gguf", source="/lora/support.gguf"), base(vllm()))
     assert why == (
         "adapter acme-support: base llama runs on vllm, which cannot serve a gguf adapter "
         "(that needs llamacpp)."
@@ -107,7 +107,12 @@ def test_a_rank_above_the_profiles_max_lora_rank_is_refused():
 
 
 def test_llamacpp_has_no_rank_bound():
-    assert adapter_refusal(adapter(format="gguf", rank=256), base(llamacpp())) is None
+    assert (
+        adapter_refusal(
+            adapter(format="gguf", source="/lora/support.gguf", rank=256), base(llamacpp())
+        )
+        is None
+    )
 
 
 def test_the_adapters_own_files_are_believed_over_what_was_typed():
@@ -185,3 +190,13 @@ def test_a_rank_is_accepted_exactly_when_within_the_bound(rank, bound):
     b = base(vllm(args=[f"--max-lora-rank={bound}"]))
     assert max_lora_rank(b.profiles[0]) == bound
     assert (adapter_refusal(adapter(rank=rank), b) is None) == (rank <= bound)
+
+
+@pytest.mark.parametrize(
+    "source", ["hf://acme/sql-lora", "relative/sql.gguf", "/a,b/sql.gguf", "/a:b/sql.gguf"]
+)
+def test_a_gguf_adapter_is_a_path_llama_server_can_take(source):
+    data = {"name": "sql", "base": "llama", "source": source, "format": "gguf", "rank": 8}
+    with pytest.raises(CatalogError, match="a gguf adapter's source must be an absolute path"):
+        parse_adapter({**data, "owner": "team:1"})
+    assert parse_adapter({**data, "source": "/lora/sql.gguf", "owner": "team:1"}).format == "gguf"
