@@ -12,6 +12,8 @@ from datetime import datetime
 
 from django.db import transaction
 
+from catalog.selectors import adapters_load
+
 from .. import event_log
 from ..domain.causes import exit_said, summary as failure_summary
 from ..domain.endpoints import endpoint_refusal
@@ -225,6 +227,17 @@ def adapter_status_record(*, node_id: str, msg: AdapterStatus, now: datetime) ->
         )
         return
     replica = shard.replica
+    adapter = adapters_load().get(msg.name)
+    if adapter is None or adapter.base != replica.model:
+        # A node speaks only for its own replicas' adapters: else it could fail the load
+        # another replica was asked for, and the requests waiting on it.
+        refused(
+            "adapter_status_not_its_base",
+            f"node {node_id} sent adapter_status for adapter {msg.name} on replica "
+            f"{replica.id} of {replica.model}, which is not an adapter of that model; "
+            "nothing changed",
+        )
+        return
     said = failure_summary(msg.detail) if msg.detail else ""
     message = _ADAPTER_SAID[msg.state].format(
         name=msg.name,

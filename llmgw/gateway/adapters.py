@@ -40,6 +40,18 @@ LOADED: dict[tuple[str, str], float] = {}
 _asked: dict[str, tuple[float, str]] = {}
 
 
+def forget_gone(rt: State) -> None:
+    """Drop what is kept of replicas and adapters the tables no longer hold (a replica's id
+    changes with each start): without it these grow for the process's life."""
+    adapters = rt.tables.adapters
+    replicas = {u.replica_id for ups in rt.tables.upstreams.values() for u in ups}
+    for book in (USED, LOADED):
+        for key in [k for k in book if k[0] not in replicas or k[1] not in adapters]:
+            del book[key]
+    for name in [n for n, (_, r) in _asked.items() if n not in adapters or r not in replicas]:
+        del _asked[name]
+
+
 def not_holding(rt: State, model: str, tried: set[str]) -> set[str]:
     """`tried`, and, when `model` is an adapter, its base's replicas that do not hold it
     now: passed to `State.pick` as tried, so it chooses among the holders only (by the
@@ -60,7 +72,10 @@ def not_holding(rt: State, model: str, tried: set[str]) -> set[str]:
 
 def sent(rt: State, req: Request, up: Upstream) -> None:
     """Note that `up` serves its adapter now (its use, for the LRU), and tell a llama-server
-    holding adapters which to apply (`_lora_named`)."""
+    holding adapters which to apply (`_lora_named`). A caller's own `lora` is never passed
+    on: on a llama-server holding several teams' adapters it would pick any of them."""
+    if req.body.pop("lora", None) is not None:
+        req.body_changed = True
     if up.engine == "llamacpp":
         _lora_named(rt, req, up)
     if up.model in rt.tables.adapters:

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import connection
 
 from llmgw.core.outage import Outage
-from llmgw.gateway import metrics
+from llmgw.gateway import adapters, metrics
 from llmgw.gateway.answers import (
     MAX_BODY_BYTES,
     SHUTTING_DOWN,
@@ -253,6 +253,7 @@ class Runtime(State):
                     await self._flush()
                 now = time.monotonic()
                 self.suspect = {r: t for r, t in self.suspect.items() if t > now}
+                adapters.forget_gone(self)
                 self.session.sweep()
             except asyncio.CancelledError:
                 raise

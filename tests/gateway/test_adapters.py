@@ -156,6 +156,28 @@ async def test_a_load_that_fails_is_a_503_with_the_engines_words(served, gateway
     assert "needs --max-lora-rank" in error["message"]
 
 
+async def test_a_node_speaks_only_for_adapters_of_its_replicas_model(served):
+    from django.utils import timezone
+
+    from fleet.models import Event
+    from fleet.nodes.reports import adapter_status_record
+    from fleet.protocol import AdapterStatus
+
+    def said(name: str, state: str = "failed") -> None:
+        msg = AdapterStatus(type="adapter_status", shard_id="llama-1-0", name=name, state=state)
+        adapter_status_record(node_id="gpu-a", msg=msg, now=timezone.now())
+
+    def recorded() -> list[str]:
+        return list(
+            Event.objects.filter(kind__startswith="adapter_").values_list("model", flat=True)
+        )
+
+    await add(said, "not-an-adapter")
+    assert await add(recorded) == []  # refused: nothing a waiting request would read
+    await add(said, "ml-tone", "loaded")
+    assert await add(recorded) == ["ml-tone"]
+
+
 async def test_the_agents_word_that_it_loaded_routes_before_the_readings_say_it(
     served, gateway, monkeypatch, world
 ):
@@ -459,7 +481,29 @@ def test_a_llama_server_is_told_which_adapter_to_apply_by_its_index():
         req = SimpleNamespace(body={"model": "base"}, body_changed=False)
         sent(rt, req, base)
         assert "lora" not in req.body and not req.body_changed
+        # But a caller's own lora never reaches an engine: it could pick another team's.
+        req = SimpleNamespace(body={"model": "base", "lora": [{"id": 0, "scale": 1}]})
+        sent(rt, req, base)
+        assert "lora" not in req.body and req.body_changed
     # Its agent's word that it loaded one is not enough there: only the reading has the index.
     rt.readings = {}
     gateway_adapters.LOADED[("r1", "a")] = time.monotonic()
     assert not_holding(rt, "a", set()) == {"r1"}
+
+
+def test_what_is_kept_of_gone_replicas_and_adapters_is_forgotten(monkeypatch):
+    from types import SimpleNamespace
+
+    from catalog.domain import AdapterSpec
+    from llmgw.gateway.adapters import forget_gone
+
+    spec = AdapterSpec("a", "base", "/a.gguf", "gguf", 8, "team:1")
+    up = Upstream("r1", "a", "http://x", "Bearer k", 1, engine="llamacpp", adapter_slots=2)
+    rt = SimpleNamespace(tables=SimpleNamespace(adapters={"a": spec}, upstreams={"a": (up,)}))
+    monkeypatch.setattr(gateway_adapters, "USED", {("r1", "a"): 1.0, ("r0", "a"): 1.0})
+    monkeypatch.setattr(gateway_adapters, "LOADED", {("r1", "gone"): 1.0})
+    monkeypatch.setattr(gateway_adapters, "_asked", {"a": (1.0, "r1"), "gone": (1.0, "r1")})
+    forget_gone(rt)
+    assert gateway_adapters.USED == {("r1", "a"): 1.0}
+    assert gateway_adapters.LOADED == {}
+    assert gateway_adapters._asked == {"a": (1.0, "r1")}
