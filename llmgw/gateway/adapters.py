@@ -21,6 +21,7 @@ from catalog.domain import AdapterSpec
 from fleet.domain.readings import Reading
 from llmgw.gateway.answers import Refused, unplaceable
 from llmgw.gateway.load import BOARD
+from llmgw.gateway.scoring import replica_load
 from llmgw.gateway.state import Request, State, in_a_thread
 from llmgw.gateway.tables import Upstream
 
@@ -171,7 +172,7 @@ def load_choice(
             continue
         reading = readings.get(u.replica_id)
         held = [n for n, _ in reading.adapters or ()] if reading is not None else []
-        load = inflight.get(u.replica_id, 0) + (reading.queued if reading is not None else 0)
+        load = replica_load(inflight.get(u.replica_id, 0), u.weight, reading)
         (free if len(held) < u.adapter_slots else full).append((load, u.replica_id, held))
     if free:
         return min(free)[1], None

@@ -231,6 +231,10 @@ def test_the_least_loaded_replica_with_a_free_slot_loads_it():
         "r3": Reading(running=2, adapters=()),
     }
     assert load_choice([up("r1"), up("r2"), up("r3")], readings, {}, {}) == ("r3", None)
+    # This gateway's 3 in flight to r1 are the 3 its engine says it runs: counted once, r1
+    # holds less than r3's 4.
+    readings = {"r1": Reading(running=3, adapters=()), "r3": Reading(running=4, adapters=())}
+    assert load_choice([up("r1"), up("r3")], readings, {"r1": 3}, {}) == ("r1", None)
 
 
 def test_when_every_replica_is_full_the_least_recently_used_adapter_makes_room():
