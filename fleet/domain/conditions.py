@@ -210,11 +210,11 @@ def said(domain: Domain, state: State, now: float) -> str:
         return f"{kind} {name}'s condition is unknown (no fresh reading), treated as ok"
     if state.condition == OK:
         return f"{kind} {name} is ok"
-    held = f" for {_duration(now - state.since)}" if state.since is not None else ""
+    held = f" for {duration_said(now - state.since)}" if state.since is not None else ""
     return f"{kind} {name} is {state.condition} ({state.why}{held})"
 
 
-def _duration(seconds: float) -> str:
+def duration_said(seconds: float) -> str:
     if seconds < 90:
         return f"{max(int(seconds), 0)} s"
     if seconds < 2 * 3600:

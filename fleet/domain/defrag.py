@@ -33,7 +33,7 @@ from .placement.fabric import Domain
 from .plan import Event, Pass, Retire
 from .preemption import Context
 from .refusals import DEFRAG
-from .starting import _start
+from .starting import start_replica
 from .types import HOLDING, ModelState, NodeView, ReplicaView, Reservation, Snapshot
 
 # A plan moving more replicas than this is not made: the churn would outweigh the gain.
@@ -284,7 +284,7 @@ def _do(want: ModelSpec, found: Defrag, state: ModelState, p: Pass) -> ModelStat
     """Start each move's replacement, retire the replica it replaces (it stops once the
     replacement is ready), and keep the freed trays for `want` as preemption keeps room."""
     for move in found.moves:
-        _start(move.model, move.to, p)
+        start_replica(move.model, move.to, p)
         why = f"moves to make room for {want.name} in domain {found.domain[0]} clique {found.domain[1]}"
         p.plan.retires.append(Retire(move.replica.id, why))
         p.ctx.taken.add(move.replica.id)

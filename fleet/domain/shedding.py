@@ -25,14 +25,14 @@ from dataclasses import dataclass, replace
 from catalog.domain import ModelSpec
 from tenancy.quota import ZERO, Amount
 
-from .conditions import HOT, WARM, Domain, Facility, _duration, domains_of
+from .conditions import HOT, WARM, Domain, Facility, domains_of, duration_said
 from .holdings import placement_amount
 from .measured import ordered_profiles
 from .placement import Inventory, Placement
 from .plan import Event, Pass, Retire
 from .preemption import Context
 from .refusals import SHED
-from .starting import _start
+from .starting import start_replica
 from .types import HOLDING, ReplicaView
 
 BLOCKED = "facility_shed_blocked"  # the event of a domain due to shed that moved nothing
@@ -103,7 +103,7 @@ def _sentence(fac: Facility, domain: Domain, c: Candidate, to: Placement) -> str
     s = fac.states[domain]
     kind, name = domain
     where = ", ".join(sh.node_id for sh in to.shards)
-    hot = f"hot for {_duration(fac.now - (s.since or fac.now))} ({s.why})"
+    hot = f"hot for {duration_said(fac.now - (s.since or fac.now))} ({s.why})"
     return f"shed {c.replica.id} of {c.model.name} off {kind} {name} to {where}: {hot}"
 
 
@@ -233,7 +233,7 @@ def _do(move: Shed, p: Pass, enforce: bool) -> None:
         p.states[name] = replace(state, explanation=(*kept, {"profile": SHED, "reasons": [said]}))
     if not enforce:
         return
-    _start(c.model, move.to, p, reserved=True)  # taken as the move was chosen (_placer)
+    start_replica(c.model, move.to, p, reserved=True)  # taken as the move was chosen (_placer)
     p.plan.retires.append(Retire(c.replica.id, move.said))
     p.ctx.taken.add(c.replica.id)
     p.live[name] = p.live.get(name, 0) - 1

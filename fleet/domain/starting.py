@@ -51,7 +51,7 @@ def scale_up(
                 explanation = ({"profile": placed.profile.name, "reasons": [over]},)
                 _refusal_said(model, state, explanation, over, p.plan)
                 return state, True, explanation
-            _start(model, placed, p)
+            start_replica(model, placed, p)
             ctx.charge(model.owner, need)
             state = replace(state, reserved=(), reserved_until=None)
             continue
@@ -173,7 +173,7 @@ def _avoid(model: ModelSpec, inv: Inventory) -> frozenset[str]:
     return frozenset(inv.model_nodes.get(model.name, ()))
 
 
-def _start(model: ModelSpec, placed: Placement, p: Pass, reserved: bool = False) -> None:
+def start_replica(model: ModelSpec, placed: Placement, p: Pass, reserved: bool = False) -> None:
     """Start a replica on `placed`, its room taken from the inventory unless `reserved`
     already (shedding takes it as it chooses, so two moves of a pass never share it)."""
     replica_id = p.new_id(model.name)
