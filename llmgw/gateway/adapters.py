@@ -210,22 +210,21 @@ async def wait_for_adapter(rt: State, req: Request, adapter: AdapterSpec) -> Non
     # Counted as waiting, as for an on-demand model: its base's autoscaler's demand.
     BOARD.waiting[name] = BOARD.waiting.get(name, 0) + 1
     try:
-        await _held(rt, req, adapter, ups, asked_at)
+        await _held(rt, req, adapter, asked_at)
     finally:
         BOARD.waiting[name] -= 1
 
 
-async def _held(
-    rt: State, req: Request, adapter: AdapterSpec, ups: Sequence[Upstream], asked_at: datetime
-) -> None:
+async def _held(rt: State, req: Request, adapter: AdapterSpec, asked_at: datetime) -> None:
     """Return once an engine says it holds `adapter`; Refused when its load failed or the
     on-demand bound passed first."""
     name, bound = adapter.name, rt.cfg.on_demand_wait
     deadline = req.started + bound
     looked = float("-inf")
     while True:
-        if not_holding(rt, name, set()) != {u.replica_id for u in ups}:
-            return  # one holds it now
+        routes = {u.replica_id for u in rt.tables.upstreams.get(name, ())}
+        if not_holding(rt, name, set()) != routes:
+            return  # one holds it now (judged on the routes as they are now)
         if time.monotonic() - looked >= SAID_EVERY_S:
             looked = time.monotonic()
             said = await _said(name, asked_at)
@@ -248,7 +247,6 @@ async def _held(
                 retry_after=10,
             )
         await asyncio.sleep(min(POLL_S, remaining))
-        ups = rt.tables.upstreams.get(name, ()) or ups
 
 
 async def _ask(rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]) -> datetime:
