@@ -355,12 +355,7 @@ def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
             f"{name!r} names an action of the API (POST /models/{name}); choose another name."
         )
     where = f"model {name}"
-    unknown = sorted(set(data) - _MODEL_FIELDS)
-    if unknown:
-        raise CatalogError(f"{where}: unknown field {unknown[0]!r}.")
-    refused = surrogate_refusal(dict(data), where=where)
-    if refused:
-        raise CatalogError(refused)
+    _fields_known(data, _MODEL_FIELDS, where)
     raw_profiles = data.get("profiles")
     if not isinstance(raw_profiles, list) or not raw_profiles:
         raise CatalogError(f"{where}: at least one profile is needed.")
@@ -601,6 +596,17 @@ _ADAPTER_FIELDS = {"name", "base", "source", "format", "rank", "owner", "aliases
 OWNER_KINDS = ("team:", "project:")
 
 
+def _fields_known(data: Mapping, known: set[str], where: str) -> None:
+    """Raise CatalogError for the first field not among `known`, or for text no database
+    could store (`surrogate_refusal`)."""
+    unknown = sorted(set(data) - known, key=str)
+    if unknown:
+        raise CatalogError(f"{where}: unknown field {unknown[0]!r}.")
+    refused = surrogate_refusal(dict(data), where=where)
+    if refused:
+        raise CatalogError(refused)
+
+
 def parse_adapter(data: Mapping, *, declared: bool = False) -> AdapterSpec:
     """Check an adapter's own fields (not yet against its base: `adapter_refusal`); raise
     CatalogError naming the field."""
@@ -613,12 +619,7 @@ def parse_adapter(data: Mapping, *, declared: bool = False) -> AdapterSpec:
             f"starting with a letter or digit, at most 64 long, not {name!r}."
         )
     where = f"adapter {name}"
-    unknown = sorted(set(data) - _ADAPTER_FIELDS, key=str)
-    if unknown:
-        raise CatalogError(f"{where}: unknown field {unknown[0]!r}.")
-    refused = surrogate_refusal(dict(data), where=where)
-    if refused:
-        raise CatalogError(refused)
+    _fields_known(data, _ADAPTER_FIELDS, where)
     base = data.get("base")
     if not isinstance(base, str) or not base:
         raise CatalogError(f"{where}: base must name the model it adapts.")

@@ -148,6 +148,18 @@ def _no_nul(value, *, where: str) -> None:
             _no_nul(v, where=where)
 
 
+def _owner_by_id(data: object) -> object:
+    """`data` with its owner, given by scope name or ID as the owner endpoint takes it, as
+    the scope's ID (how it is stored); Invalid naming the owner when no scope is found."""
+    owner = data.get("owner") if isinstance(data, Mapping) else None
+    if not (isinstance(owner, str) and owner.strip()):
+        return data
+    try:
+        return {**data, "owner": scope_find(owner)}
+    except Invalid as exc:
+        raise Invalid(f"owner: {exc}") from None
+
+
 def _validated(catalog: dict[str, ModelSpec], spec: ModelSpec) -> None:
     _storable(spec)
     try:
@@ -173,13 +185,7 @@ def _parsed(data: Mapping) -> tuple[Mapping, ModelSpec]:
     audit record (its owner by ID) and the spec; Invalid with the reason."""
     # Before parsing: fields kept only in the audit record must be storable too.
     _no_nul(data, where="the model")
-    owner = data.get("owner") if isinstance(data, Mapping) else None
-    if isinstance(owner, str) and owner.strip():
-        # By name or ID, as the owner endpoint takes it; stored as the scope's ID.
-        try:
-            data = {**data, "owner": scope_find(owner)}
-        except Invalid as exc:
-            raise Invalid(f"owner: {exc}") from None
+    data = _owner_by_id(data)
     try:
         spec = domain.parse_model(data)
         domain.new_model_warnings_as_errors(spec)
@@ -527,12 +533,7 @@ def adapter_add(*, data: Mapping, actor: str) -> AdapterSpec:
     cannot serve it, a rank above its bound, an architecture its files say differs), Conflict
     when the name is taken; nothing stored then."""
     _no_nul(data, where="the adapter")
-    owner = data.get("owner") if isinstance(data, Mapping) else None
-    if isinstance(owner, str) and owner.strip():
-        try:
-            data = {**data, "owner": scope_find(owner)}
-        except Invalid as exc:
-            raise Invalid(f"owner: {exc}") from None
+    data = _owner_by_id(data)
     try:
         spec = domain.parse_adapter(data)
     except CatalogError as exc:
