@@ -61,6 +61,8 @@ class ReadingOut(Schema):
     waiting: int | None = None
     kv_cache: float | None = None
     prefix_hit_rate: float | None = None
+    # How many requests its engine runs at once, as its command sets it; null: unknown.
+    slots: int | None = None
     # The LoRA adapters its engine holds, by name; null when it said nothing of them.
     adapters: list[str] | None = None
 

@@ -90,6 +90,8 @@ def reading_out(reading: Reading | None) -> dict | None:
     if reading is None:
         return None
     out = asdict(reading)
+    if reading.slots is None:
+        del out["slots"]  # left to the engine's default: unknown, as before slots were said
     if reading.adapters is None:
         del out["adapters"]  # said nothing of them: as before adapters were read
     else:
