@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 
-import httpx
+from llmgw.core.promql import Unanswered, query_instant
 
 from ..domain.conditions import Readings, Sample
 from ..domain.power import Metered
@@ -25,45 +25,11 @@ TIMEOUT_S = 2.0
 log = logging.getLogger("llmgw.facility")
 
 
-class Unanswered(Exception):
-    """Prometheus gave no usable answer; the text says why. `unreachable`: it did not
-    answer at all (a timeout, no connection), rather than refusing one query."""
-
-    def __init__(self, text: str, unreachable: bool = False):
-        super().__init__(text)
-        self.unreachable = unreachable
-
-
 def instant(url: str, query: str) -> list[tuple[dict, float, float]]:
     """Prometheus' answer to an instant query: (labels, time, value) per series; a value
     that is not a finite number is left out."""
-    try:
-        answer = httpx.get(
-            url.rstrip("/") + "/api/v1/query", params={"query": query}, timeout=TIMEOUT_S
-        )
-        body = answer.json()
-    except httpx.TimeoutException:
-        raise Unanswered(
-            f"Prometheus at {url} did not answer within {TIMEOUT_S:g} s.", True
-        ) from None
-    except httpx.HTTPError as exc:
-        raise Unanswered(f"Prometheus at {url} could not be reached: {exc}.", True) from None
-    except ValueError:
-        raise Unanswered(
-            f"Prometheus at {url} answered {answer.status_code} with something other than JSON."
-        ) from None
-    if not isinstance(body, dict) or body.get("status") != "success":
-        error = body.get("error") if isinstance(body, dict) else None
-        raise Unanswered(f"Prometheus at {url} refused {query!r} ({answer.status_code}): {error}.")
-    data = body.get("data")
-    if (
-        not isinstance(data, dict)
-        or data.get("resultType") != "vector"
-        or not isinstance(data.get("result"), list)
-    ):
-        raise Unanswered(f"Prometheus at {url} answered no instant vector for {query!r}.")
     out = []
-    for series in data["result"]:
+    for series in query_instant(url, query, TIMEOUT_S):
         pair = series.get("value") if isinstance(series, dict) else None
         labels = series.get("metric") or {} if isinstance(series, dict) else None
         if not isinstance(pair, list) or len(pair) != 2 or not isinstance(labels, dict):

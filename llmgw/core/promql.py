@@ -22,7 +22,12 @@ TIMEOUT_S = 5.0
 
 
 class Unanswered(Exception):
-    """Prometheus gave no usable answer; the text says why."""
+    """Prometheus gave no usable answer; the text says why. `unreachable`: it did not
+    answer at all (a timeout, no connection), rather than refusing one query."""
+
+    def __init__(self, text: str, unreachable: bool = False):
+        super().__init__(text)
+        self.unreachable = unreachable
 
 
 def quoted(value: str) -> str:
@@ -37,32 +42,9 @@ def _rate_range(step: float) -> str:
 def query_range(url: str, query: str, start: float, end: float, step: float) -> list[dict]:
     """The matrix Prometheus answers for `query` from `start` to `end` every `step`."""
     query = query.replace("$rate", _rate_range(step))
-    try:
-        answer = httpx.get(
-            url.rstrip("/") + "/api/v1/query_range",
-            params={
-                "query": query,
-                "start": f"{start:.3f}",
-                "end": f"{end:.3f}",
-                "step": f"{step:g}",
-            },
-            timeout=TIMEOUT_S,
-        )
-    except httpx.TimeoutException:
-        raise Unanswered(f"Prometheus at {url} did not answer within {TIMEOUT_S:g} s.") from None
-    except httpx.HTTPError as exc:
-        raise Unanswered(f"Prometheus at {url} could not be reached: {exc}.") from None
-    try:
-        body = answer.json()
-    except ValueError:
-        raise Unanswered(
-            f"Prometheus at {url} answered {answer.status_code} with something other than JSON."
-        ) from None
-    if not isinstance(body, dict) or body.get("status") != "success":
-        error = body.get("error") if isinstance(body, dict) else None
-        raise Unanswered(f"Prometheus at {url} refused the query ({answer.status_code}): {error}.")
-    data = body.get("data")
-    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+    params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    data = _data(url, "query_range", params, TIMEOUT_S, query)
+    if data.get("resultType") != "matrix":
         raise Unanswered(f"Prometheus at {url} answered no matrix for {query!r}.")
     result = data.get("result")
     if not isinstance(result, list):
@@ -117,3 +99,36 @@ def chart_read(
             ]
         values.append(aligned(found[0], times, step) if found else (None,) * POINTS)
     return times, values
+
+
+def query_instant(url: str, query: str, timeout: float = TIMEOUT_S) -> list[dict]:
+    """The series of the instant vector Prometheus answers for `query` now."""
+    data = _data(url, "query", {"query": query}, timeout, query)
+    if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise Unanswered(f"Prometheus at {url} answered no instant vector for {query!r}.")
+    return data["result"]
+
+
+def _data(url: str, path: str, params: dict, timeout: float, query: str) -> dict:
+    """The `data` of Prometheus' successful answer at /api/v1/`path`; Unanswered with the
+    cause in a sentence (`unreachable` when it did not answer at all); {} when it gave no
+    data object."""
+    try:
+        answer = httpx.get(url.rstrip("/") + "/api/v1/" + path, params=params, timeout=timeout)
+    except httpx.TimeoutException:
+        raise Unanswered(
+            f"Prometheus at {url} did not answer within {timeout:g} s.", True
+        ) from None
+    except httpx.HTTPError as exc:
+        raise Unanswered(f"Prometheus at {url} could not be reached: {exc}.", True) from None
+    try:
+        body = answer.json()
+    except ValueError:
+        raise Unanswered(
+            f"Prometheus at {url} answered {answer.status_code} with something other than JSON."
+        ) from None
+    if not isinstance(body, dict) or body.get("status") != "success":
+        error = body.get("error") if isinstance(body, dict) else None
+        raise Unanswered(f"Prometheus at {url} refused {query!r} ({answer.status_code}): {error}.")
+    data = body.get("data")
+    return data if isinstance(data, dict) else {}  # no data: each caller says what it wanted

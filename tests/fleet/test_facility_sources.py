@@ -266,9 +266,10 @@ def test_a_prometheus_that_does_not_answer_is_asked_once_for_all_its_signals(mon
 )
 def test_an_odd_answer_from_prometheus_is_refused_or_skipped_never_raised(monkeypatch, body, kept):
     from fleet.facility import prometheus
+    from llmgw.core import promql
 
     answer = httpx.Response(200, json=body)
-    monkeypatch.setattr(prometheus.httpx, "get", lambda *a, **k: answer)
+    monkeypatch.setattr(promql.httpx, "get", lambda *a, **k: answer)
     if kept is None:
         with pytest.raises(prometheus.Unanswered, match="no instant vector"):
             prometheus.instant("http://p:9090", "q")
