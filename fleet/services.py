@@ -504,16 +504,25 @@ def power_budget_set(
     return {"kind": kind, "name": name, **figures}
 
 
+def _domain_row_removed(model, kind: str, name: str, actor: str, action: str, missing: str):
+    """Delete a facility domain's row of `model` (its budget, its hold), audited as
+    `action`; return what it was. NotFound saying `missing` when it has none."""
+    with transaction.atomic():
+        row = model.objects.filter(kind=kind, name=name).first()
+        if row is None:
+            raise NotFound(missing)
+        row.delete()
+        audit_record(actor=actor, action=action, target=f"{kind}:{name}")
+    return row
+
+
 def power_budget_clear(*, kind: str, name: str, actor: str) -> dict:
     """Remove a rack's or PDU's budget; return what it was ({kind, name, watts}). NotFound
     when it has none; Invalid when kind or name could not be one."""
     kind, name = _budget_key(kind, name)
-    with transaction.atomic():
-        row = PowerBudget.objects.filter(kind=kind, name=name).first()
-        if row is None:
-            raise NotFound(f"{kind} {name} has no power budget.")
-        row.delete()
-        audit_record(actor=actor, action="power_budget.clear", target=f"{kind}:{name}")
+    row = _domain_row_removed(
+        PowerBudget, kind, name, actor, "power_budget.clear", f"{kind} {name} has no power budget."
+    )
     log.info(
         "power budget of %s %s (%s W) removed by %s",
         kind,
@@ -581,12 +590,9 @@ def domain_release(*, kind: str, name: str, actor: str) -> dict:
     """Release a domain's hold: it takes new placements again from the next pass (as its
     condition allows). Return what the hold was; NotFound when it has none."""
     kind, name = _domain_key(kind, name)
-    with transaction.atomic():
-        row = DomainHold.objects.filter(kind=kind, name=name).first()
-        if row is None:
-            raise NotFound(f"{kind} {name} is not held.")
-        row.delete()
-        audit_record(actor=actor, action="facility_hold.release", target=f"{kind}:{name}")
+    row = _domain_row_removed(
+        DomainHold, kind, name, actor, "facility_hold.release", f"{kind} {name} is not held."
+    )
     log.info(
         "%s %s released by %s (held by %s)",
         kind,
