@@ -3,6 +3,7 @@ import os
 import pytest
 
 from .harness import Cluster
+from .real_engines import in_ci, llama_server
 
 MODES = ["embedded"]
 if os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
@@ -24,3 +25,15 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary():
+    """The llama-server llmgw built (`llmgw engines build llamacpp`): skipped without it,
+    failed in CI, which must test a real one."""
+    path, why = llama_server()
+    if path is None:
+        if in_ci():
+            pytest.fail(f"CI must test a real llama-server, and cannot: {why}.")
+        pytest.skip(why)
+    return path

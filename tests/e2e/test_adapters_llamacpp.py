@@ -27,7 +27,7 @@ import pytest
 from tests.lora_files import lora_gguf
 
 from .harness import Cluster, gateway_key, wait_for
-from .real_engines import in_ci, llama_server, smollm2_gguf
+from .real_engines import smollm2_gguf
 
 BASE = "smollm2-135m"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
@@ -38,16 +38,6 @@ TOKENS = 12
 READY_S = 180.0
 # (adapter, team, seed of its weights)
 ADAPTERS = (("red-tone", "red", 1), ("blue-tone", "blue", 2))
-
-
-@pytest.fixture(scope="module")
-def llama_server_binary():
-    path, why = llama_server()
-    if path is None:
-        if in_ci():
-            pytest.fail(f"CI must test adapters on a real llama-server, and cannot: {why}.")
-        pytest.skip(why)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from . import test_llamacpp as llamacpp
 
 # The site, its engine and its weights, as test_llamacpp.py makes them (its fixtures).
 MODEL = llamacpp.MODEL
-llama_server_binary, weights = llamacpp.llama_server_binary, llamacpp.weights
+weights = llamacpp.weights  # llama_server_binary: tests/e2e/conftest.py
 llamacpp_model, site = llamacpp.llamacpp_model, llamacpp.site
 
 QUESTION = "What is the capital of France?"

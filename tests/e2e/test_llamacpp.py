@@ -28,7 +28,7 @@ from llmgw.core.secrets import engine_key
 
 from .conftest import MODES
 from .harness import SECRET, Cluster, gateway_key, gateway_project, staff_cookie, wait_for
-from .real_engines import in_ci, llama_server, smollm2_gguf
+from .real_engines import smollm2_gguf
 
 MODEL = "smollm2-135m"
 # With no system message of its own, SmolLM2's chat template puts in "You are a helpful AI
@@ -52,16 +52,6 @@ GREETINGS = ("hello", "hi", "hey", "greetings", "welcome")
 READY_S = 180.0
 # How long an engine may stay past its reservation here: the runaway test's wait.
 GRACE_S = 2
-
-
-@pytest.fixture(scope="session")
-def llama_server_binary():
-    path, why = llama_server()
-    if path is None:
-        if in_ci():
-            pytest.fail(f"CI must test a real llama-server, and cannot: {why}.")
-        pytest.skip(why)
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,6 @@ from .test_llamacpp import (  # noqa: F401 (fixtures, shared)
     HELLO,
     MODEL,
     READY_S,
-    llama_server_binary,
     llamacpp_model,
     weights,
 )
