@@ -384,13 +384,7 @@ def parse_model(data: Mapping, *, declared: bool = False) -> ModelSpec:
     source = data.get("source") or ""
     if not isinstance(source, str):
         raise CatalogError(f"{where}: source must be a string.")
-    aliases = _strings(data, "aliases", where=where)
-    for a in aliases:
-        if not NAME_RE.match(a):
-            raise CatalogError(f"{where}: alias {a!r} is not a valid model name.")
-    description = data.get("description") or ""
-    if not isinstance(description, str):
-        raise CatalogError(f"{where}: description must be a string.")
+    aliases, description = _aliases_described(data, where)
     context_length = _int(data, "context_length", None, where=where, minimum=1)
     max_output = _int(data, "max_output", None, where=where, minimum=1)
     if context_length is not None and max_output is not None and max_output > context_length:
@@ -596,6 +590,18 @@ _ADAPTER_FIELDS = {"name", "base", "source", "format", "rank", "owner", "aliases
 OWNER_KINDS = ("team:", "project:")
 
 
+def _aliases_described(data: Mapping, where: str) -> tuple[tuple[str, ...], str]:
+    """A model's or an adapter's aliases, each a valid model name, and its description."""
+    aliases = _strings(data, "aliases", where=where)
+    for a in aliases:
+        if not NAME_RE.match(a):
+            raise CatalogError(f"{where}: alias {a!r} is not a valid model name.")
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        raise CatalogError(f"{where}: description must be a string.")
+    return aliases, description
+
+
 def _fields_known(data: Mapping, known: set[str], where: str) -> None:
     """Raise CatalogError for the first field not among `known`, or for text no database
     could store (`surrogate_refusal`)."""
@@ -648,13 +654,7 @@ def parse_adapter(data: Mapping, *, declared: bool = False) -> AdapterSpec:
     owner = data.get("owner")
     if not isinstance(owner, str) or not KEY_RE.match(owner) or not owner.startswith(OWNER_KINDS):
         raise CatalogError(f"{where}: owner must be a team or a project (team:ID, project:ID).")
-    aliases = _strings(data, "aliases", where=where)
-    for a in aliases:
-        if not NAME_RE.match(a):
-            raise CatalogError(f"{where}: alias {a!r} is not a valid model name.")
-    description = data.get("description") or ""
-    if not isinstance(description, str):
-        raise CatalogError(f"{where}: description must be a string.")
+    aliases, description = _aliases_described(data, where)
     return AdapterSpec(
         name=name,
         base=base,
