@@ -9,6 +9,7 @@ import logging
 import os
 import pprint
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -353,8 +354,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--metrics-socket", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    # daphne installs Twisted's asyncio reactor when imported: it must come first.
-    from daphne.endpoints import build_endpoint_description_strings
+    # daphne installs Twisted's asyncio reactor, on a new loop, when imported: the loop is
+    # uvloop's from here (front.py), and daphne comes before Django and the rest.
+    from .front import uvloop_installed
+
+    uvloop_installed()
+    import daphne.server  # noqa: F401
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
     import django
@@ -370,12 +375,10 @@ def main(argv: list[str]) -> int:
     from fleet.metrics.renderer import RENDERER
 
     if args.worker_fd is not None:
-        _fd_endpoints()
         RENDERER.attach(args.metrics_socket)
-        family = "INET6" if ":" in args.host else "INET"
-        return _serve(args, [f"fd:fileno={args.worker_fd}:domain={family}"], cfg, worker=True)
+        return _serve(args, socket.socket(fileno=args.worker_fd), cfg, worker=True)
 
-    from .workers import Supervisor, workers_wanted
+    from .workers import Supervisor, bound, workers_wanted
 
     workers = workers_wanted(args.workers, embedded=cfg.embedded)
     _prepare(cfg.embedded)
@@ -387,25 +390,8 @@ def main(argv: list[str]) -> int:
     # /metrics renders the fleet's series in a process of its own, off the serving loops.
     RENDERER.start()
     if workers == 1:
-        return _serve(args, build_endpoint_description_strings(host=args.host, port=args.port), cfg)
+        return _serve(args, bound(args.host, args.port, reuse_port=False), cfg)
     return Supervisor(args.host, args.port, workers, RENDERER).run()
-
-
-def _fd_endpoints() -> None:
-    """Let daphne serve on a listening socket it inherits (`fd:fileno=N:domain=INET`, the
-    form its own --fd writes), which this Twisted has no string parser for: Twisted's
-    adopted-port endpoint, reached by that name."""
-    import socket
-
-    from twisted.internet import endpoints
-
-    def parse(factory, fileno: str, domain: str = "INET"):
-        # (arguments, keywords), the factory second, as Twisted's own parsers give them:
-        # serverFromString drops it before it makes the endpoint.
-        return (int(fileno), factory, getattr(socket, "AF_" + domain)), {}
-
-    endpoints._serverParsers["fd"] = parse
-    endpoints._endpointServerFactories["FD"] = endpoints.AdoptedStreamServerEndpoint
 
 
 def _stop_when_orphaned(parent: int) -> None:
@@ -433,9 +419,11 @@ def _workers(text: str) -> int:
     return count
 
 
-def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
-    """Serve `endpoints` in this process until stopped: the whole of `llmgw serve`, or one
-    of its workers (which leaves the embedded loops and the start's notes to the first)."""
+def _serve(args, listener: socket.socket, cfg, *, worker: bool = False) -> int:
+    """Serve the listening socket in this process until stopped: the whole of `llmgw
+    serve`, or one of its workers (which leaves the embedded loops and the start's notes to
+    the first). The socket is the front's (front.py), which hands daphne what is not the
+    gateway's; daphne itself listens on nothing."""
     _lighter_requests()
     _lighter_handshakes()
     _close_reasons()
@@ -477,6 +465,7 @@ def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
             elif gateway.journal is not None:
                 gateway.journal.close(remove=True)  # no request came: it holds nothing
 
+        reactor.callWhenRunning(_front, server, listener, gateway, cfg.header_timeout)
         reactor.callWhenRunning(start)
         reactor.callWhenRunning(stop_on_signals, server, cfg.shutdown_grace)
         # The last seconds of the gateway's usage are written before the process ends.
@@ -498,7 +487,9 @@ def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
 
     server = Server(
         application=application,
-        endpoints=endpoints,
+        # daphne refuses to start with no endpoint; it is given one and told to listen on
+        # none (the front listens, above), so only its HTTP factory takes connections.
+        endpoints=["front"],
         # SIGTERM and SIGINT stop it gracefully (stopping.py), not at once as Twisted would.
         signal_handlers=False,
         verbosity=0,
@@ -508,8 +499,18 @@ def _serve(args, endpoints: list[str], cfg, *, worker: bool = False) -> int:
         ping_timeout=30,
         ready_callable=ready,
     )
+    server.endpoints = []
     server.run()
     return 0
+
+
+def _front(server, listener: socket.socket, gateway, header_timeout: float) -> None:
+    """Start the front on the serving loop, kept among the ports a stop stops listening on."""
+    from .front import Front
+
+    front = Front(gateway, server.http_factory, header_timeout)
+    server.__dict__.setdefault("ports", []).append(front)
+    asyncio.get_event_loop().create_task(front.listen(listener))
 
 
 def _usage_journal(gateway, home) -> None:

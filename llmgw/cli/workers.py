@@ -52,6 +52,22 @@ def workers_wanted(asked: int | None, *, embedded: bool) -> int:
     return asked
 
 
+def bound(host: str, port: int, *, reuse_port: bool) -> socket.socket:
+    """A socket listening on host:port, or SystemExit saying why it cannot."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise SystemExit(f"llmgw: cannot listen on {host}:{port}: {exc}") from None
+    listener.listen(1024)
+    return listener
+
+
 class Supervisor:
     """The workers of one `llmgw serve`, and their one listening socket."""
 
@@ -103,19 +119,9 @@ class Supervisor:
         return [self._bound(reuse_port=True) for _ in range(self.count)]
 
     def _bound(self, *, reuse_port: bool) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            listener.bind((self.host, self.port))
-        except OSError as exc:
-            listener.close()
-            raise SystemExit(f"llmgw: cannot listen on {self.host}:{self.port}: {exc}") from None
+        listener = bound(self.host, self.port, reuse_port=reuse_port)
         if self.port == 0:  # asked for any free port: the workers' sockets share the one given
             self.port = listener.getsockname()[1]
-        listener.listen(1024)
         listener.set_inheritable(True)
         return listener
 
