@@ -284,6 +284,8 @@ class FacilityDomainOut(Schema):
     # What placement counts as held: the GPUs' estimate, its nodes' own share and its other
     # equipment; null as estimated_w is.
     reserved_w: float | None = None
+    # What is measured there: its meter, else the held GPUs' draw and each node's own (its
+    # RAPL reading, else the per-node share); null where nothing there reports a draw.
     measured_w: float | None
     # GPUs held by replicas whose agent reports neither figure: not counted.
     unknown_gpus: int

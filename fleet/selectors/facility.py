@@ -170,7 +170,8 @@ class Domain:
 
     @property
     def measured_said(self) -> str:
-        """ "1,300 W measured", or "" where no GPU held there reports its draw."""
+        """ "1,300 W measured", or "" where nothing there reports its draw (no GPU held
+        there, no node its own)."""
         return f"{watts(self.measured_w)} W measured" if self.measured_w is not None else ""
 
     def as_dict(self) -> dict:
@@ -191,8 +192,8 @@ class Domain:
 
 
 def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
-    """The nodes with a rack or PDU label (id, labels, load.gpus, GPU count) and the
-    budgets, in one query: the cluster page adds no more than that. A budget's feeds ride
+    """The nodes with a rack or PDU label (id, labels, load.gpus, GPU count, its own
+    reported draw) and the budgets, in one query: the cluster page adds no more than that. A budget's feeds ride
     in the labels' column."""
     none = Value(None, output_field=FloatField())
     nodes = (
@@ -215,6 +216,7 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
             "no_margin",
             "no_derating",
             "no_other",
+            "cpu_power_w",
         )
         .order_by()
     )
@@ -222,6 +224,7 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
         PowerBudget.objects.annotate(
             no_load=Value(None, output_field=JSONField()),
             no_gpus=Value(None, output_field=IntegerField()),
+            no_cpu=Value(None, output_field=FloatField()),
         )
         .values_list(
             "kind",
@@ -233,14 +236,16 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
             "margin",
             "derating",
             "other_watts",
+            "no_cpu",
         )
         .order_by()
     )
     located, budgeted = [], []
     rows = nodes.union(budgets, all=True)
-    for tag, key, labels, gpu_load, gpu_total, cap, margin, derating, other in rows:
+    for tag, key, labels, gpu_load, gpu_total, cap, margin, derating, other, cpu_w in rows:
         if tag == "node":
-            located.append((key, labels if isinstance(labels, dict) else {}, gpu_load, gpu_total))
+            ls = labels if isinstance(labels, dict) else {}
+            located.append((key, ls, gpu_load, gpu_total, _reading(cpu_w)))
         else:
             budgeted.append(_budget(tag, key, cap, margin, labels, derating, other))
     return located, budgeted
@@ -292,20 +297,21 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
     located, budgeted = _located_and_budgets()
     if not located and not budgeted:
         return []
-    labels = {node_id: ls for node_id, ls, _, _ in located}
-    power = {node_id: gpus_power(g) for node_id, _, g, _ in located}
+    labels = {node_id: ls for node_id, ls, *_ in located}
+    power = {node_id: gpus_power(g) for node_id, _, g, *_ in located}
+    own = {node_id: w for node_id, *_, w in located if w is not None}
     figures = figures_load()
-    drawn = draws(labels, [h for h in held if h[0] in labels], power, figures)
+    drawn = draws(labels, [h for h in held if h[0] in labels], power, figures, own)
     nodes: dict[tuple[str, str], int] = {}
     gpus: dict[tuple[str, str], int] = {}
     silent: dict[tuple[str, str], int] = {}
-    for node_id, ls, _, gpu_total in located:
+    for node_id, ls, _, gpu_total, _ in located:
         for d in domains_of(ls):
             nodes[d] = nodes.get(d, 0) + 1
             gpus[d] = gpus.get(d, 0) + (gpu_total or 0)
             silent[d] = silent.get(d, 0) + max((gpu_total or 0) - len(power[node_id]), 0)
     budgets = {(b.kind, b.name): b for b in budgeted}
-    node_domains = [tuple(d for d in domains_of(ls) if d in budgets) for _, ls, _, _ in located]
+    node_domains = [tuple(d for d in domains_of(ls) if d in budgets) for _, ls, *_ in located]
     base = bases(budgets.values(), node_domains, figures)
     metered = metered_now(time.time())
     out = []

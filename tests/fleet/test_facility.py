@@ -364,6 +364,31 @@ def test_the_snapshot_reads_power_only_for_nodes_under_a_budget(api, monkeypatch
     assert power.gpus == {"gpu-a": {0: GpuPower(700, 90), 1: GpuPower(700, 90)}}
 
 
+def test_a_nodes_own_reported_draw_is_in_its_racks_measured_draw(api, no_settle, settings):
+    from dataclasses import replace
+
+    from fleet.metrics.collector import fleet_text
+
+    settings.LLMGW = replace(settings.LLMGW, power=replace(settings.LLMGW.power, node_watts=200))
+    node_add("gpu-a", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    node_add("gpu-b", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 16000})
+    gpus = [{"index": i, "power_limit_w": 700, "power_w": 300} for i in range(2)]
+    # gpu-a reports its CPU packages' draw (RAPL); gpu-b does not, so it counts its share.
+    Node.objects.filter(pk="gpu-a").update(load={"gpus": gpus, "cpu_power_w": 150})
+    Node.objects.filter(pk="gpu-b").update(load={"gpus": gpus})
+    model_added(gpu_model("chat", scaling={"min": 1}))
+    reconcile_once(now=T0)
+    assert Replica.objects.get().shards.get().node_id in ("gpu-a", "gpu-b")
+
+    (rack,) = api.call("GET", "/facility").json()
+    # The replica's GPU's 300 W, gpu-a's own 150 W, gpu-b's share of 200 W.
+    assert rack["measured_w"] == 650.0
+    # What placement reserves is unchanged: the 700 W GPU and the two nodes' shares.
+    assert rack["reserved_w"] == 1100.0
+    assert 'llmgw_domain_measured_watts{kind="rack",name="r1"} 650.0' in fleet_text()
+
+
 def test_a_racks_metered_draw_is_listed_and_counted_by_placement(
     api, no_settle, settings, tmp_path, monkeypatch
 ):
