@@ -273,6 +273,32 @@ class PowerBudgetOut(Schema):
     other_watts: float = 0.0
 
 
+class GpuDrawOut(Schema):
+    index: int
+    # What it draws, in watts, as its agent last said; null: unreported or stale.
+    power_w: float | None
+
+
+class ShardDrawOut(Schema):
+    node: str
+    gpus: list[GpuDrawOut]
+    # Its node's CPU packages' draw (RAPL), the whole node's; null: unreported or stale.
+    cpu_power_w: float | None
+
+
+class ReplicaDrawOut(Schema):
+    id: str
+    profile: str
+    shards: list[ShardDrawOut]
+
+
+class ModelPowerOut(Schema):
+    """What a model's ready replicas draw now, as their nodes' agents last reported it."""
+
+    model: str
+    replicas: list[ReplicaDrawOut]
+
+
 class FacilityDomainOut(Schema):
     kind: str
     name: str

@@ -1,6 +1,7 @@
 """Facility reads (docs/facility.md): the power budgets, the GPUs' power under them for the
-reconciler's snapshot, and each rack's and PDU's nodes, GPUs and draw against its budget
-for the cluster page, `GET /facility` and `llmgw ctl facility list`."""
+reconciler's snapshot, each rack's and PDU's nodes, GPUs and draw against its budget
+for the cluster page, `GET /facility` and `llmgw ctl facility list`, and what a model's
+ready replicas draw now for `llmgw ctl bench` (`GET /models/{name}/power`)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.db.models import FloatField, IntegerField, JSONField, Value
 from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import ModelSpec
-from catalog.selectors import catalog_load
+from catalog.selectors import catalog_load, model_called
+from llmgw.core.errors import NotFound
 
+from ..domain.drawn import NodeDraw, shard_draw
 from ..domain.power import (
     BUDGET_LABELS,
     DERATING,
@@ -35,7 +39,7 @@ from ..domain.power import (
 )
 from ..domain.types import HOLDING, NodeView, ReplicaView
 from ..facility.observe import metered_now
-from ..models import Node, PowerBudget
+from ..models import Node, PowerBudget, Shard
 
 _CHUNK = 500
 
@@ -335,3 +339,32 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
             )
         )
     return out
+
+
+def model_power(*, name: str, now: datetime) -> dict:
+    """What each ready replica of a model draws now, shard by shard, as its nodes' agents
+    last reported it (`drawn.shard_draw`): two queries. 404 for a model by no such name."""
+    model = model_called(name)
+    if model is None:
+        raise NotFound(f"There is no model {name!r}.")
+    shards = list(
+        Shard.objects.filter(replica__model=model, replica__state="ready")
+        .order_by("replica__created_at", "replica_id", "rank")
+        .values_list("replica_id", "replica__profile", "node_id", "gpu_indices")
+    )
+    nodes = {
+        node_id: NodeDraw(
+            {i: p.draw_w for i, p in gpus_power(reported).items() if p.draw_w is not None},
+            _reading(cpu_w),
+            (now - seen).total_seconds() if seen else None,
+        )
+        for node_id, reported, cpu_w, seen in Node.objects.filter(pk__in={s[2] for s in shards})
+        .annotate(gpu_load=KeyTransform("gpus", "load"))
+        .values_list("id", "gpu_load", "cpu_power_w", "last_seen")
+    }
+    stale_after = settings.LLMGW.timings.unreachable
+    replicas: dict[str, dict] = {}
+    for replica_id, profile, node_id, indices in shards:
+        r = replicas.setdefault(replica_id, {"id": replica_id, "profile": profile, "shards": []})
+        r["shards"].append(shard_draw(node_id, indices or (), nodes.get(node_id), stale_after))
+    return {"model": model, "replicas": list(replicas.values())}

@@ -462,3 +462,46 @@ def test_a_row_room_or_site_budget_is_set_listed_and_binds_placement_over_its_ra
     assert api.call("DELETE", "/facility/budgets/row/b").status_code == 200
     reconcile_once(now=T0 + timedelta(seconds=30))
     assert Replica.objects.count() == 4
+
+
+def test_a_models_ready_replicas_draw_is_what_their_nodes_last_said(api, no_settle):
+    from llmgw.core import clock
+
+    now = clock.now()
+    node_add("gpu-a", now=now, gpus=(H100, H100), labels={RACK: "r1"})
+    node_add("cpu-a", now=now, gpus=(), labels={"pool": "cpu"})
+    model_added(gpu_model("chat", scaling={"min": 1}))
+    model_added(cpu_model("tiny", selector={"pool": "cpu"}, scaling={"min": 2}))
+    reconcile_once(now=now)
+    Replica.objects.update(state="ready")
+    gpus = [{"index": 0, "power_limit_w": 700, "power_w": 412.5}, {"index": 1, "temp_c": 40}]
+    Node.objects.filter(pk="gpu-a").update(load={"gpus": gpus}, last_seen=now)
+    Node.objects.filter(pk="cpu-a").update(load={"cpu_power_w": 180}, last_seen=now)
+    index = Replica.objects.get(model="chat").shards.get().gpu_indices[0]
+
+    chat = api.call("GET", "/models/chat/power")
+    assert chat.status_code == 200, chat.content
+    (replica,) = chat.json()["replicas"]
+    assert replica["profile"] == "gpu"
+    assert replica["shards"] == [
+        {
+            "node": "gpu-a",
+            "gpus": [{"index": index, "power_w": 412.5 if index == 0 else None}],
+            "cpu_power_w": None,  # gpu-a reports no RAPL: absent, not 0
+        }
+    ]
+    tiny = api.call("GET", "/models/tiny/power").json()["replicas"]
+    assert [r["shards"] for r in tiny] == [
+        [{"node": "cpu-a", "gpus": [], "cpu_power_w": 180.0}]
+    ] * 2
+
+    # A node not heard from within LLMGW_UNREACHABLE_SECONDS: its last figures are stale.
+    Node.objects.filter(pk="cpu-a").update(last_seen=now - timedelta(minutes=5))
+    tiny = api.call("GET", "/models/tiny/power").json()["replicas"]
+    assert {s["cpu_power_w"] for r in tiny for s in r["shards"]} == {None}
+
+    # Only ready replicas; a model by no such name is 404.
+    Replica.objects.filter(model="tiny").update(state="starting")
+    assert api.call("GET", "/models/tiny/power").json() == {"model": "tiny", "replicas": []}
+    missing = api.call("GET", "/models/nope/power")
+    assert (missing.status_code, detail(missing)) == (404, "There is no model 'nope'.")
