@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from llmgw.cli.bench_judge import (
     summarize,
     verdict,
 )
+from llmgw.cli.bench_load import Progress
 from llmgw.cli.bench_power import Drawn, PowerSample, mean_draw, power_sample
 
 
@@ -139,3 +141,14 @@ def test_a_level_with_no_power_sample_says_nothing_of_power():
     assert verdict(j, model="llama", last_tried=16, interrupted=False) == [
         "capacity: 8 requests at once, 62 tok/s (ttft p95 100 ms ≤ 500)"
     ]
+
+
+def test_the_progress_line_of_a_level_says_its_draw_where_measured():
+    stream = io.StringIO()
+    progress = Progress(stream, seconds=10)
+    progress.level_done(summarize(level(PowerSample(600), PowerSample(640)), Slo()))
+    progress.level_done(summarize(level(None), Slo()))
+
+    drawn, unmeasured = stream.getvalue().splitlines()
+    assert drawn.endswith(", 62 tok/s, 620 W")
+    assert unmeasured.endswith(", 62 tok/s")
