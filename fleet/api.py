@@ -30,6 +30,7 @@ from .schemas import (
     FacilityDomainOut,
     FacilitySourcesOut,
     HeadroomOut,
+    ModelPowerOut,
     NodeOut,
     PowerBudgetIn,
     PowerBudgetOut,
@@ -201,6 +202,14 @@ def model_target(request, name: str, tokens_per_sec: Query[float]):
     if not math.isfinite(tokens_per_sec) or tokens_per_sec <= 0:
         raise Invalid("tokens_per_sec must be a positive number.")
     return dry_runs.model_target(name=name, tokens_per_sec=tokens_per_sec)
+
+
+@router.get("/models/{name}/power", response=ModelPowerOut, auth=can("fleet.view_replica"))
+def model_power(request, name: str):
+    """What each ready replica of the model draws now, per shard: its GPUs' draw and its
+    node's CPU draw as their agents last reported it, null where unreported or stale
+    (what `llmgw ctl bench` samples)."""
+    return facility.model_power(name=name, now=clock.now())
 
 
 @router.get(

@@ -273,6 +273,32 @@ class PowerBudgetOut(Schema):
     other_watts: float = 0.0
 
 
+class GpuDrawOut(Schema):
+    index: int
+    # What it draws, in watts, as its agent last said; null: unreported or stale.
+    power_w: float | None
+
+
+class ShardDrawOut(Schema):
+    node: str
+    gpus: list[GpuDrawOut]
+    # Its node's CPU packages' draw (RAPL), the whole node's; null: unreported or stale.
+    cpu_power_w: float | None
+
+
+class ReplicaDrawOut(Schema):
+    id: str
+    profile: str
+    shards: list[ShardDrawOut]
+
+
+class ModelPowerOut(Schema):
+    """What a model's ready replicas draw now, as their nodes' agents last reported it."""
+
+    model: str
+    replicas: list[ReplicaDrawOut]
+
+
 class FacilityDomainOut(Schema):
     kind: str
     name: str
@@ -284,6 +310,8 @@ class FacilityDomainOut(Schema):
     # What placement counts as held: the GPUs' estimate, its nodes' own share and its other
     # equipment; null as estimated_w is.
     reserved_w: float | None = None
+    # What is measured there: its meter, else the held GPUs' draw and each node's own (its
+    # RAPL reading, else the per-node share); null where nothing there reports a draw.
     measured_w: float | None
     # GPUs held by replicas whose agent reports neither figure: not counted.
     unknown_gpus: int

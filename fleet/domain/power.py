@@ -476,8 +476,8 @@ def bases(
 @dataclass(frozen=True)
 class Draw:
     """What a rack or PDU draws as placement counts it: the estimate of the replicas held
-    there (`shard_w`), the GPUs' measured draw alone, and how many held GPUs said nothing
-    at all (of replicas that declare no draw)."""
+    there (`shard_w`), what is measured there (`measured_w`, by `own_w`), and how many held
+    GPUs said nothing at all (of replicas that declare no draw)."""
 
     estimated_w: float = 0.0
     measured_w: float | None = None
@@ -494,21 +494,38 @@ class Held(NamedTuple):
     declared_w: float | None = None
 
 
+def own_w(reading: float | None, figures: Figures) -> float:
+    """What a node draws itself (CPUs, memory, fans) as a domain's measured draw counts it:
+    its own measured figure (RAPL, a BMC) where it reports one, else the per-node share."""
+    return reading if reading is not None else figures.node_w or 0.0
+
+
 def draws(
     labels: Mapping[str, Mapping[str, str]],
     held: Iterable[tuple],
     gpus: Mapping[str, Mapping[int, GpuPower]],
     figures: Figures = Figures(),
+    own: Mapping[str, float] | None = None,
 ) -> dict[tuple[str, str], Draw]:
     """Per rack and PDU the nodes' labels name, what the replicas held there draw, as the
-    ledger counts them (`shard_w`). `held` is a `Held` (or a (node, GPU indices) pair) per
-    shard holding room; `labels` is keyed by node."""
+    ledger counts them (`shard_w`), and what is measured there: the held GPUs' draw and
+    each node's own (`own_w`: its reported draw, by node in `own`, else the per-node share).
+    A domain where nothing is measured (no held GPU and no node reports its draw) has no
+    measured figure: estimates alone are not a measurement. `held` is a `Held` (or a
+    (node, GPU indices) pair) per shard holding room; `labels` is keyed by node."""
+    own = own or {}
     est: dict[tuple[str, str], float] = {}
-    measured: dict[tuple[str, str], float] = {}
+    seen: dict[tuple[str, str], float] = {}
+    nodes_w: dict[tuple[str, str], float] = {}
     unknown: dict[tuple[str, str], int] = {}
     domains = {n: domains_of(ls) for n, ls in labels.items()}
-    for domain in {d for ds in domains.values() for d in ds}:
-        est[domain], unknown[domain] = 0.0, 0
+    for node_id, where in domains.items():
+        for d in where:
+            est.setdefault(d, 0.0)
+            unknown.setdefault(d, 0)
+            nodes_w[d] = nodes_w.get(d, 0.0) + own_w(own.get(node_id), figures)
+            if own.get(node_id) is not None:
+                seen[d] = seen.get(d, 0.0)
     for item in held:
         shard = Held(*item)
         where = domains.get(shard.node_id, ())
@@ -516,11 +533,11 @@ def draws(
             continue
         mine = [gpus.get(shard.node_id, {}).get(i) or GpuPower() for i in shard.indices]
         drawn = shard_w(mine, shard.cores, shard.declared_w, figures)
-        seen = sum(g.draw_w or 0.0 for g in mine)
+        gpu_w = sum(g.draw_w or 0.0 for g in mine)
         silent = sum(1 for g in mine if not g.held_w) if shard.declared_w is None else 0
         for d in where:
             est[d] += drawn
-            if seen:
-                measured[d] = measured.get(d, 0.0) + seen
+            if gpu_w:
+                seen[d] = seen.get(d, 0.0) + gpu_w
             unknown[d] += silent
-    return {d: Draw(est[d], measured.get(d), unknown[d]) for d in est}
+    return {d: Draw(est[d], seen[d] + nodes_w[d] if d in seen else None, unknown[d]) for d in est}

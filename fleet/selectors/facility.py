@@ -1,6 +1,7 @@
 """Facility reads (docs/facility.md): the power budgets, the GPUs' power under them for the
-reconciler's snapshot, and each rack's and PDU's nodes, GPUs and draw against its budget
-for the cluster page, `GET /facility` and `llmgw ctl facility list`."""
+reconciler's snapshot, each rack's and PDU's nodes, GPUs and draw against its budget
+for the cluster page, `GET /facility` and `llmgw ctl facility list`, and what a model's
+ready replicas draw now for `llmgw ctl bench` (`GET /models/{name}/power`)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.db.models import FloatField, IntegerField, JSONField, Value
 from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import ModelSpec
-from catalog.selectors import catalog_load
+from catalog.selectors import catalog_load, model_called
+from llmgw.core.errors import NotFound
 
+from ..domain.drawn import NodeDraw, shard_draw
 from ..domain.power import (
     BUDGET_LABELS,
     DERATING,
@@ -35,7 +39,7 @@ from ..domain.power import (
 )
 from ..domain.types import HOLDING, NodeView, ReplicaView
 from ..facility.observe import metered_now
-from ..models import Node, PowerBudget
+from ..models import Node, PowerBudget, Shard
 
 _CHUNK = 500
 
@@ -170,7 +174,8 @@ class Domain:
 
     @property
     def measured_said(self) -> str:
-        """ "1,300 W measured", or "" where no GPU held there reports its draw."""
+        """ "1,300 W measured", or "" where nothing there reports its draw (no GPU held
+        there, no node its own)."""
         return f"{watts(self.measured_w)} W measured" if self.measured_w is not None else ""
 
     def as_dict(self) -> dict:
@@ -191,8 +196,8 @@ class Domain:
 
 
 def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
-    """The nodes with a rack or PDU label (id, labels, load.gpus, GPU count) and the
-    budgets, in one query: the cluster page adds no more than that. A budget's feeds ride
+    """The nodes with a rack or PDU label (id, labels, load.gpus, GPU count, its own
+    reported draw) and the budgets, in one query: the cluster page adds no more than that. A budget's feeds ride
     in the labels' column."""
     none = Value(None, output_field=FloatField())
     nodes = (
@@ -215,6 +220,7 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
             "no_margin",
             "no_derating",
             "no_other",
+            "cpu_power_w",
         )
         .order_by()
     )
@@ -222,6 +228,7 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
         PowerBudget.objects.annotate(
             no_load=Value(None, output_field=JSONField()),
             no_gpus=Value(None, output_field=IntegerField()),
+            no_cpu=Value(None, output_field=FloatField()),
         )
         .values_list(
             "kind",
@@ -233,14 +240,16 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
             "margin",
             "derating",
             "other_watts",
+            "no_cpu",
         )
         .order_by()
     )
     located, budgeted = [], []
     rows = nodes.union(budgets, all=True)
-    for tag, key, labels, gpu_load, gpu_total, cap, margin, derating, other in rows:
+    for tag, key, labels, gpu_load, gpu_total, cap, margin, derating, other, cpu_w in rows:
         if tag == "node":
-            located.append((key, labels if isinstance(labels, dict) else {}, gpu_load, gpu_total))
+            ls = labels if isinstance(labels, dict) else {}
+            located.append((key, ls, gpu_load, gpu_total, _reading(cpu_w)))
         else:
             budgeted.append(_budget(tag, key, cap, margin, labels, derating, other))
     return located, budgeted
@@ -292,20 +301,21 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
     located, budgeted = _located_and_budgets()
     if not located and not budgeted:
         return []
-    labels = {node_id: ls for node_id, ls, _, _ in located}
-    power = {node_id: gpus_power(g) for node_id, _, g, _ in located}
+    labels = {node_id: ls for node_id, ls, *_ in located}
+    power = {node_id: gpus_power(g) for node_id, _, g, *_ in located}
+    own = {node_id: w for node_id, *_, w in located if w is not None}
     figures = figures_load()
-    drawn = draws(labels, [h for h in held if h[0] in labels], power, figures)
+    drawn = draws(labels, [h for h in held if h[0] in labels], power, figures, own)
     nodes: dict[tuple[str, str], int] = {}
     gpus: dict[tuple[str, str], int] = {}
     silent: dict[tuple[str, str], int] = {}
-    for node_id, ls, _, gpu_total in located:
+    for node_id, ls, _, gpu_total, _ in located:
         for d in domains_of(ls):
             nodes[d] = nodes.get(d, 0) + 1
             gpus[d] = gpus.get(d, 0) + (gpu_total or 0)
             silent[d] = silent.get(d, 0) + max((gpu_total or 0) - len(power[node_id]), 0)
     budgets = {(b.kind, b.name): b for b in budgeted}
-    node_domains = [tuple(d for d in domains_of(ls) if d in budgets) for _, ls, _, _ in located]
+    node_domains = [tuple(d for d in domains_of(ls) if d in budgets) for _, ls, *_ in located]
     base = bases(budgets.values(), node_domains, figures)
     metered = metered_now(time.time())
     out = []
@@ -329,3 +339,32 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
             )
         )
     return out
+
+
+def model_power(*, name: str, now: datetime) -> dict:
+    """What each ready replica of a model draws now, shard by shard, as its nodes' agents
+    last reported it (`drawn.shard_draw`): two queries. 404 for a model by no such name."""
+    model = model_called(name)
+    if model is None:
+        raise NotFound(f"There is no model {name!r}.")
+    shards = list(
+        Shard.objects.filter(replica__model=model, replica__state="ready")
+        .order_by("replica__created_at", "replica_id", "rank")
+        .values_list("replica_id", "replica__profile", "node_id", "gpu_indices")
+    )
+    nodes = {
+        node_id: NodeDraw(
+            {i: p.draw_w for i, p in gpus_power(reported).items() if p.draw_w is not None},
+            _reading(cpu_w),
+            (now - seen).total_seconds() if seen else None,
+        )
+        for node_id, reported, cpu_w, seen in Node.objects.filter(pk__in={s[2] for s in shards})
+        .annotate(gpu_load=KeyTransform("gpus", "load"))
+        .values_list("id", "gpu_load", "cpu_power_w", "last_seen")
+    }
+    stale_after = settings.LLMGW.timings.unreachable
+    replicas: dict[str, dict] = {}
+    for replica_id, profile, node_id, indices in shards:
+        r = replicas.setdefault(replica_id, {"id": replica_id, "profile": profile, "shards": []})
+        r["shards"].append(shard_draw(node_id, indices or (), nodes.get(node_id), stale_after))
+    return {"model": model, "replicas": list(replicas.values())}

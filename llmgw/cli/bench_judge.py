@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw.cli.base import CtlError
+from llmgw.cli.bench_power import PowerSample, mean_draw, power_text
 from llmgw.cli.tables import DASH, number
 
 PERCENTILE = 95
@@ -38,10 +39,12 @@ class EngineLook:
     """The model's ready replicas' engines at one moment of a level, as ``GET /replicas``
     showed what their agents last reported: requests queued, summed over those that said,
     and their KV caches' use on average, as the autoscaler compares it with kv_ceiling
-    (fleet.selectors); None where none said."""
+    (fleet.selectors); None where none said. ``power`` is what they drew then
+    (``GET /models/{name}/power``); None: not asked, or no replica was ready."""
 
     waiting: int | None = None
     kv_cache: float | None = None
+    power: PowerSample | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,10 @@ class LevelSummary:
     # None when no engine said (the sim, vLLM and llama-server say; a llama-server no KV).
     waiting_max: int | None = None
     kv_cache_max: float | None = None
+    # What the ready replicas drew while it ran, on average over its samples; None when
+    # unknown, with `power_silent` saying whose readings were absent (empty: no sample).
+    watts: float | None = None
+    power_silent: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -186,9 +193,12 @@ def summarize(sample: LevelSample, slo: Slo) -> LevelSummary:
                 misses.append(f"{label} p95 {ms_text(got)} > {number(limit)}")
     waiting = [look.waiting for look in sample.looks if look.waiting is not None]
     kv = [look.kv_cache for look in sample.looks if look.kv_cache is not None]
+    drawn = mean_draw([look.power for look in sample.looks if look.power is not None])
     return LevelSummary(
         waiting_max=max(waiting) if waiting else None,
         kv_cache_max=max(kv) if kv else None,
+        watts=drawn.watts,
+        power_silent=drawn.silent,
         concurrency=sample.concurrency,
         requests=len(results),
         errors=len(failed),
@@ -279,6 +289,8 @@ def verdict(j: Judgement, *, model: str, last_tried: int | None, interrupted: bo
     lines = [line]
     if (seen := engines_seen(c)) is not None:
         lines.append(seen)
+    if (drawn := power_text(c.watts, c.power_silent, c.tok_per_sec)) is not None:
+        lines.append(drawn)
     if j.missed is not None:
         lines.append(f"at {at_once(j.missed.concurrency)}: {miss_text(j.missed)}")
     elif interrupted:
@@ -350,15 +362,20 @@ def per_replica(capacity: LevelSummary, basis: ReplicaBasis) -> dict[str, Any]:
     """The body of ``PUT /models/{name}/capacity``: the capacity divided among the replicas.
 
     Concurrency is rounded down (a replica promised more than it took is a
-    replica overloaded) but never below 1.
+    replica overloaded) but never below 1. The draw, where it was measured, is divided
+    as the rate is, so the tokens per watt stored are those measured; unknown, it is left
+    out.
     """
-    return {
+    body = {
         "profile": basis.profile,
         "max_concurrency": max(capacity.concurrency // basis.ready, 1),
         "tok_per_sec": round(capacity.tok_per_sec / basis.ready, 1),
         "ttft_p95_ms": _tenth(capacity.ttft_p95_ms),
         "tpot_p95_ms": _tenth(capacity.tpot_p95_ms),
     }
+    if capacity.watts is not None:
+        body["watts"] = round(capacity.watts / basis.ready, 1)
+    return body
 
 
 def _tenth(value: float | None) -> float | None:

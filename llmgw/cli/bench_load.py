@@ -206,6 +206,8 @@ class Progress:
             f"tpot p95 {ms_text(level.tpot_p95_ms)}",
             f"{level.tok_per_sec:.0f} tok/s",
         ]
+        if level.watts is not None:
+            parts.append(f"{level.watts:,.0f} W")
         if level.meets_slo is True:
             parts.append("meets the SLO")
         elif level.meets_slo is False:

@@ -6,7 +6,8 @@ Each level is judged against the model's SLO (``GET /api/v1/models/{name}``);
 the ramp stops after the first level that misses it, and the capacity is the
 last level that met it. ``--save`` stores that per replica with
 ``PUT /api/v1/models/{name}/capacity``, where the reconciler sizes the model
-from it.
+from it, with the replicas' mean draw over that level as ``watts`` where their
+agents reported it (``GET /api/v1/models/{name}/power``, :mod:`llmgw.cli.bench_power`).
 
 The judging is pure and in :mod:`llmgw.cli.bench_judge` (samples in,
 summaries out), kept apart from the load, :mod:`llmgw.cli.bench_load` on
@@ -21,6 +22,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from llmgw.cli.base import Api, CtlError, Output, positive_number, segment
@@ -41,6 +43,7 @@ from llmgw.cli.bench_judge import (
     verdict,
 )
 from llmgw.cli.bench_load import Plan, Progress, run_ramp
+from llmgw.cli.bench_power import PowerSample, per_watt, power_sample
 from llmgw.cli.tables import number, render
 
 DEFAULT_MAX_CONCURRENCY = 64
@@ -67,6 +70,18 @@ def level_doc(level: LevelSummary, wall_s: float) -> dict[str, Any]:
         "misses": miss_text(level),
         "engines_waiting_max": level.waiting_max,
         "engines_kv_cache_max": level.kv_cache_max,
+        **power_doc(level),
+    }
+
+
+def power_doc(level: LevelSummary) -> dict[str, Any]:
+    """What the replicas drew at a level, and the tokens per watt; null where unknown, with
+    whose readings were absent."""
+    rate = per_watt(level.tok_per_sec, level.watts)
+    return {
+        "watts": None if level.watts is None else round(level.watts, 1),
+        "tok_per_watt": None if rate is None else round(rate, 4),
+        "power_not_measured": list(level.power_silent),
     }
 
 
@@ -103,6 +118,7 @@ def bench_doc(
             "tpot_p95_ms": _hundredth(c.tpot_p95_ms),
             "engines_waiting_max": c.waiting_max,
             "engines_kv_cache_max": c.kv_cache_max,
+            **power_doc(c),
         },
         "verdict": verdict(j, model=model, last_tried=tried, interrupted=interrupted),
         "interrupted": interrupted,
@@ -117,6 +133,8 @@ BENCH_HEADERS = [
     "TTFT_P95",
     "TPOT_P95",
     "TOK/S",
+    "WATTS",
+    "TOK/W",
     "QUEUED",
     "KV",
     "MEETS_SLO",
@@ -133,6 +151,8 @@ def render_bench(doc: Mapping[str, Any]) -> str:
             ms_text(level["ttft_p95_ms"]),
             ms_text(level["tpot_p95_ms"]),
             number(level["tok_per_sec"]),
+            None if level["watts"] is None else f"{level['watts']:,.0f}",
+            None if level["tok_per_watt"] is None else f"{level['tok_per_watt']:.3g}",
             level["engines_waiting_max"],
             _share(level["engines_kv_cache_max"]),
             level["meets_slo"],
@@ -152,6 +172,8 @@ def saved_sentence(model: str, save: Mapping[str, Any], replicas: int) -> str:
     line = f"saved for {model} on profile {save['profile']}"
     line += ", per replica" if replicas > 1 else ""
     line += f": {at_once(save['max_concurrency'])}, {save['tok_per_sec']:.0f} tok/s"
+    if save.get("watts") is not None:
+        line += f", {save['watts']:,.0f} W"
     if replicas > 1:
         line += (
             f" ({replicas} ready replicas shared the load; the figures are divided by {replicas})"
@@ -208,8 +230,15 @@ def cmd_bench(api: Api, args: argparse.Namespace, out: Output) -> None:
     samples: list[LevelSample] = []
     interrupted = False
 
+    def drawn() -> PowerSample | None:
+        try:
+            return power_sample(api.get(f"/models/{segment(model)}/power"))
+        except CtlError:  # a server without it, or a failed read: no sample, not unknown
+            return None
+
     async def look() -> EngineLook:
-        return engine_look(await asyncio.to_thread(api.get, "/replicas", model=model))
+        seen = engine_look(await asyncio.to_thread(api.get, "/replicas", model=model))
+        return replace(seen, power=await asyncio.to_thread(drawn))
 
     try:
         asyncio.run(run_ramp(plan, slo, progress, samples, look))
@@ -288,8 +317,15 @@ QUEUED and KV are the most requests the model's engines queued and the most of t
 caches in use on average while the level ran, as its agents reported them (GET /replicas, every
 second): at the capacity, the figures for scaling's target_waiting and kv_ceiling.
 
+WATTS is what the model's ready replicas drew while the level ran, on average: their GPUs'
+power_w, or for replicas on CPUs their nodes' CPU packages' (RAPL), as their agents reported
+it (GET /models/NAME/power, every second); TOK/W is TOK/S over it. One GPU not reporting its
+draw leaves it unknown, and the sentences say whose. The agents read their sensors every
+10 s: levels of 30 s or more (--seconds) give each level its own draw.
+
 --save stores the capacity per replica (divided by the model's ready
-replicas), where the reconciler scales the model by it."""
+replicas), and the draw with it where it was measured, where the reconciler
+scales the model by it and placement orders profiles by tokens per watt."""
 
 
 def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:

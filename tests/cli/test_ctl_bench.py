@@ -630,11 +630,13 @@ def test_levels_within_the_slo_give_the_last_as_the_capacity(capsys, engine, mon
         "TTFT_P95",
         "TPOT_P95",
         "TOK/S",
+        "WATTS",
+        "TOK/W",
         "QUEUED",
         "KV",
         "MEETS_SLO",
     ]
-    assert [(r[0], r[2], r[8]) for r in rows[1:]] == [("1", "0", "yes"), ("2", "0", "yes")]
+    assert [(r[0], r[2], r[-1]) for r in rows[1:]] == [("1", "0", "yes"), ("2", "0", "yes")]
     assert all(int(r[1]) > 0 for r in rows[1:])
     assert sentences.startswith("capacity: 2 requests at once, ")
     assert "no level tried missed: it may serve more" in sentences
@@ -655,7 +657,7 @@ def test_the_ramp_stops_after_the_first_level_that_misses(capsys, engine):
 
     assert code == 0
     rows = table(out.split("\n\n")[0])
-    assert [(r[0], r[8]) for r in rows[1:]] == [("1", "yes"), ("2", "no")]
+    assert [(r[0], r[-1]) for r in rows[1:]] == [("1", "yes"), ("2", "no")]
     sentences = out.split("\n\n")[1].splitlines()
     assert sentences[0].startswith("capacity: 1 request at once, ")
     assert sentences[1].startswith("at 2 requests at once: ttft p95 ")
@@ -704,7 +706,7 @@ def test_with_no_slo_every_level_runs_and_none_is_judged(capsys, engine):
 
     assert code == 0
     rows = table(out.split("\n\n")[0])
-    assert [(r[0], r[8]) for r in rows[1:]] == [("1", "-"), ("2", "-")]
+    assert [(r[0], r[-1]) for r in rows[1:]] == [("1", "-"), ("2", "-")]
     assert out.split("\n\n")[1].startswith("no capacity judged: llama has no SLO")
     assert err.splitlines()[0].endswith("; it has no SLO, so no capacity will be judged")
 
@@ -861,4 +863,95 @@ def test_a_level_no_engine_spoke_at_says_nothing_of_them():
     sample = LevelSample(1, 1.0, (), looks=(EngineLook(1, None), EngineLook(0, None)))
     assert engines_seen(summarize(sample, Slo())) == (
         "there its engines queued at most 1 request (scaling's target_waiting and kv_ceiling)"
+    )
+
+
+# The replicas' power, sampled each second from GET /models/{name}/power
+
+
+def drawing(server: FakeServer, *shards: dict[str, Any]) -> FakeServer:
+    """The admin API answering the power of one ready replica per shard given."""
+    replicas = [{"id": f"r{i}", "profile": "a100", "shards": [s]} for i, s in enumerate(shards)]
+    server.routes[("GET", "/api/v1/models/llama/power")] = (
+        200,
+        {"model": "llama", "replicas": replicas},
+    )
+    return server
+
+
+def gpus_drawing(node: str, *watts: float | None) -> dict[str, Any]:
+    gpus = [{"index": i, "power_w": w} for i, w in enumerate(watts)]
+    return {"node": node, "gpus": gpus, "cpu_power_w": None}
+
+
+def test_the_replicas_draw_is_shown_and_saved_per_replica_with_the_capacity(capsys, engine):
+    gateway = engine(**FAST)
+    server = drawing(
+        admin({"ttft_p95_ms": 1000}, [replica("a100"), replica("a100")]),
+        gpus_drawing("gpu-a", 310, 290),
+        gpus_drawing("gpu-b", 400),
+    )
+
+    code, out, err = bench(
+        capsys, server, gateway, "--key", KEY, "--levels", "1", "--seconds", "1.5", "--save"
+    )
+
+    assert code == 0, err
+    tables, sentences = out.split("\n\n")
+    header, row = table(tables)
+    tok_per_sec = float(row[header.index("TOK/S")])
+    assert row[header.index("WATTS")] == "1,000"  # both replicas' GPUs, summed
+    assert float(row[header.index("TOK/W")]) == pytest.approx(tok_per_sec / 1000, rel=0.01)
+    assert "its replicas drew 1,000 W on average there, " in sentences
+    body = server.body()
+    assert body["watts"] == 500.0  # per replica, divided as the rate is
+    CapacityIn(**body)
+    assert ", 500 W (2 ready replicas shared the load" in out.strip().splitlines()[-1]
+
+
+def test_a_gpu_reporting_no_draw_leaves_the_draw_unknown_said_and_unsaved(capsys, engine):
+    gateway = engine(**FAST)
+    server = drawing(
+        admin({"ttft_p95_ms": 1000}, [replica("a100"), replica("a100")]),
+        gpus_drawing("gpu-a", 310, 290),
+        gpus_drawing("gpu-b", None),
+    )
+
+    code, out, err = bench(
+        capsys,
+        server,
+        gateway,
+        *("--key", KEY, "--levels", "1", "--seconds", "1.5", "--save", "--json"),
+    )
+
+    assert code == 0, err
+    doc = json.loads(out.split("\nsaved for")[0])
+    assert doc["levels"][0]["watts"] is None and doc["levels"][0]["tok_per_watt"] is None
+    assert doc["capacity"]["power_not_measured"] == ["node gpu-b's GPUs report no draw"]
+    assert "power not measured: node gpu-b's GPUs report no draw" in doc["verdict"]
+    assert "watts" not in server.body()  # unknown stays unknown: nothing saved for it
+
+
+@pytest.mark.django_db
+def test_what_the_server_answers_for_a_cpu_models_power_is_a_sample(server, no_settle):
+    from fleet.models import Node
+    from fleet.reconciler.run import reconcile_once
+    from llmgw.cli.base import Api
+    from llmgw.cli.bench_power import PowerSample, power_sample
+    from tests.fleet.builders import node_add
+
+    now = clock.now()
+    node_add("cpu-a", now=now, gpus=())
+    model_added(cpu_model("llama", scaling={"min": 2}))
+    reconcile_once(now=now)
+    Replica.objects.update(state="ready")
+    api = Api(server="http://testserver", token=os.environ["LLMGW_TOKEN"], transport=server)
+
+    Node.objects.filter(pk="cpu-a").update(load={"cpu_power_w": 180.5}, last_seen=now)
+    # Two replicas on one node's CPUs: its draw counted once.
+    assert power_sample(api.get("/models/llama/power")) == PowerSample(180.5)
+
+    Node.objects.filter(pk="cpu-a").update(load={}, last_seen=now)
+    assert power_sample(api.get("/models/llama/power")) == PowerSample(
+        None, ("node cpu-a reports no CPU draw (RAPL)",)
     )

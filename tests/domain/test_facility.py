@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from catalog.domain import ModelSpec
@@ -15,6 +16,7 @@ from fleet.domain.power import (
     RACK_LABEL,
     ZONE_LABEL,
     Budget,
+    Figures,
     GpuPower,
     Power,
     draws,
@@ -401,6 +403,62 @@ def test_draws_add_up_per_rack_with_the_measured_part_beside():
     r1 = out[("rack", "r1")]
     assert (r1.estimated_w, r1.measured_w, r1.unknown_gpus) == (1600, 550, 1)
     assert set(out) == {("rack", "r1")}
+
+
+# A node's own draw in what a rack is measured to draw: n1 runs a replica on its two GPUs
+# drawing 300 W each; n2 idles in the same rack. The per-node share is 250 W when set.
+@pytest.mark.parametrize(
+    ("own", "node_w", "measured"),
+    [
+        ({}, None, 600),  # the GPUs alone, as before
+        ({}, 250, 1100),  # neither node reports its own: the share for each
+        ({"n1": 180}, 250, 1030),  # n1's RAPL in place of its share; n2 keeps the share
+        ({"n1": 180, "n2": 90}, 250, 870),  # both measured: no share at all
+        ({"n1": 180, "n2": 90}, None, 870),
+        ({"n2": 90}, None, 690),
+    ],
+)
+def test_a_nodes_own_measured_draw_replaces_its_share_in_what_a_rack_measures(
+    own, node_w, measured
+):
+    labels = {"n1": {RACK_LABEL: "r1"}, "n2": {RACK_LABEL: "r1"}}
+    gpus = {"n1": {0: GpuPower(700, 300), 1: GpuPower(700, 300)}}
+    r1 = draws(labels, [("n1", (0, 1))], gpus, Figures(node_w=node_w), own)[("rack", "r1")]
+    assert r1.measured_w == measured
+    assert r1.estimated_w == 1400  # what placement reserves for the replica is unchanged
+
+
+@pytest.mark.parametrize(
+    ("own", "measured"),
+    [
+        ({}, None),  # no GPU held, no node reporting: estimates alone are no measurement
+        ({"n2": 90}, 340),  # an idle rack measured by its nodes: n2's 90 W, n1's share
+    ],
+)
+def test_a_rack_where_nothing_reports_has_no_measured_draw(own, measured):
+    labels = {"n1": {RACK_LABEL: "r1"}, "n2": {RACK_LABEL: "r1"}}
+    r1 = draws(labels, [], {}, Figures(node_w=250), own)[("rack", "r1")]
+    assert r1.measured_w == measured
+
+
+@given(
+    st.dictionaries(st.sampled_from(["n1", "n2", "n3"]), st.floats(1, 2000)),
+    st.one_of(st.none(), st.floats(1, 1000)),
+)
+def test_a_nodes_reading_changes_only_the_measured_draw_never_the_reserved(own, node_w):
+    labels = {n: {RACK_LABEL: "r1", PDU_LABEL: "p1"} for n in ("n1", "n2", "n3")}
+    gpus = {"n1": {0: GpuPower(700, 300)}}
+    held = [("n1", (0,)), ("n3", (), 8)]
+    figures = Figures(per_core_w=10, node_w=node_w)
+    plain = draws(labels, held, gpus, figures)
+    read = draws(labels, held, gpus, figures, own)
+    for d in (("rack", "r1"), ("pdu", "p1")):
+        assert read[d].estimated_w == plain[d].estimated_w
+        assert read[d].measured_w is not None and plain[d].measured_w is not None
+        share = node_w or 0.0
+        assert read[d].measured_w == pytest.approx(
+            plain[d].measured_w + sum(w - share for w in own.values())
+        )
 
 
 def test_a_large_fleet_spreads_over_racks_too():

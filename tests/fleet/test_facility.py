@@ -364,6 +364,31 @@ def test_the_snapshot_reads_power_only_for_nodes_under_a_budget(api, monkeypatch
     assert power.gpus == {"gpu-a": {0: GpuPower(700, 90), 1: GpuPower(700, 90)}}
 
 
+def test_a_nodes_own_reported_draw_is_in_its_racks_measured_draw(api, no_settle, settings):
+    from dataclasses import replace
+
+    from fleet.metrics.collector import fleet_text
+
+    settings.LLMGW = replace(settings.LLMGW, power=replace(settings.LLMGW.power, node_watts=200))
+    node_add("gpu-a", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    node_add("gpu-b", now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 16000})
+    gpus = [{"index": i, "power_limit_w": 700, "power_w": 300} for i in range(2)]
+    # gpu-a reports its CPU packages' draw (RAPL); gpu-b does not, so it counts its share.
+    Node.objects.filter(pk="gpu-a").update(load={"gpus": gpus, "cpu_power_w": 150})
+    Node.objects.filter(pk="gpu-b").update(load={"gpus": gpus})
+    model_added(gpu_model("chat", scaling={"min": 1}))
+    reconcile_once(now=T0)
+    assert Replica.objects.get().shards.get().node_id in ("gpu-a", "gpu-b")
+
+    (rack,) = api.call("GET", "/facility").json()
+    # The replica's GPU's 300 W, gpu-a's own 150 W, gpu-b's share of 200 W.
+    assert rack["measured_w"] == 650.0
+    # What placement reserves is unchanged: the 700 W GPU and the two nodes' shares.
+    assert rack["reserved_w"] == 1100.0
+    assert 'llmgw_domain_measured_watts{kind="rack",name="r1"} 650.0' in fleet_text()
+
+
 def test_a_racks_metered_draw_is_listed_and_counted_by_placement(
     api, no_settle, settings, tmp_path, monkeypatch
 ):
@@ -437,3 +462,46 @@ def test_a_row_room_or_site_budget_is_set_listed_and_binds_placement_over_its_ra
     assert api.call("DELETE", "/facility/budgets/row/b").status_code == 200
     reconcile_once(now=T0 + timedelta(seconds=30))
     assert Replica.objects.count() == 4
+
+
+def test_a_models_ready_replicas_draw_is_what_their_nodes_last_said(api, no_settle):
+    from llmgw.core import clock
+
+    now = clock.now()
+    node_add("gpu-a", now=now, gpus=(H100, H100), labels={RACK: "r1"})
+    node_add("cpu-a", now=now, gpus=(), labels={"pool": "cpu"})
+    model_added(gpu_model("chat", scaling={"min": 1}))
+    model_added(cpu_model("tiny", selector={"pool": "cpu"}, scaling={"min": 2}))
+    reconcile_once(now=now)
+    Replica.objects.update(state="ready")
+    gpus = [{"index": 0, "power_limit_w": 700, "power_w": 412.5}, {"index": 1, "temp_c": 40}]
+    Node.objects.filter(pk="gpu-a").update(load={"gpus": gpus}, last_seen=now)
+    Node.objects.filter(pk="cpu-a").update(load={"cpu_power_w": 180}, last_seen=now)
+    index = Replica.objects.get(model="chat").shards.get().gpu_indices[0]
+
+    chat = api.call("GET", "/models/chat/power")
+    assert chat.status_code == 200, chat.content
+    (replica,) = chat.json()["replicas"]
+    assert replica["profile"] == "gpu"
+    assert replica["shards"] == [
+        {
+            "node": "gpu-a",
+            "gpus": [{"index": index, "power_w": 412.5 if index == 0 else None}],
+            "cpu_power_w": None,  # gpu-a reports no RAPL: absent, not 0
+        }
+    ]
+    tiny = api.call("GET", "/models/tiny/power").json()["replicas"]
+    assert [r["shards"] for r in tiny] == [
+        [{"node": "cpu-a", "gpus": [], "cpu_power_w": 180.0}]
+    ] * 2
+
+    # A node not heard from within LLMGW_UNREACHABLE_SECONDS: its last figures are stale.
+    Node.objects.filter(pk="cpu-a").update(last_seen=now - timedelta(minutes=5))
+    tiny = api.call("GET", "/models/tiny/power").json()["replicas"]
+    assert {s["cpu_power_w"] for r in tiny for s in r["shards"]} == {None}
+
+    # Only ready replicas; a model by no such name is 404.
+    Replica.objects.filter(model="tiny").update(state="starting")
+    assert api.call("GET", "/models/tiny/power").json() == {"model": "tiny", "replicas": []}
+    missing = api.call("GET", "/models/nope/power")
+    assert (missing.status_code, detail(missing)) == (404, "There is no model 'nope'.")

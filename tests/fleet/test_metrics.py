@@ -397,12 +397,13 @@ def test_the_fleet_as_it_stands(no_settle):
         f"llmgw_reconciler_last_pass_timestamp_seconds -> {T0.timestamp():g}",
         "llmgw_reconciler_settling -> 0",
         "llmgw_node_engine_install engine=llamacpp node=gpu-b state=failed version=b6000 -> 1",
-        # chat holds gpu-a's GPU 0, drawing 698 W of a 700 W limit.
+        # chat holds gpu-a's GPU 0, drawing 698 W of a 700 W limit; gpu-a's CPUs draw 65 W
+        # (RAPL), measured with it.
         "llmgw_domain_power_budget_watts kind=rack name=r1 -> 16000",
         "llmgw_domain_power_held_watts kind=rack name=r1 -> 700",
         "llmgw_domain_power_limit_watts kind=rack name=r1 -> 16000",
         "llmgw_domain_reserved_watts kind=rack name=r1 -> 700",
-        "llmgw_domain_measured_watts kind=rack name=r1 -> 698",
+        "llmgw_domain_measured_watts kind=rack name=r1 -> 763",
     ):
         assert want in out, want
     assert placed.node_id == "gpu-a"
