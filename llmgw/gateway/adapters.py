@@ -39,6 +39,8 @@ USED: dict[tuple[str, str], float] = {}
 LOADED: dict[tuple[str, str], float] = {}
 # adapter -> (when asked, the replica asked)
 _asked: dict[str, tuple[float, str]] = {}
+# adapter -> (when found, how far the mirror got with its weights): not asked meanwhile.
+_unmirrored: dict[str, tuple[float, str]] = {}
 
 
 def forget_gone(rt: State) -> None:
@@ -51,6 +53,8 @@ def forget_gone(rt: State) -> None:
             del book[key]
     for name in [n for n, (_, r) in _asked.items() if n not in adapters or r not in replicas]:
         del _asked[name]
+    for name in [n for n in _unmirrored if n not in adapters]:
+        del _unmirrored[name]
 
 
 def not_holding(rt: State, model: str, tried: set[str]) -> set[str]:
@@ -206,28 +210,33 @@ async def wait_for_adapter(rt: State, req: Request, adapter: AdapterSpec) -> Non
             "none runs a profile with adapter slots on an engine that loads "
             f"{adapter.format} adapters."
         )
-    asked_at = await _ask(rt, adapter, ups)
     # Counted as waiting, as for an on-demand model: its base's autoscaler's demand.
     BOARD.waiting[name] = BOARD.waiting.get(name, 0) + 1
     try:
-        await _held(rt, req, adapter, asked_at)
+        await _held(rt, req, adapter, ups)
     finally:
         BOARD.waiting[name] -= 1
 
 
-async def _held(rt: State, req: Request, adapter: AdapterSpec, asked_at: datetime) -> None:
-    """Return once an engine says it holds `adapter`; Refused when its load failed or the
-    on-demand bound passed first."""
+async def _held(rt: State, req: Request, adapter: AdapterSpec, ups: Sequence[Upstream]) -> None:
+    """Ask for `adapter` to be loaded and return once an engine says it holds it; Refused
+    when its load failed or the on-demand bound passed first. While the mirror does not hold
+    its weights it is asked again (every SAID_EVERY_S), and past the bound the 503 says how
+    far the mirror got."""
     name, bound = adapter.name, rt.cfg.on_demand_wait
     deadline = req.started + bound
     looked = float("-inf")
+    asked_at: datetime | None = None
+    unmirrored = ""  # the sentence saying how far the mirror got with its weights
     while True:
         routes = {u.replica_id for u in rt.tables.upstreams.get(name, ())}
         if not_holding(rt, name, set()) != routes:
             return  # one holds it now (judged on the routes as they are now)
         if time.monotonic() - looked >= SAID_EVERY_S:
             looked = time.monotonic()
-            said = await _said(name, asked_at)
+            if asked_at is None or name not in _asked:  # never asked, or its ask was dropped
+                asked_at, unmirrored = await _ask_mirrored(rt, adapter, ups)
+            said = await _said(name, asked_at) if asked_at is not None else None
             if said is not None and said[0] == "loaded":
                 # Its agent said so: routed to at once, before the readings say it too.
                 LOADED[(said[1], name)] = time.monotonic()
@@ -239,7 +248,9 @@ async def _held(rt: State, req: Request, adapter: AdapterSpec, asked_at: datetim
         if remaining <= 0:
             raise Refused(
                 503,
-                f"Adapter {name} is loading: no replica held it within {bound:g} s. "
+                f"{unmirrored} Try again shortly."
+                if unmirrored
+                else f"Adapter {name} is loading: no replica held it within {bound:g} s. "
                 "Try again shortly.",
                 "server_error",
                 "model_loading",
@@ -249,10 +260,30 @@ async def _held(rt: State, req: Request, adapter: AdapterSpec, asked_at: datetim
         await asyncio.sleep(min(POLL_S, remaining))
 
 
+async def _ask_mirrored(
+    rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]
+) -> tuple[datetime | None, str]:
+    """`_ask`'s answer: when it was asked for and "", or None and the sentence saying how far
+    the mirror got with its weights, when there is nothing yet to load."""
+    from fleet.services import NotMirrored
+
+    try:
+        return await _ask(rt, adapter, ups), ""
+    except NotMirrored as exc:
+        return None, str(exc)
+
+
 async def _ask(rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]) -> datetime:
     """Send the load (and the unload it makes room with) to the chosen replica's agent,
-    unless this adapter was asked for lately; when it was asked for."""
+    unless this adapter was asked for lately; when it was asked for. NotMirrored, and the
+    ask dropped, while the mirror does not hold its weights (said again for SAID_EVERY_S
+    without asking the database)."""
+    from fleet.services import NotMirrored
+
     now = time.monotonic()
+    unmirrored = _unmirrored.get(adapter.name)
+    if unmirrored is not None and now - unmirrored[0] < SAID_EVERY_S:
+        raise NotMirrored(unmirrored[1])
     asked = _asked.get(adapter.name)
     if asked is not None and now - asked[0] < ASK_EVERY_S:
         return datetime.now(UTC) - timedelta(seconds=now - asked[0])
@@ -270,6 +301,10 @@ async def _ask(rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]) -> date
     )
     try:
         await _send(replica, adapter, evict)
+    except NotMirrored as exc:
+        _asked.pop(adapter.name, None)
+        _unmirrored[adapter.name] = (time.monotonic(), str(exc))
+        raise
     except Exception:  # noqa: BLE001 - the database or channel layer away: said, and waited on
         log.warning("could not ask for adapter %s to be loaded", adapter.name, exc_info=True)
     return asked_at
