@@ -101,15 +101,11 @@ def adapter_load_commands(
     for the agent to fetch into its cache as it fetches a model's (fleet/agent/
     shard_adapters.py). NotMirrored, and nothing sent, while the mirror does not hold it."""
     weights = _adapter_weights(name, source)
-    shard = Shard.objects.filter(replica_id=replica_id, rank=0).values_list("id", "node_id").first()
+    shard = _serving_shard(replica_id)
     if shard is None:
         return []
     shard_id, node_id = shard
-    commands = []
-    if unload:
-        commands.append(
-            Command(node_id, {"type": "unload_adapter", "shard_id": shard_id, "name": unload})
-        )
+    commands = adapter_unload_commands(replica_id=replica_id, name=unload) if unload else []
     ref = {"name": name, "path": source, "format": format}
     commands.append(
         Command(
@@ -118,6 +114,21 @@ def adapter_load_commands(
         )
     )
     return commands
+
+
+def adapter_unload_commands(*, replica_id: str, name: str) -> list[Command]:
+    """The unload_adapter message for a replica's first shard (whose engine serves HTTP);
+    [] when the replica has no shard now."""
+    shard = _serving_shard(replica_id)
+    if shard is None:
+        return []
+    shard_id, node_id = shard
+    return [Command(node_id, {"type": "unload_adapter", "shard_id": shard_id, "name": name})]
+
+
+def _serving_shard(replica_id: str) -> tuple[str, str] | None:
+    """A replica's first shard and its node: the one whose engine serves HTTP."""
+    return Shard.objects.filter(replica_id=replica_id, rank=0).values_list("id", "node_id").first()
 
 
 class NotMirrored(Exception):

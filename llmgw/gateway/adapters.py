@@ -6,7 +6,9 @@ is asked to load it, and the request waits for it as for an on-demand model, wit
 
 Which replicas hold which adapters is the engines' word (`Reading.adapters`, read every few
 seconds); when each was last used is this gateway's (`USED`). Pure where it can be:
-`load_choice` picks the replica and what it unloads.
+`load_choice` picks the replica and what it unloads, `spread_choice` one more replica for an
+adapter queuing everywhere it is, and adapter_demand.py the replica one leaves when its
+demand falls (`shrink`, every SHRINK_EVERY_S).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 from catalog.domain import AdapterSpec
 from fleet.domain.readings import Reading
+from llmgw.gateway.adapter_demand import Window, shrink_choice
 from llmgw.gateway.answers import Refused, unplaceable
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.scoring import replica_load
@@ -41,6 +44,14 @@ LOADED: dict[tuple[str, str], float] = {}
 _asked: dict[str, tuple[float, str]] = {}
 # adapter -> (when found, how far the mirror got with its weights): not asked meanwhile.
 _unmirrored: dict[str, tuple[float, str]] = {}
+SHRINK_EVERY_S = 5.0  # how often each adapter's demand is looked at (adapter_demand.py)
+# adapter -> its demand at this gateway over the window under way.
+WINDOWS: dict[str, Window] = {}
+# (replica, adapter) -> when this gateway asked its agent to unload it: not routed to it
+# until the engines' readings say it holds it no more (LOADED_FOR_S at most).
+UNLOADING: dict[tuple[str, str], float] = {}
+# The runtime whose adapters' demand is watched, and the task watching it.
+_watcher: tuple[State, asyncio.Task] | None = None
 
 
 def forget_gone(rt: State) -> None:
@@ -48,9 +59,11 @@ def forget_gone(rt: State) -> None:
     changes with each start): without it these grow for the process's life."""
     adapters = rt.tables.adapters
     replicas = {u.replica_id for ups in rt.tables.upstreams.values() for u in ups}
-    for book in (USED, LOADED):
+    for book in (USED, LOADED, UNLOADING):
         for key in [k for k in book if k[0] not in replicas or k[1] not in adapters]:
             del book[key]
+    for name in [n for n in WINDOWS if n not in adapters]:
+        del WINDOWS[name]
     for name in [n for n, (_, r) in _asked.items() if n not in adapters or r not in replicas]:
         del _asked[name]
     for name in [n for n in _unmirrored if n not in adapters]:
@@ -67,10 +80,14 @@ def not_holding(rt: State, model: str, tried: set[str]) -> set[str]:
     return tried | {
         u.replica_id
         for u in rt.tables.upstreams.get(model, ())
-        if not ((reading := readings.get(u.replica_id)) and reading.holds(model))
-        # llama-server is asked for an adapter by its index, which only its reading says.
-        and (
-            u.engine == "llamacpp" or now - LOADED.get((u.replica_id, model), -1e9) >= LOADED_FOR_S
+        if now - UNLOADING.get((u.replica_id, model), -1e9) < LOADED_FOR_S
+        or (
+            not ((reading := readings.get(u.replica_id)) and reading.holds(model))
+            # llama-server is asked for an adapter by its index, which only its reading says.
+            and (
+                u.engine == "llamacpp"
+                or now - LOADED.get((u.replica_id, model), -1e9) >= LOADED_FOR_S
+            )
         )
     }
 
@@ -84,7 +101,10 @@ def sent(rt: State, req: Request, up: Upstream) -> None:
     if up.engine == "llamacpp":
         _lora_named(rt, req, up)
     if up.model in rt.tables.adapters:
-        USED[(up.replica_id, up.model)] = time.monotonic()
+        now = time.monotonic()
+        USED[(up.replica_id, up.model)] = now
+        window = WINDOWS.setdefault(up.model, Window(now))
+        window.send(up.replica_id, BOARD.running.get(up.model, 0) + 1)  # itself, not yet sent
 
 
 def _lora_named(rt: State, req: Request, up: Upstream) -> None:
@@ -136,6 +156,7 @@ def spread(rt: State, adapter: str) -> None:
     spec = rt.tables.adapters.get(adapter)
     if spec is None:
         return
+    _watch(rt)
     asked = _asked.get(adapter)
     if asked is not None and time.monotonic() - asked[0] < ASK_EVERY_S:
         return
@@ -144,6 +165,7 @@ def spread(rt: State, adapter: str) -> None:
     if choice is None:
         return
     _asked[adapter] = (time.monotonic(), choice[0])
+    _loading(choice[0], adapter)
     log.info("adapter %s queues on every replica holding it: loading it on %s", adapter, choice[0])
     task = asyncio.get_running_loop().create_task(_send_logged(choice[0], spec, choice[1]))
     _tasks.add(task)
@@ -151,6 +173,63 @@ def spread(rt: State, adapter: str) -> None:
 
 
 _tasks: set[asyncio.Task] = set()
+
+
+def _loading(replica: str, adapter: str) -> None:
+    """`adapter` is asked of `replica`: an unload asked before is overtaken, and its demand
+    is counted afresh, over holders that now include that replica."""
+    UNLOADING.pop((replica, adapter), None)
+    WINDOWS.pop(adapter, None)
+
+
+def shrink(rt: State, now: float | None = None) -> None:
+    """Note each adapter's requests in flight in its window; where a window is whole, ask the
+    rule (adapter_demand.shrink_choice) and tell the replica it names to unload the adapter,
+    without waiting. The window starts again either way: one replica at a time."""
+    now = time.monotonic() if now is None else now
+    for name in rt.tables.adapters:
+        window = WINDOWS.setdefault(name, Window(now))
+        window.saw(BOARD.running.get(name, 0))
+        if not window.done(now):
+            continue
+        del WINDOWS[name]
+        choice = shrink_choice(name, rt.tables.upstreams.get(name, ()), rt.readings, window)
+        if choice is None:
+            continue
+        UNLOADING[(choice.replica, name)] = now
+        LOADED.pop((choice.replica, name), None)
+        log.info("%s", choice.why)
+        rt.beside(_unload_logged(choice.replica, name), f"unload-{name}")
+
+
+def _watch(rt: State) -> None:
+    """Look at the adapters' demand every SHRINK_EVERY_S while `rt` runs (started by the
+    first request for an adapter)."""
+    global _watcher
+    if _watcher is not None and _watcher[0] is rt and not _watcher[1].done():
+        return
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(SHRINK_EVERY_S)
+            try:
+                shrink(rt)
+            except Exception:  # noqa: BLE001 - looked at again next time
+                log.warning("could not look at the adapters' demand", exc_info=True)
+
+    _watcher = (rt, rt.beside(watch(), "adapter-demand"))
+
+
+async def _unload_logged(replica: str, adapter: str) -> None:
+    from fleet.nodes.dispatch import send_commands
+    from fleet.services import adapter_unload_commands
+
+    try:
+        commands = await in_a_thread(adapter_unload_commands)(replica_id=replica, name=adapter)
+        await send_commands(commands)
+    except Exception:  # noqa: BLE001 - the database or channel layer away: asked again later
+        UNLOADING.pop((replica, adapter), None)
+        log.warning("could not ask for adapter %s to be unloaded", adapter, exc_info=True)
 
 
 async def _send_logged(replica: str, adapter: AdapterSpec, evict: str | None) -> None:
@@ -240,6 +319,7 @@ async def _held(rt: State, req: Request, adapter: AdapterSpec, ups: Sequence[Ups
             if said is not None and said[0] == "loaded":
                 # Its agent said so: routed to at once, before the readings say it too.
                 LOADED[(said[1], name)] = time.monotonic()
+                UNLOADING.pop((said[1], name), None)
                 continue
             if said is not None:
                 _asked.pop(name, None)  # asked again by the next request
@@ -292,6 +372,7 @@ async def _ask(rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]) -> date
         raise unplaceable(f"Adapter {adapter.name}: no replica of {adapter.base} has slots.")
     replica, evict = choice
     _asked[adapter.name] = (now, replica)
+    _loading(replica, adapter.name)
     asked_at = datetime.now(UTC)  # before: its agent may answer before the send returns
     log.info(
         "asking replica %s to load adapter %s%s",
