@@ -7,7 +7,7 @@ threshold, turned round, with a replica's worth of room between the two: an adap
 more than one replica is unloaded from one when, over a whole window, the most of its
 requests in flight at once stayed below what the others would run at once (the slots their
 engines said), and no holder queues now. The replica it leaves is the one this gateway sent
-fewest of its requests over the window. Never below one replica, one at a time: the window
+fewest of its requests over the window (never a llama-server, which cannot unload). Never below one replica, one at a time: the window
 starts again after each unload, and after each load.
 
 Pure: the gateway's shim (adapters.shrink) feeds it the engines' readings and its own counts.
@@ -71,7 +71,11 @@ def shrink_choice(
         if reading.waiting is None or reading.waiting > 0 or reading.slots is None:
             return None
         slots[u.replica_id] = reading.slots
-    leaving = min(slots, key=lambda r: (window.sent.get(r, 0), r))
+    # llama-server cannot unload an adapter while it runs (fleet/agent/adapters.py).
+    able = [u.replica_id for u in holders if u.engine != "llamacpp"]
+    if not able:
+        return None
+    leaving = min(able, key=lambda r: (window.sent.get(r, 0), r))
     kept = sum(n for r, n in slots.items() if r != leaving)
     if window.peak >= kept:
         return None

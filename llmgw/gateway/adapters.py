@@ -326,12 +326,10 @@ async def _held(rt: State, req: Request, adapter: AdapterSpec, ups: Sequence[Ups
                 raise unplaceable(f"Adapter {name} could not be loaded: {said[2]}.")
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
+            why = unmirrored or f"Adapter {name} is loading: no replica held it within {bound:g} s."
             raise Refused(
                 503,
-                f"{unmirrored} Try again shortly."
-                if unmirrored
-                else f"Adapter {name} is loading: no replica held it within {bound:g} s. "
-                "Try again shortly.",
+                f"{why} Try again shortly.",
                 "server_error",
                 "model_loading",
                 reason="loading",
@@ -372,7 +370,6 @@ async def _ask(rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]) -> date
         raise unplaceable(f"Adapter {adapter.name}: no replica of {adapter.base} has slots.")
     replica, evict = choice
     _asked[adapter.name] = (now, replica)
-    _loading(replica, adapter.name)
     asked_at = datetime.now(UTC)  # before: its agent may answer before the send returns
     log.info(
         "asking replica %s to load adapter %s%s",
@@ -388,6 +385,7 @@ async def _ask(rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]) -> date
         raise
     except Exception:  # noqa: BLE001 - the database or channel layer away: said, and waited on
         log.warning("could not ask for adapter %s to be loaded", adapter.name, exc_info=True)
+    _loading(replica, adapter.name)
     return asked_at
 
 

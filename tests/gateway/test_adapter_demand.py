@@ -21,8 +21,8 @@ from llmgw.gateway.tables import Upstream
 HELD = (("a", None),)
 
 
-def up(replica: str) -> Upstream:
-    return Upstream(replica, "a", "http://x", "Bearer k", 1, engine="vllm", adapter_slots=2)
+def up(replica: str, engine: str = "vllm") -> Upstream:
+    return Upstream(replica, "a", "http://x", "Bearer k", 1, engine=engine, adapter_slots=2)
 
 
 def held(slots: int | None = 4, waiting: int | None = 0, adapters=HELD) -> Reading:
@@ -34,6 +34,7 @@ def window(peak: int, **sent: int) -> Window:
 
 
 UPS = [up("r1"), up("r2"), up("r3")]
+LLAMA = {"r4"}  # a llama-server beside them, in the properties
 
 
 @pytest.mark.parametrize(
@@ -66,6 +67,15 @@ def test_an_adapter_leaves_one_replica_when_the_others_would_run_its_demand(read
     assert (choice.replica if choice else None) == leaves
 
 
+def test_a_llama_server_holding_it_counts_but_never_leaves():
+    """llama-server holds its adapters from its start until it stops: it cannot unload one."""
+    ups = [up("r1", "llamacpp"), up("r2"), up("r3", "llamacpp")]
+    readings = {"r1": held(), "r2": held(), "r3": held()}
+    choice = shrink_choice("a", ups, readings, window(3, r1=0, r2=9, r3=0))
+    assert choice is not None and choice.replica == "r2"
+    assert shrink_choice("a", [ups[0], ups[2]], readings, window(0)) is None
+
+
 def test_the_unload_is_said_with_its_figures():
     choice = shrink_choice("a", UPS, {"r1": held(), "r2": held()}, window(2, r1=10, r2=3))
     assert choice == Shrink(
@@ -77,7 +87,7 @@ def test_the_unload_is_said_with_its_figures():
 
 
 readings_st = st.dictionaries(
-    st.sampled_from(["r1", "r2", "r3"]),
+    st.sampled_from(["r1", "r2", "r3", "r4"]),
     st.builds(
         held,
         slots=st.none() | st.integers(1, 8),
@@ -90,21 +100,23 @@ readings_st = st.dictionaries(
 @given(
     readings_st,
     st.integers(0, 30),
-    st.dictionaries(st.sampled_from(["r1", "r2", "r3"]), st.integers(0, 50)),
+    st.dictionaries(st.sampled_from(["r1", "r2", "r3", "r4"]), st.integers(0, 50)),
 )
 def test_an_unload_keeps_one_holder_and_room_for_the_demand_and_never_meets_a_load(
     readings, peak, sent_to
 ):
-    choice = shrink_choice("a", UPS, readings, Window(0.0, peak, sent_to))
+    ups = [*UPS, up("r4", "llamacpp")]
+    choice = shrink_choice("a", ups, readings, Window(0.0, peak, sent_to))
     holders = {r for r, reading in readings.items() if reading.holds("a")}
-    if spread_choice("a", UPS, readings, {}, {}) is not None:
+    if spread_choice("a", ups, readings, {}, {}) is not None:
         assert choice is None  # never unloaded where it would be loaded on one more
     if choice is None:
         return
     assert choice.replica in holders and len(holders) >= 2
+    assert choice.replica not in LLAMA
     assert all(readings[r].waiting == 0 for r in holders)
     assert peak < sum(readings[r].slots for r in holders - {choice.replica})
-    fewest = min(sent_to.get(r, 0) for r in holders)
+    fewest = min(sent_to.get(r, 0) for r in holders - LLAMA)
     assert sent_to.get(choice.replica, 0) == fewest
 
 
