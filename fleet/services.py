@@ -18,7 +18,7 @@ from catalog.domain import ModelSpec, Profile
 from catalog.selectors import adapters_load, catalog_load
 from llmgw.core.errors import Invalid, NotFound
 from llmgw.core.secrets import engine_key
-from mirror.selectors import FolderRef, WeightsRef, weights_for_source
+from mirror.selectors import FolderRef, WeightsRef, weights_for_source, weights_said
 from tenancy.services import audit_record
 
 from .domain.conditions import KINDS as CONDITION_KINDS
@@ -98,24 +98,54 @@ def adapter_load_commands(
     """The load_adapter message for a replica's first shard (whose engine serves HTTP), after
     the unload_adapter that makes room when `unload` names one; [] when the replica has no
     shard now. The adapter's `path` is its source; `weights` too when the mirror holds it,
-    for the agent to fetch as it fetches a model's (fleet/agent/adapters.py)."""
-    shard = Shard.objects.filter(replica_id=replica_id, rank=0).values_list("id", "node_id").first()
+    for the agent to fetch into its cache as it fetches a model's (fleet/agent/
+    shard_adapters.py). NotMirrored, and nothing sent, while the mirror does not hold it."""
+    weights = _adapter_weights(name, source)
+    shard = _serving_shard(replica_id)
     if shard is None:
         return []
     shard_id, node_id = shard
-    commands = []
-    if unload:
-        commands.append(
-            Command(node_id, {"type": "unload_adapter", "shard_id": shard_id, "name": unload})
-        )
+    commands = adapter_unload_commands(replica_id=replica_id, name=unload) if unload else []
     ref = {"name": name, "path": source, "format": format}
     commands.append(
         Command(
             node_id,
-            {"type": "load_adapter", "shard_id": shard_id, "adapter": ref, **_weights(source)},
+            {"type": "load_adapter", "shard_id": shard_id, "adapter": ref, **weights},
         )
     )
     return commands
+
+
+def adapter_unload_commands(*, replica_id: str, name: str) -> list[Command]:
+    """The unload_adapter message for a replica's first shard (whose engine serves HTTP);
+    [] when the replica has no shard now."""
+    shard = _serving_shard(replica_id)
+    if shard is None:
+        return []
+    shard_id, node_id = shard
+    return [Command(node_id, {"type": "unload_adapter", "shard_id": shard_id, "name": name})]
+
+
+def _serving_shard(replica_id: str) -> tuple[str, str] | None:
+    """A replica's first shard and its node: the one whose engine serves HTTP."""
+    return Shard.objects.filter(replica_id=replica_id, rank=0).values_list("id", "node_id").first()
+
+
+class NotMirrored(Exception):
+    """An adapter whose weights the mirror does not hold (yet); the message says how far it
+    got, a sentence."""
+
+
+def _adapter_weights(name: str, source: str) -> dict:
+    """``weights`` for an adapter's load: its mirror files, as a model's. A source that is
+    not a path on the nodes (``hf://``, ``https://``) is fetched through the mirror only, so
+    until the mirror holds it there is nothing to load: NotMirrored saying how far it got."""
+    ref = weights_for_source(source)
+    if isinstance(ref, WeightsRef | FolderRef):
+        return {"weights": ref.message()}
+    if ref is None and source.startswith("/"):
+        return {}  # a path on the nodes, as given
+    raise NotMirrored(f"Adapter {name}'s weights are not mirrored yet: {weights_said(source)}.")
 
 
 def _weights(source: str) -> dict:

@@ -17,7 +17,7 @@ from llmgw.core.errors import NotFound
 
 from . import store
 from .domain.platforms import BINARY_ENGINES, RELEASE, RELEASE_PLATFORM
-from .domain.progress import READY, FileProgress, progress
+from .domain.progress import READY, FileProgress, fetched_said, progress
 from .domain.refs import FolderRef, WeightsRef
 from .domain.sizing import profile_refusal
 from .gguf import GgufError, gguf_architecture, read_gguf
@@ -96,6 +96,29 @@ def weights_for_source(source: str) -> WeightsRef | FolderRef | str | None:
     vLLM fetches itself); a sentence when it is but cannot be served yet.
     """
     return _ref(source, _index()) if source else None
+
+
+def weights_said(source: str) -> str:
+    """How far the mirror got with the weights `source` names, for a sentence about what
+    waits on them (an adapter's load): not in the mirror at all (and how to add it), a file
+    that failed (and how to retry), or the share of their bytes fetched so far ("40% of 12
+    MB"); "ready" once every file is."""
+    found = _match(source, _index())
+    if found is None:
+        return f"{source} is not in the mirror (llmgw ctl weights add {source})"
+    weights, path = found
+    files, _ = _named(list(weights.files.all()), path)
+    failed = next((f for f in files if f.state == "failed"), None)
+    if failed is not None:
+        return (
+            f"fetching {failed.path} failed: {failed.detail}; llmgw ctl weights retry {weights.pk}"
+        )
+    if files and all(f.state == READY and f.sha256 for f in files):
+        return "ready"
+    sizes = [f.size for f in files]
+    total = sum(s for s in sizes if s) if files and all(sizes) else None
+    done = sum((f.size or 0) if f.state == READY else f.bytes_done for f in files)
+    return fetched_said(done, total)
 
 
 def weights_waiting(sources: Mapping[str, str]) -> dict[str, str]:

@@ -29,8 +29,9 @@ class ShardReports(AdapterCommands):
         }
 
     def weights_in_use(self) -> set[str]:
-        """Digests of the cached weights this node's shards run on or are fetching."""
-        return {d for s in self._shards.values() for d in s.weights_digests}
+        """Digests of the cached weights this node's shards run on or are fetching, and of
+        the adapters their engines hold or are fetching."""
+        return {d for s in self._shards.values() for d in s.digests()}
 
     def log_lines(self, shard_id: str, lines: int) -> list[str] | None:
         """The last ``lines`` lines of a shard's engine log, cleaned (enginelog.tail_lines),

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,9 @@ class Shard:
     # The cached weights files it runs on (or is fetching), which reclaim leaves alone: one
     # for a GGUF, every file of a folder.
     weights_digests: tuple[str, ...] = ()
+    # The cached files of the adapters its engine was given from the mirror, by adapter name:
+    # left alone by reclaim too while it holds them.
+    adapter_digests: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # When its engine was spawned (Unix seconds): its startup timeout counts from here.
     started_at: float = 0.0
     # Since when its engine has used more than its reservation allows (monotonic seconds).
@@ -77,6 +80,10 @@ class Shard:
     cgroup: Path | None = None
     # How many requests its engine runs at once, as its command sets it (None: unknown).
     slots: int | None = None
+
+    def digests(self) -> tuple[str, ...]:
+        """Every cached file it uses: its weights' and its adapters'."""
+        return self.weights_digests + tuple(d for ds in self.adapter_digests.values() for d in ds)
 
     @property
     def pid(self) -> int | None:
@@ -195,7 +202,7 @@ class ShardTable:
             KernelLimits.remove(shard.cgroup)
         if self.cache is not None:
             # Used until now: reclaim counts its idle days from here, not from its start.
-            for digest in shard.weights_digests:
+            for digest in shard.digests():
                 self.cache.touch(digest)
         log.info(
             "shard %s %s%s",

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
-from catalog.selectors import model_sources
+from catalog.selectors import adapters_load, model_sources
 from llmgw.core.errors import Invalid, NotFound, ServiceError
 from llmgw.core.secrets import digest, new_secret
 from mirror.selectors import file_sources, source_reads
@@ -93,8 +93,10 @@ def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
     None when it may. Only a node's own credential reads files: an engine build any node,
     a file of weights only a node while a shard the control plane placed on it needs it
     (on its way to running, of a model that runs on the file: the one its source names, or
-    any of the folder it names; no other file of the same weights). What a node reported
-    itself (an adopted shard) reads nothing: weights follow placements, not claims."""
+    any of the folder it names; no other file of the same weights), or the files of an
+    adapter of a model whose engine is ready there, which it may be asked to load. What a
+    node reported itself (an adopted shard) reads nothing: weights follow placements, not
+    claims."""
     credential = agent_authenticate(secret=secret)
     if credential is None or credential.joining:
         return 401, "A node's own credential is needed: Authorization: Bearer <node credential>."
@@ -112,10 +114,24 @@ def mirror_refusal(*, secret: str, sha256: str) -> tuple[int, str] | None:
     needed = list(model_sources(names=models).values())
     if source_reads(needed, sha256):  # the file a model runs on, or one of its folder's
         return None
+    if source_reads(_adapter_sources(credential.node_id), sha256):
+        return None
     return (
         403,
         f"Node {credential.node_id} was given no shard that needs the file {sha256} now.",
     )
+
+
+def _adapter_sources(node_id: str) -> list[str]:
+    """The sources of the adapters a replica with its engine ready on this node may be asked
+    to load (its model's adapters, loaded through the shard serving HTTP, rank 0): the files
+    its agent fetches before the engine loads one (docs/adapters.md)."""
+    bases = set(
+        Shard.objects.filter(
+            node_id=node_id, adopted_at__isnull=True, rank=0, state="ready", replica__state="ready"
+        ).values_list("replica__model", flat=True)
+    )
+    return [a.source for a in adapters_load().values() if a.base in bases] if bases else []
 
 
 # The states of a shard, and of its replica, on the way to running: while its agent may

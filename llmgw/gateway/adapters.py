@@ -6,7 +6,9 @@ is asked to load it, and the request waits for it as for an on-demand model, wit
 
 Which replicas hold which adapters is the engines' word (`Reading.adapters`, read every few
 seconds); when each was last used is this gateway's (`USED`). Pure where it can be:
-`load_choice` picks the replica and what it unloads.
+`load_choice` picks the replica and what it unloads, `spread_choice` one more replica for an
+adapter queuing everywhere it is, and adapter_demand.py the replica one leaves when its
+demand falls (`shrink`, every SHRINK_EVERY_S).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 from catalog.domain import AdapterSpec
 from fleet.domain.readings import Reading
+from llmgw.gateway.adapter_demand import Window, shrink_choice
 from llmgw.gateway.answers import Refused, unplaceable
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.scoring import replica_load
@@ -39,6 +42,16 @@ USED: dict[tuple[str, str], float] = {}
 LOADED: dict[tuple[str, str], float] = {}
 # adapter -> (when asked, the replica asked)
 _asked: dict[str, tuple[float, str]] = {}
+# adapter -> (when found, how far the mirror got with its weights): not asked meanwhile.
+_unmirrored: dict[str, tuple[float, str]] = {}
+SHRINK_EVERY_S = 5.0  # how often each adapter's demand is looked at (adapter_demand.py)
+# adapter -> its demand at this gateway over the window under way.
+WINDOWS: dict[str, Window] = {}
+# (replica, adapter) -> when this gateway asked its agent to unload it: not routed to it
+# until the engines' readings say it holds it no more (LOADED_FOR_S at most).
+UNLOADING: dict[tuple[str, str], float] = {}
+# The runtime whose adapters' demand is watched, and the task watching it.
+_watcher: tuple[State, asyncio.Task] | None = None
 
 
 def forget_gone(rt: State) -> None:
@@ -46,11 +59,15 @@ def forget_gone(rt: State) -> None:
     changes with each start): without it these grow for the process's life."""
     adapters = rt.tables.adapters
     replicas = {u.replica_id for ups in rt.tables.upstreams.values() for u in ups}
-    for book in (USED, LOADED):
+    for book in (USED, LOADED, UNLOADING):
         for key in [k for k in book if k[0] not in replicas or k[1] not in adapters]:
             del book[key]
+    for name in [n for n in WINDOWS if n not in adapters]:
+        del WINDOWS[name]
     for name in [n for n, (_, r) in _asked.items() if n not in adapters or r not in replicas]:
         del _asked[name]
+    for name in [n for n in _unmirrored if n not in adapters]:
+        del _unmirrored[name]
 
 
 def not_holding(rt: State, model: str, tried: set[str]) -> set[str]:
@@ -63,10 +80,14 @@ def not_holding(rt: State, model: str, tried: set[str]) -> set[str]:
     return tried | {
         u.replica_id
         for u in rt.tables.upstreams.get(model, ())
-        if not ((reading := readings.get(u.replica_id)) and reading.holds(model))
-        # llama-server is asked for an adapter by its index, which only its reading says.
-        and (
-            u.engine == "llamacpp" or now - LOADED.get((u.replica_id, model), -1e9) >= LOADED_FOR_S
+        if now - UNLOADING.get((u.replica_id, model), -1e9) < LOADED_FOR_S
+        or (
+            not ((reading := readings.get(u.replica_id)) and reading.holds(model))
+            # llama-server is asked for an adapter by its index, which only its reading says.
+            and (
+                u.engine == "llamacpp"
+                or now - LOADED.get((u.replica_id, model), -1e9) >= LOADED_FOR_S
+            )
         )
     }
 
@@ -80,7 +101,10 @@ def sent(rt: State, req: Request, up: Upstream) -> None:
     if up.engine == "llamacpp":
         _lora_named(rt, req, up)
     if up.model in rt.tables.adapters:
-        USED[(up.replica_id, up.model)] = time.monotonic()
+        now = time.monotonic()
+        USED[(up.replica_id, up.model)] = now
+        window = WINDOWS.setdefault(up.model, Window(now))
+        window.send(up.replica_id, BOARD.running.get(up.model, 0) + 1)  # itself, not yet sent
 
 
 def _lora_named(rt: State, req: Request, up: Upstream) -> None:
@@ -132,6 +156,7 @@ def spread(rt: State, adapter: str) -> None:
     spec = rt.tables.adapters.get(adapter)
     if spec is None:
         return
+    _watch(rt)
     asked = _asked.get(adapter)
     if asked is not None and time.monotonic() - asked[0] < ASK_EVERY_S:
         return
@@ -140,6 +165,7 @@ def spread(rt: State, adapter: str) -> None:
     if choice is None:
         return
     _asked[adapter] = (time.monotonic(), choice[0])
+    _loading(choice[0], adapter)
     log.info("adapter %s queues on every replica holding it: loading it on %s", adapter, choice[0])
     task = asyncio.get_running_loop().create_task(_send_logged(choice[0], spec, choice[1]))
     _tasks.add(task)
@@ -147,6 +173,63 @@ def spread(rt: State, adapter: str) -> None:
 
 
 _tasks: set[asyncio.Task] = set()
+
+
+def _loading(replica: str, adapter: str) -> None:
+    """`adapter` is asked of `replica`: an unload asked before is overtaken, and its demand
+    is counted afresh, over holders that now include that replica."""
+    UNLOADING.pop((replica, adapter), None)
+    WINDOWS.pop(adapter, None)
+
+
+def shrink(rt: State, now: float | None = None) -> None:
+    """Note each adapter's requests in flight in its window; where a window is whole, ask the
+    rule (adapter_demand.shrink_choice) and tell the replica it names to unload the adapter,
+    without waiting. The window starts again either way: one replica at a time."""
+    now = time.monotonic() if now is None else now
+    for name in rt.tables.adapters:
+        window = WINDOWS.setdefault(name, Window(now))
+        window.saw(BOARD.running.get(name, 0))
+        if not window.done(now):
+            continue
+        del WINDOWS[name]
+        choice = shrink_choice(name, rt.tables.upstreams.get(name, ()), rt.readings, window)
+        if choice is None:
+            continue
+        UNLOADING[(choice.replica, name)] = now
+        LOADED.pop((choice.replica, name), None)
+        log.info("%s", choice.why)
+        rt.beside(_unload_logged(choice.replica, name), f"unload-{name}")
+
+
+def _watch(rt: State) -> None:
+    """Look at the adapters' demand every SHRINK_EVERY_S while `rt` runs (started by the
+    first request for an adapter)."""
+    global _watcher
+    if _watcher is not None and _watcher[0] is rt and not _watcher[1].done():
+        return
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(SHRINK_EVERY_S)
+            try:
+                shrink(rt)
+            except Exception:  # noqa: BLE001 - looked at again next time
+                log.warning("could not look at the adapters' demand", exc_info=True)
+
+    _watcher = (rt, rt.beside(watch(), "adapter-demand"))
+
+
+async def _unload_logged(replica: str, adapter: str) -> None:
+    from fleet.nodes.dispatch import send_commands
+    from fleet.services import adapter_unload_commands
+
+    try:
+        commands = await in_a_thread(adapter_unload_commands)(replica_id=replica, name=adapter)
+        await send_commands(commands)
+    except Exception:  # noqa: BLE001 - the database or channel layer away: asked again later
+        UNLOADING.pop((replica, adapter), None)
+        log.warning("could not ask for adapter %s to be unloaded", adapter, exc_info=True)
 
 
 async def _send_logged(replica: str, adapter: AdapterSpec, evict: str | None) -> None:
@@ -206,41 +289,47 @@ async def wait_for_adapter(rt: State, req: Request, adapter: AdapterSpec) -> Non
             "none runs a profile with adapter slots on an engine that loads "
             f"{adapter.format} adapters."
         )
-    asked_at = await _ask(rt, adapter, ups)
     # Counted as waiting, as for an on-demand model: its base's autoscaler's demand.
     BOARD.waiting[name] = BOARD.waiting.get(name, 0) + 1
     try:
-        await _held(rt, req, adapter, asked_at)
+        await _held(rt, req, adapter, ups)
     finally:
         BOARD.waiting[name] -= 1
 
 
-async def _held(rt: State, req: Request, adapter: AdapterSpec, asked_at: datetime) -> None:
-    """Return once an engine says it holds `adapter`; Refused when its load failed or the
-    on-demand bound passed first."""
+async def _held(rt: State, req: Request, adapter: AdapterSpec, ups: Sequence[Upstream]) -> None:
+    """Ask for `adapter` to be loaded and return once an engine says it holds it; Refused
+    when its load failed or the on-demand bound passed first. While the mirror does not hold
+    its weights it is asked again (every SAID_EVERY_S), and past the bound the 503 says how
+    far the mirror got."""
     name, bound = adapter.name, rt.cfg.on_demand_wait
     deadline = req.started + bound
     looked = float("-inf")
+    asked_at: datetime | None = None
+    unmirrored = ""  # the sentence saying how far the mirror got with its weights
     while True:
         routes = {u.replica_id for u in rt.tables.upstreams.get(name, ())}
         if not_holding(rt, name, set()) != routes:
             return  # one holds it now (judged on the routes as they are now)
         if time.monotonic() - looked >= SAID_EVERY_S:
             looked = time.monotonic()
-            said = await _said(name, asked_at)
+            if asked_at is None or name not in _asked:  # never asked, or its ask was dropped
+                asked_at, unmirrored = await _ask_mirrored(rt, adapter, ups)
+            said = await _said(name, asked_at) if asked_at is not None else None
             if said is not None and said[0] == "loaded":
                 # Its agent said so: routed to at once, before the readings say it too.
                 LOADED[(said[1], name)] = time.monotonic()
+                UNLOADING.pop((said[1], name), None)
                 continue
             if said is not None:
                 _asked.pop(name, None)  # asked again by the next request
                 raise unplaceable(f"Adapter {name} could not be loaded: {said[2]}.")
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
+            why = unmirrored or f"Adapter {name} is loading: no replica held it within {bound:g} s."
             raise Refused(
                 503,
-                f"Adapter {name} is loading: no replica held it within {bound:g} s. "
-                "Try again shortly.",
+                f"{why} Try again shortly.",
                 "server_error",
                 "model_loading",
                 reason="loading",
@@ -249,10 +338,30 @@ async def _held(rt: State, req: Request, adapter: AdapterSpec, asked_at: datetim
         await asyncio.sleep(min(POLL_S, remaining))
 
 
+async def _ask_mirrored(
+    rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]
+) -> tuple[datetime | None, str]:
+    """`_ask`'s answer: when it was asked for and "", or None and the sentence saying how far
+    the mirror got with its weights, when there is nothing yet to load."""
+    from fleet.services import NotMirrored
+
+    try:
+        return await _ask(rt, adapter, ups), ""
+    except NotMirrored as exc:
+        return None, str(exc)
+
+
 async def _ask(rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]) -> datetime:
     """Send the load (and the unload it makes room with) to the chosen replica's agent,
-    unless this adapter was asked for lately; when it was asked for."""
+    unless this adapter was asked for lately; when it was asked for. NotMirrored, and the
+    ask dropped, while the mirror does not hold its weights (said again for SAID_EVERY_S
+    without asking the database)."""
+    from fleet.services import NotMirrored
+
     now = time.monotonic()
+    unmirrored = _unmirrored.get(adapter.name)
+    if unmirrored is not None and now - unmirrored[0] < SAID_EVERY_S:
+        raise NotMirrored(unmirrored[1])
     asked = _asked.get(adapter.name)
     if asked is not None and now - asked[0] < ASK_EVERY_S:
         return datetime.now(UTC) - timedelta(seconds=now - asked[0])
@@ -270,8 +379,13 @@ async def _ask(rt: State, adapter: AdapterSpec, ups: Sequence[Upstream]) -> date
     )
     try:
         await _send(replica, adapter, evict)
+    except NotMirrored as exc:
+        _asked.pop(adapter.name, None)
+        _unmirrored[adapter.name] = (time.monotonic(), str(exc))
+        raise
     except Exception:  # noqa: BLE001 - the database or channel layer away: said, and waited on
         log.warning("could not ask for adapter %s to be loaded", adapter.name, exc_info=True)
+    _loading(replica, adapter.name)
     return asked_at
 
 

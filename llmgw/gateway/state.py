@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from channels.db import database_sync_to_async
 
@@ -26,7 +26,7 @@ from llmgw.gateway.tables import Key, Tables, Upstream
 from llmgw.gateway.usage import UsageBook
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Coroutine
 
     from fleet.domain.readings import Reading
 
@@ -313,6 +313,13 @@ class State:
         task = asyncio.get_running_loop().create_task(report())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def beside(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task:
+        """Run `work` beside the requests, cancelled when the runtime closes."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def start_soon(self, model: str) -> None:
         """`start_model` without waiting for it."""
