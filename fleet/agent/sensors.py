@@ -71,6 +71,10 @@ class GpuSensor:
     memory_temp_c: float | None = None
     power_w: float | None = None
     power_limit_w: float | None = None
+    # Its default power limit and the least it allows (NVML only): what the control plane
+    # compares power_limit_w with to keep a power cap (docs/facility.md, "Power capping").
+    power_default_w: float | None = None
+    power_min_w: float | None = None
     # None when the reasons could not be read; empty when the card runs free.
     throttle: tuple[str, ...] | None = None
     utilization: float | None = None
@@ -79,7 +83,15 @@ class GpuSensor:
     def to_message(self) -> dict[str, Any]:
         """The card's entry in the heartbeat's ``load.gpus``, unknowns left out."""
         msg: dict[str, Any] = {"index": self.index}
-        for key in ("temp_c", "memory_temp_c", "power_w", "power_limit_w", "utilization"):
+        for key in (
+            "temp_c",
+            "memory_temp_c",
+            "power_w",
+            "power_limit_w",
+            "power_default_w",
+            "power_min_w",
+            "utilization",
+        ):
             value = getattr(self, key)
             if value is not None:
                 msg[key] = value
@@ -371,6 +383,8 @@ def _nvml_gpu(nvml: Any, index: int, h: Any) -> GpuSensor:
     temp = ask(lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
     power_mw = ask(lambda: nvml.nvmlDeviceGetPowerUsage(h))
     limit_mw = ask(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
+    default_mw = ask(lambda: nvml.nvmlDeviceGetPowerManagementDefaultLimit(h))
+    limits_mw = ask(lambda: nvml.nvmlDeviceGetPowerManagementLimitConstraints(h))
     util = ask(lambda: nvml.nvmlDeviceGetUtilizationRates(h))
     mem = ask(lambda: nvml.nvmlDeviceGetMemoryInfo(h))
     # Renamed "clock event reasons" in newer drivers; the bits are the same.
@@ -383,11 +397,17 @@ def _nvml_gpu(nvml: Any, index: int, h: Any) -> GpuSensor:
         temp_c=_positive(temp),
         memory_temp_c=_positive(ask(lambda: _memory_temp(nvml, h))),
         power_w=_positive(power_mw / 1000 if power_mw is not None else None),
-        power_limit_w=_positive(limit_mw / 1000 if limit_mw is not None else None),
+        power_limit_w=_watts(limit_mw),
+        power_default_w=_watts(default_mw),
+        power_min_w=_watts(limits_mw[0] if limits_mw else None),
         throttle=_throttle_names(int(reasons)) if reasons is not None else None,
         utilization=float(util.gpu) if util is not None else None,
         memory_used_mb=int(mem.used) // MIB if mem is not None else None,
     )
+
+
+def _watts(milliwatts: Any) -> float | None:
+    return _positive(milliwatts / 1000) if isinstance(milliwatts, int | float) else None
 
 
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")

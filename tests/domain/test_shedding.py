@@ -241,7 +241,9 @@ def test_a_replica_over_several_nodes_is_shed_when_one_of_them_is_hot():
 
     def place(c, avoid):
         avoided.append(avoid)
-        return SimpleNamespace(shards=(SimpleNamespace(node_id="c1"), SimpleNamespace(node_id="c2")))
+        return SimpleNamespace(
+            shards=(SimpleNamespace(node_id="c1"), SimpleNamespace(node_id="c2"))
+        )
 
     nodes = {"a1": (R1,), "b1": (R2,), "c1": (("rack", "r3"),), "c2": (("rack", "r3"),)}
     moves, why = plan_shed(fac({R1: hot(0)}), nodes, standing, set(), place)
