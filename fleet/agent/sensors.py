@@ -148,7 +148,9 @@ class SensorSampler:
     ``clock`` is monotonic seconds. ``read_gpus`` is off for a node whose GPUs
     are simulated: the real cards here are not the ones it registered. The
     first sample has no CPU power, which needs two readings of the counters.
-    Safe to call from any thread.
+    ``sim_power`` is where simulated GPUs keep the power limit they are held to:
+    the sim engines read it (``llmgw sim-engine --power-file``). Safe to call
+    from any thread.
     """
 
     def __init__(
@@ -156,6 +158,7 @@ class SensorSampler:
         *,
         sys_root: str | Path = "/sys",
         read_gpus: bool = True,
+        sim_power: Path | None = None,
         nvml: Any = None,
         smi: Smi = run_smi,
         clock: Callable[[], float] = time.monotonic,
@@ -163,6 +166,7 @@ class SensorSampler:
     ) -> None:
         self.sys_root = Path(sys_root)
         self.read_gpus = read_gpus
+        self.sim_power = sim_power
         self._nvml = nvml
         self._nvml_state: str | None = None  # None untried, "up" or "down"
         self._smi = smi
@@ -195,10 +199,11 @@ class SensorSampler:
         """Hold each GPU to `share` of its default power limit (None: back to its default),
         within the limits the card allows, through NVML's nvmlDeviceSetPowerManagementLimit
         (root, or the driver's persistence of settings, is needed). Per GPU, a sentence of
-        what was done or why not; nothing when the GPUs are simulated."""
+        what was done or why not. Simulated GPUs keep the share in `sim_power`, for their
+        sim engines to run as slower as it makes them; without it, nothing is done."""
         with self._lock:
             if not self.read_gpus:
-                return []
+                return sim_power_cap(self.sim_power, share) if self.sim_power else []
             nvml = self._load_nvml()
             if nvml is None:
                 return ["no GPU's power limit was set: NVML could not be loaded"]
@@ -453,6 +458,28 @@ def _read(path: Path) -> str:
         return path.read_text().strip()
     except (OSError, UnicodeDecodeError):
         return ""
+
+
+def sim_power_path(state_dir: Path) -> Path:
+    """Where a node's simulated GPUs keep the power limit they are held to."""
+    return state_dir / "sim-power"
+
+
+def sim_power_cap(path: Path, share: float | None) -> list[str]:
+    """Hold simulated GPUs to `share` of their default power limit (None: their default):
+    written where their sim engines read it, at most once a second."""
+    try:
+        if share is None:
+            path.unlink(missing_ok=True)
+        else:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(f"{share:g}\n")
+            tmp.replace(path)  # a sim engine never reads half a file
+    except OSError as exc:
+        return [f"the simulated GPUs' power limit was not set: {exc}"]
+    if share is None:
+        return ["simulated GPUs: power limit back to their default"]
+    return [f"simulated GPUs: power limit set to {share:.0%} of their default"]
 
 
 def _power_cap_one(nvml: Any, index: int, share: float | None) -> str:

@@ -65,6 +65,19 @@ def test_simulated_gpus_are_not_touched(tmp_path):
     assert (nvml.inits, nvml.gpus[0].power_limit_mw) == (0, 700_000)
 
 
+def test_simulated_gpus_keep_their_cap_where_their_sim_engines_read_it(tmp_path):
+    from llmgw.simengine import PowerFile
+
+    path = tmp_path / "sim-power"
+    s = sampler(FakeNvml([]), tmp_path, read_gpus=False, sim_power=path)
+
+    assert s.power_cap(0.8) == ["simulated GPUs: power limit set to 80% of their default"]
+    assert PowerFile(str(path)).share(0.0) == 0.8
+    assert s.power_cap(None) == ["simulated GPUs: power limit back to their default"]
+    assert not path.exists() and PowerFile(str(path)).share(0.0) == 1.0
+    assert s.power_cap(None) == ["simulated GPUs: power limit back to their default"]
+
+
 def test_without_nvml_nothing_is_set_and_it_is_said(tmp_path):
     import pynvml
 
