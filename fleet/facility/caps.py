@@ -30,6 +30,9 @@ log = logging.getLogger("llmgw.facility")
 
 SENT_KEY = "llmgw:facility:power_caps_sent"  # {node: [share, at]}: the cap last sent, and when
 
+Nodes = dict[str, tuple[tuple[Domain, ...], str, list[dict]]]  # id: (domains, state, GPUs)
+Sent = dict[str, list]  # id: [the cap last sent, when]
+
 
 def caps_decide(changes: list[Event], now: datetime) -> tuple[list[Command], list[Event]]:
     """The power_cap commands this step calls for, and an event each: those its condition
@@ -63,10 +66,6 @@ def caps_decide(changes: list[Event], now: datetime) -> tuple[list[Command], lis
     if commands:
         cache.set(SENT_KEY, sent, timeout=None)
     return commands, events
-
-
-Nodes = dict[str, tuple[tuple[Domain, ...], str, list[dict]]]  # id: (domains, state, GPUs)
-Sent = dict[str, list]  # id: [the cap last sent, when]
 
 
 def _on_change(
