@@ -35,6 +35,9 @@ BENCHES = [
     # LoRA adapters on the sim engine: the first request's wait, N adapters on one replica
     # against N replicas. About a minute; a line saying so without the agent's half.
     "adapters.py",
+    # Power capping against shedding on 4 sim engines: tokens a second kept capped to 80 %
+    # and 60 % (a model of speed under a power limit), and one replica moved. About 40 s.
+    "capping.py",
     # 5,000 real agents over websockets (BENCH_FLEET_AGENTS): held, heartbeats, a restart,
     # silence to unreachable, a pass. About 10 minutes.
     "fleet.py",

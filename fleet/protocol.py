@@ -216,6 +216,9 @@ class GpuLoad(_Message):
     memory_temp_c: Reading | None = None
     power_w: Reading | None = None
     power_limit_w: Reading | None = None
+    # Its default power limit and the least it allows: a power cap is kept against them.
+    power_default_w: Reading | None = None
+    power_min_w: Reading | None = None
     throttle: Annotated[list[Short], Field(max_length=16)] = []
     utilization: Annotated[float, Field(ge=0, le=100)] | None = None
     memory_used_mb: Count | None = None

@@ -7,6 +7,12 @@ the prompt's words its prefix cache lacks), then produces a token every
 `1 / tokens_per_sec` seconds. The words come from a small vocabulary seeded
 by the prompt, so the same prompt always gets the same answer.
 
+With `--power-file PATH` it runs as a GPU held to a power limit would: the file holds the
+share of its default limit the GPU is held to (0.8: 80 %; what the agent writes for a
+simulated GPU it is told to `power_cap`), and its tokens come at `share ** --power-exponent`
+of the speed (0.6 by default), its first token as much later. A model, not a measurement:
+docs/benchmarks.md says what it assumes.
+
 With `--max-loras N` it holds up to N LoRA adapters, as vLLM does: given at start
 (`--lora NAME=PATH`) or loaded and unloaded at run time (`POST /v1/load_lora_adapter`,
 `/v1/unload_lora_adapter`), listed in `/v1/models` with their `parent`; a request that
@@ -67,6 +73,41 @@ class SimConfig:
     weights: str | None = None  # the file or folder it was given as its model, as vLLM's root
     max_loras: int = 0  # LoRA adapters held at once (vLLM's --max-loras); 0: none
     loras: tuple[tuple[str, str], ...] = ()  # (name, path) held from the start
+    power_file: str | None = None  # the share of its default power limit its GPU is held to
+    power_exponent: float = 0.6  # speed = share ** power_exponent
+
+
+def power_speed(share: float, exponent: float) -> float:
+    """The share of full speed a GPU held to `share` of its default power limit runs at.
+    The model: speed follows power sub-linearly (a GPU's clocks fall less than its power
+    does, as voltage falls with them); exponent 0 is speed that power does not change."""
+    return min(max(share, 0.1), 1.0) ** exponent
+
+
+class PowerFile:
+    """The share of its default power limit the engine's GPU is held to, read from a file
+    at most once a second; a file absent, empty or not a number is the default, 1."""
+
+    EVERY_S = 1.0
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._share = 1.0
+        self._read_at: float | None = None
+
+    def share(self, now: float) -> float:
+        """The share now; `now` is monotonic seconds."""
+        if self.path is None:
+            return 1.0
+        if self._read_at is None or now - self._read_at >= self.EVERY_S:
+            self._read_at = now
+            try:
+                with open(self.path, encoding="utf-8") as f:
+                    value = float(f.read().strip() or "1")
+            except (OSError, ValueError):
+                value = 1.0
+            self._share = min(max(value, 0.1), 1.0) if math.isfinite(value) else 1.0
+        return self._share
 
 
 class BadRequest(Exception):
@@ -140,6 +181,12 @@ class Engine:
         self.created = int(time.time())
         # The adapters held, by name, with the path each came from, in the order loaded.
         self.adapters: dict[str, str] = dict(config.loras)
+        self.power = PowerFile(config.power_file)
+
+    def speed(self) -> float:
+        """The share of full speed it runs at now, as its GPU's power limit allows."""
+        share = self.power.share(time.monotonic())
+        return power_speed(share, self.config.power_exponent)
 
     def seed(self, model: object) -> str:
         """What the answer's words are seeded by besides the prompt: the adapter's name when
@@ -454,7 +501,6 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
         "created": int(time.time()),
         "model": model if isinstance(model, str) else engine.config.model,
     }
-    step = 1.0 / engine.config.tokens_per_sec
 
     def chunk(content: str | None, reason: str | None = None, **delta: Any) -> dict[str, Any]:
         if chat:
@@ -472,11 +518,16 @@ async def complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
 
     async with engine.slots.hold(), _holding_kv(engine, prompt_tokens + count):
         start = asyncio.get_running_loop().time()
+        speed = engine.speed()  # a request keeps the speed its slot was taken at
+        step = 1.0 / (engine.config.tokens_per_sec * speed)
         cached = engine.prefill(prompt_words, prompt_tokens)
-        first = first_token_seconds(
-            ttft_ms=engine.config.ttft_ms,
-            uncached_tokens=prompt_tokens - cached,
-            prefill_tokens_per_sec=engine.config.prefill_tokens_per_sec,
+        first = (
+            first_token_seconds(
+                ttft_ms=engine.config.ttft_ms,
+                uncached_tokens=prompt_tokens - cached,
+                prefill_tokens_per_sec=engine.config.prefill_tokens_per_sec,
+            )
+            / speed
         )
         usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
@@ -637,6 +688,16 @@ def main(argv: list[str] | None = None) -> int:
         type=_at_least(0),
         default=0,
         help="tokens the KV cache holds, for its use (0: the share of slots taken)",
+    )
+    add(
+        "--power-file",
+        help="a file holding the share of its default power limit its GPU is held to",
+    )
+    add(
+        "--power-exponent",
+        type=_at_least(0, float),
+        default=0.6,
+        help="speed = the power file's share ** this (0: power does not change speed)",
     )
     add("--api-key", help=f"for manual use; the agent passes the key in ${API_KEY_ENV}")
     add("--weights", help="the file or folder of the model's weights; it must exist")

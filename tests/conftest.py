@@ -11,6 +11,7 @@ def _fresh_caches():
     and ends with no database connection kept."""
     from catalog import selectors as catalog_selectors
     from fleet.facility import observe as facility_observe
+    from fleet.facility.caps import caps_clear
     from fleet.reconciler.run import MEASUREMENTS, POLICY
     from fleet.selectors.state import caches_clear
     from llmgw.core.db import kept_connections_close
@@ -25,6 +26,7 @@ def _fresh_caches():
     POLICY.clear()
     MEASUREMENTS.clear()
     facility_observe.caches_clear()
+    caps_clear()
     yield
     # The agents' database thread keeps its connection: none outlives the test.
     kept_connections_close()

@@ -29,7 +29,7 @@ from fleet.agent import AGENT_VERSION
 from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import LoadSampler, Machine
 from fleet.agent.gpu_holders import gpu_holders
-from fleet.agent.sensors import SensorSampler
+from fleet.agent.sensors import SensorSampler, sim_power_path
 from fleet.agent.supervisor import Supervisor
 from fleet.agent.upgrade import UpgradeError, Upgrader, restart_argv
 from mirror.domain.platforms import this_platform
@@ -95,7 +95,10 @@ class Agent:
         self.supervisor = supervisor
         self.load_sampler = load_sampler or LoadSampler(
             include_memory=not machine.memory_simulated,
-            sensors=SensorSampler(read_gpus=not machine.gpus_simulated),
+            sensors=SensorSampler(
+                read_gpus=not machine.gpus_simulated,
+                sim_power=sim_power_path(machine.state_dir) if machine.gpus_simulated else None,
+            ),
         )
         # Reads the node's GPU fabric (fleet/agent/fabric.py FabricReader); None: none.
         self.fabric = fabric

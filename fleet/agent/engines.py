@@ -158,6 +158,9 @@ class NodeContext:
     bind_host: str = "0.0.0.0"
     sim_command: Sequence[str] = SIM_COMMAND
     binaries: Mapping[str, str] = field(default_factory=engine_binaries)
+    # Where simulated GPUs keep the power limit they are held to (sensors.sim_power_cap):
+    # a sim engine runs as slow as it says. None: the GPUs are real, or not capped.
+    sim_power_file: str | None = None
 
     def binary(self, engine: str) -> str:
         """The program that runs ``engine`` here."""
@@ -364,6 +367,8 @@ def _sim(spec: ShardSpec, node: NodeContext) -> list[str]:
         argv += ["--weights", spec.source or ""]
     if not has_flag(args, "--threads"):
         argv += ["--threads", str(cpu_threads(spec, node.cpu_count))]
+    if node.sim_power_file and not has_flag(args, "--power-file"):
+        argv += ["--power-file", node.sim_power_file]
     return argv + _sim_adapters(spec, args) + args
 
 

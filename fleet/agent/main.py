@@ -26,6 +26,7 @@ from fleet.agent.discovery import Machine, advertise_address, parse_gpu_spec, si
 from fleet.agent.engines import use_binary
 from fleet.agent.fabric import FabricReader, SimulatedFabric, parse_fabric_spec
 from fleet.agent.install import Installer
+from fleet.agent.sensors import sim_power_path
 from fleet.agent.supervisor import Supervisor
 from fleet.agent.upgrade import Upgrader
 from fleet.domain.power import (
@@ -375,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         port_range=args.port_range,
         cpu_count=machine.cpu_count(),
         sim_command=sim_command,
+        sim_power_file=sim_power_path(state_dir) if machine.gpus_simulated else None,
         cache=WeightCache(
             args.cache_dir or state_dir / "weights", server=args.server, bearer=credentials
         ),

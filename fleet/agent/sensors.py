@@ -71,6 +71,10 @@ class GpuSensor:
     memory_temp_c: float | None = None
     power_w: float | None = None
     power_limit_w: float | None = None
+    # Its default power limit and the least it allows (NVML only): what the control plane
+    # compares power_limit_w with to keep a power cap (docs/facility.md, "Power capping").
+    power_default_w: float | None = None
+    power_min_w: float | None = None
     # None when the reasons could not be read; empty when the card runs free.
     throttle: tuple[str, ...] | None = None
     utilization: float | None = None
@@ -79,7 +83,15 @@ class GpuSensor:
     def to_message(self) -> dict[str, Any]:
         """The card's entry in the heartbeat's ``load.gpus``, unknowns left out."""
         msg: dict[str, Any] = {"index": self.index}
-        for key in ("temp_c", "memory_temp_c", "power_w", "power_limit_w", "utilization"):
+        for key in (
+            "temp_c",
+            "memory_temp_c",
+            "power_w",
+            "power_limit_w",
+            "power_default_w",
+            "power_min_w",
+            "utilization",
+        ):
             value = getattr(self, key)
             if value is not None:
                 msg[key] = value
@@ -136,7 +148,9 @@ class SensorSampler:
     ``clock`` is monotonic seconds. ``read_gpus`` is off for a node whose GPUs
     are simulated: the real cards here are not the ones it registered. The
     first sample has no CPU power, which needs two readings of the counters.
-    Safe to call from any thread.
+    ``sim_power`` is where simulated GPUs keep the power limit they are held to:
+    the sim engines read it (``llmgw sim-engine --power-file``). Safe to call
+    from any thread.
     """
 
     def __init__(
@@ -144,6 +158,7 @@ class SensorSampler:
         *,
         sys_root: str | Path = "/sys",
         read_gpus: bool = True,
+        sim_power: Path | None = None,
         nvml: Any = None,
         smi: Smi = run_smi,
         clock: Callable[[], float] = time.monotonic,
@@ -151,6 +166,7 @@ class SensorSampler:
     ) -> None:
         self.sys_root = Path(sys_root)
         self.read_gpus = read_gpus
+        self.sim_power = sim_power
         self._nvml = nvml
         self._nvml_state: str | None = None  # None untried, "up" or "down"
         self._smi = smi
@@ -183,10 +199,11 @@ class SensorSampler:
         """Hold each GPU to `share` of its default power limit (None: back to its default),
         within the limits the card allows, through NVML's nvmlDeviceSetPowerManagementLimit
         (root, or the driver's persistence of settings, is needed). Per GPU, a sentence of
-        what was done or why not; nothing when the GPUs are simulated."""
+        what was done or why not. Simulated GPUs keep the share in `sim_power`, for their
+        sim engines to run as slower as it makes them; without it, nothing is done."""
         with self._lock:
             if not self.read_gpus:
-                return []
+                return sim_power_cap(self.sim_power, share) if self.sim_power else []
             nvml = self._load_nvml()
             if nvml is None:
                 return ["no GPU's power limit was set: NVML could not be loaded"]
@@ -371,6 +388,8 @@ def _nvml_gpu(nvml: Any, index: int, h: Any) -> GpuSensor:
     temp = ask(lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
     power_mw = ask(lambda: nvml.nvmlDeviceGetPowerUsage(h))
     limit_mw = ask(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
+    default_mw = ask(lambda: nvml.nvmlDeviceGetPowerManagementDefaultLimit(h))
+    limits_mw = ask(lambda: nvml.nvmlDeviceGetPowerManagementLimitConstraints(h))
     util = ask(lambda: nvml.nvmlDeviceGetUtilizationRates(h))
     mem = ask(lambda: nvml.nvmlDeviceGetMemoryInfo(h))
     # Renamed "clock event reasons" in newer drivers; the bits are the same.
@@ -383,11 +402,17 @@ def _nvml_gpu(nvml: Any, index: int, h: Any) -> GpuSensor:
         temp_c=_positive(temp),
         memory_temp_c=_positive(ask(lambda: _memory_temp(nvml, h))),
         power_w=_positive(power_mw / 1000 if power_mw is not None else None),
-        power_limit_w=_positive(limit_mw / 1000 if limit_mw is not None else None),
+        power_limit_w=_watts(limit_mw),
+        power_default_w=_watts(default_mw),
+        power_min_w=_watts(limits_mw[0] if limits_mw else None),
         throttle=_throttle_names(int(reasons)) if reasons is not None else None,
         utilization=float(util.gpu) if util is not None else None,
         memory_used_mb=int(mem.used) // MIB if mem is not None else None,
     )
+
+
+def _watts(milliwatts: Any) -> float | None:
+    return _positive(milliwatts / 1000) if isinstance(milliwatts, int | float) else None
 
 
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
@@ -433,6 +458,28 @@ def _read(path: Path) -> str:
         return path.read_text().strip()
     except (OSError, UnicodeDecodeError):
         return ""
+
+
+def sim_power_path(state_dir: Path) -> Path:
+    """Where a node's simulated GPUs keep the power limit they are held to."""
+    return state_dir / "sim-power"
+
+
+def sim_power_cap(path: Path, share: float | None) -> list[str]:
+    """Hold simulated GPUs to `share` of their default power limit (None: their default):
+    written where their sim engines read it, at most once a second."""
+    try:
+        if share is None:
+            path.unlink(missing_ok=True)
+        else:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(f"{share:g}\n")
+            tmp.replace(path)  # a sim engine never reads half a file
+    except OSError as exc:
+        return [f"the simulated GPUs' power limit was not set: {exc}"]
+    if share is None:
+        return ["simulated GPUs: power limit back to their default"]
+    return [f"simulated GPUs: power limit set to {share:.0%} of their default"]
 
 
 def _power_cap_one(nvml: Any, index: int, share: float | None) -> str:

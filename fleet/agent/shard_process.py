@@ -176,6 +176,7 @@ class ShardProcesses(ShardWatch):
             cpu_count=self.cpu_count,
             bind_host=self.bind_host,
             sim_command=self.sim_command,
+            sim_power_file=str(self.sim_power_file) if self.sim_power_file else None,
         )
         command = build_command(spec, node)
         shard.slots = engine_slots(spec.engine, command.argv)

@@ -142,6 +142,7 @@ class ShardTable:
         port_range: tuple[int, int] = (20000, 29999),
         cpu_count: int | None = None,
         sim_command: Sequence[str] | None = None,
+        sim_power_file: Path | None = None,
         cache: WeightCache | None = None,
         installer: Installer | None = None,
         memory: MemoryReader | None = None,
@@ -160,6 +161,7 @@ class ShardTable:
         self.port_range = port_range
         self.cpu_count = cpu_count
         self.sim_command = tuple(sim_command) if sim_command else SIM_COMMAND
+        self.sim_power_file = sim_power_file
         # Called with every shard_status message; the client sets it.
         self.on_change: Callable[[dict[str, Any]], None] = lambda msg: None
         self._shards: dict[str, Shard] = {}

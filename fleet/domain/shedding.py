@@ -2,12 +2,14 @@
 
 Opt-in (LLMGW_FACILITY_SHED: every domain, or those named). A domain `hot` for longer than
 its shed delay has one replica moved off it per interval, through preemption's machinery:
-only a replica any preemptor could take (ready, past its minimum lifetime, on one node:
-the context's standing), the lowest class first, replicas above their model's minimum
-before any at it, a critical model's minimum never. The move is make-before-break, as
-defragmentation's: the replacement is placed outside the hot domains first, the old replica
-retires and stops once its replacement is ready (stopping.py). With no room outside for a
-replacement nothing moves: shedding moves work, it never drops it.
+only a replica ready and past its minimum lifetime (the context's standing; one over several
+nodes too, shed when any of its nodes is in the domain), the lowest class first, replicas
+above their model's minimum before any at it, a critical model's minimum never. The move is
+make-before-break, as defragmentation's: the replacement is placed first on nodes none of
+which is in a hot domain (a replica over several nodes through its fabric group, as
+placement takes one), the old replica retires and stops once its replacement is ready
+(stopping.py). With no room outside for a replacement nothing moves: shedding moves work,
+it never drops it.
 
 Under observe-only (LLMGW_FACILITY_ENFORCE off) every move is said ("would have shed …")
 and nothing is done. `plan_shed` is the pure choice; `shed` does it in a pass.
@@ -103,7 +105,8 @@ def _sentence(fac: Facility, domain: Domain, c: Candidate, to: Placement) -> str
     s = fac.states[domain]
     kind, name = domain
     where = ", ".join(sh.node_id for sh in to.shards)
-    hot = f"hot for {duration_said(fac.now - (s.since or fac.now))} ({s.why})"
+    since = fac.now if s.since is None else s.since  # 0 is a moment, not unknown
+    hot = f"hot for {duration_said(fac.now - since)} ({s.why})"
     return f"shed {c.replica.id} of {c.model.name} off {kind} {name} to {where}: {hot}"
 
 
@@ -153,13 +156,15 @@ def plan_shed(
 
 
 def _standing(ctx: Context) -> dict[str, list[tuple[ReplicaView, ModelSpec, bool]]]:
-    """Per node, the replicas any preemptor could take (one node, ready, past their minimum
-    lifetime, not taken this pass)."""
+    """Per node, the replicas that may be shed (ready, past their minimum lifetime, not taken
+    this pass). Unlike preemption, which frees one node's room and so cannot use a replica
+    over several, shedding moves the whole replica: one over several nodes is listed under
+    each, and leaves every domain any of them is in."""
     return {
         n: [
             (s.replica, s.model, s.above_min)
             for s in entries
-            if not s.multi and not s.refusal and s.replica.id not in ctx.taken
+            if not s.refusal and s.replica.id not in ctx.taken
         ]
         for n, entries in ctx.standing.items()
     }

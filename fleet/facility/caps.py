@@ -4,17 +4,22 @@ or no longer, is told to hold its GPUs to a share of their default power limit, 
 them go (the agent's `power_cap` command, fleet/agent/sensors.py). Under observe-only each
 is said and nothing is sent.
 
-Sent on a change only: a limit set through NVML holds until the driver is reloaded, so an
-agent that reconnects keeps it; a node that joins a warm rack later is not capped until its
-rack's condition next changes.
+Kept, not only sent on a change: a node that joins a warm rack, whose driver reloads, or
+that was away when its cap was sent reports a limit that is not the one wanted, and is sent
+its cap again, at most once per fleet.domain.capping.RESEND_S (capping.py says how the
+limits are compared). When each node was last sent its cap is kept in the cache (Redis
+where there is one), so reconcilers in several processes do not each send it.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from django.conf import settings
+from django.core.cache import cache
 
+from ..domain import capping
 from ..domain.conditions import Domain, domains_of
 from ..domain.plan import Event
 from ..domain.shedding import power_caps
@@ -23,28 +28,67 @@ from ..nodes.dispatch import Command
 
 log = logging.getLogger("llmgw.facility")
 
+SENT_KEY = "llmgw:facility:power_caps_sent"  # {node: [share, at]}: the cap last sent, and when
 
-def caps_decide(changes: list[Event]) -> tuple[list[Command], list[Event]]:
-    """The power_cap commands this step's condition changes call for, and an event each."""
+Nodes = dict[str, tuple[tuple[Domain, ...], str, list[dict]]]  # id: (domains, state, GPUs)
+Sent = dict[str, list]  # id: [the cap last sent, when]
+
+
+def caps_decide(changes: list[Event], now: datetime) -> tuple[list[Command], list[Event]]:
+    """The power_cap commands this step calls for, and an event each: those its condition
+    changes call for, then those of nodes whose GPUs still report the wrong limit."""
     share = settings.LLMGW.facility_power_cap
-    changed = [e for e in changes if e.kind == "facility_condition"]
-    if share is None or not changed:
+    if share is None:
         return [], []
+    changed = [e for e in changes if e.kind == "facility_condition"]
+    enforce = settings.LLMGW.facility_enforce
+    if not changed and not enforce:
+        return [], []  # observe-only sends nothing, so there is nothing to keep
     after: dict[Domain, str] = {
         (k, n): c
         for k, n, c in DomainCondition.objects.filter(condition__in=("warm", "hot")).values_list(
             "kind", "name", "condition"
         )
     }
+    nodes: Nodes = {
+        n: (domains_of(labels or {}), state, gpus or [])
+        for n, labels, state, gpus in Node.objects.values_list(
+            "id", "labels", "state", "load__gpus"
+        )
+    }
+    at = now.timestamp()
+    sent: Sent = cache.get(SENT_KEY) or {}
+    commands, events = _on_change(changed, after, nodes, share, enforce, sent, at)
+    if enforce:
+        kept_commands, kept_events = _kept(after, nodes, share, sent, at)
+        commands += kept_commands
+        events += kept_events
+    if commands:
+        cache.set(SENT_KEY, sent, timeout=None)
+    return commands, events
+
+
+def _on_change(
+    changed: list[Event],
+    after: dict[Domain, str],
+    nodes: Nodes,
+    share: float,
+    enforce: bool,
+    sent: Sent,
+    at: float,
+) -> tuple[list[Command], list[Event]]:
+    """A cap for each node whose domains turned warm or hot, or cooled: sent whatever its
+    GPUs report (a GPU that reports no limit is known only this way)."""
+    if not changed:
+        return [], []
     before = dict(after)
     for e in changed:
         kind, name = e.fields["domain"].split(":", 1)
         before[(kind, name)] = e.fields.get("was", "unknown")
-    nodes = {n: domains_of(labels or {}) for n, labels in Node.objects.values_list("id", "labels")}
-    wanted = power_caps(before, after, nodes, share)
-    enforce = settings.LLMGW.facility_enforce
-    commands, events = [], []
-    for node, cap in wanted.items():
+    domains = {n: ds for n, (ds, _, _) in nodes.items()}
+    commands: list[Command] = []
+    events: list[Event] = []
+    for node, cap in power_caps(before, after, domains, share).items():
         said = (
             f"held node {node}'s GPUs to {cap:.0%} of their default power limit: "
             "it is in a warm or hot domain"
@@ -53,10 +97,41 @@ def caps_decide(changes: list[Event]) -> tuple[list[Command], list[Event]]:
             "none of its domains is warm or hot"
         )
         if enforce:
-            commands.append(Command(node, {"type": "power_cap", "share": cap}))
+            commands.append(_send(node, cap, sent, at))
         else:
             said = f"would have {said} (LLMGW_FACILITY_ENFORCE is off)"
-        event = Event(said, "facility_power_cap", node=node, share=cap)
-        log.info(event, extra={"event": event.kind, **event.fields})
-        events.append(event)
+        events.append(_event(said, node, cap))
     return commands, events
+
+
+def _kept(
+    after: dict[Domain, str], nodes: Nodes, share: float, sent: Sent, at: float
+) -> tuple[list[Command], list[Event]]:
+    """A cap sent again to each ready node whose GPUs report a limit that is not it."""
+    reported = {
+        n: (capping.wanted(after, ds, share), [capping.Limit.of(g) for g in gpus])
+        for n, (ds, state, gpus) in nodes.items()
+        if state == Node.READY and gpus
+    }
+    commands: list[Command] = []
+    events: list[Event] = []
+    for r in capping.resends(reported, share, {n: tuple(v) for n, v in sent.items()}, at):
+        commands.append(_send(r.node, r.share, sent, at))
+        events.append(_event(capping.said(r), r.node, r.share))
+    return commands, events
+
+
+def _send(node: str, cap: float | None, sent: Sent, at: float) -> Command:
+    sent[node] = [cap, at]
+    return Command(node, {"type": "power_cap", "share": cap})
+
+
+def _event(said: str, node: str, cap: float | None) -> Event:
+    event = Event(said, "facility_power_cap", node=node, share=cap)
+    log.info(event, extra={"event": event.kind, **event.fields})
+    return event
+
+
+def caps_clear() -> None:
+    """Forget when each node was last sent its cap (the tests start afresh)."""
+    cache.delete(SENT_KEY)

@@ -272,7 +272,7 @@ def _conditions(now: datetime) -> list[Event]:
     conditions stay as they were (missing data never blocks placement)."""
     try:
         events = conditions_observe(now=now)
-        commands, capped = caps_decide(events)
+        commands, capped = caps_decide(events, now)
         dispatch(commands)
         return [*events, *capped]
     except Exception as exc:  # any failure of the sources: said, and the pass goes on

@@ -27,7 +27,7 @@ class FakeNVML:
     """Stands in for the ``pynvml`` module over a list of cards.
 
     A card is a dict: ``temp``, ``mem_temp``, ``power_mw``, ``limit_mw``,
-    ``reasons`` (clock event bits), ``util`` (percent), ``used`` (bytes) and
+    ``default_mw``, ``limits_mw`` (the least and most it allows), ``reasons`` (clock event bits), ``util`` (percent), ``used`` (bytes) and
     ``procs`` (the pids of its compute processes);
     a key left out is a figure the card does not support.
     """
@@ -73,6 +73,12 @@ class FakeNVML:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, card):
         return self._get(card, "limit_mw")
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, card):
+        return self._get(card, "default_mw")
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, card):
+        return list(self._get(card, "limits_mw"))  # pynvml answers [min, max]
 
     def nvmlDeviceGetUtilizationRates(self, card):
         return SimpleNamespace(gpu=self._get(card, "util"), memory=0)

@@ -182,6 +182,17 @@ def test_sim_runs_llmgw_sim_engine_or_the_command_given():
     assert "--weights" not in hub.argv
 
 
+def test_a_sim_engine_on_simulated_gpus_reads_their_power_limit():
+    # Where the agent's simulated GPUs keep their power cap; a profile's own flag wins.
+    capped = build_command(spec("sim"), node(sim_power_file="/var/lib/llmgw/sim-power"))
+    assert flag_value(capped.argv, "--power-file") == "/var/lib/llmgw/sim-power"
+    own = spec("sim", args=["--power-file", "/tmp/p"])
+    assert (
+        flag_value(build_command(own, node(sim_power_file="/x")).argv, "--power-file") == "/tmp/p"
+    )
+    assert "--power-file" not in build_command(spec("sim"), node()).argv
+
+
 @pytest.mark.parametrize("engine", ["llamacpp", "vllm", "sim"])
 def test_the_api_key_is_never_on_the_command_line(engine):
     cmd = build_command(spec(engine, gpus=[0]), node())

@@ -65,6 +65,19 @@ def test_simulated_gpus_are_not_touched(tmp_path):
     assert (nvml.inits, nvml.gpus[0].power_limit_mw) == (0, 700_000)
 
 
+def test_simulated_gpus_keep_their_cap_where_their_sim_engines_read_it(tmp_path):
+    from llmgw.simengine import PowerFile
+
+    path = tmp_path / "sim-power"
+    s = sampler(FakeNvml([]), tmp_path, read_gpus=False, sim_power=path)
+
+    assert s.power_cap(0.8) == ["simulated GPUs: power limit set to 80% of their default"]
+    assert PowerFile(str(path)).share(0.0) == 0.8
+    assert s.power_cap(None) == ["simulated GPUs: power limit back to their default"]
+    assert not path.exists() and PowerFile(str(path)).share(0.0) == 1.0
+    assert s.power_cap(None) == ["simulated GPUs: power limit back to their default"]
+
+
 def test_without_nvml_nothing_is_set_and_it_is_said(tmp_path):
     import pynvml
 
@@ -89,3 +102,28 @@ def test_the_agent_caps_on_the_control_planes_command_and_refuses_a_bad_share(tm
     assert nvml.gpus[0].power_limit_mw == 525_000
     assert "power cap: GPU 0: power limit set to 525 W, 75% of its default 700 W" in caplog.text
     assert "power_cap with a share that is not from 0.1 to 1: 5" in caplog.text
+
+
+def test_an_agent_on_simulated_gpus_keeps_their_cap_in_its_state_folder(tmp_path, caplog):
+    from fleet.agent.client import Agent, AgentSettings
+    from fleet.agent.credentials import Credentials
+    from fleet.agent.discovery import Machine, simulated_gpus
+    from fleet.agent.supervisor import Supervisor
+    from llmgw.simengine import PowerFile
+
+    machine = Machine(
+        tmp_path, gpus=simulated_gpus("2xh100-80g", "n1"), engines={"sim": "1"}, cpus=8
+    )
+    settings = AgentSettings(
+        ws_url="ws://127.0.0.1:1/",
+        credentials=Credentials(tmp_path, "t"),
+        node_id="n1",
+        advertise_addr="127.0.0.1",
+    )
+    agent = Agent(settings, machine, Supervisor(tmp_path, advertise_addr="127.0.0.1"))
+    caplog.set_level(logging.INFO)
+
+    asyncio.run(agent._power_cap({"type": "power_cap", "share": 0.6}))
+
+    assert PowerFile(str(tmp_path / "sim-power")).share(0.0) == 0.6
+    assert "power cap: simulated GPUs: power limit set to 60% of their default" in caplog.text

@@ -236,6 +236,19 @@ def test_a_card_without_memory_temperature_through_nvml_still_reports_the_rest(t
     }
 
 
+def test_nvml_says_each_cards_default_power_limit_and_its_least(tmp_path):
+    # What the control plane keeps a power cap against; a card that does not say is absent.
+    capped = {"limit_mw": 560000, "default_mw": 700000, "limits_mw": (200000, 700000)}
+    g0, g1 = sampler(tmp_path, nvml=FakeNVML([capped, {"limit_mw": 300000}])).sample().gpus
+    assert g0.to_message() == {
+        "index": 0,
+        "power_limit_w": 560.0,
+        "power_default_w": 700.0,
+        "power_min_w": 200.0,
+    }
+    assert g1.to_message() == {"index": 1, "power_limit_w": 300.0}
+
+
 def test_nvidia_smi_cells_it_cannot_give_are_absent(tmp_path):
     fields = [
         "index",

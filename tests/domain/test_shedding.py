@@ -15,7 +15,7 @@ from fleet.domain.power import RACK_LABEL
 from fleet.domain.shedding import REASON, candidates, due, in_flight, plan_shed, power_caps
 from llmgw.core.config import Shedding
 
-from .builders import NOW, gpu_node, model, replica, run, snapshot
+from .builders import NOW, gpu_node, gpu_profile, model, replica, run, snapshot
 
 R1, R2 = ("rack", "r1"), ("rack", "r2")
 ON = Shedding(True, delay=600, interval=300)
@@ -123,7 +123,12 @@ KINDS = st.sampled_from(["critical", "standard", "opportunistic"])
 @settings(max_examples=200, deadline=None)
 @given(
     replicas=st.lists(
-        st.tuples(st.sampled_from(["a1", "a2", "b1"]), KINDS, st.booleans()), max_size=12
+        st.tuples(
+            st.sets(st.sampled_from(["a1", "a2", "b1"]), min_size=1, max_size=2),
+            KINDS,
+            st.booleans(),
+        ),
+        max_size=12,
     ),
     racks=st.fixed_dictionaries(
         {
@@ -148,20 +153,32 @@ def test_never_two_moves_in_one_domain_nor_a_critical_minimum(
     if hot_pdu:
         states[("pdu", "p1")] = hot(0)
     standing: dict = {}
-    for i, (node, cls, above) in enumerate(replicas):
+    for i, (on, cls, above) in enumerate(replicas):
+        # A replica over several nodes is listed under each, as the context lists it.
         m = model(f"m{i}", capacity_class=cls)
-        standing.setdefault(node, []).append((replica(f"m{i}-1", m.name, on=node), m, above))
-    moves, _ = plan_shed(
-        fac(states), nodes, standing, set(busy), lambda c, a: to("z9") if room else None
-    )
+        r = replica(f"m{i}-1", m.name, on=sorted(on))
+        for node in on:
+            standing.setdefault(node, []).append((r, m, above))
+    hot_nodes = {n for n, ds in nodes.items() if any(d in states for d in ds)}
+    avoided: list = []
+
+    def place(c, avoid):
+        avoided.append(avoid)
+        return to("z9") if room else None
+
+    moves, _ = plan_shed(fac(states), nodes, standing, set(busy), place)
 
     per_domain: dict = {}
     for m in moves:
         assert not (m.candidate.model.effective_class == "critical" and not m.candidate.above_min)
+        # Every domain any of its nodes is in counts the move.
+        mine = {d for n in m.candidate.replica.nodes for d in nodes[n]}
+        assert set(m.domains) == mine
         for d in m.domains:
             assert d not in busy  # a move in flight holds its domain
             per_domain[d] = per_domain.get(d, 0) + 1
     assert all(n == 1 for n in per_domain.values()), per_domain
+    assert all(hot_nodes <= a for a in avoided)  # the replacement never goes to a hot node
     assert room or not moves
 
 
@@ -212,6 +229,95 @@ def test_two_domains_shedding_in_one_pass_never_take_the_same_room():
     assert [[sh.node_id for _, sh in s.shards] for s in plan.starts] == [["c1"]]
     assert len(plan.retires) == 1
     assert "rack r2 is hot and no replica on it has room elsewhere" in plan.events
+
+
+def test_a_replica_over_several_nodes_is_shed_when_one_of_them_is_hot():
+    # wide-1 spans a1 (hot r1) and b1 (r2, not hot): it is shed, and the move counts for
+    # both racks, so r2 sees no other move this interval.
+    wide = model("wide", min=2)
+    standing_entry = (replica("wide-1", "wide", on=["a1", "b1"]), wide, True)
+    standing = {"a1": [standing_entry], "b1": [standing_entry]}
+    avoided = []
+
+    def place(c, avoid):
+        avoided.append(avoid)
+        return SimpleNamespace(
+            shards=(SimpleNamespace(node_id="c1"), SimpleNamespace(node_id="c2"))
+        )
+
+    nodes = {"a1": (R1,), "b1": (R2,), "c1": (("rack", "r3"),), "c2": (("rack", "r3"),)}
+    moves, why = plan_shed(fac({R1: hot(0)}), nodes, standing, set(), place)
+
+    (move,) = moves
+    assert move.candidate.replica.id == "wide-1"
+    assert move.domains == (R1, R2)
+    assert move.said == "shed wide-1 of wide off rack r1 to c1, c2: hot for 17 min (inlet 34 °C)"
+    assert avoided == [frozenset({"a1"})] and why == []
+
+
+def test_a_critical_minimum_over_several_nodes_is_never_shed():
+    crit = model("crit", min=1, capacity_class="critical")
+    entry_ = (replica("crit-1", "crit", on=["a1", "b1"]), crit, False)
+    moves, why = plan_shed(
+        fac({R1: hot(0)}),
+        {"a1": (R1,), "b1": (R2,)},
+        {"a1": [entry_], "b1": [entry_]},
+        set(),
+        lambda c, a: to("z9"),
+    )
+    assert moves == []
+    assert why == [(R1, "rack r1 is hot and has nothing that may be shed")]
+
+
+def fabric_racked(node_id: str, rack: str, gpus: int = 1):
+    return gpu_node(node_id, gpus=gpus, labels={RACK_LABEL: rack}, fabric="ib")
+
+
+def wide_model(**kw):
+    return model("wide", gpu_profile("two", tp=2, nodes=2), **kw)
+
+
+def test_a_pass_moves_a_replica_over_several_nodes_onto_nodes_none_of_which_is_hot():
+    # wide-a spans a1 (hot r1) and b1 (r2); b2 is free in r2 but c1 and c2 in r3 come
+    # first: nodes not running the model yet. Its replacement is placed whole, through
+    # the fabric group, before it retires.
+    wide = wide_model(min=1, capacity_class="opportunistic")
+    snap = snapshot(
+        [
+            fabric_racked("a1", "r1"),
+            fabric_racked("b1", "r2"),
+            fabric_racked("c1", "r3"),
+            fabric_racked("c2", "r3"),
+        ],
+        [wide],
+        [replica("wide-a", "wide", on=["a1", "b1"], gpus=(0,), profile="two")],
+    )
+    at = NOW.timestamp()
+    snap = replace(snap, facility=fac({R1: hot(at - 700)}, now=at))
+
+    plan = run(snap)
+
+    assert [sorted(sh.node_id for _, sh in s.shards) for s in plan.starts] == [["c1", "c2"]]
+    assert [(r.replica_id, r.reason.split(":")[0]) for r in plan.retires] == [
+        ("wide-a", "shed wide-a of wide off rack r1 to c1, c2")
+    ]
+
+
+def test_a_replica_over_several_nodes_with_no_group_outside_the_hot_rack_stays():
+    # The only other fabric group node is c1 in r1, hot too: no replacement, nothing moves.
+    wide = wide_model(min=1, capacity_class="opportunistic")
+    snap = snapshot(
+        [fabric_racked("a1", "r1"), fabric_racked("b1", "r2"), fabric_racked("c1", "r1")],
+        [wide],
+        [replica("wide-a", "wide", on=["a1", "b1"], gpus=(0,), profile="two")],
+    )
+    at = NOW.timestamp()
+    snap = replace(snap, facility=fac({R1: hot(at - 700)}, now=at))
+
+    plan = run(snap)
+
+    assert not plan.starts and not plan.retires
+    assert "rack r1 is hot and no replica on it has room elsewhere" in plan.events
 
 
 def test_observe_only_says_it_would_have_shed_and_does_nothing():

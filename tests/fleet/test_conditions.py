@@ -456,3 +456,58 @@ def test_a_warm_racks_gpus_are_power_capped_and_let_go_once_it_cools(
         off = " (LLMGW_FACILITY_ENFORCE is off)"
         assert said == [(180, f"would have {cap}{off}"), (900, f"would have {back}{off}")]
         assert not [c for c in sent if c.payload["type"] == "power_cap"]
+
+
+def test_a_cap_is_kept_on_a_node_that_joins_the_warm_rack_or_whose_driver_reloads(
+    settings, tmp_path, no_settle, monkeypatch
+):
+    """Each heartbeat's limits are compared with the cap wanted: a node reporting its
+    default in a warm rack is sent the cap again, once per interval until it holds."""
+    from fleet.domain.capping import RESEND_S
+    from fleet.reconciler import run
+
+    sent: list = []
+    monkeypatch.setattr(
+        run,
+        "dispatch",
+        lambda commands: sent.extend(c for c in commands if c.payload["type"] == "power_cap"),
+    )
+    facility(settings, tmp_path, enforce=True)
+    settings.LLMGW = replace(settings.LLMGW, facility_power_cap=0.8)
+    two_racks()
+
+    def report(node: str, limit: float | None) -> None:
+        gpu = {"index": 0, "power_default_w": 700.0, "power_min_w": 200.0}
+        if limit is not None:
+            gpu["power_limit_w"] = limit
+        Node.objects.filter(id=node).update(load={"gpus": [gpu]})
+
+    def sends(start: int, end: int) -> list:
+        sent.clear()
+        for t in range(start, end, 20):
+            pass_at(t)
+        return [(c.node_id, c.payload["share"]) for c in sent]
+
+    report("gpu-a", 700)
+    report("gpu-b", 700)
+    # r1 warms at 180 s: gpu-a is sent its cap on the change, and not again while its
+    # heartbeat has not shown it yet (within the interval).
+    assert sends(0, 180 + int(RESEND_S) - 20) == [("gpu-a", 0.8)]
+    report("gpu-a", 560)
+    assert sends(300, 340) == []
+    # A node joins the warm rack: its GPUs report their default, and it is sent the cap.
+    node_add("gpu-c", now=T0 + timedelta(seconds=340), gpus=(H100,) * 4, labels={RACK: "r1"})
+    report("gpu-c", 700)
+    assert sends(340, 360) == [("gpu-c", 0.8)]
+    report("gpu-c", 560)
+    # gpu-a's driver reloads: back at its default, and sent its cap again.
+    report("gpu-a", 700)
+    assert sends(360, 400) == [("gpu-a", 0.8)]
+    report("gpu-a", None)  # a heartbeat that says no limit: unknown, nothing is sent
+    assert sends(400, 600) == []
+    said = [e.message for e in _events() if "again" in e.message]
+    assert said[0] == (
+        "held node gpu-c's GPUs to 80% of their default power limit again: GPU 0 reports a "
+        "limit of 700 W, over the 560 W wanted (it is in a warm or hot domain)"
+    )
+    assert len(said) == 2
