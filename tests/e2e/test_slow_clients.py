@@ -28,11 +28,19 @@ def test_headers_sent_slowly_are_cut_off_and_a_long_stream_is_not(cluster):
     cluster.env["LLMGW_HEADER_TIMEOUT_SECONDS"] = "1"
     cluster.start_server()
 
-    # Half a request, then silence: closed at the deadline, not after Twisted's 60 s idle.
-    assert _closed_after(cluster.port, b"GET /api/v1/openapi.json HTTP/1.1\r\nHost: 127") < 5
+    # Half a request, then silence: closed at the deadline, not after the 60 s idle; on
+    # daphne's side (the API) and on the gateway's (uvicorn's, llmgw/cli/front.py), and
+    # before the first line says which (the front holds it).
+    for half in (
+        b"GET /api/v1/openapi.json HTTP/1.1\r\nHost: 127",
+        b"GET /v1/models HTTP/1.1\r\nHost: 127",
+        b"GET /v1/mod",
+    ):
+        assert _closed_after(cluster.port, half) < 5, half
     # An answered request on a connection kept alive, then silence: the same.
-    whole = b"GET /api/v1/openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    assert _closed_after(cluster.port, whole) < 5
+    for path in (b"/api/v1/openapi.json", b"/v1/models"):
+        whole = b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % path
+        assert _closed_after(cluster.port, whole) < 5, path
 
     # Streams of about 2 s each, twice the deadline, all end whole.
     secret = _slow_chat(cluster, tokens_per_sec=20)
@@ -40,3 +48,40 @@ def test_headers_sent_slowly_are_cut_off_and_a_long_stream_is_not(cluster):
     for t in threads:
         t.join(timeout=60)
     assert results == [("ok", 40)] * STREAMS
+
+
+def test_a_kept_alive_connection_is_answered_on_every_path_whoever_took_it_first(cluster):
+    """The front gives a connection to uvicorn (its first request asks for /v1/) or to
+    daphne (anything else); whichever took it answers every later request on it, the
+    gateway's and the API's alike. uvicorn's answers carry a Date header, daphne's not:
+    that tells which served them."""
+    for first, second, uvicorn in (
+        ("/v1/models", "/api/v1/openapi.json", True),
+        ("/api/v1/openapi.json", "/v1/models", False),
+    ):
+        with socket.create_connection(("127.0.0.1", cluster.port), timeout=30) as s:
+            answers = dict([_asked(s, first), _asked(s, second)])
+        assert set(answers) == {first, second}
+        assert answers["/v1/models"][0] == 401
+        assert b"invalid_api_key" in answers["/v1/models"][1]
+        assert answers["/api/v1/openapi.json"][0] == 200
+        dated = [b"\r\ndate: " in got.lower() for _, got in answers.values()]
+        assert dated == [uvicorn, uvicorn], (first, answers)
+
+
+def _asked(s: socket.socket, path: str) -> tuple[str, tuple[int, bytes]]:
+    """One GET on a kept-alive connection: the path, its status and what was read."""
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += s.recv(65536)
+    head, _, body = got.partition(b"\r\n\r\n")
+    lowered = head.lower()
+    if b"content-length:" in lowered:
+        length = int(lowered.split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(body) < length:
+            body += s.recv(65536)
+    else:  # chunked: read to the last chunk
+        while not body.endswith(b"0\r\n\r\n"):
+            body += s.recv(65536)
+    return path, (int(head.split(b" ")[1]), head + b"\r\n" + body)
