@@ -144,6 +144,12 @@ def _protocol_class():
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            # Asyncio sets it only where the listening socket says TCP, and one made with
+            # socket.socket() says 0: Nagle's algorithm then held an answer's second write
+            # for the client's delayed ACK (47 ms one at a time, docs/benchmarks.md).
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._arm()
 
         def data_received(self, data: bytes) -> None:
