@@ -496,7 +496,7 @@ class Held(NamedTuple):
 
 def own_w(reading: float | None, figures: Figures) -> float:
     """What a node draws itself (CPUs, memory, fans) as a domain's measured draw counts it:
-    its own measured figure (RAPL, a BMC) where it reports one, else the per-node share."""
+    its CPU packages' measured figure (RAPL) where it reports one, else the per-node share."""
     return reading if reading is not None else figures.node_w or 0.0
 
 
@@ -506,25 +506,31 @@ def draws(
     gpus: Mapping[str, Mapping[int, GpuPower]],
     figures: Figures = Figures(),
     own: Mapping[str, float] | None = None,
+    whole: Mapping[str, float] | None = None,
 ) -> dict[tuple[str, str], Draw]:
     """Per rack and PDU the nodes' labels name, what the replicas held there draw, as the
     ledger counts them (`shard_w`), and what is measured there: the held GPUs' draw and
     each node's own (`own_w`: its reported draw, by node in `own`, else the per-node share).
-    A domain where nothing is measured (no held GPU and no node reports its draw) has no
-    measured figure: estimates alone are not a measurement. `held` is a `Held` (or a
-    (node, GPU indices) pair) per shard holding room; `labels` is keyed by node."""
-    own = own or {}
+    A node whose BMC reads its whole draw (by node in `whole`) counts that figure alone, in
+    place of its GPUs', its own and the share: the BMC sees them all, and adding them would
+    count them twice. A domain where nothing is measured (no held GPU and no node reports
+    its draw) has no measured figure: estimates alone are not a measurement. `held` is a
+    `Held` (or a (node, GPU indices) pair) per shard holding room; `labels` is keyed by
+    node."""
+    own, whole = own or {}, whole or {}
     est: dict[tuple[str, str], float] = {}
     seen: dict[tuple[str, str], float] = {}
     nodes_w: dict[tuple[str, str], float] = {}
     unknown: dict[tuple[str, str], int] = {}
     domains = {n: domains_of(ls) for n, ls in labels.items()}
     for node_id, where in domains.items():
+        reading = whole.get(node_id, own.get(node_id))
+        mine_w = whole[node_id] if node_id in whole else own_w(reading, figures)
         for d in where:
             est.setdefault(d, 0.0)
             unknown.setdefault(d, 0)
-            nodes_w[d] = nodes_w.get(d, 0.0) + own_w(own.get(node_id), figures)
-            if own.get(node_id) is not None:
+            nodes_w[d] = nodes_w.get(d, 0.0) + mine_w
+            if reading is not None:  # a node measured here: the domain has a measurement
                 seen[d] = seen.get(d, 0.0)
     for item in held:
         shard = Held(*item)
@@ -533,7 +539,8 @@ def draws(
             continue
         mine = [gpus.get(shard.node_id, {}).get(i) or GpuPower() for i in shard.indices]
         drawn = shard_w(mine, shard.cores, shard.declared_w, figures)
-        gpu_w = sum(g.draw_w or 0.0 for g in mine)
+        # A node read whole by its BMC: its GPUs are in that figure already.
+        gpu_w = 0.0 if shard.node_id in whole else sum(g.draw_w or 0.0 for g in mine)
         silent = sum(1 for g in mine if not g.held_w) if shard.declared_w is None else 0
         for d in where:
             est[d] += drawn

@@ -441,6 +441,65 @@ def test_a_rack_where_nothing_reports_has_no_measured_draw(own, measured):
     assert r1.measured_w == measured
 
 
+# A node's whole draw from its BMC in what a rack is measured to draw: n1 runs a replica on
+# its two GPUs drawing 300 W each, its RAPL reads 180 W; n2 idles beside it, reading 90 W of
+# RAPL where `own` has it. The per-node share is 250 W. The BMC sees the whole node, so its
+# figure stands in place of that node's GPUs, its CPUs and its share: never beside them.
+@pytest.mark.parametrize(
+    ("own", "whole", "measured"),
+    [
+        ({"n1": 180}, {}, 1030),  # no BMC: GPUs 600 + RAPL 180 + n2's share 250
+        ({"n1": 180}, {"n1": 1400}, 1650),  # n1's BMC alone for n1: 1400 + n2's share 250
+        ({}, {"n1": 1400}, 1650),  # with or without its RAPL: the BMC is the whole node
+        ({"n1": 180, "n2": 90}, {"n2": 400}, 1180),  # n2's BMC over its RAPL: 600 + 180 + 400
+        ({"n1": 180, "n2": 90}, {"n1": 1400, "n2": 400}, 1800),  # both whole: their sum
+        ({}, {"n3": 5000}, 1100),  # a node in no rack adds nothing to r1
+    ],
+)
+def test_a_nodes_whole_draw_from_its_bmc_replaces_its_gpus_cpus_and_share(
+    own, whole, measured
+):
+    labels = {"n1": {RACK_LABEL: "r1"}, "n2": {RACK_LABEL: "r1"}, "n3": {}}
+    gpus = {"n1": {0: GpuPower(700, 300), 1: GpuPower(700, 300)}}
+    figures = Figures(node_w=250)
+    r1 = draws(labels, [("n1", (0, 1))], gpus, figures, own, whole)[("rack", "r1")]
+    assert r1.measured_w == measured
+    assert r1.estimated_w == 1400  # what placement reserves is unchanged by any reading
+
+
+def test_an_idle_rack_measured_by_one_bmc_has_a_measured_draw():
+    labels = {"n1": {RACK_LABEL: "r1"}, "n2": {RACK_LABEL: "r1"}}
+    r1 = draws(labels, [], {}, Figures(node_w=250), whole={"n2": 310})[("rack", "r1")]
+    assert r1.measured_w == 560  # n2's BMC 310 W and n1's share 250 W
+    assert draws(labels, [], {}, Figures(node_w=250))[("rack", "r1")].measured_w is None
+
+
+@given(
+    st.dictionaries(st.sampled_from(["n1", "n2", "n3"]), st.floats(1, 2000)),
+    st.dictionaries(st.sampled_from(["n1", "n2", "n3"]), st.floats(1, 20000)),
+    st.one_of(st.none(), st.floats(1, 1000)),
+)
+def test_a_node_read_by_its_bmc_counts_its_bmc_figure_and_nothing_else_of_its_own(
+    own, whole, node_w
+):
+    labels = {n: {RACK_LABEL: "r1", PDU_LABEL: "p1"} for n in ("n1", "n2", "n3")}
+    gpus = {"n1": {0: GpuPower(700, 300)}, "n2": {0: GpuPower(700, 450)}}
+    held = [("n1", (0,)), ("n2", (0,)), ("n3", (), 8)]
+    figures = Figures(per_core_w=10, node_w=node_w)
+    plain = draws(labels, held, gpus, figures, own)
+    read = draws(labels, held, gpus, figures, own, whole)
+    drawn_by = {
+        n: (gpus.get(n, {}).get(0, GpuPower()).draw_w or 0.0) + own.get(n, node_w or 0.0)
+        for n in ("n1", "n2", "n3")
+    }
+    for d in (("rack", "r1"), ("pdu", "p1")):
+        assert read[d].estimated_w == plain[d].estimated_w
+        assert read[d].unknown_gpus == plain[d].unknown_gpus
+        assert read[d].measured_w == pytest.approx(
+            plain[d].measured_w + sum(w - drawn_by[n] for n, w in whole.items())
+        )
+
+
 @given(
     st.dictionaries(st.sampled_from(["n1", "n2", "n3"]), st.floats(1, 2000)),
     st.one_of(st.none(), st.floats(1, 1000)),
