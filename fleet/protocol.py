@@ -240,6 +240,8 @@ class Load(_Message):
     cpu_temp_c: Reading | None = None
     cpu_power_w: Reading | None = None
     inlet_temp_c: Reading | None = None
+    # The whole node's input power, as its BMC reads it (fleet/agent/bmc.py).
+    node_power_w: Reading | None = None
     gpus: Annotated[list[GpuLoad], Field(max_length=64)] = []
 
 

@@ -26,6 +26,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 from fleet.agent import AGENT_VERSION
+from fleet.agent.bmc import BmcReader
 from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import LoadSampler, Machine
 from fleet.agent.gpu_holders import gpu_holders
@@ -55,8 +56,19 @@ class AgentSettings:
     advertise_addr: str
     labels: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = 5.0
+    # Whether heartbeats carry the node's whole draw from its BMC (`--no-bmc` turns it off).
+    read_bmc: bool = True
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
+
+
+def bmc_reader(settings: AgentSettings, machine: Machine) -> BmcReader | None:
+    """What reads the node's whole draw from its BMC; none when turned off, or when the
+    node's GPUs or memory are simulated: the BMC here reads the real machine, which is not
+    the node registered (and one machine may play several)."""
+    if not settings.read_bmc or machine.gpus_simulated or machine.memory_simulated:
+        return None
+    return BmcReader()
 
 
 class Backoff:
@@ -98,6 +110,7 @@ class Agent:
             sensors=SensorSampler(
                 read_gpus=not machine.gpus_simulated,
                 sim_power=sim_power_path(machine.state_dir) if machine.gpus_simulated else None,
+                bmc=bmc_reader(settings, machine),
             ),
         )
         # Reads the node's GPU fabric (fleet/agent/fabric.py FabricReader); None: none.

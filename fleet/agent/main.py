@@ -275,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--heartbeat-interval", type=float, default=5.0, metavar="SECONDS")
     p.add_argument(
+        "--no-bmc",
+        action="store_true",
+        help="do not read the node's whole draw from its BMC (ipmitool dcmi power reading, "
+        "every 30 s); without ipmitool or a BMC it is not read anyway",
+    )
+    p.add_argument(
         "--port-range",
         type=_arg(parse_port_range),
         default=(20000, 29999),
@@ -391,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         advertise_addr=advertise,
         labels=labels,
         heartbeat_interval_s=args.heartbeat_interval,
+        read_bmc=not args.no_bmc,
     )
     log.info(
         "llmgw agent %s: node %s, %d GPUs, engines %s, advertising %s, server %s",

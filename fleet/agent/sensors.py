@@ -3,7 +3,8 @@
 GPUs through NVML, or ``nvidia-smi`` where NVML cannot be loaded; the CPU
 package and the board's inlet air from hwmon, which is what lm_sensors
 reads, with nothing to install; the CPU packages' power from RAPL's energy
-counters. A sensor the machine does not have is ``None`` and left out of the
+counters; the whole node's draw from its BMC (fleet/agent/bmc.py). A
+sensor the machine does not have is ``None`` and left out of the
 heartbeat, never zero: a VM has none of these, and must not look like a
 machine running at 0 °C on no power. (The seed's ``discovery/sensors.go``.)
 """
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fleet.agent.bmc import BmcReader
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +116,14 @@ class Sensors:
     # The air coming in, where the board has a sensor it calls that. Most do
     # not, and a CPU's temperature is no substitute: it follows the load.
     inlet_temp_c: float | None = None
+    # The whole node's input power, as its BMC reads it (fleet/agent/bmc.py).
+    node_power_w: float | None = None
     gpus: tuple[GpuSensor, ...] = field(default_factory=tuple)
 
     def to_load(self) -> dict[str, Any]:
         """The sensor fields of the heartbeat's ``load``, unknowns left out."""
         load: dict[str, Any] = {}
-        for key in ("cpu_temp_c", "cpu_power_w", "inlet_temp_c"):
+        for key in ("cpu_temp_c", "cpu_power_w", "inlet_temp_c", "node_power_w"):
             value = getattr(self, key)
             if value is not None:
                 load[key] = value
@@ -149,8 +154,8 @@ class SensorSampler:
     are simulated: the real cards here are not the ones it registered. The
     first sample has no CPU power, which needs two readings of the counters.
     ``sim_power`` is where simulated GPUs keep the power limit they are held to:
-    the sim engines read it (``llmgw sim-engine --power-file``). Safe to call
-    from any thread.
+    the sim engines read it (``llmgw sim-engine --power-file``). ``bmc`` reads
+    the whole node's draw (None: not read). Safe to call from any thread.
     """
 
     def __init__(
@@ -163,6 +168,7 @@ class SensorSampler:
         smi: Smi = run_smi,
         clock: Callable[[], float] = time.monotonic,
         every_s: float = SENSOR_EVERY_S,
+        bmc: BmcReader | None = None,
     ) -> None:
         self.sys_root = Path(sys_root)
         self.read_gpus = read_gpus
@@ -178,6 +184,7 @@ class SensorSampler:
         self._last_at = 0.0
         self._prev_energy: dict[str, int] | None = None
         self._prev_energy_at = 0.0
+        self.bmc = bmc
 
     def sample(self) -> Sensors:
         """The sensors now, or the last reading when it is recent."""
@@ -190,6 +197,7 @@ class SensorSampler:
                 cpu_temp_c=cpu,
                 cpu_power_w=self._rapl(now),
                 inlet_temp_c=inlet,
+                node_power_w=self.bmc.read() if self.bmc is not None else None,
                 gpus=tuple(self._gpus()) if self.read_gpus else (),
             )
             self._last, self._last_at = out, now
