@@ -39,7 +39,7 @@ from ..domain.power import (
 )
 from ..domain.types import HOLDING, NodeView, ReplicaView
 from ..facility.observe import metered_now
-from ..models import Node, PowerBudget, Shard
+from ..models import JsonNumber, Node, PowerBudget, Shard
 
 _CHUNK = 500
 
@@ -196,9 +196,9 @@ class Domain:
 
 
 def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
-    """The nodes with a rack or PDU label (id, labels, load.gpus, GPU count, its own
-    reported draw) and the budgets, in one query: the cluster page adds no more than that. A budget's feeds ride
-    in the labels' column."""
+    """The nodes with a rack or PDU label (id, labels, load.gpus, GPU count, its CPU
+    packages' reported draw, its whole draw from its BMC) and the budgets, in one query: the
+    cluster page adds no more than that. A budget's feeds ride in the labels' column."""
     none = Value(None, output_field=FloatField())
     nodes = (
         Node.objects.filter(labels__has_any_keys=list(BUDGET_LABELS))
@@ -209,6 +209,7 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
             no_margin=none,
             no_derating=none,
             no_other=none,
+            node_w=JsonNumber("load", "node_power_w"),
         )
         .values_list(
             "tag",
@@ -221,6 +222,7 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
             "no_derating",
             "no_other",
             "cpu_power_w",
+            "node_w",
         )
         .order_by()
     )
@@ -229,6 +231,7 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
             no_load=Value(None, output_field=JSONField()),
             no_gpus=Value(None, output_field=IntegerField()),
             no_cpu=Value(None, output_field=FloatField()),
+            no_node=Value(None, output_field=FloatField()),
         )
         .values_list(
             "kind",
@@ -241,15 +244,16 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
             "derating",
             "other_watts",
             "no_cpu",
+            "no_node",
         )
         .order_by()
     )
     located, budgeted = [], []
     rows = nodes.union(budgets, all=True)
-    for tag, key, labels, gpu_load, gpu_total, cap, margin, derating, other, cpu_w in rows:
+    for tag, key, labels, gpu_load, gpu_total, cap, margin, derating, other, *own in rows:
         if tag == "node":
             ls = labels if isinstance(labels, dict) else {}
-            located.append((key, ls, gpu_load, gpu_total, _reading(cpu_w)))
+            located.append((key, ls, gpu_load, gpu_total, *map(_reading, own)))
         else:
             budgeted.append(_budget(tag, key, cap, margin, labels, derating, other))
     return located, budgeted
@@ -303,13 +307,14 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
         return []
     labels = {node_id: ls for node_id, ls, *_ in located}
     power = {node_id: gpus_power(g) for node_id, _, g, *_ in located}
-    own = {node_id: w for node_id, *_, w in located if w is not None}
+    own = {node_id: w for node_id, *_, w, _ in located if w is not None}
+    whole = {node_id: w for node_id, *_, w in located if w is not None}
     figures = figures_load()
-    drawn = draws(labels, [h for h in held if h[0] in labels], power, figures, own)
+    drawn = draws(labels, [h for h in held if h[0] in labels], power, figures, own, whole)
     nodes: dict[tuple[str, str], int] = {}
     gpus: dict[tuple[str, str], int] = {}
     silent: dict[tuple[str, str], int] = {}
-    for node_id, ls, _, gpu_total, _ in located:
+    for node_id, ls, _, gpu_total, *_ in located:
         for d in domains_of(ls):
             nodes[d] = nodes.get(d, 0) + 1
             gpus[d] = gpus.get(d, 0) + (gpu_total or 0)

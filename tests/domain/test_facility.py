@@ -456,9 +456,7 @@ def test_a_rack_where_nothing_reports_has_no_measured_draw(own, measured):
         ({}, {"n3": 5000}, 1100),  # a node in no rack adds nothing to r1
     ],
 )
-def test_a_nodes_whole_draw_from_its_bmc_replaces_its_gpus_cpus_and_share(
-    own, whole, measured
-):
+def test_a_nodes_whole_draw_from_its_bmc_replaces_its_gpus_cpus_and_share(own, whole, measured):
     labels = {"n1": {RACK_LABEL: "r1"}, "n2": {RACK_LABEL: "r1"}, "n3": {}}
     gpus = {"n1": {0: GpuPower(700, 300), 1: GpuPower(700, 300)}}
     figures = Figures(node_w=250)

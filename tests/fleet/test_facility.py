@@ -389,6 +389,50 @@ def test_a_nodes_own_reported_draw_is_in_its_racks_measured_draw(api, no_settle,
     assert 'llmgw_domain_measured_watts{kind="rack",name="r1"} 650.0' in fleet_text()
 
 
+def test_a_nodes_whole_draw_from_its_bmc_stands_for_it_in_its_racks_measured_draw(
+    api, no_settle, settings
+):
+    from dataclasses import replace
+
+    from fleet.metrics.collector import fleet_text
+    from fleet.nodes.heard import node_live_flush
+    from fleet.nodes.live import NodeWrite
+    from fleet.protocol import Load
+
+    def heard(node_id: str, load: dict) -> None:
+        """A heartbeat validated and written behind, as the agents' consumer does."""
+        write = NodeWrite(
+            node_id=node_id,
+            session=f"session-{node_id}",
+            last_seen=T0,
+            sample=Load.model_validate(load),
+            engines={},
+            memory_total_mb=None,
+            cpu_count=None,
+            used_replicas=frozenset(),
+        )
+        node_live_flush(writes=[write], now=T0)
+
+    settings.LLMGW = replace(settings.LLMGW, power=replace(settings.LLMGW.power, node_watts=200))
+    for node_id in ("gpu-a", "gpu-b"):
+        node_add(node_id, now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 16000})
+    gpus = [{"index": i, "power_limit_w": 700, "power_w": 300} for i in range(2)]
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    reconcile_once(now=T0)
+    assert Replica.objects.count() == 2  # a GPU held on each node
+    # gpu-a's BMC reads its whole draw, its RAPL 150 W beside; gpu-b has no BMC reading.
+    heard("gpu-a", {"gpus": gpus, "cpu_power_w": 150, "node_power_w": 1180})
+    heard("gpu-b", {"gpus": gpus, "cpu_power_w": 150})
+    assert Node.objects.get(pk="gpu-a").load["node_power_w"] == 1180
+
+    (rack,) = api.call("GET", "/facility").json()
+    # gpu-a's 1,180 W from its BMC alone; gpu-b's held GPU 300 W and its RAPL 150 W.
+    assert rack["measured_w"] == 1630.0
+    assert rack["reserved_w"] == 1800.0  # two 700 W GPUs and two shares: no reading moves it
+    assert 'llmgw_domain_measured_watts{kind="rack",name="r1"} 1630.0' in fleet_text()
+
+
 def test_a_racks_metered_draw_is_listed_and_counted_by_placement(
     api, no_settle, settings, tmp_path, monkeypatch
 ):
