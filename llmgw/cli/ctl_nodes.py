@@ -53,22 +53,18 @@ def load_text(load: Mapping[str, Any]) -> str:
     return ", ".join(parts) or DASH
 
 
-def sensors_of(load: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The node's sensor readings, whether nested under ``sensors`` or beside the load."""
-    nested = load.get("sensors")
-    return nested if isinstance(nested, dict) else load
-
-
 def sensors_text(load: Mapping[str, Any]) -> str:
-    """``cpu 55 °C, cpu 120 W, inlet 24 °C``: only the sensors the node has."""
-    s = sensors_of(load)
+    """``cpu 55 °C, cpu 120 W, inlet 24 °C, node 1180 W (BMC)``: only the sensors the node
+    has, as the server sends them, beside the rest of its load."""
     parts = []
-    if s.get("cpu_temp_c") is not None:
-        parts.append(f"cpu {number(s['cpu_temp_c'])} °C")
-    if s.get("cpu_power_w") is not None:
-        parts.append(f"cpu {number(s['cpu_power_w'])} W")
-    if s.get("inlet_temp_c") is not None:
-        parts.append(f"inlet {number(s['inlet_temp_c'])} °C")
+    if load.get("cpu_temp_c") is not None:
+        parts.append(f"cpu {number(load['cpu_temp_c'])} °C")
+    if load.get("cpu_power_w") is not None:
+        parts.append(f"cpu {number(load['cpu_power_w'])} W")
+    if load.get("inlet_temp_c") is not None:
+        parts.append(f"inlet {number(load['inlet_temp_c'])} °C")
+    if load.get("node_power_w") is not None:
+        parts.append(f"node {number(load['node_power_w'])} W (BMC)")
     return ", ".join(parts) or DASH
 
 
@@ -163,13 +159,10 @@ def render_node(n: dict[str, Any]) -> str:
 
 
 def render_node_gpus(n: dict[str, Any]) -> str:
-    """A row per GPU: what the node registered, with its latest sensor readings beside it."""
+    """A row per GPU: what the node registered, with its latest sensor readings beside it
+    (the heartbeat's ``load.gpus``, by index)."""
     cards = [g for g in n.get("gpus") or () if isinstance(g, dict)]
-    sensors = {
-        s.get("index"): s
-        for s in sensors_of(node_load(n)).get("gpu_sensors") or ()
-        if isinstance(s, dict)
-    }
+    sensors = {s.get("index"): s for s in node_load(n).get("gpus") or () if isinstance(s, dict)}
     indices = [g.get("index") for g in cards] or sorted(sensors, key=lambda i: (i is None, i))
     if not indices:
         return ""

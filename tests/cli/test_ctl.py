@@ -154,7 +154,7 @@ def test_node_show_lists_its_fields_and_a_row_per_gpu_with_sensors(capsys):
         "load": {
             "load1": 0.5,
             "cpu_temp_c": 61,
-            "gpu_sensors": [
+            "gpus": [
                 {"index": 0, "temp_c": 54, "power_w": 310, "power_limit_w": 700, "throttle": []},
                 {"index": 1, "temp_c": 88, "throttle": ["hw_slowdown"]},
             ],

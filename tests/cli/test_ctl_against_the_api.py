@@ -344,3 +344,44 @@ def test_a_request_is_found_by_its_id_with_ctl_usage(capsys, server, monkeypatch
     assert (code, out) == (1, "")
     assert err.startswith("error: No request 'req_gone' is kept.")
     assert "24 hours (LLMGW_REQUESTS_KEEP_HOURS)" in err
+
+
+def test_node_show_puts_each_gpus_readings_from_the_real_api_beside_it(capsys, server):
+    from fleet.nodes.heard import node_live_flush
+    from fleet.nodes.live import NodeWrite
+    from fleet.protocol import Load
+    from llmgw.core import clock
+    from tests.fleet.builders import node_add
+
+    now = clock.now()
+    node_add("gpu-a", now=now)  # two H100s
+    load = {
+        "load1": 0.5,
+        "cpu_temp_c": 61,
+        "node_power_w": 1180,
+        "gpus": [
+            {"index": 0, "temp_c": 54, "power_w": 310, "power_limit_w": 700, "throttle": []},
+            {"index": 1, "temp_c": 88, "utilization": 97, "throttle": ["hw_slowdown"]},
+        ],
+    }
+    # The heartbeat as the agents' consumer validates and writes it.
+    write = NodeWrite(
+        node_id="gpu-a",
+        session="session-gpu-a",
+        last_seen=now,
+        sample=Load.model_validate(load),
+        engines={},
+        memory_total_mb=None,
+        cpu_count=None,
+        used_replicas=frozenset(),
+    )
+    node_live_flush(writes=[write], now=now)
+
+    code, out, err = ctl_run(capsys, server, "node", "show", "gpu-a")
+
+    assert (code, err) == (0, "")
+    assert re.search(r"^sensors: +cpu 61 °C, node 1180 W \(BMC\)$", out, re.M)
+    gpus = table(out.split("\n\n")[1])
+    assert gpus[0][5:] == ["TEMP", "MEM TEMP", "POWER", "THROTTLE", "UTIL"]
+    assert gpus[1][5:] == ["54 °C", "-", "310/700 W", "none", "-"]
+    assert gpus[2][5:] == ["88 °C", "-", "-", "hw_slowdown", "97%"]
