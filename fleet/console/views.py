@@ -60,6 +60,7 @@ LOAD_FIGURES = (
     "cpu_temp_c",
     "cpu_power_w",
     "inlet_temp_c",
+    "node_power_w",
 )
 # Attention items shown by name before the rest are only counted.
 ATTENTION_NAMED = 10

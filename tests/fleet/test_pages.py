@@ -635,6 +635,17 @@ def test_a_nodes_sensors_are_on_its_page_and_nothing_it_cannot_measure(staff, no
     assert 'data-tile="cpu"' in vm and "80%" in vm and 'data-tile="load"' in vm
 
 
+def test_a_nodes_whole_draw_from_its_bmc_is_on_its_page_only_where_it_reports_one(staff, now):
+    node_add("gpu-a", now=now)
+    loaded("gpu-a", **HOT, node_power_w=1180.4)
+    node_add("gpu-b", now=now)
+    loaded("gpu-b", **HOT)
+    page = staff.get("/nodes/gpu-a").content.decode()
+    tile = re.search(r'<div class="tile" data-tile="node-power">(.*?)</div></div>', page)
+    assert tile and "node power, BMC" in tile.group(1) and "1180 W" in tile.group(1)
+    assert 'data-tile="node-power"' not in staff.get("/nodes/gpu-b").content.decode()
+
+
 def test_a_gpu_node_without_gpu_sensors_shows_its_gpus_without_their_columns(staff, now):
     node_add("gpu-a", now=now)
     place("llama-1", "llama", "gpu-a", [1], now=now)
