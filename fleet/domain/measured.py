@@ -125,9 +125,9 @@ def _over_measured(
     if in_flight <= held:
         return []
     out = [
-        f"{in_flight} in flight, above the {held:,.1f} its {ready} ready replicas serve within "
-        f"its SLO at their power limits ({measured.max_concurrency} a replica was measured to "
-        "serve)"
+        f"{in_flight} in flight, above the {held:,.1f}".removesuffix(".0")
+        + " its ready replicas serve within its SLO at their power limits "
+        f"({measured.max_concurrency} a replica was measured to serve)"
     ]
     if in_flight <= measured.max_concurrency * replicas:
         out += dict.fromkeys(

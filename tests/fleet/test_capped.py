@@ -69,10 +69,11 @@ def test_a_replica_on_capped_gpus_counts_less_and_the_model_scales_up_saying_why
     assert ModelState.objects.get(pk="chat").extra == 1
     assert Replica.objects.count() == 2
     scaled = Event.objects.get(message__startswith="model chat scales up to 2")
-    assert "8 in flight, above the 7.0 its 1 ready replicas serve within its SLO" in (
-        scaled.message
+    assert scaled.message == (
+        "model chat scales up to 2: 0 waiting and 8 running on 1 ready; 8 in flight, above "
+        "the 7 its ready replicas serve within its SLO at their power limits (8 a replica was "
+        f"measured to serve); {SAID}"
     )
-    assert SAID in scaled.message
 
 
 @pytest.mark.parametrize(
