@@ -113,6 +113,9 @@ class Measurement(models.Model):
     tpot_p95_ms = models.FloatField(null=True, blank=True)
     # What one replica drew while it was measured, in watts; null: not measured.
     watts = models.FloatField(null=True, blank=True)
+    # The share of their default power limit its GPUs were held to while it was measured;
+    # null: at their default (a replica held lower counts less, docs/facility.md).
+    power_share = models.FloatField(null=True, blank=True)
     measured_at = models.DateTimeField()
     measured_by = models.CharField(max_length=150, blank=True)
 

@@ -169,6 +169,11 @@ class CapacityIn(Schema):
     watts: StrictInt | StrictFloat | None = Field(
         None, description="what one replica drew while measured, in watts; above 0"
     )
+    power_share: StrictInt | StrictFloat | None = Field(
+        None,
+        description="the share of their default power limit its GPUs were held to while "
+        "measured, above 0 and at most 1; none: at their default",
+    )
 
 
 class MeasurementOut(Schema):
@@ -179,6 +184,7 @@ class MeasurementOut(Schema):
     ttft_p95_ms: float | None
     tpot_p95_ms: float | None
     watts: float | None
+    power_share: float | None
     measured_at: datetime
     measured_by: str
 

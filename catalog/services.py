@@ -382,6 +382,7 @@ def measurement_save(
     ttft_p95_ms: float | None = None,
     tpot_p95_ms: float | None = None,
     watts: float | None = None,
+    power_share: float | None = None,
     actor: str,
     now: datetime,
 ) -> Measurement:
@@ -389,7 +390,8 @@ def measurement_save(
 
     A measurement is not a catalog change, so declared models may be measured.
     Raises NotFound for an unknown model, Invalid for an unknown profile or a
-    figure out of range.
+    figure out of range. `power_share`: the share of their default power limit its GPUs
+    were held to while measured (None: at their default), so that it is not scaled again.
     """
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
         raise Invalid(f"max_concurrency must be a whole number, not {max_concurrency!r}.")
@@ -407,6 +409,15 @@ def measurement_save(
             raise Invalid(f"{key} must be a number, not {value!r}.")
         if not math.isfinite(value) or value <= 0:
             raise Invalid(f"{key} must be a finite number above 0, not {value}.")
+    if power_share is not None and (
+        isinstance(power_share, bool)
+        or not isinstance(power_share, int | float)
+        or not 0 < power_share <= 1
+    ):
+        raise Invalid(
+            "power_share must be a share above 0 and at most 1 (0.8: its GPUs were held to "
+            f"80 % of their default power limit), not {power_share!r}."
+        )
     with transaction.atomic():
         row = Model.objects.filter(name=model).first()
         if row is None:
@@ -422,6 +433,7 @@ def measurement_save(
                 "ttft_p95_ms": ttft_p95_ms,
                 "tpot_p95_ms": tpot_p95_ms,
                 "watts": watts,
+                "power_share": None if power_share is None else float(power_share),
                 "measured_at": now,
                 "measured_by": actor[:150],
             },
@@ -434,6 +446,7 @@ def measurement_save(
                 "max_concurrency": max_concurrency,
                 "tok_per_sec": float(tok_per_sec),
                 **({"watts": float(watts)} if watts is not None else {}),
+                **({"power_share": float(power_share)} if power_share is not None else {}),
             },
         )
         measurements_revision_bump()

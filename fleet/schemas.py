@@ -120,6 +120,8 @@ class HeadroomOut(Schema):
     limited: bool
     blocked: list[str]
     tok_per_sec: float | None
+    # Why one more counts less than was measured: its GPUs are held below their default power.
+    capped: list[str] = []
 
 
 class TargetOut(Schema):
@@ -133,6 +135,8 @@ class TargetOut(Schema):
     room: int
     fits: bool
     blocked: list[str]
+    # Why the running replicas count less than was measured, where that asks for more.
+    capped: list[str] = []
 
 
 class VictimOut(Schema):

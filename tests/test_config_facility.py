@@ -67,3 +67,12 @@ def test_power_capping_is_off_by_default_or_a_share_of_the_default_limit(env):
     for bad in ("80%", "0.05", "1.5", "on"):
         with pytest.raises(SettingError, match="LLMGW_FACILITY_POWER_CAP must be off or a share"):
             load({**env, "LLMGW_FACILITY_POWER_CAP": bad})
+
+
+def test_a_capped_replicas_exponent_is_the_models_0_6_unless_set_from_0_to_2(env):
+    assert load(env).power_cap_exponent == 0.6
+    assert load({**env, "LLMGW_POWER_CAP_EXPONENT": "0.8"}).power_cap_exponent == 0.8
+    assert load({**env, "LLMGW_POWER_CAP_EXPONENT": "0"}).power_cap_exponent == 0.0
+    for bad in ("2.5", "-1", "half", "nan"):
+        with pytest.raises(SettingError, match="LLMGW_POWER_CAP_EXPONENT must be"):
+            load({**env, "LLMGW_POWER_CAP_EXPONENT": bad})

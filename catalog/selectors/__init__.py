@@ -157,13 +157,13 @@ def measurements_revision() -> int:
     return Revision.objects.filter(pk=1).values_list("measurements", flat=True).first() or 0
 
 
-def measurements_load() -> dict[tuple[str, str], tuple[int, float, float | None]]:
-    """(model, profile) → (max_concurrency, tok_per_sec, watts or None) of every
-    measurement: one query."""
+def measurements_load() -> dict[tuple[str, str], tuple[int, float, float | None, float | None]]:
+    """(model, profile) → (max_concurrency, tok_per_sec, watts or None, power_share or
+    None) of every measurement: one query."""
     rows = Measurement.objects.values_list(
-        "model__name", "profile", "max_concurrency", "tok_per_sec", "watts"
+        "model__name", "profile", "max_concurrency", "tok_per_sec", "watts", "power_share"
     )
-    return {(m, p): (c, t, w) for m, p, c, t, w in rows}
+    return {(m, p): (c, t, w, s) for m, p, c, t, w, s in rows}
 
 
 def measurements_list() -> list[dict]:
@@ -183,6 +183,7 @@ def measurement_view(row: Measurement) -> dict:
         "ttft_p95_ms": row.ttft_p95_ms,
         "tpot_p95_ms": row.tpot_p95_ms,
         "watts": row.watts,
+        "power_share": row.power_share,
         "measured_at": row.measured_at,
         "measured_by": row.measured_by,
     }

@@ -3,8 +3,7 @@ Measured capacity: Headroom and Target). Pure: tried on a copy of the inventory.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -13,11 +12,12 @@ from catalog.domain import ModelSpec
 from llmgw.core.config import Timings
 from tenancy.quota import ZERO, Amount, Policy
 
+from .capped import Capped, Caps, capped, replicas_for, said
 from .holdings import placement_amount
 from .measured import measured_for, ordered_profiles
 from .placement import Inventory, Placement
 from .preemption import Context, context, live_reservations, preempt, reserved_amount
-from .types import ACTIVE, HOLDING, Measured, Snapshot
+from .types import ACTIVE, HOLDING, Measured, ReplicaView, ShardView, Snapshot
 
 
 @dataclass
@@ -33,8 +33,11 @@ class Headroom:
     limited: bool = False
     # Why one more than `more` does not fit: a line per node considered, or the quota limit.
     blocked: list[str] = field(default_factory=list)
-    # What one more replica was measured to serve, on the profile it would get.
+    # What one more replica was measured to serve, on the profile it would get, at the
+    # power limit of the GPUs it would get (capped.py).
     tok_per_sec: float | None = None
+    # Why it counts less than was measured: its GPUs are held below their default power.
+    capped: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {
@@ -46,6 +49,7 @@ class Headroom:
             "limited": self.limited,
             "blocked": self.blocked,
             "tok_per_sec": self.tok_per_sec,
+            "capped": self.capped,
         }
 
 
@@ -57,9 +61,11 @@ def headroom(
     policy: Policy,
     usage: Mapping[str, Amount],
     measurements: Mapping[tuple[str, str], Measured],
+    caps: Caps | None = None,
 ) -> Headroom:
     """Place up to `limit` more replicas one after another on this inventory (a copy the
-    caller does not keep), stopping at a full cluster or at a quota limit alike."""
+    caller does not keep), stopping at a full cluster or at a quota limit alike. The first
+    one's measured figure counts at its GPUs' power limits (`caps`, capped.py)."""
     out = Headroom(model.name, current)
     profiles = ordered_profiles(model, measurements)
     usage = dict(usage)
@@ -77,6 +83,10 @@ def headroom(
             usage[s] = usage.get(s, ZERO) + need
         if out.more == 0 and (m := measurements.get((model.name, placed.profile.name))):
             out.tok_per_sec = m.tok_per_sec
+            shards = [(s.node_id, s.gpu_indices) for s in placed.shards]
+            if caps is not None and (c := capped(caps, shards, m.power_share)):
+                out.tok_per_sec = m.tok_per_sec * c.factor
+                out.capped = [said(c, m.tok_per_sec, m.power_share)]
         inv.reserve(model.name, placed)
         out.nodes.append([s.node_id for s in placed.shards])
         out.more += 1
@@ -93,16 +103,50 @@ def replicas_needed(
     tokens_per_sec: float,
     running_profiles: list[str],
     measurements: Mapping[tuple[str, str], Measured],
+    running: Sequence[ReplicaView] = (),
+    caps: Caps | None = None,
 ) -> tuple[int, Measured, str]:
     """Replicas needed for a throughput: ceil(asked / measured per replica), at least one;
-    with the measurement that sized it and its profile. Raises NotMeasured."""
+    with the measurement that sized it and its profile. A running replica on GPUs held
+    below their default power counts less (`running`, `caps`: capped.py), and the
+    replicas it leaves short are needed besides. Raises NotMeasured."""
     found = measured_for(model, running_profiles, measurements)
     if found is None or found[0].tok_per_sec <= 0:
         raise NotMeasured(
             f"{model.name} has not been measured; run `llmgw ctl bench {model.name} --save` first"
         )
     measured, profile = found
-    return max(math.ceil(tokens_per_sec / measured.tok_per_sec), 1), measured, profile
+    held = running_capped(running, caps, measured)
+    factors = [c.factor if c else 1.0 for c in held]
+    return replicas_for(tokens_per_sec / measured.tok_per_sec, factors), measured, profile
+
+
+def running_capped(
+    running: Sequence[ReplicaView], caps: Caps | None, measured: Measured
+) -> list[Capped | None]:
+    """Per running replica, what it counts at its GPUs' power limits (None: all of it)."""
+    if caps is None or not caps.shares:
+        return [None] * len(running)
+    return [capped(caps, _shards(r.shards), measured.power_share) for r in running]
+
+
+def _shards(shards: Sequence[ShardView]) -> list[tuple[str, tuple[int, ...]]]:
+    return [(s.node_id, s.gpu_indices) for s in shards]
+
+
+def capped_said(
+    tokens_per_sec: float,
+    sized: tuple[int, Measured, str],
+    held: Sequence[Capped | None],
+) -> list[str]:
+    """A sentence per capped running replica when counting them at their power limits is
+    what asks for more replicas than the measurement alone would; else none."""
+    needed, measured, _ = sized
+    if needed <= replicas_for(tokens_per_sec / measured.tok_per_sec, [1.0] * len(held)):
+        return []
+    return list(
+        dict.fromkeys(said(c, measured.tok_per_sec, measured.power_share) for c in held if c)
+    )
 
 
 def target(
@@ -110,9 +154,11 @@ def target(
     tokens_per_sec: float,
     sized: tuple[int, Measured, str],
     room: Headroom,
+    capped_running: Sequence[str] = (),
 ) -> dict:
     """How many replicas run of those needed, how many more fit, and why not when they do
-    not. `sized` is replicas_needed's answer; `room` the headroom asked up to the rest."""
+    not. `sized` is replicas_needed's answer; `room` the headroom asked up to the rest;
+    `capped_running` why running replicas count less than measured (capped_said)."""
     needed, measured, profile = sized
     more = max(needed - room.current, 0)
     fits = more <= room.more
@@ -127,6 +173,7 @@ def target(
         "room": room.more,
         "fits": fits,
         "blocked": [] if fits else room.blocked,
+        "capped": list(capped_running),
     }
 
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 
 from catalog.domain import ModelSpec, Profile
 from llmgw.core.config import Timings
 
-from .types import Load, Measured, ModelState
+from .capped import Caps, Counted, capped, counted, said
+from .types import Load, Measured, ModelState, ReplicaView
 
 # How full, of their measured capacity, the replicas left after a scale-down may be: below
 # one so that the load that was there a minute ago does not put them straight back over.
@@ -91,32 +92,81 @@ def combined_load(engines: Load | None, gateway: Load | None) -> Load | None:
     )
 
 
-def busy_because(model: ModelSpec, load: Load, ready: int, measured: Measured | None) -> str | None:
+def counted_ready(
+    ready: Sequence[ReplicaView], caps: Caps, measured: Measured | None
+) -> Counted | None:
+    """What a model's ready replicas count for at their GPUs' power limits (capped.py);
+    None when none is known to be capped, and each counts what was measured."""
+    if measured is None or not caps.shares:
+        return None
+    held = [
+        c
+        for r in ready
+        if (c := capped(caps, [(s.node_id, s.gpu_indices) for s in r.shards], measured.power_share))
+    ]
+    return counted(len(ready), held) if held else None
+
+
+def _over_measured(
+    in_flight: int, ready: int, measured: Measured, counts: Counted | None
+) -> list[str]:
+    """Why more are in flight than the ready replicas were measured to serve within the SLO,
+    at their power limits; with, where a cap is what made them too many, a sentence per
+    capped replica. Empty when they are not too many."""
+    replicas = max(ready, 1)
+    if counts is None or not ready:
+        if in_flight <= measured.max_concurrency * replicas:
+            return []
+        return [
+            f"{in_flight} in flight, above the {measured.max_concurrency} a replica was measured "
+            "to serve within its SLO"
+        ]
+    held = measured.max_concurrency * counts.replicas
+    if in_flight <= held:
+        return []
+    out = [
+        f"{in_flight} in flight, above the {held:,.1f}".removesuffix(".0")
+        + " its ready replicas serve within its SLO at their power limits "
+        f"({measured.max_concurrency} a replica was measured to serve)"
+    ]
+    if in_flight <= measured.max_concurrency * replicas:
+        out += dict.fromkeys(
+            said(c, measured.tok_per_sec, measured.power_share) for c in counts.capped
+        )
+    return out
+
+
+def busy_because(
+    model: ModelSpec,
+    load: Load,
+    ready: int,
+    measured: Measured | None,
+    counts: Counted | None = None,
+) -> str | None:
     """Why a model's replicas are busy, in words with the figures, or None when they are
     not: requests waiting per ready replica at or above its `target_waiting` [1], its
     engines' KV caches above its `kv_ceiling` on average (when it sets one), or more
-    requests running and waiting than were measured to meet its SLO."""
+    requests running and waiting than were measured to meet its SLO, a replica on GPUs
+    held below their default power counting less than measured (`counts`, capped.py)."""
     replicas = max(ready, 1)
-    counts = f"{load.waiting} waiting and {load.running} running on {ready} ready"
+    counts_said = f"{load.waiting} waiting and {load.running} running on {ready} ready"
     target = model.target_waiting or SCALE_UP_WAITING
     reasons = []
     if load.waiting / replicas >= target:
-        reasons.append(f"{counts}, {load.waiting / replicas:g} a replica (its target {target:g})")
+        reasons.append(
+            f"{counts_said}, {load.waiting / replicas:g} a replica (its target {target:g})"
+        )
     ceiling, kv = model.kv_ceiling, load.kv_cache
     if ceiling is not None and kv is not None and kv > ceiling:
         reasons.append(
             f"its engines' KV caches {kv:.0%} full on average, above its ceiling of {ceiling:.0%}"
         )
-    in_flight = load.running + load.waiting
-    if measured is not None and in_flight > measured.max_concurrency * replicas:
-        reasons.append(
-            f"{in_flight} in flight, above the {measured.max_concurrency} a replica was measured "
-            "to serve within its SLO"
-        )
+    if measured is not None:
+        reasons += _over_measured(load.running + load.waiting, ready, measured, counts)
     if not reasons:
         return None
-    if not reasons[0].startswith(counts):
-        reasons.insert(0, counts)
+    if not reasons[0].startswith(counts_said):
+        reasons.insert(0, counts_said)
     return "; ".join(reasons)
 
 
@@ -128,6 +178,7 @@ def autoscale(
     measured: Measured | None,
     now: datetime,
     t: Timings,
+    counts: Counted | None = None,
 ) -> tuple[ModelState, str]:
     """One step of scaling from load: the new state (extra replicas and the busy and quiet
     clocks) and a sentence when the extra count changed.
@@ -136,7 +187,8 @@ def autoscale(
     than measured); held busy for `scale_up_after`, one more replica. Quiet when
     nothing waits and the replicas left would stay within 70% of what they were measured
     to hold; held quiet for `scale_down_after`, one fewer. No figures at all is unknown,
-    not quiet: nothing changes.
+    not quiet: nothing changes. `counts`: what the ready replicas count for at their GPUs'
+    power limits (counted_ready), None when each counts what was measured.
     """
     room = model.max_replicas - model.min_replicas
     if model.on_demand or room <= 0 or load is None:
@@ -145,9 +197,10 @@ def autoscale(
                 state, busy_since=None, quiet_since=None, extra=max(min(state.extra, room), 0)
             ), ""
         return state, ""
-    busy = busy_because(model, load, ready, measured)
+    busy = busy_because(model, load, ready, measured, counts)
+    fewer = counts.fewer if counts is not None else max(ready - 1, 0)
     fits_in_fewer = measured is None or load.running <= SCALE_DOWN_HEADROOM * (
-        measured.max_concurrency * max(ready - 1, 0)
+        measured.max_concurrency * fewer
     )
     extra = min(state.extra, room)
     if busy is not None:

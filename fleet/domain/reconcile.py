@@ -27,7 +27,7 @@ from .defrag import defragment
 from .health import health_changes
 from .holdings import profile_amount
 from .housekeeping import clear_failures_once_ready, housekeeping, liveness, why_not_now
-from .measured import autoscale, measured_for, ordered_profiles
+from .measured import autoscale, counted_ready, measured_for, ordered_profiles
 from .placement import Inventory
 from .plan import Event, Pass, Plan, Stop, seconds_since
 from .preemption import context, live_reservations
@@ -321,10 +321,12 @@ def _scale_from_load(
     reads_load = (
         load is not None and not model.on_demand and model.max_replicas > model.min_replicas
     )
-    ready_count = sum(1 for r in replicas if r.state == "ready" and not r.retiring)
+    ready = [r for r in replicas if r.state == "ready" and not r.retiring]
     running = [r.profile for r in replicas if r.state in ACTIVE]
     found = measured_for(model, running, p.snap.measurements)
-    state, scaled = autoscale(model, state, load, ready_count, found and found[0], p.now, p.t)
+    measured = found[0] if found else None
+    counts = counted_ready(ready, p.snap.caps, measured)
+    state, scaled = autoscale(model, state, load, len(ready), measured, p.now, p.t, counts)
     if scaled:
         p.plan.events.append(Event(scaled, "scale", model=name, extra=state.extra))
     return state, reads_load

@@ -10,6 +10,7 @@ from functools import cached_property
 from catalog.domain import ModelSpec
 from tenancy.quota import Amount, Policy
 
+from .capped import Caps
 from .causes import exit_said, summary
 from .conditions import Facility
 from .power import Power
@@ -245,6 +246,9 @@ class Measured:
     # What one replica drew while it was measured, in watts (`PUT /models/NAME/capacity`'s
     # `watts`); None: not measured.
     watts: float | None = None
+    # The share of their default power limit its GPUs were held to while measured
+    # (`power_share`); None: at their default (docs/facility.md, What a capped replica counts).
+    power_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -350,3 +354,5 @@ class Snapshot:
     power: Power = field(default_factory=Power)
     # The facility domains' conditions and holds (None: no domain has either).
     facility: Facility | None = None
+    # The GPUs held below their default power limit, which count less than measured.
+    caps: Caps = field(default_factory=Caps)

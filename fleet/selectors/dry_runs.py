@@ -11,9 +11,11 @@ from tenancy.quota import Policy
 
 from ..domain.capacity import (
     NotMeasured,
+    capped_said,
     headroom,
     preemption_dry_run,
     replicas_needed,
+    running_capped,
     standing,
     target,
 )
@@ -61,6 +63,7 @@ def model_headroom(*, name: str, limit: int) -> dict:
         snap.policy,
         st.ctx.usage,
         snap.measurements,
+        snap.caps,
     )
     # Counted as ctl models counts them: a retiring replica is not one of those running.
     room.retiring = sum(
@@ -75,9 +78,11 @@ def model_target(*, name: str, tokens_per_sec: float) -> dict:
     spec = _spec(snap, name)
     st = standing(snap, clock.now(), settings.LLMGW.timings)
     st.inv.unreserve(name)
-    running = [r.profile for r in snap.replicas if r.model == name and r.state in ACTIVE]
+    active = [r for r in snap.replicas if r.model == name and r.state in ACTIVE]
+    running = [r.profile for r in active]
+    live = [r for r in active if not r.retiring]  # those `current` counts
     try:
-        sized = replicas_needed(spec, tokens_per_sec, running, snap.measurements)
+        sized = replicas_needed(spec, tokens_per_sec, running, snap.measurements, live, snap.caps)
     except NotMeasured as exc:
         raise Invalid(str(exc)) from None
     if sized[0] > MAX_REPLICAS:
@@ -94,8 +99,10 @@ def model_target(*, name: str, tokens_per_sec: float) -> dict:
         snap.policy,
         st.ctx.usage,
         snap.measurements,
+        snap.caps,
     )
-    return target(spec, tokens_per_sec, sized, room)
+    held = running_capped(live, snap.caps, sized[1])
+    return target(spec, tokens_per_sec, sized, room, capped_said(tokens_per_sec, sized, held))
 
 
 def model_preemption(*, name: str) -> dict:

@@ -58,8 +58,8 @@ class Revised:
 def measured_load() -> dict[tuple[str, str], Measured]:
     """Every usable benchmark result, keyed (model, profile)."""
     return {
-        k: Measured(c, t, w or None)
-        for k, (c, t, w) in measurements_load().items()
+        k: Measured(c, t, w or None, s or None)
+        for k, (c, t, w, s) in measurements_load().items()
         if c > 0 and t > 0
     }
 

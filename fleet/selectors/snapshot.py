@@ -20,6 +20,7 @@ from tenancy.quota import Policy
 
 from ..domain.measured import combined_load
 from ..domain.types import Load, Measured, ReplicaView, Snapshot
+from ..selectors.capped import caps_load
 from ..selectors.conditions import facility_load
 from ..selectors.facility import power_load
 from ..selectors.routing import replica_readings
@@ -67,6 +68,7 @@ def snapshot_load(
             ),
             power=power_load(nodes, models),
             facility=facility_load(now),
+            caps=caps_load(nodes, bool(measurements)),
         )
 
 

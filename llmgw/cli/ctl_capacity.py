@@ -127,6 +127,9 @@ def render_target(t: Mapping[str, Any]) -> str:
         f"at {t['per_replica_tok_per_sec']:.1f} each (measured on {t['profile']}); "
         f"{t['current']} running"
     ]
+    if t.get("capped"):
+        lines.append("Running replicas count less than measured:")
+        lines += blocked_lines(t["capped"])
     if t["more"] == 0:
         lines.append("It already has them.")
     elif t["fits"]:
@@ -166,6 +169,7 @@ def render_headroom(h: Mapping[str, Any], asked: int | None) -> str:
     lines = [head]
     if h.get("tok_per_sec"):
         lines.append(f"one more serves {number(h['tok_per_sec'])} tokens/s")
+    lines += blocked_lines(h.get("capped"))
     if h.get("blocked"):
         lines.append("Not more because:")
         lines += blocked_lines(h["blocked"])

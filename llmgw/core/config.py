@@ -227,6 +227,9 @@ class Config:
     # The share of their default power limit a warm or hot domain's GPUs are held to (None:
     # not capped), LLMGW_FACILITY_POWER_CAP.
     facility_power_cap: float | None = None
+    # k in what a replica on GPUs held below their default power counts of its measured
+    # capacity, (limit / default) ** k: LLMGW_POWER_CAP_EXPONENT (fleet/domain/capped.py).
+    power_cap_exponent: float = 0.6
 
     @property
     def embedded(self) -> bool:
@@ -367,6 +370,7 @@ def load(env: dict[str, str] | None = None) -> Config:
         power=_power(env),
         facility_shed=_shedding(env),
         facility_power_cap=_power_cap(env),
+        power_cap_exponent=_cap_exponent(env),
     )
 
 
@@ -386,6 +390,18 @@ def _power_cap(env: dict[str, str]) -> float | None:
             f"GPUs' default power limit), not {raw!r}."
         )
     return share
+
+
+def _cap_exponent(env: dict[str, str]) -> float:
+    """LLMGW_POWER_CAP_EXPONENT: from 0 to 2 (0.6 unless set; 0: a power limit does not
+    change what a replica counts of its measured capacity)."""
+    value = _number(env, "LLMGW_POWER_CAP_EXPONENT", 0.6, integer=False, kind="a number")
+    if value > 2:
+        raise SettingError(
+            f"LLMGW_POWER_CAP_EXPONENT must be a number from 0 to 2 (0.6: a GPU held to 80 % of "
+            f"its default power serves 87.5 % of what was measured), not {value:g}."
+        )
+    return value
 
 
 _DOMAIN_KINDS = ("rack", "pdu", "row", "room", "zone")

@@ -285,7 +285,7 @@ def test_a_measurement_is_stored_with_when_and_by_whom_and_listed(api):
     assert saved["measured_at"]
     listed = api.call("GET", "/capacity").json()
     assert listed == [saved]
-    assert measurements_load() == {("mixed", "gpu"): (16, 500.0, None)}
+    assert measurements_load() == {("mixed", "gpu"): (16, 500.0, None, None)}
 
 
 def test_a_new_measurement_replaces_the_one_before_for_that_profile(api):
@@ -308,8 +308,8 @@ def test_a_new_measurement_replaces_the_one_before_for_that_profile(api):
     )
 
     assert measurements_load() == {
-        ("mixed", "gpu"): (8, 300.0, None),
-        ("mixed", "cpu"): (2, 9.5, None),
+        ("mixed", "gpu"): (8, 300.0, None, None),
+        ("mixed", "cpu"): (2, 9.5, None, None),
     }
     assert [(m["profile"], m["max_concurrency"]) for m in api.call("GET", "/capacity").json()] == [
         ("cpu", 2),
@@ -339,6 +339,31 @@ def test_a_measurement_may_say_what_one_replica_drew_and_placement_reads_it(api)
     )
     assert unsaid.json()["watts"] is None  # a new measurement without power: not measured
     assert measured_load()[("mixed", "gpu")] == Measured(8, 300.0, None)
+
+
+def test_a_measurement_may_say_its_gpus_were_capped_and_the_autoscaler_reads_it(api):
+    from fleet.domain.types import Measured
+    from fleet.selectors.inputs import measured_load
+
+    api.call("POST", "/models", two_profiles())
+    body = {"profile": "gpu", "max_concurrency": 8, "tok_per_sec": 300, "power_share": 0.8}
+
+    saved = api.call("PUT", "/models/mixed/capacity", body).json()
+
+    assert saved["power_share"] == 0.8
+    assert api.call("GET", "/capacity").json()[0]["power_share"] == 0.8
+    # not scaled again for a replica held to the same share (fleet/domain/capped.py)
+    assert measured_load()[("mixed", "gpu")] == Measured(8, 300.0, None, 0.8)
+    for bad in (0, -0.5, 1.2, math.nan, "0.8", True):
+        refused = api.call("PUT", "/models/mixed/capacity", body | {"power_share": bad})
+        assert refused.status_code in (400, 422), bad
+        if isinstance(bad, float | int) and not isinstance(bad, bool):
+            assert "power_share must be a share above 0 and at most 1" in refused.json()["detail"]
+    assert Measurement.objects.get().power_share == 0.8
+    unsaid = api.call(
+        "PUT", "/models/mixed/capacity", {k: v for k, v in body.items() if k != "power_share"}
+    )
+    assert unsaid.json()["power_share"] is None  # measured at the GPUs' default
 
 
 def test_a_declared_model_may_be_measured(api):
@@ -469,7 +494,7 @@ def test_the_measurements_load_in_one_query(api, django_assert_num_queries):
         listed = catalog_selectors.measurements_list()
 
     assert len(loaded) == len(listed) == 3
-    assert all(math.isclose(t, 10.0) for _, t, _ in loaded.values())
+    assert all(math.isclose(t, 10.0) for _, t, _, _ in loaded.values())
 
 
 def test_a_model_added_with_an_owner_by_name_is_stored_by_id(api):

@@ -190,6 +190,47 @@ def test_target_asks_for_the_throughput_and_says_what_it_needs(capsys):
     assert [r.method for r in server.asked] == ["GET"]
 
 
+CAPPED = (
+    "node gpu-1's GPUs are capped to 80 % of their default power: its replica counts "
+    "87.5 % of its measured 500 tokens/s"
+)
+
+
+def test_target_says_which_running_replicas_count_less_than_measured(capsys):
+    server = FakeServer({TARGET: (200, target(capped=[CAPPED]))})
+
+    _, out, _ = run(capsys, server, "model", "target", "llama", "--tokens-per-sec", "1200")
+
+    assert out.splitlines() == [
+        HEAD,
+        "Running replicas count less than measured:",
+        f"  {CAPPED}",
+        "2 more, and there is room for them.",
+    ]
+
+
+def test_headroom_says_when_one_more_counts_less_than_measured(capsys):
+    answer = {
+        "model": "llama",
+        "current": 0,
+        "more": 1,
+        "nodes": [["gpu-1"]],
+        "limited": False,
+        "blocked": [],
+        "tok_per_sec": 437.3,
+        "capped": [CAPPED],
+    }
+    server = FakeServer({HEADROOM: (200, answer)})
+
+    _, out, _ = run(capsys, server, "model", "headroom", "llama")
+
+    assert out.splitlines() == [
+        "llama: 0 running; room for 1 more",
+        "one more serves 437.3 tokens/s",
+        f"  {CAPPED}",
+    ]
+
+
 def test_target_already_met_says_so(capsys):
     server = FakeServer({TARGET: (200, target(current=3, more=0))})
 
