@@ -527,9 +527,7 @@ def declared_sync(*, specs: list[ModelSpec]) -> list[str]:
     return changes
 
 
-def adapter_add(
-    *, data: Mapping, actor: str, mirrored: Mapping | None = None
-) -> AdapterSpec:
+def adapter_add(*, data: Mapping, actor: str, mirrored: Mapping | None = None) -> AdapterSpec:
     """Add a LoRA adapter on a model of the catalog (docs/adapters.md); its owner by scope name
     or ID, stored as the scope's ID. Invalid with the reason (a base unknown or whose engines
     cannot serve it, a rank above its bound, an architecture its files say differs), Conflict

@@ -20,7 +20,7 @@ from mirror.models import Weights
 from mirror.worker import work_until_idle
 from tenancy.models import AuditEvent
 from tenancy.services import org_create, team_create
-from tests.catalog.test_adapters import an_adapter, hub, slotted  # noqa: F401 - a fixture
+from tests.catalog.test_adapters import an_adapter, hub, slotted  # noqa: F401 - hub: autouse
 from tests.helpers import detail
 from tests.lora_files import PEFT_CONFIG, PEFT_WEIGHTS
 from tests.mirror.test_weights import mirror_dir  # noqa: F401 - a fixture
@@ -41,7 +41,8 @@ def _audit() -> dict:
     return AuditEvent.objects.get(action="adapter.add").detail
 
 
-def test_an_adapter_from_the_hub_adds_its_repository_to_the_mirror(api, base, hub, mirror_dir):
+@pytest.mark.usefixtures("mirror_dir")
+def test_an_adapter_from_the_hub_adds_its_repository_to_the_mirror(api, base):
     response = api.call("POST", "/adapters", an_adapter())
 
     assert response.status_code == 201, response.content
@@ -56,7 +57,7 @@ def test_an_adapter_from_the_hub_adds_its_repository_to_the_mirror(api, base, hu
     assert api.call("GET", "/adapters/acme-support").json()["mirror"] == "ready"
 
 
-def test_weights_the_mirror_holds_already_are_not_added_again(api, base, hub):
+def test_weights_the_mirror_holds_already_are_not_added_again(api, base):
     first = api.call("POST", "/weights", {"source": SOURCE}).json()
     assert api.call("POST", "/adapters", an_adapter()).status_code == 201
     # A second adapter of the same repository, and one of a folder of weights held.
@@ -67,7 +68,9 @@ def test_weights_the_mirror_holds_already_are_not_added_again(api, base, hub):
     assert api.call("POST", "/adapters", third).status_code == 201
 
     assert sorted(Weights.objects.values_list("pk", flat=True)) == [first["id"], whole["id"]]
-    mirrored = [e.detail["mirror"] for e in AuditEvent.objects.filter(action="adapter.add").order_by("pk")]
+    mirrored = [
+        e.detail["mirror"] for e in AuditEvent.objects.filter(action="adapter.add").order_by("pk")
+    ]
     assert mirrored == [
         {"weights": first["id"], "added": False},
         {"weights": first["id"], "added": False},
@@ -75,7 +78,7 @@ def test_weights_the_mirror_holds_already_are_not_added_again(api, base, hub):
     ]
 
 
-def test_bad_input_adds_nothing_to_the_mirror(api, base, hub):
+def test_bad_input_adds_nothing_to_the_mirror(api, base):
     response = api.call("POST", "/adapters", an_adapter(rank=32))
 
     assert response.status_code == 400
@@ -83,7 +86,7 @@ def test_bad_input_adds_nothing_to_the_mirror(api, base, hub):
     assert not Weights.objects.exists() and not Adapter.objects.exists()
 
 
-def test_a_repository_the_hub_does_not_have_stores_no_adapter(api, base, hub):
+def test_a_repository_the_hub_does_not_have_stores_no_adapter(api, base):
     response = api.call("POST", "/adapters", an_adapter(source="hf://acme/nothing-here"))
 
     assert response.status_code == 400
@@ -111,9 +114,7 @@ def test_an_adapter_on_the_nodes_own_disk_is_not_mirrored(api, base, tmp_path):
     assert response.json()["mirror"] is None
 
 
-def test_weights_added_for_an_adapter_that_cannot_then_be_stored_are_taken_out(
-    base, hub, monkeypatch
-):
+def test_weights_added_for_an_adapter_that_cannot_then_be_stored_are_taken_out(base, monkeypatch):
     def taken(**_):
         raise Conflict("An adapter named acme-support already exists.")
 
@@ -124,7 +125,7 @@ def test_weights_added_for_an_adapter_that_cannot_then_be_stored_are_taken_out(
 
 
 def test_a_session_that_may_not_add_weights_is_refused_an_adapter_that_would(
-    base, hub, django_user_model
+    base, django_user_model
 ):
     user = django_user_model.objects.create_user("ada", password="x", is_staff=True)
     user.user_permissions.add(
