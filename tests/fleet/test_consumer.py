@@ -386,7 +386,17 @@ async def test_engine_load_says_how_far_an_adapters_fetch_got(agents, no_settle)
     fetching = [{"name": "ml-tone", "done": 4_800_000, "total": 12_000_000}]
     reading = await said({**shard, "adapters_fetching": fetching})
     assert reading.fetched("ml-tone") == (4_800_000, 12_000_000)
+    assert (await engine_shown(start["replica_id"]))["adapters_fetching"] == fetching
     assert (await said(shard)).fetched("ml-tone") is None
+    assert "adapters_fetching" not in await engine_shown(start["replica_id"])
+
+
+async def engine_shown(replica_id: str) -> dict:
+    """The replica's engine reading as GET /replicas shows it."""
+    from fleet.selectors import listings
+
+    rows = await in_db(lambda: listings.replicas_list(model="llama"))
+    return next(r["engine"] for r in rows if r["id"] == replica_id)
 
 
 async def test_a_closed_connection_makes_the_node_unreachable(agents):
