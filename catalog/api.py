@@ -3,12 +3,14 @@ explain, and what was measured of them."""
 
 from __future__ import annotations
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from ninja import Router, Status
 
 from fleet import services as fleet_services
 from llmgw.core import clock
 from llmgw.core.api import actor, json_body
 from llmgw.core.errors import Invalid
+from llmgw.core.permissions import refusal
 from mirror import services as mirror_services
 from tenancy.auth import can
 
@@ -32,6 +34,13 @@ from .schemas import (
 from .selectors import listings
 
 router = Router(tags=["models"])
+
+
+def _refusal(request, perm: str) -> str:
+    """The sentence saying a staff session may not do what `perm` allows, "" when it may;
+    an admin token may do all."""
+    user = request.auth
+    return refusal(user, perm) if isinstance(user, AbstractBaseUser) else ""
 
 
 def _view(name: str) -> dict:
@@ -216,9 +225,15 @@ def adapter_get(request, name: str):
     auth=can("catalog.add_adapter"),
 )
 def adapter_add(request):
-    """Add a LoRA adapter on a base model (docs/adapters.md); 400 with the reason, 409 when
-    the name is taken."""
-    spec = services.adapter_add(data=json_body(request), actor=actor(request))
+    """Add a LoRA adapter on a base model (docs/adapters.md), its hf:// or https source added
+    to the mirror; 400 with the reason, 409 when the name is taken, 403 for a session that
+    may not add weights when they would be added."""
+    spec = mirror_services.adapter_add(
+        data=json_body(request),
+        actor=actor(request),
+        now=clock.now(),
+        mirror_refusal=_refusal(request, "mirror.add_weights"),
+    )
     return Status(201, listings.adapter_views(name=spec.name)[0])
 
 

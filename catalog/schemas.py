@@ -97,6 +97,11 @@ class AdapterOut(Schema):
     rank: int
     owner: str
     held_by: list[str] = Field(description="ready replicas whose engines hold it now")
+    mirror: str | None = Field(
+        None,
+        description="how far the mirror got with its weights: ready, 40% of 12 MB, a failure "
+        "and how to retry; absent for a path on the nodes",
+    )
 
 
 class ScaleIn(Schema):

@@ -540,11 +540,33 @@ def declared_sync(*, specs: list[ModelSpec]) -> list[str]:
     return changes
 
 
-def adapter_add(*, data: Mapping, actor: str) -> AdapterSpec:
+def adapter_add(*, data: Mapping, actor: str, mirrored: Mapping | None = None) -> AdapterSpec:
     """Add a LoRA adapter on a model of the catalog (docs/adapters.md); its owner by scope name
     or ID, stored as the scope's ID. Invalid with the reason (a base unknown or whose engines
     cannot serve it, a rank above its bound, an architecture its files say differs), Conflict
-    when the name is taken; nothing stored then."""
+    when the name is taken; nothing stored then. `mirrored` (the weights the mirror holds
+    of its source, and whether this add put them there) is kept in the audit record."""
+    data, spec = _adapter_parsed(data)
+    with transaction.atomic():
+        catalog, adapters = catalog_load(), adapters_load()
+        _adapter_new(spec, catalog, adapters)
+        _adapter_write(spec, actor=actor)
+        _bump()
+        detail = {**data, "mirror": dict(mirrored)} if mirrored else dict(data)
+        audit_record(actor=actor, action="adapter.add", target=spec.name, detail=detail)
+    log.info("adapter %s added on %s for %s by %s", spec.name, spec.base, spec.owner, actor)
+    return spec
+
+
+def adapter_check(*, data: Mapping) -> AdapterSpec:
+    """What `adapter_add` would store, refused as it would be, with nothing written: asked
+    before the mirror is asked for its weights, so bad input costs no download."""
+    _, spec = _adapter_parsed(data)
+    _adapter_new(spec, catalog_load(), adapters_load())
+    return spec
+
+
+def _adapter_parsed(data: Mapping) -> tuple[Mapping, AdapterSpec]:
     _no_nul(data, where="the adapter")
     data = _owner_by_id(data)
     try:
@@ -554,16 +576,15 @@ def adapter_add(*, data: Mapping, actor: str) -> AdapterSpec:
     for name, value, longest in (("source", spec.source, 500), ("owner", spec.owner, 40)):
         if len(value) > longest:
             raise Invalid(f"adapter {spec.name}: {name} is longer than {longest} characters.")
-    with transaction.atomic():
-        catalog, adapters = catalog_load(), adapters_load()
-        if spec.name in adapters:
-            raise Conflict(f"An adapter named {spec.name} already exists.")
-        _adapter_checked(spec, catalog, [*adapters.values(), spec])
-        _adapter_write(spec, actor=actor)
-        _bump()
-        audit_record(actor=actor, action="adapter.add", target=spec.name, detail=dict(data))
-    log.info("adapter %s added on %s for %s by %s", spec.name, spec.base, spec.owner, actor)
-    return spec
+    return data, spec
+
+
+def _adapter_new(
+    spec: AdapterSpec, catalog: dict[str, ModelSpec], adapters: dict[str, AdapterSpec]
+) -> None:
+    if spec.name in adapters:
+        raise Conflict(f"An adapter named {spec.name} already exists.")
+    _adapter_checked(spec, catalog, [*adapters.values(), spec])
 
 
 def _adapter_checked(

@@ -297,6 +297,15 @@ class AdapterHeld(_Message):
     engine_id: Annotated[int, Field(ge=0, le=10_000)] | None = None
 
 
+class AdapterFetch(_Message):
+    """A LoRA adapter whose files the agent is fetching from the mirror for its engine to
+    load: bytes in its cache so far, of how many (None: not known)."""
+
+    name: AdapterName
+    done: Annotated[int, Field(ge=0, le=1 << 62)]
+    total: Annotated[int, Field(ge=0, le=1 << 62)] | None = None
+
+
 class EngineShardLoad(_Message):
     shard_id: ShardId
     running: Count | None = None
@@ -308,6 +317,8 @@ class EngineShardLoad(_Message):
     slots: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     # The adapters its engine holds now; absent is not reported (unknown), [] is none.
     adapters: Annotated[list[AdapterHeld], Field(max_length=1000)] | None = None
+    # The adapters whose files it is fetching to load, and how far each got; absent: none.
+    adapters_fetching: Annotated[list[AdapterFetch], Field(max_length=1000)] | None = None
 
 
 class AdapterStatus(_Message):

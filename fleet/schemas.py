@@ -53,6 +53,12 @@ class ShardOut(Schema):
     cpu_cores: int | None
 
 
+class AdapterFetchOut(Schema):
+    name: str
+    done: int
+    total: int | None = None
+
+
 class ReadingOut(Schema):
     """What a ready replica's engine last said (fleet/domain/readings.py); each figure it did
     not report is null."""
@@ -65,6 +71,9 @@ class ReadingOut(Schema):
     slots: int | None = None
     # The LoRA adapters its engine holds, by name; null when it said nothing of them.
     adapters: list[str] | None = None
+    # The adapters its node is fetching from the mirror for it to load: name, bytes done,
+    # of total (null: unknown); absent when none.
+    adapters_fetching: list[AdapterFetchOut] | None = None
 
 
 class ReplicaOut(Schema):

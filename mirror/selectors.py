@@ -20,6 +20,7 @@ from .domain.platforms import BINARY_ENGINES, RELEASE, RELEASE_PLATFORM
 from .domain.progress import READY, FileProgress, fetched_said, progress
 from .domain.refs import FolderRef, WeightsRef
 from .domain.sizing import profile_refusal
+from .domain.sources import fetched_remotely
 from .gguf import GgufError, gguf_architecture, read_gguf
 from .models import EngineBuild, WeightFile, Weights
 
@@ -96,6 +97,20 @@ def weights_for_source(source: str) -> WeightsRef | FolderRef | str | None:
     vLLM fetches itself); a sentence when it is but cannot be served yet.
     """
     return _ref(source, _index()) if source else None
+
+
+def weights_holding(source: str) -> int | None:
+    """The ID of the weights `source` names (their own source, or a file or folder of
+    them: SOURCE/PATH), None when the mirror holds none: whether an adapter's source must
+    be added to the mirror."""
+    found = _match(source, list(Weights.objects.only("source"))) if source else None
+    return None if found is None else found[0].pk
+
+
+def adapter_mirror_said(source: str) -> str | None:
+    """How far the mirror got with an adapter's weights (weights_said), None for an adapter
+    on the nodes' own disk, which the mirror does not fetch."""
+    return weights_said(source) if fetched_remotely(source) else None
 
 
 def weights_said(source: str) -> str:

@@ -26,18 +26,18 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from catalog import services as catalog_services
-from catalog.domain import ModelSpec
-from llmgw.core.errors import Conflict, Invalid, NotFound
+from catalog.domain import AdapterSpec, ModelSpec
+from llmgw.core.errors import Conflict, Forbidden, Invalid, NotFound
 from llmgw.core.version import installed
 from tenancy.selectors import scope_find
 
-from . import store, wake
+from . import selectors, store, wake
 from .builds import engine_build_add_file
 from .domain.hf_sizing import HfPlan, serve_hf_model
 from .domain.platforms import RELEASE
 from .domain.progress import ATTEMPTS, DOWNLOADING, FAILED, QUEUED, READY, retry_delay
 from .domain.sizing import SizingError, serve_model
-from .domain.sources import SourceError, parse_source
+from .domain.sources import SourceError, fetched_remotely, parse_source
 from .models import EngineBuild, WeightFile, Weights
 from .plans import vllm_source, weights_plan
 from .resolve import resolve
@@ -93,6 +93,39 @@ def weights_add(
         # Added by another request between the look and the write.
         return Weights.objects.get(source=parsed.text), False
     return weights, True
+
+
+def adapter_add(
+    *, data: Mapping[str, Any], actor: str, now: datetime, mirror_refusal: str = ""
+) -> AdapterSpec:
+    """Add a LoRA adapter (catalog's adapter_add); one whose source is on the hub or an
+    https server has its weights added to the mirror as `weights add` adds them, unless
+    the mirror holds them already (its source, or a file or folder of weights it holds).
+
+    The adapter is checked first, so bad input fetches nothing; a source the hub refuses
+    is a 400 and one it cannot be asked about a 502, the adapter not stored. Weights this
+    add put in the mirror are taken out again when the adapter cannot then be stored
+    (its name taken meanwhile). The audit record of the add names the weights.
+    `mirror_refusal`, the sentence saying the caller may not add weights, is Forbidden
+    when its weights would be added.
+    """
+    spec = catalog_services.adapter_check(data=data)
+    weights_id, created = selectors.weights_holding(spec.source), False
+    if weights_id is None and fetched_remotely(spec.source):
+        if mirror_refusal:
+            raise Forbidden(
+                f"{spec.source} is not in the mirror, and adding adapter {spec.name} would add "
+                f"it: {mirror_refusal}"
+            )
+        weights, created = weights_add(source=spec.source, actor=actor, now=now)
+        weights_id = weights.pk
+    mirrored = None if weights_id is None else {"weights": weights_id, "added": created}
+    try:
+        return catalog_services.adapter_add(data=data, actor=actor, mirrored=mirrored)
+    except Exception:
+        if created and weights_id is not None:
+            weights_remove(weights_id=weights_id, using=[])
+        raise
 
 
 def weights_remove(*, weights_id: int, using: list[str]) -> None:

@@ -23,6 +23,7 @@ from fleet.selectors.routing import adapters_held
 from fleet.selectors.state import model_states, replica_views
 from llmgw.core import clock
 from llmgw.core.errors import NotFound
+from mirror.selectors import adapter_mirror_said
 
 from ..domain import reservation_warnings, suggested_cores
 from . import adapters_load, catalog_and_adapters, catalog_load
@@ -117,7 +118,8 @@ def model_views(*, name: str | None = None) -> list[dict]:
 
 def adapter_views(*, name: str | None = None, base: str | None = None) -> list[dict]:
     """Adapters as the API, ctl and the model page show them (every one, `name`, or those of
-    `base`), each with the ready replicas holding it now as their engines said."""
+    `base`), each with the ready replicas holding it now as their engines said, and how far
+    the mirror got with its weights (None for a path on the nodes)."""
     every = adapters_load()
     if name is not None:
         if name not in every:
@@ -140,6 +142,7 @@ def adapter_views(*, name: str | None = None, base: str | None = None) -> list[d
             "rank": a.rank,
             "owner": a.owner,
             "held_by": sorted(r for r, names in held.items() if a.name in names),
+            "mirror": adapter_mirror_said(a.source),
         }
         for a in chosen
     ]

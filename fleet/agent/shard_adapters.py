@@ -7,6 +7,7 @@ An adapter whose source the mirror holds (``hf://org/repo``) comes with the mirr
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -101,16 +102,28 @@ class AdapterCommands(ShardTable):
             raise AdapterError(f"The adapter {ref.name}'s weights are not usable: {exc}") from None
         # In use from now: reclaim leaves them alone while they come and while they are held.
         shard.adapter_digests[ref.name] = weights.digests
+        loop = asyncio.get_running_loop()
+
+        def progress(done: int, total: int | None) -> None:
+            # Called from the fetch's thread; engine_load says it (shard_reports.py).
+            loop.call_soon_threadsafe(shard.adapter_fetches.__setitem__, ref.name, (done, total))
+
+        shard.adapter_fetches[ref.name] = (0, weights.size)
         try:
             if isinstance(weights, FolderRef):
-                path = await self.cache.ensure_folder(weights, source=ref.path)
+                path = await self.cache.ensure_folder(
+                    weights, source=ref.path, on_progress=progress
+                )
             else:
-                path = await self.cache.ensure(weights, source=ref.path)
+                path = await self.cache.ensure(weights, source=ref.path, on_progress=progress)
         except CacheError as exc:
             shard.adapter_digests.pop(ref.name, None)
             raise AdapterError(
                 f"The adapter {ref.name}'s weights could not be put in this node's cache: {exc}"
             ) from None
+        finally:
+            # Its progress callbacks are queued before the fetch ends: taken out after them.
+            loop.call_soon(shard.adapter_fetches.pop, ref.name, None)
         log.info(
             "shard %s: adapter %s's weights are in the cache at %s",
             shard.spec.shard_id,

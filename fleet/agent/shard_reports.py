@@ -57,6 +57,11 @@ class ShardReports(AdapterCommands):
                 log.debug("shard %s: adapters unreadable: %s", shard.spec.shard_id, exc)
             else:
                 figures["adapters"] = [h.to_message() for h in held]
+            if shard.adapter_fetches:
+                figures["adapters_fetching"] = [
+                    {"name": name, "done": done, "total": total}
+                    for name, (done, total) in sorted(shard.adapter_fetches.items())
+                ]
         if figures and shard.slots is not None:
             figures["slots"] = shard.slots
         return {"shard_id": shard.spec.shard_id, **figures} if figures else None

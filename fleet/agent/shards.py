@@ -72,6 +72,8 @@ class Shard:
     # The cached files of the adapters its engine was given from the mirror, by adapter name:
     # left alone by reclaim too while it holds them.
     adapter_digests: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The adapters whose files are being fetched for it, by name: (bytes done, of total).
+    adapter_fetches: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     # When its engine was spawned (Unix seconds): its startup timeout counts from here.
     started_at: float = 0.0
     # Since when its engine has used more than its reservation allows (monotonic seconds).

@@ -28,6 +28,9 @@ class Reading:
     # How many requests its engine runs at once, as the agent read it from the engine's
     # command; None where the command left it to the engine's default.
     slots: int | None = None
+    # The adapters whose files its agent is fetching for it to load: (name, bytes done, of
+    # total or None); () when it fetches none.
+    fetching: tuple[tuple[str, int, int | None], ...] = ()
 
     def holds(self, adapter: str) -> bool:
         return self.adapters is not None and any(n == adapter for n, _ in self.adapters)
@@ -35,6 +38,11 @@ class Reading:
     def engine_id(self, adapter: str) -> int | None:
         """llama-server's index of `adapter`; None when it has none or does not hold it."""
         return next((i for n, i in self.adapters or () if n == adapter), None)
+
+    def fetched(self, adapter: str) -> tuple[int, int | None] | None:
+        """How far the fetch of `adapter`'s files got (bytes done, of total); None when its
+        agent is not fetching them."""
+        return next(((d, t) for n, d, t in self.fetching if n == adapter), None)
 
     @property
     def queued(self) -> int:
@@ -49,6 +57,7 @@ def replica_reading(shards: Iterable[Mapping]) -> Reading | None:
     said (only the shard serving HTTP has one). None when no shard said anything."""
     running = waiting = kv = rate = slots = None
     adapters: tuple[tuple[str, int | None], ...] | None = None
+    fetching: tuple[tuple[str, int, int | None], ...] = ()
     said = False
     for figures in shards:
         if not isinstance(figures, Mapping):
@@ -64,6 +73,7 @@ def replica_reading(shards: Iterable[Mapping]) -> Reading | None:
             rate = _share(figures.get("prefix_hit_rate"))
         if adapters is None:
             adapters = _adapters(figures.get("adapters"))
+        fetching += _fetching(figures.get("adapters_fetching"))
         if slots is None and (n := _count(figures.get("slots"))):
             slots = n  # the shard serving HTTP: one engine's slots, not a sum
     if not said:
@@ -75,6 +85,7 @@ def replica_reading(shards: Iterable[Mapping]) -> Reading | None:
         prefix_hit_rate=rate,
         adapters=adapters,
         slots=slots,
+        fetching=fetching,
     )
 
 
@@ -89,6 +100,26 @@ def _adapters(value: object) -> tuple[tuple[str, int | None], ...] | None:
             i = a.get("engine_id")
             out.append((name, i if isinstance(i, int) and not isinstance(i, bool) else None))
     return tuple(out)
+
+
+def _fetching(value: object) -> tuple[tuple[str, int, int | None], ...]:
+    """The adapters a shard said its agent fetches (`[{"name", "done", "total"}]`), each
+    with its bytes done and total (None where not said or not a count); () for none."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        (name, done, _bytes(f.get("total")))
+        for f in value
+        if isinstance(f, Mapping)
+        and isinstance(name := f.get("name"), str)
+        and (done := _bytes(f.get("done"))) is not None
+    )
+
+
+def _bytes(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 def _count(value: object) -> int | None:

@@ -85,8 +85,8 @@ def replicas_list(*, model: str | None = None) -> list[dict]:
 
 
 def reading_out(reading: Reading | None) -> dict | None:
-    """A replica's engine reading as the API and the pages show it, its adapters by name;
-    None when none said."""
+    """A replica's engine reading as the API and the pages show it, its adapters by name and
+    those its node fetches (absent when none); None when none said."""
     if reading is None:
         return None
     out = asdict(reading)
@@ -96,6 +96,11 @@ def reading_out(reading: Reading | None) -> dict | None:
         del out["adapters"]  # said nothing of them: as before adapters were read
     else:
         out["adapters"] = [name for name, _ in reading.adapters]
+    del out["fetching"]
+    if reading.fetching:
+        out["adapters_fetching"] = [
+            {"name": name, "done": done, "total": total} for name, done, total in reading.fetching
+        ]
     return out
 
 

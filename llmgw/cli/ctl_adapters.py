@@ -41,6 +41,8 @@ def render_one(a: Mapping[str, Any]) -> str:
         f"  aliases: {', '.join(a.get('aliases') or ()) or 'none'}",
         f"  held by: {', '.join(a.get('held_by') or ()) or 'no replica now'}",
     ]
+    if a.get("mirror"):
+        lines.insert(2, f"  mirror:  {a['mirror']}")
     if a.get("description"):
         lines.insert(1, f"  {a['description']}")
     return "\n".join(lines)

@@ -17,6 +17,12 @@ class NotFound(ServiceError):
     status = 404
 
 
+class Forbidden(ServiceError):
+    """The caller may not do a part of what it asked: a permission it lacks (403)."""
+
+    status = 403
+
+
 class Conflict(ServiceError):
     """The request clashes with what exists: a duplicate, a declared model (409)."""
 

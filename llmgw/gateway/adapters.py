@@ -27,6 +27,7 @@ from llmgw.gateway.load import BOARD
 from llmgw.gateway.scoring import replica_load
 from llmgw.gateway.state import Request, State, in_a_thread
 from llmgw.gateway.tables import Upstream
+from mirror.domain.progress import fetched_said
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -326,7 +327,7 @@ async def _held(rt: State, req: Request, adapter: AdapterSpec, ups: Sequence[Ups
                 raise unplaceable(f"Adapter {name} could not be loaded: {said[2]}.")
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
-            why = unmirrored or f"Adapter {name} is loading: no replica held it within {bound:g} s."
+            why = unmirrored or loading_said(name, bound, rt.readings)
             raise Refused(
                 503,
                 f"{why} Try again shortly.",
@@ -336,6 +337,21 @@ async def _held(rt: State, req: Request, adapter: AdapterSpec, ups: Sequence[Ups
                 retry_after=10,
             )
         await asyncio.sleep(min(POLL_S, remaining))
+
+
+def loading_said(name: str, bound: float, readings: Mapping[str, Reading]) -> str:
+    """Why a request for adapter `name` is still waiting after `bound` seconds: how far the
+    node of the replica asked to load it got fetching its files from the mirror, where its
+    engine_load says so; else that no replica held it in time."""
+    asked = _asked.get(name)
+    reading = readings.get(asked[1]) if asked is not None else None
+    fetched = reading.fetched(name) if reading is not None else None
+    if asked is None or fetched is None:
+        return f"Adapter {name} is loading: no replica held it within {bound:g} s."
+    return (
+        f"Adapter {name} is loading on replica {asked[1]}: its node is fetching its weights "
+        f"from the mirror, {fetched_said(*fetched)} so far."
+    )
 
 
 async def _ask_mirrored(

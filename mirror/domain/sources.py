@@ -59,6 +59,16 @@ class Source:
         return filename == self.pattern or filename.startswith(self.pattern.rstrip("/") + "/")
 
 
+def fetched_remotely(text: str) -> bool:
+    """Whether weights of this source come from the hub or an https server (what adding an
+    adapter of it adds to the mirror), not a path: a model's or adapter's path is the
+    nodes' own."""
+    try:
+        return parse_source(text).kind in (HF, HTTPS)
+    except SourceError:
+        return False
+
+
 def parse_source(text: object) -> Source:
     """Read a source; raises SourceError with a sentence saying what is wrong."""
     if not isinstance(text, str) or not text.strip():

@@ -7,7 +7,9 @@ engine the fake vLLM of fake_adapter_engines.py."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import threading
 
 import pytest
 
@@ -166,3 +168,27 @@ async def test_an_agent_without_a_cache_says_it_cannot_fetch_an_adapter(tmp_path
         "fetched from the mirror."
     )
     await sup.close()
+
+
+async def test_engine_load_says_how_far_an_adapters_fetch_got_while_it_runs(
+    node, mirror, adapter_files
+):
+    """The gateway's 503 for a request waiting on the load says it (docs/adapters.md)."""
+    sup, fake, said = node
+    mirror.hold = threading.Event()
+    total = sum(len(d) for d in adapter_files.values())
+    loading = asyncio.ensure_future(sup.load_adapter(load_msg(weights(mirror, adapter_files))))
+    try:
+        async with asyncio.timeout(10):
+            while not mirror.gets:  # the first file asked for, and held back
+                await asyncio.sleep(0.02)
+        [entry] = await sup.engine_loads()
+        assert entry["adapters_fetching"] == [{"name": "sql", "done": 0, "total": total}]
+    finally:
+        mirror.hold.set()
+    await loading
+
+    assert said[-1]["state"] == "loaded"
+    [entry] = await sup.engine_loads()
+    assert "adapters_fetching" not in entry
+    assert sup._shards["s1"].adapter_fetches == {}

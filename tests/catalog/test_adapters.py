@@ -15,14 +15,38 @@ from tenancy.services import org_create, project_create, team_create
 from tests.catalog.test_pages import ready_replica
 from tests.fleet.builders import gpu_model, node_add
 from tests.helpers import detail
+from tests.lora_files import PEFT_CONFIG, PEFT_WEIGHTS, BaseDims, peft_adapter
+from tests.mirror.hub import Hub, HubFile
 
 pytestmark = pytest.mark.django_db
+
+DIMS = BaseDims(architecture="llama", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16)
 
 
 def slotted(name="llama", engine="vllm", slots=4, **profile):
     data = gpu_model(name)
     data["profiles"][0].update(engine=engine, adapter_slots=slots, **profile)
     return data
+
+
+@pytest.fixture(autouse=True)
+def hub(monkeypatch, tmp_path):
+    """A hub on loopback holding the adapters' repositories (a POST /adapters of an hf://
+    source adds its weights to the mirror): acme/support-lora, and acme/loras with one
+    under red/."""
+    from huggingface_hub import constants
+
+    folder = peft_adapter(tmp_path / "written", dims=DIMS, seed=3)
+    files = {
+        name: HubFile((folder / name).read_bytes(), lfs=name.endswith(".safetensors"))
+        for name in (PEFT_CONFIG, PEFT_WEIGHTS)
+    }
+    red = {f"red/{name}": f for name, f in files.items()}
+    h = Hub(repos={"acme/support-lora": files, "acme/loras": red})
+    h.start()
+    monkeypatch.setattr(constants, "ENDPOINT", h.url)
+    yield h
+    h.stop()
 
 
 @pytest.fixture

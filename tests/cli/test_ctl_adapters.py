@@ -6,6 +6,7 @@ import pytest
 
 from catalog.models import Adapter
 from catalog.services import model_add
+from tests.catalog.test_adapters import hub  # noqa: F401 - a fixture: acme/support-lora
 from tests.cli.helpers import table
 from tests.cli.test_ctl_against_the_api import acme, ctl_run  # noqa: F401 - a fixture
 from tests.fleet.builders import gpu_model
@@ -26,6 +27,7 @@ def test_an_adapter_is_added_listed_shown_and_removed_with_ctl(capsys, server, a
     assert (code, err) == (0, ""), err
     assert out.splitlines()[0] == "adapter support on llama"
     assert "  aliases: help" in out
+    assert "  mirror:  0% of " in out  # its repository added to the mirror, not fetched yet
 
     _, out, _ = ctl_run(capsys, server, "adapter", "list")
     assert table(out) == [

@@ -27,6 +27,16 @@ from fleet.domain.readings import Reading, replica_reading
         # nonsense is no reading.
         ([{"slots": 8}, {"slots": 4}], Reading(slots=8)),
         ([{"slots": 0}, {"slots": "8"}], Reading()),
+        # The adapters its agent fetches, from every shard that says; a total not said is
+        # unknown, an entry without a name or a count of bytes done is no reading.
+        (
+            [
+                {"adapters_fetching": [{"name": "a", "done": 5, "total": 10}]},
+                {"adapters_fetching": [{"name": "b", "done": 0}, {"name": "c"}, {"done": 1}]},
+            ],
+            Reading(fetching=(("a", 5, 10), ("b", 0, None))),
+        ),
+        ([{"adapters_fetching": "a"}], Reading()),
     ],
 )  # fmt: skip
 def test_a_replicas_reading_from_its_shards(shards, reading):
@@ -51,3 +61,11 @@ def test_the_adapters_an_engine_holds_are_read_absent_apart_from_none():
     assert replica_reading(
         [{"adapters": [{"name": 3}, "x", {"name": "a", "engine_id": True}]}]
     ).adapters == (("a", None),)
+
+
+def test_how_far_an_adapters_fetch_got_is_read_for_that_adapter_only():
+    reading = Reading(fetching=(("a", 5, 10), ("b", 0, None)))
+    assert reading.fetched("a") == (5, 10)
+    assert reading.fetched("b") == (0, None)
+    assert reading.fetched("c") is None
+    assert Reading().fetched("a") is None

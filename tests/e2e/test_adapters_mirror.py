@@ -1,12 +1,14 @@
 """An adapter on a Hugging Face repository, end to end: a real `llmgw serve` and agent, a hub
 on loopback holding a PEFT adapter written by tests/lora_files.py, a sim engine with two
-adapter slots. Before the mirror holds it a request waits, then is told to add it; once
-the mirror holds it the agent fetches its files into its cache and the engine loads that
-folder, answering in the adapter's words (docs/adapters.md)."""
+adapter slots. Adding the adapter adds its repository to the mirror; before the mirror
+holds it a request waits, then is told how far the mirror got; once it does the agent
+fetches its files into its cache and the engine loads that folder, answering in the
+adapter's words (docs/adapters.md)."""
 
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import openai
 import pytest
@@ -53,7 +55,9 @@ def _answer(client: openai.OpenAI, model: str) -> str:
     return reply.choices[0].message.content
 
 
-def test_an_adapter_is_fetched_from_the_mirror_and_its_engine_loads_the_cached_copy(site, files):
+def test_an_adapter_is_fetched_from_the_mirror_and_its_engine_loads_the_cached_copy(
+    site, hub, files
+):
     cluster = site
     cluster.start_agent("cpu-a", "--cpus", "4", "--memory-gb", "8", port_range="33000-33499")
     wait_for("a ready node", lambda: [n["state"] for n in cluster.get("/nodes")] == ["ready"])
@@ -61,26 +65,35 @@ def test_an_adapter_is_fetched_from_the_mirror_and_its_engine_loads_the_cached_c
     org = cluster.post("/orgs", {"name": "Acme"})["id"]
     team = cluster.post("/teams", {"org": org, "name": "red"})
     project = cluster.post("/projects", {"team": team["id"], "name": "app"})
-    adapter = {"name": "red-tone", "base": "base", "source": SOURCE, "format": "peft"}
-    cluster.post("/adapters", {**adapter, "rank": 4, "owner": f"team:{team['id']}"})
     wait_for("a ready replica of the base", lambda: cluster.ready_replicas("base"), timeout=60)
     key = gateway_key(cluster, project["id"], "red")["secret"]
     client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key=key, max_retries=0)
     base_said = _answer(client, "base")
 
+    # Adding the adapter adds its repository to the mirror; the hub holds its files back
+    # until let go, so a request meanwhile is told how far the mirror got.
+    hub.hold = threading.Event()
+    adapter = {"name": "red-tone", "base": "base", "source": SOURCE, "format": "peft"}
+    added = cluster.post("/adapters", {**adapter, "rank": 4, "owner": f"team:{team['id']}"})
+    assert added["mirror"].startswith("0% of "), added
+    [weights] = cluster.get("/weights")
+    assert weights["source"] == SOURCE
+    wait_for(
+        "the gateway to know the adapter",
+        lambda: "red-tone" in {m.id for m in client.models.list()},
+        timeout=20,
+    )
+
     with pytest.raises(openai.APIStatusError) as refused:
         _answer(client, "red-tone")
     assert refused.value.status_code == 503
     assert refused.value.response.headers["retry-after"] == "10"
-    assert (
-        f"Adapter red-tone's weights are not mirrored yet: {SOURCE} is not in the mirror "
-        f"(llmgw ctl weights add {SOURCE}). Try again shortly."
-    ) in refused.value.message
+    assert "Adapter red-tone's weights are not mirrored yet: 0% of " in refused.value.message
 
-    added = cluster.post("/weights", {"source": SOURCE})
+    hub.hold.set()
     wait_for(
         "the adapter's weights in the mirror",
-        lambda: cluster.get(f"/weights/{added['id']}")["state"] == "ready",
+        lambda: cluster.get(f"/weights/{weights['id']}")["state"] == "ready",
         timeout=30,
     )
     red_said = _answer(client, "red-tone")

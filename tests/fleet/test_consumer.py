@@ -364,6 +364,41 @@ async def test_engine_load_with_requests_running_marks_the_replica_used(agents, 
     assert replica.last_used_at is not None
 
 
+async def test_engine_load_says_how_far_an_adapters_fetch_got(agents, no_settle):
+    """What the gateway's 503 for a request waiting on the adapter reads; a fetch not said
+    in the next engine_load is over."""
+    from fleet.selectors.routing import replica_readings
+
+    await in_db(lambda: model_added(gpu_model("llama")))
+    comm = await agents.registered(register_frame("gpu-a"))
+    await in_db(reconcile_once)
+    start = await answer(comm)
+    shard = {"shard_id": start["shard_id"], "running": 0}
+
+    async def said(entry: dict):
+        await comm.send_json_to({"type": "engine_load", "shards": [entry]})
+        await barrier(comm)
+        writes = LIVE.due(only="gpu-a")
+        await in_db(lambda: node_live_flush(writes=writes, now=clock.now()))
+        await in_db(lambda: Replica.objects.filter(pk=start["replica_id"]).update(state="ready"))
+        return (await in_db(replica_readings))[start["replica_id"]]
+
+    fetching = [{"name": "ml-tone", "done": 4_800_000, "total": 12_000_000}]
+    reading = await said({**shard, "adapters_fetching": fetching})
+    assert reading.fetched("ml-tone") == (4_800_000, 12_000_000)
+    assert (await engine_shown(start["replica_id"]))["adapters_fetching"] == fetching
+    assert (await said(shard)).fetched("ml-tone") is None
+    assert "adapters_fetching" not in await engine_shown(start["replica_id"])
+
+
+async def engine_shown(replica_id: str) -> dict:
+    """The replica's engine reading as GET /replicas shows it."""
+    from fleet.selectors import listings
+
+    rows = await in_db(lambda: listings.replicas_list(model="llama"))
+    return next(r["engine"] for r in rows if r["id"] == replica_id)
+
+
 async def test_a_closed_connection_makes_the_node_unreachable(agents):
     comm = await agents.registered(register_frame("gpu-a"))
 

@@ -169,3 +169,24 @@ def test_a_node_whose_engine_of_the_base_is_ready_reads_its_adapters_files(db):
         403,
         f"Node gpu-b was given no shard that needs the file {'d' * 64} now.",
     )
+
+
+def test_a_request_past_the_wait_is_told_how_far_the_nodes_fetch_got(monkeypatch):
+    from fleet.domain.readings import Reading
+
+    monkeypatch.setattr(gateway_adapters, "_asked", {"ml-tone": (0.0, "llama-1")})
+    fetching = {"llama-1": Reading(fetching=(("ml-tone", 4_800_000, 12 * MB),))}
+
+    assert gateway_adapters.loading_said("ml-tone", 120, fetching) == (
+        "Adapter ml-tone is loading on replica llama-1: its node is fetching its weights "
+        "from the mirror, 40% of 12 MB so far."
+    )
+    # Another adapter's fetch, another replica's, or none said: no figure to give.
+    for readings in (
+        {"llama-1": Reading(fetching=(("ops-tone", 1, 2),))},
+        {"llama-2": fetching["llama-1"]},
+        {},
+    ):
+        assert gateway_adapters.loading_said("ml-tone", 120, readings) == (
+            "Adapter ml-tone is loading: no replica held it within 120 s."
+        )
