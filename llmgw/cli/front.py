@@ -28,6 +28,19 @@ GATEWAY = b"/v1/"
 FIRST_LINE_MAX = 8192
 # As Twisted's HTTP channel: a kept-alive connection idle this long is closed.
 KEEP_ALIVE_S = 60.0
+# A request's head (its line and headers) past either bound is refused with a 400 and the
+# connection closed, as Twisted refuses past its own (16 KB of headers, 500 of them):
+# uvicorn's protocol would keep every header it is sent.
+HEAD_MAX_BYTES = 16384 + FIRST_LINE_MAX
+HEADERS_MAX = 500
+TOO_LARGE = (
+    f"The request's head is larger than llmgw takes: at most {HEAD_MAX_BYTES:,} bytes "
+    f"and {HEADERS_MAX} headers."
+)
+
+
+class _HeadTooLarge(Exception):
+    """Raised from the parser's callbacks to stop it: uvicorn then answers 400 and closes."""
 
 
 def uvloop_installed() -> bool:
@@ -140,6 +153,11 @@ def _protocol_class():
             # What was read of the first request line; None once decided where it goes.
             self.head: bytes | None = b""
             self.handed = False
+            # Reading a request's head (not its body): the bytes received, the bytes of its
+            # URL and headers parsed and how many headers, so far; whether it was too large.
+            self.in_head = True
+            self.head_bytes = self.head_size = self.header_count = 0
+            self.too_large = False
             self.deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -163,7 +181,34 @@ def _protocol_class():
                     self._hand_over(head)
                     return
                 data = head
+            was_in_head = self.in_head
             super().data_received(data)
+            if self.in_head and not self.transport.is_closing():
+                # Bytes of a head still not whole: counted from the chunk after the one it
+                # began in (a chunk may end a body and begin the next head), so at most one
+                # read more is held. A head that is whole is bounded by its callbacks.
+                self.head_bytes = self.head_bytes + len(data) if was_in_head else 0
+                if self.head_bytes > HEAD_MAX_BYTES:
+                    self.send_400_response(TOO_LARGE)
+
+        def send_400_response(self, msg: str) -> None:
+            super().send_400_response(TOO_LARGE if self.too_large else msg)
+
+        def on_url(self, url: bytes) -> None:
+            self.head_size += len(url)
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self.header_count += 1
+            self.head_size += len(name) + len(value)
+            if self.header_count > HEADERS_MAX or self.head_size > HEAD_MAX_BYTES:
+                self.too_large = True
+                raise _HeadTooLarge
+            super().on_header(name, value)
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self.in_head, self.head_bytes, self.head_size, self.header_count = True, 0, 0, 0
 
         def _hand_over(self, head: bytes) -> None:
             self._disarm()
@@ -183,6 +228,7 @@ def _protocol_class():
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            self.in_head = False
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:

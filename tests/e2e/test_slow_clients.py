@@ -4,6 +4,7 @@ LLMGW_HEADER_TIMEOUT_SECONDS, while answers, streams included, take as long as t
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 
@@ -85,3 +86,25 @@ def _asked(s: socket.socket, path: str) -> tuple[str, tuple[int, bytes]]:
         while not body.endswith(b"0\r\n\r\n"):
             body += s.recv(65536)
     return path, (int(head.split(b" ")[1]), head + b"\r\n" + body)
+
+
+def test_a_gateway_request_with_a_head_too_large_is_refused_as_it_comes(cluster):
+    """uvicorn's protocol keeps every header it is sent; the front bounds a request's head
+    as Twisted does daphne's (front.py): too many headers, or a header that never ends,
+    is a 400 with the sentence and the connection closed, not memory held."""
+    many = "".join(f"X-Pad-{i}: {i}\r\n" for i in range(600))
+    endless = "X-Pad: " + "a" * 200_000
+    for head in (f"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n{many}\r\n", endless):
+        with socket.create_connection(("127.0.0.1", cluster.port), timeout=30) as s:
+            if head is endless:
+                s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                s.sendall(head.encode())  # it may be closed while it is sent
+            got = b""
+            try:
+                while chunk := s.recv(65536):
+                    got += chunk
+            except ConnectionResetError:
+                pass
+        assert got.startswith(b"HTTP/1.1 400 "), got[:200]
+        assert b"The request's head is larger than llmgw takes: at most 24,576 bytes" in got
