@@ -265,7 +265,7 @@ def facility_list(request):
     """Every rack and PDU the nodes' labels or a budget name: its nodes, GPUs, what the GPUs
     held there draw, and its budget."""
     held = facility.held_shards(state.replica_views())
-    return [d.as_dict() for d in facility.facility_domains(held)]
+    return [d.as_dict() for d in facility.facility_domains(held, now=clock.now())]
 
 
 @router.put("/facility/budgets", response=PowerBudgetOut, auth=can("fleet.change_powerbudget"))

@@ -120,11 +120,16 @@ def device_refusal(dev_root: Path, access: Callable[[Path, int], bool] = os.acce
     return ""
 
 
+def _on_its_own_thread(read: Callable[[], object]) -> None:
+    threading.Thread(target=read, name="llmgw-bmc", daemon=True).start()
+
+
 class BmcReader:
     """The node's whole draw from its BMC, at most every ``every_s`` seconds (the last
     figure in between); None when there is none. ``ipmi`` runs ipmitool, ``which`` finds
-    it, ``dev_root`` is /dev (or a test's), ``clock`` is monotonic seconds. Safe to call
-    from any thread."""
+    it, ``dev_root`` is /dev (or a test's), ``clock`` is monotonic seconds, ``spawn`` runs
+    a reading for ``latest`` (on its own thread; a test's may run it at once). Safe to call
+    from any thread: one ipmitool at a time, and no lock is held while it runs."""
 
     def __init__(
         self,
@@ -134,33 +139,57 @@ class BmcReader:
         dev_root: str | Path = "/dev",
         clock: Callable[[], float] = time.monotonic,
         every_s: float = BMC_EVERY_S,
+        spawn: Callable[[Callable[[], object]], None] = _on_its_own_thread,
     ) -> None:
         self._ipmi = ipmi
         self._which = which
         self.dev_root = Path(dev_root)
         self._clock = clock
         self.every_s = every_s
+        self._spawn = spawn
         self._lock = threading.Lock()
         self._last: float | None = None
         self._asked_at: float | None = None
+        self._asking = False  # an ipmitool is running
         self._off = False  # set for good once asking again cannot help
         self._said: set[str] = set()
 
-    def read(self) -> float | None:
-        """The node's draw in watts, or None: not read, or not readable now."""
+    def latest(self) -> float | None:
+        """The last figure, without waiting on the BMC: ipmitool may take BMC_TIMEOUT_S,
+        and a heartbeat (or a power cap behind it) must not wait that long. A reading due
+        is asked for through ``spawn``; until it answers, the figure before it stands."""
         with self._lock:
-            if self._off:
-                return None
+            due = self._due(self._clock())
+        if due:
+            self._spawn(self.read)
+        with self._lock:
+            return None if self._off else self._last
+
+    def read(self) -> float | None:
+        """The node's draw in watts, or None: not read, or not readable now. Asks the BMC
+        when a reading is due and none is under way; otherwise the last figure."""
+        with self._lock:
             now = self._clock()
-            if self._asked_at is not None and now - self._asked_at < self.every_s:
-                return self._last
-            self._asked_at = now
+            if not self._due(now):
+                return None if self._off else self._last
+            self._asked_at, self._asking = now, True
+        try:
             reading = self._ask()
+        finally:
+            with self._lock:
+                self._asking = False
+        with self._lock:
             self._last = reading.watts
-            if reading.lasting:
-                self._off = True
+            self._off = self._off or reading.lasting
             self._say(reading)
-            return reading.watts
+        return reading.watts
+
+    def _due(self, now: float) -> bool:
+        """Whether to ask the BMC now: it can answer, no one is asking it, and the last
+        question was `every_s` ago or never. Called with the lock held."""
+        if self._off or self._asking:
+            return False
+        return self._asked_at is None or now - self._asked_at >= self.every_s
 
     def _ask(self) -> Reading:
         if self._which(COMMAND[0]) is None:

@@ -155,7 +155,9 @@ class SensorSampler:
     first sample has no CPU power, which needs two readings of the counters.
     ``sim_power`` is where simulated GPUs keep the power limit they are held to:
     the sim engines read it (``llmgw sim-engine --power-file``). ``bmc`` reads
-    the whole node's draw (None: not read). Safe to call from any thread.
+    the whole node's draw (None: not read); a sample takes its last figure and never
+    waits on ipmitool, so a hung BMC holds up neither a heartbeat nor a power cap. Safe
+    to call from any thread.
     """
 
     def __init__(
@@ -197,7 +199,7 @@ class SensorSampler:
                 cpu_temp_c=cpu,
                 cpu_power_w=self._rapl(now),
                 inlet_temp_c=inlet,
-                node_power_w=self.bmc.read() if self.bmc is not None else None,
+                node_power_w=self.bmc.latest() if self.bmc is not None else None,
                 gpus=tuple(self._gpus()) if self.read_gpus else (),
             )
             self._last, self._last_at = out, now

@@ -98,7 +98,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
             catalog = catalog_load()
             context["racks"] = [
                 (d, conditions.get((d.kind, d.name)))
-                for d in facility_domains(held_shards(replicas, catalog))
+                for d in facility_domains(held_shards(replicas, catalog), now=clock.now())
             ]
     if fragment in (None, "models-refresh"):
         catalog = catalog if catalog is not None else catalog_load()

@@ -12,9 +12,11 @@ limit set, so a send not yet seen is not sent again (no command storm).
 What llmgw sets is `share` × a GPU's default, or the least the card allows when that is
 more (the agent clamps to it). A GPU wanted capped is kept when its limit is over that:
 one held lower by something else (a BMC, an operator) is left alone. A GPU wanted at its
-default is let go only while it is still at llmgw's own cap: a limit someone else set is
-theirs. A GPU whose limit or default is not reported is unknown, and only the change is
-sent for it, as before.
+default is let go again only where llmgw's own record (`Sent.held`) says it held that node,
+and only while the GPU is still at that cap: the figure alone cannot tell llmgw's cap from
+an operator's `nvidia-smi -pl 560` on a 700 W card in a cool rack, and a limit someone else
+set is theirs. The record is kept until the let-go is seen (`released`). A GPU whose limit
+or default is not reported is unknown, and only the change is sent for it, as before.
 """
 
 from __future__ import annotations
@@ -84,6 +86,21 @@ def first_off(gpus: Iterable[Limit], want: float | None, share: float) -> Limit 
 
 
 @dataclass(frozen=True)
+class Sent:
+    """What llmgw last sent a node: the cap (None: let go) and when, and the share it last
+    held the node to (None: never, or its let-go was seen), kept across a let-go until the
+    node's GPUs are seen at their default: that share is the only proof a limit is llmgw's."""
+
+    share: float | None
+    at: float
+    held: float | None = None
+
+    def then(self, share: float | None, at: float) -> Sent:
+        """The record once `share` is sent at `at`: a let-go keeps the share it lets go of."""
+        return Sent(share, at, share if share is not None else self.held)
+
+
+@dataclass(frozen=True)
 class Resend:
     """A node whose GPUs still report the wrong limit: the cap to send it again, and why."""
 
@@ -92,25 +109,52 @@ class Resend:
     gpu: Limit
 
 
+def _off_gpu(
+    want: float | None, gpus: Iterable[Limit], share: float, last: Sent | None
+) -> Limit | None:
+    """The GPU to send a node's cap again for: wanted capped, one over the cap; wanted at its
+    default, one still at the cap llmgw's record says it set there, and none without it."""
+    if want is not None:
+        return first_off(gpus, want, share)
+    if last is None or last.held is None:
+        return None  # llmgw never held this node: whatever its limit, it is not llmgw's
+    return first_off(gpus, None, last.held)
+
+
 def resends(
     nodes: Mapping[str, tuple[float | None, Iterable[Limit]]],
     share: float,
-    sent: Mapping[str, tuple[float | None, float]],
+    sent: Mapping[str, Sent],
     now: float,
 ) -> list[Resend]:
     """Per node (its wanted cap, its GPUs' limits), whether to send its cap again: a GPU
     reports the wrong limit, and the same cap was not sent within RESEND_S (`sent`: per
-    node, the cap last sent and when)."""
+    node, what llmgw last sent it)."""
     out = []
     for node, (want, gpus) in sorted(nodes.items()):
-        g = first_off(gpus, want, share)
+        last = sent.get(node)
+        g = _off_gpu(want, gpus, share, last)
         if g is None:
             continue
-        last = sent.get(node)
-        if last is not None and last[0] == want and 0 <= now - last[1] < RESEND_S:
+        if last is not None and last.share == want and 0 <= now - last.at < RESEND_S:
             continue
         out.append(Resend(node, want, g))
     return out
+
+
+def released(
+    nodes: Mapping[str, tuple[float | None, Iterable[Limit]]], sent: Mapping[str, Sent]
+) -> list[str]:
+    """The nodes llmgw held whose let-go is seen: wanted at their default, and no GPU still
+    at llmgw's cap. Their record goes, so a limit set there later is not taken for llmgw's."""
+    return sorted(
+        node
+        for node, (want, gpus) in nodes.items()
+        if want is None
+        and (last := sent.get(node)) is not None
+        and last.held is not None
+        and first_off(gpus, None, last.held) is None
+    )
 
 
 def said(r: Resend) -> str:

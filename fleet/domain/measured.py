@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -121,13 +122,13 @@ def _over_measured(
             f"{in_flight} in flight, above the {measured.max_concurrency} a replica was measured "
             "to serve within its SLO"
         ]
-    held = measured.max_concurrency * counts.replicas
+    # Whole requests: 8 × 0.8747 serves 6 at once, and the sentence says the 6 compared.
+    held = math.floor(measured.max_concurrency * counts.replicas + 1e-9)
     if in_flight <= held:
         return []
     out = [
-        f"{in_flight} in flight, above the {held:,.1f}".removesuffix(".0")
-        + " its ready replicas serve within its SLO at their power limits "
-        f"({measured.max_concurrency} a replica was measured to serve)"
+        f"{in_flight} in flight, above the {held:,} its ready replicas serve within its SLO "
+        f"at their power limits ({measured.max_concurrency} a replica was measured to serve)"
     ]
     if in_flight <= measured.max_concurrency * replicas:
         out += dict.fromkeys(

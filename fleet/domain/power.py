@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -507,6 +507,7 @@ def draws(
     figures: Figures = Figures(),
     own: Mapping[str, float] | None = None,
     whole: Mapping[str, float] | None = None,
+    away: Collection[str] = frozenset(),
 ) -> dict[tuple[str, str], Draw]:
     """Per rack and PDU the nodes' labels name, what the replicas held there draw, as the
     ledger counts them (`shard_w`), and what is measured there: the held GPUs' draw and
@@ -516,7 +517,10 @@ def draws(
     count them twice. A domain where nothing is measured (no held GPU and no node reports
     its draw) has no measured figure: estimates alone are not a measurement. `held` is a
     `Held` (or a (node, GPU indices) pair) per shard holding room; `labels` is keyed by
-    node."""
+    node. A node `away` (not heard from lately, or not ready) adds nothing to what is
+    measured, neither its readings, its GPUs' draw nor its share: its last figures are not
+    what it draws now, and a node powered off draws nothing; what placement reserves for
+    it stays."""
     own, whole = own or {}, whole or {}
     est: dict[tuple[str, str], float] = {}
     seen: dict[tuple[str, str], float] = {}
@@ -524,11 +528,14 @@ def draws(
     unknown: dict[tuple[str, str], int] = {}
     domains = {n: domains_of(ls) for n, ls in labels.items()}
     for node_id, where in domains.items():
-        reading = whole.get(node_id, own.get(node_id))
-        mine_w = whole[node_id] if node_id in whole else own_w(reading, figures)
         for d in where:
             est.setdefault(d, 0.0)
             unknown.setdefault(d, 0)
+        if node_id in away:
+            continue
+        reading = whole.get(node_id, own.get(node_id))
+        mine_w = whole[node_id] if node_id in whole else own_w(reading, figures)
+        for d in where:
             nodes_w[d] = nodes_w.get(d, 0.0) + mine_w
             if reading is not None:  # a node measured here: the domain has a measurement
                 seen[d] = seen.get(d, 0.0)
@@ -539,12 +546,16 @@ def draws(
             continue
         mine = [gpus.get(shard.node_id, {}).get(i) or GpuPower() for i in shard.indices]
         drawn = shard_w(mine, shard.cores, shard.declared_w, figures)
-        # A node read whole by its BMC: its GPUs are in that figure already.
-        gpu_w = 0.0 if shard.node_id in whole else sum(g.draw_w or 0.0 for g in mine)
+        # A node read whole by its BMC: its GPUs are in that figure already; one away: stale.
+        read = shard.node_id not in whole and shard.node_id not in away
+        gpu_w = sum(g.draw_w or 0.0 for g in mine) if read else 0.0
         silent = sum(1 for g in mine if not g.held_w) if shard.declared_w is None else 0
         for d in where:
             est[d] += drawn
             if gpu_w:
                 seen[d] = seen.get(d, 0.0) + gpu_w
             unknown[d] += silent
-    return {d: Draw(est[d], seen[d] + nodes_w[d] if d in seen else None, unknown[d]) for d in est}
+    return {
+        d: Draw(est[d], seen[d] + nodes_w.get(d, 0.0) if d in seen else None, unknown[d])
+        for d in est
+    }

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from catalog.domain import ModelSpec
 from tenancy.quota import ZERO, Amount
 
-from .conditions import HOT, WARM, Domain, Facility, domains_of, duration_said
+from .capping import wanted
+from .conditions import HOT, Domain, Facility, domains_of, duration_said
 from .holdings import placement_amount
 from .measured import ordered_profiles
 from .placement import Inventory, Placement
@@ -253,14 +254,11 @@ def power_caps(
     """Per node whose cap changes with the conditions, its GPUs' share of their default
     power limit now: `share` while any of its domains is warm or hot, None (the default)
     once none is. A node whose domains' conditions changed within warm-or-hot, or within
-    ok-or-unknown, is left as it is."""
-
-    def capped(conditions: Mapping[Domain, str], ds: tuple[Domain, ...]) -> bool:
-        return any(conditions.get(d) in (WARM, HOT) for d in ds)
-
+    ok-or-unknown, is left as it is. What a node is held to is capping.wanted's, the one
+    rule the kept caps compare by too."""
     out: dict[str, float | None] = {}
     for node, ds in sorted(node_domains.items()):
-        was, now = capped(before, ds), capped(after, ds)
-        if was != now:
-            out[node] = share if now else None
+        now = wanted(after, ds, share)
+        if wanted(before, ds, share) != now:
+            out[node] = now
     return out

@@ -7,8 +7,10 @@ is said and nothing is sent.
 Kept, not only sent on a change: a node that joins a warm rack, whose driver reloads, or
 that was away when its cap was sent reports a limit that is not the one wanted, and is sent
 its cap again, at most once per fleet.domain.capping.RESEND_S (capping.py says how the
-limits are compared). When each node was last sent its cap is kept in the cache (Redis
-where there is one), so reconcilers in several processes do not each send it.
+limits are compared). What each node was last sent, when, and the share llmgw held it to
+are kept in the cache (Redis where there is one), so reconcilers in several processes do
+not each send it, and a let-go is sent again only to a node llmgw's own record says it
+held: the record of a node let go stays until its heartbeat shows the let-go.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from ..nodes.dispatch import Command
 
 log = logging.getLogger("llmgw.facility")
 
-SENT_KEY = "llmgw:facility:power_caps_sent"  # {node: [share, at]}: the cap last sent, and when
+# {node: [share, at, held]}: the cap last sent, when, and the share llmgw holds it to.
+SENT_KEY = "llmgw:facility:power_caps_sent"
 
 Nodes = dict[str, tuple[tuple[Domain, ...], str, list[dict]]]  # id: (domains, state, GPUs)
-Sent = dict[str, list]  # id: [the cap last sent, when]
+Sent = dict[str, capping.Sent]  # id: what llmgw last sent it
 
 
 def caps_decide(changes: list[Event], now: datetime) -> tuple[list[Command], list[Event]]:
@@ -57,15 +60,25 @@ def caps_decide(changes: list[Event], now: datetime) -> tuple[list[Command], lis
         )
     }
     at = now.timestamp()
-    sent: Sent = cache.get(SENT_KEY) or {}
+    sent = _sent_load()
+    kept = dict(sent)
     commands, events = _on_change(changed, after, nodes, share, enforce, sent, at)
     if enforce:
         kept_commands, kept_events = _kept(after, nodes, share, sent, at)
         commands += kept_commands
         events += kept_events
-    if commands:
-        cache.set(SENT_KEY, sent, timeout=None)
+    if sent != kept:
+        cache.set(SENT_KEY, {n: [s.share, s.at, s.held] for n, s in sent.items()}, timeout=None)
     return commands, events
+
+
+def _sent_load() -> Sent:
+    """The record in the cache; one written before it kept `held` ([share, at]) counts the
+    share it last sent as the one it held."""
+    out: Sent = {}
+    for node, v in (cache.get(SENT_KEY) or {}).items():
+        out[node] = capping.Sent(v[0], v[1], v[2] if len(v) > 2 else v[0])
+    return out
 
 
 def _on_change(
@@ -107,22 +120,25 @@ def _on_change(
 def _kept(
     after: dict[Domain, str], nodes: Nodes, share: float, sent: Sent, at: float
 ) -> tuple[list[Command], list[Event]]:
-    """A cap sent again to each ready node whose GPUs report a limit that is not it."""
+    """A cap sent again to each ready node whose GPUs report a limit that is not it (a
+    let-go only to a node llmgw held); the record of a node whose let-go is seen goes."""
     reported = {
         n: (capping.wanted(after, ds, share), [capping.Limit.of(g) for g in gpus])
         for n, (ds, state, gpus) in nodes.items()
         if state == Node.READY and gpus
     }
+    for node in capping.released(reported, sent):
+        del sent[node]
     commands: list[Command] = []
     events: list[Event] = []
-    for r in capping.resends(reported, share, {n: tuple(v) for n, v in sent.items()}, at):
+    for r in capping.resends(reported, share, sent, at):
         commands.append(_send(r.node, r.share, sent, at))
         events.append(_event(capping.said(r), r.node, r.share))
     return commands, events
 
 
 def _send(node: str, cap: float | None, sent: Sent, at: float) -> Command:
-    sent[node] = [cap, at]
+    sent[node] = (sent.get(node) or capping.Sent(None, at)).then(cap, at)
     return Command(node, {"type": "power_cap", "share": cap})
 
 

@@ -93,7 +93,7 @@ def _scrape(now: datetime) -> Scrape:
         _models(scrape, now, catalog)
         quota_series(scrape, catalog, held.models)
         reconciler_series(scrape, now)
-        for d in facility_domains(held_of_rows(held.shards, catalog)):
+        for d in facility_domains(held_of_rows(held.shards, catalog), now=now):
             if d.budget_w is not None:
                 scrape.add("llmgw_domain_power_budget_watts", (d.kind, d.name), d.budget_w)
             if d.limit_w is not None:

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import FloatField, IntegerField, JSONField, Value
+from django.db.models import (
+    CharField,
+    DateTimeField,
+    FloatField,
+    IntegerField,
+    JSONField,
+    Value,
+)
 from django.db.models.fields.json import KeyTransform
 
 from catalog.domain import ModelSpec
@@ -195,10 +202,11 @@ class Domain:
         }
 
 
-def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
+def _located_and_budgets(now: datetime) -> tuple[list[tuple], list[Budget], set[str]]:
     """The nodes with a rack or PDU label (id, labels, load.gpus, GPU count, its CPU
-    packages' reported draw, its whole draw from its BMC) and the budgets, in one query: the
-    cluster page adds no more than that. A budget's feeds ride in the labels' column."""
+    packages' reported draw, its whole draw from its BMC), the budgets, and the nodes away
+    (`_away`), in one query: the cluster page adds no more than that. A budget's feeds ride
+    in the labels' column. A node away has no readings: its last ones are not its draw now."""
     none = Value(None, output_field=FloatField())
     nodes = (
         Node.objects.filter(labels__has_any_keys=list(BUDGET_LABELS))
@@ -212,6 +220,8 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
             node_w=JsonNumber("load", "node_power_w"),
         )
         .values_list(
+            "state",
+            "last_seen",
             "tag",
             "id",
             "labels",
@@ -228,12 +238,16 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
     )
     budgets = (
         PowerBudget.objects.annotate(
+            no_state=Value(None, output_field=CharField()),
+            no_seen=Value(None, output_field=DateTimeField()),
             no_load=Value(None, output_field=JSONField()),
             no_gpus=Value(None, output_field=IntegerField()),
             no_cpu=Value(None, output_field=FloatField()),
             no_node=Value(None, output_field=FloatField()),
         )
         .values_list(
+            "no_state",
+            "no_seen",
             "kind",
             "name",
             "feeds",
@@ -248,15 +262,29 @@ def _located_and_budgets() -> tuple[list[tuple], list[Budget]]:
         )
         .order_by()
     )
-    located, budgeted = [], []
+    located, budgeted, away = [], [], set()
     rows = nodes.union(budgets, all=True)
-    for tag, key, labels, gpu_load, gpu_total, cap, margin, derating, other, *own in rows:
-        if tag == "node":
-            ls = labels if isinstance(labels, dict) else {}
-            located.append((key, ls, gpu_load, gpu_total, *map(_reading, own)))
-        else:
+    for state, seen, tag, key, labels, *rest in rows:
+        gpu_load, gpu_total, cap, margin, derating, other, *own = rest
+        if tag != "node":
             budgeted.append(_budget(tag, key, cap, margin, labels, derating, other))
-    return located, budgeted
+            continue
+        ls = labels if isinstance(labels, dict) else {}
+        if _away(state, seen, now):
+            away.add(key)
+            own = [None, None]
+        located.append((key, ls, gpu_load, gpu_total, *map(_reading, own)))
+    return located, budgeted, away
+
+
+def _away(state: str, seen: datetime | None, now: datetime) -> bool:
+    """Whether a node's last readings are not what it draws now: it is not ready
+    (unreachable, lost), or not heard from within LLMGW_UNREACHABLE_SECONDS (the rule of
+    `GET /models/{name}/power`, drawn.NodeDraw.fresh)."""
+    age_s = (now - seen).total_seconds() if seen else None
+    return state != Node.READY or not NodeDraw(age_s=age_s).fresh(
+        settings.LLMGW.timings.unreachable
+    )
 
 
 def held_gpus(replicas: Iterable[ReplicaView]) -> list[tuple[str, tuple[int, ...]]]:
@@ -296,13 +324,14 @@ def held_of_rows(rows: Iterable[tuple], models: Mapping[str, ModelSpec]) -> list
     return out
 
 
-def facility_domains(held: Iterable[tuple]) -> list[Domain]:
+def facility_domains(held: Iterable[tuple], *, now: datetime) -> list[Domain]:
     """Every rack and PDU the nodes' labels name or a budget names, with its nodes, GPUs and
     what the replicas held there draw as placement counts it (power.draws), racks first,
     by name. `held` is a power.Held per shard holding room (`held_shards`; a (node, GPU
     indices) pair counts its GPUs alone). Empty when no node says where it is and there is no
-    budget. One query."""
-    located, budgeted = _located_and_budgets()
+    budget. A node not ready or not heard from lately (`_away`) adds nothing to what is
+    measured. One query."""
+    located, budgeted, away = _located_and_budgets(now)
     if not located and not budgeted:
         return []
     labels = {node_id: ls for node_id, ls, *_ in located}
@@ -310,7 +339,7 @@ def facility_domains(held: Iterable[tuple]) -> list[Domain]:
     own = {node_id: w for node_id, *_, w, _ in located if w is not None}
     whole = {node_id: w for node_id, *_, w in located if w is not None}
     figures = figures_load()
-    drawn = draws(labels, [h for h in held if h[0] in labels], power, figures, own, whole)
+    drawn = draws(labels, [h for h in held if h[0] in labels], power, figures, own, whole, away)
     nodes: dict[tuple[str, str], int] = {}
     gpus: dict[tuple[str, str], int] = {}
     silent: dict[tuple[str, str], int] = {}

@@ -394,12 +394,19 @@ def _power_cap(env: dict[str, str]) -> float | None:
 
 def _cap_exponent(env: dict[str, str]) -> float:
     """LLMGW_POWER_CAP_EXPONENT: from 0 to 2 (0.6 unless set; 0: a power limit does not
-    change what a replica counts of its measured capacity)."""
-    value = _number(env, "LLMGW_POWER_CAP_EXPONENT", 0.6, integer=False, kind="a number")
-    if value > 2:
+    change what a replica counts of its measured capacity). Read here, not by `_number`: a
+    figure out of range either way gets the one sentence that says the range."""
+    raw = env.get("LLMGW_POWER_CAP_EXPONENT", "").strip()
+    if not raw:
+        return 0.6
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 2:  # NaN is in no range
         raise SettingError(
             f"LLMGW_POWER_CAP_EXPONENT must be a number from 0 to 2 (0.6: a GPU held to 80 % of "
-            f"its default power serves 87.5 % of what was measured), not {value:g}."
+            f"its default power serves 87.5 % of what was measured), not {raw!r}."
         )
     return value
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import threading
 
 import pytest
 
@@ -72,6 +73,8 @@ def dev(tmp_path):
 
 
 def reader(dev_root, ipmi=None, *, which=lambda name: f"/usr/bin/{name}", clock=None, **kw):
+    """A reader whose readings for `latest` run at once, unless the test gives a `spawn`."""
+    kw.setdefault("spawn", lambda read: read())
     return BmcReader(
         ipmi=ipmi or Ipmitool(), which=which, dev_root=dev_root, clock=clock or Clock(), **kw
     )
@@ -205,6 +208,40 @@ def test_the_bmc_reading_rides_the_heartbeat_as_node_power_w(tmp_path, dev):
     load = sensors.sample().to_load()
     assert load["node_power_w"] == 310
     assert Load.model_validate(load).node_power_w == 310
+
+
+def test_a_hung_bmc_holds_up_neither_a_heartbeat_nor_a_power_cap(tmp_path, dev):
+    asked, answer = threading.Event(), threading.Event()
+
+    def hung() -> Answer:
+        """A BMC that answers only when the test lets it (or ipmitool's own timeout)."""
+        asked.set()
+        answer.wait(10)
+        return Answer(0, dcmi(1180), "")
+
+    threads: list[threading.Thread] = []
+
+    def spawn(read) -> None:
+        threads.append(threading.Thread(target=read, daemon=True))
+        threads[-1].start()
+
+    clock = Clock()
+    bmc = reader(dev, hung, clock=clock, spawn=spawn)
+    sensors = SensorSampler(
+        sys_root=tmp_path / "sys", read_gpus=False, sim_power=tmp_path / "power", clock=clock
+    )
+    sensors.bmc = bmc
+    first = sensors.sample()
+    assert asked.wait(10), "the BMC was not asked"
+    assert not answer.is_set() and first.node_power_w is None  # no figure yet: absent
+    assert sensors.power_cap(0.8)  # while ipmitool still hangs
+    clock.t += sensors.every_s
+    assert sensors.sample().node_power_w is None  # still no answer; no second ipmitool
+    assert len(threads) == 1
+    answer.set()
+    threads[0].join()
+    clock.t += sensors.every_s
+    assert sensors.sample().node_power_w == 1180
 
 
 def test_a_node_without_a_bmc_reading_leaves_node_power_w_out_never_zero(tmp_path, dev):

@@ -7,7 +7,17 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fleet.domain.capping import RESEND_S, Limit, Resend, off, resends, said, wanted
+from fleet.domain.capping import (
+    RESEND_S,
+    Limit,
+    Resend,
+    Sent,
+    off,
+    released,
+    resends,
+    said,
+    wanted,
+)
 
 R1, P1 = ("rack", "r1"), ("pdu", "p1")
 
@@ -50,10 +60,41 @@ def test_a_cap_is_sent_again_once_per_interval_unless_the_wanted_cap_changed():
     nodes = {"a1": (0.8, [gpu(700)]), "b1": (0.8, [gpu(560)]), "c1": (None, [gpu(700)])}
     assert [r.node for r in resends(nodes, 0.8, {}, 1000.0)] == ["a1"]
     # Sent 60 s ago: not again, however the heartbeat reads, until RESEND_S is past.
-    assert resends(nodes, 0.8, {"a1": (0.8, 940.0)}, 1000.0) == []
-    assert [r.node for r in resends(nodes, 0.8, {"a1": (0.8, 1000.0 - RESEND_S)}, 1000.0)] == ["a1"]
+    assert resends(nodes, 0.8, {"a1": Sent(0.8, 940.0)}, 1000.0) == []
+    again = resends(nodes, 0.8, {"a1": Sent(0.8, 1000.0 - RESEND_S)}, 1000.0)
+    assert [r.node for r in again] == ["a1"]
     # What was sent last was a let-go: the cap now wanted goes at once.
-    assert [r.node for r in resends(nodes, 0.8, {"a1": (None, 990.0)}, 1000.0)] == ["a1"]
+    assert [r.node for r in resends(nodes, 0.8, {"a1": Sent(None, 990.0, 0.8)}, 1000.0)] == ["a1"]
+
+
+def test_a_limit_llmgw_has_no_record_of_setting_is_never_let_go():
+    # An operator's `nvidia-smi -pl 560` on a 700 W card in a cool rack, the cap share 0.8:
+    # the figure is llmgw's cap to the watt, but llmgw never held this node.
+    cool = {"a1": (None, [gpu(560)])}
+    assert resends(cool, 0.8, {}, 1000.0) == []
+    assert resends(cool, 0.8, {"a1": Sent(None, 0.0)}, 1000.0) == []  # a let-go, nothing held
+
+
+def test_a_node_llmgw_held_is_let_go_again_until_its_heartbeat_shows_it():
+    record = {"a1": Sent(None, 0.0).then(0.8, 0.0).then(None, 100.0)}  # held, let go
+    assert record["a1"] == Sent(None, 100.0, 0.8)
+    still = {"a1": (None, [gpu(700, index=0), gpu(560, index=1)])}
+    assert resends(still, 0.8, record, 100.0 + RESEND_S - 1) == []  # not seen yet: wait
+    (r,) = resends(still, 0.8, record, 100.0 + RESEND_S)
+    assert (r.node, r.share, r.gpu.index) == ("a1", None, 1)
+    assert released(still, record) == []
+    seen = {"a1": (None, [gpu(700, index=0), gpu(700, index=1)])}
+    assert released(seen, record) == ["a1"]
+    # Wanted capped, or never held: nothing to release.
+    assert released({"a1": (0.8, [gpu(700)])}, record) == []
+    assert released(seen, {"a1": Sent(None, 0.0)}) == []
+
+
+def test_a_let_go_compares_with_the_share_llmgw_held_not_the_one_set_now():
+    record = {"a1": Sent(None, 0.0, 0.6)}  # held to 60 % (420 W); the setting is 80 % now
+    (r,) = resends({"a1": (None, [gpu(420)])}, 0.8, record, 1000.0)
+    assert r.gpu.limit_w == 420
+    assert resends({"a1": (None, [gpu(560)])}, 0.8, record, 1000.0) == []  # not llmgw's
 
 
 def test_a_cap_sent_again_says_which_gpu_reports_what():
@@ -100,11 +141,14 @@ def test_over_passes_a_node_is_never_sent_the_same_cap_twice_within_an_interval(
     for step, want, reported, applies in steps:
         now += step
         g = gpu(reported)
+        last = sent.get("a1")
         for r in resends({"a1": (want, [g])}, 0.8, sent, now):
             assert g.limit_w is not None and r.share == want
-            if "a1" in sent and sent["a1"][0] == r.share:
-                assert now - sent["a1"][1] >= RESEND_S
-            sent["a1"] = (r.share, now)
+            if r.share is None:  # a let-go goes only where llmgw held the node
+                assert last is not None and last.held is not None
+            if last is not None and last.share == r.share:
+                assert now - last.at >= RESEND_S
+            sent["a1"] = (last or Sent(None, now)).then(r.share, now)
             if applies:
                 held = gpu(700.0 if r.share is None else 560.0)
                 assert resends({"a1": (want, [held])}, 0.8, {}, now) == []

@@ -465,6 +465,55 @@ def test_a_nodes_whole_draw_from_its_bmc_replaces_its_gpus_cpus_and_share(own, w
     assert r1.estimated_w == 1400  # what placement reserves is unchanged by any reading
 
 
+@pytest.mark.parametrize(
+    ("away", "measured"),
+    [
+        ((), 2830),  # n1's GPUs 600, its RAPL 180, n2's BMC 1,800 and n3's share 250 W
+        (("n2",), 1030),  # n2 powered off: its last 1,800 W is no reading now
+        (("n1",), 2050),  # n1 unreachable: neither its GPUs' draw nor its RAPL
+        (("n3",), 2580),  # n3 away: not even its share
+        (("n1", "n2", "n3"), None),  # nothing heard from lately: nothing measured
+    ],
+)
+def test_a_node_away_adds_nothing_to_what_its_rack_measures(away, measured):
+    labels = {n: {RACK_LABEL: "r1"} for n in ("n1", "n2", "n3")}
+    gpus = {"n1": {0: GpuPower(700, 300), 1: GpuPower(700, 300)}}
+    figures = Figures(node_w=250)
+    r1 = draws(labels, [("n1", (0, 1))], gpus, figures, {"n1": 180}, {"n2": 1800}, away)
+    assert r1[("rack", "r1")].measured_w == measured
+    assert r1[("rack", "r1")].estimated_w == 1400  # what placement reserves stays
+
+
+@given(
+    st.sets(st.sampled_from(["n1", "n2", "n3"])),
+    st.dictionaries(st.sampled_from(["n1", "n2", "n3"]), st.floats(1, 2000)),
+    st.dictionaries(st.sampled_from(["n1", "n2", "n3"]), st.floats(1, 20000)),
+)
+def test_a_rack_measures_what_it_would_without_its_nodes_away(away, own, whole):
+    """Leaving a node out as away is measuring the rack as if that node had no reading,
+    no draw and no share: only the estimate keeps it."""
+    labels = {n: {RACK_LABEL: "r1"} for n in ("n1", "n2", "n3")}
+    gpus = {n: {0: GpuPower(700, 300)} for n in ("n1", "n2", "n3")}
+    held = [(n, (0,)) for n in ("n1", "n2", "n3")]
+    figures = Figures(node_w=250)
+    got = draws(labels, held, gpus, figures, own, whole, away)[("rack", "r1")]
+    here = [n for n in labels if n not in away]
+    alone = draws(
+        {n: labels[n] for n in here},
+        [h for h in held if h[0] in here],
+        gpus,
+        figures,
+        own,
+        whole,
+    ).get(("rack", "r1"))
+    if alone is None or alone.measured_w is None:
+        assert got.measured_w is None
+    else:
+        assert got.measured_w == pytest.approx(alone.measured_w)
+    everyone = draws(labels, held, gpus, figures, own, whole)[("rack", "r1")]
+    assert got.estimated_w == everyone.estimated_w
+
+
 def test_an_idle_rack_measured_by_one_bmc_has_a_measured_draw():
     labels = {"n1": {RACK_LABEL: "r1"}, "n2": {RACK_LABEL: "r1"}}
     r1 = draws(labels, [], {}, Figures(node_w=250), whole={"n2": 310})[("rack", "r1")]

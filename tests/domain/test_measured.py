@@ -202,6 +202,18 @@ def test_busy_because_names_each_reason_with_its_figures(
     assert busy_because(spec, load, 1, measured) == why
 
 
+def test_capped_replicas_serve_whole_requests_and_the_sentence_says_the_figure_compared():
+    from fleet.domain.capped import Capped, Counted
+    from fleet.domain.measured import busy_because
+
+    llama = model("llama", TP4, min=1, max=2)
+    # One replica measured at 8 at once, held to 80 %: 8 × 0.8747 = 6.998, so 6 whole.
+    counts = Counted(0.8747, 0.0, (Capped("1", 0.8, 0.8747),))
+    assert busy_because(llama, Load(running=6, waiting=0), 1, Measured(8, 200), counts) is None
+    why = busy_because(llama, Load(running=7, waiting=0), 1, Measured(8, 200), counts)
+    assert "7 in flight, above the 6 its ready replicas serve" in why
+
+
 def test_with_every_measured_profiles_draw_known_the_most_tokens_per_watt_goes_first():
     llama = model("llama", gpu_profile("tp4", tp=4), gpu_profile("tp2", tp=2))
     # Per GPU tp2 serves more (150 against 100); per watt tp4 does (400/2000 > 300/1600).

@@ -356,6 +356,25 @@ def test_a_node_is_capped_while_any_of_its_domains_is_warm_or_hot(before, after,
     assert power_caps(before, after, nodes, 0.8) == expected
 
 
+_CONDITIONS = st.dictionaries(
+    st.sampled_from([R1, R2, ("pdu", "p1")]),
+    st.sampled_from(["ok", "warm", "hot", "unknown"]),
+)
+
+
+@given(before=_CONDITIONS, after=_CONDITIONS, share=st.floats(0.1, 1))
+def test_a_change_sends_exactly_what_the_kept_caps_compare_by(before, after, share):
+    from fleet.domain.capping import wanted
+
+    nodes = {"a1": (R1, ("pdu", "p1")), "b1": (R2,), "c1": ()}
+    expected = {
+        n: wanted(after, ds, share)
+        for n, ds in nodes.items()
+        if wanted(before, ds, share) != wanted(after, ds, share)
+    }
+    assert power_caps(before, after, nodes, share) == expected
+
+
 def test_a_move_in_the_explanation_is_not_taken_for_why_the_model_is_refused():
     from fleet.domain.refusals import SHED, one_line, settled
 

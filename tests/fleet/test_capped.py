@@ -71,7 +71,7 @@ def test_a_replica_on_capped_gpus_counts_less_and_the_model_scales_up_saying_why
     scaled = Event.objects.get(message__startswith="model chat scales up to 2")
     assert scaled.message == (
         "model chat scales up to 2: 0 waiting and 8 running on 1 ready; 8 in flight, above "
-        "the 7 its ready replicas serve within its SLO at their power limits (8 a replica was "
+        "the 6 its ready replicas serve within its SLO at their power limits (8 a replica was "
         f"measured to serve); {SAID}"
     )
 

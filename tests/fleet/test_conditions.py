@@ -511,3 +511,52 @@ def test_a_cap_is_kept_on_a_node_that_joins_the_warm_rack_or_whose_driver_reload
         "limit of 700 W, over the 560 W wanted (it is in a warm or hot domain)"
     )
     assert len(said) == 2
+
+
+def test_a_limit_llmgw_did_not_set_is_left_alone_and_its_own_let_go_kept_until_seen(
+    settings, tmp_path, no_settle, monkeypatch
+):
+    """An operator's `nvidia-smi -pl 560` on a 700 W card in the cool rack is the cap's
+    figure to the watt, but llmgw never held that node: it is never let go. The node llmgw
+    did hold is let go again until its heartbeat shows it; after that, a limit set there is
+    someone else's too."""
+    from fleet.domain.capping import RESEND_S
+    from fleet.reconciler import run
+
+    sent: list = []
+    monkeypatch.setattr(
+        run,
+        "dispatch",
+        lambda commands: sent.extend(c for c in commands if c.payload["type"] == "power_cap"),
+    )
+    facility(settings, tmp_path, enforce=True)
+    settings.LLMGW = replace(settings.LLMGW, facility_power_cap=0.8)
+    two_racks()
+
+    def report(node: str, limit: float) -> None:
+        gpu = {"index": 0, "power_limit_w": limit, "power_default_w": 700.0, "power_min_w": 200.0}
+        Node.objects.filter(id=node).update(load={"gpus": [gpu]})
+
+    def sends(start: int, end: int) -> list:
+        sent.clear()
+        for t in range(start, end, 20):
+            pass_at(t)
+        return [(c.node_id, c.payload["share"]) for c in sent]
+
+    report("gpu-a", 700)
+    report("gpu-b", 560)  # r2 stays cool: the operator's own limit
+    assert sends(0, 200) == [("gpu-a", 0.8)]  # r1 warms at 180 s
+    report("gpu-a", 560)
+    # r1 cools at 900 s: let go on the change, and again while it still reports the cap.
+    resent = 900 + int(RESEND_S)
+    assert sends(200, resent) == [("gpu-a", None)]
+    assert sends(resent, resent + 20) == [("gpu-a", None)]
+    said = [e.message for e in _events() if "again" in e.message]
+    assert said == [
+        "let node gpu-a's GPUs back to their default power limit again: GPU 0 is still held "
+        "to 560 W of its 700 W default (none of its domains is warm or hot)"
+    ]
+    report("gpu-a", 700)  # seen let go: llmgw's record of holding it goes
+    assert sends(resent + 20, resent + 40) == []
+    report("gpu-a", 560)  # a limit set there since is someone else's
+    assert sends(resent + 40, resent + 400) == []

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from fleet.models import ModelState, Node, PowerBudget, Replica
 from fleet.reconciler.run import reconcile_once
+from llmgw.core import clock
 from llmgw.core.permissions import OPERATORS
 from tests.helpers import detail
 
@@ -24,12 +25,13 @@ RACK = "llmgw.io/rack"
 
 
 def powered(node_id: str, *, limit: float = 700, draw: float | None = None, gpus: int = 2):
-    """The node's agent reported each GPU's enforced power limit (and its draw)."""
+    """The node's agent reported each GPU's enforced power limit (and its draw), just now:
+    the racks' measured draw counts only readings heard within LLMGW_UNREACHABLE_SECONDS."""
     readings = [
         {"index": i, "power_limit_w": limit, **({"power_w": draw} if draw else {})}
         for i in range(gpus)
     ]
-    Node.objects.filter(pk=node_id).update(load={"gpus": readings})
+    Node.objects.filter(pk=node_id).update(load={"gpus": readings}, last_seen=clock.now())
 
 
 def budgets() -> list[tuple]:
@@ -379,6 +381,7 @@ def test_a_nodes_own_reported_draw_is_in_its_racks_measured_draw(api, no_settle,
     Node.objects.filter(pk="gpu-b").update(load={"gpus": gpus})
     model_added(gpu_model("chat", scaling={"min": 1}))
     reconcile_once(now=T0)
+    Node.objects.update(last_seen=clock.now())  # heard just now: the readings are fresh
     assert Replica.objects.get().shards.get().node_id in ("gpu-a", "gpu-b")
 
     (rack,) = api.call("GET", "/facility").json()
@@ -400,18 +403,19 @@ def test_a_nodes_whole_draw_from_its_bmc_stands_for_it_in_its_racks_measured_dra
     from fleet.protocol import Load
 
     def heard(node_id: str, load: dict) -> None:
-        """A heartbeat validated and written behind, as the agents' consumer does."""
+        """A heartbeat validated and written behind, as the agents' consumer does, now."""
+        now = clock.now()
         write = NodeWrite(
             node_id=node_id,
             session=f"session-{node_id}",
-            last_seen=T0,
+            last_seen=now,
             sample=Load.model_validate(load),
             engines={},
             memory_total_mb=None,
             cpu_count=None,
             used_replicas=frozenset(),
         )
-        node_live_flush(writes=[write], now=T0)
+        node_live_flush(writes=[write], now=now)
 
     settings.LLMGW = replace(settings.LLMGW, power=replace(settings.LLMGW.power, node_watts=200))
     for node_id in ("gpu-a", "gpu-b"):
@@ -431,6 +435,42 @@ def test_a_nodes_whole_draw_from_its_bmc_stands_for_it_in_its_racks_measured_dra
     assert rack["measured_w"] == 1630.0
     assert rack["reserved_w"] == 1800.0  # two 700 W GPUs and two shares: no reading moves it
     assert 'llmgw_domain_measured_watts{kind="rack",name="r1"} 1630.0' in fleet_text()
+
+
+def test_a_node_away_or_not_heard_from_lately_adds_nothing_to_its_racks_measured_draw(
+    api, no_settle, settings
+):
+    from dataclasses import replace
+
+    from fleet.metrics.collector import fleet_text
+
+    settings.LLMGW = replace(settings.LLMGW, power=replace(settings.LLMGW.power, node_watts=200))
+    for node_id in ("gpu-a", "gpu-b"):
+        node_add(node_id, now=T0, gpus=(H100, H100), labels={RACK: "r1"})
+    api.call("PUT", "/facility/budgets", {"kind": "rack", "name": "r1", "watts": 16000})
+    now = clock.now()
+    # gpu-a's BMC read 1,800 W and its RAPL 150 W; gpu-b's RAPL reads 90 W.
+    Node.objects.filter(pk="gpu-a").update(
+        load={"cpu_power_w": 150, "node_power_w": 1800}, last_seen=now
+    )
+    Node.objects.filter(pk="gpu-b").update(load={"cpu_power_w": 90}, last_seen=now)
+
+    def measured(at) -> float | None:
+        (rack,) = api.call("GET", "/facility").json()
+        text = fleet_text(now=at)
+        line = 'llmgw_domain_measured_watts{kind="rack",name="r1"}'
+        assert (rack["measured_w"] is None) is (line not in text)
+        return rack["measured_w"]
+
+    assert measured(now) == 1890.0  # gpu-a's BMC 1,800 W and gpu-b's 90 W
+    # gpu-a is powered off: not heard from for 5 minutes, past LLMGW_UNREACHABLE_SECONDS.
+    Node.objects.filter(pk="gpu-a").update(last_seen=now - timedelta(minutes=5))
+    assert measured(now) == 90.0  # its last 1,800 W is no reading now, nor its share
+    # Marked unreachable, even with a recent heartbeat on record: its figures are not counted.
+    Node.objects.filter(pk="gpu-a").update(last_seen=now, state=Node.UNREACHABLE)
+    assert measured(now) == 90.0
+    Node.objects.update(state=Node.UNREACHABLE)
+    assert measured(now) is None  # no node heard from: nothing measured, not 0 W
 
 
 def test_a_racks_metered_draw_is_listed_and_counted_by_placement(
