@@ -18,6 +18,7 @@ from catalog.domain import ModelSpec, Profile
 from catalog.selectors import adapters_load, catalog_load
 from llmgw.core.errors import Invalid, NotFound
 from llmgw.core.secrets import engine_key
+from mirror.domain.sources import fetched_remotely
 from mirror.selectors import FolderRef, WeightsRef, weights_for_source, weights_said
 from tenancy.services import audit_record
 
@@ -145,6 +146,12 @@ def _adapter_weights(name: str, source: str) -> dict:
         return {"weights": ref.message()}
     if ref is None and source.startswith("/"):
         return {}  # a path on the nodes, as given
+    if not fetched_remotely(source):  # stored before such sources were refused at add
+        raise NotMirrored(
+            f"Adapter {name}'s source {source} is neither a path on the nodes nor one the "
+            "mirror fetches (hf://ORG/REPO, https://…), so it cannot be loaded: remove the "
+            "adapter and add it again from one of those."
+        )
     raise NotMirrored(f"Adapter {name}'s weights are not mirrored yet: {weights_said(source)}.")
 
 
