@@ -228,7 +228,10 @@ async def shrink(rt: State, now: float | None = None) -> None:
     if peaks:
         await asyncio.to_thread(demand_add, peaks, bucket_of(now) - 1)
     for name in due:
-        window = WINDOWS.pop(name)
+        window = WINDOWS.get(name)
+        if window is None or not window.done(now):
+            continue  # a load asked meanwhile started it again
+        del WINDOWS[name]
         sums = await asyncio.to_thread(demand_sums, name, shared_buckets(window.since, now))
         window.peak = max(window.peak, demand_peak(sums))
         choice = shrink_choice(name, rt.tables.upstreams.get(name, ()), rt.readings, window)

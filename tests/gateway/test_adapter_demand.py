@@ -381,3 +381,21 @@ def test_the_last_holder_keeps_it_as_the_engines_say_now(two_holders):
     # Neither refusal took the window: an unload may follow once a second replica holds it.
     engines_say("llama-1", "llama-2")
     assert adapter_unload_commands(replica_id="llama-2", name="ml-tone", window_s=WINDOW_S)
+
+
+async def test_a_load_asked_while_the_sums_are_added_starts_the_window_again(runtime, monkeypatch):
+    """The sums are added off the loop; a load asked meanwhile restarts the window, which is
+    then not judged (nor is a window the next request opened)."""
+    rt, unloads = runtime
+    BOARD.running["a"] = 1
+    await shrink(rt, now=T)
+
+    def added(peaks, bucket):
+        gateway_adapters._loading("r2", "a")  # as a request would, meanwhile
+        sent(rt, request(), up("r1"))
+
+    monkeypatch.setattr(gateway_adapters, "demand_add", added)
+    await shrink(rt, now=T + WINDOW_S)
+    await asyncio.sleep(0)
+    assert unloads == []
+    assert "a" in gateway_adapters.WINDOWS
