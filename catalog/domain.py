@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar
 
 from llmgw.core.text import surrogate_refusal
+from mirror.domain.sources import SourceError, parse_source
 from tenancy.scopes import KEY_RE
 
 ENGINES = ("llamacpp", "vllm", "sim")
@@ -646,6 +647,8 @@ def parse_adapter(data: Mapping, *, declared: bool = False) -> AdapterSpec:
             f"':' or ',' (llama-server takes it at its start; the mirror does not fetch "
             f"adapters yet), not {source.strip()!r}."
         )
+    if fmt == "peft":
+        _peft_source(source.strip(), where)
     rank = _int(data, "rank", None, where=where, minimum=1)
     if rank is None:
         raise CatalogError(f"{where}: rank is needed (the LoRA's r, as trained).")
@@ -666,6 +669,18 @@ def parse_adapter(data: Mapping, *, declared: bool = False) -> AdapterSpec:
         description=description,
         declared=declared,
     )
+
+
+def _peft_source(source: str, where: str) -> None:
+    """A peft adapter is loaded from a path on the nodes, or from the mirror, which fetches
+    only what its sources name (hf://, https://): any other source could never load."""
+    try:
+        parse_source(source)
+    except SourceError as exc:
+        raise CatalogError(
+            f"{where}: {exc} A peft adapter loads from hf://ORG/REPO[@REVISION][/PATH], "
+            "https://… or an absolute path on the nodes, from no other source."
+        ) from None
 
 
 def _llama_path(source: str) -> bool:

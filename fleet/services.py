@@ -9,15 +9,18 @@ only after that transaction has committed.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 
 from catalog.domain import ModelSpec, Profile
 from catalog.selectors import adapters_load, catalog_load
 from llmgw.core.errors import Invalid, NotFound
 from llmgw.core.secrets import engine_key
+from mirror.domain.sources import fetched_remotely
 from mirror.selectors import FolderRef, WeightsRef, weights_for_source, weights_said
 from tenancy.services import audit_record
 
@@ -36,6 +39,7 @@ from .nodes.dispatch import Command, stop_command
 from .nodes.figures import node_figures_refresh
 from .selectors.installs import engine_build
 from .selectors.passes import drains_stuck
+from .selectors.routing import adapters_held
 from .selectors.rows import chunks
 
 log = logging.getLogger("llmgw.fleet")
@@ -92,38 +96,102 @@ def start_adapters(model: str, profile: Profile) -> list[dict]:
     return [{"name": a.name, "path": a.source, "format": a.format} for a in held]
 
 
+# adapter -> [what ("loaded" or "unloaded"), the replica, when (epoch seconds)]: the last load
+# or unload the gateway asked of it, kept for the gateway's window, in the cache (Redis where
+# there is one), so that however many gateway processes judge its demand, one unloads it at a
+# time and none right after a load.
+ADAPTER_CHANGED_KEY = "llmgw:adapters:changed:{}"
+
+
 def adapter_load_commands(
-    *, replica_id: str, name: str, source: str, format: str, unload: str | None = None
+    *,
+    replica_id: str,
+    name: str,
+    source: str,
+    format: str,
+    unload: str | None = None,
+    window_s: float | None = None,
 ) -> list[Command]:
     """The load_adapter message for a replica's first shard (whose engine serves HTTP), after
     the unload_adapter that makes room when `unload` names one; [] when the replica has no
     shard now. The adapter's `path` is its source; `weights` too when the mirror holds it,
     for the agent to fetch into its cache as it fetches a model's (fleet/agent/
-    shard_adapters.py). NotMirrored, and nothing sent, while the mirror does not hold it."""
+    shard_adapters.py). NotMirrored, and nothing sent, while the mirror does not hold it.
+    With `window_s` (the gateway's), no process unloads the adapter for that long after."""
     weights = _adapter_weights(name, source)
     shard = _serving_shard(replica_id)
     if shard is None:
         return []
-    shard_id, node_id = shard
-    commands = adapter_unload_commands(replica_id=replica_id, name=unload) if unload else []
+    commands = [_unload_command(shard, unload)] if unload else []
     ref = {"name": name, "path": source, "format": format}
     commands.append(
         Command(
-            node_id,
-            {"type": "load_adapter", "shard_id": shard_id, "adapter": ref, **weights},
+            shard[1],
+            {"type": "load_adapter", "shard_id": shard[0], "adapter": ref, **weights},
         )
     )
+    if window_s:
+        _changed(name, "loaded", replica_id, window_s)
     return commands
 
 
-def adapter_unload_commands(*, replica_id: str, name: str) -> list[Command]:
-    """The unload_adapter message for a replica's first shard (whose engine serves HTTP);
-    [] when the replica has no shard now."""
+class UnloadRefused(Exception):
+    """An unload the gateway's demand rule asked for that would leave the adapter held
+    nowhere, or that comes within a window of another load or unload of it; the message
+    says which, a sentence."""
+
+
+def adapter_unload_commands(*, replica_id: str, name: str, window_s: float) -> list[Command]:
+    """The unload_adapter message for a replica's first shard (whose engine serves HTTP),
+    asked when the adapter's demand fell; [] when the replica has no shard now. Each
+    gateway process judges that from its own view, so it is judged here again: the holders
+    as the engines last said (UnloadRefused when the replica is the only one, or holds it
+    no more), and at most one load or unload of an adapter per `window_s`, whichever
+    process asks (UnloadRefused naming the last)."""
+    holders = _adapter_holders(name)
+    if replica_id not in holders:
+        raise UnloadRefused(
+            f"Adapter {name} was not unloaded from replica {replica_id}: its engine does not "
+            "say it holds it now."
+        )
+    if len(holders) < 2:
+        raise UnloadRefused(
+            f"Adapter {name} was not unloaded from replica {replica_id}: it is the only "
+            "replica holding it, as the engines last said, and the last holder keeps it."
+        )
     shard = _serving_shard(replica_id)
     if shard is None:
         return []
+    if not _changed(name, "unloaded", replica_id, window_s, first=True):
+        what, other, at = cache.get(ADAPTER_CHANGED_KEY.format(name)) or ("changed", "?", 0)
+        raise UnloadRefused(
+            f"Adapter {name} was not unloaded from replica {replica_id}: it was {what} "
+            f"{'on' if what == 'loaded' else 'from'} replica {other} {time.time() - at:.0f} s "
+            f"ago, and one replica changes at a time, at most once in {window_s:g} s."
+        )
+    return [_unload_command(shard, name)]
+
+
+def _adapter_holders(name: str) -> set[str]:
+    """The ready replicas whose engines last said they hold adapter `name`."""
+    spec = adapters_load().get(name)
+    held = adapters_held(model=spec.base if spec is not None else None)
+    return {replica for replica, names in held.items() if name in names}
+
+
+def _changed(name: str, what: str, replica_id: str, window_s: float, first: bool = False) -> bool:
+    """Mark that `replica_id` `what` adapter `name` now, for `window_s`; with `first`, only
+    when no mark stands (atomic where the cache is Redis): whether it was marked."""
+    key, mark = ADAPTER_CHANGED_KEY.format(name), [what, replica_id, time.time()]
+    if first:
+        return cache.add(key, mark, timeout=window_s)
+    cache.set(key, mark, timeout=window_s)
+    return True
+
+
+def _unload_command(shard: tuple[str, str], name: str) -> Command:
     shard_id, node_id = shard
-    return [Command(node_id, {"type": "unload_adapter", "shard_id": shard_id, "name": name})]
+    return Command(node_id, {"type": "unload_adapter", "shard_id": shard_id, "name": name})
 
 
 def _serving_shard(replica_id: str) -> tuple[str, str] | None:
@@ -145,6 +213,12 @@ def _adapter_weights(name: str, source: str) -> dict:
         return {"weights": ref.message()}
     if ref is None and source.startswith("/"):
         return {}  # a path on the nodes, as given
+    if not fetched_remotely(source):  # stored before such sources were refused at add
+        raise NotMirrored(
+            f"Adapter {name}'s source {source} is neither a path on the nodes nor one the "
+            "mirror fetches (hf://ORG/REPO, https://…), so it cannot be loaded: remove the "
+            "adapter and add it again from one of those."
+        )
     raise NotMirrored(f"Adapter {name}'s weights are not mirrored yet: {weights_said(source)}.")
 
 

@@ -5,7 +5,7 @@ llama.cpp profile on mirror weights sized as serve sizes it, in the same sentenc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,18 +107,22 @@ def weights_holding(source: str) -> int | None:
     return None if found is None else found[0].pk
 
 
-def adapter_mirror_said(source: str) -> str | None:
-    """How far the mirror got with an adapter's weights (weights_said), None for an adapter
-    on the nodes' own disk, which the mirror does not fetch."""
-    return weights_said(source) if fetched_remotely(source) else None
+def adapters_mirror_said(sources: Sequence[str]) -> dict[str, str | None]:
+    """How far the mirror got with each adapter's weights (weights_said), by source; None
+    for an adapter on the nodes' own disk, which the mirror does not fetch. Two queries
+    however many adapters: the mirror's weights are read once for the whole listing."""
+    remote = {s for s in sources if fetched_remotely(s)}
+    index = _index() if remote else []
+    return {s: weights_said(s, index) if s in remote else None for s in sources}
 
 
-def weights_said(source: str) -> str:
+def weights_said(source: str, index: list[Weights] | None = None) -> str:
     """How far the mirror got with the weights `source` names, for a sentence about what
     waits on them (an adapter's load): not in the mirror at all (and how to add it), a file
     that failed (and how to retry), or the share of their bytes fetched so far ("40% of 12
-    MB"); "ready" once every file is."""
-    found = _match(source, _index())
+    MB"); "ready" once every file is. `index`: the mirror's weights, when the caller has
+    read them already (a listing's, read once for all its adapters)."""
+    found = _match(source, _index() if index is None else index)
     if found is None:
         return f"{source} is not in the mirror (llmgw ctl weights add {source})"
     weights, path = found

@@ -23,7 +23,7 @@ from fleet.selectors.routing import adapters_held
 from fleet.selectors.state import model_states, replica_views
 from llmgw.core import clock
 from llmgw.core.errors import NotFound
-from mirror.selectors import adapter_mirror_said
+from mirror.selectors import adapters_mirror_said
 
 from ..domain import reservation_warnings, suggested_cores
 from . import adapters_load, catalog_and_adapters, catalog_load
@@ -131,6 +131,7 @@ def adapter_views(*, name: str | None = None, base: str | None = None) -> list[d
         return []
     bases = {a.base for a in chosen}
     held = adapters_held(model=next(iter(bases)) if len(bases) == 1 else None)
+    mirror = adapters_mirror_said([a.source for a in chosen])
     return [
         {
             "name": a.name,
@@ -142,7 +143,7 @@ def adapter_views(*, name: str | None = None, base: str | None = None) -> list[d
             "rank": a.rank,
             "owner": a.owner,
             "held_by": sorted(r for r, names in held.items() if a.name in names),
-            "mirror": adapter_mirror_said(a.source),
+            "mirror": mirror[a.source],
         }
         for a in chosen
     ]

@@ -8,7 +8,8 @@ Which replicas hold which adapters is the engines' word (`Reading.adapters`, rea
 seconds); when each was last used is this gateway's (`USED`). Pure where it can be:
 `load_choice` picks the replica and what it unloads, `spread_choice` one more replica for an
 adapter queuing everywhere it is, and adapter_demand.py the replica one leaves when its
-demand falls (`shrink`, every SHRINK_EVERY_S).
+demand falls (`shrink`, every BUCKET_S), summed over every gateway process in the cache
+(Redis in production) and judged again by the control plane before anything is unloaded.
 """
 
 from __future__ import annotations
@@ -19,9 +20,19 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
+from django.core.cache import cache
+
 from catalog.domain import AdapterSpec
 from fleet.domain.readings import Reading
-from llmgw.gateway.adapter_demand import Window, shrink_choice
+from llmgw.gateway.adapter_demand import (
+    BUCKET_S,
+    WINDOW_S,
+    Window,
+    bucket_of,
+    demand_peak,
+    shared_buckets,
+    shrink_choice,
+)
 from llmgw.gateway.answers import Refused, unplaceable
 from llmgw.gateway.load import BOARD
 from llmgw.gateway.scoring import replica_load
@@ -45,9 +56,16 @@ LOADED: dict[tuple[str, str], float] = {}
 _asked: dict[str, tuple[float, str]] = {}
 # adapter -> (when found, how far the mirror got with its weights): not asked meanwhile.
 _unmirrored: dict[str, tuple[float, str]] = {}
-SHRINK_EVERY_S = 5.0  # how often each adapter's demand is looked at (adapter_demand.py)
-# adapter -> its demand at this gateway over the window under way.
+# adapter -> its demand over the window under way (adapter_demand.py), looked at every
+# BUCKET_S.
 WINDOWS: dict[str, Window] = {}
+# adapter -> the most of its requests this process had in flight at once since it last added
+# to the sums every gateway process shares.
+PEAKS: dict[str, int] = {}
+# (adapter, bucket) -> the most of its requests in flight at once over that bucket, summed
+# over the gateway processes, in the cache; kept a little past a window.
+DEMAND_KEY = "llmgw:adapters:demand:{}:{}"
+KEEP_S = WINDOW_S + 4 * BUCKET_S
 # (replica, adapter) -> when this gateway asked its agent to unload it: not routed to it
 # until the engines' readings say it holds it no more (LOADED_FOR_S at most).
 UNLOADING: dict[tuple[str, str], float] = {}
@@ -63,8 +81,9 @@ def forget_gone(rt: State) -> None:
     for book in (USED, LOADED, UNLOADING):
         for key in [k for k in book if k[0] not in replicas or k[1] not in adapters]:
             del book[key]
-    for name in [n for n in WINDOWS if n not in adapters]:
-        del WINDOWS[name]
+    for book in (WINDOWS, PEAKS):
+        for name in [n for n in book if n not in adapters]:
+            del book[name]
     for name in [n for n, (_, r) in _asked.items() if n not in adapters or r not in replicas]:
         del _asked[name]
     for name in [n for n in _unmirrored if n not in adapters]:
@@ -104,8 +123,14 @@ def sent(rt: State, req: Request, up: Upstream) -> None:
     if up.model in rt.tables.adapters:
         now = time.monotonic()
         USED[(up.replica_id, up.model)] = now
-        window = WINDOWS.setdefault(up.model, Window(now))
-        window.send(up.replica_id, BOARD.running.get(up.model, 0) + 1)  # itself, not yet sent
+        window = WINDOWS.setdefault(up.model, Window(time.time()))
+        in_flight = BOARD.running.get(up.model, 0) + 1  # itself, not yet sent
+        window.send(up.replica_id, in_flight)
+        _peaked(up.model, in_flight)
+
+
+def _peaked(adapter: str, in_flight: int) -> None:
+    PEAKS[adapter] = max(PEAKS.get(adapter, 0), in_flight)
 
 
 def _lora_named(rt: State, req: Request, up: Upstream) -> None:
@@ -183,28 +208,62 @@ def _loading(replica: str, adapter: str) -> None:
     WINDOWS.pop(adapter, None)
 
 
-def shrink(rt: State, now: float | None = None) -> None:
-    """Note each adapter's requests in flight in its window; where a window is whole, ask the
-    rule (adapter_demand.shrink_choice) and tell the replica it names to unload the adapter,
-    without waiting. The window starts again either way: one replica at a time."""
-    now = time.monotonic() if now is None else now
+async def shrink(rt: State, now: float | None = None) -> None:
+    """Note each adapter's requests in flight now and add the most this process had at once
+    over the bucket just ended to the sums every process shares; where a window is whole,
+    ask the rule (adapter_demand.shrink_choice) with the demand summed over them all, and
+    ask the control plane to unload the adapter from the replica it names, without waiting.
+    The window starts again either way: one replica at a time. `now`: wall-clock seconds."""
+    now = time.time() if now is None else now
+    due = []
     for name in rt.tables.adapters:
+        running = BOARD.running.get(name, 0)
         window = WINDOWS.setdefault(name, Window(now))
-        window.saw(BOARD.running.get(name, 0))
-        if not window.done(now):
-            continue
+        window.saw(running)
+        _peaked(name, running)
+        if window.done(now):
+            due.append(name)
+    peaks = {n: p for n, p in PEAKS.items() if p > 0}
+    PEAKS.clear()
+    if peaks:
+        await asyncio.to_thread(demand_add, peaks, bucket_of(now) - 1)
+    for name in due:
+        window = WINDOWS.get(name)
+        if window is None or not window.done(now):
+            continue  # a load asked meanwhile started it again
         del WINDOWS[name]
+        sums = await asyncio.to_thread(demand_sums, name, shared_buckets(window.since, now))
+        window.peak = max(window.peak, demand_peak(sums))
         choice = shrink_choice(name, rt.tables.upstreams.get(name, ()), rt.readings, window)
         if choice is None:
             continue
-        UNLOADING[(choice.replica, name)] = now
+        UNLOADING[(choice.replica, name)] = time.monotonic()
         LOADED.pop((choice.replica, name), None)
         log.info("%s", choice.why)
         rt.beside(_unload_logged(choice.replica, name), f"unload-{name}")
 
 
+def demand_add(peaks: Mapping[str, int], bucket: int) -> None:
+    """Add this process's peaks over `bucket` to the sums every gateway process shares
+    (add and incr are atomic on Redis)."""
+    for name, peak in peaks.items():
+        key = DEMAND_KEY.format(name, bucket)
+        if cache.add(key, peak, timeout=KEEP_S):
+            continue
+        try:
+            cache.incr(key, peak)
+        except ValueError:  # it timed out meanwhile: this peak starts it again
+            cache.add(key, peak, timeout=KEEP_S)
+
+
+def demand_sums(name: str, buckets: range) -> list[int]:
+    """The shared sums of adapter `name` over `buckets`, those any process added to."""
+    got = cache.get_many([DEMAND_KEY.format(name, b) for b in buckets])
+    return [v for v in got.values() if isinstance(v, int)]
+
+
 def _watch(rt: State) -> None:
-    """Look at the adapters' demand every SHRINK_EVERY_S while `rt` runs (started by the
+    """Look at the adapters' demand every BUCKET_S while `rt` runs (started by the
     first request for an adapter)."""
     global _watcher
     if _watcher is not None and _watcher[0] is rt and not _watcher[1].done():
@@ -212,9 +271,10 @@ def _watch(rt: State) -> None:
 
     async def watch() -> None:
         while True:
-            await asyncio.sleep(SHRINK_EVERY_S)
+            # Just past a bucket's end, as every process: each adds to the bucket just ended.
+            await asyncio.sleep(BUCKET_S - time.time() % BUCKET_S + 0.05)
             try:
-                shrink(rt)
+                await shrink(rt)
             except Exception:  # noqa: BLE001 - looked at again next time
                 log.warning("could not look at the adapters' demand", exc_info=True)
 
@@ -222,12 +282,19 @@ def _watch(rt: State) -> None:
 
 
 async def _unload_logged(replica: str, adapter: str) -> None:
+    """Ask the control plane for the unload, which judges it again over every process: when
+    it refuses, the replica is routed to again."""
     from fleet.nodes.dispatch import send_commands
-    from fleet.services import adapter_unload_commands
+    from fleet.services import UnloadRefused, adapter_unload_commands
 
     try:
-        commands = await in_a_thread(adapter_unload_commands)(replica_id=replica, name=adapter)
+        commands = await in_a_thread(adapter_unload_commands)(
+            replica_id=replica, name=adapter, window_s=WINDOW_S
+        )
         await send_commands(commands)
+    except UnloadRefused as exc:
+        UNLOADING.pop((replica, adapter), None)
+        log.info("%s", exc)
     except Exception:  # noqa: BLE001 - the database or channel layer away: asked again later
         UNLOADING.pop((replica, adapter), None)
         log.warning("could not ask for adapter %s to be unloaded", adapter, exc_info=True)
@@ -415,6 +482,7 @@ async def _send(replica: str, adapter: AdapterSpec, evict: str | None) -> None:
         source=adapter.source,
         format=adapter.format,
         unload=evict,
+        window_s=WINDOW_S,
     )
     await send_commands(commands)
 

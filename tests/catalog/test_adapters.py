@@ -10,6 +10,7 @@ import pytest
 from catalog.models import Adapter
 from fleet.models import Node
 from llmgw.core import clock
+from mirror.models import Weights
 from tenancy.models import AuditEvent
 from tenancy.services import org_create, project_create, team_create
 from tests.catalog.test_pages import ready_replica
@@ -102,6 +103,17 @@ REFUSED = {
     "an owner that is no scope": (an_adapter(owner="team:Nobody/x"), "owner:"),
     "an organization as owner": (an_adapter(owner="org:Acme"), "owner must be a team or a project"),
     "the name of a model": (an_adapter(name="llama"), "llama is already a name of model llama"),
+    # A peft source neither a path on the nodes nor one the mirror fetches could never load.
+    "a relative path": (
+        an_adapter(source="loras/acme"),
+        "adapter acme-support: The source 'loras/acme' is neither hf://ORG/REPO, https://… nor "
+        "an absolute path. A peft adapter loads from hf://ORG/REPO[@REVISION][/PATH], "
+        "https://… or an absolute path on the nodes, from no other source.",
+    ),
+    "a scheme the mirror does not fetch": (
+        an_adapter(source="s3://acme/loras/support"),
+        "has the scheme s3://, which the mirror does not fetch",
+    ),
 }
 
 
@@ -115,6 +127,7 @@ def test_bad_input_is_a_400_with_a_sentence_and_nothing_stored(api, teams, case)
     assert response.status_code == 400, response.content
     assert said in detail(response)
     assert not Adapter.objects.exists()
+    assert not Weights.objects.exists()
 
 
 def test_a_base_without_slots_is_refused(api, teams):

@@ -151,3 +151,26 @@ def test_a_session_that_may_not_add_weights_is_refused_an_adapter_that_would(
     browser.force_login(django_user_model.objects.get(pk=user.pk))  # permissions read afresh
     assert add(an_adapter()).status_code == 201
     assert Weights.objects.get().source == SOURCE
+
+
+def test_listing_adapters_reads_the_mirror_once_however_many_there_are(base):
+    """Each adapter's `mirror` is read from one look at the mirror's weights, not one per
+    adapter: 40 adapters list in as many queries as 2."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from catalog.selectors.listings import adapter_views
+    from catalog.services import adapter_add
+
+    def listed() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            views = adapter_views()
+        assert all(v["mirror"].startswith("hf://acme/") for v in views)
+        return len(queries)
+
+    for n in range(2):
+        adapter_add(data=an_adapter(name=f"a{n}", source=f"hf://acme/l{n}"), actor="t")
+    two = listed()
+    for n in range(2, 40):
+        adapter_add(data=an_adapter(name=f"a{n}", source=f"hf://acme/l{n}"), actor="t")
+    assert listed() == two

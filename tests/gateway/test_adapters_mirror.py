@@ -63,6 +63,12 @@ def test_the_load_carries_the_mirrors_files_once_it_holds_them(db):
         "Adapter ml-tone's weights are not mirrored yet: hf://acme/ml-tone is not in the "
         "mirror (llmgw ctl weights add hf://acme/ml-tone)."
     )
+    # One stored before such sources were refused at add: the mirror could never fetch it.
+    assert said_of("loras/ml-tone") == (
+        "Adapter ml-tone's source loras/ml-tone is neither a path on the nodes nor one the "
+        "mirror fetches (hf://ORG/REPO, https://…), so it cannot be loaded: remove the "
+        "adapter and add it again from one of those."
+    )
     weights = mirrored(state="downloading", done=2_800_000)
     # 2 MB of config and 2.8 of the weights' 10: 40% of 12 MB.
     assert said_of(SOURCE) == "Adapter ml-tone's weights are not mirrored yet: 40% of 12 MB."
