@@ -135,6 +135,19 @@ def site(tmp_path_factory, vllm_build):
                 f"no ready replica; the agent's log ends:\n{agent}\nthe engine's log ends:\n{tail}"
             ) from None
         print(f"the vLLM replica was ready {time.monotonic() - started:.0f} s after the start")
+        # The gateway reads the replica from its tables once they are refreshed after that
+        # (a 503 "it is loading" until then): asked by a key of an org of its own, so that
+        # the usage the test reads (Acme's) holds only the test's own requests.
+        warm = cluster.post("/orgs", {"name": "Warm"})["id"]
+        team = cluster.post("/teams", {"org": warm, "name": "warm"})["id"]
+        project = cluster.post("/projects", {"team": team, "name": "app"})["id"]
+        warm_key = gateway_key(cluster, project, "warm")["secret"]
+        wait_for(
+            "the gateway to answer for the base",
+            lambda: _answered(cluster, warm_key),
+            timeout=60,
+            every=1.0,
+        )
         yield cluster, secrets
     finally:
         cluster.close()
@@ -142,6 +155,15 @@ def site(tmp_path_factory, vllm_build):
 
 def _client(cluster: Cluster, secret: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key=secret, max_retries=0, timeout=300)
+
+
+def _answered(cluster: Cluster, secret: str) -> bool:
+    """Whether the gateway has the base's replica: not a 503 "no ready replica"."""
+    try:
+        _ask(_client(cluster, secret), BASE)
+    except openai.InternalServerError:
+        return False
+    return True
 
 
 def _ask(client: openai.OpenAI, model: str):
@@ -207,7 +229,7 @@ def test_two_teams_adapters_loaded_into_one_vllm_through_the_gateway(site):
     }
 
     def per_model() -> dict[str, tuple[int, int, int]]:
-        rows = cluster.get("/usage", by="model")["rows"]
+        rows = cluster.get("/usage", by="model", scope="org:Acme")["rows"]
         return {
             r["model"]: (r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows
         }

@@ -72,8 +72,13 @@ def test_a_restored_backup_brings_the_cluster_back_with_its_replicas_adopted(tmp
         [back] = wait_for("the replica adopted", adopted, timeout=60)
         assert back["endpoint"] == replica["endpoint"]
         assert listener_pid(int(back["endpoint"].rsplit(":", 1)[1])) == engine
-        node = cluster.get("/nodes/cpu-a")
-        assert node["state"] == "ready"
+        # The restored rows may say the replica is ready before its agent is back (the
+        # node unreachable until it reconnects, which a loaded machine can take seconds to).
+        wait_for(
+            "the node back ready",
+            lambda: cluster.get("/nodes/cpu-a")["state"] == "ready",
+            timeout=60,
+        )
         # The same key answers: keys are in the database, their secret's HMAC under the
         # same LLMGW_SECRET_KEY.
         answer = wait_for(
