@@ -19,6 +19,7 @@ import asyncio
 import logging
 import socket
 from email.utils import formatdate
+from typing import cast
 
 log = logging.getLogger("llmgw.serve")
 
@@ -229,7 +230,11 @@ def _protocol_class():
         def on_headers_complete(self) -> None:
             self._disarm()
             self.in_head = False
+            before = self.cycle
             super().on_headers_complete()
+            if self.cycle is not None and self.cycle is not before:
+                # Shaped as a transport where the cycle uses one: write, close, is_closing.
+                self.cycle.transport = cast(asyncio.Transport, _Corked(self.transport, self.loop))
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -246,6 +251,47 @@ def _protocol_class():
                 self.deadline = None
 
     return Connection
+
+
+class _Corked:
+    """A request's side of its connection's transport, sending its answer's head with the
+    first bytes of its body: uvicorn writes the two apart, two system calls and, with
+    TCP_NODELAY, two packets for every whole answer. A head is held until its body's first
+    write or the end of the loop's turn, whichever comes first, so a stream's head is never
+    held back waiting for its first event."""
+
+    __slots__ = ("fresh", "held", "loop", "transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = transport
+        self.loop = loop
+        self.fresh = True  # nothing written yet: the first write is held
+        self.held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.held is not None:
+            held, self.held = self.held, None
+            self.transport.writelines((held, data))
+        elif self.fresh:
+            self.fresh, self.held = False, data
+            self.loop.call_soon(self.let_go)
+        else:
+            self.transport.write(data)
+
+    def let_go(self) -> None:
+        held, self.held = self.held, None
+        if held is not None and not self.transport.is_closing():
+            self.transport.write(held)
+
+    def close(self) -> None:
+        self.let_go()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def __getattr__(self, name: str):
+        return getattr(self.transport, name)
 
 
 def _for_gateway(line: bytes) -> bool:
