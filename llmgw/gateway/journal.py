@@ -18,13 +18,17 @@ tallied, and each request begun and never ended as what it streamed, or, when no
 known, its reservation, marked estimated (`fold`). A process that stops cleanly writes
 its last batch and removes its journal.
 
-Each line is one `write` to a file opened for appending, not synced: a killed process's
-lines are in the kernel's cache and reach the disk; a machine losing power may lose its
-last seconds, as the usage in memory would be.
+The lines of one turn of the event loop (at 64 requests at once, several requests'
+beginnings and ends) are one `write` at the turn's end, to a file opened for appending, not
+synced: a killed process's lines are in the kernel's cache and reach the disk, but for
+those of the turn it was killed in (microseconds: a request begun then has not been
+answered, though its engine may have it); a machine losing power may lose its last
+seconds, as the usage in memory would be.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
@@ -57,6 +61,7 @@ class Journal:
         self._fd: int | None = _locked(path)
         self.size = 0  # bytes written since it was opened or rewritten
         self._failed_at = float("-inf")
+        self._pending: list[str] | None = None  # lines of the loop's turn, not yet written
 
     @classmethod
     def open(cls, home: Path) -> Journal:
@@ -67,10 +72,31 @@ class Journal:
         return cls(folder / f"{host}-{os.getpid()}-{secrets.token_hex(4)}{SUFFIX}")
 
     def write(self, text: str) -> None:
-        """Append `text` (whole lines) in one write. A disk that refuses it is logged once
-        a minute and costs the journal those lines; the request goes on."""
+        """Append `text` (whole lines): on the event loop, with the other lines of the loop's
+        turn in one write at its end; elsewhere at once."""
         if self._fd is None:
             return
+        if self._pending is not None:
+            self._pending.append(text)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._put(text)
+            return
+        self._pending = [text]
+        loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write the lines held for the loop's turn."""
+        pending, self._pending = self._pending, None
+        if pending and self._fd is not None:
+            self._put("".join(pending))
+
+    def _put(self, text: str) -> None:
+        """One write. A disk that refuses it is logged once a minute and costs the journal
+        those lines; the request goes on."""
+        assert self._fd is not None
         data = text.encode()
         try:
             os.write(self._fd, data)
@@ -85,6 +111,7 @@ class Journal:
         name always holds one whole journal or the other."""
         if self._fd is None:
             return
+        self.flush()
         spare = self.path.with_name(f".{self.name}.new")
         try:
             fd = _locked(spare)
@@ -105,6 +132,7 @@ class Journal:
         """Let go of it; `remove` when all it holds is in the database."""
         if self._fd is None:
             return
+        self.flush()
         if remove:
             self.path.unlink(missing_ok=True)
         os.close(self._fd)

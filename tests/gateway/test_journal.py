@@ -321,3 +321,40 @@ def test_a_rewrite_its_process_died_in_is_removed_and_a_live_ones_is_not(tmp_pat
     assert journals_settle(tmp_path) == 0
     assert sorted(p.name for p in folder.iterdir()) == [live.name]
     live.close(remove=True)
+
+
+def test_on_the_loop_the_lines_of_one_turn_are_one_write_made_by_its_end(tmp_path, monkeypatch):
+    import asyncio
+
+    writes: list[bytes] = []
+    real = os.write
+    monkeypatch.setattr(journal_module.os, "write", lambda fd, b: writes.append(b) or real(fd, b))
+    book = UsageBook(Journal.open(tmp_path))
+
+    async def turns() -> list[str]:
+        first, second = Req(), Req()
+        book.begin(first, 6_000_000.0)
+        book.begin(second, 6_000_000.0)
+        held = lines(book.journal)
+        await asyncio.sleep(0)
+        book.record(key_id=7, project_id=3, model="chat", prompt=5, completion=6, error=False,
+                    latency_ms=90, now=6_000_010.0, request=first.rid)  # fmt: skip
+        return held
+
+    assert asyncio.run(turns()) == []  # nothing written while the turn runs
+    assert [w.count(b"\n") for w in writes] == [2, 1]
+    assert [line[0] for line in lines(book.journal)] == ["s", "s", "e"]
+
+
+def test_lines_held_for_the_turn_are_written_before_the_journal_is_closed(tmp_path):
+    import asyncio
+
+    book = UsageBook(Journal.open(tmp_path))
+    path = book.journal.path
+
+    async def stop() -> str | None:
+        book.begin(Req(), 6_000_000.0)
+        return book.close(written=True)  # the request is still open: the journal is kept
+
+    assert asyncio.run(stop()) is None
+    assert path.read_text().startswith("s\t1\t6000000")
