@@ -260,9 +260,9 @@ def _listed(raw: str | None) -> list[str]:
 
 def phase_refusal(labels: Mapping[str, str]) -> str | None:
     """Why a node's `llmgw.io/pdu-phase` label cannot be read, in a sentence; None when it
-    can or the node has none. It names one phase per PDU of `llmgw.io/pdu`, in its order
-    (a dual-fed node on L2 of both: "L2,L2")."""
-    if PHASE_LABEL not in labels:
+    can or the node has none (an empty label is none). It names one phase per PDU of
+    `llmgw.io/pdu`, in its order (a dual-fed node on L2 of both: "L2,L2")."""
+    if not _listed(labels.get(PHASE_LABEL)):
         return None
     phases, pdus = _listed(labels.get(PHASE_LABEL)), _listed(labels.get(PDU_LABEL))
     if len(phases) != len(pdus):
@@ -283,7 +283,7 @@ def phases_of(labels: Mapping[str, str]) -> tuple[str, ...]:
     """The PDU phases a node draws from, each named `<pdu>/<phase>` ("r12-a/L2"): its
     `llmgw.io/pdu-phase` label aligned with its `llmgw.io/pdu` list. None where the label
     cannot be read (`phase_refusal`): the node is then under its PDUs' budgets alone."""
-    if PHASE_LABEL not in labels or phase_refusal(labels):
+    if not _listed(labels.get(PHASE_LABEL)) or phase_refusal(labels):
         return ()
     pairs = zip(_listed(labels.get(PDU_LABEL)), _listed(labels.get(PHASE_LABEL)), strict=True)
     return tuple(dict.fromkeys(f"{pdu}/{phase}" for pdu, phase in pairs))

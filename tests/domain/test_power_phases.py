@@ -49,6 +49,7 @@ def limits(*nodes, watts: float = 700.0, gpus: int = 8) -> dict:
         (on("r12-a, r12-b", " L2 , L2 "), ("r12-a/L2", "r12-b/L2"), None),
         (on("r12-a", "B"), ("r12-a/B",), None),  # a PDU naming its phases A, B, C
         (on("r12-a"), (), None),  # no phase label: the PDU's budget alone
+        (on("r12-a", " "), (), None),  # an empty label is none
         (
             on("r12-a,r12-b", "L2"),
             (),
