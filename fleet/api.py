@@ -262,26 +262,27 @@ def fabric_get(request):
 
 @router.get("/facility", response=list[FacilityDomainOut], auth=can("fleet.view_powerbudget"))
 def facility_list(request):
-    """Every rack and PDU the nodes' labels or a budget name: its nodes, GPUs, what the GPUs
-    held there draw, and its budget."""
+    """Every rack, PDU and PDU phase the nodes' labels or a budget name: its nodes, GPUs,
+    what the GPUs held there draw, and its budget."""
     held = facility.held_shards(state.replica_views())
     return [d.as_dict() for d in facility.facility_domains(held, now=clock.now())]
 
 
 @router.put("/facility/budgets", response=PowerBudgetOut, auth=can("fleet.change_powerbudget"))
 def power_budget_set(request, payload: PowerBudgetIn):
-    """Set the most a rack or PDU may draw, in watts or by its feeds, with a safety margin
-    and its other equipment; the next reconciler pass places by it."""
+    """Set the most a rack, PDU or PDU phase may draw, in watts or by its feeds, with a
+    safety margin and its other equipment; the next reconciler pass places by it."""
     return services.power_budget_set(**payload.dict(), actor=actor(request))
 
 
 @router.delete(
-    "/facility/budgets/{kind}/{name}",
+    # A phase's name holds a slash: r12-a/L2.
+    "/facility/budgets/{kind}/{path:name}",
     response=PowerBudgetOut,
     auth=can("fleet.delete_powerbudget"),
 )
 def power_budget_clear(request, kind: str, name: str):
-    """Remove a rack's or PDU's power budget."""
+    """Remove a rack's, PDU's or phase's power budget."""
     return services.power_budget_clear(kind=kind, name=name, actor=actor(request))
 
 

@@ -326,17 +326,26 @@ class Event(models.Model):
 class PowerBudget(models.Model):
     """The most a rack or a PDU may draw, in watts, as an operator set it (docs/facility.md).
 
-    `name` is the value of the nodes' `llmgw.io/rack` or `llmgw.io/pdu` label. Placement
+    `name` is the value of the nodes' `llmgw.io/rack` or `llmgw.io/pdu` label (for a
+    PDU's phase, `<pdu>/<phase>` from `llmgw.io/pdu-phase`: "r12-a/L2"). Placement
     refuses a replica whose estimated draw would take the rack or PDU past `watts` less
     `margin`; a rack or PDU with no row has no budget. For a dual-fed domain `feeds` are
     the feeds' ratings and `watts` is the smaller's at `derating` (power.feed_cap).
     `other_watts` is what else stands in it that reports nothing (switches, storage).
     """
 
-    KINDS = [("rack", "rack"), ("pdu", "PDU"), ("row", "row"), ("room", "room"), ("site", "site")]
+    KINDS = [
+        ("rack", "rack"),
+        ("pdu", "PDU"),
+        ("phase", "PDU phase"),
+        ("row", "row"),
+        ("room", "room"),
+        ("site", "site"),
+    ]
 
     kind = models.CharField(max_length=8, choices=KINDS)
-    name = models.CharField(max_length=63)
+    # 63 for a label's value; a phase's is its PDU's, a slash and a phase of up to 8.
+    name = models.CharField(max_length=72)
     watts = models.FloatField()
     margin = models.FloatField(default=0.0)
     feeds = models.JSONField(default=list, blank=True)

@@ -252,9 +252,10 @@ class UpgradeIn(Schema):
 class PowerBudgetIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    kind: StrictStr = Field(description="rack, pdu, row, room or site")
+    kind: StrictStr = Field(description="rack, pdu, phase, row, room or site")
     name: StrictStr = Field(
-        description="the value of the nodes' llmgw.io/rack or llmgw.io/pdu label"
+        description="the value of the nodes' llmgw.io/rack or llmgw.io/pdu label; for a "
+        "phase, the PDU, a slash and its llmgw.io/pdu-phase: r12-a/L2"
     )
     watts: StrictFloat | StrictInt | None = Field(
         None, description="the most it may draw, in watts; left out when feeds are given"

@@ -31,6 +31,7 @@ from .domain.power import (
     budget_refusal,
     feed_cap,
     name_refusal,
+    phase_name_refusal,
     watts as watts_said,
 )
 from .domain.reconcile import Plan
@@ -551,9 +552,11 @@ def _budget_key(kind: object, name: object) -> tuple[str, str]:
     """The (kind, name) of a budget, checked; Invalid with the sentence when it is not one."""
     if kind not in KINDS:
         raise Invalid(
-            f"a power budget is for a rack, a pdu, a row, a room or a site, not {kind!r}."
+            "a power budget is for a rack, a pdu, a phase of a pdu, a row, a room or a site, "
+            f"not {kind!r}."
         )
-    if why := name_refusal(str(kind), name):
+    why = phase_name_refusal(name) if kind == "phase" else name_refusal(str(kind), name)
+    if why:
         raise Invalid(why)
     return str(kind), str(name)
 

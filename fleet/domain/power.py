@@ -1,9 +1,10 @@
-"""Power budgets per rack, PDU, row, room and site (docs/facility.md): what placement
-counts against them.
+"""Power budgets per rack, PDU, PDU phase, row, room and site (docs/facility.md): what
+placement counts against them.
 
-Pure. A budget is an operator's cap in watts for a rack, a PDU, a row, a room or a site,
-named by the nodes' `llmgw.io/rack`, `llmgw.io/pdu`, `llmgw.io/row`, `llmgw.io/room` and
-`llmgw.io/site` labels, or for a dual-fed domain the
+Pure. A budget is an operator's cap in watts for a rack, a PDU, a phase of a PDU, a row,
+a room or a site, named by the nodes' `llmgw.io/rack`, `llmgw.io/pdu`,
+`llmgw.io/pdu-phase`, `llmgw.io/row`, `llmgw.io/room` and `llmgw.io/site` labels (a
+phase as `<pdu>/<phase>`: "r12-a/L2"), or for a dual-fed domain the
 smaller feed's rating times its derating (80 % unless said); placement loads it
 to the cap less its safety margin (`Budget.limit_w`). What a domain holds starts
 from its base: a per-node share for the CPUs, memory and fans of every node in it
@@ -33,18 +34,24 @@ from typing import NamedTuple
 ZONE_LABEL = "llmgw.io/zone"
 RACK_LABEL = "llmgw.io/rack"
 PDU_LABEL = "llmgw.io/pdu"
+# The phase of each PDU the node draws from, in the order of its `llmgw.io/pdu` list.
+PHASE_LABEL = "llmgw.io/pdu-phase"
 ROW_LABEL = "llmgw.io/row"
 ROOM_LABEL = "llmgw.io/room"
 SITE_LABEL = "llmgw.io/site"
-# What a budget may be for: a rack and a PDU, and the rows, rooms and sites of the
-# location tree above them (each named by its label).
-KINDS = ("rack", "pdu", "row", "room", "site")
+# What a budget may be for: a rack, a PDU and each phase of a three-phase PDU (its breakers
+# trip per phase), and the rows, rooms and sites of the location tree above them (each
+# named by its label).
+KINDS = ("rack", "pdu", "phase", "row", "room", "site")
 _TREE = (("row", ROW_LABEL), ("room", ROOM_LABEL), ("site", SITE_LABEL))
 # The labels naming them: a node with none is under no budget.
 BUDGET_LABELS = (RACK_LABEL, PDU_LABEL, ROW_LABEL, ROOM_LABEL, SITE_LABEL)
 # A rack's or PDU's name, as a Kubernetes label value is written: what a budget and the
 # agent's --rack, --pdu and --zone accept, so that the two always name the same thing.
 NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?\Z")
+# A phase's name within its PDU: L1, L2, L3, or a short token where a PDU names them
+# otherwise (A, B, C).
+PHASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,7}\Z")
 MOST_WATTS = 10_000_000
 # What one feed of a dual-fed domain may be loaded to, of its rating, unless a budget says:
 # the usual continuous-load derating of a breaker.
@@ -65,6 +72,24 @@ def name_refusal(what: str, name: object) -> str | None:
             "beginning and ending with a letter or digit."
         )
     return None
+
+
+def phase_name_refusal(name: object) -> str | None:
+    """Why `name` cannot name a PDU's phase as a budget does (`<pdu>/<phase>`: "r12-a/L2"),
+    in a sentence; None if it can."""
+    if not isinstance(name, str) or "/" not in name:
+        return f"a phase is named by its PDU and its phase, as r12-a/L2, not {name!r}."
+    pdu, _, phase = name.rpartition("/")
+    return name_refusal("PDU", pdu) or _phase_refusal(phase)
+
+
+def _phase_refusal(phase: str) -> str | None:
+    if PHASE_RE.match(phase):
+        return None
+    return (
+        f"{phase!r} is not a phase: L1, L2 or L3, or a short token (at most 8 letters, "
+        "digits, '_' and '-', beginning with a letter or digit)."
+    )
 
 
 MOST_MARGIN = 0.5
@@ -229,14 +254,59 @@ def pdus_of(labels: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p.strip() for p in raw.split(",") if p.strip()))
 
 
+def _listed(raw: str | None) -> list[str]:
+    return [p.strip() for p in (raw or "").split(",") if p.strip()]
+
+
+def phase_refusal(labels: Mapping[str, str]) -> str | None:
+    """Why a node's `llmgw.io/pdu-phase` label cannot be read, in a sentence; None when it
+    can or the node has none (an empty label is none). It names one phase per PDU of
+    `llmgw.io/pdu`, in its order (a dual-fed node on L2 of both: "L2,L2")."""
+    if not _listed(labels.get(PHASE_LABEL)):
+        return None
+    phases, pdus = _listed(labels.get(PHASE_LABEL)), _listed(labels.get(PDU_LABEL))
+    if len(phases) != len(pdus):
+        given = f"{len(phases)} phase{'' if len(phases) == 1 else 's'}"
+        drawn = f"{len(pdus)} PDU{'' if len(pdus) == 1 else 's'}"
+        named = f" ({', '.join(pdus)})" if pdus else ""
+        return (
+            f"{PHASE_LABEL} names {given} for {drawn}{named}: it gives one phase per PDU "
+            f"of {PDU_LABEL}, in the same order (L2,L2 for a node on L2 of two)."
+        )
+    for phase in phases:
+        if why := _phase_refusal(phase):
+            return f"{PHASE_LABEL}: {why}"
+    return None
+
+
+def phases_of(labels: Mapping[str, str]) -> tuple[str, ...]:
+    """The PDU phases a node draws from, each named `<pdu>/<phase>` ("r12-a/L2"): its
+    `llmgw.io/pdu-phase` label aligned with its `llmgw.io/pdu` list. None where the label
+    cannot be read (`phase_refusal`): the node is then under its PDUs' budgets alone."""
+    if not _listed(labels.get(PHASE_LABEL)) or phase_refusal(labels):
+        return ()
+    pairs = zip(_listed(labels.get(PDU_LABEL)), _listed(labels.get(PHASE_LABEL)), strict=True)
+    return tuple(dict.fromkeys(f"{pdu}/{phase}" for pdu, phase in pairs))
+
+
 def domains_of(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The (kind, name) of every rack, PDU, row, room and site a node's labels put it in
-    (a node without a row label is in no row's budget)."""
+    """The (kind, name) of every rack, PDU, PDU phase, row, room and site a node's labels
+    put it in (a node without a row label is in no row's budget)."""
     rack = (labels.get(RACK_LABEL) or "").strip()
     out = [("rack", rack)] if rack else []
     out.extend(("pdu", p) for p in pdus_of(labels))
+    out.extend(("phase", p) for p in phases_of(labels))
     out.extend((kind, v) for kind, label in _TREE if (v := (labels.get(label) or "").strip()))
     return tuple(out)
+
+
+def domain_said(domain: tuple[str, str]) -> str:
+    """A domain as a sentence names it: "rack r12-07", "pdu r12-a phase L2"."""
+    kind, name = domain
+    if kind == "phase":
+        pdu, _, phase = name.rpartition("/")
+        return f"pdu {pdu} phase {phase}"
+    return f"{kind} {name}"
 
 
 def watts(value: float) -> str:
@@ -388,7 +458,7 @@ class Ledger:
             if self.excess.get(domain):
                 said.append("as its meter reads")
             how = f" ({', '.join(said)})" if said else ""
-            start = f"node {node_id} is in {domain[0]} {domain[1]}: {watts(max(held, 0))} of"
+            start = f"node {node_id} is in {domain_said(domain)}: {watts(max(held, 0))} of"
             if self.over(domain):
                 return (
                     f"{start} {watts(limit)} W held{how}, over its budget: it takes no new replicas"
@@ -418,6 +488,22 @@ class Ledger:
         """The watts left in the fullest of these budgeted domains; None for none."""
         return min((self.budgets[d].limit_w - self.level(d) for d in domains), default=None)
 
+    def roomiest(self, domains: Iterable[Domain]) -> tuple[float, float]:
+        """How placement levels load by power (scorers.most_power_left), smaller first: the
+        watts left in the fullest of these budgeted domains, then in the fullest of their
+        PDU phases, each negated, so the node with most left comes first and, among nodes
+        whose rack or PDU binds alike, the one on the phase with most headroom (three-phase
+        load levels across phases). A node under no budget, or on no budgeted phase, has no
+        limit there to level against: -inf, first. Without phase budgets the second figure
+        is the same for every node and orders nothing."""
+        domains = tuple(domains)
+        left = self.left_in(domains)
+        phase = self.left_in(d for d in domains if d[0] == "phase")
+        return (
+            float("-inf") if left is None else -left,
+            float("-inf") if phase is None else -phase,
+        )
+
     def unknown(
         self,
         node_id: str,
@@ -436,7 +522,7 @@ class Ledger:
             why = "LLMGW_POWER_CORE_WATTS, a core's draw, is not set"
         else:
             why = "its profile reserves no cores and declares no power_watts"
-        where = ", ".join(f"{k} {n}" for k, n in domains)
+        where = ", ".join(domain_said(d) for d in domains)
         return f"its draw is unknown ({why}), so it is not counted against {where}"
 
 

@@ -22,6 +22,7 @@ from ..domain.adoption import KEEP, STOP, Claim, Ground, Terms, Verdict, adoptio
 from ..domain.gpuclass import gpu_class
 from ..domain.passes import gap_allowed
 from ..domain.plan import Event
+from ..domain.power import phase_refusal
 from ..domain.types import parse_shard_id
 from ..models import Gpu, Lease, Node, Replica, Shard
 from ..protocol import (
@@ -238,6 +239,8 @@ def _register(
     node.hostname = msg.hostname
     _address_judge(node, declared=msg.mgmt_addr, seen=seen_addr, now=now)
     node.labels = dict(msg.labels)
+    if node.labels != labels_before:
+        _phases_judge(node, now=now)
     node.agent_version = msg.agent_version
     believe_figures(node, msg.memory_total_mb, msg.cpu_count)
     node.engines = dict(msg.engines)
@@ -271,6 +274,16 @@ def _register(
         ended = [r for r, state in before.items() if after.get(r) != state]
         node_figures_refresh(nodes=[node.id], replicas=ended)
     return Registration(at=now, commands=commands, node_token=node_token, approved=node.approved)
+
+
+def _phases_judge(node: Node, *, now: datetime) -> None:
+    """Say, when a node's new labels name PDU phases that cannot be read (power.phase_refusal),
+    that they are ignored: the node is then under its PDUs' budgets alone, never refused for
+    a label (an agent's labels are what it says, not a request to refuse)."""
+    if why := phase_refusal(node.labels):
+        said = f"node {node.id}'s PDU phases are ignored: {why}"
+        log.warning("%s", said, extra={"node": node.id})
+        event_log.record([Event(said, "phases_ignored", node=node.id)], now=now)
 
 
 def _address_judge(node: Node, *, declared: str, seen: str, now: datetime) -> None:

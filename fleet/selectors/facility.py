@@ -38,6 +38,7 @@ from ..domain.power import (
     Held,
     Power,
     bases,
+    domain_said,
     domains_of,
     draws,
     kilowatts,
@@ -135,7 +136,8 @@ def power_load(
 
 @dataclass(frozen=True)
 class Domain:
-    """A rack or PDU as people see it: its nodes and GPUs, what they draw, its budget."""
+    """A rack, PDU or PDU phase (or a budgeted row, room or site) as people see it: its
+    nodes and GPUs, what they draw, its budget."""
 
     kind: str
     name: str
@@ -151,6 +153,12 @@ class Domain:
     # any replica: its nodes' own share and its other equipment (power.bases).
     limit_w: float | None = None
     base_w: float = 0.0
+
+    @property
+    def title(self) -> str:
+        """How a page names it: "rack r12-07", "PDU r12-a", "PDU r12-a phase L2"."""
+        said = domain_said((self.kind, self.name))
+        return f"PDU{said[3:]}" if said.startswith("pdu ") else said
 
     @property
     def reserved_w(self) -> float:
@@ -325,9 +333,9 @@ def held_of_rows(rows: Iterable[tuple], models: Mapping[str, ModelSpec]) -> list
 
 
 def facility_domains(held: Iterable[tuple], *, now: datetime) -> list[Domain]:
-    """Every rack and PDU the nodes' labels name or a budget names, with its nodes, GPUs and
-    what the replicas held there draw as placement counts it (power.draws), racks first,
-    by name. `held` is a power.Held per shard holding room (`held_shards`; a (node, GPU
+    """Every rack, PDU and PDU phase the nodes' labels name or a budget names, with its
+    nodes, GPUs and what the replicas held there draw as placement counts it (power.draws),
+    racks first, then each PDU followed by its phases, by name. `held` is a power.Held per shard holding room (`held_shards`; a (node, GPU
     indices) pair counts its GPUs alone). Empty when no node says where it is and there is no
     budget. A node not ready or not heard from lately (`_away`) adds nothing to what is
     measured. One query."""
@@ -353,9 +361,9 @@ def facility_domains(held: Iterable[tuple], *, now: datetime) -> list[Domain]:
     base = bases(budgets.values(), node_domains, figures)
     metered = metered_now(time.time())
     out = []
-    # Every rack and PDU; a row, room or site only when it has a budget.
-    shown = {k for k in drawn if k[0] in ("rack", "pdu")} | budgets.keys()
-    for key in sorted(shown, key=lambda k: (KINDS.index(k[0]), k[1])):
+    # Every rack, PDU and phase; a row, room or site only when it has a budget.
+    shown = {k for k in drawn if k[0] in ("rack", "pdu", "phase")} | budgets.keys()
+    for key in sorted(shown, key=_listed_order):
         d = drawn.get(key)
         out.append(
             Domain(
@@ -373,6 +381,16 @@ def facility_domains(held: Iterable[tuple], *, now: datetime) -> list[Domain]:
             )
         )
     return out
+
+
+def _listed_order(domain: tuple[str, str]) -> tuple:
+    """Racks, then PDUs each followed by its phases ("r12-a", "r12-a/L1", ...), then rows,
+    rooms and sites, each by name."""
+    kind, name = domain
+    if kind == "phase":
+        pdu, _, phase = name.rpartition("/")
+        return (KINDS.index("pdu"), pdu, phase)
+    return (KINDS.index(kind), name, "")
 
 
 def model_power(*, name: str, now: datetime) -> dict:

@@ -1,9 +1,11 @@
-"""``llmgw ctl facility list|set|clear|conditions|hold|release``: racks and PDUs, what they
-draw, their budgets, and every domain's condition and hold.
+"""``llmgw ctl facility list|set|clear|conditions|hold|release``: racks, PDUs and their
+phases, what they draw, their budgets, and every domain's condition and hold.
 
 A node is in the rack and PDUs its ``llmgw.io/rack`` and ``llmgw.io/pdu`` labels
-name (``llmgw agent --rack R --pdu P``). A budget is the most a rack or PDU may
-draw, in watts; placement refuses a replica whose estimated draw would pass it.
+name (``llmgw agent --rack R --pdu P``), and on the phase of each PDU its
+``llmgw.io/pdu-phase`` label names (a phase is ``<pdu>/<phase>``: ``r12-a/L2``). A
+budget is the most a rack, PDU or phase may draw, in watts; placement refuses a
+replica whose estimated draw would pass it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ the enforced power limits of the GPUs it would be given, as their agents
 report them, else for a CPU replica from its cores (LLMGW_POWER_CORE_WATTS);
 one whose draw is unknown is placed as if there were no budget. A budget is
 loaded to its cap less --margin; a dual-fed rack's cap is --feeds' smaller
-rating at --derating (80 %). Changes take effect at the next reconciler pass."""
+rating at --derating (80 %). A phase of a three-phase PDU has a budget of its
+own, named by its PDU and phase: set phase r12-a/L2 7400. Changes take effect
+at the next reconciler pass."""
 
 
 def _watts(value: Any) -> str:
@@ -50,7 +54,7 @@ def _budget(d: Mapping[str, Any]) -> str:
 
 
 def render_facility(domains: list[Mapping[str, Any]]) -> str:
-    """``ctl facility list``: a row per rack and PDU, and how to read the figures."""
+    """``ctl facility list``: a row per rack, PDU and phase, and how to read the figures."""
     if not domains:
         return NOTHING
     rows = []
@@ -195,11 +199,20 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
     facility.epilog = FACILITY_HELP
     facility.formatter_class = argparse.RawDescriptionHelpFormatter
     actions = facility.add_subparsers(dest="action", required=True, metavar="ACTION")
-    add(actions, "list", "every rack and PDU, with what it draws and its budget", cmd_facility_list)
-    setting = add(actions, "set", "set the most a rack or PDU may draw, in watts", cmd_facility_set)
-    setting.add_argument("kind", metavar="KIND", help="rack, pdu, row, room or site")
+    add(
+        actions,
+        "list",
+        "every rack, PDU and phase, with what it draws and its budget",
+        cmd_facility_list,
+    )
+    setting = add(
+        actions, "set", "set the most a rack, PDU or phase may draw, in watts", cmd_facility_set
+    )
+    setting.add_argument("kind", metavar="KIND", help="rack, pdu, phase, row, room or site")
     setting.add_argument(
-        "name", metavar="NAME", help="the nodes' llmgw.io/rack, pdu, row, room or site label"
+        "name",
+        metavar="NAME",
+        help="the nodes' llmgw.io/rack, pdu, row, room or site label; a phase: r12-a/L2",
     )
     setting.add_argument(
         "watts", metavar="WATTS", type=positive_number, nargs="?", help="e.g. 16000"
@@ -212,8 +225,8 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
     setting.add_argument(
         "--other-watts", dest="other_watts", type=float, help="switches, storage: e.g. 1200"
     )
-    clearing = add(actions, "clear", "remove a rack's or PDU's budget", cmd_facility_clear)
-    clearing.add_argument("kind", metavar="KIND", help="rack, pdu, row, room or site")
+    clearing = add(actions, "clear", "remove a rack's, PDU's or phase's budget", cmd_facility_clear)
+    clearing.add_argument("kind", metavar="KIND", help="rack, pdu, phase, row, room or site")
     clearing.add_argument("name", metavar="NAME")
     add(
         actions,

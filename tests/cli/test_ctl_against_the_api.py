@@ -52,6 +52,27 @@ def test_a_power_budget_is_set_listed_and_cleared_with_ctl(capsys, server):
     assert (code, err) == (1, "error: rack r12-07 has no power budget.\n")
 
 
+def test_a_pdu_phases_budget_is_set_listed_and_cleared_with_ctl(capsys, server):
+    from fleet.models import PowerBudget
+
+    argv = ("facility", "set", "phase", "r12-a/L2", "7400", "--margin", "0.1")
+    code, out, err = ctl_run(capsys, server, *argv)
+    assert (code, err) == (0, "")
+    assert out == (
+        "phase r12-a/L2: budget 7,400 W, less a 10 % margin; "
+        "it takes effect at the next reconciler pass\n"
+    )
+    _, out, _ = ctl_run(capsys, server, "facility", "list")
+    rows = table(out.split("\n\n")[0])
+    assert rows[1] == ["phase", "r12-a/L2", "0", "0", "0", "-", "7,400 (6,660 after margin)"]
+
+    code, _, err = ctl_run(capsys, server, "facility", "set", "phase", "r12-a/L 2", "100")
+    assert code == 1 and "'L 2' is not a phase" in err
+    code, out, _ = ctl_run(capsys, server, "facility", "clear", "phase", "r12-a/L2")
+    assert (code, out) == (0, "phase r12-a/L2: budget removed\n")
+    assert PowerBudget.objects.count() == 0
+
+
 def test_a_quota_is_set_listed_and_cleared_with_ctl(capsys, server, acme):
     team = f"team:{acme['ml']}"
 

@@ -7,7 +7,15 @@ from hypothesis import given, settings, strategies as st
 
 from catalog.domain import Profile
 from fleet.domain.placement import Inventory, Placement, inventory as placement
-from fleet.domain.power import PDU_LABEL, RACK_LABEL, ZONE_LABEL, Budget, GpuPower, Power
+from fleet.domain.power import (
+    PDU_LABEL,
+    PHASE_LABEL,
+    RACK_LABEL,
+    ZONE_LABEL,
+    Budget,
+    GpuPower,
+    Power,
+)
 
 from .builders import gpu_node
 from .test_placement_properties import ENGINES, GPU_CLASSES, SOURCES, nodes
@@ -71,8 +79,8 @@ def assert_the_index_places_as_judging_every_node(fleet, asks) -> None:
 
 @st.composite
 def racked(draw):
-    """A fleet of GPU nodes in racks and zones (some without), with power limits reported
-    for some, under budgets for some racks."""
+    """A fleet of GPU nodes in racks and zones (some without), on PDUs and their phases,
+    with power limits reported for some, under budgets for some racks, PDUs and phases."""
     out, gpus = [], {}
     for i in range(draw(st.integers(1, 12))):
         labels = {}
@@ -82,6 +90,9 @@ def racked(draw):
             labels[ZONE_LABEL] = zone
         if pdu := draw(st.sampled_from(["pa", "pb", "pa,pb", None])):
             labels[PDU_LABEL] = pdu
+            if draw(st.booleans()):  # on a phase of each PDU
+                phases = [draw(st.sampled_from(["L1", "L2", "L3"])) for _ in pdu.split(",")]
+                labels[PHASE_LABEL] = ",".join(phases)
         count = draw(st.integers(1, 8))
         out.append(
             gpu_node(
@@ -101,7 +112,15 @@ def racked(draw):
             margin=draw(st.sampled_from([0.0, 0.1])),
             other_w=draw(st.sampled_from([0.0, 500.0])),
         )
-        for kind, name in (("rack", "r1"), ("rack", "r2"), ("pdu", "pa"), ("pdu", "pb"))
+        for kind, name in (
+            ("rack", "r1"),
+            ("rack", "r2"),
+            ("pdu", "pa"),
+            ("pdu", "pb"),
+            ("phase", "pa/L1"),
+            ("phase", "pa/L2"),
+            ("phase", "pb/L3"),
+        )
         if draw(st.booleans())
     )
     return out, Power(budgets, gpus)

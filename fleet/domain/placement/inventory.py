@@ -228,11 +228,12 @@ class Inventory:
     def _walk_by_power(self, cls: str, free: int) -> Iterable[str]:
         """The nodes with `free` GPUs of a class free in the scorers' order under power
         budgets: those whose fullest budgeted domain has most watts left first (a node
-        under none first of all), then by id (scorers.most_power_left)."""
+        under none first of all), then whose PDU phase has most left, then by id
+        (scorers.most_power_left)."""
         ledger = self.ledger
         assert ledger is not None
         groups = self._by_domains.get(cls, {}).get(free, {})
-        runs: dict[float, list[list[str]]] = defaultdict(list)
+        runs: dict[tuple[float, float], list[list[str]]] = defaultdict(list)
         for domains, ids in groups.items():
             if ids:
                 runs[_room_left(ledger, domains)].append(ids)
@@ -481,7 +482,6 @@ class Inventory:
         )
 
 
-def _room_left(ledger: Ledger, domains: tuple) -> float:
+def _room_left(ledger: Ledger, domains: tuple) -> tuple[float, float]:
     """`scorers.most_power_left`'s part for a node in these budgeted domains."""
-    left = ledger.left_in(domains)
-    return float("-inf") if left is None else -left
+    return ledger.roomiest(domains)

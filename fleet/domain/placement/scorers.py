@@ -44,14 +44,14 @@ def fewest_of_the_model_nearby(room: NodeRoom, ask: Ask) -> tuple:
 
 def most_power_left(room: NodeRoom, ask: Ask) -> tuple:
     """Under power budgets, the node whose fullest rack or PDU has the most watts left
-    first, so load levels across racks (power.py, `Ledger.left`). What is left before the
-    replica, not after: its need is the same wherever its GPUs' limits are alike, and the
-    index walks whole domains in this order (`Inventory._walk_by_power`). A node under no
+    first, so load levels across racks, then the one whose PDU phase has most left, so it
+    levels across phases (power.py, `Ledger.roomiest`). What is left before the replica,
+    not after: its need is the same wherever its GPUs' limits are alike, and the index
+    walks whole domains in this order (`Inventory._walk_by_power`). A node under no
     budget has no limit to level against and comes first."""
     if ask.ledger is None:
-        return (0.0,)
-    left = ask.ledger.left(room.node.id)
-    return (float("-inf") if left is None else -left,)
+        return (0.0, 0.0)
+    return ask.ledger.roomiest(ask.ledger.node_domains.get(room.node.id, ()))
 
 
 def levels_power(ask: Ask) -> bool:

@@ -1,0 +1,131 @@
+"""PDU phases' budgets over REST, through the reconciler's shell, on the cluster page and in
+/metrics (docs/facility.md, "Phases of a PDU")."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.models import Event, ModelState, PowerBudget, Replica
+from fleet.reconciler.run import reconcile_once
+from tests.helpers import detail
+
+from .builders import H100, T0, gpu_model, model_added, node_add
+from .test_facility import powered
+
+pytestmark = pytest.mark.django_db
+
+PDU, PHASE = "llmgw.io/pdu", "llmgw.io/pdu-phase"
+
+
+def budgets() -> list[tuple]:
+    return list(PowerBudget.objects.values_list("kind", "name", "watts"))
+
+
+def test_a_phase_budget_is_set_listed_after_its_pdu_and_cleared(api):
+    node_add("gpu-a", now=T0, gpus=(H100,), labels={PDU: "r12-a", PHASE: "L2"})
+    node_add("gpu-b", now=T0, gpus=(H100,), labels={PDU: "r12-a", PHASE: "L1"})
+    body = {"kind": "phase", "name": "r12-a/L2", "watts": 7400, "margin": 0.1}
+    answer = api.call("PUT", "/facility/budgets", body)
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["name"] == "r12-a/L2" and answer.json()["watts"] == 7400.0
+
+    listed = api.call("GET", "/facility").json()
+    assert [(d["kind"], d["name"], d["nodes"], d["budget_w"], d["limit_w"]) for d in listed] == [
+        ("pdu", "r12-a", 2, None, None),
+        ("phase", "r12-a/L1", 1, None, None),
+        ("phase", "r12-a/L2", 1, 7400.0, 6660.0),
+    ]
+
+    gone = api.call("DELETE", "/facility/budgets/phase/r12-a/L2")
+    assert gone.status_code == 200, gone.content
+    assert gone.json()["name"] == "r12-a/L2"
+    assert budgets() == []
+    # The slash escaped, as `llmgw ctl facility clear` sends it, names the same phase.
+    api.call("PUT", "/facility/budgets", body)
+    assert api.call("DELETE", "/facility/budgets/phase/r12-a%2FL2").status_code == 200
+    again = api.call("DELETE", "/facility/budgets/phase/r12-a/L2")
+    assert again.status_code == 404
+    assert detail(again) == "phase r12-a/L2 has no power budget."
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("r12-a", "a phase is named by its PDU and its phase, as r12-a/L2, not 'r12-a'."),
+        ("r12-a/L 2", "'L 2' is not a phase: L1, L2 or L3, or a short token"),
+        ("r12-a/phase-one", "'phase-one' is not a phase"),
+        ("r 12/L2", "'r 12' is not a PDU's name"),
+        ("/L2", "a PDU needs a name."),
+    ],
+)
+def test_a_phase_budget_by_a_name_no_label_could_carry_is_refused_and_changes_nothing(
+    api, name, said
+):
+    api.call("PUT", "/facility/budgets", {"kind": "phase", "name": "r12-a/L1", "watts": 7400})
+    answer = api.call("PUT", "/facility/budgets", {"kind": "phase", "name": name, "watts": 100})
+    assert answer.status_code == 400, answer.content
+    assert said in detail(answer)
+    assert budgets() == [("phase", "r12-a/L1", 7400.0)]
+    # A budget for a pdu takes no slash: a phase is its own kind.
+    pdu = api.call("PUT", "/facility/budgets", {"kind": "pdu", "name": "r12-a/L1", "watts": 1})
+    assert pdu.status_code == 400 and "is not a pdu's name" in detail(pdu)
+
+
+def test_the_reconciler_keeps_a_phase_under_its_cap_while_its_pdu_has_room(api, no_settle):
+    for node_id in ("gpu-a", "gpu-b"):
+        node_add(node_id, now=T0, gpus=(H100, H100), labels={PDU: "r12-a", PHASE: "L2"})
+        powered(node_id)
+    api.call("PUT", "/facility/budgets", {"kind": "pdu", "name": "r12-a", "watts": 22000})
+    api.call("PUT", "/facility/budgets", {"kind": "phase", "name": "r12-a/L2", "watts": 1500})
+    model_added(gpu_model("chat", scaling={"min": 3}))
+
+    reconcile_once(now=T0)
+
+    assert Replica.objects.count() == 2  # 1,400 W of L2's 1,500; the PDU's 22 kW has room
+    said = [r for e in ModelState.objects.get(pk="chat").explanation for r in e["reasons"]]
+    assert any(
+        "is in pdu r12-a phase L2: 1,400 of 1,500 W held, this replica needs ~700 W" in r
+        for r in said
+    ), said
+    phase = next(d for d in api.call("GET", "/facility").json() if d["kind"] == "phase")
+    assert (phase["name"], phase["nodes"], phase["gpus"], phase["said"]) == (
+        "r12-a/L2",
+        2,
+        4,
+        "1.4 of 1.5 kW",
+    )
+    from fleet.metrics.collector import fleet_text
+
+    text = fleet_text()
+    assert 'llmgw_domain_power_budget_watts{kind="phase",name="r12-a/L2"} 1500.0' in text
+    assert 'llmgw_domain_reserved_watts{kind="phase",name="r12-a/L2"} 1400.0' in text
+
+
+def test_the_racks_table_names_a_phase_by_its_pdu(client, django_user_model, api):
+    user = django_user_model.objects.create_user("root", password="x", is_staff=True)
+    user.is_superuser = True
+    user.save()
+    client.force_login(user)
+    node_add("gpu-a", now=T0, gpus=(H100,), labels={PDU: "r12-a", PHASE: "L3"})
+    api.call("PUT", "/facility/budgets", {"kind": "phase", "name": "r12-a/L3", "watts": 7400})
+    body = client.get("/").content.decode()
+    assert 'data-phase="r12-a/L3"' in body
+    assert "PDU r12-a phase L3" in body
+    assert "0 of 7.4 kW" in body
+
+
+def test_phases_an_agent_sends_that_do_not_match_its_pdus_are_ignored_with_a_sentence(api):
+    node_add("gpu-a", now=T0, gpus=(H100,), labels={PDU: "r12-a,r12-b", PHASE: "L2"})
+    (event,) = Event.objects.filter(kind="phases_ignored")
+    assert event.node == "gpu-a"
+    assert event.message == (
+        "node gpu-a's PDU phases are ignored: llmgw.io/pdu-phase names 1 phase for 2 PDUs "
+        "(r12-a, r12-b): it gives one phase per PDU of llmgw.io/pdu, in the same order "
+        "(L2,L2 for a node on L2 of two)."
+    )
+    # The node is under its PDUs alone: no phase is listed for it.
+    listed = api.call("GET", "/facility").json()
+    assert [(d["kind"], d["name"]) for d in listed] == [("pdu", "r12-a"), ("pdu", "r12-b")]
+    # Registering again as it was says nothing more; phases that match say nothing at all.
+    node_add("gpu-b", now=T0, gpus=(H100,), labels={PDU: "r12-a,r12-b", PHASE: "L2,L2"})
+    assert Event.objects.filter(kind="phases_ignored").count() == 1
