@@ -206,9 +206,9 @@ def model_target(request, name: str, tokens_per_sec: Query[float]):
 
 @router.get("/models/{name}/power", response=ModelPowerOut, auth=can("fleet.view_replica"))
 def model_power(request, name: str):
-    """What each ready replica of the model draws now, per shard: its GPUs' draw and its
-    node's CPU draw as their agents last reported it, null where unreported or stale
-    (what `llmgw ctl bench` samples)."""
+    """What each ready replica of the model draws now, per shard: its GPUs' draw, power limit
+    and default limit, and its node's CPU draw, as their agents last reported them, null
+    where unreported or stale (what `llmgw ctl bench` samples)."""
     return facility.model_power(name=name, now=clock.now())
 
 

@@ -291,6 +291,10 @@ class GpuDrawOut(Schema):
     index: int
     # What it draws, in watts, as its agent last said; null: unreported or stale.
     power_w: float | None
+    # The power limit it is held to, and its default limit, in watts, as its agent last
+    # said; null: unreported or stale.
+    power_limit_w: float | None
+    power_default_w: float | None
 
 
 class ShardDrawOut(Schema):

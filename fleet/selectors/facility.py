@@ -26,7 +26,7 @@ from catalog.domain import ModelSpec
 from catalog.selectors import catalog_load, model_called
 from llmgw.core.errors import NotFound
 
-from ..domain.drawn import NodeDraw, shard_draw
+from ..domain.drawn import GpuReading, NodeDraw, shard_draw
 from ..domain.power import (
     BUDGET_LABELS,
     DERATING,
@@ -393,9 +393,23 @@ def _listed_order(domain: tuple[str, str]) -> tuple:
     return (KINDS.index(kind), name, "")
 
 
+def _gpu_readings(reported) -> dict[int, GpuReading]:
+    """A heartbeat's `load.gpus` as each GPU's draw, power limit and default limit, by index."""
+    return {
+        g["index"]: GpuReading(
+            _reading(g.get("power_w")),
+            _reading(g.get("power_limit_w")),
+            _reading(g.get("power_default_w")),
+        )
+        for g in (reported if isinstance(reported, list) else ())
+        if isinstance(g, dict) and isinstance(g.get("index"), int)
+    }
+
+
 def model_power(*, name: str, now: datetime) -> dict:
-    """What each ready replica of a model draws now, shard by shard, as its nodes' agents
-    last reported it (`drawn.shard_draw`): two queries. 404 for a model by no such name."""
+    """What each ready replica of a model draws now, shard by shard, with the power limit each
+    of its GPUs is held to and its default, as its nodes' agents last reported them
+    (`drawn.shard_draw`): two queries. 404 for a model by no such name."""
     model = model_called(name)
     if model is None:
         raise NotFound(f"There is no model {name!r}.")
@@ -406,7 +420,7 @@ def model_power(*, name: str, now: datetime) -> dict:
     )
     nodes = {
         node_id: NodeDraw(
-            {i: p.draw_w for i, p in gpus_power(reported).items() if p.draw_w is not None},
+            _gpu_readings(reported),
             _reading(cpu_w),
             (now - seen).total_seconds() if seen else None,
         )

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw.cli.base import CtlError
-from llmgw.cli.bench_power import PowerSample, mean_draw, power_text
+from llmgw.cli.bench_power import (
+    PowerSample,
+    ShareSample,
+    held_text,
+    held_to,
+    mean_draw,
+    power_text,
+)
 from llmgw.cli.tables import DASH, number
 
 PERCENTILE = 95
@@ -39,12 +46,14 @@ class EngineLook:
     """The model's ready replicas' engines at one moment of a level, as ``GET /replicas``
     showed what their agents last reported: requests queued, summed over those that said,
     and their KV caches' use on average, as the autoscaler compares it with kv_ceiling
-    (fleet.selectors); None where none said. ``power`` is what they drew then
+    (fleet.selectors); None where none said. ``power`` is what they drew then and ``held``
+    the share of their default power limit their GPUs were held to
     (``GET /models/{name}/power``); None: not asked, or no replica was ready."""
 
     waiting: int | None = None
     kv_cache: float | None = None
     power: PowerSample | None = None
+    held: ShareSample | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,10 @@ class LevelSummary:
     # unknown, with `power_silent` saying whose readings were absent (empty: no sample).
     watts: float | None = None
     power_silent: tuple[str, ...] = ()
+    # The share of their default power limit their GPUs were held to throughout (1: at it);
+    # None when unknown, with `power_share_silent` saying why (empty: no GPU sampled).
+    power_share: float | None = None
+    power_share_silent: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,11 +207,14 @@ def summarize(sample: LevelSample, slo: Slo) -> LevelSummary:
     waiting = [look.waiting for look in sample.looks if look.waiting is not None]
     kv = [look.kv_cache for look in sample.looks if look.kv_cache is not None]
     drawn = mean_draw([look.power for look in sample.looks if look.power is not None])
+    held = held_to([look.held for look in sample.looks if look.held is not None])
     return LevelSummary(
         waiting_max=max(waiting) if waiting else None,
         kv_cache_max=max(kv) if kv else None,
         watts=drawn.watts,
         power_silent=drawn.silent,
+        power_share=held.share,
+        power_share_silent=held.silent,
         concurrency=sample.concurrency,
         requests=len(results),
         errors=len(failed),
@@ -291,6 +307,8 @@ def verdict(j: Judgement, *, model: str, last_tried: int | None, interrupted: bo
         lines.append(seen)
     if (drawn := power_text(c.watts, c.power_silent, c.tok_per_sec)) is not None:
         lines.append(drawn)
+    if (capped := held_text(c.power_share)) is not None:
+        lines.append(capped)
     if j.missed is not None:
         lines.append(f"at {at_once(j.missed.concurrency)}: {miss_text(j.missed)}")
     elif interrupted:
@@ -364,7 +382,9 @@ def per_replica(capacity: LevelSummary, basis: ReplicaBasis) -> dict[str, Any]:
     Concurrency is rounded down (a replica promised more than it took is a
     replica overloaded) but never below 1. The draw, where it was measured, is divided
     as the rate is, so the tokens per watt stored are those measured; unknown, it is left
-    out.
+    out. The share of their default power limit the GPUs were held to is stored where it was
+    below 1 (`power_share`, not divided: each replica's GPUs were held to it); at the default
+    or unknown it is left out, which says the default (fleet/domain/capped.py).
     """
     body = {
         "profile": basis.profile,
@@ -375,6 +395,8 @@ def per_replica(capacity: LevelSummary, basis: ReplicaBasis) -> dict[str, Any]:
     }
     if capacity.watts is not None:
         body["watts"] = round(capacity.watts / basis.ready, 1)
+    if capacity.power_share is not None and 0 < (share := round(capacity.power_share, 4)) < 1:
+        body["power_share"] = share
     return body
 
 

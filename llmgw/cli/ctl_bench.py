@@ -7,7 +7,9 @@ the ramp stops after the first level that misses it, and the capacity is the
 last level that met it. ``--save`` stores that per replica with
 ``PUT /api/v1/models/{name}/capacity``, where the reconciler sizes the model
 from it, with the replicas' mean draw over that level as ``watts`` where their
-agents reported it (``GET /api/v1/models/{name}/power``, :mod:`llmgw.cli.bench_power`).
+agents reported it (``GET /api/v1/models/{name}/power``, :mod:`llmgw.cli.bench_power`),
+and the share of their default power limit their GPUs were held to as ``power_share``
+where it was known and below 1, so that a capped replica is not scaled down twice.
 
 The judging is pure and in :mod:`llmgw.cli.bench_judge` (samples in,
 summaries out), kept apart from the load, :mod:`llmgw.cli.bench_load` on
@@ -25,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from fleet.domain.capped import pct
 from llmgw.cli.base import Api, CtlError, Output, positive_number, segment
 from llmgw.cli.bench_judge import (
     EngineLook,
@@ -43,7 +46,7 @@ from llmgw.cli.bench_judge import (
     verdict,
 )
 from llmgw.cli.bench_load import Plan, Progress, run_ramp
-from llmgw.cli.bench_power import PowerSample, per_watt, power_sample
+from llmgw.cli.bench_power import PowerSample, ShareSample, per_watt, power_sample, share_sample
 from llmgw.cli.tables import number, render
 
 DEFAULT_MAX_CONCURRENCY = 64
@@ -76,12 +79,15 @@ def level_doc(level: LevelSummary, wall_s: float) -> dict[str, Any]:
 
 def power_doc(level: LevelSummary) -> dict[str, Any]:
     """What the replicas drew at a level, and the tokens per watt; null where unknown, with
-    whose readings were absent."""
+    whose readings were absent. The share of their default power limit their GPUs were held
+    to; null where unknown (with why) or no GPU was sampled."""
     rate = per_watt(level.tok_per_sec, level.watts)
     return {
         "watts": None if level.watts is None else round(level.watts, 1),
         "tok_per_watt": None if rate is None else round(rate, 4),
         "power_not_measured": list(level.power_silent),
+        "power_share": None if level.power_share is None else round(level.power_share, 4),
+        "power_share_unknown": list(level.power_share_silent),
     }
 
 
@@ -174,6 +180,8 @@ def saved_sentence(model: str, save: Mapping[str, Any], replicas: int) -> str:
     line += f": {at_once(save['max_concurrency'])}, {save['tok_per_sec']:.0f} tok/s"
     if save.get("watts") is not None:
         line += f", {save['watts']:,.0f} W"
+    if save.get("power_share") is not None:
+        line += f" at {pct(save['power_share'])} of its GPUs' default power limit"
     if replicas > 1:
         line += (
             f" ({replicas} ready replicas shared the load; the figures are divided by {replicas})"
@@ -230,15 +238,17 @@ def cmd_bench(api: Api, args: argparse.Namespace, out: Output) -> None:
     samples: list[LevelSample] = []
     interrupted = False
 
-    def drawn() -> PowerSample | None:
+    def drawn() -> tuple[PowerSample | None, ShareSample | None]:
         try:
-            return power_sample(api.get(f"/models/{segment(model)}/power"))
+            view = api.get(f"/models/{segment(model)}/power")
         except CtlError:  # a server without it, or a failed read: no sample, not unknown
-            return None
+            return None, None
+        return power_sample(view), share_sample(view)
 
     async def look() -> EngineLook:
         seen = engine_look(await asyncio.to_thread(api.get, "/replicas", model=model))
-        return replace(seen, power=await asyncio.to_thread(drawn))
+        power, held = await asyncio.to_thread(drawn)
+        return replace(seen, power=power, held=held)
 
     try:
         asyncio.run(run_ramp(plan, slo, progress, samples, look))
@@ -265,6 +275,9 @@ def cmd_bench(api: Api, args: argparse.Namespace, out: Output) -> None:
     body = {k: v for k, v in save.items() if k != "replicas"}
     api.put(f"/models/{segment(model)}/capacity", body)
     out.say(saved_sentence(model, save, save["replicas"]))
+    if j.capacity is not None and j.capacity.power_share_silent:
+        # Saved as at the default, as before: a capped replica may then count less twice.
+        out.say("power share not recorded: " + "; ".join(j.capacity.power_share_silent))
 
 
 def at_once_list(levels: Sequence[int]) -> str:
@@ -323,9 +336,19 @@ it (GET /models/NAME/power, every second); TOK/W is TOK/S over it. One GPU not r
 draw leaves it unknown, and the sentences say whose. The agents read their sensors every
 10 s: levels of 30 s or more (--seconds) give each level its own draw.
 
+Where their GPUs were held below their default power limit throughout the level (their
+power_limit_w and power_default_w, same source), the summary says to what share: "its GPUs
+were held to 80 % of their default power limit there". A replica's share is its most held
+GPU's. A GPU not reporting both, a limit that changed while the level ran, or replicas held
+to different shares leave it unknown.
+
 --save stores the capacity per replica (divided by the model's ready
 replicas), and the draw with it where it was measured, where the reconciler
-scales the model by it and placement orders profiles by tokens per watt."""
+scales the model by it and placement orders profiles by tokens per watt; and
+the share as power_share where it was known and below 1, so that a replica
+held to it counts all of it rather than being scaled down again. Unknown, the
+capacity is saved as at the default and the bench says why ("power share not
+recorded: ...")."""
 
 
 def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> None:

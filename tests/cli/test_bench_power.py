@@ -22,7 +22,18 @@ from llmgw.cli.bench_judge import (
     verdict,
 )
 from llmgw.cli.bench_load import Progress
-from llmgw.cli.bench_power import Drawn, PowerSample, mean_draw, power_sample
+from llmgw.cli.bench_power import (
+    SAME_SHARE,
+    Drawn,
+    HeldTo,
+    PowerSample,
+    ShareSample,
+    held_text,
+    held_to,
+    mean_draw,
+    power_sample,
+    share_sample,
+)
 
 
 def gpu_shard(node: str, *watts: float | None, first: int = 0) -> dict[str, Any]:
@@ -152,3 +163,165 @@ def test_the_progress_line_of_a_level_says_its_draw_where_measured():
     drawn, unmeasured = stream.getvalue().splitlines()
     assert drawn.endswith(", 62 tok/s, 620 W")
     assert unmeasured.endswith(", 62 tok/s")
+
+
+# The share of their default power limit the replicas' GPUs were held to (power_share)
+
+
+def held(node: str, *limits: tuple[float | None, float | None], first: int = 0) -> dict[str, Any]:
+    """A shard whose GPUs are held to (limit, default) watts each; None: not said."""
+    gpus = [
+        {"index": first + i, "power_w": 300.0, "power_limit_w": lim, "power_default_w": dflt}
+        for i, (lim, dflt) in enumerate(limits)
+    ]
+    return {"node": node, "gpus": gpus, "cpu_power_w": None}
+
+
+CAP = (560.0, 700.0)  # 80 %
+FULL = (700.0, 700.0)
+
+
+@pytest.mark.parametrize(
+    ("view", "sample"),
+    [
+        # Each replica's share is its most held GPU's, as a capped replica counts (capped.py).
+        (answer([held("g1", CAP, CAP)], [held("g2", CAP)]),
+         ShareSample((("r0", "g1", 0.8), ("r1", "g2", 0.8)))),
+        (answer([held("g1", FULL), held("g2", CAP)]), ShareSample((("r0", "g2", 0.8),))),
+        (answer([held("g1", FULL, (350.0, 700.0))]), ShareSample((("r0", "g1", 0.5),))),
+        # Within a watt of the default is the default; raised past it counts as the default.
+        (answer([held("g1", (699.5, 700.0))]), ShareSample((("r0", "g1", 1.0),))),
+        (answer([held("g1", (800.0, 700.0))]), ShareSample((("r0", "g1", 1.0),))),
+        # A GPU not saying its limit or its default: unknown, and whose is said.
+        (answer([held("g1", CAP, (None, 700.0))], [held("g2", (560.0, None))]),
+         ShareSample(silent=("node g1's GPUs report no power limit",
+                             "node g2's GPUs report no default power limit"))),
+        (answer([held("g1", (0, 700.0))]), ShareSample(silent=("node g1's GPUs report no power limit",))),
+        # Replicas on CPUs have no share, and say nothing; no replica ready, or no answer: no sample.
+        (answer([cpu_shard("c1", 120)], [held("g1", CAP)]), ShareSample((("r1", "g1", 0.8),))),
+        (answer([cpu_shard("c1", 120)]), ShareSample()),
+        (answer(), None),
+        ({"detail": "Not Found"}, None),
+    ],
+)  # fmt: skip
+def test_a_sample_says_each_replicas_share_of_its_default_power_limit_or_why_not(view, sample):
+    assert share_sample(view) == sample
+
+
+def at(*replicas: tuple[str, str, float]) -> ShareSample:
+    return ShareSample(tuple(replicas))
+
+
+CHANGED = (
+    "node g1's GPUs' power limit changed while the level ran (from 80 % to 100 % of their "
+    "default), so the figure would mix two capacities"
+)
+MIXED = (
+    "its replicas were held to different shares of their default power limit (80 % on node "
+    "g1, 100 % on node g2), so the figure would mix two capacities"
+)
+
+
+@pytest.mark.parametrize(
+    ("samples", "share"),
+    [
+        ([at(("r0", "g1", 0.8), ("r1", "g2", 0.8))] * 3, HeldTo(0.8)),
+        ([at(("r0", "g1", 1.0))] * 2, HeldTo(1.0)),
+        ([at(("r0", "g1", 0.8)), at(("r0", "g1", 0.8015))], HeldTo(0.8)),  # a card's rounding
+        # A limit that changed while the level ran: its figure is of two capacities.
+        ([at(("r0", "g1", 0.8)), at(("r0", "g1", 1.0))], HeldTo(None, (CHANGED,))),
+        ([at(("r0", "g1", 0.8)), at(("r0", "g1", 0.8)), at(("r0", "g1", 1.0))],
+         HeldTo(None, (CHANGED,))),
+        # Drifting a little each time but further than one cap in all: changed all the same.
+        ([at(("r0", "g1", 0.8)), at(("r0", "g1", 0.797)), at(("r0", "g1", 0.803))],
+         HeldTo(None, (CHANGED.replace("80 % to 100 %", "80 % to 79.7 %"),))),
+        ([at(("r0", "g1", 0.8), ("r1", "g2", 1.0))], HeldTo(None, (MIXED,))),
+        # Unknown in one sample: unknown, each reason said once.
+        ([at(("r0", "g1", 0.8)), ShareSample(silent=("a",)), ShareSample(silent=("a", "b"))],
+         HeldTo(None, ("a", "b"))),
+        # No GPU sampled (replicas on CPUs), or no sample: nothing to record, nothing to say.
+        ([ShareSample(), ShareSample()], HeldTo()),
+        ([], HeldTo()),
+    ],
+)  # fmt: skip
+def test_a_levels_share_is_one_held_throughout_else_unknown_with_why(samples, share):
+    assert held_to(samples) == share
+
+
+shares = st.floats(0.05, 1.0)
+replica_shares = st.lists(
+    st.tuples(st.sampled_from(["r0", "r1", "r2"]), st.sampled_from(["g1", "g2"]), shares),
+    max_size=3,
+    unique_by=lambda r: r[0],
+)
+share_samples = st.one_of(
+    st.builds(lambda rs: ShareSample(tuple(rs)), replica_shares),
+    st.builds(ShareSample, st.just(()), st.tuples(st.sampled_from(["a", "b"]))),
+)
+
+
+@given(st.lists(share_samples, max_size=6))
+def test_a_known_share_is_one_every_sample_held_and_unknown_stays_unknown(samples):
+    found = held_to(samples)
+    sampled = [s for sample in samples for _, _, s in sample.replicas]
+
+    if any(sample.silent for sample in samples):
+        assert found.share is None
+        assert set(found.silent) == {why for sample in samples for why in sample.silent}
+    elif found.share is not None:
+        assert 0 < found.share <= 1 and found.share in sampled
+        assert all(abs(s - found.share) <= SAME_SHARE for s in sampled)
+    elif sampled:
+        assert found.silent  # unknown where GPUs were sampled: always with why
+        assert max(sampled) - min(sampled) > SAME_SHARE
+
+
+@pytest.mark.parametrize(
+    ("share", "text"),
+    [
+        (0.8, "its GPUs were held to 80 % of their default power limit there"),
+        (0.8747, "its GPUs were held to 87.5 % of their default power limit there"),
+        (1.0, None),  # at their default: nothing to say
+        (None, None),
+    ],
+)
+def test_the_bench_says_when_its_gpus_were_held_below_their_default(share, text):
+    assert held_text(share) == text
+
+
+def capped_level(*shares: ShareSample | None) -> LevelSample:
+    result = RequestResult(ok=True, ttft_ms=100, tpot_ms=20, completion_tokens=62)
+    looks = tuple(EngineLook(power=PowerSample(600), held=s) for s in shares)
+    return LevelSample(concurrency=8, wall_s=1.0, results=(result,), looks=looks)
+
+
+def test_a_capacity_measured_while_capped_says_so_and_saves_its_share():
+    j = judge([capped_level(at(("r0", "g1", 0.8)), None)], Slo(ttft_p95_ms=500))
+
+    assert j.capacity is not None and j.capacity.power_share == 0.8
+    assert verdict(j, model="llama", last_tried=16, interrupted=False)[1:3] == [
+        "its replicas drew 600 W on average there, 0.103 tokens per watt",
+        "its GPUs were held to 80 % of their default power limit there",
+    ]
+    body = per_replica(j.capacity, ReplicaBasis(2, "a100"))
+    assert body["power_share"] == 0.8  # a share, not divided among the replicas
+    CapacityIn(**body)
+
+
+@pytest.mark.parametrize(
+    "share",
+    [
+        at(("r0", "g1", 1.0)),  # at the default: stored as nothing, which says the default
+        ShareSample(silent=("node g1's GPUs report no default power limit",)),  # unknown
+        ShareSample(),  # on CPUs
+    ],
+)
+def test_a_share_at_the_default_or_unknown_is_not_saved(share):
+    j = judge([capped_level(share)], Slo(ttft_p95_ms=500))
+
+    assert j.capacity is not None
+    assert "power_share" not in per_replica(j.capacity, ReplicaBasis(1, "a100"))
+    assert not any(
+        "held to" in line for line in verdict(j, model="llama", last_tried=16, interrupted=False)
+    )
+    assert j.capacity.power_share_silent == share.silent

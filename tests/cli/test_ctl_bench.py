@@ -879,9 +879,65 @@ def drawing(server: FakeServer, *shards: dict[str, Any]) -> FakeServer:
     return server
 
 
-def gpus_drawing(node: str, *watts: float | None) -> dict[str, Any]:
-    gpus = [{"index": i, "power_w": w} for i, w in enumerate(watts)]
+def gpus_drawing(
+    node: str, *watts: float | None, limit: float | None = None, default: float | None = None
+) -> dict[str, Any]:
+    gpus = [
+        {"index": i, "power_w": w, "power_limit_w": limit, "power_default_w": default}
+        for i, w in enumerate(watts)
+    ]
     return {"node": node, "gpus": gpus, "cpu_power_w": None}
+
+
+def test_a_bench_on_capped_gpus_says_so_and_saves_the_share_it_ran_at(capsys, engine):
+    gateway = engine(**FAST)
+    server = drawing(
+        admin({"ttft_p95_ms": 1000}, [replica("a100"), replica("a100")]),
+        gpus_drawing("gpu-a", 310, 290, limit=560, default=700),
+        gpus_drawing("gpu-b", 400, limit=560, default=700),
+    )
+
+    code, out, err = bench(
+        capsys, server, gateway, "--key", KEY, "--levels", "1", "--seconds", "1.5", "--save"
+    )
+
+    assert code == 0, err
+    sentences = out.split("\n\n")[1].splitlines()
+    drew = sentences.index(next(s for s in sentences if s.startswith("its replicas drew")))
+    assert sentences[drew + 1] == "its GPUs were held to 80 % of their default power limit there"
+    body = server.body()
+    assert body["power_share"] == 0.8  # each replica's GPUs were held to it: not divided
+    CapacityIn(**body)
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .endswith(
+            ", 500 W at 80 % of its GPUs' default power limit "
+            "(2 ready replicas shared the load; the figures are divided by 2)"
+        )
+    )
+
+
+def test_a_bench_at_the_default_power_limit_saves_no_share_and_says_nothing_of_it(capsys, engine):
+    gateway = engine(**FAST)
+    server = drawing(
+        admin({"ttft_p95_ms": 1000}, [replica("a100")]),
+        gpus_drawing("gpu-a", 310, limit=700, default=700),
+    )
+
+    code, out, err = bench(
+        capsys,
+        server,
+        gateway,
+        *("--key", KEY, "--levels", "1", "--seconds", "1.5", "--save", "--json"),
+    )
+
+    assert code == 0, err
+    doc = json.loads(out.split("\nsaved for")[0])
+    assert (doc["capacity"]["power_share"], doc["capacity"]["power_share_unknown"]) == (1.0, [])
+    assert not any("held to" in line for line in doc["verdict"])
+    assert "power_share" not in server.body()  # none: at the default
+    assert "power share not recorded" not in out
 
 
 def test_the_replicas_draw_is_shown_and_saved_per_replica_with_the_capacity(capsys, engine):
@@ -906,7 +962,14 @@ def test_the_replicas_draw_is_shown_and_saved_per_replica_with_the_capacity(caps
     body = server.body()
     assert body["watts"] == 500.0  # per replica, divided as the rate is
     CapacityIn(**body)
-    assert ", 500 W (2 ready replicas shared the load" in out.strip().splitlines()[-1]
+    saved, unrecorded = out.strip().splitlines()[-2:]
+    assert ", 500 W (2 ready replicas shared the load" in saved
+    # Their agents say no power limit: saved as at the default, as before, and said why.
+    assert "power_share" not in body
+    assert unrecorded == (
+        "power share not recorded: node gpu-a's GPUs report no power limit; "
+        "node gpu-b's GPUs report no power limit"
+    )
 
 
 def test_a_gpu_reporting_no_draw_leaves_the_draw_unknown_said_and_unsaved(capsys, engine):
@@ -955,3 +1018,43 @@ def test_what_the_server_answers_for_a_cpu_models_power_is_a_sample(server, no_s
     assert power_sample(api.get("/models/llama/power")) == PowerSample(
         None, ("node cpu-a reports no CPU draw (RAPL)",)
     )
+
+
+# Committed, as the bench asks the server from threads of its own while a level runs.
+@pytest.mark.django_db(transaction=True)
+def test_a_bench_saved_on_capped_gpus_is_not_scaled_down_again(capsys, engine, server, no_settle):
+    from fleet.models import Node
+    from fleet.reconciler.run import reconcile_once
+    from llmgw.cli.base import Api
+    from tests.fleet.builders import H100, gpu_model, node_add
+
+    now = clock.now()
+    node_add("gpu-a", now=now, gpus=(H100, H100))
+    model_added(gpu_model("llama", slo={"ttft_p95_ms": 1000}, scaling={"min": 1}))
+    reconcile_once(now=now)
+    Replica.objects.update(state="ready")
+    capped = [
+        {"index": i, "power_w": 400, "power_limit_w": 560, "power_default_w": 700} for i in (0, 1)
+    ]
+    Node.objects.filter(pk="gpu-a").update(load={"gpus": capped}, last_seen=clock.now())
+    gateway = engine(**FAST)
+
+    argv = ["bench", "llama", "--key", KEY, "--gateway", gateway, "--seconds", "1.5"]
+    code = ctl.main([*argv, "--levels", "1", "--max-tokens", "8", "--save"], transport=server)
+    out = capsys.readouterr().out
+
+    assert code == 0, out
+    assert "its GPUs were held to 80 % of their default power limit there" in out
+    stored = Measurement.objects.get()
+    assert (stored.power_share, stored.watts) == (0.8, 400.0)
+    # One more replica on the other GPU, held to the same 80 %: it counts all that was
+    # measured, as the measurement was taken there; not 0.8 ** 0.6 of it a second time.
+    api = Api(server="http://testserver", token=os.environ["LLMGW_TOKEN"], transport=server)
+    room = api.get("/models/llama/headroom", limit=1)
+    assert (room["tok_per_sec"], room["capped"]) == (pytest.approx(stored.tok_per_sec), [])
+    # Held lower than it was measured at, it counts (50 / 80) ** 0.6 of it, and says so.
+    halved = [g | {"power_limit_w": 350} for g in capped]
+    Node.objects.filter(pk="gpu-a").update(load={"gpus": halved}, last_seen=clock.now())
+    room = api.get("/models/llama/headroom", limit=1)
+    assert room["tok_per_sec"] == pytest.approx(stored.tok_per_sec * (0.5 / 0.8) ** 0.6)
+    assert room["capped"] and "at 80 % of their default" in room["capped"][0]

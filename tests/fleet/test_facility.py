@@ -558,22 +558,32 @@ def test_a_models_ready_replicas_draw_is_what_their_nodes_last_said(api, no_sett
     model_added(cpu_model("tiny", selector={"pool": "cpu"}, scaling={"min": 2}))
     reconcile_once(now=now)
     Replica.objects.update(state="ready")
-    gpus = [{"index": 0, "power_limit_w": 700, "power_w": 412.5}, {"index": 1, "temp_c": 40}]
+    gpus = [
+        {"index": 0, "power_limit_w": 560, "power_default_w": 700, "power_w": 412.5},
+        {"index": 1, "temp_c": 40},
+    ]
     Node.objects.filter(pk="gpu-a").update(load={"gpus": gpus}, last_seen=now)
     Node.objects.filter(pk="cpu-a").update(load={"cpu_power_w": 180}, last_seen=now)
     index = Replica.objects.get(model="chat").shards.get().gpu_indices[0]
+    assert index == 0  # the GPU that says all
 
     chat = api.call("GET", "/models/chat/power")
     assert chat.status_code == 200, chat.content
     (replica,) = chat.json()["replicas"]
     assert replica["profile"] == "gpu"
+    said = {"power_w": 412.5, "power_limit_w": 560.0, "power_default_w": 700.0}
+    unsaid = {"power_w": None, "power_limit_w": None, "power_default_w": None}
     assert replica["shards"] == [
         {
             "node": "gpu-a",
-            "gpus": [{"index": index, "power_w": 412.5 if index == 0 else None}],
+            "gpus": [{"index": 0} | said],
             "cpu_power_w": None,  # gpu-a reports no RAPL: absent, not 0
         }
     ]
+    # Not heard from within LLMGW_UNREACHABLE_SECONDS: its limits are stale as its draw is.
+    Node.objects.filter(pk="gpu-a").update(last_seen=now - timedelta(minutes=5))
+    (replica,) = api.call("GET", "/models/chat/power").json()["replicas"]
+    assert replica["shards"][0]["gpus"] == [{"index": 0} | unsaid]
     tiny = api.call("GET", "/models/tiny/power").json()["replicas"]
     assert [r["shards"] for r in tiny] == [
         [{"node": "cpu-a", "gpus": [], "cpu_power_w": 180.0}]
