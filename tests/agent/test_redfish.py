@@ -275,7 +275,8 @@ def reader(src: RedfishSource, clock: Clock | None = None) -> BmcReader:
 def test_a_bmc_over_https_gives_its_draw_and_is_asked_one_get_a_time_after(cert, secret):
     with BmcServer(rackmount(), tls=server_tls(*cert)) as bmc:
         clock = Clock()
-        rf = reader(source(bmc, secret, ca=cert[0]), clock)
+        src = source(bmc, secret, ca=cert[0])
+        rf = reader(src, clock)
         assert rf.read() == 374  # EnvironmentMetrics, before the deprecated Power's 344
         assert bmc.gets == [
             "/redfish/v1/Chassis",
@@ -291,7 +292,7 @@ def test_a_bmc_over_https_gives_its_draw_and_is_asked_one_get_a_time_after(cert,
         bmc.tree["/redfish/v1/Chassis/1U/EnvironmentMetrics"]["PowerWatts"]["Reading"] = None
         clock.t += 30
         assert rf.read() is None  # no reading now: absent, its reason as when it was found
-        assert rf._source() == (
+        assert src() == (
             None,
             "chassis 1U's EnvironmentMetrics PowerWatts has no reading",
             False,
