@@ -10,6 +10,9 @@ A machine without ipmitool, without a BMC device, or whose agent may not open it
 figure, and is not asked again: none of that changes while the agent runs. A BMC that
 answers without a reading (its power measurement deactivated, a DCMI error, 0 W) is asked
 again later. Either way the figure is absent, never 0, and each reason is logged once.
+
+Where the operator names the BMC's Redfish service (``llmgw agent --bmc-redfish``), the
+same reader asks it instead, over the network (fleet/agent/redfish.py), on the same terms.
 """
 
 from __future__ import annotations
@@ -128,8 +131,9 @@ class BmcReader:
     """The node's whole draw from its BMC, at most every ``every_s`` seconds (the last
     figure in between); None when there is none. ``ipmi`` runs ipmitool, ``which`` finds
     it, ``dev_root`` is /dev (or a test's), ``clock`` is monotonic seconds, ``spawn`` runs
-    a reading for ``latest`` (on its own thread; a test's may run it at once). Safe to call
-    from any thread: one ipmitool at a time, and no lock is held while it runs."""
+    a reading for ``latest`` (on its own thread; a test's may run it at once). ``source``,
+    when given, answers each ask in ipmitool's place (the BMC's Redfish service). Safe to
+    call from any thread: one ask at a time, and no lock is held while it runs."""
 
     def __init__(
         self,
@@ -140,8 +144,10 @@ class BmcReader:
         clock: Callable[[], float] = time.monotonic,
         every_s: float = BMC_EVERY_S,
         spawn: Callable[[Callable[[], object]], None] = _on_its_own_thread,
+        source: Callable[[], Reading] | None = None,
     ) -> None:
         self._ipmi = ipmi
+        self._source = source
         self._which = which
         self.dev_root = Path(dev_root)
         self._clock = clock
@@ -150,7 +156,7 @@ class BmcReader:
         self._lock = threading.Lock()
         self._last: float | None = None
         self._asked_at: float | None = None
-        self._asking = False  # an ipmitool is running
+        self._asking = False  # an ask (ipmitool, or Redfish) is under way
         self._off = False  # set for good once asking again cannot help
         self._said: set[str] = set()
 
@@ -192,6 +198,8 @@ class BmcReader:
         return self._asked_at is None or now - self._asked_at >= self.every_s
 
     def _ask(self) -> Reading:
+        if self._source is not None:
+            return self._source()
         if self._which(COMMAND[0]) is None:
             return Reading(
                 None, "ipmitool is not installed (its package is ipmitool)", lasting=True

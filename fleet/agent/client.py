@@ -30,6 +30,7 @@ from fleet.agent.bmc import BmcReader
 from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import LoadSampler, Machine
 from fleet.agent.gpu_holders import gpu_holders
+from fleet.agent.redfish import RedfishConfig, RedfishSource
 from fleet.agent.sensors import SensorSampler, sim_power_path
 from fleet.agent.supervisor import Supervisor
 from fleet.agent.upgrade import UpgradeError, Upgrader, restart_argv
@@ -58,6 +59,8 @@ class AgentSettings:
     heartbeat_interval_s: float = 5.0
     # Whether heartbeats carry the node's whole draw from its BMC (`--no-bmc` turns it off).
     read_bmc: bool = True
+    # The BMC's Redfish service to read it from (`--bmc-redfish`); None: ipmitool's DCMI.
+    bmc_redfish: RedfishConfig | None = None
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
 
@@ -65,9 +68,12 @@ class AgentSettings:
 def bmc_reader(settings: AgentSettings, machine: Machine) -> BmcReader | None:
     """What reads the node's whole draw from its BMC; none when turned off, or when the
     node's GPUs or memory are simulated: the BMC here reads the real machine, which is not
-    the node registered (and one machine may play several)."""
+    the node registered (and one machine may play several). It asks the BMC's Redfish
+    service where the operator named one, else ipmitool's DCMI."""
     if not settings.read_bmc or machine.gpus_simulated or machine.memory_simulated:
         return None
+    if settings.bmc_redfish is not None:
+        return BmcReader(source=RedfishSource(settings.bmc_redfish))
     return BmcReader()
 
 

@@ -26,6 +26,7 @@ from fleet.agent.discovery import Machine, advertise_address, parse_gpu_spec, si
 from fleet.agent.engines import use_binary
 from fleet.agent.fabric import FabricReader, SimulatedFabric, parse_fabric_spec
 from fleet.agent.install import Installer
+from fleet.agent.redfish import RedfishConfig, redfish_config
 from fleet.agent.sensors import sim_power_path
 from fleet.agent.supervisor import Supervisor
 from fleet.agent.upgrade import Upgrader
@@ -278,7 +279,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-bmc",
         action="store_true",
         help="do not read the node's whole draw from its BMC (ipmitool dcmi power reading, "
-        "every 30 s); without ipmitool or a BMC it is not read anyway",
+        "or Redfish with --bmc-redfish, every 30 s); without ipmitool or a BMC it is not "
+        "read anyway",
+    )
+    p.add_argument(
+        "--bmc-redfish",
+        metavar="URL",
+        help="read the node's whole draw from its BMC's Redfish service at URL (e.g. "
+        "https://10.0.0.5, or the host interface's address) instead of ipmitool's DCMI",
+    )
+    # From a file only: on the command line every user of the machine could read it.
+    p.add_argument(
+        "--bmc-redfish-credentials",
+        type=Path,
+        metavar="FILE",
+        help="the BMC user and password for --bmc-redfish: user:password on one line, or "
+        "the user and the password on two; keep it readable by the agent alone",
+    )
+    p.add_argument(
+        "--bmc-redfish-ca",
+        type=Path,
+        metavar="FILE",
+        help="verify the BMC's certificate against the CA certificates in FILE (default: "
+        "the system's)",
+    )
+    p.add_argument(
+        "--bmc-redfish-insecure",
+        action="store_true",
+        help="accept any certificate from the BMC (a BMC's own self-signed one): anyone on "
+        "the path to the BMC can then pose as it and learn its user and password",
     )
     p.add_argument(
         "--port-range",
@@ -309,6 +338,33 @@ def join_token(args: argparse.Namespace) -> str | None:
     if not words:
         raise ValueError(f"the token file {args.token_file} is empty.")
     return words[0]
+
+
+def bmc_redfish(args: argparse.Namespace) -> RedfishConfig | None:
+    """The BMC's Redfish service from --bmc-redfish and its options, checked (the
+    credentials file read, the CA file loaded); None without --bmc-redfish. ValueError, with
+    a sentence, for options that do not go together or a file that will not do."""
+    if args.bmc_redfish is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--bmc-redfish-credentials", args.bmc_redfish_credentials),
+                ("--bmc-redfish-ca", args.bmc_redfish_ca),
+                ("--bmc-redfish-insecure", args.bmc_redfish_insecure),
+            )
+            if value
+        ]
+        if given:
+            raise ValueError(f"{given[0]} is for --bmc-redfish URL, which is not given")
+        return None
+    if args.no_bmc:
+        raise ValueError("--no-bmc and --bmc-redfish contradict each other")
+    return redfish_config(
+        args.bmc_redfish,
+        credentials=args.bmc_redfish_credentials,
+        ca=args.bmc_redfish_ca,
+        insecure=args.bmc_redfish_insecure,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             room=args.room,
             site=args.site,
         )
+        redfish = bmc_redfish(args)
     except ValueError as exc:
         print(f"llmgw agent: {exc}.", file=sys.stderr)
         return 2
@@ -398,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         labels=labels,
         heartbeat_interval_s=args.heartbeat_interval,
         read_bmc=not args.no_bmc,
+        bmc_redfish=redfish,
     )
     log.info(
         "llmgw agent %s: node %s, %d GPUs, engines %s, advertising %s, server %s",
