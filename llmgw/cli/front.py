@@ -23,6 +23,8 @@ from typing import cast
 
 log = logging.getLogger("llmgw.serve")
 
+# An interim answer (uvicorn's "100 Continue"), sent as it comes, not held.
+INTERIM = b"HTTP/1.1 1"
 # The gateway's paths; a connection whose first request asks for one stays here.
 GATEWAY = b"/v1/"
 # A first request line longer than this goes to daphne, which answers it (414, 400).
@@ -160,6 +162,7 @@ def _protocol_class():
             self.head_bytes = self.head_size = self.header_count = 0
             self.too_large = False
             self.deadline: asyncio.TimerHandle | None = None
+            self.cork: _Corked | None = None  # the answering request's side of the transport
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -230,13 +233,20 @@ def _protocol_class():
         def on_headers_complete(self) -> None:
             self._disarm()
             self.in_head = False
-            before = self.cycle
             super().on_headers_complete()
-            if self.cycle is not None and self.cycle is not before:
-                # Shaped as a transport where the cycle uses one: write, close, is_closing.
-                self.cycle.transport = cast(asyncio.Transport, _Corked(self.transport, self.loop))
+
+        def _start_asgi_task(self, cycle, app) -> None:
+            # The request answered now (the next of those pipelined, after it), its head held
+            # for its body's first write. Shaped as a transport where the cycle uses one.
+            self.cork = _Corked(self.transport, self.loop)
+            cycle.transport = cast(asyncio.Transport, self.cork)
+            super()._start_asgi_task(cycle, app)
 
         def on_response_complete(self) -> None:
+            # Nothing more is coming for what is held (a HEAD's head), and a graceful stop
+            # closes the connection now.
+            if self.cork is not None:
+                self.cork.let_go()
             super().on_response_complete()
             if not self.transport.is_closing() and not self.pipeline:
                 self._arm()
@@ -272,7 +282,8 @@ class _Corked:
         if self.held is not None:
             held, self.held = self.held, None
             self.transport.writelines((held, data))
-        elif self.fresh:
+        elif self.fresh and not data.startswith(INTERIM):
+            # The answer's head; "100 Continue" before it is sent as it comes.
             self.fresh, self.held = False, data
             self.loop.call_soon(self.let_go)
         else:

@@ -21,9 +21,10 @@ its last batch and removes its journal.
 The lines of one turn of the event loop (at 64 requests at once, several requests'
 beginnings and ends) are one `write` at the turn's end, to a file opened for appending, not
 synced: a killed process's lines are in the kernel's cache and reach the disk, but for
-those of the turn it was killed in (microseconds: a request begun then has not been
-answered, though its engine may have it); a machine losing power may lose its last
-seconds, as the usage in memory would be.
+those of the turn it was killed in (microseconds of work: a request begun then is not
+known to have begun, though its engine may have it, and one answered then is settled as
+cut, by its estimate, as a kill between an answer and its line always could); a machine
+losing power may lose its last seconds, as the usage in memory would be.
 """
 
 from __future__ import annotations
