@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from fleet.models import Event, ModelState, PowerBudget, Replica
@@ -129,3 +131,58 @@ def test_phases_an_agent_sends_that_do_not_match_its_pdus_are_ignored_with_a_sen
     # Registering again as it was says nothing more; phases that match say nothing at all.
     node_add("gpu-b", now=T0, gpus=(H100,), labels={PDU: "r12-a,r12-b", PHASE: "L2,L2"})
     assert Event.objects.filter(kind="phases_ignored").count() == 1
+
+
+def test_a_phases_metered_draw_is_listed_and_counted_by_placement(
+    api, no_settle, settings, tmp_path, monkeypatch
+):
+    import time
+    from dataclasses import replace
+
+    from fleet.facility import prometheus
+    from fleet.metrics.collector import fleet_text
+
+    (tmp_path / "sources.yml").write_text(
+        "facility:\n"
+        "  prometheus: http://monitoring:9090\n"
+        "  signals:\n"
+        "    power_watts:\n"
+        "      query: sum by (pdu, phase) (pdu_phase_power_watts)\n"
+        "      domain_kind: phase\n"
+        "      domain_label: pdu\n"
+        "      phase_label: phase\n"
+    )
+    settings.LLMGW = replace(settings.LLMGW, facility_sources=tmp_path / "sources.yml")
+    draw = {"w": 1900.0}
+    monkeypatch.setattr(
+        prometheus,
+        "instant",
+        lambda url, query: [
+            ({"pdu": "r12-a", "phase": "L2"}, time.time(), draw["w"]),
+            ({"pdu": "r12-a", "phase": "L1"}, time.time(), 400.0),
+        ],
+    )
+    for node_id in ("gpu-a", "gpu-b"):
+        node_add(node_id, now=T0, gpus=(H100, H100), labels={PDU: "r12-a", PHASE: "L2"})
+        powered(node_id, draw=300)
+    api.call("PUT", "/facility/budgets", {"kind": "pdu", "name": "r12-a", "watts": 22000})
+    api.call("PUT", "/facility/budgets", {"kind": "phase", "name": "r12-a/L2", "watts": 2000})
+    model_added(gpu_model("chat", scaling={"min": 1}))
+
+    reconcile_once(now=T0)
+
+    # 1,900 W metered on L2 of its 2,000: a 700 W replica does not fit, though the PDU has room.
+    assert Replica.objects.count() == 0
+    said = [r for e in ModelState.objects.get(pk="chat").explanation for r in e["reasons"]]
+    assert any(
+        "is in pdu r12-a phase L2: 1,900 of 2,000 W held (as its meter reads), this replica" in r
+        for r in said
+    ), said
+    listed = {(d["kind"], d["name"]): d for d in api.call("GET", "/facility").json()}
+    assert listed[("phase", "r12-a/L2")]["measured_w"] == 1900.0
+    assert listed[("pdu", "r12-a")]["measured_w"] is None  # a phase's meter is not its PDU's
+    assert 'llmgw_domain_measured_watts{kind="phase",name="r12-a/L2"} 1900.0' in fleet_text()
+
+    draw["w"] = 800.0  # the meter reads less: placement counts what it reserves
+    reconcile_once(now=T0 + timedelta(seconds=30))
+    assert Replica.objects.count() == 1
