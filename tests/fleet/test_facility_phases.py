@@ -186,3 +186,73 @@ def test_a_phases_metered_draw_is_listed_and_counted_by_placement(
     draw["w"] = 800.0  # the meter reads less: placement counts what it reserves
     reconcile_once(now=T0 + timedelta(seconds=30))
     assert Replica.objects.count() == 1
+
+
+def test_a_held_phase_takes_no_new_replicas_on_its_nodes_audited_listed_and_released(
+    api, no_settle, client, django_user_model
+):
+    from fleet.models import DomainHold
+    from tenancy.models import AuditEvent
+
+    node_add("gpu-a", now=T0, gpus=(H100,), labels={PDU: "r12-a", PHASE: "L2"})
+    body = {"kind": "phase", "name": "r12-a/L2", "reason": "breaker work"}
+    held = api.call("PUT", "/facility/holds", body)
+    assert held.status_code == 200, held.content
+    assert (held.json()["name"], held.json()["held_by"]) == ("r12-a/L2", "ops")
+
+    model_added(gpu_model("chat", scaling={"min": 2}))
+    reconcile_once(now=T0)
+    assert Replica.objects.count() == 0
+    said = [r for e in ModelState.objects.get(pk="chat").explanation for r in e["reasons"]]
+    assert said == ["node gpu-a: pdu r12-a phase L2 is held by ops: breaker work"]
+    # A node on another phase of the same PDU is not held.
+    node_add("gpu-b", now=T0, gpus=(H100,), labels={PDU: "r12-a", PHASE: "L1"})
+    reconcile_once(now=T0 + timedelta(seconds=30))
+    assert list(Replica.objects.values_list("shards__node", flat=True)) == ["gpu-b"]
+
+    (listed,) = api.call("GET", "/facility/conditions").json()
+    assert (listed["kind"], listed["name"], listed["held"], listed["hold_reason"]) == (
+        "phase",
+        "r12-a/L2",
+        True,
+        "breaker work",
+    )
+    assert listed["said"] == "pdu r12-a phase L2 has no condition of its own: it takes pdu r12-a's"
+    user = django_user_model.objects.create_user("root", password="x", is_staff=True)
+    user.is_superuser = True
+    user.save()
+    client.force_login(user)
+    page = client.get("/").content.decode()
+    row = page.split('data-phase="r12-a/L2"')[1].split("</tr>")[0]
+    assert "held by ops: breaker work" in row
+
+    # Its name holds a slash: released as written, or escaped as ctl sends it.
+    gone = api.call("DELETE", "/facility/holds/phase/r12-a/L2")
+    assert gone.status_code == 200, gone.content
+    api.call("PUT", "/facility/holds", body)
+    assert api.call("DELETE", "/facility/holds/phase/r12-a%2FL2").status_code == 200
+    again = api.call("DELETE", "/facility/holds/phase/r12-a/L2")
+    assert (again.status_code, detail(again)) == (404, "phase r12-a/L2 is not held.")
+    assert not DomainHold.objects.exists()
+    actions = list(AuditEvent.objects.values_list("action", "target"))
+    assert actions.count(("facility_hold.set", "phase:r12-a/L2")) == 2
+    assert actions.count(("facility_hold.release", "phase:r12-a/L2")) == 2
+    reconcile_once(now=T0 + timedelta(seconds=60))
+    assert Replica.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("r12-a", "a phase is named by its PDU and its phase, as r12-a/L2, not 'r12-a'."),
+        ("r12-a/L 2", "'L 2' is not a phase"),
+        ("r 12/L2", "'r 12' is not a PDU's name"),
+    ],
+)
+def test_a_hold_on_a_phase_no_label_could_name_is_refused_and_changes_nothing(api, name, said):
+    from fleet.models import DomainCondition, DomainHold
+
+    answer = api.call("PUT", "/facility/holds", {"kind": "phase", "name": name})
+    assert answer.status_code == 400, answer.content
+    assert said in detail(answer)
+    assert not DomainHold.objects.exists() and not DomainCondition.objects.exists()
