@@ -50,7 +50,8 @@ def domain_of(signal: Signal, labels: dict) -> tuple[str, str] | None:
     labels could (a label missing, or a phase no llmgw.io/pdu-phase could carry)."""
     name = str(labels.get(signal.domain_label) or "")
     if signal.phase_label:
-        name = f"{name}/{labels.get(signal.phase_label) or ''}"
+        # Stripped as a node's llmgw.io/pdu-phase is (power.phases_of): the same phase.
+        name = f"{name.strip()}/{str(labels.get(signal.phase_label) or '').strip()}"
         if phase_name_refusal(name):
             return None
     return (signal.kind, name) if name else None

@@ -13,9 +13,10 @@ import time
 
 import httpx
 import pytest
+from hypothesis import given, strategies as st
 
 from fleet.domain.conditions import Readings, Sample, fresh
-from fleet.domain.power import metered_fresh
+from fleet.domain.power import PDU_LABEL, PHASE_LABEL, metered_fresh, phases_of
 from fleet.facility.config import ConfigError, Signal, config_load
 from fleet.facility.prometheus import PrometheusSource, domain_of
 from fleet.facility.simulated import replay_load
@@ -123,6 +124,23 @@ def test_a_power_signal_may_name_a_pdus_phases_by_two_labels(tmp_path):
 def test_a_phase_signals_series_names_its_pdu_and_phase_or_nothing(labels, domain):
     signal = Signal("power_watts", "q", "pdu", "phase", phase_label="phase")
     assert domain_of(signal, labels) == domain
+
+
+@given(
+    pdu=st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,20}[A-Za-z0-9])?", fullmatch=True),
+    phase=st.text(alphabet="AL123_-x ", min_size=0, max_size=10),
+)
+def test_a_phase_signal_names_a_phase_exactly_when_a_nodes_labels_would(pdu, phase):
+    signal = Signal("power_watts", "q", "pdu", "phase", phase_label="phase")
+    labels = {PDU_LABEL: pdu, PHASE_LABEL: phase}
+
+    metered = domain_of(signal, {"pdu": pdu, "phase": phase})
+
+    # The meter's phase is the one the node's labels put it on, or none when they put it on
+    # none (a blank label, or no token): a reading never lands beside its budget. (A comma
+    # lists a node's phases, one per PDU; a series names one.)
+    if "," not in phase:
+        assert metered == next((("phase", p) for p in phases_of(labels)), None)
 
 
 @pytest.mark.parametrize(
