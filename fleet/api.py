@@ -292,8 +292,8 @@ def power_budget_clear(request, kind: str, name: str):
     auth=can("fleet.view_domaincondition"),
 )
 def facility_conditions(request):
-    """Every rack, PDU, row, room and zone with a condition or a hold: its condition in a
-    sentence, its readings' age, whether enforced, and who holds it."""
+    """Every rack, PDU, row, room and zone with a condition or a hold, and every PDU phase
+    held: its condition in a sentence, its readings' age, whether enforced, and who holds it."""
     enforced = settings.LLMGW.facility_enforce
     return [d.as_dict() | {"enforced": enforced} for d in conditions.conditions_list()]
 
@@ -321,7 +321,10 @@ def facility_hold(request, payload: DomainHoldIn):
 
 
 @router.delete(
-    "/facility/holds/{kind}/{name}", response=DomainHoldOut, auth=can("fleet.delete_domainhold")
+    # A phase's name holds a slash: r12-a/L2.
+    "/facility/holds/{kind}/{path:name}",
+    response=DomainHoldOut,
+    auth=can("fleet.delete_domainhold"),
 )
 def facility_release(request, kind: str, name: str):
     """Release a domain's hold: it takes new placements again from the next pass."""

@@ -375,7 +375,8 @@ class DomainCondition(models.Model):
     """
 
     kind = models.CharField(max_length=8)
-    name = models.CharField(max_length=63)
+    # 63 for a label's value; a held phase's (it has a row, unknown) is 72: r12-a/L2.
+    name = models.CharField(max_length=72)
     condition = models.CharField(max_length=8, default="unknown")
     since = models.DateTimeField(null=True, blank=True)
     why = models.CharField(max_length=300, blank=True)
@@ -398,12 +399,13 @@ class DomainCondition(models.Model):
 
 
 class DomainHold(models.Model):
-    """An operator's hold on a facility domain: no new placements in it, whatever its
-    condition, until released (`llmgw ctl facility hold|release`). Nothing running there is
+    """An operator's hold on a facility domain (a rack, PDU, PDU phase, row, room or zone):
+    no new placements in it, whatever its condition, until released (`llmgw ctl facility hold|release`). Nothing running there is
     stopped."""
 
     kind = models.CharField(max_length=8)
-    name = models.CharField(max_length=63)
+    # 63 for a label's value; a phase's is its PDU's, a slash and a phase of up to 8.
+    name = models.CharField(max_length=72)
     reason = models.CharField(max_length=300, blank=True)
     held_by = models.CharField(max_length=150, blank=True)
     held_at = models.DateTimeField()

@@ -374,8 +374,11 @@ class FabricOut(Schema):
 class DomainHoldIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    kind: StrictStr = Field(description="rack, pdu, row, room or zone")
-    name: StrictStr = Field(description="the value of the nodes' location label")
+    kind: StrictStr = Field(description="rack, pdu, phase, row, room or zone")
+    name: StrictStr = Field(
+        description="the value of the nodes' location label; for a phase, the PDU, a slash "
+        "and its llmgw.io/pdu-phase: r12-a/L2"
+    )
     reason: StrictStr = Field("", description="why, for the people who read it (300 at most)")
 
 

@@ -24,7 +24,7 @@ from mirror.domain.sources import fetched_remotely
 from mirror.selectors import FolderRef, WeightsRef, weights_for_source, weights_said
 from tenancy.services import audit_record
 
-from .domain.conditions import KINDS as CONDITION_KINDS
+from .domain.conditions import HELD_KINDS
 from .domain.power import (
     DERATING,
     KINDS,
@@ -651,17 +651,19 @@ def power_budget_clear(*, kind: str, name: str, actor: str) -> dict:
 
 def _domain_key(kind: object, name: object) -> tuple[str, str]:
     """The (kind, name) of a facility domain, checked; Invalid with the sentence if not one."""
-    if kind not in CONDITION_KINDS:
-        kinds = f"{', '.join(CONDITION_KINDS[:-1])} or {CONDITION_KINDS[-1]}"
+    if kind not in HELD_KINDS:
+        kinds = f"{', '.join(HELD_KINDS[:-1])} or {HELD_KINDS[-1]}"
         raise Invalid(f"a domain is a {kinds}, not {kind!r}.")
-    if why := name_refusal(str(kind), name):
+    why = phase_name_refusal(name) if kind == "phase" else name_refusal(str(kind), name)
+    if why:
         raise Invalid(why)
     return str(kind), str(name)
 
 
 def domain_hold(*, kind: str, name: str, reason: str, actor: str, now: datetime) -> dict:
-    """Hold a rack, PDU, row, room or zone: no new placements in it, whatever its condition,
-    from the next reconciler pass until released; nothing running there is stopped. Return
+    """Hold a rack, PDU, PDU phase (named r12-a/L2), row, room or zone: no new placements in
+    it, whatever its condition, from the next reconciler pass until released; nothing running
+    there is stopped. Return
     the hold ({kind, name, reason, held_by, held_at}). Holding again replaces the reason.
     Invalid for another kind, a name no label could carry, or a reason over 300 characters."""
     kind, name = _domain_key(kind, name)

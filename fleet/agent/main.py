@@ -32,12 +32,15 @@ from fleet.agent.supervisor import Supervisor
 from fleet.agent.upgrade import Upgrader
 from fleet.domain.power import (
     PDU_LABEL,
+    PHASE_LABEL,
     RACK_LABEL,
     ROOM_LABEL,
     ROW_LABEL,
     SITE_LABEL,
     ZONE_LABEL,
     name_refusal,
+    phase_refusal,
+    phase_token_refusal,
 )
 
 log = logging.getLogger("fleet.agent")
@@ -86,10 +89,12 @@ def location_labels(
     row: str | None = None,
     room: str | None = None,
     site: str | None = None,
+    pdu_phase: str | None = None,
 ) -> dict[str, str]:
     """The well-known labels for ``--zone``, ``--rack``, ``--pdu`` (several PDUs comma
-    separated, for a dual-fed rack), ``--row``, ``--room`` and ``--site``; ValueError, with
-    a sentence, for a name a budget could not name (docs/facility.md)."""
+    separated, for a dual-fed rack), ``--pdu-phase`` (the phase of each, in their order),
+    ``--row``, ``--room`` and ``--site``; ValueError, with a sentence, for a name a budget
+    could not name (docs/facility.md)."""
     out: dict[str, str] = {}
     named = (
         ("zone", ZONE_LABEL, zone),
@@ -109,7 +114,22 @@ def location_labels(
             if why := name_refusal("PDU", name):
                 raise ValueError(f"--pdu: {why.rstrip('.')}")
         out[PDU_LABEL] = ",".join(dict.fromkeys(names))
+    if pdu_phase is not None:
+        phases = [p.strip() for p in pdu_phase.split(",")]
+        for phase in phases:
+            if why := phase_token_refusal(phase):
+                raise ValueError(f"--pdu-phase: {why.rstrip('.')}")
+        out[PHASE_LABEL] = ",".join(phases)
     return out
+
+
+def labels_checked(labels: dict[str, str]) -> dict[str, str]:
+    """The node's labels, all given; ValueError, with the sentence, where its
+    ``llmgw.io/pdu-phase`` cannot be read against its ``llmgw.io/pdu`` (power.phase_refusal):
+    the server would ignore such phases, so the agent is stopped before it connects."""
+    if why := phase_refusal(labels):
+        raise ValueError(why.rstrip("."))
+    return labels
 
 
 def labels_file(path: Path) -> dict[str, str]:
@@ -244,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--pdu",
         metavar="PDU[,PDU]",
         help="the PDUs the node draws from, both feeds of a dual-fed rack (llmgw.io/pdu)",
+    )
+    p.add_argument(
+        "--pdu-phase",
+        metavar="PHASE[,PHASE]",
+        help="the phase of each of those PDUs it is plugged into, in their order: L2, or L2,L1 "
+        "(llmgw.io/pdu-phase)",
     )
     p.add_argument(
         "--simulate-gpus",
@@ -403,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
             row=args.row,
             room=args.room,
             site=args.site,
+            pdu_phase=args.pdu_phase,
         )
+        labels = labels_checked(labels)
         redfish = bmc_redfish(args)
     except ValueError as exc:
         print(f"llmgw agent: {exc}.", file=sys.stderr)

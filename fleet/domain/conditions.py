@@ -3,7 +3,9 @@
 
 Pure: readings, thresholds, the previous state and `now` (seconds) in, the next state out.
 A domain is a rack, PDU, row, room or zone, named by the nodes' location labels or by a
-source's label (`kind`, `name`).
+source's label (`kind`, `name`). A PDU's phase ("r12-a/L2", `llmgw.io/pdu-phase`) can be
+held, but has no condition of its own: it is in its PDU's air, so its nodes stand by their
+PDU's condition (they are in both).
 
 - The signals, strongest first: thermal throttling (a share of the domain's GPUs holding
   their clocks down for heat makes it `hot`, any one `warm`), a cooling unit in alarm
@@ -27,13 +29,15 @@ from dataclasses import dataclass, field, replace
 
 from llmgw.core.config import Shedding
 
-from .power import RACK_LABEL, ZONE_LABEL, pdus_of
+from .power import RACK_LABEL, ZONE_LABEL, domain_said, pdus_of, phases_of
 
 OK, WARM, HOT, UNKNOWN = "ok", "warm", "hot", "unknown"
 CONDITIONS = (OK, WARM, HOT, UNKNOWN)
 LEVELS = {OK: 0, WARM: 1, HOT: 2, UNKNOWN: 0}
 NAMES = {0: OK, 1: WARM, 2: HOT}
 KINDS = ("rack", "pdu", "row", "room", "zone")
+# What an operator can hold: those, and a PDU's phase (its breakers trip per phase).
+HELD_KINDS = ("rack", "pdu", "phase", "row", "room", "zone")
 ROW_LABEL = "llmgw.io/row"
 ROOM_LABEL = "llmgw.io/room"
 # What holds a GPU's clocks down for heat (the agent's throttle reasons, docs/sensors.md);
@@ -206,6 +210,9 @@ def _next_level(s: State, level: int, now: float, t: Thresholds) -> int | None:
 def said(domain: Domain, state: State, now: float) -> str:
     """The domain's condition in a sentence: "rack r12-07 is hot (inlet 31 °C for 6 min)"."""
     kind, name = domain
+    if kind == "phase":
+        pdu = name.rpartition("/")[0]
+        return f"{domain_said(domain)} has no condition of its own: it takes pdu {pdu}'s"
     if state.condition == UNKNOWN:
         return f"{kind} {name}'s condition is unknown (no fresh reading), treated as ok"
     if state.condition == OK:
@@ -223,12 +230,14 @@ def duration_said(seconds: float) -> str:
 
 
 def domains_of(labels: Mapping[str, str]) -> tuple[Domain, ...]:
-    """Every domain a node's labels put it in: its rack, PDUs, row, room and zone."""
+    """Every domain a node's labels put it in: its rack, PDUs, their phases (to be held;
+    none has a condition), row, room and zone."""
     out: list[Domain] = []
     for kind, label in (("rack", RACK_LABEL), ("row", ROW_LABEL), ("room", ROOM_LABEL)):
         if value := (labels.get(label) or "").strip():
             out.append((kind, value))
     out.extend(("pdu", p) for p in pdus_of(labels))
+    out.extend(("phase", p) for p in phases_of(labels))
     if zone := (labels.get(ZONE_LABEL) or "").strip():
         out.append(("zone", zone))
     return tuple(out)
@@ -285,7 +294,8 @@ class Facility:
         held_said = ""
         if hold is not None:
             why = f": {hold.reason}" if hold.reason else ""
-            held_said = f"{hold.kind} {hold.name} is held by {hold.by or 'an operator'}{why}"
+            where = domain_said((hold.kind, hold.name))
+            held_said = f"{where} is held by {hold.by or 'an operator'}{why}"
         if worst is None:
             return Standing(0, "", held_said)
         return Standing(worst[0], said(worst[1], self.states[worst[1]], self.now), held_said)

@@ -80,10 +80,11 @@ def phase_name_refusal(name: object) -> str | None:
     if not isinstance(name, str) or "/" not in name:
         return f"a phase is named by its PDU and its phase, as r12-a/L2, not {name!r}."
     pdu, _, phase = name.rpartition("/")
-    return name_refusal("PDU", pdu) or _phase_refusal(phase)
+    return name_refusal("PDU", pdu) or phase_token_refusal(phase)
 
 
-def _phase_refusal(phase: str) -> str | None:
+def phase_token_refusal(phase: str) -> str | None:
+    """Why `phase` cannot name a phase within its PDU ("L2"), in a sentence; None if it can."""
     if PHASE_RE.match(phase):
         return None
     return (
@@ -274,7 +275,7 @@ def phase_refusal(labels: Mapping[str, str]) -> str | None:
             f"of {PDU_LABEL}, in the same order (L2,L2 for a node on L2 of two)."
         )
     for phase in phases:
-        if why := _phase_refusal(phase):
+        if why := phase_token_refusal(phase):
             return f"{PHASE_LABEL}: {why}"
     return None
 

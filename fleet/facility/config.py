@@ -13,6 +13,11 @@ facility:
       domain_label: rack
       stale_after: 2m
     cooling_alarm: {query: max by (row) (crac_alarm), domain_label: row}
+    power_watts:                                     # or a PDU's phases: named r12-a/L2
+      query: sum by (pdu, phase) (pdu_phase_power_watts)
+      domain_kind: phase
+      domain_label: pdu
+      phase_label: phase
   simulated: {file: thermal-event.yml}
 ```
 
@@ -40,6 +45,9 @@ SIGNALS = {
     "power_watts": "power_w",
 }
 DEFAULT_STALE_S = 120.0
+# What only a meter reads: a PDU's phase has no temperature or alarm of its own (it is in
+# its PDU's air), so only power_watts may name one.
+PHASE = "phase"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\Z")
 _UNIT = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -50,13 +58,16 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Signal:
-    """One configured instant query: its label names the domain (of kind `kind`)."""
+    """One configured instant query: its label names the domain (of kind `kind`). A
+    `power_watts` signal of kind phase names each phase by two labels, its PDU's
+    (`domain_label`) and the phase's (`phase_label`): "r12-a/L2"."""
 
     name: str
     query: str
     domain_label: str
     kind: str
     stale_after: float = DEFAULT_STALE_S
+    phase_label: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,12 +140,41 @@ def _signal(name: str, raw: Any) -> Signal:
         raise ConfigError(f"{what} needs a query.")
     label = raw.get("domain_label")
     kind = raw.get("domain_kind", label)
-    if not isinstance(label, str) or not label or kind not in KINDS:
+    phase_label = _phase_label(name, raw, kind, label, what)
+    if not isinstance(label, str) or not label or kind not in (*KINDS, PHASE):
         raise ConfigError(
             f"{what} needs a domain_label naming a {', '.join(KINDS)} (or a domain_kind that is one)."
         )
     stale = duration(raw.get("stale_after", DEFAULT_STALE_S), f"{what}.stale_after")
-    return Signal(name, raw["query"], label, kind, stale)
+    return Signal(name, raw["query"], label, kind, stale, phase_label)
+
+
+def _phase_label(name: str, raw: dict, kind: object, label: object, what: str) -> str:
+    """The label naming a phase signal's phases ("" for a signal of another kind); ConfigError
+    where a signal that cannot read phases names one, or one that does names none."""
+    phase_label = raw.get("phase_label")
+    if kind != PHASE:
+        if phase_label is not None:
+            raise ConfigError(
+                f"{what}: phase_label names a phase's label, for domain_kind: phase alone."
+            )
+        return ""
+    if SIGNALS[name] != "power_w":
+        raise ConfigError(
+            f"{what}: a phase has no temperature or alarm of its own (it takes its PDU's "
+            "condition): only power_watts reads one."
+        )
+    if not isinstance(phase_label, str) or not phase_label:
+        raise ConfigError(
+            f"{what} reads phases: it needs a phase_label, the label naming each phase "
+            "(domain_label names its PDU)."
+        )
+    if phase_label == label:
+        raise ConfigError(
+            f"{what}: its phase_label and domain_label are one label ({label}): the phase's "
+            "is another."
+        )
+    return phase_label
 
 
 def config_load(path: Path) -> Config:

@@ -1,7 +1,8 @@
 """Facility readings from Prometheus: each configured signal an instant query, each series
 of its answer a domain, named by the signal's label (config.Signal). `power_watts` is each
 domain's draw as the facility meters it (`PrometheusSource.power`), for budgets, not
-conditions.
+conditions; it may name a PDU's phases, each by its PDU's label and its phase's
+("r12-a/L2").
 
 Prometheus answers an instant query at the time it is asked, and leaves out a series it has
 not scraped within its lookback (5 min) or whose target is down: such a domain has no
@@ -18,7 +19,7 @@ import math
 from llmgw.core.promql import Unanswered, query_instant
 
 from ..domain.conditions import Readings, Sample
-from ..domain.power import Metered
+from ..domain.power import Metered, phase_name_refusal
 from .config import SIGNALS, Signal
 
 TIMEOUT_S = 2.0
@@ -41,6 +42,19 @@ def instant(url: str, query: str) -> list[tuple[dict, float, float]]:
         if math.isfinite(value):
             out.append((labels, at, value))
     return out
+
+
+def domain_of(signal: Signal, labels: dict) -> tuple[str, str] | None:
+    """The domain a series of the signal's answer names: its `domain_label`'s value, or for a
+    phase signal its PDU and phase ("r12-a/L2"); None where the series names none a node's
+    labels could (a label missing, or a phase no llmgw.io/pdu-phase could carry)."""
+    name = str(labels.get(signal.domain_label) or "")
+    if signal.phase_label:
+        # Stripped as a node's llmgw.io/pdu-phase is (power.phases_of): the same phase.
+        name = f"{name.strip()}/{str(labels.get(signal.phase_label) or '').strip()}"
+        if phase_name_refusal(name):
+            return None
+    return (signal.kind, name) if name else None
 
 
 def _readings(signal: Signal, value: float) -> Readings | None:
@@ -90,14 +104,9 @@ class PrometheusSource:
                 self.failed.pop(signal.name, None)
                 if SIGNALS[signal.name] == "power_w":
                     self.power = [
-                        Metered(
-                            (signal.kind, str(labels[signal.domain_label])),
-                            value,
-                            at,
-                            signal.stale_after,
-                        )
+                        Metered(domain, value, at, signal.stale_after)
                         for labels, at, value in answer
-                        if labels.get(signal.domain_label) and value > 0
+                        if (domain := domain_of(signal, labels)) is not None and value > 0
                     ]
                     continue
                 self.last[signal.name] = [

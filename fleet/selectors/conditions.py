@@ -101,11 +101,11 @@ class RackCondition:
 
 
 def rack_conditions(now: datetime | None = None) -> dict[tuple[str, str], RackCondition]:
-    """Each rack's and PDU's condition and hold, by (kind, name): one query (a hold makes its
-    domain's row, services.domain_hold)."""
+    """Each rack's, PDU's and held phase's condition and hold, by (kind, name): one query (a
+    hold makes its domain's row, services.domain_hold)."""
     at = (now or clock.now()).timestamp()
     held = DomainHold.objects.filter(kind=OuterRef("kind"), name=OuterRef("name"))
-    rows = DomainCondition.objects.filter(kind__in=("rack", "pdu")).annotate(
+    rows = DomainCondition.objects.filter(kind__in=("rack", "pdu", "phase")).annotate(
         held_by=Subquery(held.values("held_by")[:1]),
         hold_reason=Subquery(held.values("reason")[:1]),
         is_held=Exists(held),

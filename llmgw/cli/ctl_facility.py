@@ -35,8 +35,9 @@ report them, else for a CPU replica from its cores (LLMGW_POWER_CORE_WATTS);
 one whose draw is unknown is placed as if there were no budget. A budget is
 loaded to its cap less --margin; a dual-fed rack's cap is --feeds' smaller
 rating at --derating (80 %). A phase of a three-phase PDU has a budget of its
-own, named by its PDU and phase: set phase r12-a/L2 7400. Changes take effect
-at the next reconciler pass."""
+own, named by its PDU and phase: set phase r12-a/L2 7400; hold phase r12-a/L2
+takes no new replicas on its nodes (a phase takes its PDU's condition).
+Changes take effect at the next reconciler pass."""
 
 
 def _watts(value: Any) -> str:
@@ -235,9 +236,11 @@ def register(add: Callable[..., Any], commands: Any, groups: dict[str, Any]) -> 
         cmd_facility_conditions,
     )
     holding = add(actions, "hold", "take no new placements in a domain", cmd_facility_hold)
-    holding.add_argument("kind", metavar="KIND", help="rack, pdu, row, room or zone")
-    holding.add_argument("name", metavar="NAME", help="the nodes' location label")
+    holding.add_argument("kind", metavar="KIND", help="rack, pdu, phase, row, room or zone")
+    holding.add_argument(
+        "name", metavar="NAME", help="the nodes' location label; a phase: r12-a/L2"
+    )
     holding.add_argument("--reason", help="why, for whoever reads it")
     releasing = add(actions, "release", "release a domain's hold", cmd_facility_release)
-    releasing.add_argument("kind", metavar="KIND", help="rack, pdu, row, room or zone")
+    releasing.add_argument("kind", metavar="KIND", help="rack, pdu, phase, row, room or zone")
     releasing.add_argument("name", metavar="NAME")

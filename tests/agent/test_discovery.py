@@ -283,6 +283,70 @@ def test_a_bad_rack_flag_stops_the_agent_before_it_connects(tmp_path, capsys):
     assert "--rack: 'r/1' is not a rack's name" in capsys.readouterr().err
 
 
+def test_the_pdu_phase_flag_sets_one_phase_per_pdu_in_their_order():
+    args = build_parser().parse_args(["--pdu", "p-a, p-b", "--pdu-phase", " L2 , L1"])
+    assert location_labels(zone=None, rack=None, pdu=args.pdu, pdu_phase=args.pdu_phase) == {
+        "llmgw.io/pdu": "p-a,p-b",
+        "llmgw.io/pdu-phase": "L2,L1",
+    }
+    with pytest.raises(ValueError, match="--pdu-phase: 'L 2' is not a phase: L1, L2 or L3"):
+        location_labels(zone=None, rack=None, pdu="p-a", pdu_phase="L 2")
+    with pytest.raises(ValueError, match="--pdu-phase: '' is not a phase"):
+        location_labels(zone=None, rack=None, pdu="p-a,p-b", pdu_phase="L2,")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["--pdu", "p-a,p-b", "--pdu-phase", "L2"],
+            "llmgw.io/pdu-phase names 1 phase for 2 PDUs (p-a, p-b): it gives one phase per "
+            "PDU of llmgw.io/pdu, in the same order (L2,L2 for a node on L2 of two).\n",
+        ),
+        (["--pdu-phase", "L2"], "llmgw.io/pdu-phase names 1 phase for 0 PDUs: "),
+        (["--pdu", "p-a", "--pdu-phase", "phase-one"], "--pdu-phase: 'phase-one' is not a phase"),
+        # Given as a plain label, and from the labels file, it is checked the same.
+        (
+            ["--pdu", "p-a", "--labels", "llmgw.io/pdu-phase=L 2"],
+            "llmgw.io/pdu-phase: 'L 2' is not a phase: L1, L2 or L3",
+        ),
+        (
+            ["--labels-file", "{tmp}/labels"],
+            "llmgw.io/pdu-phase names 2 phases for 1 PDU (p-a)",
+        ),
+    ],
+)
+def test_a_pdu_phase_label_that_cannot_be_read_stops_the_agent_before_it_connects(
+    tmp_path, capsys, argv, said
+):
+    (tmp_path / "labels").write_text("llmgw.io/pdu=p-a\nllmgw.io/pdu-phase=L1,L2\n")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    code = main(["--token", "t", "--state-dir", str(tmp_path / "state"), *argv])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("llmgw agent: ") and said in err
+    assert ".." not in err
+
+
+def test_the_agent_sends_the_phases_it_is_given(tmp_path, monkeypatch):
+    from fleet.agent import main as agent_main
+
+    started = []
+
+    def run(coro):
+        started.append(coro.cr_frame.f_locals["agent"])
+        coro.close()
+
+    monkeypatch.setattr(agent_main.asyncio, "run", run)
+    flags = ["--token", "t", "--node-id", "n", "--state-dir", str(tmp_path / "state")]
+    # The flag wins over --labels, as --pdu does; an empty label is no phase, not refused.
+    given = ["--pdu", "p-a,p-b", "--labels", "llmgw.io/pdu-phase=", "--pdu-phase", "L2,L2"]
+    assert main([*flags, "--simulate-gpus", "1xh100-80g", *given]) == 0
+    labels = started[0].settings.labels
+    assert (labels["llmgw.io/pdu"], labels["llmgw.io/pdu-phase"]) == ("p-a,p-b", "L2,L2")
+    assert main([*flags, "--simulate-gpus", "1xh100-80g", "--labels", "llmgw.io/pdu-phase="]) == 0
+
+
 def test_the_websocket_url_follows_the_servers_scheme():
     assert ws_url("http://127.0.0.1:8000") == "ws://127.0.0.1:8000/ws/agent/"
     assert ws_url("https://llmgw.example.com/") == "wss://llmgw.example.com/ws/agent/"

@@ -73,6 +73,29 @@ def test_a_pdu_phases_budget_is_set_listed_and_cleared_with_ctl(capsys, server):
     assert PowerBudget.objects.count() == 0
 
 
+def test_a_pdu_phase_is_held_and_released_with_ctl(capsys, server):
+    from fleet.models import DomainHold
+
+    argv = ("facility", "hold", "phase", "r12-a/L2", "--reason", "breaker work")
+    code, out, err = ctl_run(capsys, server, *argv)
+    assert (code, err) == (0, "")
+    assert out == (
+        "phase r12-a/L2 held: no new placements there from the next reconciler pass; "
+        "nothing running is stopped\n"
+    )
+    assert list(DomainHold.objects.values_list("kind", "name", "reason")) == [
+        ("phase", "r12-a/L2", "breaker work")
+    ]
+    _, out, _ = ctl_run(capsys, server, "facility", "conditions")
+    assert "pdu r12-a phase L2 has no condition of its own: it takes pdu r12-a's" in out
+
+    code, _, err = ctl_run(capsys, server, "facility", "hold", "phase", "r12-a")
+    assert code == 1 and "a phase is named by its PDU and its phase, as r12-a/L2" in err
+    code, out, _ = ctl_run(capsys, server, "facility", "release", "phase", "r12-a/L2")
+    assert code == 0 and out.startswith("phase r12-a/L2 released (was held by ")
+    assert not DomainHold.objects.exists()
+
+
 def test_a_quota_is_set_listed_and_cleared_with_ctl(capsys, server, acme):
     team = f"team:{acme['ml']}"
 

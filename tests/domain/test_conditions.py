@@ -279,3 +279,57 @@ def test_a_stale_sample_is_absent_but_its_age_is_kept():
 
     assert readings == {r1: Readings(inlet_c=30)}
     assert newest == {r1: 100, r2: 0}
+
+
+def test_a_node_is_on_its_pdus_phases_after_its_pdus():
+    labels = {
+        "llmgw.io/rack": "r1",
+        "llmgw.io/pdu": "p-a,p-b",
+        "llmgw.io/pdu-phase": "L2,L1",
+        "llmgw.io/zone": "sto1",
+    }
+    assert domains_of(labels) == (
+        ("rack", "r1"),
+        ("pdu", "p-a"),
+        ("pdu", "p-b"),
+        ("phase", "p-a/L2"),
+        ("phase", "p-b/L1"),
+        ("zone", "sto1"),
+    )
+    # Phases that cannot be read put the node on none (power.phases_of).
+    assert ("phase", "p-a/L2") not in domains_of(labels | {"llmgw.io/pdu-phase": "L2"})
+
+
+PHASED = {"llmgw.io/rack": "r1", "llmgw.io/pdu": "p1", "llmgw.io/pdu-phase": "L2"}
+
+
+@pytest.mark.parametrize(
+    ("states", "holds", "labels", "level", "says", "held"),
+    [
+        # A held phase takes nothing on its nodes, and only on them.
+        ({}, (Hold("phase", "p1/L2", "breaker work", "fac-team"),), PHASED, 0, "",
+         "pdu p1 phase L2 is held by fac-team: breaker work"),
+        ({}, (Hold("phase", "p1/L1", "breaker work", "fac-team"),), PHASED, None, "", ""),
+        # A phase has no condition of its own: its nodes stand by their PDU's.
+        ({("pdu", "p1"): "hot"}, (), PHASED, 2, "pdu p1 is hot (inlet 33", ""),
+        ({("pdu", "p1"): "hot"}, (), PHASED | {"llmgw.io/pdu-phase": "L3"}, 2, "pdu p1 is hot", ""),
+    ],
+)  # fmt: skip
+def test_a_node_on_a_phase_stands_by_the_phases_hold_and_its_pdus_condition(
+    states, holds, labels, level, says, held
+):
+    fac = Facility({d: hot_since(0) for d in states}, holds=holds, now=0)
+
+    standing = fac.standing(labels)
+
+    if level is None:
+        assert standing is None
+    else:
+        assert standing is not None and standing.level == level
+        assert standing.said.startswith(says) and standing.held == held
+
+
+def test_a_phase_is_said_to_take_its_pdus_condition():
+    assert said(("phase", "r12-a/L2"), State(), 0) == (
+        "pdu r12-a phase L2 has no condition of its own: it takes pdu r12-a's"
+    )

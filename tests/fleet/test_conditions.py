@@ -193,7 +193,7 @@ def test_a_hold_is_set_listed_and_released_each_audited(api, no_settle):
 @pytest.mark.parametrize(
     ("body", "said"),
     [
-        ({"kind": "aisle", "name": "a1"}, "a domain is a rack, pdu, row, room or zone, not 'aisle'"),
+        ({"kind": "aisle", "name": "a1"}, "a domain is a rack, pdu, phase, row, room or zone, not 'aisle'"),
         ({"kind": "rack", "name": "r 1"}, "is not a rack's name"),
         ({"kind": "rack", "name": "r1", "reason": "x" * 301}, "at most 300 characters"),
         ({"kind": "rack", "name": "r1", "until": "never"}, "until"),

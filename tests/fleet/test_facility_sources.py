@@ -13,11 +13,12 @@ import time
 
 import httpx
 import pytest
+from hypothesis import given, strategies as st
 
 from fleet.domain.conditions import Readings, Sample, fresh
-from fleet.domain.power import metered_fresh
+from fleet.domain.power import PDU_LABEL, PHASE_LABEL, metered_fresh, phases_of
 from fleet.facility.config import ConfigError, Signal, config_load
-from fleet.facility.prometheus import PrometheusSource
+from fleet.facility.prometheus import PrometheusSource, domain_of
 from fleet.facility.simulated import replay_load
 
 PROMETHEUS = shutil.which("prometheus")
@@ -42,6 +43,17 @@ facility:
       domain_label: row
 """
 
+PHASES = """\
+facility:
+  prometheus: http://127.0.0.1:{port}
+  signals:
+    power_watts:
+      query: sum by (pdu, phase) (pdu_phase_power_watts)
+      domain_kind: phase
+      domain_label: pdu
+      phase_label: phase
+"""
+
 RECORDED = """\
 # TYPE dcim_rack_inlet_temperature_celsius gauge
 dcim_rack_inlet_temperature_celsius{rack="r12-07",sensor="top"} 31.5
@@ -53,6 +65,12 @@ crac_alarm{row="13",unit="crac-4"} 0
 # TYPE pdu_outlet_power_watts gauge
 pdu_outlet_power_watts{pdu="r12-07-a",outlet="1"} 700
 pdu_outlet_power_watts{pdu="r12-07-a",outlet="2"} 1500
+# TYPE pdu_phase_power_watts gauge
+pdu_phase_power_watts{pdu="r12-07-a",phase="L1",outlet="1"} 2400
+pdu_phase_power_watts{pdu="r12-07-a",phase="L2",outlet="2"} 3100
+pdu_phase_power_watts{pdu="r12-07-a",phase="L2",outlet="3"} 3000
+pdu_phase_power_watts{pdu="r12-07-a",phase="L 3",outlet="4"} 900
+pdu_phase_power_watts{pdu="r12-07-b",outlet="1"} 500
 """
 
 
@@ -79,6 +97,52 @@ def test_the_designs_file_is_read_with_its_thresholds_and_signals(tmp_path):
     ]
 
 
+def test_a_power_signal_may_name_a_pdus_phases_by_two_labels(tmp_path):
+    path = tmp_path / "sources.yml"
+    path.write_text(PHASES.format(port=9090))
+
+    (signal,) = config_load(path).signals
+
+    assert (signal.name, signal.kind, signal.domain_label, signal.phase_label) == (
+        "power_watts",
+        "phase",
+        "pdu",
+        "phase",
+    )
+
+
+@pytest.mark.parametrize(
+    ("labels", "domain"),
+    [
+        ({"pdu": "r12-07-a", "phase": "L2"}, ("phase", "r12-07-a/L2")),
+        ({"pdu": "r12-07-a"}, None),  # no phase: no domain
+        ({"phase": "L2"}, None),
+        ({"pdu": "r12-07-a", "phase": "L 2"}, None),  # no label could name it
+        ({"pdu": "r 12", "phase": "L2"}, None),
+    ],
+)
+def test_a_phase_signals_series_names_its_pdu_and_phase_or_nothing(labels, domain):
+    signal = Signal("power_watts", "q", "pdu", "phase", phase_label="phase")
+    assert domain_of(signal, labels) == domain
+
+
+@given(
+    pdu=st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,20}[A-Za-z0-9])?", fullmatch=True),
+    phase=st.text(alphabet="AL123_-x ", min_size=0, max_size=10),
+)
+def test_a_phase_signal_names_a_phase_exactly_when_a_nodes_labels_would(pdu, phase):
+    signal = Signal("power_watts", "q", "pdu", "phase", phase_label="phase")
+    labels = {PDU_LABEL: pdu, PHASE_LABEL: phase}
+
+    metered = domain_of(signal, {"pdu": pdu, "phase": phase})
+
+    # The meter's phase is the one the node's labels put it on, or none when they put it on
+    # none (a blank label, or no token): a reading never lands beside its budget. (A comma
+    # lists a node's phases, one per PDU; a series names one.)
+    if "," not in phase:
+        assert metered == next((("phase", p) for p in phases_of(labels)), None)
+
+
 @pytest.mark.parametrize(
     ("text", "said"),
     [
@@ -93,6 +157,12 @@ def test_the_designs_file_is_read_with_its_thresholds_and_signals(tmp_path):
         ("facility: {prometheus: 'http://p', signals: {inlet_temp_c: {query: up, domain_label: dc}}}", "needs a domain_label naming a rack"),
         ("facility: {domains: {'aisle/a1': {}}}", "is not a domain: KIND/NAME"),
         ("facility: [", "is not YAML"),
+        # A phase is read by its meter alone: it has no temperature or alarm of its own.
+        ("facility: {prometheus: 'http://p', signals: {inlet_temp_c: {query: up, domain_kind: phase, domain_label: pdu, phase_label: phase}}}", "facility.signals.inlet_temp_c: a phase has no temperature or alarm of its own (it takes its PDU's condition): only power_watts reads one."),
+        ("facility: {prometheus: 'http://p', signals: {power_watts: {query: up, domain_kind: phase, domain_label: pdu}}}", "facility.signals.power_watts reads phases: it needs a phase_label, the label naming each phase (domain_label names its PDU)."),
+        ("facility: {prometheus: 'http://p', signals: {power_watts: {query: up, domain_kind: phase, domain_label: pdu, phase_label: 3}}}", "it needs a phase_label"),
+        ("facility: {prometheus: 'http://p', signals: {power_watts: {query: up, domain_kind: phase, domain_label: pdu, phase_label: pdu}}}", "facility.signals.power_watts: its phase_label and domain_label are one label (pdu): the phase's is another."),
+        ("facility: {prometheus: 'http://p', signals: {power_watts: {query: up, domain_label: pdu, phase_label: phase}}}", "facility.signals.power_watts: phase_label names a phase's label, for domain_kind: phase alone."),
     ],
 )  # fmt: skip
 def test_a_sources_file_that_cannot_be_used_is_refused_in_a_sentence(tmp_path, text, said):
@@ -213,6 +283,50 @@ def test_the_prometheus_source_maps_each_series_to_its_domain_and_ages_when_prom
         if prometheus.poll() is None:
             prometheus.terminate()
             prometheus.wait(timeout=30)
+
+
+@pytest.fixture
+def prometheus_port(tmp_path, recorded):
+    """A real Prometheus scraping the recorded series every second; its port."""
+    if PROMETHEUS is None:
+        pytest.skip("needs Debian's prometheus (apt-get install prometheus)")
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\n"
+        f"scrape_configs:\n  - job_name: dcim\n    static_configs: [{{targets: ['127.0.0.1:{recorded}']}}]\n"
+    )
+    prometheus = subprocess.Popen(
+        [
+            str(PROMETHEUS),
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("w"),
+    )
+    yield port
+    prometheus.terminate()
+    prometheus.wait(timeout=30)
+
+
+def test_the_prometheus_source_reads_each_phases_metered_draw(tmp_path, prometheus_port):
+    config_path = tmp_path / "sources.yml"
+    config_path.write_text(PHASES.format(port=prometheus_port))
+    config = config_load(config_path)
+    source = PrometheusSource(config.prometheus, config.signals)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not source.power:
+        source.samples()
+        time.sleep(0.5)
+
+    # Each phase's outlets summed by the query, named <pdu>/<phase>; a series whose labels
+    # name no phase a node could be on is left out.
+    assert metered_fresh(source.power, time.time()) == {
+        ("phase", "r12-07-a/L1"): 2400.0,
+        ("phase", "r12-07-a/L2"): 6100.0,
+    }
+    assert source.failed == {}
 
 
 def test_a_signal_whose_prometheus_is_not_there_reads_nothing_and_says_why():
