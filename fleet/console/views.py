@@ -33,7 +33,7 @@ from ..nodes import identity, logs
 from ..nodes.dispatch import dispatch, node_disconnect
 from ..protocol import LOG_LINES
 from ..selectors import events
-from ..selectors.conditions import rack_conditions
+from ..selectors.conditions import rack_condition, rack_conditions
 from ..selectors.facility import facility_domains, held_shards
 from ..selectors.listings import nodes_list, reading_out
 from ..selectors.passes import drains_stuck, reconciler_status
@@ -97,7 +97,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
             conditions = rack_conditions()
             catalog = catalog_load()
             context["racks"] = [
-                (d, conditions.get((d.kind, d.name)))
+                (d, rack_condition(conditions, d.kind, d.name))
                 for d in facility_domains(held_shards(replicas, catalog), now=clock.now())
             ]
     if fragment in (None, "models-refresh"):

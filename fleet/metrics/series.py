@@ -119,11 +119,11 @@ DESCS = (
     Desc("llmgw_capacity_limit", "The most of a resource a part of the tenancy tree may hold.", ("resource", "scope")),
     Desc("llmgw_node_engine_install", "Where installing an engine stands on a node: 1 for the current state "
          "(installing, installed, failed), as its agent last said.", ("engine", "node", "state", "version")),
-    Desc("llmgw_domain_power_budget_watts", "The most a rack or PDU may draw, as an operator set it (llmgw ctl facility set).", ("kind", "name")),
-    Desc("llmgw_domain_power_limit_watts", "What placement loads a rack or PDU to: its budget less its safety margin.", ("kind", "name")),
-    Desc("llmgw_domain_reserved_watts", "What placement counts as held in a rack or PDU: its GPUs' estimate, each node's own share and the other equipment declared.", ("kind", "name")),
-    Desc("llmgw_domain_measured_watts", "What a rack or PDU is measured to draw: its facility meter (a Prometheus power_watts signal) where it has one, else each node's whole draw from its BMC where it reports one, and for the others the GPUs held by replicas there and their own draw (their RAPL reading, else the per-node share); absent where no GPU held there and no node reports its draw.", ("kind", "name")),
-    Desc("llmgw_domain_power_held_watts", "What the GPUs held by replicas in a rack or PDU draw as placement counts it: per GPU the larger of its power limit and its measured draw.", ("kind", "name")),
+    Desc("llmgw_domain_power_budget_watts", "The most a power domain (a rack, PDU, PDU phase, row, room or site) may draw, as an operator set it (llmgw ctl facility set).", ("kind", "name")),
+    Desc("llmgw_domain_power_limit_watts", "What placement loads a power domain to: its budget less its safety margin.", ("kind", "name")),
+    Desc("llmgw_domain_reserved_watts", "What placement counts as held in a power domain: its GPUs' estimate, each node's own share and the other equipment declared.", ("kind", "name")),
+    Desc("llmgw_domain_measured_watts", "What a power domain is measured to draw: its facility meter (a Prometheus power_watts signal) where it has one, else each node's whole draw from its BMC where it reports one, and for the others the GPUs held by replicas there and their own draw (their RAPL reading, else the per-node share); absent where no GPU held there and no node reports its draw.", ("kind", "name")),
+    Desc("llmgw_domain_power_held_watts", "What the GPUs held by replicas in a power domain draw as placement counts it: per GPU the larger of its power limit and its measured draw.", ("kind", "name")),
     Desc("llmgw_domain_condition", "A rack's, PDU's, row's, room's or zone's thermal condition: 1 for the one it is in (ok, warm, hot, unknown: "
          "no fresh reading), 0 for the others (llmgw ctl facility conditions).", ("condition", "kind", "name")),
     Desc("llmgw_domain_reading_age_seconds", "Seconds since a domain's newest facility reading, fresh or not; past its source's "

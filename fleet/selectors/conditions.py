@@ -121,6 +121,20 @@ def rack_conditions(now: datetime | None = None) -> dict[tuple[str, str], RackCo
     return out
 
 
+def rack_condition(
+    conditions: dict[tuple[str, str], RackCondition], kind: str, name: str
+) -> RackCondition | None:
+    """A Racks table row's condition (None: never read nor held). A PDU phase has none of
+    its own: it shows its PDU's, with its own hold."""
+    own = conditions.get((kind, name))
+    if kind != "phase":
+        return own
+    pdu = conditions.get(("pdu", name.rpartition("/")[0]))
+    if pdu is None:
+        return own
+    return RackCondition(pdu.condition, pdu.said, own.held if own is not None else "")
+
+
 def sources_failed() -> dict:
     """What the last facility step found wrong with the sources: per source, why in a
     sentence and since when; `checked_at` None when no step has said (none ran here yet)."""

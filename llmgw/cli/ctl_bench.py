@@ -180,12 +180,12 @@ def saved_sentence(model: str, save: Mapping[str, Any], replicas: int) -> str:
     line += f": {at_once(save['max_concurrency'])}, {save['tok_per_sec']:.0f} tok/s"
     if save.get("watts") is not None:
         line += f", {save['watts']:,.0f} W"
-    if save.get("power_share") is not None:
-        line += f" at {pct(save['power_share'])} of its GPUs' default power limit"
     if replicas > 1:
         line += (
             f" ({replicas} ready replicas shared the load; the figures are divided by {replicas})"
         )
+    if save.get("power_share") is not None:
+        line += f", its GPUs held to {pct(save['power_share'])} of their default power limit"
     return line
 
 

@@ -912,8 +912,8 @@ def test_a_bench_on_capped_gpus_says_so_and_saves_the_share_it_ran_at(capsys, en
         out.strip()
         .splitlines()[-1]
         .endswith(
-            ", 500 W at 80 % of its GPUs' default power limit "
-            "(2 ready replicas shared the load; the figures are divided by 2)"
+            ", 500 W (2 ready replicas shared the load; the figures are divided by 2), "
+            "its GPUs held to 80 % of their default power limit"
         )
     )
 

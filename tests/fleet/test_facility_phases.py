@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from fleet.models import Event, ModelState, PowerBudget, Replica
+from fleet.models import DomainCondition, Event, ModelState, PowerBudget, Replica
 from fleet.reconciler.run import reconcile_once
 from tests.helpers import detail
 
@@ -114,6 +114,17 @@ def test_the_racks_table_names_a_phase_by_its_pdu(client, django_user_model, api
     assert 'data-phase="r12-a/L3"' in body
     assert "PDU r12-a phase L3" in body
     assert "0 of 7.4 kW" in body
+    phase_row = body.split('data-phase="r12-a/L3"')[1].split("</tr>")[0]
+    assert 'data-condition="unknown"' in phase_row  # its PDU never read
+
+    # A phase has no condition of its own: its row shows its PDU's.
+    api.call("PUT", "/facility/budgets", {"kind": "pdu", "name": "r12-a", "watts": 20000})
+    DomainCondition.objects.create(kind="pdu", name="r12-a", condition="warm", why="inlet 29 °C",
+                                   since=T0, read_at=T0)  # fmt: skip
+    body = client.get("/").content.decode()
+    phase_row = body.split('data-phase="r12-a/L3"')[1].split("</tr>")[0]
+    assert 'data-condition="warm"' in phase_row
+    assert "pdu r12-a is warm (inlet 29 °C" in phase_row
 
 
 def test_phases_an_agent_sends_that_do_not_match_its_pdus_are_ignored_with_a_sentence(api):
