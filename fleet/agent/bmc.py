@@ -9,7 +9,10 @@ since a BMC answers slowly and some hang: each run has a timeout.
 A machine without ipmitool, without a BMC device, or whose agent may not open it gives no
 figure, and is not asked again: none of that changes while the agent runs. A BMC that
 answers without a reading (its power measurement deactivated, a DCMI error, 0 W) is asked
-again later. Either way the figure is absent, never 0, and each reason is logged once.
+again later. Either way the figure is absent, never 0, and each reason is logged once. An
+ask that runs past its timeout drops the figure before it (heartbeats carry none rather than
+a stale one), and one that fails in a way not foreseen gives no figure and is asked again:
+the reading's thread never dies of it.
 
 Where the operator names the BMC's Redfish service (``llmgw agent --bmc-redfish``), the
 same reader asks it instead, over the network (fleet/agent/redfish.py), on the same terms.
@@ -133,7 +136,8 @@ class BmcReader:
     it, ``dev_root`` is /dev (or a test's), ``clock`` is monotonic seconds, ``spawn`` runs
     a reading for ``latest`` (on its own thread; a test's may run it at once). ``source``,
     when given, answers each ask in ipmitool's place (the BMC's Redfish service). Safe to
-    call from any thread: one ask at a time, and no lock is held while it runs."""
+    call from any thread: one ask at a time, and no lock is held while it runs. An ask that
+    has run past ``timeout_s`` drops the last figure."""
 
     def __init__(
         self,
@@ -145,6 +149,7 @@ class BmcReader:
         every_s: float = BMC_EVERY_S,
         spawn: Callable[[Callable[[], object]], None] = _on_its_own_thread,
         source: Callable[[], Reading] | None = None,
+        timeout_s: float = BMC_TIMEOUT_S,
     ) -> None:
         self._ipmi = ipmi
         self._source = source
@@ -152,6 +157,7 @@ class BmcReader:
         self.dev_root = Path(dev_root)
         self._clock = clock
         self.every_s = every_s
+        self.timeout_s = timeout_s
         self._spawn = spawn
         self._lock = threading.Lock()
         self._last: float | None = None
@@ -165,7 +171,9 @@ class BmcReader:
         and a heartbeat (or a power cap behind it) must not wait that long. A reading due
         is asked for through ``spawn``; until it answers, the figure before it stands."""
         with self._lock:
-            due = self._due(self._clock())
+            now = self._clock()
+            self._drop_stale(now)
+            due = self._due(now)
         if due:
             self._spawn(self.read)
         with self._lock:
@@ -176,11 +184,15 @@ class BmcReader:
         when a reading is due and none is under way; otherwise the last figure."""
         with self._lock:
             now = self._clock()
+            self._drop_stale(now)
             if not self._due(now):
                 return None if self._off else self._last
             self._asked_at, self._asking = now, True
         try:
             reading = self._ask()
+        except Exception as exc:  # a fault in reading must not end the reading's thread
+            log.debug("Reading the BMC failed.", exc_info=True)
+            reading = Reading(None, f"reading it failed ({type(exc).__name__}: {str(exc)[:200]})")
         finally:
             with self._lock:
                 self._asking = False
@@ -189,6 +201,17 @@ class BmcReader:
             self._off = self._off or reading.lasting
             self._say(reading)
         return reading.watts
+
+    def _drop_stale(self, now: float) -> None:
+        """Drop the last figure once the ask after it has run past ``timeout_s``: the node's
+        draw may have changed since, and heartbeats must not carry it as now's. Called with
+        the lock held."""
+        asked_at = self._asked_at
+        if not self._asking or self._last is None or asked_at is None:
+            return
+        if now - asked_at > self.timeout_s:
+            self._last = None
+            self._say(Reading(None, f"the BMC has not answered for more than {self.timeout_s:g} s"))
 
     def _due(self, now: float) -> bool:
         """Whether to ask the BMC now: it can answer, no one is asking it, and the last

@@ -312,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--bmc-redfish",
         metavar="URL",
         help="read the node's whole draw from its BMC's Redfish service at URL (e.g. "
-        "https://10.0.0.5, or the host interface's address) instead of ipmitool's DCMI",
+        "https://10.0.0.5, or the host interface's address) instead of ipmitool's DCMI; no "
+        "user or password in it: they go in --bmc-redfish-credentials",
     )
     # From a file only: on the command line every user of the machine could read it.
     p.add_argument(

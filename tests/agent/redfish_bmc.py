@@ -11,6 +11,7 @@ import ipaddress
 import json
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -192,10 +193,11 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class BmcServer:
-    """A local Redfish service: ``tree`` maps paths to JSON; ``hang`` holds every answer
-    until set; ``redirect`` sends every GET on there; ``on_get`` is called with each path;
-    ``gets`` lists the paths asked for. Basic auth must be user ``root`` and the
-    ``password``, as a BMC's is."""
+    """A local Redfish service: ``tree`` maps paths to JSON (or to bytes, sent as they are);
+    ``hang`` holds every answer until set; ``redirect`` sends every GET on there;
+    ``trickle_s`` sends each answer a byte at a time, one every so many seconds; ``on_get`` is
+    called with each path; ``gets`` lists the paths asked for. Basic auth must be user
+    ``root`` and the ``password``, as a BMC's is."""
 
     def __init__(self, tree: dict[str, Any], *, password: str = "0penBmc:s3cret", tls=None):
         self.tree = copy.deepcopy(tree)
@@ -203,6 +205,7 @@ class BmcServer:
         self.gets: list[str] = []
         self.hang: threading.Event | None = None
         self.redirect: str | None = None  # where every GET is sent on to
+        self.trickle_s: float | None = None
         self.on_get: Callable[[str], object] = lambda path: None
         server = self
 
@@ -227,12 +230,22 @@ class BmcServer:
                     self._answer(404, {"error": {"code": "Base.1.8.ResourceMissingAtURI"}})
 
             def _answer(self, status: int, doc: Any) -> None:
-                body = json.dumps(doc).encode()
+                body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+                if server.trickle_s is not None:
+                    self._trickle(status, body, server.trickle_s)
+                    return
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _trickle(self, status: int, body: bytes, every_s: float) -> None:
+                head = f"HTTP/1.1 {status} OK\r\nContent-Length: {len(body)}\r\n\r\n"
+                for byte in head.encode() + body:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(every_s)
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -10,7 +10,14 @@ import threading
 
 import pytest
 
-from fleet.agent.bmc import Answer, BmcReader, device_refusal, failed_reading, parse_reading
+from fleet.agent.bmc import (
+    Answer,
+    BmcReader,
+    Reading,
+    device_refusal,
+    failed_reading,
+    parse_reading,
+)
 from fleet.agent.client import AgentSettings, bmc_reader
 from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import Machine, simulated_gpus
@@ -280,3 +287,59 @@ def test_the_bmc_is_read_unless_turned_off_or_the_node_is_simulated(
     machine = Machine(tmp_path, engines={"sim": "1"}, **({"gpus": []} | simulate))
     machine.gpus_simulated = "gpus" in simulate  # given no GPUs: this machine's own, none
     assert isinstance(bmc_reader(settings, machine), BmcReader) is reads
+
+
+def test_a_source_that_raises_gives_no_figure_said_once_and_is_asked_again(dev, caplog):
+    asks: list[int] = []
+
+    def broken() -> Reading:
+        asks.append(1)
+        raise OverflowError("int too large to convert to float")
+
+    clock = Clock()
+    bmc = reader(dev, clock=clock, source=broken)
+    with caplog.at_level(logging.INFO, logger="fleet.agent.bmc"):
+        for _ in range(3):
+            assert bmc.latest() is None  # the reading's thread does not die
+            clock.t += 30
+    assert len(asks) == 3
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert said == [
+        "The BMC gave no reading of the node's draw: reading it failed (OverflowError: int too "
+        "large to convert to float). It is asked again every 30 s."
+    ]
+
+
+def test_a_figure_is_dropped_once_its_next_ask_runs_past_the_timeout(dev, caplog):
+    answer = threading.Event()
+    figures = iter([Reading(1180.0), Reading(1175.0)])
+
+    def source() -> Reading:
+        if not answer.is_set() and threads:
+            answer.wait(10)  # the second ask hangs until the test lets it go
+        return next(figures)
+
+    threads: list[threading.Thread] = []
+
+    def spawn(read) -> None:
+        threads.append(threading.Thread(target=read, daemon=True))
+        threads[-1].start()
+
+    clock = Clock()
+    bmc = reader(dev, clock=clock, source=source, spawn=spawn, timeout_s=10)
+    assert bmc.read() == 1180
+    clock.t += 30
+    with caplog.at_level(logging.INFO, logger="fleet.agent.bmc"):
+        assert bmc.latest() == 1180  # the next ask has just begun: the figure stands
+        clock.t += 10
+        assert bmc.latest() == 1180
+        clock.t += 0.5
+        assert bmc.latest() is None  # asked 10.5 s ago and not answered: stale
+        assert bmc.latest() is None and len(threads) == 1
+    assert [r.getMessage() for r in caplog.records][-1:] == [
+        "The BMC gave no reading of the node's draw: the BMC has not answered for more than "
+        "10 s. It is asked again every 30 s."
+    ]
+    answer.set()
+    threads[0].join(10)
+    assert bmc.latest() == 1175

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -15,9 +16,12 @@ from fleet.agent.credentials import Credentials
 from fleet.agent.discovery import Machine
 from fleet.agent.main import build_parser, main
 from fleet.agent.redfish import (
+    CHASSIS,
+    LARGEST_ANSWER,
     Chassis,
     RedfishConfig,
     RedfishSource,
+    link_refusal,
     metrics_reading,
     parse_chassis,
     power_reading,
@@ -105,6 +109,49 @@ def test_a_chassis_resource_is_read_for_its_type_its_container_and_its_power():
     assert bare == Chassis("/redfish/v1/Chassis/x", "x")
 
 
+def test_a_chassis_that_names_itself_badly_is_named_by_its_path():
+    doc = {"Id": "1U\n" * 40, "@odata.id": "//evil.example/redfish/v1/Chassis/1U"}
+    got = parse_chassis("/redfish/v1/Chassis/1U", doc)
+    assert got.path == "/redfish/v1/Chassis/1U"  # its own link is not one to follow
+    assert got.name == "1U?" * 21 + "1…"  # printable, 64 characters at most
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/redfish/v1/Chassis/1U",
+        "/redfish/v1/Chassis/1U/EnvironmentMetrics",
+        "/redfish/v1/Chassis/System.Embedded.1/",
+        "/redfish/v1/Chassis/Blade%201",
+    ],
+)
+def test_a_link_under_the_redfish_root_is_followed(path):
+    assert link_refusal(path) == ""
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("1/redfish/v1/Chassis/1U", "it is not a path under /redfish/v1/"),  # another port
+        (".evil.example/redfish/v1/Chassis/1U", "it is not a path under /redfish/v1/"),
+        ("//evil.example/redfish/v1/Chassis/1U", "it is not a path under /redfish/v1/"),
+        ("https://evil.example/redfish/v1/", "it is not a path under /redfish/v1/"),
+        ("/redfish/v1/Chassis/\u00e9", "it holds characters a URL's path may not"),
+        ("/redfish/v1/Chassis/a b", "it holds characters a URL's path may not"),
+        ("/redfish/v1/Chassis/1U\r\nX-Evil: 1", "it holds characters a URL's path may not"),
+        ("/redfish/v1/Chassis/1U?$expand=*", "it holds characters a URL's path may not"),
+        ("/redfish/v1/Chassis/1U#/x", "it holds characters a URL's path may not"),
+        ("/redfish/v1/" + "a" * 2000, "it is longer than a Redfish path is"),
+        ("/redfish/v1/Chassis/../../../x", "it has an empty, . or .. step"),
+        ("/redfish/v1/Chassis/%2e%2e/x", "it has an empty, . or .. step"),
+        ("/redfish/v1//Chassis", "it has an empty, . or .. step"),
+        ("/redfish/v1/Chassis/./1U", "it has an empty, . or .. step"),
+    ],
+)
+def test_a_link_elsewhere_is_refused_with_its_reason(path, why):
+    assert link_refusal(path) == why
+
+
 @pytest.mark.parametrize(
     ("doc", "watts", "why"),
     [
@@ -127,6 +174,43 @@ def test_a_chassis_resource_is_read_for_its_type_its_container_and_its_power():
             "EnvironmentMetrics PowerWatts reads 2e+06 W, past the 1,000,000 W a reading may be",
         ),
         ({"Name": "Chassis Environment Metrics"}, None, "EnvironmentMetrics has no PowerWatts"),
+        # What a broken BMC sends: none of it may raise on the reader's thread.
+        (
+            environment_metrics("1U", 10**400),
+            None,
+            "EnvironmentMetrics PowerWatts reads more than 1e+308 W, past the 1,000,000 W a "
+            "reading may be",
+        ),
+        (
+            environment_metrics("1U", -(10**400)),
+            None,
+            "EnvironmentMetrics PowerWatts reads less than -1e+308 W, which is no reading",
+        ),
+        (
+            environment_metrics("1U", float("inf")),
+            None,
+            "EnvironmentMetrics PowerWatts reads inf W, which is no reading",
+        ),
+        (
+            environment_metrics("1U", float("nan")),
+            None,
+            "EnvironmentMetrics PowerWatts reads nan W, which is no reading",
+        ),
+        (
+            environment_metrics("1U", [374]),
+            None,
+            "EnvironmentMetrics PowerWatts reads an array, which is not a number",
+        ),
+        (
+            environment_metrics("1U", True),
+            None,
+            "EnvironmentMetrics PowerWatts reads true, which is not a number",
+        ),
+        (
+            environment_metrics("1U", "3\n" * 100),
+            None,
+            f"EnvironmentMetrics PowerWatts reads '{'3?' * 32}…', which is not a number",
+        ),
     ],
 )
 def test_environment_metrics_give_power_watts_reading(doc, watts, why):
@@ -158,6 +242,16 @@ def two_controls() -> dict:
         (power("1U", 0), None, "Power PowerControl 0 reads 0 W, which is no reading"),
         (power("1U", None), None, "Power has no PowerControl with PowerConsumedWatts"),
         ({"PowerControl": []}, None, "Power has no PowerControl with PowerConsumedWatts"),
+        (
+            power("1U", 344, {"State": "Enabled"}),  # type: ignore[arg-type]
+            None,
+            "Power PowerControl 0's state is an object, not Enabled",
+        ),
+        (
+            power("1U", 344, "Standby\nOffline"),
+            None,
+            "Power PowerControl 0's state is Standby?Offline, not Enabled",
+        ),
     ],
 )
 def test_the_deprecated_power_resource_gives_the_first_power_consumed_watts(doc, watts, why):
@@ -178,6 +272,7 @@ def test_the_deprecated_power_resource_gives_the_first_power_consumed_watts(doc,
             "/redfish/v1/Chassis/Blade2",
         ),
         ("https://10.0.0.5/redfish/v1/Chassis/1/", "https://10.0.0.5", "/redfish/v1/Chassis/1"),
+        ("https://BMC-7.mgmt:8443", "https://bmc-7.mgmt:8443", None),
     ],
 )
 def test_the_redfish_url_is_the_bmcs_address_or_one_of_its_chassis(url, base, named):
@@ -195,11 +290,31 @@ def test_the_redfish_url_is_the_bmcs_address_or_one_of_its_chassis(url, base, na
         "https://10.0.0.5/redfish/v1/Chassis",
         "https://10.0.0.5/?a=1",
         "https://10.0.0.5:99999",
+        "https://bmc-\u00fc.example",
+        "https://10.0.0.5/redfish/v1/Chassis/\u00e9",
+        "https://10.0.0.5/redfish/v1/Chassis/%2e%2e",
+        "https://10.0.0.5/redfish/v1/Chassis/a\tb",
     ],
 )
 def test_anything_but_a_bmcs_address_or_chassis_is_refused(url):
     with pytest.raises(ValueError, match="--bmc-redfish: "):
         redfish_url(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://root:S3cret@10.0.0.5",
+        "https://root:S3cret@10.0.0.5/redfish/v1/Systems/1",  # refused for this first
+        "https://root@10.0.0.5",
+        "root:S3cret@10.0.0.5",
+        "https://root:S3cret@bmc-\u00fc.example",
+    ],
+)
+def test_a_url_with_a_user_or_password_is_refused_without_showing_it(url):
+    with pytest.raises(ValueError, match="--bmc-redfish-credentials") as refused:
+        redfish_url(url)
+    assert "S3cret" not in str(refused.value) and "root" not in str(refused.value)
 
 
 @pytest.mark.parametrize(
@@ -272,6 +387,16 @@ def reader(src: RedfishSource, clock: Clock | None = None) -> BmcReader:
     return BmcReader(source=src, clock=clock or Clock(), spawn=lambda read: read())
 
 
+def read_nothing(bmc: BmcServer, secret, *, every_s: float) -> tuple[BmcReader, Clock]:
+    """A reader of ``bmc`` asked three times, ``every_s`` apart, and given no figure."""
+    clock = Clock()
+    rf = reader(source(bmc, secret), clock)
+    for _ in range(3):
+        assert rf.read() is None
+        clock.t += every_s
+    return rf, clock
+
+
 def test_a_bmc_over_https_gives_its_draw_and_is_asked_one_get_a_time_after(cert, secret):
     with BmcServer(rackmount(), tls=server_tls(*cert)) as bmc:
         clock = Clock()
@@ -314,12 +439,8 @@ def test_a_gpu_baseboard_inside_the_machine_is_not_counted_twice(secret):
 
 def test_refused_credentials_are_said_once_and_not_tried_again(secret, caplog):
     with BmcServer(rackmount(), password="another") as bmc:
-        clock = Clock()
-        rf = reader(source(bmc, secret), clock)
         with caplog.at_level(logging.INFO, logger="fleet.agent.bmc"):
-            for _ in range(3):
-                assert rf.read() is None
-                clock.t += 60
+            read_nothing(bmc, secret, every_s=60)
         assert bmc.gets == ["/redfish/v1/Chassis"]
     assert len(caplog.records) == 1
     assert f"the BMC refused the credentials in {secret} (HTTP 401)" in caplog.text
@@ -377,6 +498,22 @@ def test_a_self_signed_certificate_is_refused_unless_given_or_accepted(cert, sec
         assert source(bmc, secret, insecure=True)() == (374.0, "", False)
 
 
+def blades(blade1: object = 410, blade2: object = 390, *, blade1_metered: bool = True) -> dict:
+    """A blade enclosure's manager (public-bladed): two blades, each with its own draw; the
+    first's as given, or no link to a draw at all."""
+    return {
+        "/redfish/v1/Chassis": collection(
+            "/redfish/v1/Chassis/Blade1", "/redfish/v1/Chassis/Blade2"
+        ),
+        "/redfish/v1/Chassis/Blade1": chassis(
+            "Blade1", "Blade", metrics=blade1_metered, power=False
+        ),
+        "/redfish/v1/Chassis/Blade1/EnvironmentMetrics": environment_metrics("Blade1", blade1),
+        "/redfish/v1/Chassis/Blade2": chassis("Blade2", "Blade", power=False),
+        "/redfish/v1/Chassis/Blade2/EnvironmentMetrics": environment_metrics("Blade2", blade2),
+    }
+
+
 @pytest.mark.parametrize(
     ("tree", "why", "lasting"),
     [
@@ -400,23 +537,23 @@ def test_a_self_signed_certificate_is_refused_unless_given_or_accepted(cert, sec
             False,
         ),
         (
-            {
-                "/redfish/v1/Chassis": collection(
-                    "/redfish/v1/Chassis/Blade1", "/redfish/v1/Chassis/Blade2"
-                ),
-                "/redfish/v1/Chassis/Blade1": chassis("Blade1", "Blade", power=False),
-                "/redfish/v1/Chassis/Blade1/EnvironmentMetrics": environment_metrics("Blade1", 410),
-                "/redfish/v1/Chassis/Blade2": chassis("Blade2", "Blade", power=False),
-                "/redfish/v1/Chassis/Blade2/EnvironmentMetrics": environment_metrics("Blade2", 390),
-            },
+            blades(),
             "the BMC reports the draw of 2 machines (Blade1, Blade2) and which of them is this node "
             "cannot be told: name its chassis, such as --bmc-redfish http://127.0.0.1:",
             True,
         ),
+        # One blade without a reading at the first look is still one of several machines:
+        # the other's draw must not be taken for this node's.
+        (
+            blades(blade1=None),
+            "the BMC reports the draw of 2 machines (Blade1, Blade2)",
+            True,
+        ),
+        # After a reset or a firmware update a BMC lists no chassis for a while.
         (
             {"/redfish/v1/Chassis": collection()},
             "the BMC lists no chassis at /redfish/v1/Chassis",
-            True,
+            False,
         ),
         ({}, "has no Redfish chassis at /redfish/v1/Chassis (HTTP 404)", True),
     ],
@@ -425,6 +562,114 @@ def test_a_bmc_without_one_reading_of_the_machine_says_why(secret, tree, why, la
     with BmcServer(tree) as bmc:
         got = source(bmc, secret)()
     assert got.watts is None and why in got.why and got.lasting is lasting
+
+
+def test_a_blade_that_links_to_no_draw_is_not_one_of_the_machines(secret):
+    with BmcServer(blades(blade1_metered=False)) as bmc:
+        assert source(bmc, secret)() == (390.0, "", False)
+
+
+def test_a_bmc_that_lists_no_chassis_yet_is_asked_again_and_said_once(secret, caplog):
+    with (
+        BmcServer({"/redfish/v1/Chassis": collection()}) as bmc,
+        caplog.at_level(logging.INFO, logger="fleet.agent"),
+    ):
+        rf, _ = read_nothing(bmc, secret, every_s=30)
+        bmc.tree.update(rackmount())  # the BMC is up again
+        assert rf.read() == 374
+    assert bmc.gets.count("/redfish/v1/Chassis") == 4
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == (
+        "The BMC gave no reading of the node's draw: the BMC lists no chassis at "
+        "/redfish/v1/Chassis. It is asked again every 30 s."
+    )
+    assert len(said) == 3  # that, the chassis chosen and the first reading
+
+
+NOT_JSON = "the BMC's answer to /redfish/v1/Chassis is not Redfish JSON"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"[" * 200_000, NOT_JSON),  # json.loads: RecursionError
+        (b'{"Members": ' + b"1" * 5000 + b"}", NOT_JSON),  # past an int's digits as text
+        (b"\xff\xfe{}", NOT_JSON),
+        (b"{'Members': []}", NOT_JSON),
+        (
+            b" " * (LARGEST_ANSWER + 1),
+            "the BMC's answer to /redfish/v1/Chassis is larger than a Redfish resource (1 MiB)",
+        ),
+    ],
+)
+def test_an_answer_that_is_not_redfish_json_is_said_and_asked_again(secret, body, why):
+    with BmcServer(rackmount() | {CHASSIS: body}) as bmc:
+        assert reader(source(bmc, secret)).read() is None  # the reader's thread lives on
+        assert source(bmc, secret)() == (None, why, False)
+
+
+def test_a_reading_past_any_float_is_refused_not_raised(secret):
+    tree = rackmount()
+    tree["/redfish/v1/Chassis/1U"] = chassis("1U", power=False)
+    tree["/redfish/v1/Chassis/1U/EnvironmentMetrics"] = (
+        b'{"PowerWatts": {"Reading": 1' + b"0" * 400 + b"}}"
+    )
+    with BmcServer(tree) as bmc:
+        assert reader(source(bmc, secret)).read() is None
+        got = source(bmc, secret)()
+    assert got == (
+        None,
+        "chassis 1U's EnvironmentMetrics PowerWatts reads more than 1e+308 W, past the "
+        "1,000,000 W a reading may be",
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("link", "why"),
+    [
+        ("1/redfish/v1/Chassis/1U", "it is not a path under /redfish/v1/"),
+        (".evil.example/redfish/v1/Chassis/1U", "it is not a path under /redfish/v1/"),
+        ("/redfish/v1/Chassis/\u00e9", "it holds characters a URL's path may not"),
+        ("/redfish/v1/Chassis/a b", "it holds characters a URL's path may not"),
+        ("/redfish/v1/Chassis/../../../etc", "it has an empty, . or .. step"),
+    ],
+)
+def test_a_chassis_link_elsewhere_is_skipped_with_its_reason(secret, caplog, link, why):
+    said = f"the BMC links to {link!r}, which the agent does not follow: {why}"
+    with BmcServer(rackmount() | {CHASSIS: collection(link)}) as bmc:
+        got = source(bmc, secret)()
+        assert got == (None, said, False)
+        bmc.tree[CHASSIS] = collection(link, "/redfish/v1/Chassis/1U")
+        with caplog.at_level(logging.INFO, logger="fleet.agent"):
+            assert source(bmc, secret)() == (374.0, "", False)
+    assert bmc.gets.count(CHASSIS) == 2 and len(bmc.gets) == 4  # nothing but the BMC's own
+    assert said in caplog.text
+
+
+def test_a_power_link_elsewhere_is_not_followed(secret):
+    tree = rackmount()
+    tree["/redfish/v1/Chassis/1U"]["EnvironmentMetrics"] = {
+        "@odata.id": "@evil.example/redfish/v1/Chassis/1U/EnvironmentMetrics"
+    }
+    with BmcServer(tree) as bmc:
+        assert source(bmc, secret)() == (344.0, "", False)  # its Power resource
+    assert not any("evil" in get for get in bmc.gets)
+
+
+@pytest.mark.parametrize("finding", [True, False])
+def test_a_bmc_that_trickles_its_answer_is_given_up_on_at_the_timeout(secret, finding):
+    with BmcServer(rackmount()) as bmc:
+        rf = source(bmc, secret, timeout_s=0.5)
+        if not finding:
+            assert rf() == (374.0, "", False)  # the resource is remembered: one GET
+        bmc.trickle_s = 0.1  # a byte every 0.1 s: every read well within the timeout
+        start = time.monotonic()
+        got = rf()
+        took = time.monotonic() - start
+    asked = CHASSIS if finding else "/redfish/v1/Chassis/1U/EnvironmentMetrics"
+    assert got == (None, f"the BMC did not answer {asked} in 0.5 s", False)
+    assert took < 1.5
 
 
 def test_a_remembered_resource_that_goes_is_looked_for_again(secret):
@@ -517,6 +762,15 @@ def test_the_agent_asks_redfish_where_the_operator_named_it(tmp_path, secret):
         (
             [
                 "--bmc-redfish",
+                "https://root:" + PASSWORD + "@10.0.0.5",
+                "--bmc-redfish-credentials",
+                "{secret}",
+            ],
+            "--bmc-redfish: the URL holds a user or password",
+        ),
+        (
+            [
+                "--bmc-redfish",
                 "http://10.0.0.5",
                 "--bmc-redfish-credentials",
                 "{secret}",
@@ -549,18 +803,6 @@ def test_the_agent_refuses_redfish_options_that_will_not_do_at_start(
     err = capsys.readouterr().err
     assert err.startswith("llmgw agent: ") and said.format(**names) in err
     assert PASSWORD not in err
-
-
-def blades() -> dict:
-    return {
-        "/redfish/v1/Chassis": collection(
-            "/redfish/v1/Chassis/Blade1", "/redfish/v1/Chassis/Blade2"
-        ),
-        "/redfish/v1/Chassis/Blade1": chassis("Blade1", "Blade", power=False),
-        "/redfish/v1/Chassis/Blade1/EnvironmentMetrics": environment_metrics("Blade1", 410),
-        "/redfish/v1/Chassis/Blade2": chassis("Blade2", "Blade", power=False),
-        "/redfish/v1/Chassis/Blade2/EnvironmentMetrics": environment_metrics("Blade2", 390),
-    }
 
 
 def test_a_chassis_named_in_the_url_is_read_alone(secret):
