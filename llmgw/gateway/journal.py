@@ -77,13 +77,14 @@ class Journal:
         turn in one write at its end; elsewhere at once."""
         if self._fd is None:
             return
-        if self._pending is not None:
-            self._pending.append(text)
-            return
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:
+        except RuntimeError:  # after the loop stopped too: what it held first, in order
+            self.flush()
             self._put(text)
+            return
+        if self._pending is not None:
+            self._pending.append(text)
             return
         self._pending = [text]
         loop.call_soon(self.flush)

@@ -211,7 +211,7 @@ def test_through_the_front_a_whole_answer_is_one_write_and_a_heads_alone_is_sent
 
 def test_a_heads_alone_is_sent_before_a_graceful_stop_closes_the_connection(monkeypatch):
     got, _ = through_the_front(monkeypatch, (b"HEAD /v1/stop HTTP/1.1\r\nHost: a\r\n\r\n", None))
-    assert got[0].startswith(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n")
+    assert got[0].startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 2\r\n" in got[0]
 
 
 def test_through_the_front_100_continue_is_sent_at_once_and_the_answer_whole(monkeypatch):

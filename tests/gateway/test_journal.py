@@ -358,3 +358,22 @@ def test_lines_held_for_the_turn_are_written_before_the_journal_is_closed(tmp_pa
 
     assert asyncio.run(stop()) is None
     assert path.read_text().startswith("s\t1\t6000000")
+
+
+def test_a_line_written_after_the_loop_stopped_follows_what_its_last_turn_held(tmp_path):
+    import asyncio
+
+    book = UsageBook(Journal.open(tmp_path))
+
+    async def last_turn() -> None:
+        book.record(key_id=7, project_id=3, model="chat", prompt=5, completion=6, error=False,
+                    latency_ms=90, now=6_000_010.0)  # fmt: skip
+        asyncio.get_running_loop().stop()  # the turn's end never comes: the server went down
+
+    loop = asyncio.new_event_loop()
+    loop.create_task(last_turn())
+    loop.run_forever()
+    loop.close()
+    book.take()  # the last batch, taken as the server stops (Runtime.flush_now)
+
+    assert [line[0] for line in lines(book.journal)] == ["e", "b"]
