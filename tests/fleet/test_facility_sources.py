@@ -219,12 +219,8 @@ def recorded(tmp_path):
     server.shutdown()
 
 
-@pytest.mark.skipif(
-    PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus)"
-)
-def test_the_prometheus_source_maps_each_series_to_its_domain_and_ages_when_prometheus_goes(
-    tmp_path, recorded
-):
+def prometheus_start(tmp_path, recorded: int) -> tuple[int, subprocess.Popen]:
+    """A real Prometheus scraping the recorded series every second: its port and process."""
     port = free_port()
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s}\n"
@@ -240,6 +236,16 @@ def test_the_prometheus_source_maps_each_series_to_its_domain_and_ages_when_prom
         stdout=subprocess.DEVNULL,
         stderr=(tmp_path / "prometheus.log").open("w"),
     )
+    return port, prometheus
+
+
+@pytest.mark.skipif(
+    PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus)"
+)
+def test_the_prometheus_source_maps_each_series_to_its_domain_and_ages_when_prometheus_goes(
+    tmp_path, recorded
+):
+    port, prometheus = prometheus_start(tmp_path, recorded)
     try:
         url = f"http://127.0.0.1:{port}"
         config_path = tmp_path / "sources.yml"
@@ -290,21 +296,7 @@ def prometheus_port(tmp_path, recorded):
     """A real Prometheus scraping the recorded series every second; its port."""
     if PROMETHEUS is None:
         pytest.skip("needs Debian's prometheus (apt-get install prometheus)")
-    port = free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: dcim\n    static_configs: [{{targets: ['127.0.0.1:{recorded}']}}]\n"
-    )
-    prometheus = subprocess.Popen(
-        [
-            str(PROMETHEUS),
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "prometheus.log").open("w"),
-    )
+    port, prometheus = prometheus_start(tmp_path, recorded)
     yield port
     prometheus.terminate()
     prometheus.wait(timeout=30)
