@@ -169,19 +169,27 @@ def test_a_given_llama_server_that_is_gone_is_no_engine(tmp_path, monkeypatch):
     assert list(discovery.probe_engines(binaries={"llamacpp": missing})) == ["sim"]
 
 
-def test_the_agent_runs_and_reports_the_llama_server_it_is_given(tmp_path, monkeypatch):
-    from fleet.agent import engines, main as agent_main
+def _agents_started(monkeypatch) -> list:
+    """The agents `main` would run, kept instead of run."""
+    from fleet.agent import main as agent_main
 
-    binary = _fake_llama_server(tmp_path / "bin" / "llama-server")
-    monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr(engines, "_binaries", dict(engines.DEFAULT_BINARIES))
-    started = []
+    started: list = []
 
     def run(coro):
         started.append(coro.cr_frame.f_locals["agent"])
         coro.close()
 
     monkeypatch.setattr(agent_main.asyncio, "run", run)
+    return started
+
+
+def test_the_agent_runs_and_reports_the_llama_server_it_is_given(tmp_path, monkeypatch):
+    from fleet.agent import engines
+
+    binary = _fake_llama_server(tmp_path / "bin" / "llama-server")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(engines, "_binaries", dict(engines.DEFAULT_BINARIES))
+    started = _agents_started(monkeypatch)
     flags = ["--token", "t", "--node-id", "n", "--state-dir", str(tmp_path / "state")]
     assert main([*flags, "--llama-server", str(binary), "--simulate-gpus", "1xh100-80g"]) == 0
     assert started[0].machine.engines["llamacpp"] == "7001 (9f0e1d2)"
@@ -329,15 +337,7 @@ def test_a_pdu_phase_label_that_cannot_be_read_stops_the_agent_before_it_connect
 
 
 def test_the_agent_sends_the_phases_it_is_given(tmp_path, monkeypatch):
-    from fleet.agent import main as agent_main
-
-    started = []
-
-    def run(coro):
-        started.append(coro.cr_frame.f_locals["agent"])
-        coro.close()
-
-    monkeypatch.setattr(agent_main.asyncio, "run", run)
+    started = _agents_started(monkeypatch)
     flags = ["--token", "t", "--node-id", "n", "--state-dir", str(tmp_path / "state")]
     # The flag wins over --labels, as --pdu does; an empty label is no phase, not refused.
     given = ["--pdu", "p-a,p-b", "--labels", "llmgw.io/pdu-phase=", "--pdu-phase", "L2,L2"]

@@ -918,6 +918,18 @@ def test_a_bench_on_capped_gpus_says_so_and_saves_the_share_it_ran_at(capsys, en
     )
 
 
+def saved_json(capsys, server, gateway) -> tuple[dict, str]:
+    """`ctl bench --save --json` at one level: its JSON document, and all it printed."""
+    code, out, err = bench(
+        capsys,
+        server,
+        gateway,
+        *("--key", KEY, "--levels", "1", "--seconds", "1.5", "--save", "--json"),
+    )
+    assert code == 0, err
+    return json.loads(out.split("\nsaved for")[0]), out
+
+
 def test_a_bench_at_the_default_power_limit_saves_no_share_and_says_nothing_of_it(capsys, engine):
     gateway = engine(**FAST)
     server = drawing(
@@ -925,15 +937,7 @@ def test_a_bench_at_the_default_power_limit_saves_no_share_and_says_nothing_of_i
         gpus_drawing("gpu-a", 310, limit=700, default=700),
     )
 
-    code, out, err = bench(
-        capsys,
-        server,
-        gateway,
-        *("--key", KEY, "--levels", "1", "--seconds", "1.5", "--save", "--json"),
-    )
-
-    assert code == 0, err
-    doc = json.loads(out.split("\nsaved for")[0])
+    doc, out = saved_json(capsys, server, gateway)
     assert (doc["capacity"]["power_share"], doc["capacity"]["power_share_unknown"]) == (1.0, [])
     assert not any("held to" in line for line in doc["verdict"])
     assert "power_share" not in server.body()  # none: at the default
@@ -980,15 +984,7 @@ def test_a_gpu_reporting_no_draw_leaves_the_draw_unknown_said_and_unsaved(capsys
         gpus_drawing("gpu-b", None),
     )
 
-    code, out, err = bench(
-        capsys,
-        server,
-        gateway,
-        *("--key", KEY, "--levels", "1", "--seconds", "1.5", "--save", "--json"),
-    )
-
-    assert code == 0, err
-    doc = json.loads(out.split("\nsaved for")[0])
+    doc, out = saved_json(capsys, server, gateway)
     assert doc["levels"][0]["watts"] is None and doc["levels"][0]["tok_per_watt"] is None
     assert doc["capacity"]["power_not_measured"] == ["node gpu-b's GPUs report no draw"]
     assert "power not measured: node gpu-b's GPUs report no draw" in doc["verdict"]
